@@ -1,0 +1,47 @@
+"""BurstAttention itself as a registry entry, so it is benchmarked exactly like the baselines."""
+
+from __future__ import annotations
+
+from burst import burst_attn
+from burst.layout import LAYOUTS, chunks_per_rank
+from burst.volume import ring_attention_bytes
+from baselines.registry import Method, register
+
+__all__ = ["burst_method"]
+
+
+def _burst(q, k, v, *, causal, softmax_scale, group, layout="zigzag", backward="auto",
+           ranks_per_node=None, window=None, cu_seqlens=None, backend="auto"):
+    return burst_attn(q, k, v, causal=causal, softmax_scale=softmax_scale, layout=layout,
+                      group=group, ranks_per_node=ranks_per_node, backward=backward,
+                      window=window, cu_seqlens=cu_seqlens, backend=backend)
+
+
+def _requires(*, world, seq_local, layout="zigzag", ranks_per_node=None, **_):
+    out = []
+    if seq_local % chunks_per_rank(layout):
+        out.append(f"local length {seq_local} is not divisible by {chunks_per_rank(layout)} "
+                   f"({layout} layout)")
+    if ranks_per_node is not None and world % ranks_per_node:
+        valid = [d for d in range(1, world + 1) if world % d == 0]
+        out.append(f"world {world} is not divisible by ranks_per_node={ranks_per_node}; "
+                   f"valid: {', '.join(map(str, valid))}")
+    return out
+
+
+def _volume(*, backward="burst", ranks_per_node=None, **shape):
+    return ring_attention_bytes(backward="burst" if backward == "auto" else backward,
+                                ranks_per_node=ranks_per_node, **shape)
+
+
+burst_method = register(Method(
+    name="burst",
+    fn=_burst,
+    description="BurstAttention: K/V ring forward, Q/dO/D/LSE + trailing dQ backward "
+                "(optionally topology-aware double ring)",
+    default_layout="zigzag",
+    layouts=LAYOUTS,
+    options={"layout": "zigzag", "backward": "burst"},
+    requires=_requires,
+    volume=_volume,
+))

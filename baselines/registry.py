@@ -1,0 +1,121 @@
+"""One registry for every attention method, ours and the baselines, behind one call signature.
+
+Every entry is called the same way, on this rank's shards in the entry's layout:
+
+    out = method(q, k, v, causal=..., softmax_scale=None, group=None, **options)
+
+q (batch, seq_local, heads, head_dim); k, v (batch, seq_local, kv_heads, head_dim). Options are
+method-specific (``layout``, ``backward``, ``ranks_per_node``, ``ulysses_degree``, ...). Tests,
+benchmarks and sweeps loop over ``names()`` without special cases. A method in a sweep can also
+be an import path ``package.module:function`` with this signature (contiguous layout unless the
+options name another).
+
+Each entry declares what it requires; ``Method.check`` raises a ValueError naming the problem and
+the valid choices before any communication starts, and ``Method.unavailable`` says in one line
+why an entry cannot run here (missing package, no GPU) without breaking any import.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from burst.layout import LAYOUTS
+
+__all__ = ["Method", "get", "names", "register"]
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    fn: Callable
+    """fn(q, k, v, *, causal, softmax_scale, group, **options) -> out."""
+    description: str
+    default_layout: str = "contiguous"
+    """Layout the inputs must be sharded in, unless options["layout"] overrides it."""
+    layouts: tuple[str, ...] = ("contiguous",)
+    """Layouts the method accepts in options["layout"]."""
+    causal_only: bool = False
+    options: dict = field(default_factory=dict)
+    """Default options."""
+    requires: Callable[..., list[str]] | None = None
+    """requires(world=, heads=, kv_heads=, seq_local=, causal=, **options) -> list of problems."""
+    unavailable: Callable[[], str | None] = lambda: None
+    """None when the method can run here, else one line: what is missing and how to get it."""
+    volume: Callable | None = None
+    """volume(world=, batch=, seq_local=, heads=, kv_heads=, head_dim=, elem=, **options)."""
+
+    def layout(self, options: dict | None = None) -> str:
+        return {**self.options, **(options or {})}.get("layout", self.default_layout)
+
+    def check(self, *, world: int, heads: int, kv_heads: int, seq_local: int, causal: bool,
+              **options) -> None:
+        """Raise ValueError listing every reason these shapes/options cannot run."""
+        opts = {**self.options, **options}
+        problems = []
+        why = self.unavailable()
+        if why:
+            problems.append(why)
+        lay = opts.get("layout", self.default_layout)
+        if lay not in self.layouts:
+            problems.append(f"layout {lay!r} is not supported; valid layouts: "
+                            f"{', '.join(self.layouts)}")
+        if self.causal_only and not causal:
+            problems.append("it balances causal work only; use causal=True or the 'ring' method")
+        if heads % kv_heads:
+            problems.append(f"{heads} heads are not divisible by {kv_heads} kv heads")
+        if self.requires is not None:
+            problems += self.requires(world=world, heads=heads, kv_heads=kv_heads,
+                                      seq_local=seq_local, causal=causal, **opts)
+        if problems:
+            raise ValueError(f"method {self.name!r} cannot run this case: " + "; ".join(problems))
+
+    def __call__(self, q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
+                 group=None, **options):
+        return self.fn(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group,
+                       **{**self.options, **options})
+
+
+_REGISTRY: dict[str, Method] = {}
+
+
+def register(method: Method) -> Method:
+    if method.name in _REGISTRY:
+        raise ValueError(f"method {method.name!r} is registered twice")
+    _REGISTRY[method.name] = method
+    return method
+
+
+def names(available_only: bool = False) -> list[str]:
+    _load_builtins()
+    return [n for n, m in _REGISTRY.items() if not available_only or m.unavailable() is None]
+
+
+def get(name: str) -> Method:
+    """The registered method, or one loaded from an import path ``package.module:function``."""
+    _load_builtins()
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if ":" in name:
+        mod, _, attr = name.partition(":")
+        try:
+            fn = getattr(importlib.import_module(mod), attr)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"cannot import method {name!r}: {e}") from e
+        if isinstance(fn, Method):
+            return fn
+        return Method(name=name, fn=fn, description=f"user method {name}", layouts=LAYOUTS)
+    raise ValueError(f"unknown method {name!r}; registered: {', '.join(_REGISTRY)} "
+                     "(or give an import path package.module:function)")
+
+
+_LOADED = False
+
+
+def _load_builtins() -> None:
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
+    import baselines._builtins  # noqa: F401  (each adapter module registers itself)

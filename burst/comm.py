@@ -1,0 +1,386 @@
+"""The one module that calls torch.distributed, and the byte counter.
+
+Everything that moves data between ranks (ring point-to-point, all-gather, reduce-scatter,
+all-to-all, all-reduce) goes through here, so that ``count_bytes`` sees every byte:
+
+    with burst.comm.count_bytes() as c:
+        out = burst_attn(q, k, v, causal=True)
+        out.sum().backward()
+    c.sent(phase="backward", link="inter")   # bytes this rank sent
+
+Counting convention (the analytic formulas in ``burst.volume`` use the same): a point-to-point
+message counts its payload once as sent on the sender and once as received on the receiver.
+Collectives count the logical peer-to-peer traffic: all-gather of an X-byte shard sends X to and
+receives X from every other rank; reduce-scatter likewise for the X-byte piece each peer owns;
+all-to-all counts each split sent to / received from another rank; all-reduce counts as
+reduce-scatter + all-gather. Bytes to a peer on the same node are ``intra``, else ``inter``;
+nodes are ``ranks_per_node`` consecutive global ranks (node-major), taken from the counter's
+argument, else $LOCAL_WORLD_SIZE, else one node for everyone.
+
+Process groups: ``ring_groups`` builds (once, cached) the groups of the flat or topology-aware
+double ring, with separate groups for the read traffic and the accumulator (dQ / dK,dV) traffic,
+so they never share a communicator (the official BurstEngine multi-node runs do, DESIGN.md 3).
+On NCCL each communicator has its own stream, so transfers overlap compute on the default stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "ByteCount",
+    "RingGroups",
+    "all_gather",
+    "all_gather_list",
+    "all_reduce",
+    "all_to_all",
+    "barrier",
+    "count_bytes",
+    "destroy",
+    "exchange",
+    "global_rank",
+    "group_ranks",
+    "init",
+    "is_initialized",
+    "phase",
+    "rank",
+    "reduce_scatter",
+    "ring_groups",
+    "subgroup",
+    "world_size",
+]
+
+# ---------------------------------------------------------------------------------------------
+# Process-group basics
+
+
+def is_initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def init(backend: str = "gloo", *, rank: int | None = None, world_size: int | None = None,
+         init_method: str | None = None, timeout_s: float = 600.0, device_id=None) -> None:
+    """Initialise the default process group (env:// unless ``init_method`` is given)."""
+    kw = {}
+    if device_id is not None:
+        kw["device_id"] = device_id
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout_s), **kw)
+
+
+def destroy() -> None:
+    _RING_CACHE.clear()
+    _SUB_CACHE.clear()
+    if is_initialized():
+        dist.destroy_process_group()
+
+
+def world_size(group=None) -> int:
+    return dist.get_world_size(group) if is_initialized() else 1
+
+
+def rank(group=None) -> int:
+    return dist.get_rank(group) if is_initialized() else 0
+
+
+def group_ranks(group=None) -> list[int]:
+    """Global ranks of a group's members, in group-rank order."""
+    if not is_initialized():
+        return [0]
+    if group is None or group is dist.group.WORLD:
+        return list(range(dist.get_world_size()))
+    return list(dist.get_process_group_ranks(group))
+
+
+def global_rank(group, group_rank: int) -> int:
+    return group_ranks(group)[group_rank]
+
+
+def barrier(group=None) -> None:
+    if is_initialized():
+        dist.barrier(group=group)
+
+
+# ---------------------------------------------------------------------------------------------
+# Byte counter
+
+_PHASE: contextvars.ContextVar[str] = contextvars.ContextVar("burst_phase", default="forward")
+_COUNTERS: list[ByteCount] = []
+
+
+@contextlib.contextmanager
+def phase(name: str):
+    """Label the traffic issued inside the block (``forward``, ``backward``, ...)."""
+    token = _PHASE.set(name)
+    try:
+        yield
+    finally:
+        _PHASE.reset(token)
+
+
+@dataclass
+class ByteCount:
+    """Bytes sent and received by this rank, by (phase, link)."""
+
+    ranks_per_node: int | None = None
+    _sent: dict = field(default_factory=lambda: defaultdict(int))
+    _recv: dict = field(default_factory=lambda: defaultdict(int))
+    messages: int = 0
+
+    def _link(self, me: int, peer: int) -> str:
+        rpn = self.ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or None
+        if rpn is None:
+            return "intra"
+        return "intra" if me // rpn == peer // rpn else "inter"
+
+    def record(self, peer: int, nbytes: int, direction: str) -> None:
+        key = (_PHASE.get(), self._link(rank(), peer))
+        (self._sent if direction == "send" else self._recv)[key] += nbytes
+        self.messages += direction == "send"
+
+    @staticmethod
+    def _total(table, phase, link):
+        return sum(v for (p, lk), v in table.items()
+                   if (phase is None or p == phase) and (link is None or lk == link))
+
+    def sent(self, phase: str | None = None, link: str | None = None) -> int:
+        return self._total(self._sent, phase, link)
+
+    def received(self, phase: str | None = None, link: str | None = None) -> int:
+        return self._total(self._recv, phase, link)
+
+    def as_dict(self) -> dict[str, int]:
+        """Flat {"sent.forward.intra": bytes, ...} for result rows."""
+        out = {f"sent.{p}.{lk}": v for (p, lk), v in sorted(self._sent.items())}
+        out.update({f"recv.{p}.{lk}": v for (p, lk), v in sorted(self._recv.items())})
+        return out
+
+
+@contextlib.contextmanager
+def count_bytes(ranks_per_node: int | None = None):
+    """Count every byte this rank sends and receives inside the block (counters may nest)."""
+    c = ByteCount(ranks_per_node=ranks_per_node)
+    _COUNTERS.append(c)
+    try:
+        yield c
+    finally:
+        _COUNTERS.remove(c)
+
+
+def _record(peer: int, t: torch.Tensor, direction: str) -> None:
+    for c in _COUNTERS:
+        c.record(peer, t.numel() * t.element_size(), direction)
+
+
+# ---------------------------------------------------------------------------------------------
+# Point-to-point
+
+
+class Pending:
+    """Handles of posted transfers; ``wait()`` blocks (on GPU: orders the current stream)."""
+
+    def __init__(self, works):
+        self._works = works
+
+    def wait(self) -> None:
+        for w in self._works:
+            w.wait()
+        self._works = []
+
+
+def exchange(sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]],
+             group) -> Pending:
+    """Post sends (tensor, global peer) and receives into preallocated tensors, all at once."""
+    ops = []
+    for t, peer in sends:
+        _record(peer, t, "send")
+        ops.append(dist.P2POp(dist.isend, t, peer, group))
+    for t, peer in recvs:
+        _record(peer, t, "recv")
+        ops.append(dist.P2POp(dist.irecv, t, peer, group))
+    if not ops:
+        return Pending([])
+    return Pending(dist.batch_isend_irecv(ops))
+
+
+# ---------------------------------------------------------------------------------------------
+# Collectives (logical peer-to-peer counting, see the module docstring)
+
+
+def _record_peers(group, nbytes_to_peer: list[int], nbytes_from_peer: list[int]) -> None:
+    ranks = group_ranks(group)
+    me = rank()
+    for g, nb_out, nb_in in zip(ranks, nbytes_to_peer, nbytes_from_peer):
+        if g == me:
+            continue
+        for c in _COUNTERS:
+            c.record(g, nb_out, "send")
+            c.record(g, nb_in, "recv")
+
+
+def all_gather(x: torch.Tensor, *, dim: int = 0, group=None) -> torch.Tensor:
+    """Concatenate every rank's ``x`` along ``dim`` in group-rank order."""
+    return torch.cat(all_gather_list(x, group=group), dim=dim)
+
+
+def all_gather_list(x: torch.Tensor, *, group=None) -> list[torch.Tensor]:
+    g = world_size(group)
+    if g == 1:
+        return [x]
+    x = x.contiguous()
+    nb = x.numel() * x.element_size()
+    _record_peers(group, [nb] * g, [nb] * g)
+    parts = [torch.empty_like(x) for _ in range(g)]
+    dist.all_gather(parts, x, group=group)
+    return parts
+
+
+def reduce_scatter(x: torch.Tensor, *, dim: int = 0, group=None) -> torch.Tensor:
+    """Sum ``x`` over ranks and return this rank's 1/G slice along ``dim``."""
+    g = world_size(group)
+    if g == 1:
+        return x
+    parts = [p.contiguous() for p in x.chunk(g, dim=dim)]
+    nb = parts[0].numel() * parts[0].element_size()
+    _record_peers(group, [nb] * g, [nb] * g)
+    out = torch.empty_like(parts[0])
+    if x.device.type == "cpu" and dist.get_backend(group) == "gloo":
+        # gloo has no reduce_scatter: reduce each piece to its owner (same logical traffic)
+        for i, p in enumerate(parts):
+            buf = p.clone()
+            dist.reduce(buf, dst=global_rank(group, i), group=group)
+            if i == rank(group):
+                out.copy_(buf)
+        return out
+    dist.reduce_scatter(out, parts, group=group)
+    return out
+
+
+def all_to_all(x: torch.Tensor, *, split_dim: int, cat_dim: int, group=None,
+               send_splits: list[int] | None = None, recv_splits: list[int] | None = None
+               ) -> torch.Tensor:
+    """Send slice i of ``x`` (along ``split_dim``) to rank i; concatenate what arrives along
+    ``cat_dim`` in rank order. Unequal splits are given in elements along the dims."""
+    g = world_size(group)
+    if g == 1:
+        return x
+    send = list(x.split(send_splits, dim=split_dim) if send_splits else x.chunk(g, dim=split_dim))
+    send = [s.contiguous() for s in send]
+    if recv_splits is None:
+        recv_splits = [send[0].shape[cat_dim] if split_dim != cat_dim else s.shape[split_dim]
+                       for s in send]
+    recv = []
+    for n in recv_splits:
+        shape = list(send[0].shape)
+        shape[cat_dim] = n
+        if split_dim != cat_dim:
+            shape[split_dim] = send[rank(group)].shape[split_dim]
+        recv.append(torch.empty(shape, dtype=x.dtype, device=x.device))
+    _record_peers(group, [s.numel() * s.element_size() for s in send],
+                  [r.numel() * r.element_size() for r in recv])
+    dist.all_to_all(recv, send, group=group)
+    return torch.cat(recv, dim=cat_dim)
+
+
+def all_reduce(x: torch.Tensor, *, group=None, op: str = "sum") -> torch.Tensor:
+    """In-place all-reduce (``sum`` or ``max``); returns ``x``."""
+    g = world_size(group)
+    if g == 1:
+        return x
+    nb = x.numel() * x.element_size() // g
+    _record_peers(group, [2 * nb] * g, [2 * nb] * g)
+    dist.all_reduce(x, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX, group=group)
+    return x
+
+
+# ---------------------------------------------------------------------------------------------
+# Sub-groups
+
+_SUB_CACHE: dict = {}
+
+
+def _new_group(ranks: list[int], local_sync: bool):
+    if local_sync:
+        return dist.new_group(ranks, use_local_synchronization=True)
+    return dist.new_group(ranks)
+
+
+def subgroup(rank_lists: list[list[int]], *, parent=None, purpose: str = ""):
+    """The group (among ``rank_lists``, a partition of ``parent``'s global ranks) holding this
+    rank. Created once and cached. With parent = the world every rank creates every group in the
+    same order; inside a smaller parent only the members synchronise."""
+    key = (tuple(map(tuple, rank_lists)), purpose)
+    if key in _SUB_CACHE:
+        return _SUB_CACHE[key]
+    me = rank()
+    whole = parent is None or parent is dist.group.WORLD or len(group_ranks(parent)) == world_size()
+    mine = None
+    for ranks in rank_lists:
+        if whole or me in ranks:
+            g = _new_group(list(ranks), local_sync=not whole)
+            if me in ranks:
+                mine = g
+    _SUB_CACHE[key] = mine
+    return mine
+
+
+@dataclass(frozen=True)
+class RingGroups:
+    """Ranks and process groups of a flat (M=1) or double ring (M nodes x L local ranks).
+
+    ``ranks`` are the global ranks in ring order; position i = node * L + local.
+    """
+
+    ranks: tuple[int, ...]
+    nodes: int  # M
+    local: int  # L
+    me: int  # my position in ``ranks``
+    read_intra: object
+    acc_intra: object
+    read_inter: object = None
+    acc_inter: object = None
+
+    @property
+    def world(self) -> int:
+        return len(self.ranks)
+
+    def at(self, node: int, local: int) -> int:
+        """Global rank at (node, local), wrapping around both rings."""
+        return self.ranks[(node % self.nodes) * self.local + local % self.local]
+
+
+_RING_CACHE: dict = {}
+
+
+def ring_groups(group=None, ranks_per_node: int | None = None) -> RingGroups:
+    ranks = tuple(group_ranks(group))
+    g = len(ranks)
+    local = g if ranks_per_node is None or ranks_per_node >= g else ranks_per_node
+    key = (ranks, local)
+    if key in _RING_CACHE:
+        return _RING_CACHE[key]
+    me = ranks.index(rank())
+    nodes = g // local
+    if nodes == 1:
+        dup = subgroup([list(ranks)], parent=group, purpose="ring-acc") if g > 1 else None
+        rg = RingGroups(ranks, 1, local, me, read_intra=group, acc_intra=dup)
+    else:
+        intra = [list(ranks[n * local:(n + 1) * local]) for n in range(nodes)]
+        inter = [list(ranks[l::local]) for l in range(local)]
+        rg = RingGroups(
+            ranks, nodes, local, me,
+            read_intra=subgroup(intra, parent=group, purpose="read-intra"),
+            acc_intra=subgroup(intra, parent=group, purpose="acc-intra"),
+            read_inter=subgroup(inter, parent=group, purpose="read-inter"),
+            acc_inter=subgroup(inter, parent=group, purpose="acc-inter"),
+        )
+    _RING_CACHE[key] = rg
+    return rg

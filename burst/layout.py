@@ -1,0 +1,115 @@
+"""Sequence layouts: which global tokens each context-parallel rank holds.
+
+Three layouts (DESIGN.md 3, "Causal load balance"):
+
+- ``contiguous``: rank r holds tokens [r*n, (r+1)*n), n = N/G. Causal work is unbalanced.
+- ``zigzag``: the sequence is cut into 2G chunks of c = N/(2G) tokens; rank r holds chunks r and
+  2G-1-r (ring-flash-attention's zigzag; Megatron/TransformerEngine's p2p context parallel).
+- ``striped``: token t goes to rank t mod G (Striped Attention, Brandon et al. 2023).
+
+With zigzag and striped every ring step after the first does half a block of causal work.
+
+The same layout must be applied to tokens, targets and position ids (the official BurstEngine
+training loop shards contiguously while its kernel assumes zigzag, so its loss is not that of a
+causal LM). ``shard``/``unshard`` are exact inverses and work on any tensor with a sequence dim.
+
+Names: G = number of ranks (``world``), N = global length, n = N/G local length.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "LAYOUTS",
+    "check_layout",
+    "chunks_per_rank",
+    "global_positions",
+    "local_index",
+    "shard",
+    "unshard",
+]
+
+LAYOUTS = ("contiguous", "zigzag", "striped")
+
+
+def check_layout(layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; valid layouts: {', '.join(LAYOUTS)}")
+
+
+def chunks_per_rank(layout: str) -> int:
+    """How many equal chunks of the local sequence the layout needs (zigzag: 2)."""
+    check_layout(layout)
+    return 2 if layout == "zigzag" else 1
+
+
+def _check_global_len(seq_len: int, world: int, layout: str) -> None:
+    parts = world * chunks_per_rank(layout)
+    if seq_len % parts:
+        raise ValueError(
+            f"sequence length {seq_len} is not divisible by {parts} "
+            f"({layout} layout over {world} ranks needs a multiple of {parts}); "
+            f"pad to {seq_len + (-seq_len) % parts} or change the world size"
+        )
+
+
+def local_index(seq_len: int, world: int, rank: int, layout: str) -> torch.Tensor:
+    """Global token indices held by ``rank``, in local order (int64, length N/G)."""
+    _check_global_len(seq_len, world, layout)
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is outside the group of {world} ranks")
+    n = seq_len // world
+    if layout == "contiguous":
+        return torch.arange(rank * n, (rank + 1) * n)
+    if layout == "striped":
+        return torch.arange(rank, seq_len, world)
+    c = n // 2
+    first = torch.arange(rank * c, (rank + 1) * c)
+    second = torch.arange((2 * world - 1 - rank) * c, (2 * world - rank) * c)
+    return torch.cat([first, second])
+
+
+def global_positions(seq_local: int, world: int, rank: int, layout: str) -> torch.Tensor:
+    """Global positions of a rank's local tokens, given the local length (what kernels need)."""
+    return local_index(seq_local * world, world, rank, layout)
+
+
+def _group_info(group) -> tuple[int, int]:
+    from burst import comm
+
+    return comm.world_size(group), comm.rank(group)
+
+
+def shard(x: torch.Tensor, *, layout: str, group=None, dim: int = 1, world: int | None = None,
+          rank: int | None = None) -> torch.Tensor:
+    """This rank's part of a full-sequence tensor ``x`` (sequence along ``dim``).
+
+    ``world``/``rank`` may be given explicitly (e.g. to shard for another rank, or without an
+    initialised process group); otherwise they come from ``group`` (default: the world).
+    """
+    check_layout(layout)
+    if world is None or rank is None:
+        world, rank = _group_info(group)
+    idx = local_index(x.shape[dim], world, rank, layout).to(x.device)
+    return x.index_select(dim, idx)
+
+
+def unshard(x_local: torch.Tensor, *, layout: str, group=None, dim: int = 1) -> torch.Tensor:
+    """Gather every rank's shard and restore global token order (inverse of ``shard``)."""
+    from burst import comm
+
+    check_layout(layout)
+    dim = dim % x_local.ndim
+    world = comm.world_size(group)
+    parts = comm.all_gather_list(x_local.contiguous(), group=group)
+    full_len = x_local.shape[dim] * world
+    out = torch.empty(
+        (*x_local.shape[:dim], full_len, *x_local.shape[dim + 1 :]),
+        dtype=x_local.dtype,
+        device=x_local.device,
+    )
+    for r, part in enumerate(parts):
+        idx = local_index(full_len, world, r, layout).to(x_local.device)
+        out.index_copy_(dim, idx, part)
+    return out

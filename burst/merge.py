@@ -1,0 +1,44 @@
+"""The one numerics module for combining partial attention results by their log-sum-exp.
+
+Partial results (o_r, lse_r) of the same query rows against disjoint key blocks combine exactly
+(DESIGN.md 3): LSE' = logaddexp(LSE, lse_r), O' = O*exp(LSE - LSE') + o_r*exp(lse_r - LSE').
+The running (O, LSE) are kept in fp32 (float64 for float64 inputs). Rows that have seen no key
+yet carry LSE = -inf and O = 0; they stay so until a visible key arrives (no NaN).
+
+Shapes: out_BSHD, lse_BHS.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["merge_into", "new_accumulators"]
+
+
+def new_accumulators(q_BSHD: torch.Tensor, acc: torch.dtype):
+    """Empty running (O, LSE) for the rows of q: zeros and -inf."""
+    b, s, h, d = q_BSHD.shape
+    out = torch.zeros((b, s, h, d), dtype=acc, device=q_BSHD.device)
+    lse = torch.full((b, h, s), float("-inf"), dtype=acc, device=q_BSHD.device)
+    return out, lse
+
+
+def _weights(lse_old: torch.Tensor, lse_new: torch.Tensor, lse_tot: torch.Tensor):
+    finite = torch.isfinite(lse_tot)
+    safe = torch.where(finite, lse_tot, torch.zeros_like(lse_tot))
+    w_old = torch.where(finite, torch.exp(lse_old - safe), torch.zeros_like(lse_tot))
+    w_new = torch.where(finite, torch.exp(lse_new - safe), torch.zeros_like(lse_tot))
+    return w_old, w_new
+
+
+def merge_into(out_BSHD: torch.Tensor, lse_BHS: torch.Tensor, blk_out_BSHD: torch.Tensor,
+               blk_lse_BHS: torch.Tensor, rows: slice = slice(None)) -> None:
+    """Merge one block's (out, lse) for ``rows`` of the running accumulators, in place."""
+    lse_old = lse_BHS[:, :, rows]
+    blk_lse = blk_lse_BHS.to(lse_BHS.dtype)
+    lse_tot = torch.logaddexp(lse_old, blk_lse)
+    w_old, w_new = _weights(lse_old, blk_lse, lse_tot)
+    o = out_BSHD[:, rows]
+    o.mul_(w_old.transpose(1, 2).unsqueeze(-1))
+    o.add_(blk_out_BSHD.to(out_BSHD.dtype) * w_new.transpose(1, 2).unsqueeze(-1))
+    lse_BHS[:, :, rows] = lse_tot

@@ -1,0 +1,49 @@
+"""Single-process references on the full sequence: the float64 oracle and the plain-dtype one.
+
+``reference_attention`` is the test oracle (run it in float64). ``naive_attention`` is the plain
+PyTorch implementation in the inputs' dtype (matmuls and softmax in that dtype); its error against
+the oracle sets the tolerance for low-precision kernels (flash-attention's rule: a kernel passes
+when its error is at most twice the naive implementation's in the same dtype).
+
+Shapes: q (B, N, H, D), k/v (B, N, Hk, D), full global sequences in natural order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from burst.kernel import block_forward
+from burst.masks import DENSE, FULL, MaskSpec
+
+__all__ = ["naive_attention", "reference_attention"]
+
+
+def _mask(spec: MaskSpec, n: int, device) -> torch.Tensor | None:
+    if not spec.causal and spec.is_plain:
+        return None
+    pos = torch.arange(n, device=device)
+    return spec.visible(pos, pos)
+
+
+def reference_attention(q, k, v, *, causal=False, window=None, cu_seqlens=None, scale=None):
+    """Differentiable (out, lse) of full attention with plain matmul/logsumexp (oracle)."""
+    spec = MaskSpec(causal=causal, window=window, cu_seqlens=cu_seqlens)
+    mask = _mask(spec, q.shape[1], q.device)
+    return block_forward(q, k, v, scale=scale, kind=FULL if mask is None else DENSE, mask=mask,
+                         backend="torch")
+
+
+def naive_attention(q, k, v, *, causal=False, window=None, cu_seqlens=None, scale=None):
+    """Attention computed entirely in the inputs' dtype (the baseline for the tolerance rule)."""
+    spec = MaskSpec(causal=causal, window=window, cu_seqlens=cu_seqlens)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    g = q.shape[2] // k.shape[2]
+    qt = q.transpose(1, 2)
+    kt = k.transpose(1, 2).repeat_interleave(g, 1)
+    vt = v.transpose(1, 2).repeat_interleave(g, 1)
+    s = (qt @ kt.transpose(-1, -2)) * scale
+    mask = _mask(spec, q.shape[1], q.device)
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    p = torch.softmax(s, dim=-1).to(q.dtype)
+    return (p @ vt).transpose(1, 2)

@@ -1,0 +1,156 @@
+"""The ring schedule: blocks circulate, accumulators trail them back to their owners.
+
+One loop serves every ring pass in the project: BurstAttention's forward (K/V travel), its
+backward (Q, dO, D, LSE travel, dQ trails), the classic ring backward (K/V travel, dK/dV trail)
+and the baselines' rings. The caller gives the travelling ``payload`` and a ``step`` callback that
+does the local work for the block of ring position ``src``; the loop does all communication.
+
+Flat ring (M = 1 node-group of L = G ranks): at step s rank i holds the block of i - s. Before
+computing it posts the send of that block to i+1 and the receive of the next one (double buffer),
+so the transfer hides behind the compute. Travelling accumulators (fresh zeros each step, filled
+by ``step``) are added to the partial sum that arrives from i-1 and passed on, one hop behind the
+data; after the last step the finished sum goes to its owner. ``span`` < G-1 stops the ring early
+when no rank needs blocks further away (sliding windows); the last hop then goes straight home.
+
+Topology-aware double ring (DESIGN.md 3; M nodes x L local ranks, node-major): at outer step m
+rank (n, l) holds the "outer" block of (n-m, l) and circulates it around its node's ring in L
+steps (NVLink), while the next outer block travels from (n-1, l) to (n, l) over the inter-node
+link: every GPU of a node sends at once (all NICs busy) and the transfer has L-1 compute steps to
+hide behind. Accumulators go around the node ring and back to the outer block's holder, then hop
+to the next node along the same inter-node ring; the last hop lands at the owner.
+
+Messages per rank (u = one block of the tensor in question):
+  flat:   payload G-1 hops, accumulators G hops (the last one home)
+  double: payload M(L-1) intra + (M-1) inter; accumulators M*L intra + M inter
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from burst import comm
+from burst.comm import RingGroups
+
+__all__ = ["run_ring"]
+
+Step = Callable[[int, Sequence[torch.Tensor], list[torch.Tensor] | None], None]
+
+
+def _zeros(like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return [torch.zeros_like(t) for t in like]
+
+
+def _empty(like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return [torch.empty_like(t) for t in like]
+
+
+def _post(group, send: Sequence[torch.Tensor], to: int, recv: Sequence[torch.Tensor], frm: int):
+    return comm.exchange([(t, to) for t in send], [(t, frm) for t in recv], group)
+
+
+def _add_(dst: list[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
+    for a, b in zip(dst, src):
+        a.add_(b)
+
+
+def run_ring(rg: RingGroups, payload: Sequence[torch.Tensor], step: Step, *,
+             acc_like: Sequence[torch.Tensor] | None = None,
+             span: int | None = None, direction: int = 1) -> list[torch.Tensor] | None:
+    """Visit every block of the ring; return this rank's finished accumulators (or None).
+
+    ``step(src, payload_of_src, acc)`` does the local work for the block owned by ring position
+    ``src``; ``acc`` (zeros shaped like ``acc_like``) receives the contributions that must travel
+    back to ``src``. ``span`` limits a flat ring to steps 0..span. ``direction`` -1 sends blocks
+    to the previous rank instead (a flat ring then visits i, i+1, ..., which is what travelling
+    queries need to meet the keys to their left first when a window truncates the ring).
+    """
+    payload = [t.contiguous() for t in payload]
+    if rg.nodes == 1:
+        return _flat(rg, payload, step, acc_like, rg.world - 1 if span is None else span,
+                     direction)
+    return _double(rg, payload, step, acc_like)
+
+
+def _flat(rg: RingGroups, payload, step: Step, acc_like, span: int, direction: int):
+    g, me, d = rg.world, rg.me, direction
+    nxt, prv = rg.ranks[(me + d) % g], rg.ranks[(me - d) % g]
+    cur, acc_in, acc_pend, sent = payload, None, None, []
+    for s in range(span + 1):
+        src = (me - d * s) % g
+        read = None
+        if s < span:
+            buf = _empty(cur)
+            read = _post(rg.read_intra, cur, nxt, buf, prv)
+        acc = _zeros(acc_like) if acc_like is not None else None
+        step(src, cur, acc)
+        if acc is not None and span > 0:
+            if s > 0:
+                acc_pend.wait()
+                _add_(acc, acc_in)
+            # one hop behind the data; after the last step, straight to the block's owner
+            to = nxt if s < span else rg.ranks[src]
+            frm = prv if s < span else rg.ranks[(me + d * span) % g]
+            acc_in = _empty(acc_like)
+            acc_pend = _post(rg.acc_intra, acc, to, acc_in, frm)
+            sent.append(acc_pend)
+        elif acc is not None:
+            acc_in = acc  # span 0: every block is its own owner's
+        if read is not None:
+            read.wait()
+            cur = buf
+    if acc_like is None:
+        return None
+    for p in sent:
+        p.wait()
+    return acc_in
+
+
+def _double(rg: RingGroups, payload, step: Step, acc_like):
+    m_nodes, l_loc = rg.nodes, rg.local
+    node, loc = divmod(rg.me, l_loc)
+    intra_next, intra_prev = rg.at(node, loc + 1), rg.at(node, loc - 1)
+    inter_next, inter_prev = rg.at(node + 1, loc), rg.at(node - 1, loc)
+    outer, inter_in, inter_pend, pending = payload, None, None, []
+    for m in range(m_nodes):
+        outer_read = None
+        if m < m_nodes - 1:  # prefetch the next outer block over the inter-node link
+            outer_buf = _empty(outer)
+            outer_read = _post(rg.read_inter, outer, inter_next, outer_buf, inter_prev)
+        cur, acc_in, acc_pend = outer, None, None
+        for s in range(l_loc):
+            src = ((node - m) % m_nodes) * l_loc + (loc - s) % l_loc
+            read = None
+            if s < l_loc - 1:
+                buf = _empty(cur)
+                read = _post(rg.read_intra, cur, intra_next, buf, intra_prev)
+            acc = _zeros(acc_like) if acc_like is not None else None
+            step(src, cur, acc)
+            if acc is not None:
+                if s > 0:
+                    acc_pend.wait()
+                    _add_(acc, acc_in)
+                acc_in = _empty(acc_like)
+                acc_pend = _post(rg.acc_intra, acc, intra_next, acc_in, intra_prev)
+                pending.append(acc_pend)
+            if read is not None:
+                read.wait()
+                cur = buf
+        if acc_like is not None:
+            acc_pend.wait()  # the node-local sum for my outer block is back
+            node_acc = acc_in
+            if m > 0:
+                inter_pend.wait()
+                _add_(node_acc, inter_in)
+            inter_in = _empty(acc_like)
+            inter_pend = _post(rg.acc_inter, node_acc, inter_next, inter_in, inter_prev)
+            pending.append(inter_pend)
+        if outer_read is not None:
+            outer_read.wait()
+            outer = outer_buf
+    if acc_like is None:
+        return None
+    for p in pending:
+        p.wait()
+    return inter_in

@@ -1,0 +1,115 @@
+"""Run a function on G local ranks (processes) joined in a gloo/NCCL process group.
+
+Used by the tests, the demo and the harness's ``inline`` executor. Spawning costs seconds
+(DESIGN.md 5), so callers run many cases inside one ``spawn``.
+
+    results = spawn(fn, world=4, args=(cases,))   # fn(rank, world, *args) on every rank
+    results[r]                                     # what rank r returned (picklable)
+
+A rank that raises makes ``spawn`` raise ``SpawnError`` with that rank's traceback; a rank that
+dies or hangs past ``timeout_s`` is killed and reported the same way, never a silent hang.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+
+import torch
+import torch.multiprocessing as mp
+
+__all__ = ["SpawnError", "free_port", "spawn"]
+
+
+class SpawnError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world, port, fn, args, out_dir, backend, threads, timeout_s):
+    from burst import comm
+
+    torch.set_num_threads(threads)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    path = os.path.join(out_dir, f"rank{rank}.pkl")
+    try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank % max(torch.cuda.device_count(), 1))
+        comm.init(backend, rank=rank, world_size=world,
+                  init_method=f"tcp://127.0.0.1:{port}", timeout_s=timeout_s)
+        result = ("ok", fn(rank, world, *args))
+    except BaseException:  # noqa: BLE001 - reported to the parent with the traceback
+        result = ("error", traceback.format_exc())
+    with open(path + ".tmp", "wb") as f:
+        pickle.dump(result, f)
+    os.replace(path + ".tmp", path)
+    try:
+        comm.destroy()
+    except Exception:
+        pass
+
+
+def _any_error(out_dir: str, world: int) -> bool:
+    for r in range(world):
+        path = os.path.join(out_dir, f"rank{r}.pkl")
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                if pickle.load(f)[0] == "error":
+                    return True
+    return False
+
+
+def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
+          threads: int = 1, timeout_s: float = 300.0) -> list:
+    """Run ``fn(rank, world, *args)`` on ``world`` fresh processes; return their results."""
+    if world < 1:
+        raise ValueError(f"world={world}: need at least one rank")
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="burst-spawn-") as out_dir:
+        ctx = mp.start_processes(
+            _entry, args=(world, port, fn, args, out_dir, backend, threads, timeout_s),
+            nprocs=world, join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout_s + 30
+        failed_at = None
+        while True:
+            try:
+                if ctx.join(timeout=0.2):
+                    break
+            except mp.ProcessExitedException:
+                failed_at = failed_at or time.monotonic()
+            if failed_at is None and _any_error(out_dir, world):
+                failed_at = time.monotonic()  # the others may now wait forever on that rank
+            now = time.monotonic()
+            if now > deadline or (failed_at is not None and now - failed_at > 3):
+                for p in ctx.processes:
+                    if p.is_alive():
+                        p.kill()
+                if now > deadline and failed_at is None:
+                    raise SpawnError(f"spawned ranks did not finish within {timeout_s:.0f} s")
+                break
+        results, errors = [], []
+        for r in range(world):
+            path = os.path.join(out_dir, f"rank{r}.pkl")
+            if not os.path.exists(path):
+                errors.append(f"rank {r} exited without a result")
+                results.append(None)
+                continue
+            with open(path, "rb") as f:
+                status, value = pickle.load(f)
+            if status == "error":
+                errors.append(f"rank {r} raised:\n{value}")
+            results.append(value)
+        if errors:
+            raise SpawnError("\n".join(errors))
+        return results

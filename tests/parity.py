@@ -1,0 +1,117 @@
+"""Distributed parity cases: any registry method against the float64 single-process reference.
+
+A case is a dict; ``run_cases`` runs a list of them on every rank of one spawn (spawning costs
+seconds, so one spawn serves many cases) and returns, per case, the max errors of out, lse and
+dq/dk/dv against the float64 oracle, the errors of the naive same-dtype implementation (for the
+low-precision tolerance rule) and the bytes this rank sent/received by (phase, link).
+
+Case keys: method, options, world-independent shape (batch, seq_local, heads, kv_heads,
+head_dim), causal, window, cu_seqlens, dtype, seed, ranks_per_node (links for the counter),
+expect_error (substring: the call must raise ValueError containing it).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from baselines import registry
+from burst import comm
+from burst.layout import shard
+from burst.reference import naive_attention, reference_attention
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+          "float16": torch.float16}
+
+
+def case(method="burst", *, options=None, batch=1, seq_local=8, heads=4, kv_heads=4, head_dim=8,
+         causal=True, window=None, cu_seqlens=None, dtype="float32", seed=0, ranks_per_node=None,
+         expect_error=None, naive=False) -> dict:
+    return dict(method=method, options=options or {}, batch=batch, seq_local=seq_local,
+                heads=heads, kv_heads=kv_heads, head_dim=head_dim, causal=causal, window=window,
+                cu_seqlens=cu_seqlens, dtype=dtype, seed=seed, ranks_per_node=ranks_per_node,
+                expect_error=expect_error, naive=naive)
+
+
+def _full_inputs(c: dict, world: int):
+    g = torch.Generator().manual_seed(c["seed"])
+    n = c["seq_local"] * world
+    b, h, hk, d = c["batch"], c["heads"], c["kv_heads"], c["head_dim"]
+    q = torch.randn(b, n, h, d, generator=g, dtype=torch.float64)
+    k = torch.randn(b, n, hk, d, generator=g, dtype=torch.float64)
+    v = torch.randn(b, n, hk, d, generator=g, dtype=torch.float64)
+    do = torch.randn(b, n, h, d, generator=g, dtype=torch.float64)
+    return q, k, v, do
+
+
+def _grads(fn, q, k, v, do):
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    res = fn(q, k, v)
+    out, lse = res if isinstance(res, tuple) else (res, None)
+    out.backward(do)
+    return out.detach(), lse, q.grad, k.grad, v.grad
+
+
+def _err(a, b):
+    a, b = a.double(), b.double()
+    both_inf = torch.isinf(a) & torch.isinf(b) & (a.sign() == b.sign())
+    return float(torch.where(both_inf, torch.zeros_like(a), (a - b).abs()).max())
+
+
+def run_one(c: dict, rank: int, world: int) -> dict:
+    method = registry.get(c["method"])
+    opts = dict(c["options"])
+    layout = method.layout(opts)
+    mask_kw = dict(causal=c["causal"], window=c["window"], cu_seqlens=c["cu_seqlens"])
+    q, k, v, do = _full_inputs(c, world)
+    dtype = DTYPES[c["dtype"]]
+    if c["expect_error"] is not None:
+        try:
+            method.check(world=world, heads=c["heads"], kv_heads=c["kv_heads"],
+                         seq_local=c["seq_local"], causal=c["causal"], **opts)
+            sh = [shard(t.to(dtype), layout=layout) for t in (q, k, v)]
+            method(*sh, causal=c["causal"], **opts)
+        except ValueError as e:
+            return {"raised": str(e)}
+        return {"raised": None}
+
+    ref = _grads(lambda a, b_, c_: reference_attention(a, b_, c_, **mask_kw), q, k, v, do)
+    ref_sh = [shard(t, layout=layout) for t in (ref[0], ref[2], ref[3], ref[4])]
+    ref_lse = shard(ref[1].detach(), layout=layout, dim=2)
+
+    def dist_fn(a, b_, c_):
+        extra = {}
+        if c["window"] is not None:
+            extra["window"] = c["window"]
+        if c["cu_seqlens"] is not None:
+            extra["cu_seqlens"] = c["cu_seqlens"]
+        return method(a, b_, c_, causal=c["causal"], **extra, **opts)
+
+    method.check(world=world, heads=c["heads"], kv_heads=c["kv_heads"],
+                 seq_local=c["seq_local"], causal=c["causal"], **opts)
+    loc = [shard(t.to(dtype), layout=layout) for t in (q, k, v, do)]
+    with comm.count_bytes(ranks_per_node=c["ranks_per_node"]) as cnt:
+        out, _, dq, dk, dv = _grads(dist_fn, *loc)
+    res = {
+        "out": _err(out, ref_sh[0]), "dq": _err(dq, ref_sh[1]), "dk": _err(dk, ref_sh[2]),
+        "dv": _err(dv, ref_sh[3]), "bytes": dict(cnt._sent), "recv": dict(cnt._recv),
+        "layout": layout,
+    }
+    if method.name == "burst":  # lse is part of burst_attn's public contract
+        from burst import burst_attn
+
+        loc_q, loc_k, loc_v = loc[:3]
+        _, lse = burst_attn(loc_q, loc_k, loc_v, return_lse=True, **mask_kw,
+                            **{kk: vv for kk, vv in opts.items() if kk != "backward"})
+        res["lse"] = _err(lse, ref_lse)
+    if c["naive"]:
+        nv = _grads(lambda a, b_, c_: naive_attention(a, b_, c_, **mask_kw),
+                    *(t.to(dtype) for t in (q, k, v, do)))
+        nv_sh = [shard(t, layout=layout) for t in (nv[0], nv[2], nv[3], nv[4])]
+        res["naive"] = {name: _err(a, b) for name, a, b in
+                        zip(("out", "dq", "dk", "dv"), nv_sh, ref_sh)}
+    return res
+
+
+def run_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
+    torch.manual_seed(0)
+    return [run_one(c, rank, world) for c in cases]

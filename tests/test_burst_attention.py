@@ -1,0 +1,141 @@
+"""BurstAttention on gloo ranks against the float64 single-process reference (issue 2).
+
+One spawn per world size runs every case; each case asserts forward out/lse and dq/dk/dv errors
+and that the byte counter equals the analytic volume of ``burst.volume``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from burst.layout import LAYOUTS
+from burst.masks import MaskSpec, ring_span
+from burst.spawn import spawn
+from burst.volume import ring_attention_bytes
+from tests.parity import case, run_cases
+
+F32_TOL = 2e-5  # float32 inputs, errors against float64 (the issue asks for well under 1e-4)
+
+
+def _cases(world: int) -> list[dict]:
+    cs = []
+    for layout in LAYOUTS:
+        for causal in (True, False):
+            for backward in ("burst", "ring"):
+                cs.append(case(options=dict(layout=layout, backward=backward), causal=causal,
+                               heads=4, kv_heads=2 if backward == "ring" else 4, batch=2,
+                               seed=len(cs)))
+        cs.append(case(options=dict(layout=layout, backward="burst"), causal=True, heads=4,
+                       kv_heads=1, seed=len(cs)))  # GQA through the burst backward
+        cs.append(case(options=dict(layout=layout, backward="auto"), causal=True,
+                       window=(5, 0), seed=len(cs)))  # sliding window
+    cs.append(case(options=dict(layout="contiguous", backward="burst"), causal=False,
+                   window=(3, 2), seed=len(cs)))
+    cs.append(case(options=dict(layout="zigzag", backward="burst"), causal=True,
+                   cu_seqlens=(0, 5, 5 * world + 1, 8 * world), seed=len(cs)))  # documents
+    for backward in ("burst", "ring"):
+        cs.append(case(options=dict(layout="zigzag", backward=backward), causal=True,
+                       dtype="bfloat16", naive=True, seq_local=32, head_dim=32, batch=2,
+                       seed=len(cs)))
+    if world == 4:
+        for backward in ("burst", "ring"):
+            for layout in ("zigzag", "striped"):
+                cs.append(case(options=dict(layout=layout, backward=backward, ranks_per_node=2),
+                               ranks_per_node=2, causal=True, kv_heads=2, seed=len(cs)))
+        # the 25% claim: MHA, head_dim 128, one dtype throughout
+        for backward in ("burst", "ring"):
+            cs.append(case(options=dict(layout="zigzag", backward=backward), head_dim=128,
+                           heads=2, kv_heads=2, seq_local=4, seed=99))
+        cs.append(case(options=dict(layout="zigzag", ranks_per_node=3), expect_error="ranks_per_node"))
+    if world == 8:
+        for rpn in (4, 2):
+            for backward in ("burst", "ring"):
+                cs.append(case(options=dict(layout="zigzag", backward=backward,
+                                            ranks_per_node=rpn), ranks_per_node=rpn,
+                               causal=True, seed=len(cs)))
+        cs.append(case(options=dict(layout="contiguous", backward="burst"), causal=True,
+                       window=(8, 0), seed=len(cs)))  # window truncates the ring
+    return cs
+
+
+_RESULTS: dict[int, tuple[list[dict], list[list[dict]]]] = {}
+
+
+def _results(world: int):
+    if world not in _RESULTS:
+        cs = _cases(world)
+        _RESULTS[world] = (cs, spawn(run_cases, world, args=(cs,), timeout_s=240))
+    return _RESULTS[world]
+
+
+def _label(c):
+    return (f"{c['options']} causal={c['causal']} window={c['window']} docs={c['cu_seqlens']} "
+            f"H={c['heads']}/{c['kv_heads']} {c['dtype']}")
+
+
+def _expected_bytes(c: dict, world: int, rank: int):
+    opts = c["options"]
+    elem = torch.empty((), dtype=getattr(torch, c["dtype"])).element_size()
+    spec = MaskSpec(causal=c["causal"], window=c["window"], cu_seqlens=c["cu_seqlens"])
+    rpn = opts.get("ranks_per_node")
+    span = ring_span(spec, opts["layout"], world, c["seq_local"]) if rpn is None else None
+    backward = opts.get("backward", "burst")
+    if backward == "auto":
+        backward = "burst" if c["kv_heads"] == c["heads"] else "ring"
+    return ring_attention_bytes(world=world, batch=c["batch"], seq_local=c["seq_local"],
+                                heads=c["heads"], kv_heads=c["kv_heads"],
+                                head_dim=c["head_dim"], elem=elem, backward=backward,
+                                ranks_per_node=rpn, node_size=c["ranks_per_node"], rank=rank,
+                                span=span)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+def test_parity_and_bytes(world):
+    cases, per_rank = _results(world)
+    failures = []
+    for i, c in enumerate(cases):
+        for rank in range(world):
+            r = per_rank[rank][i]
+            if c["expect_error"] is not None:
+                if not r["raised"] or c["expect_error"] not in r["raised"]:
+                    failures.append(f"{_label(c)}: expected ValueError with "
+                                    f"{c['expect_error']!r}, got {r['raised']!r}")
+                continue
+            errs = {k: r[k] for k in ("out", "lse", "dq", "dk", "dv") if k in r}
+            if c["dtype"] == "float32":
+                bad = {k: e for k, e in errs.items() if not e < F32_TOL}
+                if bad:
+                    failures.append(f"rank {rank} {_label(c)}: errors {bad}")
+            exp = _expected_bytes(c, world, rank)
+            got = {key: v for key, v in r["bytes"].items() if v}
+            want = {key: v for key, v in exp.by.items() if v}
+            if got != want:
+                failures.append(f"rank {rank} {_label(c)}: bytes sent {got} != formula {want}")
+            if sum(r["recv"].values()) != sum(r["bytes"].values()):
+                failures.append(f"rank {rank} {_label(c)}: received {r['recv']} != sent")
+        if c["naive"]:  # low precision: at most twice the naive same-dtype error, whole tensor
+            for k in ("out", "dq", "dk", "dv"):
+                ours = max(per_rank[r][i][k] for r in range(world))
+                naive = max(per_rank[r][i]["naive"][k] for r in range(world))
+                if not ours <= 2 * naive:
+                    failures.append(f"{_label(c)}: {k} error {ours:.3g} > 2 x naive {naive:.3g}")
+    assert not failures, "\n".join(failures[:20])
+
+
+def test_burst_backward_moves_about_25_percent_fewer_bytes_measured():
+    cases, per_rank = _results(4)
+    idx = {c["options"]["backward"]: i for i, c in enumerate(cases)
+           if c["head_dim"] == 128 and not c["expect_error"]}
+    burst = sum(v for (p, _), v in per_rank[0][idx["burst"]]["bytes"].items() if p == "backward")
+    ring = sum(v for (p, _), v in per_rank[0][idx["ring"]]["bytes"].items() if p == "backward")
+    saving = 1 - burst / ring
+    # G=4: ring 2*3 + 2*4 = 14 units, burst 2*3 + 4 + 6*2/128 = 10.09 units -> 27.9 %
+    assert 0.2 < saving < 0.3, f"burst backward saves {saving:.1%} of the ring backward's bytes"
+
+
+def test_formula_saving_approaches_25_percent_for_large_rings():
+    shape = dict(world=64, batch=1, seq_local=1024, heads=32, kv_heads=32, head_dim=128, elem=4)
+    burst = ring_attention_bytes(backward="burst", **shape).sent("backward")
+    ring = ring_attention_bytes(backward="ring", **shape).sent("backward")
+    assert abs((1 - burst / ring) - 0.25) < 0.01
