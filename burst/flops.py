@@ -1,0 +1,101 @@
+"""The one place FLOPs are counted (DESIGN.md 4). Every result names its convention.
+
+Attention: forward = 4 * B * pairs * H * d_h, where ``pairs`` counts attended (query, key) pairs
+exactly: N^2 dense, N(N+1)/2 causal, and the exact count for windows and documents. The kernel
+convention (flash-attention, the BurstEngine kernel table) counts forward+backward as 3.5x the
+forward (backward = 2.5x) with causal counted as half of N^2: ``attention_kernel_flops``.
+
+Model (Megatron's formula, SwiGLU MLP, GQA projections), per training step = 3 passes:
+  ``model_flops_causal``  attention pairs causal (halved), 3 x forward  <- the paper's MFU
+  ``model_flops_dense``   attention pairs N^2 (not halved), 3 x forward
+  ``hardware_flops``      model_flops_causal + what checkpointing recomputes
+Configs are duck-typed: anything with hidden_size, num_layers, num_heads, num_kv_heads,
+ffn_size, vocab_size (``burst.engine`` configs have them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = [
+    "CONVENTIONS",
+    "attention_flops",
+    "attention_kernel_flops",
+    "attention_pairs",
+    "model_flops",
+    "recompute_flops",
+]
+
+CONVENTIONS = ("model_flops_causal", "model_flops_dense", "hardware_flops")
+CHECKPOINTING = ("none", "full", "selective", "selective_half")
+
+
+def attention_pairs(seq_len: int, *, causal: bool = False, window: tuple[int, int] | None = None,
+                    cu_seqlens: Sequence[int] | None = None) -> int:
+    """Exact number of visible (query, key) pairs for one sequence of ``seq_len`` tokens."""
+    docs = list(zip(cu_seqlens[:-1], cu_seqlens[1:])) if cu_seqlens else [(0, seq_len)]
+    total = 0
+    for a, b in docs:
+        n = b - a
+        if window is None:
+            total += n * (n + 1) // 2 if causal else n * n
+            continue
+        left, right = window
+        right = 0 if causal else right
+        for p in range(n):  # per query: keys in [p - left, p + right] within the document
+            total += min(n - 1, p + right) - max(0, p - left) + 1
+    return total
+
+
+def attention_flops(batch: int, seq_len: int, heads: int, head_dim: int, **mask) -> int:
+    """Forward FLOPs of attention (QK^T and PV), exact for the mask."""
+    return 4 * batch * attention_pairs(seq_len, **mask) * heads * head_dim
+
+
+def attention_kernel_flops(batch: int, seq_len: int, heads: int, head_dim: int,
+                           causal: bool) -> float:
+    """Forward+backward FLOPs in the kernel convention: 3.5 x 4*B*N^2*H*d (x 0.5 causal)."""
+    return 3.5 * 4 * batch * seq_len**2 * heads * head_dim * (0.5 if causal else 1.0)
+
+
+def _dense_per_token(cfg) -> int:
+    """Forward matmul FLOPs per token outside attention scores, all layers + LM head."""
+    h, hd = cfg.hidden_size, cfg.hidden_size // cfg.num_heads
+    kv = cfg.num_kv_heads * hd
+    proj = 2 * h * (h + 2 * kv) + 2 * h * h  # QKV and output projections
+    mlp = 2 * 3 * h * cfg.ffn_size  # gate, up, down (SwiGLU)
+    return cfg.num_layers * (proj + mlp) + 2 * h * cfg.vocab_size
+
+
+def _attn_fwd(cfg, batch: int, seq_len: int, causal_halved: bool) -> float:
+    hd = cfg.hidden_size // cfg.num_heads
+    pairs = seq_len**2 / 2 if causal_halved else seq_len**2
+    return cfg.num_layers * 4 * batch * pairs * cfg.num_heads * hd
+
+
+def recompute_flops(cfg, batch: int, seq_len: int, checkpointing: str) -> float:
+    """Forward FLOPs recomputed in backward by a checkpointing mode (causal attention).
+
+    none: nothing; full: the whole layer stack; selective: the layers without the attention core
+    (its output and lse are cached); selective_half: as selective plus a quarter of the causal
+    attention (the first half of the local queries against the first half of K/V).
+    """
+    if checkpointing not in CHECKPOINTING:
+        raise ValueError(f"unknown checkpointing {checkpointing!r}; valid: {', '.join(CHECKPOINTING)}")
+    layers_dense = (_dense_per_token(cfg) - 2 * cfg.hidden_size * cfg.vocab_size) * batch * seq_len
+    attn = _attn_fwd(cfg, batch, seq_len, causal_halved=True)
+    return {"none": 0.0, "full": layers_dense + attn, "selective": layers_dense,
+            "selective_half": layers_dense + attn / 4}[checkpointing]
+
+
+def model_flops(cfg, batch: int, seq_len: int, convention: str = "model_flops_causal",
+                checkpointing: str = "none") -> float:
+    """FLOPs of one training step (forward + backward) under a named convention."""
+    if convention not in CONVENTIONS:
+        raise ValueError(f"unknown FLOP convention {convention!r}; valid: {', '.join(CONVENTIONS)}")
+    dense = _dense_per_token(cfg) * batch * seq_len
+    attn = _attn_fwd(cfg, batch, seq_len, causal_halved=convention != "model_flops_dense")
+    total = 3 * (dense + attn)
+    if convention == "hardware_flops":
+        total += recompute_flops(cfg, batch, seq_len, checkpointing)
+    return total

@@ -1,0 +1,86 @@
+"""The result-row schema shared by measured runs, the simulator and the published numbers.
+
+One row = one cell of a sweep (workload x method/options x model/shape x sequence length x
+world). Measured rows (``source="measured"``), simulated rows (``"simulated"``) and the paper's
+numbers (``"paper"``) share these columns, so the same tables and figures serve all three.
+Failures are rows too (``status`` oom / timeout / error, with ``error``), never gaps.
+
+``COLUMNS`` maps every column to its meaning; ``results/README.md`` renders the same table.
+"""
+
+from __future__ import annotations
+
+__all__ = ["COLUMNS", "STATUSES", "SOURCES", "empty_row"]
+
+STATUSES = ("ok", "oom", "timeout", "error", "skipped", "missing")
+SOURCES = ("measured", "simulated", "paper")
+
+COLUMNS: dict[str, str] = {
+    # identity of the cell
+    "sweep": "sweep name (the spec file's stem)",
+    "cell_id": "stable hash of the cell's spec; resuming skips cells whose id is already done",
+    "source": "measured | simulated | paper",
+    "workload": "attention (one layer fwd+bwd) | train_step (one engine training step)",
+    "method": "registry name (or import path) of the attention method",
+    "label": "display label: method plus the options that distinguish it",
+    "method_options": "JSON of the method's options (layout, backward, ranks_per_node, ...)",
+    "model": "model config name for train_step (7b, 14b, llama3-8b, tiny, ...), else empty",
+    "checkpointing": "none | full | selective | selective_half (train_step)",
+    "fused_head": "fused LM head + loss on/off (train_step)",
+    "seq_len": "global sequence length in tokens",
+    "batch": "sequences per step",
+    "heads": "query heads",
+    "kv_heads": "key/value heads",
+    "head_dim": "head dimension",
+    "causal": "causal mask",
+    "dtype": "input dtype",
+    "world": "ranks (GPUs or CPU processes)",
+    "nodes": "nodes",
+    "ranks_per_node": "ranks per node",
+    "device": "cpu | cuda",
+    "hardware": "hardware profile (simulated rows) or device name",
+    # outcome
+    "status": "ok | oom | timeout | error | skipped | missing",
+    "error": "error text for failed cells",
+    "repeats": "measured repeats after warm-up",
+    "time_s": "median step time over repeats, slowest rank (s)",
+    "time_s_min": "fastest repeat (s)",
+    "time_s_max": "slowest repeat (s)",
+    "tokens_per_s": "tokens per second per device: batch * seq_len / time_s / world",
+    "attn_tflops": "attention kernel TFLOP/s per device, kernel convention (bwd = 2.5 x fwd)",
+    "tflops_model_flops_causal": "TFLOP/s per device under model_flops_causal",
+    "tflops_model_flops_dense": "TFLOP/s per device under model_flops_dense",
+    "tflops_hardware_flops": "TFLOP/s per device under hardware_flops",
+    "mfu_model_flops_causal": "MFU under model_flops_causal (the papers' MFU)",
+    "mfu_model_flops_dense": "MFU under model_flops_dense",
+    "mfu_hardware_flops": "MFU under hardware_flops",
+    "peak_tflops": "dense bf16 peak used for MFU (TFLOP/s)",
+    "mem_peak_bytes": "GPU: max_memory_allocated; CPU: profiler transient peak",
+    "mem_reserved_bytes": "GPU: max_memory_reserved (the paper's memory figure)",
+    "saved_bytes": "bytes saved for backward (saved_tensors_hooks), exact on every device",
+    "bytes_sent_forward": "bytes sent per rank in forward (byte counter / formula)",
+    "bytes_sent_backward": "bytes sent per rank in backward",
+    "bytes_sent_intra": "bytes sent per rank to peers on the same node",
+    "bytes_sent_inter": "bytes sent per rank to peers on other nodes",
+    "max_err": "max abs error against the float64 reference, where computed",
+    "speedup": "time of the named baseline / time of this row (filled by compare)",
+    # provenance
+    "spec": "JSON of the full cell spec",
+    "git_commit": "commit of the code that produced the row",
+    "git_dirty": "uncommitted changes were present",
+    "python": "Python version",
+    "torch": "torch version",
+    "cuda": "CUDA version (empty on CPU)",
+    "nccl": "NCCL version (empty on CPU)",
+    "flash_attn": "flash-attn version if installed",
+    "device_name": "device name (GPU model or CPU)",
+    "device_count": "devices used",
+    "executor": "inline | local | slurm | simulate | paper",
+    "job_id": "SLURM / submitit job id",
+    "hostname": "host that ran rank 0",
+    "date": "ISO-8601 UTC time the row was written",
+}
+
+
+def empty_row() -> dict:
+    return {k: None for k in COLUMNS}
