@@ -10,10 +10,11 @@ Failures are rows too (``status`` oom / timeout / error, with ``error``), never 
 
 from __future__ import annotations
 
-__all__ = ["COLUMNS", "STATUSES", "SOURCES", "empty_row"]
+__all__ = ["COLUMNS", "FAILED", "SOURCES", "STATUSES", "empty_row", "markdown_table"]
 
 STATUSES = ("ok", "oom", "timeout", "error", "skipped", "missing")
 SOURCES = ("measured", "simulated", "paper")
+FAILED = ("oom", "timeout", "error")
 
 COLUMNS: dict[str, str] = {
     # identity of the cell
@@ -33,6 +34,7 @@ COLUMNS: dict[str, str] = {
     "kv_heads": "key/value heads",
     "head_dim": "head dimension",
     "causal": "causal mask",
+    "window": "sliding window (left, right) as JSON, empty for none",
     "dtype": "input dtype",
     "world": "ranks (GPUs or CPU processes)",
     "nodes": "nodes",
@@ -42,6 +44,7 @@ COLUMNS: dict[str, str] = {
     # outcome
     "status": "ok | oom | timeout | error | skipped | missing",
     "error": "error text for failed cells",
+    "warmup": "untimed warm-up steps before the repeats",
     "repeats": "measured repeats after warm-up",
     "time_s": "median step time over repeats, slowest rank (s)",
     "time_s_min": "fastest repeat (s)",
@@ -65,7 +68,9 @@ COLUMNS: dict[str, str] = {
     "max_err": "max abs error against the float64 reference, where computed",
     "speedup": "time of the named baseline / time of this row (filled by compare)",
     # provenance
+    "run_id": "the sweep run (folder results/<sweep>/<run_id>/) that produced the row",
     "spec": "JSON of the full cell spec",
+    "sweep_spec": "JSON of the whole sweep spec the cell was expanded from",
     "git_commit": "commit of the code that produced the row",
     "git_dirty": "uncommitted changes were present",
     "python": "Python version",
@@ -84,3 +89,10 @@ COLUMNS: dict[str, str] = {
 
 def empty_row() -> dict:
     return {k: None for k in COLUMNS}
+
+
+def markdown_table() -> str:
+    """The column table of ``results/README.md`` (regenerate with ``python -m results.readme``)."""
+    lines = ["| column | meaning |", "|---|---|"]
+    lines += ["| `" + k + "` | " + v.replace("|", r"\|") + " |" for k, v in COLUMNS.items()]
+    return "\n".join(lines)
