@@ -20,6 +20,7 @@ from collections.abc import Sequence
 __all__ = [
     "CONVENTIONS",
     "attention_flops",
+    "attention_flops_halved",
     "attention_kernel_flops",
     "attention_pairs",
     "model_flops",
@@ -52,6 +53,14 @@ def attention_flops(batch: int, seq_len: int, heads: int, head_dim: int, **mask)
     return 4 * batch * attention_pairs(seq_len, **mask) * heads * head_dim
 
 
+def attention_flops_halved(batch: int, seq_len: int, heads: int, head_dim: int, *,
+                           causal: bool) -> float:
+    """Forward FLOPs with causal counted as N^2/2 pairs (the model-FLOP convention of
+    ``model_flops`` and ``recompute_flops``; ``attention_flops`` counts N(N+1)/2 exactly)."""
+    pairs = seq_len**2 / 2 if causal else seq_len**2
+    return 4 * batch * pairs * heads * head_dim
+
+
 def attention_kernel_flops(batch: int, seq_len: int, heads: int, head_dim: int,
                            causal: bool) -> float:
     """Forward+backward FLOPs in the kernel convention: 3.5 x 4*B*N^2*H*d (x 0.5 causal)."""
@@ -69,8 +78,8 @@ def _dense_per_token(cfg) -> int:
 
 def _attn_fwd(cfg, batch: int, seq_len: int, causal_halved: bool) -> float:
     hd = cfg.hidden_size // cfg.num_heads
-    pairs = seq_len**2 / 2 if causal_halved else seq_len**2
-    return cfg.num_layers * 4 * batch * pairs * cfg.num_heads * hd
+    return cfg.num_layers * attention_flops_halved(batch, seq_len, cfg.num_heads, hd,
+                                                   causal=causal_halved)
 
 
 def recompute_flops(cfg, batch: int, seq_len: int, checkpointing: str) -> float:

@@ -1,0 +1,298 @@
+"""Sequence-level selective checkpointing: how a decoder layer is recomputed in backward.
+
+Modes (names of ``burst.flops.CHECKPOINTING``; DESIGN.md 3):
+  ``none``            plain autograd: every activation is kept.
+  ``full``            only the layer input is kept; backward re-runs the whole layer, ring
+                      attention included.
+  ``selective``       the layer is recomputed, but the attention output and lse are cached, so
+                      the ring is not re-run: backward recomputes q, k, v, runs the attention
+                      method's own backward on them with the cached out/lse, then re-runs the
+                      output projection and the MLP.
+  ``selective_half``  as selective, but only the second half of the local sequence's out/lse is
+                      cached; the first half is recomputed by running the method on the first
+                      half of the local q, k, v. With the striped layout the first halves of all
+                      ranks are exactly the first N/2 tokens of the sequence, again striped, and
+                      causal queries there see only those keys, so the recompute is an ordinary
+                      call on N/2 tokens: half the cache, a quarter of the causal attention FLOPs.
+
+How the selective cache works for any registry method (no method-specific backward API): the
+layer's attention runs once in forward with autograd on, under saved-tensor hooks. Whatever the
+method saves for backward is kept in the cache, except its own inputs q, k, v, which become
+placeholders filled with the recomputed q, k, v at backward time (the same trick as torch's
+non-reentrant checkpoint). For BurstAttention what remains is exactly out and lse. The method's
+autograd node is reached later through gradient edges, so nothing keeps the original q, k, v
+alive. In ``selective_half`` the saved tensors that are per local row (out: B S H D, lse: B H S)
+keep their second half only; a method that saves anything else cannot use that mode.
+
+Entries are keyed by layer, freed when that layer's backward has used them, and replaced if a
+forward runs again before its backward (so repeated steps never see stale entries).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.graph import get_gradient_edge, saved_tensors_hooks
+
+from burst.engine.attention_call import AttentionCall, recompute_phase
+from burst.flops import CHECKPOINTING
+
+__all__ = ["CHECKPOINTING", "ActivationCache", "CacheEntry", "check_mode", "run_layer"]
+
+
+def check_mode(mode: str, layout: str) -> None:
+    if mode not in CHECKPOINTING:
+        raise ValueError(f"unknown checkpointing mode {mode!r}; valid modes: "
+                         f"{', '.join(CHECKPOINTING)}")
+    if mode == "selective_half" and layout != "striped":
+        raise ValueError(f"checkpointing 'selective_half' needs the striped layout (the first "
+                         f"halves of all ranks must form a prefix of the sequence), but the "
+                         f"attention uses {layout!r}; pass attention_options={{'layout': "
+                         f"'striped'}} or use checkpointing 'selective'")
+
+
+class _Anchor(torch.autograd.Function):
+    """Identity whose autograd node holds no tensor: the method's inputs get a grad_fn (so the
+    method records its graph) without a leaf that would keep their memory alive."""
+
+    @staticmethod
+    def forward(ctx, x, anchor):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+class CacheEntry:
+    """One layer's attention: the method's saved tensors minus its inputs, and its graph."""
+
+    def __init__(self, call: AttentionCall, cu_seqlens, half: bool):
+        self.call, self.cu_seqlens, self.half = call, cu_seqlens, half
+        self.kept: list[torch.Tensor] = []  # selective: everything the method saved but q, k, v
+        self.rows: list[tuple[torch.Tensor, int]] = []  # selective_half: (second half, row dim)
+        self.out_row: int | None = None  # which of ``rows`` is the method's output
+        self._row_ptrs: list[int] = []  # storages the rows were cut from
+        self.out: torch.Tensor | None = None  # selective: the full output (also in ``kept``)
+        self.inputs: list[torch.Tensor] | None = None  # recomputed q, k, v, at backward only
+        self.first_rows: list[torch.Tensor] | None = None  # recomputed first halves
+        self.out_edge = self.in_edges = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the cache (distinct storages)."""
+        seen, total = set(), 0
+        for t in [*self.kept, *(r for r, _ in self.rows)]:
+            if _storage(t) not in seen:
+                seen.add(_storage(t))
+                total += t.untyped_storage().nbytes()
+        return total
+
+    # -- forward: run the method once, keep what it saved ---------------------------------------
+
+    def _hooks(self, inputs, q_shape, record: list | None):
+        b, n, h, _ = q_shape
+        in_ptrs = [(_storage(t), t.storage_offset()) for t in inputs]
+
+        def pack(t: torch.Tensor):
+            for i, (ptr, off) in enumerate(in_ptrs):
+                if _storage(t) == ptr:
+                    return ("input", i, t.size(), t.stride(), t.storage_offset() - off)
+            t = t.detach()
+            if record is not None:  # recompute of the first half: collect, in order
+                record.append(t)
+                return ("keep", t)
+            if not self.half:
+                self.kept.append(t)
+                return ("keep", t)
+            dim = 1 if tuple(t.shape) == tuple(q_shape) else \
+                2 if tuple(t.shape) == (b, h, n) else None
+            if dim is None:
+                raise ValueError(
+                    f"checkpointing 'selective_half' caches per-row tensors (out {tuple(q_shape)}"
+                    f", lse {(b, h, n)}) but the attention method saves a tensor of shape "
+                    f"{tuple(t.shape)}; use checkpointing 'selective' with this method")
+            self.rows.append((t.narrow(dim, n // 2, n - n // 2).clone(), dim))
+            self._row_ptrs.append(_storage(t))
+            return ("row", len(self.rows) - 1)
+
+        def unpack(p):
+            if p[0] == "input":
+                _, i, size, stride, rel = p
+                x = self.inputs[i]
+                return x.as_strided(size, stride, x.storage_offset() + rel)
+            if p[0] == "row":
+                second, dim = self.rows[p[1]]
+                return torch.cat([self.first_rows[p[1]], second], dim=dim)
+            return p[1]
+
+        return saved_tensors_hooks(pack, unpack)
+
+    def run(self, q, k, v, anchor) -> torch.Tensor:
+        """Forward: the method on q, k, v with autograd on; returns its output (detached)."""
+        inputs = [q, k, v]
+        if len({_storage(t) for t in inputs}) != 3:
+            raise AssertionError("q, k, v must be separate tensors for the selective cache")
+        with torch.enable_grad(), self._hooks(inputs, q.shape, None):
+            ins = [_Anchor.apply(t, anchor) for t in inputs]
+            out = self.call(*ins, cu_seqlens=self.cu_seqlens)
+        self.out_edge = get_gradient_edge(out)
+        self.in_edges = [get_gradient_edge(t) for t in ins]
+        if self.half:
+            if _storage(out) in self._row_ptrs:
+                self.out_row = self._row_ptrs.index(_storage(out))
+            else:
+                raise ValueError("checkpointing 'selective_half': the attention method does not "
+                                 "save its output; use checkpointing 'selective'")
+        else:
+            self.out = out.detach()
+        return out.detach()
+
+    # -- backward -------------------------------------------------------------------------------
+
+    def replay_output(self, q, k, v, anchor) -> torch.Tensor:
+        """The layer's attention output for the recomputation, without re-running the ring
+        (selective_half: the first half is recomputed on the first half of q, k, v)."""
+        if not self.half:
+            return self.out.detach()  # a fresh tensor object: autograd gives it this op's grad_fn
+        n = q.shape[1]
+        half = [t[:, : n // 2].contiguous() for t in (q, k, v)]
+        record: list[torch.Tensor] = []
+        with torch.enable_grad(), self._hooks(half, half[0].shape, record):
+            ins = [_Anchor.apply(t, anchor) for t in half]
+            out_a = self.call(*ins, cu_seqlens=_prefix(self.cu_seqlens, n, self.call))
+        if len(record) != len(self.rows) or any(
+                r.shape[d] != n // 2 for r, (_, d) in zip(record, self.rows, strict=False)):
+            raise AssertionError("selective_half: the recomputed first half saved "
+                                 f"{[tuple(r.shape) for r in record]}, expected the first halves"
+                                 f" of {[tuple(r.shape) for r, _ in self.rows]}")
+        self.first_rows = record
+        return torch.cat([out_a.detach(), self.rows[self.out_row][0]], dim=1)
+
+    def backward(self, q, k, v, dout) -> tuple[torch.Tensor, ...]:
+        """dq, dk, dv through the method's own backward, with the recomputed inputs."""
+        self.inputs = [t.detach().contiguous() for t in (q, k, v)]
+        grads = torch.autograd.grad([self.out_edge], self.in_edges, [dout.contiguous()])
+        self.kept = self.rows = self.inputs = self.first_rows = self.out = None
+        self.out_edge = self.in_edges = None
+        return grads
+
+
+def _prefix(cu_seqlens, n_local: int, call: AttentionCall):
+    """Document boundaries of the first half of the global sequence."""
+    if cu_seqlens is None:
+        return None
+    from burst import comm
+
+    half = n_local // 2 * comm.world_size(call.group)
+    return (*[int(c) for c in cu_seqlens if c < half], half)
+
+
+class ActivationCache:
+    """Cache entries of the selective modes, keyed by layer index."""
+
+    def __init__(self):
+        self.entries: dict[int, CacheEntry] = {}
+        self._anchor = torch.zeros((), requires_grad=True)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.nbytes for e in self.entries.values())
+
+    def store(self, layer: int, call: AttentionCall, q, k, v, *, cu_seqlens, half: bool):
+        entry = CacheEntry(call, cu_seqlens, half)
+        out = entry.run(q, k, v, self._anchor)
+        self.entries[layer] = entry  # replaces a stale entry whose backward never ran
+        return out
+
+    def pop(self, layer: int) -> CacheEntry:
+        if layer not in self.entries:
+            raise RuntimeError(f"no cached attention for layer {layer}: backward ran twice or "
+                               "without its forward")
+        return self.entries.pop(layer)
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+
+class _Replay(torch.autograd.Function):
+    """The cached attention as an autograd op of the recomputed q, k, v."""
+
+    @staticmethod
+    def forward(ctx, entry: CacheEntry, anchor, q, k, v):
+        ctx.entry = entry
+        ctx.save_for_backward(q, k, v)
+        with recompute_phase():
+            return entry.replay_output(q, k, v, anchor)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v = ctx.saved_tensors
+        entry, ctx.entry = ctx.entry, None
+        return (None, None, *entry.backward(q, k, v, dout))
+
+
+class _LayerRun:
+    def __init__(self, layer, index: int, rope, attention: AttentionCall, mode: str,
+                 cache: ActivationCache, cu_seqlens):
+        self.layer, self.index, self.rope, self.attention = layer, index, rope, attention
+        self.mode, self.cache, self.cu_seqlens = mode, cache, cu_seqlens
+
+    def first(self, x):
+        """Forward without keeping activations (autograd off)."""
+        q, k, v = self.layer.attention_inputs(x, self.rope)
+        if self.mode == "full":
+            out = self.attention(q, k, v, cu_seqlens=self.cu_seqlens)
+        else:
+            out = self.cache.store(self.index, self.attention, q, k, v,
+                                   cu_seqlens=self.cu_seqlens,
+                                   half=self.mode == "selective_half")
+        del q, k, v
+        return self.layer.finish(x, out)
+
+    def again(self, x):
+        """The recomputation in backward (autograd on)."""
+        q, k, v = self.layer.attention_inputs(x, self.rope)
+        if self.mode == "full":
+            with recompute_phase():
+                out = self.attention(q, k, v, cu_seqlens=self.cu_seqlens)
+        else:
+            out = _Replay.apply(self.cache.pop(self.index), self.cache._anchor, q, k, v)
+        return self.layer.finish(x, out)
+
+
+class _Recompute(torch.autograd.Function):
+    """Keeps the layer input only; backward recomputes the layer and differentiates it."""
+
+    @staticmethod
+    def forward(ctx, run: _LayerRun, x, *params):
+        ctx.run = run
+        ctx.save_for_backward(x)
+        return run.first(x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        run, ctx.run = ctx.run, None
+        params = list(run.layer.parameters())
+        with torch.enable_grad():
+            x_ = x.detach().requires_grad_()
+            y = run.again(x_)
+        grads = torch.autograd.grad(y, [x_, *params], dy, allow_unused=True)
+        return (None, *grads)
+
+
+def run_layer(layer, index: int, x, rope, *, attention: AttentionCall, mode: str,
+              cache: ActivationCache, cu_seqlens=None):
+    """One decoder layer under checkpointing ``mode`` (see the module docstring)."""
+    if mode == "none":
+        q, k, v = layer.attention_inputs(x, rope)
+        return layer.finish(x, attention(q, k, v, cu_seqlens=cu_seqlens))
+    run = _LayerRun(layer, index, rope, attention, mode, cache, cu_seqlens)
+    return _Recompute.apply(run, x, *layer.parameters())

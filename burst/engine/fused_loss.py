@@ -1,0 +1,88 @@
+"""Fused LM head + cross-entropy: the local tokens in chunks, never all logits at once.
+
+BurstEngine's fused head (DESIGN.md 3, BurstEngine paper): for a chunk of c tokens the
+forward computes the logits (c x V), the loss and at once the gradient of the loss w.r.t. the
+logits, which it turns into the chunk's share of dL/dhidden and dL/dW before the next chunk.
+The peak holds one chunk of logits instead of S x V, and what backward keeps is dL/dhidden
+(S x E) and dL/dW (V x E), not the logits. Backward only scales them by the incoming gradient.
+
+The loss is ``scale * sum over valid tokens of -log softmax(logits)[target]``; tokens whose target
+is ``ignore_index`` contribute nothing. With ``scale`` = 1 / (valid tokens of the whole global
+batch, all ranks), which the Trainer gets with one all-reduce, the sum of every rank's result is
+the exact global mean and every rank's gradient is its exact share.
+
+Shapes: hidden_TE (T local tokens, E), weight_VE, targets_T (int64).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from burst.kernel import acc_dtype
+
+__all__ = ["IGNORE_INDEX", "fused_linear_cross_entropy", "plain_cross_entropy"]
+
+IGNORE_INDEX = -100
+
+
+class _FusedLinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden_TE, weight_VE, targets_T, chunk: int, ignore_index: int,
+                scale: float):
+        acc = acc_dtype(hidden_TE.dtype)
+        t_total = hidden_TE.shape[0]
+        w_acc = weight_VE.to(acc)  # no copy for fp32/fp64 weights
+        grad_h = torch.empty_like(hidden_TE)
+        grad_w = torch.zeros(weight_VE.shape, dtype=acc, device=weight_VE.device)
+        total = torch.zeros((), dtype=acc, device=hidden_TE.device)
+        for s in range(0, t_total, chunk):
+            h = hidden_TE[s:s + chunk].to(acc)
+            tgt = targets_T[s:s + chunk]
+            valid = tgt != ignore_index
+            safe = torch.where(valid, tgt, torch.zeros_like(tgt))
+            logits = h @ w_acc.t()  # c x V, the only large buffer
+            lse = torch.logsumexp(logits, dim=-1)
+            picked = logits.gather(1, safe[:, None]).squeeze(1)
+            total += torch.where(valid, lse - picked, torch.zeros_like(lse)).sum()
+            # d(scale * loss)/dlogits = scale * (softmax - onehot(target)), zero where ignored;
+            # formed in place in the logits buffer
+            probs = logits.sub_(lse[:, None]).exp_()
+            rows = torch.arange(len(tgt), device=tgt.device)
+            probs[rows, safe] -= valid.to(acc)
+            probs.mul_((valid.to(acc) * scale)[:, None])
+            grad_h[s:s + chunk] = (probs @ w_acc).to(grad_h.dtype)
+            grad_w.addmm_(probs.t(), h)
+        ctx.save_for_backward(grad_h, grad_w.to(weight_VE.dtype))
+        return total * scale
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad_h, grad_w = ctx.saved_tensors
+        g = grad_out.to(grad_h.dtype)
+        return grad_h * g, grad_w * g.to(grad_w.dtype), None, None, None, None
+
+
+def fused_linear_cross_entropy(hidden_TE: torch.Tensor, weight_VE: torch.Tensor,
+                               targets_T: torch.Tensor, *, chunk: int = 1024,
+                               ignore_index: int = IGNORE_INDEX,
+                               scale: float = 1.0) -> torch.Tensor:
+    """scale * summed cross-entropy of ``hidden @ weight.T`` against targets, in chunks of
+    ``chunk`` tokens (a 0-dim tensor; differentiable w.r.t. hidden and weight)."""
+    if not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"loss chunk={chunk!r} must be a positive number of tokens")
+    if hidden_TE.dim() != 2 or targets_T.shape != hidden_TE.shape[:1]:
+        raise ValueError(f"hidden {tuple(hidden_TE.shape)} and targets {tuple(targets_T.shape)}: "
+                         "expected (tokens, hidden) and (tokens,)")
+    return _FusedLinearCrossEntropy.apply(hidden_TE, weight_VE, targets_T, chunk, ignore_index,
+                                          float(scale))
+
+
+def plain_cross_entropy(hidden_TE: torch.Tensor, weight_VE: torch.Tensor,
+                        targets_T: torch.Tensor, *, ignore_index: int = IGNORE_INDEX,
+                        scale: float = 1.0) -> torch.Tensor:
+    """The unfused reference: all logits, then cross-entropy (logits in fp32 at least)."""
+    logits = F.linear(hidden_TE, weight_VE)
+    logits = logits.to(acc_dtype(logits.dtype))
+    return F.cross_entropy(logits, targets_T, ignore_index=ignore_index,
+                           reduction="sum") * scale

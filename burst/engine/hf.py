@@ -1,0 +1,113 @@
+"""Load weights from a Hugging Face transformers ``LlamaForCausalLM`` (state dict + config).
+
+    model = from_hf(hf_model.state_dict(), hf_model.config)      # a CausalLM with those weights
+    trainer = Trainer(model.config, state_dict=model.state_dict(), ...)
+
+The engine's parameter names are Hugging Face's without the ``model.`` prefix, so the mapping is
+a rename; what it checks is that the checkpoint fits: every expected key present with the
+expected shape, no unknown keys, and no feature the engine does not implement (biases, rope
+scaling, a head_dim other than hidden / heads). Every problem is listed at once, naming the key.
+transformers is not imported: any object with LlamaConfig's attributes (or a dict) works.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from burst.engine.configs import ModelConfig
+from burst.engine.model import CausalLM
+
+__all__ = ["config_from_hf", "convert_hf_state_dict", "from_hf"]
+
+
+def _get(cfg, name, default=None):
+    if isinstance(cfg, Mapping):
+        return cfg.get(name, default)
+    return getattr(cfg, name, default)
+
+
+def config_from_hf(hf_config, *, max_seq_len: int | None = None) -> ModelConfig:
+    """ModelConfig of a Hugging Face LlamaConfig; ValueError for features the engine lacks."""
+    problems = []
+    rope = _get(hf_config, "rope_parameters") or _get(hf_config, "rope_scaling") or {}
+    theta = _get(hf_config, "rope_theta") or rope.get("rope_theta") or 10000.0
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        problems.append(f"rope type {rope_type!r} is not supported (only 'default' RoPE)")
+    for flag in ("attention_bias", "mlp_bias"):
+        if _get(hf_config, flag, False):
+            problems.append(f"{flag}=True is not supported (the engine's projections have no "
+                            "bias)")
+    act = _get(hf_config, "hidden_act", "silu")
+    if act != "silu":
+        problems.append(f"hidden_act={act!r} is not supported (SwiGLU uses 'silu')")
+    hidden, heads = _get(hf_config, "hidden_size"), _get(hf_config, "num_attention_heads")
+    head_dim = _get(hf_config, "head_dim")
+    if head_dim is not None and hidden and heads and head_dim != hidden // heads:
+        problems.append(f"head_dim={head_dim} differs from hidden_size / num_attention_heads = "
+                        f"{hidden // heads}; the engine derives head_dim from them")
+    if problems:
+        raise ValueError("config_from_hf: " + "; ".join(problems))
+    kw = dict(hidden_size=hidden, num_layers=_get(hf_config, "num_hidden_layers"),
+              num_heads=heads,
+              num_kv_heads=_get(hf_config, "num_key_value_heads") or heads,
+              ffn_size=_get(hf_config, "intermediate_size"),
+              vocab_size=_get(hf_config, "vocab_size"), rope_theta=float(theta),
+              rms_eps=float(_get(hf_config, "rms_norm_eps", 1e-6)),
+              tie_embeddings=bool(_get(hf_config, "tie_word_embeddings", False)))
+    if max_seq_len is not None:
+        kw["max_seq_len"] = max_seq_len
+    return ModelConfig(**kw)
+
+
+def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Engine parameter names and shapes (the same as a freshly built CausalLM's)."""
+    with torch.device("meta"):  # shapes only: a 7B config must not allocate 27 GB here
+        model = CausalLM(cfg)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def convert_hf_state_dict(state_dict: Mapping[str, torch.Tensor],
+                          cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Rename an HF LlamaForCausalLM state dict to the engine's names, checking every key."""
+    expected = _expected_shapes(cfg)
+    out, problems = {}, []
+    for key, t in state_dict.items():
+        name = key[len("model."):] if key.startswith("model.") else key
+        if name.endswith("rotary_emb.inv_freq"):  # a buffer older checkpoints carry
+            continue
+        if cfg.tie_embeddings and name == "lm_head.weight":
+            continue  # tied checkpoints may still list the head; the embedding is the weight
+        if name not in expected:
+            problems.append(f"unexpected key {key!r} (shape {tuple(t.shape)})")
+            continue
+        if tuple(t.shape) != expected[name]:
+            problems.append(f"key {key!r} has shape {tuple(t.shape)}, the config needs "
+                            f"{expected[name]}")
+            continue
+        out[name] = t
+    missing = [("model." + k if k != "lm_head.weight" else k) for k in expected if k not in out]
+    if missing:
+        problems.append(f"missing keys: {', '.join(missing[:8])}"
+                        + (f" (+{len(missing) - 8} more)" if len(missing) > 8 else ""))
+    if problems:
+        raise ValueError(f"state dict does not fit the config ({cfg.num_layers} layers, hidden "
+                         f"{cfg.hidden_size}, {cfg.num_heads}/{cfg.num_kv_heads} heads, vocab "
+                         f"{cfg.vocab_size}): " + "; ".join(problems))
+    return out
+
+
+def from_hf(state_dict: Mapping[str, torch.Tensor], hf_config, *,
+            dtype: torch.dtype | None = None) -> CausalLM:
+    """A CausalLM with the weights of an HF LlamaForCausalLM (dtype: the checkpoint's, unless
+    given)."""
+    cfg = config_from_hf(hf_config)
+    sd = convert_hf_state_dict(state_dict, cfg)
+    model = CausalLM(cfg)
+    if dtype is None:
+        dtype = next(iter(sd.values())).dtype
+    model.to(dtype)
+    model.load_state_dict({k: v.to(dtype) for k, v in sd.items()}, strict=True)
+    return model

@@ -1,0 +1,245 @@
+"""BurstEngine's training step: a Llama-style model on sequences split over a CP group.
+
+    method = baselines.registry.get("burst")        # or "ring", "ulysses", ... (any entry)
+    tr = Trainer(get_config("tiny"), attention=method, attention_options={"layout": "striped"},
+                 checkpointing="selective_half")
+    tokens, targets, positions = tr.local_batch(seq_len=4096)   # this rank's shard only
+    loss = tr.step(tokens, targets, positions)                  # global mean loss
+
+One step (issue 4): forward with every layer's attention run by the method over the CP group,
+the loss through the fused LM head (or the plain one), backward under the checkpointing mode,
+weight gradients summed over the CP group (``burst.comm``), averaged over the DP groups by
+torch's DDP/FSDP, then an optimizer step. The loss is the exact mean over every valid target
+token of the global batch: each rank scales its token-loss sum by 1 / (global valid count, one
+all-reduce), and DP's averaging is undone by scaling the backward by the DP size.
+
+Every rank builds identical weights from ``seed`` without communication.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from burst import comm
+from burst.engine.attention_call import AttentionCall, resolve_attention
+from burst.engine.checkpointing import check_mode
+from burst.engine.configs import ModelConfig, get_config
+from burst.engine.data import local_batch, shard_batch
+from burst.engine.fused_loss import IGNORE_INDEX
+from burst.engine.model import CausalLM
+from burst.engine.parallel import (
+    DATA_PARALLEL,
+    all_reduce_grads,
+    make_groups,
+    wrap_data_parallel,
+)
+from burst.layout import chunks_per_rank
+from burst.masks import MaskSpec
+
+__all__ = ["DTYPES", "OPTIMIZERS", "Trainer"]
+
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+OPTIMIZERS = ("adamw", "sgd")
+
+
+class Trainer:
+    """Model, optimizer and the CP/DP step.
+
+    Args:
+        model_config: a ModelConfig or a config name (``burst.engine.configs.CONFIGS``).
+        attention: the attention method (registry signature), None or "burst" for BurstAttention.
+        attention_options: options for every call (``layout``, ``backward``, ...).
+        cp_group / dp_group: context-parallel and data-parallel groups (None: the whole world is
+            one CP group); or ``cp_degree`` to build both (CP innermost).
+        checkpointing: ``none``, ``full``, ``selective``, ``selective_half`` (striped layout).
+        fused_head: fused LM head + cross-entropy in chunks of ``loss_chunk`` tokens.
+        window: (left, right) sliding window of every layer's attention.
+        data_parallel: ``ddp`` or ``fsdp`` (torch's) across the DP group.
+        state_dict: initial weights with the engine's names (e.g. ``from_hf(...).state_dict()``).
+    """
+
+    def __init__(self, model_config: ModelConfig | str, *, attention=None,
+                 attention_options: dict | None = None, cp_group=None, dp_group=None,
+                 cp_degree: int | None = None, checkpointing: str = "none",
+                 fused_head: bool = True, loss_chunk: int = 1024,
+                 dtype: torch.dtype = torch.float32, device="cpu", lr: float = 1e-3,
+                 seed: int = 0, window: tuple[int, int] | None = None,
+                 data_parallel: str = "ddp", optimizer: str = "adamw",
+                 weight_decay: float = 0.0, state_dict: dict | None = None,
+                 ignore_index: int = IGNORE_INDEX):
+        cfg = get_config(model_config) if isinstance(model_config, str) else model_config
+        if not isinstance(cfg, ModelConfig):
+            raise TypeError(f"model_config must be a ModelConfig or a config name, got "
+                            f"{type(cfg).__name__}")
+        method, layout = resolve_attention(attention, attention_options)
+        problems = []
+        try:
+            check_mode(checkpointing, layout)
+        except ValueError as e:
+            problems.append(str(e))
+        if dtype not in DTYPES:
+            problems.append(f"dtype {dtype} is not supported; valid: "
+                            f"{', '.join(map(str, DTYPES))}")
+        if not isinstance(loss_chunk, int) or loss_chunk < 1:
+            problems.append(f"loss_chunk={loss_chunk!r} must be a positive number of tokens")
+        if not lr > 0:
+            problems.append(f"lr={lr!r} must be positive")
+        if optimizer not in OPTIMIZERS:
+            problems.append(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
+        if data_parallel not in DATA_PARALLEL:
+            problems.append(f"unknown data_parallel {data_parallel!r}; valid: "
+                            f"{', '.join(DATA_PARALLEL)}")
+        if window is not None:
+            try:
+                MaskSpec(causal=True, window=window)
+            except ValueError as e:
+                problems.append(str(e))
+        if problems:
+            raise ValueError("Trainer: " + "; ".join(problems))
+        self.cp_group, self.dp_group = self._groups(cp_group, dp_group, cp_degree)
+
+        self.config, self.layout, self.dtype = cfg, layout, dtype
+        self.checkpointing, self.ignore_index = checkpointing, ignore_index
+        self.device = torch.device(device)
+        model = CausalLM(cfg)
+        model.reset_parameters(seed)
+        model.to(device=self.device, dtype=dtype)
+        if state_dict is not None:
+            model.load_state_dict({k: v.to(dtype) for k, v in state_dict.items()}, strict=True)
+        model.attention = AttentionCall(method, layout, dict(attention_options or {}),
+                                        self.cp_group, window)
+        model.checkpointing, model.fused_head, model.loss_chunk = (checkpointing, fused_head,
+                                                                   loss_chunk)
+        self.model = model
+        self._forward = wrap_data_parallel(model, self.dp_group, data_parallel)
+        params = list(model.parameters())
+        if optimizer == "adamw":
+            self.optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95),
+                                               weight_decay=weight_decay)
+        else:
+            self.optimizer = torch.optim.SGD(params, lr=lr, weight_decay=weight_decay)
+
+    # -- groups ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _groups(cp_group, dp_group, cp_degree):
+        world = comm.world_size()
+        if cp_degree is not None:
+            if cp_group is not None or dp_group is not None:
+                raise ValueError("Trainer: give either cp_degree or cp_group/dp_group, not both")
+            return make_groups(cp_degree, world)
+        cp, dp = comm.world_size(cp_group), comm.world_size(dp_group) if dp_group else 1
+        if cp * dp != world:
+            valid = [d for d in range(1, world + 1) if world % d == 0]
+            raise ValueError(
+                f"Trainer: context-parallel group of {cp} ranks x data-parallel group of {dp} "
+                f"does not cover the world of {world} ranks; pass a dp_group with "
+                f"{world // cp if world % cp == 0 else '?'} ranks, or cp_degree (valid: "
+                f"{', '.join(map(str, valid))})")
+        return cp_group, dp_group
+
+    @property
+    def cp_size(self) -> int:
+        return comm.world_size(self.cp_group)
+
+    @property
+    def cp_rank(self) -> int:
+        return comm.rank(self.cp_group)
+
+    @property
+    def dp_size(self) -> int:
+        return comm.world_size(self.dp_group) if self.dp_group is not None else 1
+
+    @property
+    def dp_rank(self) -> int:
+        return comm.rank(self.dp_group) if self.dp_group is not None else 0
+
+    # -- data -----------------------------------------------------------------------------------
+
+    def _check_seq_len(self, seq_len: int) -> None:
+        problems = []
+        parts = self.cp_size * chunks_per_rank(self.layout)
+        if seq_len % parts:
+            problems.append(f"sequence length {seq_len} is not divisible by {parts} ({self.layout}"
+                            f" layout over {self.cp_size} CP ranks needs a multiple of {parts})")
+        elif self.checkpointing == "selective_half" and (seq_len // self.cp_size) % 2:
+            problems.append(f"checkpointing 'selective_half' halves the local sequence; local "
+                            f"length {seq_len // self.cp_size} is odd (use a multiple of "
+                            f"{2 * self.cp_size})")
+        if seq_len > self.config.max_seq_len:
+            problems.append(f"sequence length {seq_len} exceeds the config's max_seq_len "
+                            f"{self.config.max_seq_len}")
+        if problems:
+            raise ValueError("Trainer: " + "; ".join(problems))
+
+    def local_batch(self, seq_len: int, batch: int = 1, seed: int = 0, *, cu_seqlens=None):
+        """This rank's (tokens, targets, positions), each (batch, seq_len / cp), generated at
+        this rank's global indices (no rank builds the whole sequence). DP replicas get
+        different sequences."""
+        self._check_seq_len(seq_len)
+        if cu_seqlens is not None:
+            MaskSpec(causal=True, cu_seqlens=cu_seqlens).check_length(seq_len)
+        t = local_batch(seq_len=seq_len, batch=batch, seed=seed, vocab=self.config.vocab_size,
+                        layout=self.layout, world=self.cp_size, rank=self.cp_rank,
+                        seq_offset=self.dp_rank * batch, cu_seqlens=cu_seqlens,
+                        ignore_index=self.ignore_index)
+        return tuple(x.to(self.device) for x in t)
+
+    def shard_batch(self, tokens, targets, positions):
+        """This rank's shard of full (batch, seq_len) tensors, in the attention's layout."""
+        self._check_seq_len(tokens.shape[1])
+        return shard_batch(tokens, targets, positions, layout=self.layout, group=self.cp_group)
+
+    # -- step -----------------------------------------------------------------------------------
+
+    def _check_batch(self, tokens, targets, positions) -> None:
+        problems = []
+        for name, t in (("tokens", tokens), ("targets", targets), ("positions", positions)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.dtype != torch.int64:
+                problems.append(f"{name} must be an int64 tensor (batch, local tokens), got "
+                                f"{getattr(t, 'dtype', type(t).__name__)} "
+                                f"{tuple(getattr(t, 'shape', ()))}")
+        if not problems and not (tokens.shape == targets.shape == positions.shape):
+            problems.append(f"tokens {tuple(tokens.shape)}, targets {tuple(targets.shape)} and "
+                            f"positions {tuple(positions.shape)} must have the same shape")
+        if problems:
+            raise ValueError("Trainer.step: " + "; ".join(problems))
+        self._check_seq_len(tokens.shape[1] * self.cp_size)
+        cfg = self.config
+        self.model.attention.check(heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
+                                   seq_local=tokens.shape[1])
+
+    def forward_backward(self, tokens, targets, positions, *, cu_seqlens=None) -> float:
+        """Forward, backward and gradient synchronisation (no optimizer step); returns the
+        global mean loss. Gradients are left in ``model.parameters()``."""
+        self._check_batch(tokens, targets, positions)
+        if cu_seqlens is not None:
+            MaskSpec(causal=True, cu_seqlens=cu_seqlens).check_length(
+                tokens.shape[1] * self.cp_size)
+        acc = torch.float64
+        count = (targets != self.ignore_index).sum().to(acc).reshape(1)
+        with comm.phase("loss"):
+            comm.all_reduce(count)  # every rank of the world: CP x DP
+        if count.item() == 0:
+            raise ValueError("Trainer.step: the global batch has no target token (all ignored)")
+        self.model.cache.clear()
+        loss = self._forward(tokens, positions, targets, loss_scale=1.0 / count.item(),
+                             cu_seqlens=cu_seqlens, ignore_index=self.ignore_index)
+        # DP wrappers average over the DP group; the loss is already the global mean's share
+        (loss * self.dp_size).backward()
+        if len(self.model.cache):
+            raise AssertionError(f"{len(self.model.cache)} cached attention entries were not "
+                                 "consumed by backward")
+        all_reduce_grads(list(self.model.parameters()), self.cp_group)
+        total = loss.detach().to(acc).reshape(1)
+        with comm.phase("loss"):
+            comm.all_reduce(total)
+        return float(total.item())
+
+    def step(self, tokens, targets, positions, *, cu_seqlens=None) -> float:
+        """One training step on this rank's shard; returns the global mean loss (before the
+        update)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.forward_backward(tokens, targets, positions, cu_seqlens=cu_seqlens)
+        self.optimizer.step()
+        return loss
