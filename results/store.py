@@ -1,0 +1,241 @@
+"""Where sweep results live on disk, and how they are written so that no row is lost or doubled.
+
+Layout (one folder per sweep run)::
+
+    results/<sweep>/<run_id>/run.json      the sweep spec, its hash and the cell ids (written once)
+    results/<sweep>/<run_id>/rows.jsonl    raw rows, one JSON object per line, append-only
+    results/<sweep>/<run_id>/table.parquet consolidated tidy table (one row per cell, schema order)
+    results/<sweep>/<run_id>/table.csv     the same table as CSV
+
+Append protocol (issue 5: a killed run never loses or duplicates a row):
+- one row = one ``os.write`` of a complete line on a descriptor opened with O_APPEND, then fsync;
+- a reader ignores a last line without its newline or that does not parse (a torn write);
+- before the next append the writer cuts such a torn tail off (``repair``), so the half row can
+  never be glued to the next one; the cell it belonged to has no row and simply runs again.
+Only one sweep driver writes a run folder at a time (``RunLock``, an flock released by the kernel
+when the holder dies), so a resumed run never races a still-running one.
+
+``load`` reads any of these (a run folder, a sweep folder = its latest run, rows.jsonl, parquet,
+csv) into a pandas DataFrame; ``consolidate`` keeps the last row per cell and writes the tables.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import fcntl
+import json
+import os
+from pathlib import Path
+
+from results.schema import COLUMNS
+
+__all__ = [
+    "RunLock",
+    "append_row",
+    "consolidate",
+    "latest_run",
+    "load",
+    "new_run_id",
+    "read_meta",
+    "read_rows",
+    "repair",
+    "write_meta",
+]
+
+ROWS = "rows.jsonl"
+META = "run.json"
+TABLE = "table.parquet"
+CSV = "table.csv"
+
+
+def new_run_id(now: _dt.datetime | None = None) -> str:
+    """A sortable run id: UTC time to the second plus the process id (unique on one host)."""
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    return f"{now:%Y%m%dT%H%M%SZ}-{os.getpid()}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Rows: atomic appends, torn-tail tolerant reads
+
+
+def repair(path: str | os.PathLike) -> int:
+    """Cut a torn last line (no trailing newline) off ``path``; return the bytes removed."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return 0
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return 0
+        # scan back for the last newline; rows are small, read the tail in blocks
+        pos, keep = size, 0
+        while pos > 0:
+            step = min(65536, pos)
+            pos -= step
+            f.seek(pos)
+            block = f.read(step)
+            i = block.rfind(b"\n")
+            if i >= 0:
+                keep = pos + i + 1
+                break
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+        return size - keep
+
+
+def append_row(path: str | os.PathLike, row: dict) -> None:
+    """Append one row as one complete line, durably (write + fsync)."""
+    line = (json.dumps(row, sort_keys=False, default=_json_default) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        view = memoryview(line)
+        while view:  # a regular-file write is complete unless the disk is full; loop anyway
+            n = os.write(fd, view)
+            view = view[n:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_rows(path: str | os.PathLike, offset: int = 0) -> list[dict]:
+    """Every complete row of a rows.jsonl file (from byte ``offset``, a line start); a torn
+    last line is ignored."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read()
+    lines = data.split(b"\n")
+    out = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i >= len(lines) - 2:  # the last line (with or without its newline): torn write
+                continue
+            raise ValueError(f"{path}: line {i + 1} is not valid JSON (not the last line, so "
+                             "not a torn write); fix or remove it") from None
+    return out
+
+
+def _json_default(x):
+    if hasattr(x, "item"):  # numpy / torch scalars
+        return x.item()
+    if isinstance(x, (set, tuple)):
+        return list(x)
+    return str(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# Run folders
+
+
+class RunLock:
+    """Exclusive lock on a run folder for the lifetime of one sweep driver."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.path = Path(run_dir) / ".lock"
+        self._fd = None
+
+    def __enter__(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            raise RuntimeError(f"{self.path.parent} is being written by another running sweep; "
+                               "wait for it or pass --new for a separate run") from None
+        return self
+
+    def __exit__(self, *exc):
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        return False
+
+
+def write_meta(run_dir: str | os.PathLike, meta: dict) -> None:
+    path = Path(run_dir) / META
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(meta, indent=1, default=_json_default) + "\n")
+    os.replace(tmp, path)
+
+
+def read_meta(run_dir: str | os.PathLike) -> dict:
+    path = Path(run_dir) / META
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def latest_run(sweep_dir: str | os.PathLike) -> Path | None:
+    """The most recent run folder (run ids sort by time) of a sweep folder, or None."""
+    runs = sorted(p for p in Path(sweep_dir).iterdir()
+                  if (p / META).exists() or (p / ROWS).exists())
+    return runs[-1] if runs else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables
+
+
+def _frame(rows: list[dict]):
+    import pandas as pd
+
+    extra = sorted({k for r in rows for k in r} - set(COLUMNS))
+    return pd.DataFrame(rows, columns=[*COLUMNS, *extra])
+
+
+def _last_per_cell(rows: list[dict]) -> list[dict]:
+    """One row per cell: the last one written (a retried failure replaces its error row)."""
+    last: dict = {}
+    for r in rows:
+        last[r.get("cell_id") or id(r)] = r
+    return list(last.values())
+
+
+def consolidate(run_dir: str | os.PathLike, *, write: bool = True):
+    """The tidy table of a run (one row per cell, schema column order); writes parquet + CSV."""
+    from results.tables import add_speedup
+
+    run_dir = Path(run_dir)
+    rows = _last_per_cell(read_rows(run_dir / ROWS))
+    df = add_speedup(_frame(rows), read_meta(run_dir).get("baseline"))
+    if write:
+        for name, writer in ((TABLE, df.to_parquet), (CSV, df.to_csv)):
+            tmp = run_dir / (name + ".tmp")
+            writer(tmp, index=False)
+            os.replace(tmp, run_dir / name)
+    return df
+
+
+def load(path: str | os.PathLike):
+    """A DataFrame from a run folder, a sweep folder (its latest run), rows.jsonl, .parquet or
+    .csv. Raw rows files are deduplicated per cell like ``consolidate``."""
+    import pandas as pd
+
+    path = Path(path)
+    if path.is_dir():
+        if not (path / ROWS).exists() and not (path / TABLE).exists():
+            run = latest_run(path)
+            if run is None:
+                raise ValueError(f"{path} holds no sweep run (no {ROWS} in it or its subfolders)")
+            path = run
+        if (path / ROWS).exists():
+            return consolidate(path, write=False)
+        return pd.read_parquet(path / TABLE)
+    if not path.exists():
+        raise ValueError(f"{path} does not exist; give a run folder, a sweep folder, rows.jsonl, "
+                         ".parquet or .csv")
+    if path.suffix == ".jsonl":
+        return _frame(_last_per_cell(read_rows(path)))
+    if path.suffix == ".parquet":
+        return pd.read_parquet(path)
+    if path.suffix == ".csv":
+        return pd.read_csv(path)
+    raise ValueError(f"cannot read {path}: expected a folder, .jsonl, .parquet or .csv")

@@ -1,0 +1,163 @@
+"""Pure functions of result tables: speedup against a baseline, side-by-side summaries, the
+comparison of two result sets, and plain-text rendering for the terminal.
+
+Cells are matched on ``MATCH_KEYS`` (everything that defines a cell except the method), so a
+speedup is always between two methods run on the same workload, shape, length and world; a
+comparison of two result sets additionally matches the method ``label``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+__all__ = ["MATCH_KEYS", "METRICS", "add_speedup", "compare", "render", "summary"]
+
+MATCH_KEYS = ("workload", "model", "seq_len", "batch", "heads", "kv_heads", "head_dim", "causal",
+              "window", "dtype", "world", "nodes", "device")
+
+# metric -> (heading, scale, format, higher is better)
+METRICS: dict[str, tuple[str, float, str, bool]] = {
+    "time_s": ("time per step (ms)", 1e3, "{:.1f}", False),
+    "tokens_per_s": ("tokens/s per device", 1.0, "{:.0f}", True),
+    "attn_tflops": ("attention TFLOP/s per device (kernel convention)", 1.0, "{:.3g}", True),
+    "tflops_model_flops_causal": ("TFLOP/s per device (model_flops_causal)", 1.0, "{:.3g}", True),
+    "mfu_model_flops_causal": ("MFU (model_flops_causal, %)", 100.0, "{:.1f}", True),
+    "bytes_sent": ("MiB sent per rank (fwd + bwd, busiest rank)", 2.0**-20, "{:.2f}", False),
+    "bytes_sent_backward": ("MiB sent per rank in backward", 2.0**-20, "{:.2f}", False),
+    "saved_bytes": ("MiB saved for backward", 2.0**-20, "{:.1f}", False),
+    "mem_peak_bytes": ("peak memory (MiB)", 2.0**-20, "{:.1f}", False),
+    "mem_reserved_bytes": ("reserved memory (MiB)", 2.0**-20, "{:.1f}", False),
+    "max_err": ("max abs error vs float64 reference", 1.0, "{:.1e}", False),
+}
+
+
+def _missing(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def _keys(df, cols) -> list[str]:
+    """One hashable string per row for the given columns (None and NaN compare equal)."""
+    cols = [c for c in cols if c in df.columns]
+    out = []
+    for vals in df[cols].itertuples(index=False, name=None):
+        out.append(json.dumps([None if _missing(v) else v for v in vals], default=str))
+    return out
+
+
+def _with_derived(df):
+    df = df.copy()
+    if "bytes_sent" not in df.columns and "bytes_sent_forward" in df.columns:
+        df["bytes_sent"] = df["bytes_sent_forward"].astype(float) + df[
+            "bytes_sent_backward"].astype(float)
+    return df
+
+
+def add_speedup(df, baseline: str | None):
+    """Fill ``speedup`` = baseline's time_s / this row's time_s for every cell whose matching
+    baseline cell (same ``MATCH_KEYS``, label == baseline) succeeded."""
+    df = df.copy()
+    if not baseline or df.empty:
+        return df
+    keys = _keys(df, MATCH_KEYS)
+    base = {}
+    for k, label, status, t in zip(keys, df["label"], df["status"], df["time_s"], strict=True):
+        if label == baseline and status == "ok" and not _missing(t):
+            base[k] = float(t)
+    df["speedup"] = [base[k] / float(t) if k in base and not _missing(t) and s == "ok" else None
+                     for k, t, s in zip(keys, df["time_s"], df["status"], strict=True)]
+    return df
+
+
+def _fmt(metric: str, value, status) -> str:
+    if status not in (None, "ok") and not (isinstance(status, float) and math.isnan(status)):
+        return str(status)
+    if _missing(value):
+        return "-"
+    return METRICS[metric][2].format(float(value) * METRICS[metric][1])
+
+
+def summary(df, metric: str = "time_s", *, baseline: str | None = None):
+    """Methods side by side: one row per cell (the MATCH_KEYS that vary), one column per label,
+    the metric formatted, with ``(N.NNx)`` speedup against ``baseline`` for time_s."""
+    import pandas as pd
+
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; valid: {', '.join(METRICS)}")
+    df = _with_derived(df)
+    if baseline:
+        df = add_speedup(df, baseline)
+    varying = [k for k in MATCH_KEYS if k in df.columns and df[k].astype(str).nunique() > 1]
+    if not varying:
+        varying = [k for k in ("seq_len",) if k in df.columns]
+    labels = list(dict.fromkeys(df["label"]))
+    keys = _keys(df, varying)
+    table: dict[str, dict] = {}
+    for key, (_, r) in zip(keys, df.iterrows(), strict=True):
+        row = table.setdefault(key, {k: r[k] for k in varying})
+        cell = _fmt(metric, r.get(metric), r.get("status"))
+        sp = r.get("speedup")
+        if metric == "time_s" and baseline and not _missing(sp):
+            cell += f" ({float(sp):.2f}x)"
+        row[r["label"]] = cell
+    out = pd.DataFrame(list(table.values()), columns=[*varying, *labels]).fillna("")
+    return out.sort_values(varying, kind="stable").reset_index(drop=True) if varying else out
+
+
+def compare(a, b, metric: str = "time_s", *, names: tuple[str, str] = ("a", "b")):
+    """Cells present in both tables (MATCH_KEYS + label), with the metric of each, ``ratio``
+    = b / a and ``speedup`` = how many times better b is (a/b for times, b/a for rates)."""
+    import pandas as pd
+
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; valid: {', '.join(METRICS)}")
+    a, b = _with_derived(a), _with_derived(b)
+    cols = [k for k in (*MATCH_KEYS, "label") if k in a.columns and k in b.columns]
+    index_b = {k: i for i, k in enumerate(_keys(b, cols))}
+    rows = []
+    for ka, (_, ra) in zip(_keys(a, cols), a.iterrows(), strict=True):
+        if ka not in index_b:
+            continue
+        rb = b.iloc[index_b[ka]]
+        va, vb = ra.get(metric), rb.get(metric)
+        ok = (ra.get("status") == "ok" and rb.get("status") == "ok" and not _missing(va)
+              and not _missing(vb) and float(va) != 0)
+        ratio = float(vb) / float(va) if ok else None
+        higher = METRICS[metric][3]
+        speed = (ratio if higher else 1 / ratio) if ratio else None
+        rows.append({**{k: ra[k] for k in cols}, f"{metric}_{names[0]}": va,
+                     f"{metric}_{names[1]}": vb, f"status_{names[0]}": ra.get("status"),
+                     f"status_{names[1]}": rb.get("status"), "ratio": ratio, "speedup": speed})
+    return pd.DataFrame(rows)
+
+
+def render(df, *, title: str | None = None, floatfmt: str = "{:.3g}") -> str:
+    """A plain-text table (right-aligned numbers, left-aligned text) for the terminal."""
+    def cell(v) -> str:
+        if _missing(v):
+            return "-"
+        if isinstance(v, float):
+            return floatfmt.format(v)
+        return str(v)
+
+    header = [str(c) for c in df.columns]
+    body = [[cell(v) for v in row] for row in df.itertuples(index=False, name=None)]
+    widths = [max([len(h), *(len(r[i]) for r in body)]) for i, h in enumerate(header)]
+    numeric = [all(_is_num(r[i]) for r in body) for i in range(len(header))]
+
+    def line(vals):
+        return "  ".join(v.rjust(w) if num else v.ljust(w)
+                         for v, w, num in zip(vals, widths, numeric, strict=True)).rstrip()
+
+    out = [title] if title else []
+    out += [line(header), line(["-" * w for w in widths])]
+    out += [line(r) for r in body]
+    return "\n".join(out)
+
+
+def _is_num(s: str) -> bool:
+    try:
+        float(s.split(" ")[0].rstrip("x"))
+        return True
+    except ValueError:
+        return s == "-"

@@ -1,0 +1,200 @@
+"""A sweep expanded into cells: one (method x scale x sequence length) each, with a stable id.
+
+``cell_id`` is a hash of the cell's canonical JSON (everything that defines the measurement, not
+the sweep's name nor the time limit), so a resumed or repeated run recognises the cells it has
+already done, and two sweeps that share a cell give it the same id.
+
+``cell_problems`` checks every cell before anything runs: the method exists, its options are
+names it accepts, the length splits over the ranks in the method's layout, and the method's own
+``check`` (heads, degrees, ranks per node) passes. A method that cannot run *here* (missing
+package, no GPU) is not a spec problem: it becomes a ``skipped`` row at run time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+import json
+from dataclasses import dataclass, field
+
+from suites.spec import MethodSpec, Scale, SweepSpec
+
+__all__ = ["Cell", "cell_problems", "expand", "resolve_options"]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """Everything one measurement needs; JSON-serialisable (it travels to ranks and jobs)."""
+
+    sweep: str
+    workload: str
+    method: str
+    label: str
+    options: dict
+    seq_len: int
+    batch: int
+    heads: int | None
+    kv_heads: int | None
+    head_dim: int | None
+    causal: bool
+    window: tuple[int, int] | None
+    world: int
+    nodes: int
+    ranks_per_node: int
+    dtype: str
+    device: str
+    warmup: int
+    repeats: int
+    seed: int
+    compute_error: bool
+    profile_memory: bool
+    timeout_min: float
+    model: str | None = None
+    checkpointing: str = "none"
+    fused_head: bool = False
+    paper: str | None = None
+    index: int = field(default=0, compare=False)
+    """Position in the sweep (display and ordering only, not part of the id)."""
+
+    @property
+    def seq_local(self) -> int:
+        return self.seq_len // self.world
+
+    def identity(self) -> dict:
+        d = dataclasses.asdict(self)
+        for k in ("sweep", "timeout_min", "index"):
+            d.pop(k)
+        return d
+
+    @property
+    def cell_id(self) -> str:
+        blob = json.dumps(self.identity(), sort_keys=True, default=list)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, default=list)
+
+    @classmethod
+    def from_json(cls, s: str) -> Cell:
+        d = json.loads(s)
+        if d.get("window") is not None:
+            d["window"] = tuple(d["window"])
+        return cls(**d)
+
+    def describe(self) -> str:
+        model = f" {self.model}" if self.model else ""
+        return (f"{self.label}{model} seq={self.seq_len} world={self.world}"
+                f"{f' ({self.nodes} nodes)' if self.nodes > 1 else ''}")
+
+
+def resolve_options(options: dict, scale: Scale) -> dict:
+    """Replace "@node" / "@world" by the scale's ranks per node / world size."""
+    tokens = {"@node": scale.ranks_per_node, "@world": scale.world}
+    return {k: tokens.get(v, v) if isinstance(v, str) else v for k, v in options.items()}
+
+
+def _model_shape(model: str | None) -> tuple[int | None, int | None, int | None]:
+    if model is None:
+        return None, None, None
+    try:
+        from burst.engine.configs import get_config
+    except ImportError:
+        return None, None, None
+    cfg = get_config(model)
+    return cfg.num_heads, cfg.num_kv_heads, cfg.hidden_size // cfg.num_heads
+
+
+def expand(spec: SweepSpec) -> list[Cell]:
+    """The cells of a sweep, in order: scales, then sequence lengths, then methods (so that the
+    methods of one length run side by side and a partial run is comparable)."""
+    if spec.workload == "attention":
+        heads, kv_heads, head_dim = spec.shape.heads, spec.shape.kv_heads, spec.shape.head_dim
+        causal, window = spec.shape.causal, spec.shape.window
+    else:
+        (heads, kv_heads, head_dim), causal, window = _model_shape(spec.model), True, None
+    cells = []
+    for scale in spec.scales:
+        for n in scale.seq_lens:
+            for m in spec.methods:
+                cells.append(Cell(
+                    sweep=spec.name, workload=spec.workload, method=m.name, label=m.label,
+                    options=resolve_options(m.options, scale), seq_len=n, batch=spec.batch,
+                    heads=heads, kv_heads=kv_heads, head_dim=head_dim, causal=causal,
+                    window=window, world=scale.world, nodes=scale.nodes,
+                    ranks_per_node=scale.ranks_per_node, dtype=spec.dtype, device=spec.device,
+                    warmup=spec.warmup, repeats=spec.repeats, seed=spec.seed,
+                    compute_error=spec.workload == "attention" and n <= spec.error_max_tokens,
+                    profile_memory=spec.profile_memory and spec.device == "cpu",
+                    timeout_min=spec.timeout_min, model=spec.model,
+                    checkpointing=m.checkpointing if spec.workload == "train_step" else "none",
+                    fused_head=m.fused_head and spec.workload == "train_step",
+                    paper=m.paper, index=len(cells)))
+    return cells
+
+
+def _accepted_options(fn) -> set[str] | None:
+    """Keyword options a method function accepts beyond the common ones (None: any)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    common = {"causal", "softmax_scale", "group"}
+    return {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+            and p.name not in common} - {"q", "k", "v"}
+
+
+def _method_problems(i: int, m: MethodSpec, cells: list[Cell]) -> list[str]:
+    from baselines import registry
+    from burst.layout import LAYOUTS, chunks_per_rank
+
+    where = f"methods[{i}] ({m.label})"
+    try:
+        method = registry.get(m.name)
+    except ValueError as e:
+        return [f"{where}.name: {e}"]
+    out = []
+    accepted = _accepted_options(method.fn)
+    if accepted is not None:
+        given = set(m.options) | ({"window"} if cells and cells[0].window else set())
+        for k in sorted(given - accepted):
+            out.append(f"{where}.options.{k}: {m.name!r} has no option {k!r}; valid options: "
+                       f"{', '.join(sorted(accepted)) or '(none)'}")
+    for k, v in m.options.items():
+        if isinstance(v, str) and v.startswith("@") and v not in ("@node", "@world"):
+            out.append(f"{where}.options.{k}: {v!r} is not a known placeholder; valid: "
+                       "@node (ranks per node), @world (world size)")
+    if out:
+        return out
+    # the spec problem is the shape, not this machine: check with availability ignored
+    portable = dataclasses.replace(method, unavailable=lambda: None)
+    for c in cells:
+        at = f"{where} at seq_len={c.seq_len}, world={c.world}"
+        layout = method.layout(c.options)
+        if layout in LAYOUTS and c.seq_len % (c.world * chunks_per_rank(layout)):
+            parts = c.world * chunks_per_rank(layout)
+            out.append(f"{at}: seq_len is not divisible by {parts} ({layout} layout over "
+                       f"{c.world} ranks); use a multiple of {parts}, e.g. "
+                       f"{c.seq_len + (-c.seq_len) % parts}")
+            continue
+        if c.heads is None:
+            continue
+        try:
+            portable.check(world=c.world, heads=c.heads, kv_heads=c.kv_heads,
+                           seq_local=c.seq_local, causal=c.causal, **c.options)
+        except ValueError as e:
+            out.append(f"{at}: {e}")
+    return out
+
+
+def cell_problems(spec: SweepSpec) -> list[str]:
+    """Every problem of every cell, deduplicated, in method order."""
+    cells = expand(spec)
+    out: list[str] = []
+    for i, m in enumerate(spec.methods):
+        for p in _method_problems(i, m, [c for c in cells if c.label == m.label]):
+            if p not in out:
+                out.append(p)
+    return out

@@ -1,0 +1,318 @@
+"""Executors: where the cells of a sweep run (issue 5, "Executors").
+
+- ``inline`` (default, nothing to install): ``burst.spawn`` starts the ranks of one scale as
+  local processes (gloo on CPU, NCCL on GPU) and runs all its cells in that one group; rank 0
+  appends each row as soon as its cell is measured. A cell that fails (exception on any rank, a
+  rank dying, OOM, a cell past ``timeout_min``) ends the group; the driver writes that cell's
+  failure row and starts a fresh group for the remaining cells.
+- ``local``: submitit's LocalExecutor, one job per cell with one task per rank
+  (tasks_per_node = world), run one after another (concurrent cells would time each other).
+- ``slurm``: submitit on a SLURM cluster (``AutoExecutor(cluster="slurm")``, named explicitly:
+  AutoExecutor would pick SLURM on its own whenever ``srun`` is on PATH): one task per GPU,
+  nodes x gpus_per_node per cell, the cells of one scale as one job array; partition, account,
+  time, constraint from the spec's [slurm] table or the command line.
+- ``dry-run``: prints the sbatch script of every job array and the GPU-hours the sweep would
+  reserve; submits nothing and writes nothing.
+
+In submitit jobs every task calls ``cell_job``: torch.distributed is set up from
+``submitit.helpers.TorchDistributedEnvironment().export()`` (env://; never combined with
+torchrun), the cell is measured, and rank 0 returns the row; the driver appends it.
+
+For the SLURM integration tests (and any caller), the entry point is
+``suites.run.run_sweep(spec, executor="slurm", out=..., slurm=SlurmSpec(...))``; one level down,
+``submit_cells(cells, kind="slurm", run=..., ctx=..., slurm=..., folder=...)`` runs a list of
+cells (``suites.cells.expand``) and appends their rows to ``run.rows``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from results.store import append_row, read_rows
+from suites.cells import Cell
+from suites.rows import RunContext, failure_row, make_row
+from suites.spec import SlurmSpec
+
+__all__ = ["EXECUTORS", "Run", "cell_job", "dry_run", "run_inline", "slurm_parameters",
+           "submit_cells"]
+
+EXECUTORS = ("inline", "local", "slurm", "dry-run")
+
+
+@dataclass(frozen=True)
+class Run:
+    """The run folder the rows go to, and what counts as done in it."""
+
+    dir: Path
+    start: int = 0
+    """Size of rows.jsonl when this driver started: rows after it were written by this run."""
+    skip: frozenset = frozenset()
+    """Cells done before this run started (their rows are before ``start``)."""
+
+    @property
+    def rows(self) -> Path:
+        return self.dir / "rows.jsonl"
+
+    def done(self) -> set[str]:
+        return set(self.skip) | {r["cell_id"] for r in read_rows(self.rows, self.start)}
+
+
+def _group_by_scale(cells: list[Cell]) -> list[list[Cell]]:
+    groups: dict[tuple, list[Cell]] = {}
+    for c in cells:
+        groups.setdefault((c.world, c.nodes, c.device), []).append(c)
+    return list(groups.values())
+
+
+def _backend(cell: Cell) -> str:
+    return "nccl" if cell.device == "cuda" else "gloo"
+
+
+# ---------------------------------------------------------------------------------------------
+# inline: burst.spawn
+
+
+def _die_with_parent(parent: int) -> None:
+    """A rank must not outlive a killed driver (it would keep appending rows that the resumed
+    run also produces): ask Linux to SIGKILL it when its parent dies."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _watchdog(cell: Cell, marker: Path) -> threading.Timer:
+    """Rank 0 ends its process when a cell runs past its time limit; the marker tells the
+    driver the cell timed out (the other ranks are then killed by spawn)."""
+    limit = cell.timeout_min * 60
+
+    def fire():
+        marker.write_text(f"cell {cell.cell_id} ({cell.describe()}) exceeded its time limit of "
+                          f"{limit:.0f} s (timeout_min={cell.timeout_min})")
+        os._exit(124)
+
+    t = threading.Timer(limit, fire)
+    t.daemon = True
+    t.start()
+    return t
+
+
+def _inline_ranks(rank: int, world: int, cells_json: list[str], rows: str, ctx: RunContext,
+                  state: str, parent: int) -> None:
+    import torch
+
+    from burst import comm
+    from suites.measure import measure
+    from suites.provenance import host_provenance
+
+    _die_with_parent(parent)
+    host = host_provenance(Cell.from_json(cells_json[0]).device) if rank == 0 else None
+    for s in cells_json:
+        cell = Cell.from_json(s)
+        timer = _watchdog(cell, Path(state) / f"timeout-{cell.cell_id}") if rank == 0 else None
+        torch.manual_seed(cell.seed)
+        metrics = measure(cell)
+        if rank == 0:
+            timer.cancel()
+            append_row(rows, make_row(cell, metrics, ctx, host=host))
+        comm.barrier()
+        if cell.device == "cuda":
+            torch.cuda.empty_cache()
+
+
+def run_inline(cells: list[Cell], run: Run, ctx: RunContext) -> None:
+    """Run cells on local ranks, one process group per scale; failures become rows."""
+    import tempfile
+
+    from burst.spawn import SpawnError, spawn
+
+    for group in _group_by_scale(cells):
+        todo = [c for c in group if c.cell_id not in run.done()]
+        if todo and todo[0].device == "cuda":
+            todo = _skip_if_too_few_gpus(todo, run, ctx)
+        while todo:
+            with tempfile.TemporaryDirectory(prefix="burst-cells-") as state:
+                budget = sum(c.timeout_min * 60 for c in todo) + 120
+                try:
+                    spawn(_inline_ranks, todo[0].world, backend=_backend(todo[0]),
+                          timeout_s=budget, args=([c.to_json() for c in todo], str(run.rows),
+                                                  ctx, state, os.getpid()))
+                    failure = None
+                except SpawnError as e:
+                    failure = str(e)
+                done = run.done()
+                left = [c for c in todo if c.cell_id not in done]
+                if left and failure is None:  # cannot happen unless a row write was lost
+                    failure = "the ranks finished without writing this cell's row"
+                if left:
+                    marker = Path(state) / f"timeout-{left[0].cell_id}"
+                    if marker.exists():
+                        append_row(run.rows, failure_row(left[0], marker.read_text(), ctx,
+                                                         "timeout"))
+                    else:
+                        append_row(run.rows, failure_row(left[0], failure, ctx))
+                    left = left[1:]
+                todo = left
+
+
+def _skip_if_too_few_gpus(cells: list[Cell], run: Run, ctx: RunContext) -> list[Cell]:
+    import torch
+
+    have = torch.cuda.device_count()
+    if cells[0].world <= have:
+        return cells
+    for c in cells:
+        append_row(run.rows, failure_row(
+            c, f"needs {c.world} GPUs on this machine (inline executor), found {have}; run it "
+               "with --executor slurm", ctx, "skipped"))
+    return []
+
+
+# ---------------------------------------------------------------------------------------------
+# submitit: local and slurm
+
+
+def cell_job(cell_json: str, ctx: RunContext) -> dict | None:
+    """Body of every task of a submitit job: join the group, measure, rank 0 returns the row."""
+    import submitit
+    import torch
+
+    from burst import comm
+    from suites.measure import measure
+
+    cell = Cell.from_json(cell_json)
+    env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False,
+                                                                overwrite=True)
+    if cell.device == "cuda":
+        torch.cuda.set_device(env.local_rank % max(torch.cuda.device_count(), 1))
+    else:
+        torch.set_num_threads(int(os.environ.get("SLURM_CPUS_PER_TASK", 1)))
+    comm.init(_backend(cell), timeout_s=cell.timeout_min * 60)
+    try:
+        torch.manual_seed(cell.seed)
+        metrics = measure(cell)
+    finally:
+        comm.destroy()
+    return make_row(cell, metrics, ctx) if env.rank == 0 else None
+
+
+def slurm_parameters(cells: list[Cell], slurm: SlurmSpec, *, sweep: str) -> dict:
+    """AutoExecutor parameters for the job array of one scale (generic + ``slurm_*``)."""
+    c = cells[0]
+    gpu = c.device == "cuda"
+    params = {
+        "name": f"burst-{sweep}", "timeout_min": int(slurm.time_min), "nodes": c.nodes,
+        "tasks_per_node": c.ranks_per_node, "gpus_per_node": c.ranks_per_node if gpu else None,
+        "cpus_per_task": slurm.cpus_per_task, "mem_gb": slurm.mem_gb,
+        "slurm_partition": slurm.partition, "slurm_account": slurm.account,
+        "slurm_constraint": slurm.constraint, "slurm_qos": slurm.qos,
+        "slurm_array_parallelism": slurm.array_parallelism,
+        "slurm_setup": list(slurm.setup) or None,
+        "slurm_additional_parameters": dict(slurm.additional) or None,
+    }
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def _executor(kind: str, folder: Path, cells: list[Cell], slurm: SlurmSpec, sweep: str):
+    import submitit
+
+    ex = submitit.AutoExecutor(folder=folder, cluster=kind)
+    if kind == "slurm":
+        ex.update_parameters(**slurm_parameters(cells, slurm, sweep=sweep))
+    else:  # one machine: every rank a task on it (nodes > 1 only labels links)
+        c = cells[0]
+        ex.update_parameters(name=f"burst-{sweep}", nodes=1, tasks_per_node=c.world,
+                             timeout_min=max(1, int(round(c.timeout_min))),
+                             gpus_per_node=c.world if c.device == "cuda" else 0)
+    return ex
+
+
+def _collect(job, cell: Cell, run: Run, ctx: RunContext) -> None:
+    try:
+        row = job.results()[0]
+        if row is None:
+            raise RuntimeError("rank 0 returned no row")
+    except Exception as e:  # noqa: BLE001 - every failure becomes the cell's row
+        row = failure_row(cell, f"{type(e).__name__}: {e}", ctx, job_id=str(job.job_id))
+    append_row(run.rows, row)
+
+
+def submit_cells(cells: list[Cell], *, kind: str, run: Run, ctx: RunContext,
+                 slurm: SlurmSpec | None = None, folder: Path | None = None,
+                 poll_s: float = 1.0, on_submit: Callable | None = None) -> None:
+    """Run cells through submitit (``kind`` = "local" or "slurm"); append one row per cell.
+
+    SLURM: the cells of one scale are one job array; the driver collects results as they
+    complete. Local: one job at a time. ``folder`` holds submitit's pickles and logs (default
+    <run>/jobs; on a cluster it must be on a shared filesystem). ``on_submit(jobs)`` sees the
+    submitted jobs (tests use it to interrupt one).
+    """
+    if kind not in ("local", "slurm"):
+        raise ValueError(f"submit_cells runs kind 'local' or 'slurm', not {kind!r}")
+    slurm = slurm or SlurmSpec()
+    folder = Path(folder or run.dir / "jobs") / "%j"
+    done = run.done()
+    for group in _group_by_scale([c for c in cells if c.cell_id not in done]):
+        ex = _executor(kind, folder, group, slurm, group[0].sweep)
+        if kind == "local":
+            for cell in group:
+                job = ex.submit(cell_job, cell.to_json(), ctx)
+                if on_submit:
+                    on_submit([job])
+                _collect(job, cell, run, ctx)
+            continue
+        jobs = ex.map_array(cell_job, [c.to_json() for c in group], [ctx] * len(group))
+        if on_submit:
+            on_submit(jobs)
+        pending = dict(zip(jobs, group, strict=True))
+        while pending:
+            for job in [j for j in pending if j.done()]:
+                _collect(job, pending.pop(job), run, ctx)
+            if pending:
+                time.sleep(poll_s)
+
+
+# ---------------------------------------------------------------------------------------------
+# dry-run
+
+
+def dry_run(cells: list[Cell], *, slurm: SlurmSpec, sweep: str, folder: str = "<run>/jobs",
+            stream=None) -> float:
+    """Print the sbatch script of each job array and the GPU-hours reserved; return them."""
+    from submitit.slurm.slurm import SlurmExecutor, _convert_mem, _make_sbatch_string
+
+    stream = stream or sys.stdout
+    eq = SlurmExecutor._equivalence_dict()
+    total = 0.0
+    groups = _group_by_scale(cells)
+    for i, group in enumerate(groups):
+        params = slurm_parameters(group, slurm, sweep=sweep)
+        native = {eq.get(k, k): v for k, v in params.items() if not k.startswith("slurm_")}
+        native.update({k[len("slurm_"):]: v for k, v in params.items() if k.startswith("slurm_")})
+        if "mem" in native:
+            native["mem"] = _convert_mem(native["mem"])
+        command = f"{sys.executable} -u -m submitit.core._submit {folder}/%j"
+        script = _make_sbatch_string(command=command, folder=f"{folder}/%j",
+                                     map_count=len(group) if len(group) > 1 else None, **native)
+        c = group[0]
+        gpus = c.world if c.device == "cuda" else 0
+        hours = len(group) * gpus * slurm.time_min / 60
+        total += hours
+        print(f"# job array {i + 1}/{len(groups)}: {len(group)} cells, {c.nodes} node(s) x "
+              f"{c.ranks_per_node} task(s), {c.device}; at most {hours:.1f} GPU-hours "
+              f"({len(group)} x {gpus} GPUs x {slurm.time_min} min)", file=stream)
+        for cell in group:
+            print(f"#   [{cell.cell_id}] {cell.describe()}", file=stream)
+        print(script, file=stream)
+    print(f"# total: {len(cells)} cells in {len(groups)} job array(s), at most {total:.1f} "
+          "GPU-hours (time limit x GPUs; nothing was submitted)", file=stream)
+    return total

@@ -1,0 +1,265 @@
+"""Measure one cell on this rank of an initialised process group (issue 5, "Runs").
+
+``measure(cell)`` runs on every rank and returns the same metrics dict on every rank (the
+cross-rank reductions happen inside), keyed by ``results.schema`` column names:
+
+- inputs: each rank generates its own shard directly on its device (no rank ever holds the full
+  sequence), except cells small enough for the float64 reference, which generate the full
+  sequence in float64 and shard it so the reference sees the same numbers;
+- warm-up steps, then one untimed instrumented step: bytes sent per rank by phase and link
+  (``burst.comm.count_bytes``), bytes saved for backward (``SavedBytes``), on CPU the profiler's
+  transient peak (``ProfilerPeak``), and the max error against the float64 reference;
+- ``repeats`` timed steps: CUDA events on GPU, ``perf_counter`` after a barrier on CPU; each
+  repeat counts the slowest rank (all-reduce max); ``time_s`` is their median;
+- throughput: tokens/s per device, TFLOP/s and MFU per named FLOP convention (DESIGN.md 4,
+  ``burst.flops``): the kernel convention for the attention workload, the three model
+  conventions for train_step.
+Memory and bytes are the maximum over ranks (the busiest rank bounds what fits and what waits).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+from baselines import registry
+from burst import comm, flops
+from burst.layout import local_index, shard
+from burst.memory import ProfilerPeak, SavedBytes, cuda_peak, reset_cuda_peak
+from suites.cells import Cell
+
+__all__ = ["PEAK_TFLOPS", "device_name", "measure", "peak_tflops"]
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+          "float16": torch.float16}
+
+# dense bf16 peak per device (DESIGN.md 4), matched as a substring of the device name
+PEAK_TFLOPS = {"A100": 312.0, "A800": 312.0, "H100": 989.0, "H800": 989.0, "H200": 989.0}
+
+
+def peak_tflops(name: str) -> float | None:
+    for key, val in PEAK_TFLOPS.items():
+        if key in name:
+            return val
+    return None
+
+
+def device_name(device: str) -> str:
+    if device == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _device(cell: Cell) -> torch.device:
+    if cell.device == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+# ---------------------------------------------------------------------------------------------
+# Workloads: each returns (step, finish) where step() runs one forward+backward
+
+
+def _attention(cell: Cell, dev: torch.device):
+    method = registry.get(cell.method)
+    opts = dict(cell.options)
+    layout = method.layout(opts)
+    method.check(world=cell.world, heads=cell.heads, kv_heads=cell.kv_heads,
+                 seq_local=cell.seq_local, causal=cell.causal, **opts)
+    mask = {"window": cell.window} if cell.window else {}
+    dtype = DTYPES[cell.dtype]
+    b, h, hk, d = cell.batch, cell.heads, cell.kv_heads, cell.head_dim
+    me, g = comm.rank(), cell.world
+    full = None
+    if cell.compute_error:  # small: everyone draws the same full float64 inputs, then shards
+        gen = torch.Generator().manual_seed(cell.seed)
+        full = [torch.randn(b, cell.seq_len, x, d, generator=gen, dtype=torch.float64)
+                for x in (h, hk, hk, h)]
+        q, k, v, do = (shard(t, layout=layout, world=g, rank=me).to(dev, dtype) for t in full)
+    else:  # large: only this rank's shard ever exists
+        gen = torch.Generator(device=dev).manual_seed(cell.seed * 100003 + me)
+        q, k, v, do = (torch.randn(b, cell.seq_local, x, d, generator=gen, device=dev,
+                                   dtype=dtype) for x in (h, hk, hk, h))
+
+    def step():
+        qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+        out = method(qq, kk, vv, causal=cell.causal, **mask, **opts)
+        out = out[0] if isinstance(out, tuple) else out
+        out.backward(do)
+        return out.detach(), qq.grad, kk.grad, vv.grad
+
+    def error(result) -> float | None:
+        return _max_err(cell, full, result, layout) if full is not None else None
+
+    return step, error
+
+
+def _max_err(cell: Cell, full, result, layout: str) -> float:
+    """Max abs error of out, dq, dk, dv against the float64 reference. Rank 0 computes it one
+    kv head (and its group of query heads) at a time, so the reference never holds more than
+    one group's N x N scores."""
+    from burst.reference import reference_attention
+
+    got = [_unshard(t, cell, layout) for t in result]  # out, dq, dk, dv
+    if comm.rank() != 0:
+        return 0.0
+    q, k, v, do = full
+    rep = cell.heads // cell.kv_heads
+    err = 0.0
+    for kv in range(cell.kv_heads):
+        sl = slice(kv * rep, (kv + 1) * rep)
+        qh = q[:, :, sl].clone().requires_grad_()
+        kh, vh = (t[:, :, kv:kv + 1].clone().requires_grad_() for t in (k, v))
+        out, _ = reference_attention(qh, kh, vh, causal=cell.causal, window=cell.window,
+                                     scale=cell.head_dim ** -0.5)
+        out.backward(do[:, :, sl])
+        for a, w in ((got[0][:, :, sl], out.detach()), (got[1][:, :, sl], qh.grad),
+                     (got[2][:, :, kv:kv + 1], kh.grad), (got[3][:, :, kv:kv + 1], vh.grad)):
+            err = max(err, float((a.double() - w).abs().max()))
+    return err
+
+
+def _unshard(t: torch.Tensor, cell: Cell, layout: str) -> torch.Tensor:
+    parts = comm.all_gather_list(t.detach().cpu().contiguous())
+    out = torch.empty(t.shape[0], cell.seq_len, *t.shape[2:], dtype=t.dtype)
+    for r, part in enumerate(parts):
+        out[:, local_index(cell.seq_len, cell.world, r, layout)] = part
+    return out
+
+
+def _train_step(cell: Cell, dev: torch.device):
+    from burst.engine.configs import get_config
+    from burst.engine.trainer import Trainer
+
+    method = registry.get(cell.method)
+    trainer = Trainer(get_config(cell.model), attention=method,
+                      attention_options=dict(cell.options), cp_group=None,
+                      checkpointing=cell.checkpointing, fused_head=cell.fused_head,
+                      dtype=DTYPES[cell.dtype], device=dev)
+    tokens, targets, positions = trainer.local_batch(cell.seq_len, cell.batch, cell.seed)
+
+    def step():
+        return trainer.step(tokens, targets, positions)
+
+    return step, lambda result: None
+
+
+# ---------------------------------------------------------------------------------------------
+# The measurement loop
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _timed(step, dev: torch.device) -> float:
+    comm.barrier()
+    _sync(dev)
+    if dev.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    step()
+    return time.perf_counter() - t0
+
+
+def _max_over_ranks(values: list[float], dev: torch.device) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=dev)
+    comm.all_reduce(t, op="max")
+    return t.tolist()
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Silence the profiler's C++ start/stop lines (kineto logs them at every use); Python
+    errors still propagate as exceptions."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def measure(cell: Cell) -> dict:
+    """Metrics of one cell (schema column names), identical on every rank."""
+    method = registry.get(cell.method)
+    why = method.unavailable()
+    if why:  # decided identically on every rank, before any communication
+        return {"status": "skipped", "error": why}
+    dev = _device(cell)
+    step, error = (_attention if cell.workload == "attention" else _train_step)(cell, dev)
+    for _ in range(cell.warmup):
+        step()
+    _sync(dev)
+
+    # one untimed, instrumented step
+    saved, prof = SavedBytes(), ProfilerPeak() if cell.profile_memory else None
+    with comm.count_bytes(ranks_per_node=cell.ranks_per_node) as cnt, saved:
+        if prof is not None:
+            with _quiet_stderr(), prof:
+                result = step()
+        else:
+            result = step()
+    _sync(dev)
+    err = error(result)
+    del result
+
+    reset_cuda_peak(dev if dev.type == "cuda" else None)
+    times = _max_over_ranks([_timed(step, dev) for _ in range(cell.repeats)], dev)
+    peak = cuda_peak(dev) if dev.type == "cuda" else {"allocated": prof.peak_bytes if prof
+                                                      else 0, "reserved": 0}
+    per_rank = [saved.bytes, peak["allocated"], peak["reserved"], cnt.sent("forward"),
+                cnt.sent("backward"), cnt.sent(link="intra"), cnt.sent(link="inter"),
+                err if err is not None else -1.0]
+    mx = _max_over_ranks(per_rank, dev)
+    t = statistics.median(times)
+    out = {
+        "status": "ok", "time_s": t, "time_s_min": min(times), "time_s_max": max(times),
+        "tokens_per_s": cell.batch * cell.seq_len / t / cell.world,
+        "saved_bytes": int(mx[0]),
+        "mem_peak_bytes": int(mx[1]) if dev.type == "cuda" or prof else None,
+        "mem_reserved_bytes": int(mx[2]) if dev.type == "cuda" else None,
+        "bytes_sent_forward": int(mx[3]), "bytes_sent_backward": int(mx[4]),
+        "bytes_sent_intra": int(mx[5]), "bytes_sent_inter": int(mx[6]),
+        "max_err": mx[7] if err is not None else None,
+    }
+    name = device_name(cell.device)
+    peak_tf = peak_tflops(name) if cell.device == "cuda" else None
+    out.update(device_name=name, hardware=name, peak_tflops=peak_tf)
+    if cell.workload == "attention":
+        fl = flops.attention_kernel_flops(cell.batch, cell.seq_len, cell.heads, cell.head_dim,
+                                          cell.causal)
+        out["attn_tflops"] = fl / t / cell.world / 1e12
+    else:
+        from burst.engine.configs import get_config
+
+        cfg = get_config(cell.model)
+        for conv in flops.CONVENTIONS:
+            tf = flops.model_flops(cfg, cell.batch, cell.seq_len, conv,
+                                   cell.checkpointing) / t / cell.world / 1e12
+            out[f"tflops_{conv}"] = tf
+            out[f"mfu_{conv}"] = tf / peak_tf if peak_tf else None
+    return out

@@ -1,0 +1,68 @@
+"""The one place where the BurstEngine paper's method names become registry names and options.
+
+The paper's tables (``../shared/paper_reference/*.csv``, column ``method``) name systems, not
+algorithms; each maps to the registry entry that implements the same algorithm here:
+
+  megatron_cp            Megatron-LM context parallel = TransformerEngine's p2p ring with the
+                         zigzag load balance                        -> zigzag_ring
+  deepspeed_ulysses      head-parallel all-to-all                   -> ulysses
+  loongtrain_double_ring InternEvo's two-level ring (context parallel only)
+                                                                    -> double_ring, L = node
+  loongtrain_usp         InternEvo's head x context parallel: Ulysses inside a node
+                                                                    -> usp, degree = node
+  burst                  BurstAttention alone (the kernel table)    -> burst, double ring
+  burstengine            BurstAttention ring (optimised backward, topology-aware double ring)
+                         + fused LM head/loss                       -> burst + fused_head
+  burstengine_usp        Ulysses inside a node, BurstAttention across nodes
+                                                                    -> usp with the burst ring
+
+Checkpointing (paper README): the paper's ``selective`` is every layer recomputed except the
+attention output and LSE (our ``selective``); its ``none`` ("w/o sele-ckpt") is full layer
+recomputation (our ``full``): ``PAPER_CHECKPOINTING``.
+
+"@node" in an option stands for the cell's ranks per node (``suites.cells``), so one entry serves
+32 and 64 GPU runs alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["PAPER_CHECKPOINTING", "PAPER_METHODS", "PaperMethod", "paper_method"]
+
+
+@dataclass(frozen=True)
+class PaperMethod:
+    name: str
+    """Registry name."""
+    label: str
+    """The label the paper's main table uses (burstengine_main.csv)."""
+    options: dict = field(default_factory=dict)
+    checkpointing: str = "selective"
+    fused_head: bool = False
+
+
+PAPER_METHODS: dict[str, PaperMethod] = {
+    "megatron_cp": PaperMethod("zigzag_ring", "Megatron"),
+    "deepspeed_ulysses": PaperMethod("ulysses", "Deepspeed-Ulysses"),
+    "loongtrain_double_ring": PaperMethod("double_ring", "LoongTrain-Ring",
+                                          {"ranks_per_node": "@node"}),
+    "loongtrain_usp": PaperMethod("usp", "LoongTrain-USP", {"ulysses_degree": "@node"}),
+    "burst": PaperMethod("burst", "BurstAttention",
+                         {"layout": "zigzag", "backward": "burst", "ranks_per_node": "@node"}),
+    "burstengine": PaperMethod("burst", "Burst-Ring",
+                               {"layout": "zigzag", "backward": "burst",
+                                "ranks_per_node": "@node"}, fused_head=True),
+    "burstengine_usp": PaperMethod("usp", "Burst-USP",
+                                   {"ulysses_degree": "@node", "ring": "burst"},
+                                   fused_head=True),
+}
+
+# paper's checkpointing column -> ours
+PAPER_CHECKPOINTING = {"selective": "selective", "none": "full"}
+
+
+def paper_method(name: str) -> PaperMethod:
+    if name not in PAPER_METHODS:
+        raise ValueError(f"unknown paper method {name!r}; valid: {', '.join(PAPER_METHODS)}")
+    return PAPER_METHODS[name]

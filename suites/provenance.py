@@ -1,0 +1,76 @@
+"""Where a result row came from (STYLE principle 8): code, versions, machine, job, time.
+
+``code_provenance`` is taken once by the sweep driver (the git state of the code it launches);
+``host_provenance`` on rank 0 where the cell actually runs (versions, host, job id), so a row
+produced on a SLURM node names that node's CUDA/NCCL, not the login node's.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import os
+import platform
+import socket
+import subprocess
+from pathlib import Path
+
+__all__ = ["code_provenance", "host_provenance", "job_id", "now_iso"]
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,
+                             timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip()
+
+
+def code_provenance() -> dict:
+    """git commit and dirty flag of the code (tracked files only: results being written into
+    the tree do not make it dirty); None when not run from a git checkout."""
+    commit = _git("rev-parse", "HEAD")
+    dirty = _git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {"git_commit": commit, "git_dirty": bool(dirty) if commit else None}
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def job_id() -> str | None:
+    """SLURM job id (array jobs: <array job>_<task>), else submitit's local job id, else None."""
+    env = os.environ
+    if env.get("SLURM_ARRAY_JOB_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env.get('SLURM_ARRAY_TASK_ID', '')}"
+    return env.get("SLURM_JOB_ID") or env.get("SUBMITIT_LOCAL_JOB_ID")
+
+
+def host_provenance(device: str) -> dict:
+    import torch
+
+    nccl = None
+    if device == "cuda" and torch.cuda.is_available():
+        try:
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        except (AttributeError, RuntimeError):
+            nccl = None
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda if device == "cuda" else None,
+        "nccl": nccl,
+        "flash_attn": _version("flash-attn") or _version("flash_attn"),
+        "hostname": socket.gethostname(),
+        "job_id": job_id(),
+    }
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,83 @@
+"""Result rows: a measured cell, or a failed one, as a ``results.schema`` row with provenance.
+
+Failures are rows, never gaps (STYLE principle 8): ``failure_row`` records the status and the
+error text of a cell that raised, ran out of memory, timed out or lost a rank, and the sweep goes
+on. ``classify`` turns an error text (a traceback, a spawn or submitit error) into a status.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from results.schema import COLUMNS, empty_row
+from suites.cells import Cell
+from suites.provenance import host_provenance, now_iso
+
+__all__ = ["RunContext", "classify", "failure_row", "make_row"]
+
+ERROR_CHARS = 4000  # keep the end of a traceback, where the cause is
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What every row of one sweep run shares; travels to ranks and jobs (picklable)."""
+
+    run_id: str
+    executor: str
+    sweep_spec: str
+    """JSON of the whole sweep spec."""
+    git_commit: str | None
+    git_dirty: bool | None
+
+
+_OOM = ("OutOfMemoryError", "CUDA out of memory", "out of memory", "can't allocate memory",
+        "DefaultCPUAllocator: not enough memory", "std::bad_alloc", "MemoryError")
+_TIMEOUT = ("timed-out", "timed out", "TIMEOUT", "did not finish within", "exceeded its time limit")
+
+
+def classify(error_text: str) -> str:
+    """oom | timeout | error, from the text of a failure."""
+    if any(s in error_text for s in _OOM):
+        return "oom"
+    if any(s in error_text for s in _TIMEOUT):
+        return "timeout"
+    return "error"
+
+
+def _cell_columns(cell: Cell) -> dict:
+    return {
+        "sweep": cell.sweep, "cell_id": cell.cell_id, "source": "measured",
+        "workload": cell.workload, "method": cell.method, "label": cell.label,
+        "method_options": json.dumps(cell.options, sort_keys=True), "model": cell.model,
+        "checkpointing": cell.checkpointing, "fused_head": cell.fused_head,
+        "seq_len": cell.seq_len, "batch": cell.batch, "heads": cell.heads,
+        "kv_heads": cell.kv_heads, "head_dim": cell.head_dim, "causal": cell.causal,
+        "window": json.dumps(list(cell.window)) if cell.window else None, "dtype": cell.dtype,
+        "world": cell.world, "nodes": cell.nodes, "ranks_per_node": cell.ranks_per_node,
+        "device": cell.device, "warmup": cell.warmup, "repeats": cell.repeats,
+        "spec": cell.to_json(), "device_count": cell.world,
+    }
+
+
+def make_row(cell: Cell, metrics: dict, ctx: RunContext, *, host: dict | None = None) -> dict:
+    """A complete row: the cell, its metrics (``suites.measure``), provenance."""
+    row = empty_row()
+    row.update(_cell_columns(cell))
+    row.update({k: v for k, v in metrics.items() if k in COLUMNS})
+    row.update(host if host is not None else host_provenance(cell.device))
+    row.update(run_id=ctx.run_id, executor=ctx.executor, sweep_spec=ctx.sweep_spec,
+               git_commit=ctx.git_commit, git_dirty=ctx.git_dirty, date=now_iso())
+    if row["error"]:
+        row["error"] = str(row["error"])[-ERROR_CHARS:]
+    return row
+
+
+def failure_row(cell: Cell, error_text: str, ctx: RunContext, status: str | None = None,
+                *, job_id: str | None = None) -> dict:
+    """The row of a cell that produced no measurement."""
+    status = status or classify(error_text)
+    row = make_row(cell, {"status": status, "error": error_text}, ctx)
+    if job_id is not None:
+        row["job_id"] = job_id
+    return row

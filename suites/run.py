@@ -1,0 +1,218 @@
+"""The sweep driver: pick the run folder, skip what is done, dispatch, report, consolidate.
+
+    run_sweep("smoke")                          # suites/specs/smoke.toml, inline executor
+    run_sweep(spec, executor="slurm", slurm=SlurmSpec(partition="gpu"))
+
+Run folder (``results/<sweep>/<run_id>/``): ``run_id`` names one; otherwise the latest run of
+the sweep is resumed when it has the same spec and is unfinished, else a new run starts (so a
+killed sweep picks up where it stopped, and a finished one is measured afresh). Cells with a row
+are skipped (``retry_failed`` re-runs oom/timeout/error cells; the consolidated table keeps the
+last row per cell). One driver per run folder (``results.store.RunLock``).
+
+Progress: a tqdm bar over cells (with ETA) when stdout is a terminal, one log line per cell
+otherwise; both follow rows.jsonl, whoever writes it (ranks, the driver).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from results import store
+from results.schema import FAILED
+from results.tables import METRICS, render, summary
+from suites.cells import Cell, expand
+from suites.executors import EXECUTORS, Run, dry_run, run_inline, submit_cells
+from suites.provenance import code_provenance
+from suites.rows import RunContext
+from suites.spec import SlurmSpec, SweepSpec, load_spec
+
+__all__ = ["RunResult", "run_sweep", "select_run", "summary_text"]
+
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "results"
+
+
+@dataclass
+class RunResult:
+    run_dir: Path | None
+    table: object  # pandas DataFrame (None for dry-run)
+    ran: int
+    """Cells run by this call (not skipped as already done)."""
+
+
+def _spec_hash(spec: SweepSpec) -> str:
+    return hashlib.sha256(spec.to_json().encode()).hexdigest()[:16]
+
+
+def select_run(spec: SweepSpec, out: Path, run_id: str | None = None, new: bool = False) -> Path:
+    """The run folder to write: the named one, the latest unfinished run of this very spec, or
+    a new one."""
+    sweep_dir = Path(out) / spec.name
+    if run_id:
+        return sweep_dir / run_id
+    if not new and sweep_dir.exists():
+        latest = store.latest_run(sweep_dir)
+        if latest is not None:
+            meta = store.read_meta(latest)
+            done = {r["cell_id"] for r in store.read_rows(latest / store.ROWS)}
+            if meta.get("spec_hash") == _spec_hash(spec) and set(meta.get("cells", [])) - done:
+                return latest
+    return sweep_dir / store.new_run_id()
+
+
+class _Progress:
+    """Follows rows.jsonl in a thread; a tqdm bar on a terminal, log lines otherwise."""
+
+    def __init__(self, rows: Path, cells: list[Cell], done: int, stream):
+        self.rows, self.stream, self.total = rows, stream, len(cells)
+        self.count = done
+        self.by_id = {c.cell_id: c for c in cells}
+        self.offset = rows.stat().st_size if rows.exists() else 0
+        self.bar = None
+        if getattr(stream, "isatty", lambda: False)():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total, initial=done, unit="cell", file=stream,
+                            dynamic_ncols=True)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self._poll()
+        if self.bar is not None:
+            self.bar.close()
+        return False
+
+    def _loop(self):
+        while not self._stop.wait(0.5):
+            self._poll()
+
+    def _poll(self):
+        import json
+
+        if not self.rows.exists():
+            return
+        with open(self.rows, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        for line in data[:end].splitlines():
+            try:
+                self._report(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+
+    def _report(self, row: dict):
+        if row.get("cell_id") not in self.by_id:
+            return
+        self.count += 1
+        t = row.get("time_s")
+        what = f"{row['status']}" + (f" {t * 1e3:.1f} ms" if t else "")
+        if row["status"] != "ok" and row.get("error"):
+            what += f" ({str(row['error']).strip().splitlines()[-1][:120]})"
+        desc = self.by_id[row["cell_id"]].describe()
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"{desc}: {what}"[:80])
+            self.bar.update(1)
+        else:
+            print(f"[{self.count}/{self.total}] {desc}: {what}", file=self.stream, flush=True)
+
+
+def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
+              out: str | Path = DEFAULT_OUT, run_id: str | None = None, new: bool = False,
+              retry_failed: bool = False, slurm: SlurmSpec | None = None,
+              job_folder: str | Path | None = None, stream=None,
+              on_submit=None) -> RunResult:
+    """Run (or resume) a sweep; return its run folder and consolidated table.
+
+    ``slurm`` replaces the spec's [slurm] table (the CLI merges its flags into it first).
+    """
+    stream = stream or sys.stdout
+    if not isinstance(spec, SweepSpec):
+        spec = load_spec(spec)
+    if executor not in EXECUTORS:
+        raise ValueError(f"unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}")
+    slurm = slurm or spec.slurm
+    cells = expand(spec)
+    if executor == "dry-run":
+        dry_run(cells, slurm=slurm, sweep=spec.name, stream=stream)
+        return RunResult(None, None, 0)
+
+    run = Run(select_run(spec, Path(out), run_id, new))
+    run.dir.mkdir(parents=True, exist_ok=True)
+    with store.RunLock(run.dir):
+        store.repair(run.rows)  # a row torn by a killed writer is dropped; its cell runs again
+        meta = store.read_meta(run.dir)
+        ids = [c.cell_id for c in cells]
+        store.write_meta(run.dir, {
+            "sweep": spec.name, "run_id": run.dir.name, "source": spec.source,
+            "spec": spec.to_json(), "spec_hash": _spec_hash(spec), "baseline": spec.baseline,
+            "cells": list(dict.fromkeys([*meta.get("cells", []), *ids])),
+            "created": meta.get("created") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "executor": executor,
+        })
+        rows = store.read_rows(run.rows)
+        last = {r["cell_id"]: r["status"] for r in rows}
+        skip = {i for i, s in last.items() if not (retry_failed and s in FAILED)}
+        todo = [c for c in cells if c.cell_id not in skip]
+        print(f"sweep {spec.name}: {len(cells)} cells, {len(cells) - len(todo)} already done, "
+              f"running {len(todo)} ({executor}) -> {run.dir}", file=stream, flush=True)
+        # a retried cell keeps its old failure row (history); the table keeps the newest row
+        run = Run(run.dir, start=run.rows.stat().st_size if run.rows.exists() else 0,
+                  skip=frozenset(skip))
+        ctx = RunContext(run_id=run.dir.name, executor=executor, sweep_spec=spec.to_json(),
+                         **code_provenance())
+        with _Progress(run.rows, cells, len(cells) - len(todo), stream):
+            if todo and executor == "inline":
+                run_inline(todo, run, ctx)
+            elif todo:
+                submit_cells(todo, kind=executor, run=run, ctx=ctx, slurm=slurm,
+                             folder=job_folder, on_submit=on_submit)
+        table = store.consolidate(run.dir)
+    print(summary_text(table, spec), file=stream, flush=True)
+    return RunResult(run.dir, table, len(todo))
+
+
+def summary_text(table, spec: SweepSpec | None = None, *, baseline: str | None = None,
+                 metrics: tuple[str, ...] | None = None) -> str:
+    """Methods side by side for each cell: time per step with speedup against the baseline,
+    then bytes sent per rank (and max error when measured)."""
+    if table is None or table.empty:
+        return "(no rows)"
+    baseline = baseline or (spec.baseline if spec else None)
+    if metrics is None:
+        metrics = ("time_s", "bytes_sent")
+        if table.get("max_err") is not None and table["max_err"].notna().any():
+            metrics += ("max_err",)
+        model_tf = table.get("tflops_model_flops_causal")
+        if model_tf is not None and model_tf.notna().any():
+            metrics = ("time_s", "tokens_per_s", "tflops_model_flops_causal", "saved_bytes")
+    parts = []
+    for m in metrics:
+        title = METRICS[m][0]
+        if m == "time_s" and baseline:
+            title += f", speedup vs {baseline}"
+        parts.append(render(summary(table, m, baseline=baseline), title=title))
+    failed = table[table["status"] != "ok"]
+    for _, r in failed.iterrows():
+        err = str(r.get("error") or "").strip().splitlines()
+        parts.append(f"{r['status']}: {r['label']} seq={r['seq_len']} world={r['world']}: "
+                     f"{err[-1] if err else ''}"[:200])
+    return "\n\n".join(parts)
+
+
+def replace_slurm(base: SlurmSpec, **overrides) -> SlurmSpec:
+    """The spec's [slurm] table with command-line values (None = keep) applied."""
+    return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})

@@ -1,0 +1,483 @@
+"""Sweep specs: a TOML file validated into frozen, typed dataclasses (issue 5, "Specs").
+
+A sweep is data, never a flag per knob. The file (``suites/specs/*.toml``)::
+
+    description = "..."
+    workload = "attention"          # attention | train_step
+    device = "cpu"                  # cpu | cuda
+    dtype = "float32"
+    warmup = 1
+    repeats = 3
+    baseline = "ring"               # the label speedups are computed against
+    seq_lens = [2048, 4096]         # with world (or nodes x gpus_per_node): one scale
+    world = 4
+    [shape]                         # attention workload
+    heads = 8
+    head_dim = 64
+    causal = true
+    [[methods]]
+    name = "burst"                  # registry name or import path package.module:function
+    options = { backward = "ring" }
+    label = "burst-ringbwd"         # optional; default: name[non-default options]
+    [[methods]]
+    paper = "loongtrain_usp"        # a paper method name, mapped in suites.paper_methods
+    [[scales]]                      # optional, several (nodes x gpus_per_node, seq_lens)
+    nodes = 4
+    gpus_per_node = 8
+    seq_lens = [1048576]
+    [slurm]
+    partition = "gpu"
+    time_min = 60
+
+Validation collects every problem of the file before it raises (submitit's style): each names
+the field, the bad value, the rule and the valid choices. Problems that need the cells (a method
+that cannot run a shape, a length the layout cannot split) are found by ``suites.cells``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from burst.flops import CHECKPOINTING
+
+__all__ = [
+    "DEVICES",
+    "DTYPES",
+    "WORKLOADS",
+    "MethodSpec",
+    "Scale",
+    "Shape",
+    "SlurmSpec",
+    "SpecError",
+    "SweepSpec",
+    "load_spec",
+    "parse_spec",
+    "spec_path",
+]
+
+WORKLOADS = ("attention", "train_step")
+DEVICES = ("cpu", "cuda")
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+SPEC_DIR = Path(__file__).parent / "specs"
+
+
+class SpecError(ValueError):
+    """Every problem of a spec at once; ``problems`` holds one line per problem."""
+
+    def __init__(self, problems: list[str], source: str = "spec"):
+        self.problems = list(problems)
+        self.source = source
+        n = len(self.problems)
+        super().__init__(f"{source}: {n} problem{'s' * (n != 1)}:\n  - "
+                         + "\n  - ".join(self.problems))
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One method entry of a sweep (a column of the summary table)."""
+
+    name: str
+    """Registry name (``baselines.registry.names()``) or import path ``package.module:fn``."""
+    label: str
+    """Display label; unique in the sweep; the spec's ``baseline`` names one."""
+    options: dict = field(default_factory=dict)
+    """Method options (layout, backward, ranks_per_node, ulysses_degree, ...). The strings
+    "@node" and "@world" stand for this cell's ranks per node and world size."""
+    checkpointing: str = "none"
+    """train_step: none | full | selective | selective_half (``burst.flops.CHECKPOINTING``)."""
+    fused_head: bool = False
+    """train_step: fused LM head + loss (chunked logits)."""
+    paper: str | None = None
+    """The paper's method name this entry reproduces (``suites.paper_methods``), if any."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Attention shape (attention workload; train_step takes it from the model config)."""
+
+    heads: int = 8
+    """Query heads."""
+    kv_heads: int = 0
+    """Key/value heads (0: same as heads); heads % kv_heads == 0."""
+    head_dim: int = 64
+    """Head dimension."""
+    causal: bool = True
+    """Causal mask."""
+    window: tuple[int, int] | None = None
+    """(left, right) sliding window in tokens, passed to the method as ``window``."""
+
+    def __post_init__(self):
+        if self.kv_heads == 0:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if self.window is not None:
+            object.__setattr__(self, "window", tuple(self.window))
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.heads % self.kv_heads:
+            valid = [d for d in range(1, self.heads + 1) if self.heads % d == 0]
+            out.append(f"shape.kv_heads: {self.kv_heads} does not divide heads={self.heads}; "
+                       f"valid: {', '.join(map(str, valid))}")
+        if self.window is not None and (len(self.window) != 2 or min(self.window) < 0):
+            out.append(f"shape.window: {list(self.window)} must be [left, right], both >= 0")
+        return out
+
+
+@dataclass(frozen=True)
+class Scale:
+    """One machine size and the sequence lengths run on it."""
+
+    nodes: int
+    """Nodes (GPU cluster) or simulated nodes (CPU: labels links intra/inter)."""
+    ranks_per_node: int
+    """GPUs (ranks) per node; world = nodes * ranks_per_node."""
+    seq_lens: tuple[int, ...]
+    """Global sequence lengths in tokens."""
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+
+@dataclass(frozen=True)
+class SlurmSpec:
+    """Resources asked of SLURM per cell (command-line flags override these)."""
+
+    partition: str | None = None
+    account: str | None = None
+    time_min: int = 60
+    """Time limit per cell (one job array element) in minutes."""
+    constraint: str | None = None
+    qos: str | None = None
+    cpus_per_task: int | None = None
+    mem_gb: int | None = None
+    """Memory per node in GB (None: the partition's default)."""
+    array_parallelism: int = 16
+    """How many cells of a job array may run at once."""
+    setup: tuple[str, ...] = ()
+    """Shell lines run in the sbatch script before srun (module load, venv activation)."""
+    additional: dict = field(default_factory=dict)
+    """Extra #SBATCH options passed through (submitit's additional_parameters)."""
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """A validated sweep: what to run (methods x scales x lengths) and how to measure it."""
+
+    name: str
+    """Sweep name (default: the file's stem); results go to results/<name>/<run_id>/."""
+    workload: str
+    """attention (one layer forward+backward) | train_step (one engine training step)."""
+    methods: tuple[MethodSpec, ...]
+    scales: tuple[Scale, ...]
+    description: str = ""
+    device: str = "cpu"
+    dtype: str = "float32"
+    batch: int = 1
+    """Sequences per step."""
+    shape: Shape | None = None
+    """attention workload only."""
+    model: str | None = None
+    """train_step only: a ``burst.engine.configs`` name (tiny, 7b, 14b, ...)."""
+    warmup: int = 1
+    repeats: int = 3
+    baseline: str | None = None
+    """Label of the method speedups are computed against (None: no speedup column)."""
+    seed: int = 0
+    timeout_min: float = 20.0
+    """A cell running longer than this becomes a ``timeout`` row (inline / local executors)."""
+    error_max_tokens: int = 4096
+    """Compute max_err against the float64 reference when seq_len <= this (0: never)."""
+    profile_memory: bool = True
+    """CPU: also measure the transient peak with the profiler (one extra untimed step)."""
+    slurm: SlurmSpec = field(default_factory=SlurmSpec)
+    source: str = ""
+    """Path of the file the spec was read from."""
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d.pop("source")
+        return json.dumps(d, sort_keys=True, default=list)
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.device == "cuda" else "gloo"
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing with every problem collected
+
+_TOP = {"name", "description", "workload", "device", "dtype", "batch", "shape", "model",
+        "methods", "seq_lens", "world", "nodes", "gpus_per_node", "scales", "warmup", "repeats",
+        "baseline", "seed", "timeout_min", "error_max_tokens", "profile_memory", "slurm"}
+_METHOD = {"name", "paper", "label", "options", "checkpointing", "fused_head"}
+_SHAPE = {"heads", "kv_heads", "head_dim", "causal", "window"}
+_SCALE = {"world", "nodes", "gpus_per_node", "seq_lens"}
+_SLURM = {"partition", "account", "time_min", "constraint", "qos", "cpus_per_task", "mem_gb",
+          "array_parallelism", "setup", "additional"}
+_MISSING = object()
+
+
+class _Reader:
+    """Typed getters that record a problem (and return None) instead of raising."""
+
+    def __init__(self):
+        self.problems: list[str] = []
+
+    def add(self, where: str, msg: str) -> None:
+        self.problems.append(f"{where}: {msg}")
+
+    def keys(self, table: dict, valid: set[str], where: str) -> None:
+        for k in table:
+            if k not in valid:
+                near = difflib.get_close_matches(k, valid, n=1)
+                hint = f" (did you mean {near[0]!r}?)" if near else ""
+                self.add(f"{where}{k}", f"unknown key{hint}; valid keys: "
+                         f"{', '.join(sorted(valid))}")
+
+    def get(self, table: dict, key: str, where: str, kind, default=_MISSING, *,
+            choices=None, minimum=None):
+        name = f"{where}{key}"
+        if key not in table:
+            if default is _MISSING:
+                extra = f"; valid: {', '.join(map(str, choices))}" if choices else ""
+                self.add(name, f"required{extra}")
+                return None
+            return default
+        v = table[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if isinstance(v, bool) and bool not in kinds or not isinstance(v, kinds):
+            want = " or ".join(k.__name__ for k in kinds)
+            self.add(name, f"{v!r} is a {type(v).__name__}; expected {want}")
+            return None
+        if choices is not None and v not in choices:
+            near = difflib.get_close_matches(str(v), list(map(str, choices)), n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            self.add(name, f"{v!r} is not valid{hint}; valid: {', '.join(map(str, choices))}")
+            return None
+        if minimum is not None and v < minimum:
+            self.add(name, f"{v!r} must be >= {minimum}")
+            return None
+        return v
+
+    def int_list(self, table: dict, key: str, where: str, default=_MISSING, minimum: int = 1):
+        v = self.get(table, key, where, list, default)
+        if v is None or v is default:
+            return v
+        bad = [x for x in v if isinstance(x, bool) or not isinstance(x, int) or x < minimum]
+        if bad or not v:
+            self.add(f"{where}{key}", f"{v!r}: expected a non-empty list of integers >= "
+                     f"{minimum}")
+            return None
+        return tuple(v)
+
+
+def _scale(r: _Reader, t: dict, where: str, seq_lens) -> Scale | None:
+    world = r.get(t, "world", where, int, None, minimum=1)
+    nodes = r.get(t, "nodes", where, int, 1, minimum=1)
+    rpn = r.get(t, "gpus_per_node", where, int, None, minimum=1)
+    lens = r.int_list(t, "seq_lens", where, seq_lens)
+    if lens is None:
+        if "seq_lens" not in t:
+            r.add(f"{where}seq_lens", "required (here or at the top level)")
+        return None
+    if nodes is None:
+        return None
+    if rpn is None:
+        if world is None:
+            r.add(f"{where}world", "give world, or nodes and gpus_per_node")
+            return None
+        if world % nodes:
+            valid = [d for d in range(1, world + 1) if world % d == 0]
+            r.add(f"{where}nodes", f"{nodes} does not divide world={world}; valid: "
+                  f"{', '.join(map(str, valid))}")
+            return None
+        rpn = world // nodes
+    elif world is not None and world != nodes * rpn:
+        r.add(f"{where}world", f"{world} != nodes x gpus_per_node = {nodes} x {rpn}; give "
+              "either world or nodes and gpus_per_node")
+        return None
+    return Scale(nodes=nodes, ranks_per_node=rpn, seq_lens=lens)
+
+
+def _method(r: _Reader, t: dict, where: str, workload: str) -> MethodSpec | None:
+    from suites.paper_methods import PAPER_METHODS, paper_method
+
+    r.keys(t, _METHOD, where)
+    paper = r.get(t, "paper", where, str, None, choices=tuple(PAPER_METHODS))
+    base = paper_method(paper) if paper else None
+    name = r.get(t, "name", where, str, base.name if base else _MISSING)
+    options = r.get(t, "options", where, dict, {})
+    ckpt = r.get(t, "checkpointing", where, str, base.checkpointing if base else "none",
+                 choices=CHECKPOINTING)
+    fused = r.get(t, "fused_head", where, bool, base.fused_head if base else False)
+    if workload != "train_step":
+        for k in ("checkpointing", "fused_head"):
+            if k in t:
+                r.add(f"{where}{k}", "only applies to workload = 'train_step'")
+    if name is None or options is None or ckpt is None or fused is None:
+        return None
+    opts = {**(base.options if base else {}), **options}
+    label = r.get(t, "label", where, str, None)
+    if label is None:
+        label = base.label if base else default_label(name, options)
+    return MethodSpec(name=name, label=label, options=opts, checkpointing=ckpt, fused_head=fused,
+                      paper=paper)
+
+
+def default_label(name: str, options: dict) -> str:
+    """name[k=v,...] of the options given (short, stable, unique for distinct options)."""
+    short = name.rsplit(":", 1)[-1]
+    if not options:
+        return short
+    return f"{short}[{','.join(f'{k}={v}' for k, v in sorted(options.items()))}]"
+
+
+def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
+    """Validate a parsed TOML document; raise SpecError listing every problem."""
+    r = _Reader()
+    r.keys(data, _TOP, "")
+    workload = r.get(data, "workload", "", str, choices=WORKLOADS)
+    device = r.get(data, "device", "", str, "cpu", choices=DEVICES)
+    dtype = r.get(data, "dtype", "", str, "float32", choices=DTYPES)
+    kw = {k: r.get(data, k, "", int, d, minimum=m) for k, d, m in
+          (("batch", 1, 1), ("warmup", 1, 0), ("repeats", 3, 1), ("seed", 0, 0),
+           ("error_max_tokens", 4096, 0))}
+    kw["timeout_min"] = r.get(data, "timeout_min", "", (int, float), 20.0, minimum=0.01)
+    kw["profile_memory"] = r.get(data, "profile_memory", "", bool, True)
+    kw["description"] = r.get(data, "description", "", str, "")
+    name = r.get(data, "name", "", str, name)
+
+    shape = model = None
+    if workload == "attention":
+        t = r.get(data, "shape", "", dict, {})
+        if t is not None:
+            r.keys(t, _SHAPE, "shape.")
+            vals = {k: r.get(t, k, "shape.", int, d, minimum=m) for k, d, m in
+                    (("heads", 8, 1), ("kv_heads", 0, 0), ("head_dim", 64, 1))}
+            vals["causal"] = r.get(t, "causal", "shape.", bool, True)
+            win = r.int_list(t, "window", "shape.", None, minimum=0)
+            if win is not None and len(win) != 2:
+                r.add("shape.window", f"{list(win)} must be [left, right] (two token counts)")
+                win = None
+            vals["window"] = win
+            if None not in (vals["heads"], vals["kv_heads"], vals["head_dim"], vals["causal"]):
+                shape = Shape(**vals)
+                r.problems += shape.problems()
+        if "model" in data:
+            r.add("model", "only applies to workload = 'train_step' (attention uses [shape])")
+    elif workload == "train_step":
+        model = r.get(data, "model", "", str)
+        if model is not None:
+            r.problems += _model_problems(model)
+        if "shape" in data:
+            r.add("shape", "only applies to workload = 'attention' (train_step takes the "
+                  "shape from the model config)")
+
+    methods = []
+    raw = r.get(data, "methods", "", list)
+    if raw is not None and not raw:
+        r.add("methods", "empty; give at least one [[methods]] entry")
+    for i, t in enumerate(raw or []):
+        if not isinstance(t, dict):
+            r.add(f"methods[{i}]", f"{t!r} is not a table; write [[methods]] entries")
+            continue
+        m = _method(r, t, f"methods[{i}].", workload or "attention")
+        if m is not None:
+            methods.append(m)
+    labels = [m.label for m in methods]
+    for lab in sorted({x for x in labels if labels.count(x) > 1}):
+        r.add("methods", f"label {lab!r} is used by {labels.count(lab)} methods; labels must be "
+              "unique (give each a label)")
+    baseline = r.get(data, "baseline", "", str, None)
+    if baseline is not None and methods and baseline not in labels:
+        r.add("baseline", f"{baseline!r} is not a method label; valid: {', '.join(labels)}")
+
+    scales = []
+    top_lens = r.int_list(data, "seq_lens", "", None)
+    if "scales" in data:
+        for k in ("world", "nodes", "gpus_per_node"):
+            if k in data:
+                r.add(k, "give the machine size either at the top level or in [[scales]], "
+                      "not both")
+        for i, t in enumerate(r.get(data, "scales", "", list) or []):
+            if not isinstance(t, dict):
+                r.add(f"scales[{i}]", f"{t!r} is not a table; write [[scales]] entries")
+                continue
+            r.keys(t, _SCALE, f"scales[{i}].")
+            s = _scale(r, t, f"scales[{i}].", top_lens)
+            if s is not None:
+                scales.append(s)
+    else:
+        s = _scale(r, {k: data[k] for k in _SCALE if k in data}, "", top_lens)
+        if s is not None:
+            scales.append(s)
+
+    slurm = SlurmSpec()
+    t = r.get(data, "slurm", "", dict, {})
+    if t:
+        r.keys(t, _SLURM, "slurm.")
+        sk = {k: r.get(t, k, "slurm.", str, None) for k in
+              ("partition", "account", "constraint", "qos")}
+        sk.update({k: r.get(t, k, "slurm.", int, d, minimum=1) for k, d in
+                   (("time_min", 60), ("cpus_per_task", None), ("mem_gb", None),
+                    ("array_parallelism", 16))})
+        setup = r.get(t, "setup", "slurm.", list, [])
+        sk["setup"] = tuple(setup or ())
+        sk["additional"] = r.get(t, "additional", "slurm.", dict, {}) or {}
+        slurm = SlurmSpec(**sk)
+
+    if r.problems:
+        raise SpecError(r.problems, source)
+    return SweepSpec(name=name, workload=workload, methods=tuple(methods), scales=tuple(scales),
+                     device=device, dtype=dtype, shape=shape, model=model, baseline=baseline,
+                     slurm=slurm, source=source, **kw)
+
+
+def _model_problems(name: str) -> list[str]:
+    try:
+        from burst.engine.configs import get_config
+    except ImportError as e:
+        return [f"model: workload train_step needs burst.engine ({e})"]
+    try:
+        get_config(name)
+    except (KeyError, ValueError) as e:
+        return [f"model: {e}"]
+    return []
+
+
+def spec_path(spec: str | Path) -> Path:
+    """A spec file from a path, or from a name in suites/specs (``smoke`` -> smoke.toml)."""
+    p = Path(spec)
+    if p.exists():
+        return p
+    cand = SPEC_DIR / f"{spec}.toml"
+    if cand.exists():
+        return cand
+    known = ", ".join(sorted(x.stem for x in SPEC_DIR.glob("*.toml")))
+    raise ValueError(f"no spec file {spec!r}; give a path or one of: {known}")
+
+
+def load_spec(spec: str | Path) -> SweepSpec:
+    """Read and validate a spec file (path or name in suites/specs); SpecError lists every
+    problem, including those of the cells it expands to (``suites.cells.check_cells``)."""
+    from suites.cells import cell_problems
+
+    path = spec_path(spec)
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError([f"not valid TOML: {e}"], str(path)) from None
+    parsed = parse_spec(data, name=path.stem, source=str(path))
+    problems = cell_problems(parsed)
+    if problems:
+        raise SpecError(problems, str(path))
+    return parsed
