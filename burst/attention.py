@@ -15,6 +15,8 @@ Shapes: q_BSHD (local shard), k_BSHD/v_BSHD with H % Hk == 0, lse_BHS.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from burst import comm, volume
@@ -24,7 +26,7 @@ from burst.masks import MaskSpec, plan_pair, ring_span
 from burst.merge import merge_into, new_accumulators
 from burst.ring import run_ring
 
-__all__ = ["BACKWARD_SCHEMES", "burst_attn", "ring_attention"]
+__all__ = ["BACKWARD_SCHEMES", "BlockSteps", "burst_attn", "ring_attention"]
 
 BACKWARD_SCHEMES = ("auto", "burst", "ring")
 
@@ -34,6 +36,43 @@ def _delta(do_BSHD: torch.Tensor, out_BSHD: torch.Tensor, acc) -> torch.Tensor:
     return (do_BSHD.to(acc) * out_BSHD.to(acc)).sum(-1).transpose(1, 2).contiguous()
 
 
+@dataclass(frozen=True)
+class BlockSteps:
+    """The local work of one ring step, shared by the distributed ring and ``burst.emulate``.
+
+    ``forward`` merges the attention of one rank's queries against another rank's K/V block into
+    the running (O, LSE); ``backward`` adds one (query rank, key rank) pair's gradients into dq,
+    dk, dv (the burst backward passes the travelling Q/dO/D/LSE/dQ with the local K/V/dK/dV, the
+    ring backward the local Q side with the travelling K/V/dK/dV). Fully masked work is skipped by
+    ``plan_pair`` (no kernel call, no merge).
+    """
+
+    spec: MaskSpec
+    layout: str
+    world: int
+    scale: float
+    backend: str
+
+    def forward(self, q_BSHD, k_BSHD, v_BSHD, out_BSHD, lse_BHS, *, q_rank: int,
+                k_rank: int) -> None:
+        for c in plan_pair(self.spec, self.layout, self.world, q_rank, k_rank, q_BSHD.shape[1]):
+            o, lse_blk = block_forward(q_BSHD[:, c.q], k_BSHD[:, c.k], v_BSHD[:, c.k],
+                                       scale=self.scale, kind=c.kind, mask=c.mask,
+                                       backend=self.backend)
+            merge_into(out_BSHD, lse_BHS, o, lse_blk, rows=c.q)
+
+    def backward(self, do_BSHD, q_BSHD, k_BSHD, v_BSHD, lse_BHS, delta_BHS, dq_BSHD, dk_BSHD,
+                 dv_BSHD, *, q_rank: int, k_rank: int) -> None:
+        for c in plan_pair(self.spec, self.layout, self.world, q_rank, k_rank, q_BSHD.shape[1]):
+            gq, gk, gv = block_backward(do_BSHD[:, c.q], q_BSHD[:, c.q], k_BSHD[:, c.k],
+                                        v_BSHD[:, c.k], lse_BHS[:, :, c.q], delta_BHS[:, :, c.q],
+                                        scale=self.scale, kind=c.kind, mask=c.mask,
+                                        backend=self.backend)
+            dq_BSHD[:, c.q] += gq
+            dk_BSHD[:, c.k] += gk
+            dv_BSHD[:, c.k] += gv
+
+
 class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, spec: MaskSpec, layout: str, rg, scale: float, scheme: str,
@@ -41,13 +80,10 @@ class _RingAttention(torch.autograd.Function):
         g, me, n = rg.world, rg.me, q.shape[1]
         acc = acc_dtype(q.dtype)
         out_acc, lse = new_accumulators(q, acc)
+        steps = BlockSteps(spec, layout, g, scale, backend)
 
         def step(src, kv, _):
-            kb, vb = kv
-            for c in plan_pair(spec, layout, g, me, src, n):
-                o, lse_blk = block_forward(q[:, c.q], kb[:, c.k], vb[:, c.k], scale=scale,
-                                           kind=c.kind, mask=c.mask, backend=backend)
-                merge_into(out_acc, lse, o, lse_blk, rows=c.q)
+            steps.forward(q, *kv, out_acc, lse, q_rank=me, k_rank=src)
 
         span = ring_span(spec, layout, g, n) if rg.nodes == 1 else None
         with comm.phase("forward"):
@@ -80,17 +116,11 @@ def _backward_burst(q, k, v, dout, delta, lse, spec, layout, rg, scale, backend,
                     acc):
     dk = torch.zeros(k.shape, dtype=acc, device=k.device)
     dv = torch.zeros(v.shape, dtype=acc, device=v.device)
+    steps = BlockSteps(spec, layout, g, scale, backend)
 
     def step(src, qpay, acc_out):
-        qj, doj, dj, lj = qpay
-        (dqj,) = acc_out
-        for c in plan_pair(spec, layout, g, src, me, n):  # queries of src, my keys
-            gq, gk, gv = block_backward(doj[:, c.q], qj[:, c.q], k[:, c.k], v[:, c.k],
-                                        lj[:, :, c.q], dj[:, :, c.q], scale=scale, kind=c.kind,
-                                        mask=c.mask, backend=backend)
-            dqj[:, c.q] += gq
-            dk[:, c.k] += gk
-            dv[:, c.k] += gv
+        qj, doj, dj, lj = qpay  # queries of src, my keys
+        steps.backward(doj, qj, k, v, lj, dj, acc_out[0], dk, dv, q_rank=src, k_rank=me)
 
     dq_like = torch.empty(q.shape, dtype=acc, device=q.device)
     # queries travel backwards (i -> i-1) so that, like K/V in the forward, they meet the keys
@@ -103,17 +133,11 @@ def _backward_burst(q, k, v, dout, delta, lse, spec, layout, rg, scale, backend,
 def _backward_ring(q, k, v, dout, delta, lse, spec, layout, rg, scale, backend, span, g, me, n,
                    acc):
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    steps = BlockSteps(spec, layout, g, scale, backend)
 
     def step(src, kv, acc_out):
-        kb, vb = kv
-        dkj, dvj = acc_out
-        for c in plan_pair(spec, layout, g, me, src, n):  # my queries, keys of src
-            gq, gk, gv = block_backward(dout[:, c.q], q[:, c.q], kb[:, c.k], vb[:, c.k],
-                                        lse[:, :, c.q], delta[:, :, c.q], scale=scale,
-                                        kind=c.kind, mask=c.mask, backend=backend)
-            dq[:, c.q] += gq
-            dkj[:, c.k] += gk
-            dvj[:, c.k] += gv
+        kb, vb = kv  # my queries, keys of src
+        steps.backward(dout, q, kb, vb, lse, delta, dq, *acc_out, q_rank=me, k_rank=src)
 
     like = [torch.empty(k.shape, dtype=acc, device=k.device),
             torch.empty(v.shape, dtype=acc, device=v.device)]

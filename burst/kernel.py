@@ -1,31 +1,48 @@
 """The one kernel shim: local attention of a block of queries against a block of keys.
 
 Every method (BurstAttention and every baseline) computes local attention through
-``block_forward`` / ``block_backward``; nothing else in the project calls an attention kernel.
+``block_forward`` / ``block_backward``; nothing else in the project calls an attention kernel,
+and every torch / flash-attn version difference is handled here and nowhere else.
 
 Shapes (suffix legend): B batch, Sq/Sk query/key length, H query heads, Hk key/value heads
-(H % Hk == 0, GQA is handled by the kernels, never by replicating K/V), D head dim.
+(H % Hk == 0, GQA is handled by the kernels, never by replicating K/V on the wire), D head dim.
   q_BSHD, k_BSHD, v_BSHD, out_BSHD (input dtype), lse_BHS (fp32; float64 for float64 inputs),
   delta_BHS = rowsum(dO * O) (same dtype as lse).
 
-Backward takes ``delta`` instead of ``out``: BurstAttention's backward circulates D, never O
-(DESIGN.md 3). Kernels that insist on ``out`` get a stand-in with the same row sums against dO:
-out' = dO * D / |dO|^2 (|out'| <= |O| by Cauchy-Schwarz, so it cannot overflow); the kernels use
-``out`` only to form D.
+Contract, identical on every backend (tests/test_kernel_shim.py, tests/test_gpu.py):
+  - ``kind`` CAUSAL and STRICT need square blocks (Sq == Sk) and are top-left aligned. torch's
+    SDPA ops are top-left when Sq != Sk but flash-attn is bottom-right (DESIGN.md 5), so the shim
+    never passes ``causal`` for a non-square block: the mask plans of ``burst.masks`` only emit
+    CAUSAL/STRICT on square blocks, and this module asserts it.
+  - a row that sees no key gets out 0 and lse -inf (the CPU flash op returns lse 0 there, and the
+    memory-efficient CUDA op may return NaN; both are fixed here).
+  - Backward takes ``delta`` instead of ``out``: BurstAttention's backward circulates D, never O
+    (DESIGN.md 3). Kernels that insist on ``out`` get a stand-in with the same row sums against
+    dO: out' = dO * D / |dO|^2 (|out'| <= |O| by Cauchy-Schwarz, so it cannot overflow); the
+    kernels use ``out`` only to form D. Rows whose lse is -inf (no visible key) get zero grads.
 
 Backends:
-  ``torch``     plain matmul + logsumexp in (at least) fp32, any dtype incl. float64, any mask:
-                the test oracle.
-  ``cpu_flash`` aten._scaled_dot_product_flash_attention_for_cpu and its backward. Traps
-                (DESIGN.md 5): a fully masked row returns lse = 0 (fixed here to -inf), boolean
-                masks are rejected (an additive mask is passed), lse is non-contiguous.
-  ``cuda_sdpa`` PyTorch's CUDA flash (fp16/bf16, no mask) or memory-efficient SDPA ops (fp32,
-                additive masks); both return lse.
-  ``flash_attn``flash-attn 2 when installed (fp16/bf16, no mask).
+  ``torch``      plain matmul + logsumexp in (at least) fp32, any dtype incl. float64, any mask,
+                 any device: the test oracle.
+  ``cpu_flash``  aten._scaled_dot_product_flash_attention_for_cpu and its backward. Traps
+                 (DESIGN.md 5): lse 0 on empty rows, boolean masks rejected (an additive mask is
+                 passed), lse non-contiguous.
+  ``cuda_sdpa``  PyTorch's CUDA SDPA ops that return lse: the flash op (fp16/bf16, no dense
+                 mask, head_dim % 8 == 0 and <= 256; native GQA) and otherwise the
+                 memory-efficient op (fp32 too; top-left causal flag or an additive bias whose row
+                 stride is padded to 16 elements for its alignment check; its lse comes padded to
+                 a multiple of 32 rows). The ops are called by schema argument name, so argument
+                 order changes between torch releases (2.5 ... 2.13) cannot shift arguments.
+  ``flash_attn`` flash-attn 2 when installed (2.5 ... 2.8: ``window_size`` became
+                 ``window_size_left/right`` and ``softcap`` appeared in 2.6/2.7, the forward's
+                 return changed from 8 to 4 values, and the functions became torch custom ops);
+                 blocks it cannot take (fp32, dense masks, odd head dims) go to ``cuda_sdpa``.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from collections.abc import Callable
 
@@ -39,10 +56,12 @@ __all__ = [
     "available_backends",
     "block_backward",
     "block_forward",
+    "kernel_name",
     "resolve_backend",
 ]
 
 BACKENDS = ("auto", "torch", "cpu_flash", "cuda_sdpa", "flash_attn")
+_HALF = (torch.float16, torch.bfloat16)
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -50,6 +69,7 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+@functools.cache
 def _flash_attn_module():
     try:
         import flash_attn.flash_attn_interface as fai  # type: ignore[import-not-found]
@@ -68,29 +88,124 @@ def available_backends() -> list[str]:
 
 
 def resolve_backend(backend: str, q: torch.Tensor, kind: str = FULL) -> str:
+    """The backend a block of ``q`` under ``kind`` runs on (``auto`` picks by device/dtype)."""
     if backend not in BACKENDS:
-        raise ValueError(f"unknown kernel backend {backend!r}; valid backends: {', '.join(BACKENDS)}")
-    if backend != "auto":
-        return backend
-    if q.device.type == "cuda":
-        half = q.dtype in (torch.float16, torch.bfloat16)
-        if half and kind != DENSE and _flash_attn_module() is not None:
+        raise ValueError(f"unknown kernel backend {backend!r}; "
+                         f"valid backends: {', '.join(BACKENDS)}")
+    if backend == "auto":
+        if q.device.type != "cuda":
+            return "cpu_flash" if q.device.type == "cpu" else "torch"
+        if q.dtype == torch.float64:  # no CUDA SDPA kernel takes float64
+            return "torch"
+        if _flash_attn_ok(q, kind):
             return "flash_attn"
         return "cuda_sdpa"
-    return "cpu_flash"
+    if backend in ("cuda_sdpa", "flash_attn") and q.device.type not in ("cuda", "meta"):
+        raise ValueError(f"kernel backend {backend!r} needs CUDA tensors, got device {q.device}; "
+                         "use backend='auto', 'cpu_flash' or 'torch'")
+    if backend == "flash_attn":
+        if _flash_attn_module() is None:
+            raise ValueError("kernel backend 'flash_attn' needs the flash-attn package "
+                             "(pip install 'burst-bench[gpu]'); use backend='cuda_sdpa'")
+        if not _flash_attn_ok(q, kind):
+            return "cuda_sdpa"  # fp32, dense masks, odd head dims: flash-attn cannot take them
+    return backend
+
+
+def kernel_name(backend: str, q: torch.Tensor, kind: str = FULL) -> str:
+    """The concrete kernel a block runs on, e.g. ``cuda_sdpa/flash`` (for result rows)."""
+    be = resolve_backend(backend, q, kind)
+    if be == "cuda_sdpa":
+        return "cuda_sdpa/" + ("flash" if _sdpa_flash_ok(q, kind) else "efficient")
+    return be
+
+
+def _head_dim_ok(q: torch.Tensor) -> bool:
+    return q.shape[-1] % 8 == 0 and q.shape[-1] <= 256
+
+
+def _flash_attn_ok(q: torch.Tensor, kind: str) -> bool:
+    return (_flash_attn_module() is not None and q.dtype in _HALF and kind != DENSE
+            and _head_dim_ok(q))
+
+
+def _sdpa_flash_ok(q: torch.Tensor, kind: str) -> bool:
+    return q.dtype in _HALF and kind != DENSE and _head_dim_ok(q)
 
 
 # ---------------------------------------------------------------------------------------------
-# Backend implementations on square-or-full blocks. Each takes BSHD tensors and a "causal" flag
-# (top-left aligned, square blocks only) or an additive/boolean mask for DENSE.
+# Helpers shared by the backends. Every backend function takes BSHD tensors, a "causal" flag
+# (top-left, square blocks only) and an optional boolean mask (Sq, Sk) already on q's device.
+
+
+def _aten(name: str, **kw):
+    """Call ``torch.ops.aten.<name>`` by schema argument names (robust to reordering)."""
+    op = getattr(torch.ops.aten, name).default
+    names = _schema_names(name)
+    return op(**{k: v for k, v in kw.items() if k in names})
+
+
+@functools.cache
+def _schema_names(name: str) -> frozenset[str]:
+    return frozenset(a.name for a in getattr(torch.ops.aten, name).default._schema.arguments)
+
+
+@functools.cache
+def _scalar_zero(device: torch.device) -> torch.Tensor:
+    # philox seed/offset placeholders: read by the backward ops only when dropout_p > 0
+    return torch.zeros((), dtype=torch.int64, device=device)
+
+
+def _visible(sq, sk, causal, mask, device):
+    if mask is not None:
+        return mask
+    if causal:
+        return torch.ones(sq, sk, dtype=torch.bool, device=device).tril()
+    return None
+
+
+def _additive(mask: torch.Tensor | None, dtype, align: int = 1) -> torch.Tensor | None:
+    """0 / -inf bias for a boolean mask; the row stride is padded to a multiple of ``align``."""
+    if mask is None:
+        return None
+    sq, sk = mask.shape
+    width = -(-sk // align) * align
+    bias = torch.zeros((sq, width), dtype=dtype, device=mask.device)
+    bias[:, :sk].masked_fill_(~mask, float("-inf"))
+    return bias[:, :sk]
+
+
+def _repeat_kv(k, v, g):
+    return (k, v) if g == 1 else (k.repeat_interleave(g, 2), v.repeat_interleave(g, 2))
+
+
+def _sum_groups(dk, dv, hk):
+    b, sk, h, d = dk.shape
+    if h == hk:
+        return dk, dv
+    return dk.reshape(b, sk, hk, h // hk, d).sum(3), dv.reshape(b, sk, hk, h // hk, d).sum(3)
+
+
+def _stand_in_out(do: torch.Tensor, delta_BHS: torch.Tensor) -> torch.Tensor:
+    """An ``out`` whose row sums against dO equal delta (see the module docstring)."""
+    acc = delta_BHS.dtype
+    dof = do.to(acc)
+    norm2 = dof.square().sum(-1)  # B S H
+    d = delta_BHS.transpose(1, 2)  # B S H
+    coef = torch.where(norm2 > 0, d / norm2.clamp_min(torch.finfo(acc).tiny), torch.zeros_like(d))
+    return (dof * coef.unsqueeze(-1)).to(do.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch: the oracle
 
 
 def _torch_fwd(q, k, v, scale, causal, mask):
     acc = acc_dtype(q.dtype)
-    h, hk = q.shape[2], k.shape[2]
+    g = q.shape[2] // k.shape[2]
     qf = q.to(acc).transpose(1, 2)  # B H Sq D
-    kf = k.to(acc).transpose(1, 2).repeat_interleave(h // hk, dim=1)
-    vf = v.to(acc).transpose(1, 2).repeat_interleave(h // hk, dim=1)
+    kf = k.to(acc).transpose(1, 2).repeat_interleave(g, dim=1)
+    vf = v.to(acc).transpose(1, 2).repeat_interleave(g, dim=1)
     s = (qf @ kf.transpose(-1, -2)) * scale
     vis = _visible(q.shape[1], k.shape[1], causal, mask, q.device)
     if vis is not None:
@@ -104,8 +219,7 @@ def _torch_fwd(q, k, v, scale, causal, mask):
 
 def _torch_bwd(do, q, k, v, lse, delta, scale, causal, mask):
     acc = acc_dtype(q.dtype)
-    h, hk = q.shape[2], k.shape[2]
-    g = h // hk
+    g = q.shape[2] // k.shape[2]
     qf = q.to(acc).transpose(1, 2)
     kf = k.to(acc).transpose(1, 2).repeat_interleave(g, dim=1)
     vf = v.to(acc).transpose(1, 2).repeat_interleave(g, dim=1)
@@ -120,131 +234,135 @@ def _torch_bwd(do, q, k, v, lse, delta, scale, causal, mask):
     ds = p * (dp - delta.to(acc).unsqueeze(-1))
     dq = (ds @ kf) * scale
     dk = (ds.transpose(-1, -2) @ qf) * scale
-    b, sk, d = k.shape[0], k.shape[1], k.shape[3]
-    dk = dk.reshape(b, hk, g, sk, d).sum(2)
-    dv = dv.reshape(b, hk, g, sk, d).sum(2)
-    return (dq.transpose(1, 2).to(q.dtype), dk.transpose(1, 2).to(k.dtype),
-            dv.transpose(1, 2).to(v.dtype))
+    dk, dv = _sum_groups(dk.transpose(1, 2), dv.transpose(1, 2), k.shape[2])
+    return dq.transpose(1, 2).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-def _visible(sq, sk, causal, mask, device):
-    if mask is not None:
-        return mask
-    if causal:
-        return torch.ones(sq, sk, dtype=torch.bool, device=device).tril()
-    return None
-
-
-def _additive(mask: torch.Tensor | None, dtype) -> torch.Tensor | None:
-    if mask is None:
-        return None
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))
-
-
-def _stand_in_out(do: torch.Tensor, delta_BHS: torch.Tensor) -> torch.Tensor:
-    """An ``out`` whose row sums against dO equal delta (see the module docstring)."""
-    acc = delta_BHS.dtype
-    dof = do.to(acc)
-    norm2 = dof.square().sum(-1)  # B S H
-    d = delta_BHS.transpose(1, 2)  # B S H
-    coef = torch.where(norm2 > 0, d / norm2.clamp_min(torch.finfo(acc).tiny), torch.zeros_like(d))
-    return (dof * coef.unsqueeze(-1)).to(do.dtype)
-
-
-def _fix_empty_rows(out, lse, mask):
-    if mask is None:
-        return out, lse
-    empty = ~mask.any(-1)  # Sq
-    if bool(empty.any()):
-        lse = lse.masked_fill(empty.view(1, 1, -1), float("-inf"))
-        out = out.masked_fill(empty.view(1, -1, 1, 1), 0.0)
-    return out, lse
+# ---------------------------------------------------------------------------------------------
+# cpu_flash
 
 
 def _cpu_flash_fwd(q, k, v, scale, causal, mask):
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, causal,
-        attn_mask=_additive(mask, q.dtype), scale=scale)
-    out, lse = out.transpose(1, 2), lse.to(acc_dtype(q.dtype)).contiguous()
-    return _fix_empty_rows(out, lse, mask)
+    out, lse = _aten("_scaled_dot_product_flash_attention_for_cpu",
+                     query=q.transpose(1, 2), key=k.transpose(1, 2), value=v.transpose(1, 2),
+                     dropout_p=0.0, is_causal=causal, attn_mask=_additive(mask, q.dtype),
+                     scale=scale)
+    return out.transpose(1, 2), lse.to(acc_dtype(q.dtype)).contiguous()
 
 
 def _cpu_flash_bwd(do, q, k, v, lse, delta, scale, causal, mask):
     out = _stand_in_out(do, delta)
-    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        do.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-        out.transpose(1, 2), lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32),
-        0.0, causal, attn_mask=_additive(mask, q.dtype), scale=scale)
+    dq, dk, dv = _aten(
+        "_scaled_dot_product_flash_attention_for_cpu_backward",
+        grad_out=do.transpose(1, 2), query=q.transpose(1, 2), key=k.transpose(1, 2),
+        value=v.transpose(1, 2), out=out.transpose(1, 2), logsumexp=lse.to(acc_dtype(q.dtype)),
+        dropout_p=0.0, is_causal=causal, attn_mask=_additive(mask, q.dtype), scale=scale)
     return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
 
+# ---------------------------------------------------------------------------------------------
+# cuda_sdpa: the flash op where it applies, else the memory-efficient op
+
+_EFF_ALIGN = 16  # the efficient kernels check bias row stride % (16 bytes / elem); 16 covers all
+_EFF_LSE_ROWS = 32  # the efficient forward pads lse to a multiple of 32 query rows
+
+
 def _cuda_sdpa_fwd(q, k, v, scale, causal, mask):
-    h, hk = q.shape[2], k.shape[2]
-    if h != hk:  # the CUDA SDPA ops have no native GQA
-        k, v = k.repeat_interleave(h // hk, 2), v.repeat_interleave(h // hk, 2)
-    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    if mask is None and q.dtype in (torch.float16, torch.bfloat16):
-        res = torch.ops.aten._scaled_dot_product_flash_attention(
-            qt, kt, vt, 0.0, causal, False, scale=scale)
+    sq = q.shape[1]
+    if mask is None and _sdpa_flash_ok(q, FULL):
+        res = _aten("_scaled_dot_product_flash_attention", query=q.transpose(1, 2),
+                    key=k.transpose(1, 2), value=v.transpose(1, 2), dropout_p=0.0,
+                    is_causal=causal, return_debug_mask=False, scale=scale)
         out, lse = res[0], res[1]
     else:
-        bias = _additive(mask if mask is not None else _visible(
-            q.shape[1], k.shape[1], causal, None, q.device), q.dtype)
+        ke, ve = _repeat_kv(k, v, q.shape[2] // k.shape[2])  # no native GQA in this op
+        bias = _additive(mask, q.dtype, _EFF_ALIGN)
         if bias is not None:
-            bias = bias.expand(q.shape[0], h, *bias.shape)
-        res = torch.ops.aten._scaled_dot_product_efficient_attention(
-            qt, kt, vt, bias, True, 0.0, False, scale=scale)
-        out, lse = res[0], res[1][..., : q.shape[1]]
-    out, lse = out.transpose(1, 2), lse.float().contiguous()
-    return _fix_empty_rows(out, lse, mask)
+            bias = bias.expand(q.shape[0], q.shape[2], *bias.shape)
+        res = _aten("_scaled_dot_product_efficient_attention", query=q.transpose(1, 2),
+                    key=ke.transpose(1, 2), value=ve.transpose(1, 2), attn_bias=bias,
+                    compute_log_sumexp=True, dropout_p=0.0, is_causal=causal and mask is None,
+                    scale=scale)
+        out, lse = res[0], res[1][..., :sq]
+    return out.transpose(1, 2), lse.float().contiguous()
 
 
 def _cuda_sdpa_bwd(do, q, k, v, lse, delta, scale, causal, mask):
-    h, hk = q.shape[2], k.shape[2]
-    g = h // hk
-    ke, ve = (k.repeat_interleave(g, 2), v.repeat_interleave(g, 2)) if g > 1 else (k, v)
+    b, sq, h, _ = q.shape
+    sk, hk = k.shape[1], k.shape[2]
     out = _stand_in_out(do, delta)
-    qt, kt, vt, ot, dot = (x.transpose(1, 2) for x in (q, ke, ve, out, do))
-    b, sq, sk = q.shape[0], q.shape[1], k.shape[1]
-    if mask is None and q.dtype in (torch.float16, torch.bfloat16):
-        z = torch.zeros((), dtype=torch.int64, device=q.device)
-        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
-            dot, qt, kt, vt, ot, lse.float().contiguous(), None, None, sq, sk, 0.0, causal,
-            z, z, scale=scale)
-    else:
-        bias = _additive(mask if mask is not None else _visible(sq, sk, causal, None, q.device),
-                         q.dtype)
-        if bias is not None:
-            bias = bias.expand(b, h, sq, sk)
-        pad = (-sq) % 32  # efficient attention keeps lse padded to 32 rows
-        lse_p = torch.nn.functional.pad(lse.float(), (0, pad)).contiguous()
-        z = torch.zeros((), dtype=torch.int64, device=q.device)
-        dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
-            dot, qt, kt, vt, bias, ot, lse_p, z, z, 0.0, [True, True, True, False], False,
-            scale=scale)
-    dq, dk, dv = dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
-    if g > 1:
-        dk = dk.reshape(b, sk, hk, g, -1).sum(3)
-        dv = dv.reshape(b, sk, hk, g, -1).sum(3)
+    zero = _scalar_zero(q.device)
+    if mask is None and _sdpa_flash_ok(q, FULL):
+        dq, dk, dv = _aten(
+            "_scaled_dot_product_flash_attention_backward", grad_out=do.transpose(1, 2),
+            query=q.transpose(1, 2), key=k.transpose(1, 2), value=v.transpose(1, 2),
+            out=out.transpose(1, 2), logsumexp=lse.float().contiguous(), cum_seq_q=None,
+            cum_seq_k=None, max_q=sq, max_k=sk, dropout_p=0.0, is_causal=causal,
+            philox_seed=zero, philox_offset=zero, scale=scale)
+        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+    ke, ve = _repeat_kv(k, v, h // hk)
+    bias = _additive(mask, q.dtype, _EFF_ALIGN)
+    if bias is not None:
+        bias = bias.expand(b, h, sq, sk)
+    pad = (-sq) % _EFF_LSE_ROWS
+    lse_p = torch.nn.functional.pad(lse.float(), (0, pad)).contiguous()
+    res = _aten(
+        "_scaled_dot_product_efficient_attention_backward", grad_out_=do.transpose(1, 2),
+        query=q.transpose(1, 2), key=ke.transpose(1, 2), value=ve.transpose(1, 2),
+        attn_bias=bias, out=out.transpose(1, 2), logsumexp=lse_p, philox_seed=zero,
+        philox_offset=zero, dropout_p=0.0, grad_input_mask=[True, True, True, False],
+        is_causal=causal and mask is None, scale=scale)
+    dq, dk, dv = (t.transpose(1, 2) for t in res[:3])
+    dk, dv = _sum_groups(dk, dv, hk)
     return dq, dk, dv
 
 
+# ---------------------------------------------------------------------------------------------
+# flash_attn (optional package): the argument set is read from the installed signature
+
+
+@functools.cache
+def _fa_params(which: str) -> frozenset[str]:
+    fn = getattr(_flash_attn_module(), which)
+    target = fn if inspect.isfunction(fn) else getattr(fn, "_init_fn", fn)  # custom ops: 2.7+
+    return frozenset(inspect.signature(target).parameters)
+
+
+def _fa_window_kwargs(params: frozenset[str]) -> dict:
+    kw: dict = {}
+    if "window_size" in params:  # flash-attn <= 2.6
+        kw["window_size"] = (-1, -1)
+    if "window_size_left" in params:  # flash-attn >= 2.7
+        kw["window_size_left"] = -1
+        kw["window_size_right"] = -1
+    if "softcap" in params:  # flash-attn >= 2.6
+        kw["softcap"] = 0.0
+    return kw
+
+
 def _flash_attn_fwd(q, k, v, scale, causal, mask):
+    assert mask is None, "flash_attn takes no dense mask (resolve_backend routes those away)"
     fai = _flash_attn_module()
-    if mask is not None:
-        raise ValueError("flash_attn backend takes no dense mask; use backend='cuda_sdpa'")
-    res = fai._flash_attn_forward(q, k, v, 0.0, scale, causal=causal, window_size_left=-1,
-                                  window_size_right=-1, softcap=0.0, alibi_slopes=None,
-                                  return_softmax=False)
-    return res[0], res[1].float()
+    params = _fa_params("_flash_attn_forward")
+    kw = dict(q=q, k=k, v=v, dropout_p=0.0, softmax_scale=scale, causal=causal,
+              alibi_slopes=None, return_softmax=False, **_fa_window_kwargs(params))
+    res = fai._flash_attn_forward(**{n: x for n, x in kw.items() if n in params})
+    # <= 2.6: (out, q, k, v, out_padded, lse, S_dmask, rng_state); >= 2.7: (out, lse, S, rng)
+    out, lse = (res[0], res[5]) if len(res) == 8 else (res[0], res[1])
+    return out[..., : q.shape[-1]], lse.float()
 
 
 def _flash_attn_bwd(do, q, k, v, lse, delta, scale, causal, mask):
+    assert mask is None, "flash_attn takes no dense mask (resolve_backend routes those away)"
     fai = _flash_attn_module()
+    params = _fa_params("_flash_attn_backward")
     out = _stand_in_out(do, delta)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    fai._flash_attn_backward(do.contiguous(), q, k, v, out, lse.float().contiguous(), dq, dk, dv,
-                             0.0, scale, causal, -1, -1, 0.0, None, False)
+    kw = dict(dout=do.contiguous(), q=q, k=k, v=v, out=out, softmax_lse=lse.float().contiguous(),
+              dq=dq, dk=dk, dv=dv, dropout_p=0.0, softmax_scale=scale, causal=causal,
+              alibi_slopes=None, deterministic=False, rng_state=None,
+              **_fa_window_kwargs(params))
+    fai._flash_attn_backward(**{n: x for n, x in kw.items() if n in params})
     return dq, dk, dv
 
 
@@ -262,16 +380,34 @@ _BWD: dict[str, Callable] = {
 # Public entry points: one block, one mask kind.
 
 
+def _check_square(kind: str, q_BSHD: torch.Tensor, k_BSHD: torch.Tensor) -> None:
+    # top-left (torch) and bottom-right (flash-attn) causal agree only on square blocks
+    assert kind not in (CAUSAL, STRICT) or q_BSHD.shape[1] == k_BSHD.shape[1], (
+        f"{kind} block needs Sq == Sk, got {q_BSHD.shape[1]} x {k_BSHD.shape[1]}")
+
+
+def _device_mask(mask: torch.Tensor, device: torch.device) -> torch.Tensor:
+    # masks are planned on the host (burst.masks); a non-blocking copy never waits for the GPU
+    return mask if mask.device == device else mask.to(device, non_blocking=True)
+
+
+def _empty_rows(mask: torch.Tensor) -> torch.Tensor | None:
+    """Rows (Sq,) of a host mask that see no key, or None; no device sync for host masks."""
+    empty = ~mask.any(-1)
+    return empty if bool(empty.any()) else None
+
+
 def block_forward(q_BSHD, k_BSHD, v_BSHD, *, scale: float | None = None, kind: str = FULL,
                   mask: torch.Tensor | None = None, backend: str = "auto"):
     """Attention of q against k/v under ``kind`` -> (out_BSHD, lse_BHS).
 
     ``kind`` is FULL, CAUSAL (square, top-left), STRICT (square, diagonal excluded) or DENSE
-    (``mask`` bool (Sq, Sk), True = visible). Rows that see no key get out 0 and lse -inf.
+    (``mask`` bool (Sq, Sk), True = visible, on the host or on q's device). Rows that see no key
+    get out 0 and lse -inf.
     """
     scale = q_BSHD.shape[-1] ** -0.5 if scale is None else scale
-    be = resolve_backend(backend, q_BSHD, kind)
-    fwd = _FWD[be]
+    _check_square(kind, q_BSHD, k_BSHD)
+    fwd = _FWD[resolve_backend(backend, q_BSHD, kind)]
     if kind == STRICT:
         b, s, h, d = q_BSHD.shape
         out = torch.zeros_like(q_BSHD)
@@ -281,7 +417,15 @@ def block_forward(q_BSHD, k_BSHD, v_BSHD, *, scale: float | None = None, kind: s
             out[:, 1:] = o1
             lse[:, :, 1:] = l1
         return out, lse
-    return fwd(q_BSHD, k_BSHD, v_BSHD, scale, kind == CAUSAL, mask if kind == DENSE else None)
+    if kind != DENSE:
+        return fwd(q_BSHD, k_BSHD, v_BSHD, scale, kind == CAUSAL, None)
+    out, lse = fwd(q_BSHD, k_BSHD, v_BSHD, scale, False, _device_mask(mask, q_BSHD.device))
+    empty = _empty_rows(mask)
+    if empty is not None:
+        empty = _device_mask(empty, q_BSHD.device)
+        lse = lse.masked_fill(empty.view(1, 1, -1), float("-inf"))
+        out = out.masked_fill(empty.view(1, -1, 1, 1), 0.0)
+    return out, lse
 
 
 def block_backward(do_BSHD, q_BSHD, k_BSHD, v_BSHD, lse_BHS, delta_BHS, *,
@@ -289,8 +433,8 @@ def block_backward(do_BSHD, q_BSHD, k_BSHD, v_BSHD, lse_BHS, delta_BHS, *,
                    backend: str = "auto"):
     """Gradients (dq, dk, dv) of one block, given the *global* lse and delta of the query rows."""
     scale = q_BSHD.shape[-1] ** -0.5 if scale is None else scale
-    be = resolve_backend(backend, q_BSHD, kind)
-    bwd = _BWD[be]
+    _check_square(kind, q_BSHD, k_BSHD)
+    bwd = _BWD[resolve_backend(backend, q_BSHD, kind)]
     if kind == STRICT:
         dq, dk, dv = (torch.zeros_like(x) for x in (q_BSHD, k_BSHD, v_BSHD))
         if q_BSHD.shape[1] > 1:
@@ -298,5 +442,10 @@ def block_backward(do_BSHD, q_BSHD, k_BSHD, v_BSHD, lse_BHS, delta_BHS, *,
                     lse_BHS[:, :, 1:], delta_BHS[:, :, 1:], scale, True, None)
             dq[:, 1:], dk[:, :-1], dv[:, :-1] = g
         return dq, dk, dv
-    return bwd(do_BSHD, q_BSHD, k_BSHD, v_BSHD, lse_BHS, delta_BHS, scale, kind == CAUSAL,
-               mask if kind == DENSE else None)
+    if kind != DENSE:
+        return bwd(do_BSHD, q_BSHD, k_BSHD, v_BSHD, lse_BHS, delta_BHS, scale, kind == CAUSAL,
+                   None)
+    # rows with lse -inf see no key anywhere: lse 0 makes their P = exp(-inf - 0) = 0, not NaN
+    lse_BHS = torch.where(torch.isneginf(lse_BHS), torch.zeros_like(lse_BHS), lse_BHS)
+    return bwd(do_BSHD, q_BSHD, k_BSHD, v_BSHD, lse_BHS, delta_BHS, scale, False,
+               _device_mask(mask, q_BSHD.device))

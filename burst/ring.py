@@ -33,7 +33,7 @@ import torch
 from burst import comm
 from burst.comm import RingGroups
 
-__all__ = ["run_ring"]
+__all__ = ["run_ring", "visit_order"]
 
 Step = Callable[[int, Sequence[torch.Tensor], list[torch.Tensor] | None], None]
 
@@ -51,8 +51,26 @@ def _post(group, send: Sequence[torch.Tensor], to: int, recv: Sequence[torch.Ten
 
 
 def _add_(dst: list[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
-    for a, b in zip(dst, src):
+    for a, b in zip(dst, src, strict=True):
         a.add_(b)
+
+
+def visit_order(world: int, me: int, *, nodes: int = 1, span: int | None = None,
+                direction: int = 1) -> list[int]:
+    """Ring positions whose blocks position ``me`` works on, in step order.
+
+    The one definition of the schedule, used by ``run_ring`` and by ``burst.emulate`` (which
+    replays every rank's steps in one process). Flat ring: me, me - d, me - 2d, ... for steps
+    0..span. Double ring (``nodes`` M > 1, L = world / M): outer step m takes the block of node
+    n - m, whose L blocks then go around the node ring.
+    """
+    if nodes == 1:
+        span = world - 1 if span is None else span
+        return [(me - direction * s) % world for s in range(span + 1)]
+    local = world // nodes
+    node, loc = divmod(me, local)
+    return [((node - m) % nodes) * local + (loc - s) % local
+            for m in range(nodes) for s in range(local)]
 
 
 def run_ring(rg: RingGroups, payload: Sequence[torch.Tensor], step: Step, *,
@@ -77,8 +95,9 @@ def _flat(rg: RingGroups, payload, step: Step, acc_like, span: int, direction: i
     g, me, d = rg.world, rg.me, direction
     nxt, prv = rg.ranks[(me + d) % g], rg.ranks[(me - d) % g]
     cur, acc_in, acc_pend, sent = payload, None, None, []
+    order = visit_order(g, me, span=span, direction=d)
     for s in range(span + 1):
-        src = (me - d * s) % g
+        src = order[s]
         read = None
         if s < span:
             buf = _empty(cur)
@@ -113,6 +132,7 @@ def _double(rg: RingGroups, payload, step: Step, acc_like):
     intra_next, intra_prev = rg.at(node, loc + 1), rg.at(node, loc - 1)
     inter_next, inter_prev = rg.at(node + 1, loc), rg.at(node - 1, loc)
     outer, inter_in, inter_pend, pending = payload, None, None, []
+    order = visit_order(rg.world, rg.me, nodes=m_nodes)
     for m in range(m_nodes):
         outer_read = None
         if m < m_nodes - 1:  # prefetch the next outer block over the inter-node link
@@ -120,7 +140,7 @@ def _double(rg: RingGroups, payload, step: Step, acc_like):
             outer_read = _post(rg.read_inter, outer, inter_next, outer_buf, inter_prev)
         cur, acc_in, acc_pend = outer, None, None
         for s in range(l_loc):
-            src = ((node - m) % m_nodes) * l_loc + (loc - s) % l_loc
+            src = order[m * l_loc + s]
             read = None
             if s < l_loc - 1:
                 buf = _empty(cur)
