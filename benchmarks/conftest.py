@@ -1,0 +1,34 @@
+"""pytest-benchmark set-up: machine info extended with what decides kernel speed.
+
+Results are saved per machine class (``make bench`` stores them under
+``.benchmarks/<machine_class>``), so a comparison never mixes a laptop with a GPU node.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+
+import torch
+
+
+def machine_class() -> str:
+    """A short stable name for the kind of machine: GPU model, or CPU model + threads."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0).replace(" ", "_")
+    cpu = platform.processor() or platform.machine()
+    return f"cpu-{cpu}-{torch.get_num_threads()}t".replace(" ", "_")
+
+
+def pytest_benchmark_update_machine_info(config, machine_info):
+    machine_info["machine_class"] = machine_class()
+    machine_info["torch"] = torch.__version__
+    machine_info["cuda"] = torch.version.cuda or ""
+    machine_info["device"] = (torch.cuda.get_device_name(0) if torch.cuda.is_available()
+                              else "cpu")
+    machine_info["torch_threads"] = torch.get_num_threads()
+    machine_info["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS", "")
+
+
+def pytest_configure(config):
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))

@@ -1,0 +1,94 @@
+"""Micro-benchmarks of the hot paths (pytest-benchmark).
+
+Run: ``make bench`` (timed, saved per machine class) or, as CI does, in quick mode where every
+benchmark runs once as a smoke test (``--benchmark-disable``). Sizes are CPU-sized; on a GPU
+machine set BENCH_DEVICE=cuda and BENCH_SCALE to grow them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from burst.kernel import block_backward, block_forward
+from burst.masks import CAUSAL, FULL
+from burst.merge import merge_into, new_accumulators
+
+DEVICE = os.environ.get("BENCH_DEVICE", "cpu")
+SCALE = int(os.environ.get("BENCH_SCALE", "1"))
+S, H, D = 1024 * SCALE, 8, 64
+
+
+def _qkv(dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(1, S, H, D, generator=g, dtype=dtype).to(DEVICE) for _ in range(4)]
+
+
+def _sync():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu_flash"] if DEVICE == "cpu" else ["cuda_sdpa"])
+@pytest.mark.parametrize("kind", [FULL, CAUSAL])
+def test_kernel_forward(benchmark, backend, kind):
+    q, k, v, _ = _qkv()
+
+    def run():
+        out = block_forward(q, k, v, kind=kind, backend=backend)
+        _sync()
+        return out
+
+    out, lse = benchmark(run)
+    assert torch.isfinite(lse).all()
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu_flash"] if DEVICE == "cpu" else ["cuda_sdpa"])
+def test_kernel_backward(benchmark, backend):
+    q, k, v, do = _qkv()
+    out, lse = block_forward(q, k, v, kind=CAUSAL, backend=backend)
+    delta = (do * out).sum(-1).transpose(1, 2).contiguous()
+
+    def run():
+        g = block_backward(do, q, k, v, lse, delta, kind=CAUSAL, backend=backend)
+        _sync()
+        return g
+
+    dq, dk, dv = benchmark(run)
+    assert torch.isfinite(dq).all()
+
+
+def test_lse_merge(benchmark):
+    q, k, v, _ = _qkv()
+    o1, l1 = block_forward(q, k, v, kind=FULL)
+    o2, l2 = block_forward(q, v, k, kind=FULL)
+
+    def run():
+        out, lse = new_accumulators(q, torch.float32)
+        merge_into(out, lse, o1, l1)
+        merge_into(out, lse, o2, l2)
+        _sync()
+        return out, lse
+
+    out, lse = benchmark(run)
+    assert torch.allclose(lse, torch.logaddexp(l1, l2), atol=1e-5)
+
+
+def test_ring_step_forward(benchmark):
+    """One ring step of the zigzag forward as the schedule runs it: plan, kernel, merge."""
+    from burst.masks import MaskSpec, plan_pair
+
+    q, k, v, _ = _qkv()
+    spec = MaskSpec(causal=True)
+    out, lse = new_accumulators(q, torch.float32)
+
+    def run():
+        for c in plan_pair(spec, "zigzag", 4, 2, 1, S):
+            o, l_ = block_forward(q[:, c.q], k[:, c.k], v[:, c.k], kind=c.kind, mask=c.mask)
+            merge_into(out, lse, o, l_, rows=c.q)
+        _sync()
+
+    benchmark(run)
+    assert torch.isfinite(out).all()
