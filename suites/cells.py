@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from suites.spec import MethodSpec, Scale, SweepSpec
 
-__all__ = ["Cell", "cell_problems", "expand", "resolve_options"]
+__all__ = ["Cell", "cell_problem", "cell_problems", "expand", "resolve_options"]
 
 
 @dataclass(frozen=True)
@@ -146,9 +146,9 @@ def _accepted_options(fn) -> set[str] | None:
             and p.name not in common} - {"q", "k", "v"}
 
 
-def _method_problems(i: int, m: MethodSpec, cells: list[Cell]) -> list[str]:
+def _option_problems(i: int, m: MethodSpec, cells: list[Cell]) -> list[str]:
+    """Problems of a method entry itself: unknown method, option names it does not take."""
     from baselines import registry
-    from burst.layout import LAYOUTS, chunks_per_rank
 
     where = f"methods[{i}] ({m.label})"
     try:
@@ -166,35 +166,59 @@ def _method_problems(i: int, m: MethodSpec, cells: list[Cell]) -> list[str]:
         if isinstance(v, str) and v.startswith("@") and v not in ("@node", "@world"):
             out.append(f"{where}.options.{k}: {v!r} is not a known placeholder; valid: "
                        "@node (ranks per node), @world (world size)")
-    if out:
-        return out
-    # the spec problem is the shape, not this machine: check with availability ignored
-    portable = dataclasses.replace(method, unavailable=lambda: None)
-    for c in cells:
-        at = f"{where} at seq_len={c.seq_len}, world={c.world}"
-        layout = method.layout(c.options)
-        if layout in LAYOUTS and c.seq_len % (c.world * chunks_per_rank(layout)):
-            parts = c.world * chunks_per_rank(layout)
-            out.append(f"{at}: seq_len is not divisible by {parts} ({layout} layout over "
-                       f"{c.world} ranks); use a multiple of {parts}, e.g. "
-                       f"{c.seq_len + (-c.seq_len) % parts}")
-            continue
-        if c.heads is None:
-            continue
-        try:
-            portable.check(world=c.world, heads=c.heads, kv_heads=c.kv_heads,
-                           seq_local=c.seq_local, causal=c.causal, **c.options)
-        except ValueError as e:
-            out.append(f"{at}: {e}")
     return out
 
 
+def cell_problem(cell: Cell) -> str | None:
+    """Why this cell cannot run anywhere (shape, layout, degrees, checkpointing), or None.
+    Availability on this machine (packages, GPU) is not a cell problem."""
+    from baselines import registry
+    from burst.layout import LAYOUTS, chunks_per_rank
+
+    method = registry.get(cell.method)
+    layout = method.layout(cell.options)
+    if layout in LAYOUTS and cell.seq_len % (cell.world * chunks_per_rank(layout)):
+        parts = cell.world * chunks_per_rank(layout)
+        return (f"seq_len {cell.seq_len} is not divisible by {parts} ({layout} layout over "
+                f"{cell.world} ranks); use a multiple of {parts}, e.g. "
+                f"{cell.seq_len + (-cell.seq_len) % parts}")
+    if cell.workload == "train_step":
+        from burst.engine.checkpointing import check_mode
+        from burst.engine.configs import get_config
+
+        try:
+            check_mode(cell.checkpointing, layout)
+        except ValueError as e:
+            return str(e)
+        limit = get_config(cell.model).max_seq_len
+        if cell.seq_len > limit:
+            return f"seq_len {cell.seq_len} exceeds model {cell.model!r}'s max_seq_len {limit}"
+    if cell.heads is None:
+        return None
+    portable = dataclasses.replace(method, unavailable=lambda: None)
+    try:
+        portable.check(world=cell.world, heads=cell.heads, kv_heads=cell.kv_heads,
+                       seq_local=cell.seq_local, causal=cell.causal, **cell.options)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def cell_problems(spec: SweepSpec) -> list[str]:
-    """Every problem of every cell, deduplicated, in method order."""
+    """Every problem of every cell, deduplicated, in method order. Cells of a method with
+    ``skip_invalid`` are not problems: they become ``skipped`` rows when the sweep runs."""
     cells = expand(spec)
     out: list[str] = []
     for i, m in enumerate(spec.methods):
-        for p in _method_problems(i, m, [c for c in cells if c.label == m.label]):
-            if p not in out:
-                out.append(p)
+        mine = [c for c in cells if c.label == m.label]
+        probs = _option_problems(i, m, mine)
+        if not probs and not m.skip_invalid:
+            where: dict[str, list[str]] = {}  # one line per distinct problem, with its cells
+            for c in mine:
+                p = cell_problem(c)
+                if p is not None:
+                    where.setdefault(p, []).append(f"{c.seq_len}@{c.world}")
+            probs += [f"methods[{i}] ({m.label}) at seq_len@world {', '.join(at)}: {p}"
+                      for p, at in where.items()]
+        out += [p for p in probs if p not in out]
     return out

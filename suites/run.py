@@ -26,10 +26,10 @@ from pathlib import Path
 from results import store
 from results.schema import FAILED
 from results.tables import METRICS, render, summary
-from suites.cells import Cell, expand
+from suites.cells import Cell, cell_problem, expand
 from suites.executors import EXECUTORS, Run, dry_run, run_inline, submit_cells
 from suites.provenance import code_provenance
-from suites.rows import RunContext
+from suites.rows import RunContext, failure_row
 from suites.spec import SlurmSpec, SweepSpec, load_spec
 
 __all__ = ["RunResult", "run_sweep", "select_run", "summary_text"]
@@ -147,7 +147,8 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
     slurm = slurm or spec.slurm
     cells = expand(spec)
     if executor == "dry-run":
-        dry_run(cells, slurm=slurm, sweep=spec.name, stream=stream)
+        dry_run([c for c in cells if cell_problem(c) is None], slurm=slurm, sweep=spec.name,
+                stream=stream)
         return RunResult(None, None, 0)
 
     run = Run(select_run(spec, Path(out), run_id, new))
@@ -175,6 +176,7 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
         ctx = RunContext(run_id=run.dir.name, executor=executor, sweep_spec=spec.to_json(),
                          **code_provenance())
         with _Progress(run.rows, cells, len(cells) - len(todo), stream):
+            todo = _skip_invalid(todo, run, ctx)
             if todo and executor == "inline":
                 run_inline(todo, run, ctx)
             elif todo:
@@ -183,6 +185,18 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
         table = store.consolidate(run.dir)
     print(summary_text(table, spec), file=stream, flush=True)
     return RunResult(run.dir, table, len(todo))
+
+
+def _skip_invalid(cells: list[Cell], run: Run, ctx: RunContext) -> list[Cell]:
+    """Cells a ``skip_invalid`` method cannot run become ``skipped`` rows without running."""
+    keep = []
+    for c in cells:
+        why = cell_problem(c)
+        if why is None:
+            keep.append(c)
+        else:
+            store.append_row(run.rows, failure_row(c, why, ctx, "skipped"))
+    return keep
 
 
 def summary_text(table, spec: SweepSpec | None = None, *, baseline: str | None = None,

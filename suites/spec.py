@@ -93,6 +93,9 @@ class MethodSpec:
     """train_step: fused LM head + loss (chunked logits)."""
     paper: str | None = None
     """The paper's method name this entry reproduces (``suites.paper_methods``), if any."""
+    skip_invalid: bool = False
+    """Cells this method cannot run (its ``check`` fails for the shape, e.g. 40 heads over 32
+    Ulysses ranks) become ``skipped`` rows instead of spec errors."""
 
 
 @dataclass(frozen=True)
@@ -214,7 +217,7 @@ class SweepSpec:
 _TOP = {"name", "description", "workload", "device", "dtype", "batch", "shape", "model",
         "methods", "seq_lens", "world", "nodes", "gpus_per_node", "scales", "warmup", "repeats",
         "baseline", "seed", "timeout_min", "error_max_tokens", "profile_memory", "slurm"}
-_METHOD = {"name", "paper", "label", "options", "checkpointing", "fused_head"}
+_METHOD = {"name", "paper", "label", "options", "checkpointing", "fused_head", "skip_invalid"}
 _SHAPE = {"heads", "kv_heads", "head_dim", "causal", "window"}
 _SCALE = {"world", "nodes", "gpus_per_node", "seq_lens"}
 _SLURM = {"partition", "account", "time_min", "constraint", "qos", "cpus_per_task", "mem_gb",
@@ -315,6 +318,7 @@ def _method(r: _Reader, t: dict, where: str, workload: str) -> MethodSpec | None
     ckpt = r.get(t, "checkpointing", where, str, base.checkpointing if base else "none",
                  choices=CHECKPOINTING)
     fused = r.get(t, "fused_head", where, bool, base.fused_head if base else False)
+    skip = r.get(t, "skip_invalid", where, bool, False)
     if workload != "train_step":
         for k in ("checkpointing", "fused_head"):
             if k in t:
@@ -326,7 +330,7 @@ def _method(r: _Reader, t: dict, where: str, workload: str) -> MethodSpec | None
     if label is None:
         label = base.label if base else default_label(name, options)
     return MethodSpec(name=name, label=label, options=opts, checkpointing=ckpt, fused_head=fused,
-                      paper=paper)
+                      paper=paper, skip_invalid=bool(skip))
 
 
 def default_label(name: str, options: dict) -> str:

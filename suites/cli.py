@@ -1,0 +1,210 @@
+"""``burst-bench``: list, run, show and compare sweeps; regenerate figures; simulate.
+
+    burst-bench list
+    burst-bench run smoke                                   # suites/specs/smoke.toml, inline
+    burst-bench run paper_main_14b --executor dry-run       # sbatch scripts + GPU-hours
+    burst-bench run paper_main_14b --executor slurm --partition gpu --account proj --time 90
+    burst-bench show results/smoke                          # latest run of a sweep
+    burst-bench compare results/smoke/<run-a> results/smoke/<run-b>
+    burst-bench figures [args]                              # paper_figures, when installed
+    burst-bench simulate [args]                             # suites.simulate, when present
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import signal
+import sys
+from pathlib import Path
+
+__all__ = ["main"]
+
+# where the figures and the simulator live (written separately; imported only when asked for)
+FIGURES = ("paper_figures.cli", "paper_figures.make", "paper_figures")
+SIMULATE = ("suites.simulate",)
+
+
+def _cmd_list(args) -> int:
+    from suites.cells import expand
+    from suites.spec import SPEC_DIR, SpecError, load_spec
+
+    folder = Path(args.dir) if args.dir else SPEC_DIR
+    print(f"sweeps in {folder} (burst-bench run <name>):")
+    for path in sorted(folder.glob("*.toml")):
+        try:
+            spec = load_spec(path)
+        except SpecError as e:
+            print(f"  {path.stem:<22} INVALID: {len(e.problems)} problem(s); "
+                  f"`burst-bench run {path.stem} --executor dry-run` lists them")
+            continue
+        cells = expand(spec)
+        worlds = sorted({s.world for s in spec.scales})
+        print(f"  {path.stem:<22} {spec.workload:<10} {spec.device:<4} {len(cells):>3} cells, "
+              f"{len(spec.methods)} methods, world {'/'.join(map(str, worlds))}: "
+              f"{spec.description}")
+    return 0
+
+
+def _cmd_run(args) -> int:
+    from suites.run import replace_slurm, run_sweep
+    from suites.spec import load_spec
+
+    spec = load_spec(args.spec)
+    slurm = replace_slurm(spec.slurm, partition=args.partition, account=args.account,
+                          time_min=args.time, constraint=args.constraint, qos=args.qos)
+    res = run_sweep(spec, executor=args.executor, out=args.out, run_id=args.run_id,
+                    new=args.new, retry_failed=args.retry_failed, slurm=slurm,
+                    job_folder=args.job_folder)
+    if res.run_dir is not None:
+        print(f"rows: {res.run_dir / 'rows.jsonl'}\ntable: {res.run_dir / 'table.parquet'} "
+              f"(and table.csv)")
+        bad = res.table[res.table["status"].isin(("error",))]
+        return 1 if len(bad) else 0
+    return 0
+
+
+def _cmd_show(args) -> int:
+    from results import store
+    from results.tables import render
+    from suites.run import summary_text
+
+    df = store.load(args.results)
+    if args.raw:
+        cols = [c for c in args.columns.split(",") if c in df.columns]
+        print(render(df[cols]))
+        return 0
+    baseline = args.baseline
+    if baseline is None:
+        path = Path(args.results)
+        run = path if (path / store.META).exists() else (
+            store.latest_run(path) if path.is_dir() else None)
+        baseline = store.read_meta(run).get("baseline") if run else None
+    metrics = tuple(args.metric) if args.metric else None
+    print(summary_text(df, baseline=baseline, metrics=metrics))
+    return 0
+
+
+def _cmd_compare(args) -> int:
+    from results import store
+    from results.tables import METRICS, compare, render
+
+    a, b = store.load(args.a), store.load(args.b)
+    names = tuple(args.names.split(",")) if args.names else ("a", "b")
+    df = compare(a, b, args.metric, names=names)
+    if df.empty:
+        print("no matching cells (cells match on workload, shape, length, world and label)")
+        return 1
+    varying = [c for c in ("label", "model", "seq_len", "world", "nodes", "dtype", "device")
+               if c in df.columns and (c == "label" or df[c].astype(str).nunique() > 1)]
+    scale = METRICS[args.metric][1]
+    show = df[[*varying]].copy()
+    for n in names:
+        show[f"{args.metric} {n}"] = [None if v is None or v != v else float(v) * scale
+                                      for v in df[f"{args.metric}_{n}"]]
+    show["ratio b/a"] = df["ratio"]
+    show["speedup"] = df["speedup"]
+    print(render(show, title=f"{METRICS[args.metric][0]}: {args.a} (a) vs {args.b} (b); "
+                             "speedup = how many times better b is"))
+    if args.out:
+        df.to_csv(args.out, index=False)
+        print(f"written {args.out}")
+    return 0
+
+
+def _hook(modules: tuple[str, ...], what: str, argv: list[str]) -> int:
+    """Run ``main(argv)`` of the first of ``modules`` that has one, or say clearly that the
+    piece is not in this checkout (both are written separately from the harness)."""
+    for module in modules:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name and module.startswith(e.name):
+                continue  # that module is absent; an import error inside it is a real error
+            raise
+        fn = getattr(mod, "main", None)
+        if fn is not None:
+            return int(fn(argv) or 0)
+    print(f"burst-bench {what}: not available in this checkout (looked for main(argv) in "
+          f"{', '.join(modules)}); nothing was done", file=sys.stderr)
+    return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    from suites.executors import EXECUTORS
+    from suites.run import DEFAULT_OUT
+
+    p = argparse.ArgumentParser(prog="burst-bench", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("list", help="list the sweeps in suites/specs")
+    s.add_argument("--dir", help="another folder of spec files")
+    s.set_defaults(fn=_cmd_list)
+
+    s = sub.add_parser("run", help="run (or resume) a sweep")
+    s.add_argument("spec", help="spec file, or a name in suites/specs (smoke, cpu_scaling, ...)")
+    s.add_argument("--executor", default="inline", choices=EXECUTORS)
+    s.add_argument("--out", default=str(DEFAULT_OUT), help="results root (default: results/)")
+    s.add_argument("--run-id", help="write (or resume) this run folder")
+    s.add_argument("--new", action="store_true", help="start a new run even if the latest "
+                   "run of this spec is unfinished")
+    s.add_argument("--retry-failed", action="store_true", help="re-run oom/timeout/error cells")
+    g = s.add_argument_group("SLURM (override the spec's [slurm] table)")
+    g.add_argument("--partition")
+    g.add_argument("--account")
+    g.add_argument("--time", type=int, help="time limit per cell in minutes")
+    g.add_argument("--constraint")
+    g.add_argument("--qos")
+    g.add_argument("--job-folder", help="submitit folder (shared filesystem; default: "
+                   "<run>/jobs)")
+    s.set_defaults(fn=_cmd_run)
+
+    s = sub.add_parser("show", help="print a results table (methods side by side)")
+    s.add_argument("results", help="run folder, sweep folder (latest run), rows.jsonl, "
+                   ".parquet or .csv")
+    s.add_argument("--metric", action="append", help="time_s, tokens_per_s, attn_tflops, "
+                   "bytes_sent, max_err, ... (repeatable)")
+    s.add_argument("--baseline", help="label to compute speedups against (default: the "
+                   "spec's)")
+    s.add_argument("--raw", action="store_true", help="print raw columns instead")
+    s.add_argument("--columns", default="label,seq_len,world,status,time_s,tokens_per_s,"
+                   "bytes_sent_forward,bytes_sent_backward,saved_bytes,max_err")
+    s.set_defaults(fn=_cmd_show)
+
+    s = sub.add_parser("compare", help="compare two result sets cell by cell")
+    s.add_argument("a")
+    s.add_argument("b")
+    s.add_argument("--metric", default="time_s")
+    s.add_argument("--names", help="names of the two sets, e.g. before,after")
+    s.add_argument("--out", help="also write the comparison as CSV")
+    s.set_defaults(fn=_cmd_compare)
+
+    s = sub.add_parser("figures", help="regenerate the papers' figures (paper_figures)",
+                       add_help=False)
+    s.set_defaults(fn=lambda a: _hook(FIGURES, "figures", a.rest))
+
+    s = sub.add_parser("simulate", help="predict a sweep at paper scale (suites.simulate)",
+                       add_help=False)
+    s.set_defaults(fn=lambda a: _hook(SIMULATE, "simulate", a.rest))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if hasattr(signal, "SIGPIPE"):  # `burst-bench show ... | head` ends quietly
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    p = _parser()
+    if argv and argv[0] in ("figures", "simulate"):  # everything after goes to the tool
+        args = p.parse_args(argv[:1])
+        args.rest = argv[1:]
+    else:
+        args = p.parse_args(argv)
+    try:
+        return args.fn(args)
+    except ValueError as e:  # user errors (spec problems, bad paths): the message, no traceback
+        print(f"burst-bench {args.cmd}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
