@@ -1,0 +1,162 @@
+"""The single-process G-rank emulation equals the float64 reference (issue 8).
+
+The emulation replays every rank's ring steps with the distributed code's schedule and step
+functions, so these cases check the multi-rank algorithm itself (every layout, mask and backward
+scheme, flat and double ring) without spawning ranks; tests/test_gpu.py runs the same on CUDA.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from burst.emulate import RingEmulator, emulate_attn
+from burst.layout import LAYOUTS
+from burst.reference import naive_attention, reference_attention
+from burst.ring import visit_order
+
+F64_TOL = 1e-10
+F32_TOL = 2e-5
+
+
+def _inputs(world, *, seq_local=8, batch=2, heads=4, kv_heads=4, head_dim=8, seed=0,
+            dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    n = seq_local * world
+    shape_q, shape_kv = (batch, n, heads, head_dim), (batch, n, kv_heads, head_dim)
+    q = torch.randn(shape_q, generator=g, dtype=torch.float64)
+    k = torch.randn(shape_kv, generator=g, dtype=torch.float64)
+    v = torch.randn(shape_kv, generator=g, dtype=torch.float64)
+    do = torch.randn(shape_q, generator=g, dtype=torch.float64)
+    return [t.to(dtype) for t in (q, k, v, do)]
+
+
+def _run(fn, q, k, v, do):
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out, lse = fn(*leaves)
+    out.backward(do)
+    return out.detach(), lse, *(t.grad for t in leaves)
+
+
+def _errors(world, *, dtype=torch.float64, backend="auto", mask=None, inputs=None,
+            **kw) -> list[float]:
+    mask = mask or {}
+    q, k, v, do = inputs or _inputs(world, dtype=dtype)
+    got = _run(lambda a, b, c: emulate_attn(a, b, c, world=world, backend=backend,
+                                            return_lse=True, **mask, **kw), q, k, v, do)
+    ref = _run(lambda a, b, c: reference_attention(a, b, c, **mask),
+               *(t.double() for t in (q, k, v, do)))
+    errs = []
+    for a, b in zip(got, ref, strict=True):
+        a, b = a.detach().double(), b.detach()
+        both_inf = torch.isinf(a) & torch.isinf(b)
+        errs.append(float(torch.where(both_inf, 0.0, (a - b).abs()).max()))
+    return errs
+
+
+MASKS = {
+    "causal": dict(causal=True),
+    "full": dict(causal=False),
+    "window": dict(causal=True, window=(5, 0)),
+    "window2": dict(causal=False, window=(3, 2)),
+}
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+def test_every_layout_mask_and_scheme_equals_reference(world):
+    failures = []
+    masks = MASKS if world < 8 else {k: MASKS[k] for k in ("causal", "window")}  # time
+    for layout in LAYOUTS:
+        for name, mask in masks.items():
+            for backward in ("burst", "ring"):
+                errs = _errors(world, mask=mask, layout=layout, backward=backward)
+                if max(errs) > F64_TOL:
+                    failures.append(f"{layout} {name} {backward}: {errs}")
+    n = 8 * world
+    docs = dict(causal=True, cu_seqlens=(0, 5, max(6, n // 2 + 1), n))
+    for layout in LAYOUTS:
+        errs = _errors(world, mask=docs, layout=layout, backward="burst")
+        if max(errs) > F64_TOL:
+            failures.append(f"{layout} documents: {errs}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize(("world", "rpn", "layout"), [(4, 2, "zigzag"), (8, 4, "striped"),
+                                                      (8, 2, "zigzag")])
+def test_double_ring_equals_reference(world, rpn, layout):
+    for backward in ("burst", "ring"):
+        errs = _errors(world, mask=dict(causal=True), layout=layout, backward=backward,
+                       ranks_per_node=rpn)
+        assert max(errs) < F64_TOL, (layout, backward, errs)
+
+
+def test_gqa_and_float32_kernels():
+    q, k, v, do = _inputs(4, kv_heads=2, head_dim=16, seed=3)
+    for backward in ("burst", "ring"):
+        for layout in LAYOUTS:
+            errs = _errors(4, inputs=[t.float() for t in (q, k, v, do)], backend="cpu_flash",
+                           mask=dict(causal=True), layout=layout, backward=backward)
+            assert max(errs) < F32_TOL, (layout, backward, errs)
+
+
+def test_bfloat16_within_twice_naive():
+    q, k, v, do = _inputs(4, seq_local=32, head_dim=32, seed=5)
+    bf = [t.to(torch.bfloat16) for t in (q, k, v, do)]
+    ours = _errors(4, inputs=bf, mask=dict(causal=True), layout="zigzag", backward="burst")
+    naive = _run(lambda a, b, c: (naive_attention(a, b, c, causal=True), None), *bf)
+    ref = _run(lambda a, b, c: reference_attention(a, b, c, causal=True), q, k, v, do)
+    for i, name in ((0, "out"), (2, "dq"), (3, "dk"), (4, "dv")):
+        err_naive = float((naive[i].double() - ref[i]).abs().max())
+        assert ours[i] <= 2 * err_naive, (name, ours[i], err_naive)
+
+
+def test_per_step_calls_replay_forward_and_backward():
+    q, k, v, do = _inputs(4, dtype=torch.float32, seed=7)
+    em = RingEmulator(q, k, v, world=4, causal=True, layout="zigzag")
+    out, lse = em.forward()
+    state = em.new_forward_state()
+    for r in range(4):
+        calls = em.forward_calls(r, state)
+        assert [src for src, _ in calls] == visit_order(4, r)
+        for _, call in calls:
+            call()
+    assert torch.equal(em.unshard([o.to(q.dtype) for o, _ in state]), out)
+    dq, dk, dv = em.backward(do, "burst")
+    bstate = em.new_backward_state(do)
+    for r in range(4):
+        for _, call in em.backward_calls(r, bstate, "ring"):
+            call()
+    again = [em.unshard([g[i].to(q.dtype) for g in bstate[2]]) for i in range(3)]
+    for a, b in zip((dq, dk, dv), again, strict=True):
+        assert (a - b).abs().max() < F32_TOL  # the two schemes agree
+
+
+def test_window_truncates_the_emulated_ring_like_the_real_one():
+    q, k, v, _ = _inputs(8, dtype=torch.float32)
+    em = RingEmulator(q, k, v, world=8, causal=True, layout="contiguous", window=(8, 0))
+    assert em.span == 1
+    assert all(len(em.order(r)) == 2 for r in range(8))
+
+
+@pytest.mark.parametrize(("world", "nodes"), [(4, 1), (8, 1), (4, 2), (8, 2), (8, 4)])
+def test_visit_order_is_a_ring(world, nodes):
+    local = world // nodes
+    orders = [visit_order(world, me, nodes=nodes) for me in range(world)]
+    for me, order in enumerate(orders):
+        assert sorted(order) == list(range(world)), order  # every block exactly once
+        assert order[0] == me
+        node, loc = divmod(me, local)
+        prev = node * local + (loc - 1) % local  # the intra-node ring neighbour
+        for s in range(1, len(order)):
+            if s % local:  # within an outer step the block came from the previous rank
+                assert order[s] == orders[prev][s - 1], (me, s)
+
+
+def test_bad_input_names_the_problem():
+    q, k, v, _ = _inputs(4, dtype=torch.float32)
+    with pytest.raises(ValueError, match="not divisible by 24"):
+        RingEmulator(q, k, v, world=12, causal=True, layout="zigzag")
+    with pytest.raises(ValueError, match="ranks_per_node=3"):
+        RingEmulator(q, k, v, world=4, ranks_per_node=3)
+    with pytest.raises(ValueError, match="unknown backward"):
+        emulate_attn(q, k, v, world=4, backward="auto")
