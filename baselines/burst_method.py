@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from functools import partial
+
+from baselines.registry import Method, register
 from burst import burst_attn
 from burst.layout import LAYOUTS, chunks_per_rank
-from burst.volume import ring_attention_bytes
-from baselines.registry import Method, register
+from burst.volume import method_bytes
 
 __all__ = ["burst_method"]
 
@@ -29,11 +31,6 @@ def _requires(*, world, seq_local, layout="zigzag", ranks_per_node=None, **_):
     return out
 
 
-def _volume(*, backward="burst", ranks_per_node=None, **shape):
-    return ring_attention_bytes(backward="burst" if backward == "auto" else backward,
-                                ranks_per_node=ranks_per_node, **shape)
-
-
 burst_method = register(Method(
     name="burst",
     fn=_burst,
@@ -43,5 +40,5 @@ burst_method = register(Method(
     layouts=LAYOUTS,
     options={"layout": "zigzag", "backward": "burst"},
     requires=_requires,
-    volume=_volume,
+    volume=partial(method_bytes, "burst"),  # backward="auto" resolved as burst_attn does
 ))

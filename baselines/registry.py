@@ -13,6 +13,11 @@ options name another).
 Each entry declares what it requires; ``Method.check`` raises a ValueError naming the problem and
 the valid choices before any communication starts, and ``Method.unavailable`` says in one line
 why an entry cannot run here (missing package, no GPU) without breaking any import.
+
+Most entries are attention *cores* (``level="core"``: q, k, v in, attention out). A method that
+only exists as a whole attention block (Megatron tensor parallelism needs the projection weights)
+has ``level="block"``: its ``fn`` raises a ValueError pointing at ``block_fn``, its block-level
+entry point. Loops over cores use ``names(level="core")``.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ from dataclasses import dataclass, field
 
 from burst.layout import LAYOUTS
 
-__all__ = ["Method", "get", "names", "register"]
+__all__ = ["LEVELS", "Method", "get", "names", "register"]
+
+LEVELS = ("core", "block")
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,17 @@ class Method:
     """None when the method can run here, else one line: what is missing and how to get it."""
     volume: Callable | None = None
     """volume(world=, batch=, seq_local=, heads=, kv_heads=, head_dim=, elem=, **options)."""
+    level: str = "core"
+    """``core`` (q, k, v -> out) or ``block`` (hidden states + weights -> hidden states)."""
+    block_fn: Callable | None = None
+    """The block-level entry point of a ``block`` method (its signature is the method's own)."""
+
+    def __post_init__(self):
+        if self.level not in LEVELS:
+            raise ValueError(f"method {self.name!r}: level={self.level!r}; valid levels: "
+                             f"{', '.join(LEVELS)}")
+        if self.level == "block" and self.block_fn is None:
+            raise ValueError(f"method {self.name!r}: a block-level method needs block_fn")
 
     def layout(self, options: dict | None = None) -> str:
         return {**self.options, **(options or {})}.get("layout", self.default_layout)
@@ -87,9 +105,13 @@ def register(method: Method) -> Method:
     return method
 
 
-def names(available_only: bool = False) -> list[str]:
+def names(available_only: bool = False, level: str | None = None) -> list[str]:
+    """Registered names; ``available_only`` drops entries that cannot run here, ``level`` keeps
+    only ``core`` or ``block`` methods."""
     _load_builtins()
-    return [n for n, m in _REGISTRY.items() if not available_only or m.unavailable() is None]
+    return [n for n, m in _REGISTRY.items()
+            if (not available_only or m.unavailable() is None)
+            and (level is None or m.level == level)]
 
 
 def get(name: str) -> Method:

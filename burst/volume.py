@@ -16,14 +16,37 @@ Flat ring of G ranks (span S = G-1 unless a window truncates it):
 Double ring, M nodes x L ranks: the payload makes M(L-1) intra + (M-1) inter hops, the
 accumulators M*L intra + M inter hops.
 For MHA with D = 128 and one dtype throughout, burst backward ~ 3G units vs ring ~ 4G: 25% fewer.
+
+``method_bytes(name, ...)`` gives the same for every registry method (``baselines``), under the
+counting convention of ``burst.comm`` (a collective counts the logical peer-to-peer bytes: an
+all-gather of an X-byte shard sends X to every other member). Per rank, G members, per peer:
+  ring, zigzag_ring, striped_ring, double_ring: the ring formulas above with backward="ring".
+  allgather (Llama 3 CP, as TransformerEngine implements it): forward all-gathers K and V
+    (kv per peer); backward all-gathers them again (only the local shards are saved) and
+    reduce-scatters dK, dV in the input dtype: forward (G-1)*kv, backward 2*(G-1)*kv.
+  ulysses: four all-to-alls each way, each sending (G-1)/G of a local tensor: forward Q, K, V
+    in and O out, backward dO in and dQ, dK, dV out. K/V count Hk' = Hk heads, or G heads when
+    Hk < G (kv heads are replicated up to the degree, see ``baselines.ulysses``).
+  usp: Ulysses inside groups of U consecutive ranks, then a ring of R = G/U ranks (members
+    u, U+u, ...) on the head-sharded, U-times longer blocks: a ring unit is U*n tokens x Hk'/U
+    heads, i.e. the same bytes as Hk' heads of n tokens.
+  tp (Megatron TP + sequence parallelism, block level, hidden size E, x = b*n*E*e per peer):
+    forward all-gather x + reduce-scatter y = 2*(G-1)*x; backward all-gather dy, all-gather x
+    again (Megatron keeps only the local input for the weight gradient) and reduce-scatter dx
+    = 3*(G-1)*x.
+  ring_flash_attn, yunchang: the packages' own rings move what ``ring`` / ``usp`` move (K/V in
+    the input dtype, dK/dV in fp32, no ring truncation); their bytes are not counted by
+    ``burst.comm`` (they call torch.distributed themselves), so these are the formulas only.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Volume", "ring_attention_bytes"]
+__all__ = ["METHODS", "Volume", "method_bytes", "ring_attention_bytes", "ulysses_kv_heads"]
 
 
 @dataclass
@@ -85,3 +108,213 @@ def ring_attention_bytes(*, world: int, batch: int, seq_local: int, heads: int, 
     vol.add("backward", "intra", m * (l_ - 1) * pay + m * l_ * acc)
     vol.add("backward", "inter", (m - 1) * pay + m * acc)
     return vol
+
+
+# ---------------------------------------------------------------------------------------------
+# Every registry method (``baselines.registry``), keyed by name.
+
+
+@dataclass(frozen=True)
+class _Case:
+    world: int
+    batch: int
+    seq_local: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    elem: int
+    acc_elem: int
+    rank: int = 0
+    node_size: int | None = None
+    causal: bool = False
+    window: tuple[int, int] | None = None
+    cu_seqlens: tuple[int, ...] | None = None
+
+    @property
+    def bn(self) -> int:
+        return self.batch * self.seq_local
+
+    def shape(self) -> dict:
+        return dict(world=self.world, batch=self.batch, seq_local=self.seq_local,
+                    heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim,
+                    elem=self.elem, acc_elem=self.acc_elem)
+
+    def link(self, peer: int) -> str:
+        if self.node_size is None:
+            return "intra"
+        return "intra" if self.rank // self.node_size == peer // self.node_size else "inter"
+
+    def to_peers(self, vol: Volume, phase: str, members: Sequence[int], nbytes: float) -> None:
+        """A collective over ``members`` that sends ``nbytes`` to each other member."""
+        for p in members:
+            if p != self.rank:
+                vol.add(phase, self.link(p), nbytes)
+
+    def span(self, world: int, seq_local: int, layout: str) -> int:
+        """Last useful ring step (``burst.masks.ring_span``): G-1 unless a window cuts it."""
+        from burst.masks import MaskSpec, ring_span
+
+        spec = MaskSpec(causal=self.causal, window=self.window, cu_seqlens=self.cu_seqlens)
+        return ring_span(spec, layout, world, seq_local)
+
+
+def _ring_like(c: _Case, backward: str, layout: str, ranks_per_node: int | None,
+               truncate: bool = True) -> Volume:
+    flat = ranks_per_node is None or ranks_per_node >= c.world
+    span = c.span(c.world, c.seq_local, layout) if flat and truncate else None
+    vol = ring_attention_bytes(**c.shape(), backward=backward, ranks_per_node=ranks_per_node,
+                               node_size=c.node_size, rank=c.rank, span=span)
+    if flat or c.node_size == ranks_per_node:
+        return vol
+    # ring_attention_bytes labels a double ring's hops by its own rings; relabel them by the
+    # physical nodes: inner-ring hops go to (node, local+1), outer-ring hops to (node+1, local)
+    node, loc = divmod(c.rank, ranks_per_node)
+    peer = {"intra": node * ranks_per_node + (loc + 1) % ranks_per_node,
+            "inter": (node + 1) * ranks_per_node % c.world + loc}
+    out = Volume()
+    for (phase, ring_link), nbytes in vol.by.items():
+        out.add(phase, c.link(peer[ring_link]), nbytes)
+    return out
+
+
+def _burst(c: _Case, *, backward: str = "auto", layout: str = "zigzag",
+           ranks_per_node: int | None = None) -> Volume:
+    if backward == "auto":  # what burst_attn picks: fewer backward bytes for the full ring
+        by = {b: ring_attention_bytes(**c.shape(), backward=b, ranks_per_node=ranks_per_node)
+              .sent("backward") for b in ("burst", "ring")}
+        backward = "burst" if by["burst"] <= by["ring"] else "ring"
+    return _ring_like(c, backward, layout, ranks_per_node)
+
+
+def _ring(c: _Case, *, layout: str = "contiguous") -> Volume:
+    return _ring_like(c, "ring", layout, None)
+
+
+def _zigzag_ring(c: _Case, *, layout: str = "zigzag") -> Volume:
+    return _ring_like(c, "ring", layout, None)
+
+
+def _striped_ring(c: _Case, *, layout: str = "striped") -> Volume:
+    return _ring_like(c, "ring", layout, None)
+
+
+def _double_ring(c: _Case, *, layout: str = "zigzag", ranks_per_node: int | None = 2) -> Volume:
+    return _ring_like(c, "ring", layout, ranks_per_node)
+
+
+def _allgather(c: _Case, *, layout: str = "zigzag") -> Volume:
+    kv = 2 * c.bn * c.kv_heads * c.head_dim * c.elem
+    vol, everyone = Volume(), range(c.world)
+    c.to_peers(vol, "forward", everyone, kv)  # all-gather K, V
+    c.to_peers(vol, "backward", everyone, kv)  # all-gather K, V again
+    c.to_peers(vol, "backward", everyone, kv)  # reduce-scatter dK, dV (input dtype)
+    return vol
+
+
+def ulysses_kv_heads(kv_heads: int, degree: int) -> int:
+    """K/V heads that enter the all-to-all: Hk, or the degree when Hk < degree (replicated)."""
+    if kv_heads % degree == 0:
+        return kv_heads
+    if degree % kv_heads == 0:
+        return degree
+    raise ValueError(f"{kv_heads} kv heads and ulysses degree {degree}: one must divide the "
+                     "other (kv heads are split across, or replicated up to, the degree)")
+
+
+def _ulysses_into(vol: Volume, c: _Case, members: Sequence[int]) -> None:
+    g = len(members)
+    hk = ulysses_kv_heads(c.kv_heads, g)
+    q = c.bn * c.heads // g * c.head_dim * c.elem  # one split of Q (or O, dO, dQ)
+    kv = 2 * c.bn * hk // g * c.head_dim * c.elem  # one split of K and V
+    for phase in ("forward", "backward"):  # Q, K, V in + O out; dO in + dQ, dK, dV out
+        c.to_peers(vol, phase, members, 2 * q + kv)
+
+
+def _ulysses(c: _Case, *, layout: str = "contiguous") -> Volume:
+    vol = Volume()
+    _ulysses_into(vol, c, range(c.world))
+    return vol
+
+
+def _ring_pass_into(vol: Volume, c: _Case, members: Sequence[int], span: int, pay: int,
+                    acc: int) -> None:
+    """A flat ring over ``members`` (c.rank among them): forward payload, classic backward."""
+    r = len(members)
+    pos = members.index(c.rank)
+    nxt, home = members[(pos + 1) % r], members[(pos - span) % r]
+    vol.add("forward", c.link(nxt), span * pay)
+    vol.add("backward", c.link(nxt), span * pay)
+    if span > 0:
+        vol.add("backward", c.link(nxt), span * acc)
+        vol.add("backward", c.link(home), acc)
+
+
+def _usp(c: _Case, *, ulysses_degree: int = 2, layout: str = "contiguous",
+         truncate: bool = True) -> Volume:
+    u = ulysses_degree
+    r = c.world // u
+    ring_idx, u_idx = divmod(c.rank, u)
+    vol = Volume()
+    _ulysses_into(vol, c, [ring_idx * u + j for j in range(u)])
+    hk = ulysses_kv_heads(c.kv_heads, u)
+    pay = 2 * c.bn * hk * c.head_dim * c.elem  # U*n tokens x hk/U heads
+    acc = 2 * c.bn * hk * c.head_dim * c.acc_elem
+    span = c.span(r, u * c.seq_local, layout) if truncate else r - 1
+    _ring_pass_into(vol, c, [i * u + u_idx for i in range(r)], span, pay, acc)
+    return vol
+
+
+def _tp(c: _Case, *, hidden: int | None = None) -> Volume:
+    x = c.bn * (hidden or c.heads * c.head_dim) * c.elem
+    vol, everyone = Volume(), range(c.world)
+    for _ in range(2):  # all-gather x, reduce-scatter y
+        c.to_peers(vol, "forward", everyone, x)
+    for _ in range(3):  # all-gather dy, all-gather x again, reduce-scatter dx
+        c.to_peers(vol, "backward", everyone, x)
+    return vol
+
+
+def _ring_flash_attn(c: _Case, *, layout: str = "zigzag") -> Volume:
+    return _ring_like(c, "ring", layout, None, truncate=False)
+
+
+def _yunchang(c: _Case, *, ulysses_degree: int = 2, layout: str = "contiguous") -> Volume:
+    return _usp(c, ulysses_degree=ulysses_degree, layout=layout, truncate=False)
+
+
+_FORMULAS: dict[str, Callable[..., Volume]] = {
+    "burst": _burst, "ring": _ring, "zigzag_ring": _zigzag_ring, "striped_ring": _striped_ring,
+    "double_ring": _double_ring, "allgather": _allgather, "ulysses": _ulysses, "usp": _usp,
+    "tp": _tp, "ring_flash_attn": _ring_flash_attn, "yunchang": _yunchang,
+}
+METHODS = tuple(_FORMULAS)
+_CASE_OPTIONS = ("rank", "node_size", "causal", "window", "cu_seqlens")
+_NO_BYTES = ("backend",)  # options that change no byte
+
+
+def method_bytes(method: str, *, world: int, batch: int, seq_local: int, heads: int,
+                 kv_heads: int, head_dim: int, elem: int, acc_elem: int = 4,
+                 **options) -> Volume:
+    """Bytes one rank sends in one attention layer (block, for ``tp``) of registry ``method``.
+
+    ``options`` are the method's options (``layout``, ``backward``, ``ranks_per_node``,
+    ``ulysses_degree``, ``hidden``) plus the case: ``rank`` (default 0) and ``node_size``
+    (ranks per physical node, labels links intra/inter; default one node), ``causal``,
+    ``window`` and ``cu_seqlens`` (only windows and documents change a ring's span).
+    """
+    if method not in _FORMULAS:
+        raise ValueError(f"no byte formula for method {method!r}; valid: {', '.join(METHODS)}")
+    fn = _FORMULAS[method]
+    own = [p for p in inspect.signature(fn).parameters if p != "c"]
+    bad = sorted(set(options) - set(own) - set(_CASE_OPTIONS) - set(_NO_BYTES))
+    if bad:
+        raise ValueError(f"method {method!r} has no option(s) {', '.join(bad)}; valid: "
+                         f"{', '.join(own + list(_CASE_OPTIONS))}")
+    case = {k: options.pop(k) for k in _CASE_OPTIONS if k in options}
+    if case.get("cu_seqlens") is not None:
+        case["cu_seqlens"] = tuple(int(x) for x in case["cu_seqlens"])
+    for k in _NO_BYTES:
+        options.pop(k, None)
+    c = _Case(world=world, batch=batch, seq_local=seq_local, heads=heads, kv_heads=kv_heads,
+              head_dim=head_dim, elem=elem, acc_elem=acc_elem, **case)
+    return fn(c, **options)

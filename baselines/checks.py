@@ -1,0 +1,99 @@
+"""Input checks shared by the adapters: every problem at once, before any communication.
+
+An adapter calls ``check_call`` first thing: it checks the tensors (4 dims, one dtype and device,
+matching shapes, GQA divisibility) and then the method's declared requirements
+(``Method.check``: layout, causal-only, the method's own ``requires``), and raises one ValueError
+listing everything that is wrong together with the valid choices (STYLE.md, principle 6).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from burst import comm
+from burst.kernel import BACKENDS
+from burst.layout import LAYOUTS, chunks_per_rank
+
+__all__ = ["check_call", "degree_problems", "divisors", "layout_problems", "qkv_problems"]
+
+
+def divisors(n: int, *, at_least: int = 1) -> list[int]:
+    return [d for d in range(at_least, n + 1) if n % d == 0]
+
+
+def _join(xs) -> str:
+    return ", ".join(map(str, xs))
+
+
+def qkv_problems(q, k, v) -> list[str]:
+    """What is wrong with (q, k, v) as (batch, seq_local, heads, head_dim) shards."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    problems = [f"{name} has shape {tuple(t.shape)}; expected 4 dims "
+                "(batch, seq_local, heads, head_dim)"
+                for name, t in (("q", q), ("k", k), ("v", v)) if t.dim() != 4]
+    if problems:
+        return problems
+    if not q.dtype.is_floating_point:
+        problems.append(f"q has dtype {q.dtype}; attention needs a floating dtype")
+    if not (q.dtype == k.dtype == v.dtype):
+        problems.append(f"dtypes differ: q {q.dtype}, k {k.dtype}, v {v.dtype}; cast them to one")
+    if not (q.device == k.device == v.device):
+        problems.append(f"devices differ: q {q.device}, k {k.device}, v {v.device}")
+    if k.shape != v.shape:
+        problems.append(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
+    if q.shape[0] != k.shape[0] or q.shape[1] != k.shape[1] or q.shape[3] != k.shape[3]:
+        problems.append(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch, "
+                        "local sequence length and head_dim")
+    return problems
+
+
+def layout_problems(layout: str, seq_local: int, layouts=LAYOUTS) -> list[str]:
+    """The local length must split into the layout's chunks (zigzag: 2 per rank)."""
+    if layout not in layouts:
+        return []  # Method.check reports the unsupported layout with the valid ones
+    parts = chunks_per_rank(layout)
+    if seq_local % parts:
+        return [f"local sequence length {seq_local} is not divisible by {parts} "
+                f"({layout} layout holds {parts} chunks per rank)"]
+    return []
+
+
+def check_call(method, q, k, v, *, causal: bool, group, options: dict,
+               backend: str = "auto") -> None:
+    """Raise one ValueError naming every problem of this call of registry entry ``method``."""
+    problems = qkv_problems(q, k, v)
+    if backend not in BACKENDS:
+        problems.append(f"unknown kernel backend {backend!r}; valid: {_join(BACKENDS)}")
+    if problems:
+        raise ValueError(f"method {method.name!r} cannot run this case: " + "; ".join(problems))
+    method.check(world=comm.world_size(group), heads=q.shape[2], kv_heads=k.shape[2],
+                 seq_local=q.shape[1], causal=causal, **options)
+
+
+def degree_problems(what: str, degree, world: int, heads: int, kv_heads: int, *,
+                    kv_replicate: bool) -> list[str]:
+    """Problems of a head-splitting degree (Ulysses, USP, TP) for these head counts.
+
+    Query heads must split evenly. K/V heads must split evenly too, or (``kv_replicate``) the
+    degree must be a multiple of them, in which case each kv head is replicated to the
+    degree/kv_heads ranks whose query heads use it.
+    """
+    if not isinstance(degree, int) or isinstance(degree, bool) or degree < 1 or world % degree:
+        return [f"{what}={degree!r} must divide the group of {world} ranks; valid: "
+                f"{_join(divisors(world))}"]
+    out = []
+    if heads % degree:
+        valid = [d for d in divisors(world) if heads % d == 0]
+        out.append(f"{what} {degree} does not divide {heads} query heads; valid degrees: "
+                   f"{_join(valid)}")
+    kv_ok = kv_heads % degree == 0 or (kv_replicate and degree % kv_heads == 0)
+    if not kv_ok:
+        rule = ("divide them or be a multiple of them (kv heads are then replicated)"
+                if kv_replicate else "divide them")
+        valid = [d for d in divisors(world)
+                 if heads % d == 0 and (kv_heads % d == 0 or (kv_replicate and d % kv_heads == 0))]
+        out.append(f"{what} {degree} and {kv_heads} kv heads: the degree must {rule}; valid "
+                   f"degrees: {_join(valid)}")
+    return out

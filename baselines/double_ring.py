@@ -1,0 +1,90 @@
+"""LoongTrain-style double ring attention: an inner ring per node, an outer ring across nodes.
+
+LoongTrain (Gu et al., arXiv 2406.18485, "Double-Ring-Attention"; code: InternEvo,
+``internlm/model/ops/ring_flash_attn/zigzag_ring_flash_attn_with_sliding_window.py``) cuts the
+context-parallel group into windows of ``w`` consecutive ranks (the inner ring, placed inside a
+node). Per outer step the K/V block a rank holds goes once around its inner ring (w-1 hops over
+NVLink) while the next outer block is fetched from the same local rank of the previous window
+(one inter-node hop, hidden behind the w-1 inner steps). The backward repeats the same K/V
+schedule and sends the fp32 dK/dV accumulators around the inner ring (w hops: they come back to
+the outer block's holder) and then on to the next window (one hop), on process groups of their
+own. After the last window the accumulated dK/dV land at their owner.
+
+That is exactly ``burst_attn(..., backward="ring", ranks_per_node=w)`` (``burst.ring``'s double
+ring with the classic K/V/dK/dV backward), so this adapter is that call. Per rank and layer:
+forward M(w-1) intra + (M-1) inter K/V hops; backward the same plus M*w intra + M inter dK/dV
+hops (M = G/w windows), which is also what InternEvo's code sends.
+
+Where BurstAttention's double ring (``burst`` with ``ranks_per_node``) differs from LoongTrain's
+(BurstEngine, arXiv 2509.19836, sections on backward communication and topology-aware rings):
+- what travels in the backward: Q, dO, D = rowsum(dO*O) and LSE with a trailing fp32 dQ, K/V
+  staying put, instead of K, V with trailing dK, dV (about 25% fewer bytes for MHA at d_h 128,
+  more for small-kv GQA, DESIGN.md 3). Both use the same two-level schedule and separate
+  communicators for the accumulator traffic.
+- fine-grained overlap: BurstAttention double-buffers every transfer behind the block compute
+  on its own streams; LoongTrain overlaps the inner ring with the prefetch of the next outer
+  block the same way, so on CPU (no streams) the two schedules are identical.
+- LoongTrain also splits heads (its "2D-Attention": head parallelism x context parallelism,
+  the role ``usp`` plays here) and supports zigzag + causal only; this adapter is the context
+  parallel part alone, on any layout, causal or not.
+
+Option ``ranks_per_node``: the inner ring size w (LoongTrain's window size); set it to the GPUs
+per node. Its default (2) only lets loops over the registry run anywhere with G even.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from baselines.checks import check_call, divisors, layout_problems
+from baselines.registry import Method, register
+from burst import burst_attn
+from burst.layout import LAYOUTS
+from burst.volume import method_bytes
+
+__all__ = ["double_ring_attn"]
+
+
+def double_ring_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
+                     group=None, ranks_per_node: int = 2, layout: str = "zigzag",
+                     window: tuple[int, int] | None = None, cu_seqlens=None,
+                     backend: str = "auto"):
+    """Double ring attention with the classic backward.
+
+    Args:
+        q: (batch, seq_local, heads, head_dim), this rank's shard in ``layout``.
+        k, v: (batch, seq_local, kv_heads, head_dim).
+        ranks_per_node: inner ring size w; the group (node-major ranks) must be a multiple.
+            A group of at most w ranks is one flat ring.
+    Returns:
+        out shaped like q.
+    """
+    check_call(METHOD, q, k, v, causal=causal, group=group,
+               options=dict(layout=layout, ranks_per_node=ranks_per_node),
+               backend=backend)
+    return burst_attn(q, k, v, causal=causal, softmax_scale=softmax_scale, layout=layout,
+                      group=group, ranks_per_node=ranks_per_node, backward="ring",
+                      window=window, cu_seqlens=cu_seqlens, backend=backend)
+
+
+def _requires(*, world, seq_local, layout, ranks_per_node, **_):
+    out = layout_problems(layout, seq_local)
+    ok = isinstance(ranks_per_node, int) and ranks_per_node >= 2 and world % ranks_per_node == 0
+    if not ok:
+        out.append(f"ranks_per_node={ranks_per_node!r} (the inner ring size) must be >= 2 and "
+                   f"divide the group of {world} ranks; valid: "
+                   f"{', '.join(map(str, divisors(world, at_least=2))) or 'none (one rank)'}")
+    return out
+
+
+METHOD = register(Method(
+    name="double_ring",
+    fn=double_ring_attn,
+    description="LoongTrain-style double ring (inner ring per node, outer ring across nodes), "
+                "classic K/V/dK/dV backward",
+    default_layout="zigzag",
+    layouts=LAYOUTS,
+    options={"layout": "zigzag", "ranks_per_node": 2},
+    requires=_requires,
+    volume=partial(method_bytes, "double_ring"),
+))

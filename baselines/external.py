@@ -1,0 +1,151 @@
+"""The real packages, on GPU: ring-flash-attention and yunchang (USP), behind the same interface.
+
+Both need CUDA and flash-attn, which cannot be installed on CPU machines, so nothing is imported
+until a call: importing the suite never fails, and ``Method.unavailable()`` says in one line what
+is missing and how to install it. The suite's own CPU implementations of the same algorithms are
+``ring``/``zigzag_ring``/``striped_ring`` and ``usp``.
+
+``ring_flash_attn`` (zhuzilin/ring-flash-attention): the ``layout`` option picks the function:
+  contiguous -> ring_flash_attn_func, zigzag -> zigzag_ring_flash_attn_func,
+  striped -> stripe_flash_attn_func;
+each called as ``fn(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, ..., group=None)``
+on (batch, seq_local, heads, head_dim) fp16/bf16 shards. The zigzag and stripe functions are
+causal-only (they assert it). Its striped layout is ours (token t on rank t mod G).
+
+``yunchang`` (feifeibear/long-context-attention): ``LongContextAttention(ring_impl_type="basic")``
+called as ``attn(q, k, v, softmax_scale=..., causal=...)``. It reads its Ulysses and ring process
+groups from package globals (``yunchang.globals.PROCESS_GROUP``, normally filled by
+``set_seq_parallel_pg``, which builds groups over the whole world). Here the groups are built
+from the ``group`` argument (``baselines.usp.usp_groups``: Ulysses over consecutive ranks, as
+``use_ulysses_low=True``) and set only while the module is constructed, then restored. Only the
+contiguous layout is offered: yunchang's zigzag expects a two-level sharding (zigzag over the ring
+degree, then contiguous over the Ulysses degree) that is not one of the suite's layouts.
+
+Neither package's traffic passes through ``burst.comm``, so the byte counter cannot see it;
+``burst.volume.method_bytes`` gives their analytic bytes (same as ``ring``/``usp`` untruncated).
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import cache, lru_cache, partial
+
+import torch
+
+from baselines.checks import check_call, degree_problems, layout_problems
+from baselines.registry import Method, register
+from baselines.usp import usp_groups
+from burst import comm
+from burst.layout import LAYOUTS
+from burst.volume import method_bytes
+
+__all__ = ["ring_flash_attn_adapter", "yunchang_adapter"]
+
+_RFA_FUNCS = {"contiguous": "ring_flash_attn_func", "zigzag": "zigzag_ring_flash_attn_func",
+              "striped": "stripe_flash_attn_func"}
+_HALF = (torch.float16, torch.bfloat16)
+
+
+@cache
+def _import_error(module: str) -> str | None:
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError:
+        return module
+    except Exception as e:  # noqa: BLE001 - a broken install is reported, never raised here
+        first = str(e).splitlines()[0] if str(e) else ""
+        return f"a working {module} ({type(e).__name__}: {first})"
+    return None
+
+
+def _unavailable(name: str, modules: tuple[str, ...], install: str) -> str | None:
+    missing = [why for m in modules if (why := _import_error(m))]
+    if not torch.cuda.is_available():
+        missing.append("a CUDA device")
+    if not missing:
+        return None
+    return f"{name} is unavailable: missing {', '.join(missing)}; install with `{install}` on a " \
+        "CUDA machine"
+
+
+def _dtype_problems(q) -> list[str]:
+    if q.dtype not in _HALF:
+        return [f"flash-attn kernels take float16/bfloat16, got {q.dtype}; cast the inputs"]
+    return []
+
+
+def ring_flash_attn_adapter(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
+                            group=None, layout: str = "zigzag"):
+    """ring-flash-attention's ring (contiguous), zigzag or stripe function over ``group``."""
+    check_call(RING_FLASH_ATTN, q, k, v, causal=causal, group=group, options=dict(layout=layout))
+    if _dtype_problems(q):
+        raise ValueError("method 'ring_flash_attn': " + _dtype_problems(q)[0])
+    fn = getattr(importlib.import_module("ring_flash_attn"), _RFA_FUNCS[layout])
+    return fn(q, k, v, softmax_scale=softmax_scale, causal=causal, group=group)
+
+
+def _rfa_requires(*, seq_local, causal, layout, **_):
+    out = layout_problems(layout, seq_local)
+    if layout != "contiguous" and not causal:
+        out.append(f"ring-flash-attn's {_RFA_FUNCS.get(layout, layout)} is causal-only; use "
+                   "causal=True or layout='contiguous'")
+    return out
+
+
+RING_FLASH_ATTN = register(Method(
+    name="ring_flash_attn",
+    fn=ring_flash_attn_adapter,
+    description="ring-flash-attention package (GPU): ring / zigzag / stripe flash functions",
+    default_layout="zigzag",
+    layouts=LAYOUTS,
+    options={"layout": "zigzag"},
+    requires=_rfa_requires,
+    unavailable=partial(_unavailable, "ring_flash_attn", ("flash_attn", "ring_flash_attn"),
+                        "pip install ring-flash-attn flash-attn"),
+    volume=partial(method_bytes, "ring_flash_attn"),
+))
+
+
+@lru_cache(maxsize=16)
+def _long_context_attention(ranks: tuple[int, ...], ulysses_degree: int, uly, ring):
+    from yunchang import LongContextAttention
+    from yunchang.globals import PROCESS_GROUP
+
+    saved = (PROCESS_GROUP.ULYSSES_PG, PROCESS_GROUP.RING_PG)
+    PROCESS_GROUP.ULYSSES_PG, PROCESS_GROUP.RING_PG = uly, ring
+    try:
+        return LongContextAttention(ring_impl_type="basic")
+    finally:
+        PROCESS_GROUP.ULYSSES_PG, PROCESS_GROUP.RING_PG = saved
+
+
+def yunchang_adapter(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
+                     group=None, ulysses_degree: int = 2, layout: str = "contiguous"):
+    """yunchang's LongContextAttention (USP) with Ulysses degree U over ``group``."""
+    check_call(YUNCHANG, q, k, v, causal=causal, group=group,
+               options=dict(layout=layout, ulysses_degree=ulysses_degree))
+    if _dtype_problems(q):
+        raise ValueError("method 'yunchang': " + _dtype_problems(q)[0])
+    uly, ring, _ = usp_groups(group, ulysses_degree)
+    attn = _long_context_attention(tuple(comm.group_ranks(group)), ulysses_degree, uly, ring)
+    return attn(q, k, v, softmax_scale=softmax_scale, causal=causal)
+
+
+def _yunchang_requires(*, world, heads, kv_heads, seq_local, layout, ulysses_degree, **_):
+    return (degree_problems("ulysses_degree", ulysses_degree, world, heads, kv_heads,
+                            kv_replicate=False)
+            + layout_problems(layout, seq_local, ("contiguous",)))
+
+
+YUNCHANG = register(Method(
+    name="yunchang",
+    fn=yunchang_adapter,
+    description="yunchang package (GPU): LongContextAttention, Ulysses x ring (USP)",
+    default_layout="contiguous",
+    layouts=("contiguous",),
+    options={"layout": "contiguous", "ulysses_degree": 2},
+    requires=_yunchang_requires,
+    unavailable=partial(_unavailable, "yunchang", ("flash_attn", "yunchang"),
+                        "pip install yunchang flash-attn"),
+    volume=partial(method_bytes, "yunchang"),
+))

@@ -1,0 +1,284 @@
+"""Every CPU-capable baseline on gloo ranks against the float64 single-process reference (issue 3).
+
+One spawn per world size (2, 4, 8) runs every core case and every tensor-parallel block case;
+each case asserts forward out and dq/dk/dv (block: y, dx and the weight gradients) against the
+float64 oracle, and that the byte counter's (phase, link) totals equal the method's analytic
+formula (``Method.volume`` = ``burst.volume.method_bytes``) on every rank. Bad inputs must raise
+a ValueError naming the problem; the GPU-only adapters must import and say why they cannot run.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from baselines import registry
+from baselines.tp import AttentionBlockWeights, attention_block_reference, tp_attention_block
+from burst import comm
+from burst.layout import shard
+from burst.spawn import spawn
+from burst.volume import method_bytes
+from tests.parity import DTYPES, case, run_cases
+
+F32_TOL = 2e-5  # float32 inputs vs float64, as in tests/test_burst_attention.py
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _core_cases(world: int) -> list[dict]:
+    h = 8 if world == 8 else 4
+    cs = []
+
+    def add(method, **kw):
+        kw.setdefault("heads", h)
+        kw.setdefault("kv_heads", kw["heads"])
+        cs.append(case(method, seed=len(cs), **kw))
+
+    add("burst", options=dict(backward="auto"), causal=True, kv_heads=h // 2)
+    for causal in (True, False):
+        add("ring", causal=causal, kv_heads=h // 2 if causal else h, batch=2)
+        add("allgather", causal=causal, kv_heads=h // 2,
+            options=dict(layout="zigzag" if causal else "contiguous"))
+        add("ulysses", causal=causal, options=dict(layout="contiguous" if causal else "striped"))
+        add("usp", causal=causal, kv_heads=h // 2,
+            options=dict(ulysses_degree=2, layout="zigzag" if causal else "contiguous"))
+        add("double_ring", causal=causal, options=dict(ranks_per_node=2))
+    add("zigzag_ring", causal=True, kv_heads=1)
+    add("striped_ring", causal=True, kv_heads=h // 2)
+    add("allgather", causal=True, options=dict(layout="striped"), kv_heads=1)
+    add("ulysses", causal=True, kv_heads=2 if world > 2 else 1,  # kv heads replicated to G
+        options=dict(layout="zigzag"))
+    if world == 2:
+        add("usp", causal=True, options=dict(ulysses_degree=1))  # pure ring
+        add("usp", causal=True, options=dict(ulysses_degree=2, layout="zigzag"))  # pure Ulysses
+        for m in ("ring", "allgather", "ulysses", "usp"):  # low precision: twice-naive rule
+            add(m, causal=True, dtype="bfloat16", naive=True, seq_local=32, head_dim=32)
+    if world == 4:
+        # per-link counts: two "nodes" of 2 ranks each
+        for m, opts in (("ring", {}), ("zigzag_ring", {}), ("double_ring", {}),
+                        ("allgather", {}), ("ulysses", {}),
+                        ("usp", dict(ulysses_degree=2, layout="zigzag"))):
+            add(m, causal=True, options=opts, kv_heads=2, ranks_per_node=2)
+        add("usp", causal=True, kv_heads=1, options=dict(ulysses_degree=2))  # kv replicated
+        add("usp", causal=True, options=dict(ulysses_degree=4, layout="zigzag"))  # = Ulysses
+        for m in ("ring", "allgather", "ulysses", "usp"):  # sliding window (ring span 1)
+            add(m, causal=True, window=(5, 0), options=dict(layout="contiguous"))
+        add("zigzag_ring", causal=True, cu_seqlens=(0, 5, 21, 32))  # documents
+        # bad inputs: each must raise a ValueError naming the rule before any communication
+        add("ulysses", heads=6, kv_heads=6, expect_error="does not divide 6 query heads")
+        add("zigzag_ring", causal=False, expect_error="causal work only")
+        add("striped_ring", causal=False, expect_error="causal work only")
+        add("usp", options=dict(ulysses_degree=3), expect_error="ulysses_degree=3")
+        add("usp", options=dict(layout="striped"), expect_error="layout 'striped'")
+        add("double_ring", options=dict(ranks_per_node=3), expect_error="ranks_per_node=3")
+        add("allgather", seq_local=7, expect_error="not divisible by 2")
+        add("tp", expect_error="block-level")
+        add("ring_flash_attn", expect_error="pip install ring-flash-attn flash-attn")
+        add("yunchang", expect_error="pip install yunchang")
+    if world == 8:
+        add("double_ring", causal=True, options=dict(ranks_per_node=4), ranks_per_node=4)
+        add("usp", causal=True, options=dict(ulysses_degree=4), ranks_per_node=4)
+    return cs
+
+
+def _block_cases(world: int) -> list[dict]:
+    cs = [dict(causal=True, heads=2 * world, kv_heads=world, head_dim=8, hidden=24, seq_local=6,
+               batch=2, ranks_per_node=None, weights=True, seed=1),
+          dict(causal=False, heads=world, kv_heads=world, head_dim=8, hidden=32, seq_local=4,
+               batch=1, ranks_per_node=2 if world == 4 else None, weights=True, seed=2)]
+    if world == 4:
+        cs.append(dict(causal=True, heads=4, kv_heads=4, head_dim=8, hidden=32, seq_local=4,
+                       batch=1, ranks_per_node=None, weights=False, seed=3))
+    return cs
+
+
+def _rel(a, b) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+def _run_block(c: dict, rank: int, world: int) -> dict:
+    g = torch.Generator().manual_seed(c["seed"])
+    n = c["seq_local"] * world
+    full = AttentionBlockWeights.random(c["hidden"], c["heads"], c["kv_heads"], c["head_dim"],
+                                        generator=g, dtype=torch.float64)
+    x = torch.randn(c["batch"], n, c["hidden"], generator=g, dtype=torch.float64)
+    dy = torch.randn(c["batch"], n, c["hidden"], generator=g, dtype=torch.float64)
+    x_loc = shard(x, layout="contiguous").float().requires_grad_()
+    if not c["weights"]:
+        try:
+            tp_attention_block(x_loc, None, causal=c["causal"])
+        except ValueError as e:
+            return {"raised": str(e)}
+        return {"raised": None}
+    ref_w = full.map(lambda t: t.clone().requires_grad_())
+    ref_x = x.clone().requires_grad_()
+    y_ref = attention_block_reference(ref_x, ref_w, causal=c["causal"])
+    y_ref.backward(dy)
+    mine = full.shard(rank, world).map(lambda t: t.float().contiguous().requires_grad_())
+    with comm.count_bytes(ranks_per_node=c["ranks_per_node"]) as cnt:
+        y = tp_attention_block(x_loc, mine, causal=c["causal"])
+        y.backward(shard(dy, layout="contiguous").float())
+    ref_mine = AttentionBlockWeights(ref_w.wq.grad, ref_w.wk.grad, ref_w.wv.grad, ref_w.wo.grad,
+                                     c["heads"], c["kv_heads"]).shard(rank, world)
+    errs = {"y": _rel(y, shard(y_ref.detach(), layout="contiguous")),
+            "dx": _rel(x_loc.grad, shard(ref_x.grad, layout="contiguous"))}
+    for f in ("wq", "wk", "wv", "wo"):
+        errs["d" + f] = _rel(getattr(mine, f).grad, getattr(ref_mine, f))
+    return {"errs": errs, "bytes": dict(cnt._sent), "recv": dict(cnt._recv)}
+
+
+def run_world(rank: int, world: int, cases: list[dict], block_cases: list[dict]):
+    torch.manual_seed(0)
+    return run_cases(rank, world, cases), [_run_block(c, rank, world) for c in block_cases]
+
+
+_RESULTS: dict = {}
+
+
+def _results(world: int):
+    if world not in _RESULTS:
+        cs, bs = _core_cases(world), _block_cases(world)
+        out = spawn(run_world, world, args=(cs, bs), timeout_s=240)
+        _RESULTS[world] = (cs, bs, [r[0] for r in out], [r[1] for r in out])
+    return _RESULTS[world]
+
+
+def _label(c: dict) -> str:
+    return (f"{c['method']} {c['options']} causal={c['causal']} window={c['window']} "
+            f"docs={c['cu_seqlens']} H={c['heads']}/{c['kv_heads']} {c['dtype']}")
+
+
+def _expected(c: dict, world: int, rank: int):
+    m = registry.get(c["method"])
+    dtype = DTYPES[c["dtype"]]
+    return m.volume(world=world, batch=c["batch"], seq_local=c["seq_local"], heads=c["heads"],
+                    kv_heads=c["kv_heads"], head_dim=c["head_dim"],
+                    elem=torch.empty((), dtype=dtype).element_size(),
+                    acc_elem=8 if dtype == torch.float64 else 4,
+                    **{**m.options, **c["options"]}, rank=rank, node_size=c["ranks_per_node"],
+                    causal=c["causal"], window=c["window"], cu_seqlens=c["cu_seqlens"])
+
+
+def _nonzero(d: dict) -> dict:
+    return {k: v for k, v in d.items() if v}
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_core_parity_and_bytes(world):
+    cases, _, per_rank, _ = _results(world)
+    failures = []
+    for i, c in enumerate(cases):
+        for rank in range(world):
+            r = per_rank[rank][i]
+            if c["expect_error"] is not None:
+                if not r["raised"] or c["expect_error"] not in r["raised"]:
+                    failures.append(f"{_label(c)}: expected ValueError with "
+                                    f"{c['expect_error']!r}, got {r['raised']!r}")
+                continue
+            if c["dtype"] == "float32":
+                bad = {k: r[k] for k in ("out", "dq", "dk", "dv") if not r[k] < F32_TOL}
+                if bad:
+                    failures.append(f"rank {rank} {_label(c)}: errors {bad}")
+            want = _nonzero(_expected(c, world, rank).by)
+            got = _nonzero(r["bytes"])
+            if got != want:
+                failures.append(f"rank {rank} {_label(c)}: bytes sent {got} != formula {want}")
+            if sum(r["recv"].values()) != sum(r["bytes"].values()):
+                failures.append(f"rank {rank} {_label(c)}: received {r['recv']} != sent")
+        if c["naive"]:  # low precision: at most twice the naive same-dtype error
+            for k in ("out", "dq", "dk", "dv"):
+                ours = max(per_rank[r][i][k] for r in range(world))
+                naive = max(per_rank[r][i]["naive"][k] for r in range(world))
+                if not ours <= 2 * naive:
+                    failures.append(f"{_label(c)}: {k} error {ours:.3g} > 2 x naive {naive:.3g}")
+    assert not failures, "\n".join(failures[:20])
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_tp_block_parity_and_bytes(world):
+    _, cases, _, per_rank = _results(world)
+    failures = []
+    for i, c in enumerate(cases):
+        for rank in range(world):
+            r = per_rank[rank][i]
+            if not c["weights"]:
+                if not r["raised"] or "needs this rank's projection weights" not in r["raised"]:
+                    failures.append(f"tp without weights: got {r['raised']!r}")
+                continue
+            bad = {k: e for k, e in r["errs"].items() if not e < F32_TOL}
+            if bad:
+                failures.append(f"rank {rank} tp {c}: relative errors {bad}")
+            want = _nonzero(registry.get("tp").volume(
+                world=world, batch=c["batch"], seq_local=c["seq_local"], heads=c["heads"],
+                kv_heads=c["kv_heads"], head_dim=c["head_dim"], elem=4, hidden=c["hidden"],
+                rank=rank, node_size=c["ranks_per_node"]).by)
+            if _nonzero(r["bytes"]) != want:
+                failures.append(f"rank {rank} tp {c}: bytes {_nonzero(r['bytes'])} != {want}")
+    assert not failures, "\n".join(failures[:20])
+
+
+def test_every_cpu_method_is_exercised():
+    tested = {c["method"] for w in (2, 4, 8) for c in _core_cases(w) if not c["expect_error"]}
+    cpu_core = set(registry.names(available_only=True, level="core"))
+    assert cpu_core <= tested, f"untested CPU methods: {cpu_core - tested}"
+    assert registry.names(level="block") == ["tp"]
+    assert all(registry.get(n).volume is not None for n in registry.names())
+
+
+def test_gpu_only_adapters_import_and_say_why():
+    for name, install in (("ring_flash_attn", "pip install ring-flash-attn flash-attn"),
+                          ("yunchang", "pip install yunchang")):
+        m = registry.get(name)
+        why = m.unavailable()
+        if torch.cuda.is_available() and why is None:
+            continue  # really installed: nothing to report
+        assert why and "\n" not in why and install in why and "missing" in why, why
+        assert name not in registry.names(available_only=True)
+        q = torch.zeros(1, 4, 2, 8, dtype=torch.bfloat16)
+        with pytest.raises(ValueError, match=re.escape(install)):
+            m(q, q, q, causal=True)  # no process group needed: it fails before any transfer
+
+
+def test_bad_names_and_options_are_rejected():
+    with pytest.raises(ValueError, match=r"unknown method 'nope'; registered: .*usp, .*"):
+        registry.get("nope")
+    shape = dict(world=4, batch=1, seq_local=8, heads=4, kv_heads=4, head_dim=8, elem=4)
+    with pytest.raises(ValueError, match="no byte formula for method 'nope'"):
+        method_bytes("nope", **shape)
+    with pytest.raises(ValueError, match="has no option"):
+        method_bytes("usp", ulysses_degre=2, **shape)
+    with pytest.raises(ValueError, match="block-level"):
+        registry.get("tp")(torch.zeros(1, 4, 2, 8), torch.zeros(1, 4, 2, 8),
+                           torch.zeros(1, 4, 2, 8))
+    w = AttentionBlockWeights.random(12, 4, 2, 4)  # hidden 12, 4 heads x 4
+    with pytest.raises(ValueError, match="valid degrees: 1, 2"):
+        w.shard(0, 4)  # 2 kv heads cannot split 4 ways
+    with pytest.raises(ValueError, match="wo has shape"):
+        AttentionBlockWeights(w.wq, w.wk, w.wv, w.wo.T, 4, 2)
+
+
+def test_formulas_agree_where_methods_coincide():
+    shape = dict(world=8, batch=2, seq_local=64, heads=8, kv_heads=2, head_dim=16, elem=2)
+    ring = method_bytes("ring", **shape).by
+    assert method_bytes("usp", ulysses_degree=1, **shape).by == ring  # U = 1: a ring
+    assert method_bytes("double_ring", ranks_per_node=8, **shape).by == ring  # one node
+    assert method_bytes("ring_flash_attn", layout="contiguous", **shape).by == ring
+    ulysses = method_bytes("ulysses", **shape)
+    assert method_bytes("usp", ulysses_degree=8, **shape).by == ulysses.by  # U = G: Ulysses
+    assert (method_bytes("allgather", **shape).sent("forward")
+            == method_bytes("ring", **shape).sent("forward"))  # both move (G-1) K/V blocks
+    # Ulysses: 8 all-to-alls of (G-1)/G of a local tensor; 2 kv heads replicated to 8
+    u = shape["batch"] * shape["seq_local"] * shape["head_dim"] * shape["elem"]
+    assert ulysses.sent() == 2 * 7 * (2 * 8 + 2 * 8) * u // 8
+
+
+def test_bytes_table_in_docs_is_current():
+    out = subprocess.run([sys.executable, "-m", "baselines.bytes_table"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    doc = (ROOT / "docs" / "communication.md").read_text()
+    assert out.strip() in doc, "docs/communication.md is stale: python -m baselines.bytes_table"
