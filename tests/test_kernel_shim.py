@@ -1,0 +1,201 @@
+"""The kernel shim's contract on CPU, and its CUDA plumbing checked without a GPU (issue 8).
+
+- every CPU backend: same out/lse/grads as the float64 oracle for every block kind, rows that
+  see no key give lse -inf, out 0 and zero (not NaN) gradients, causal only on square blocks;
+- ``cuda_sdpa`` on the meta device: the aten SDPA ops are called by their schema argument names
+  on the installed torch, with the shapes and dtypes the shim expects back (flash path with
+  native GQA, efficient path with padded lse and aligned bias);
+- ``flash_attn``: fake modules with the signatures and return conventions of flash-attn 2.5,
+  2.6 and 2.7+ (custom ops) run through the one shim and give the oracle's numbers.
+The numerics on a real GPU are tests/test_gpu.py.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from burst import kernel
+from burst.kernel import block_backward, block_forward, kernel_name
+from burst.masks import CAUSAL, DENSE, FULL, STRICT
+
+
+def _qkvd(sq=12, sk=12, h=4, hk=2, d=16, dtype=torch.float64, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, sq, h, d, generator=g, dtype=torch.float64)
+    k = torch.randn(2, sk, hk, d, generator=g, dtype=torch.float64)
+    v = torch.randn(2, sk, hk, d, generator=g, dtype=torch.float64)
+    do = torch.randn(2, sq, h, d, generator=g, dtype=torch.float64)
+    return [t.to(dtype=dtype, device=device) for t in (q, k, v, do)]
+
+
+def _mask(sq, sk, seed=1):
+    m = torch.rand(sq, sk, generator=torch.Generator().manual_seed(seed)) > 0.5
+    m[3] = False  # a row that sees no key
+    return m
+
+
+CASES = [(FULL, None, 12, 9), (CAUSAL, None, 12, 12), (STRICT, None, 12, 12),
+         (DENSE, _mask(12, 9), 12, 9)]
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu_flash"])
+@pytest.mark.parametrize(("kind", "mask", "sq", "sk"), CASES)
+def test_cpu_backends_follow_the_contract(backend, kind, mask, sq, sk):
+    q, k, v, do = _qkvd(sq, sk)
+    out, lse = block_forward(q, k, v, kind=kind, mask=mask, backend=backend)
+    ref_o, ref_l = block_forward(q, k, v, kind=kind, mask=mask, backend="torch")
+    delta = (do * ref_o).sum(-1).transpose(1, 2)
+    grads = block_backward(do, q, k, v, ref_l, delta, kind=kind, mask=mask, backend=backend)
+    ref_g = block_backward(do, q, k, v, ref_l, delta, kind=kind, mask=mask, backend="torch")
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_l))
+    finite = torch.isfinite(ref_l)
+    assert (lse[finite] - ref_l[finite]).abs().max() < 1e-12
+    assert (out - ref_o).abs().max() < 1e-12
+    for a, b in zip(grads, ref_g, strict=True):
+        assert torch.isfinite(a).all() and (a - b).abs().max() < 1e-12
+    if mask is not None:  # row 3 sees nothing: out 0, lse -inf, no gradient
+        assert torch.isneginf(lse[:, :, 3]).all() and (out[:, 3] == 0).all()
+        assert (grads[0][:, 3] == 0).all()
+    # against autograd of the oracle: the delta-based backward is the true gradient
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o, _ = block_forward(*leaves, kind=kind, mask=mask, backend="torch")
+    o.backward(do)
+    for a, leaf in zip(grads, leaves, strict=True):
+        assert (a - leaf.grad).abs().max() < 1e-12
+
+
+def test_causal_needs_square_blocks():
+    q, k, v, _ = _qkvd(8, 12)
+    for kind in (CAUSAL, STRICT):
+        with pytest.raises(AssertionError, match="needs Sq == Sk"):
+            block_forward(q, k, v, kind=kind)
+
+
+def test_backend_choice_and_errors():
+    q = torch.zeros(1, 4, 2, 8)
+    assert kernel.resolve_backend("auto", q) == "cpu_flash"
+    assert kernel_name("auto", q) == "cpu_flash"
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        kernel.resolve_backend("cuda_sdpa", q)
+    with pytest.raises(ValueError, match="unknown kernel backend 'xla'; valid backends"):
+        kernel.resolve_backend("xla", q)
+    meta = torch.zeros(1, 4, 2, 64, dtype=torch.bfloat16, device="meta")
+    assert kernel_name("cuda_sdpa", meta, CAUSAL) == "cuda_sdpa/flash"
+    assert kernel_name("cuda_sdpa", meta, DENSE) == "cuda_sdpa/efficient"
+    assert kernel_name("cuda_sdpa", meta.float(), CAUSAL) == "cuda_sdpa/efficient"
+    assert kernel_name("cuda_sdpa", meta[..., :12], FULL) == "cuda_sdpa/efficient"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("hk", [4, 2])
+@pytest.mark.parametrize(("kind", "mask", "sq", "sk"), CASES)
+def test_cuda_sdpa_plumbing_on_meta(dtype, hk, kind, mask, sq, sk):
+    q, k, v, do = _qkvd(sq, sk, hk=hk, d=64, dtype=dtype, device="meta")
+    out, lse = block_forward(q, k, v, kind=kind, mask=mask, backend="cuda_sdpa")
+    assert out.shape == q.shape and out.dtype == dtype
+    assert lse.shape == (2, 4, sq) and lse.dtype == torch.float32
+    grads = block_backward(do, q, k, v, lse, lse, kind=kind, mask=mask, backend="cuda_sdpa")
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    assert [g.dtype for g in grads] == [dtype] * 3
+
+
+# ---------------------------------------------------------------------------------------------
+# flash-attn: fakes with each release's signature, computing with the oracle
+
+
+def _fa_math_fwd(q, k, v, softmax_scale, causal):
+    assert q.shape[1] == k.shape[1] or not causal  # flash-attn is bottom-right otherwise
+    return kernel._torch_fwd(q, k, v, softmax_scale, causal, None)
+
+
+def _fa_math_bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal):
+    delta = (dout.double() * out.double()).sum(-1).transpose(1, 2)  # what the kernel does
+    g = kernel._torch_bwd(dout, q, k, v, lse, delta, softmax_scale, causal, None)
+    for dst, src in zip((dq, dk, dv), g, strict=True):
+        dst.copy_(src)
+
+
+def _fake_25():
+    def _flash_attn_forward(q, k, v, dropout_p, softmax_scale, causal, window_size,
+                            alibi_slopes, return_softmax):
+        assert dropout_p == 0 and tuple(window_size) == (-1, -1) and alibi_slopes is None
+        out, lse = _fa_math_fwd(q, k, v, softmax_scale, causal)
+        return out, q, k, v, out, lse, None, torch.zeros(2)
+
+    def _flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p,
+                             softmax_scale, causal, window_size, alibi_slopes, deterministic,
+                             rng_state=None):
+        assert tuple(window_size) == (-1, -1)
+        _fa_math_bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, softmax_scale, causal)
+        return dq, dk, dv, None
+
+    return types.SimpleNamespace(_flash_attn_forward=_flash_attn_forward,
+                                 _flash_attn_backward=_flash_attn_backward)
+
+
+def _fake_26():
+    def _flash_attn_forward(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                            alibi_slopes, return_softmax):
+        assert softcap == 0.0 and tuple(window_size) == (-1, -1)
+        out, lse = _fa_math_fwd(q, k, v, softmax_scale, causal)
+        return out, q, k, v, out, lse, None, torch.zeros(2)
+
+    def _flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p,
+                             softmax_scale, causal, window_size, softcap, alibi_slopes,
+                             deterministic, rng_state=None):
+        assert softcap == 0.0
+        _fa_math_bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, softmax_scale, causal)
+        return dq, dk, dv, None
+
+    return types.SimpleNamespace(_flash_attn_forward=_flash_attn_forward,
+                                 _flash_attn_backward=_flash_attn_backward)
+
+
+class _CustomOpLike:
+    """Like torch.library's CustomOpDef: callable, the Python function kept in ``_init_fn``."""
+
+    def __init__(self, fn):
+        self._init_fn = fn
+
+    def __call__(self, *args, **kwargs):
+        return self._init_fn(*args, **kwargs)
+
+
+def _fake_27():
+    def _flash_attn_forward(q, k, v, dropout_p, softmax_scale, causal, window_size_left,
+                            window_size_right, softcap, alibi_slopes, return_softmax):
+        assert (window_size_left, window_size_right, softcap) == (-1, -1, 0.0)
+        out, lse = _fa_math_fwd(q, k, v, softmax_scale, causal)
+        return out, lse, None, torch.zeros(2)
+
+    def _flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p,
+                             softmax_scale, causal, window_size_left, window_size_right, softcap,
+                             alibi_slopes, deterministic, rng_state=None):
+        _fa_math_bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, softmax_scale, causal)
+        return None
+
+    return types.SimpleNamespace(_flash_attn_forward=_CustomOpLike(_flash_attn_forward),
+                                 _flash_attn_backward=_CustomOpLike(_flash_attn_backward))
+
+
+@pytest.mark.parametrize("fake", [_fake_25, _fake_26, _fake_27], ids=["2.5", "2.6", "2.7+"])
+def test_flash_attn_versions_through_one_shim(monkeypatch, fake):
+    module = fake()
+    monkeypatch.setattr(kernel, "_flash_attn_module", lambda: module)
+    kernel._fa_params.cache_clear()
+    try:
+        q, k, v, do = _qkvd(12, 12, dtype=torch.float32)
+        for causal in (False, True):
+            out, lse = kernel._flash_attn_fwd(q, k, v, 0.25, causal, None)
+            ref_o, ref_l = kernel._torch_fwd(q, k, v, 0.25, causal, None)
+            assert (out - ref_o).abs().max() < 1e-5 and (lse - ref_l).abs().max() < 1e-5
+            delta = (do * ref_o).sum(-1).transpose(1, 2)
+            got = kernel._flash_attn_bwd(do, q, k, v, ref_l, delta, 0.25, causal, None)
+            want = kernel._torch_bwd(do, q, k, v, ref_l, delta, 0.25, causal, None)
+            for a, b in zip(got, want, strict=True):
+                assert (a - b).abs().max() < 1e-4  # the stand-in out gives the same delta
+    finally:
+        kernel._fa_params.cache_clear()
