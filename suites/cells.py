@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 from suites.spec import MethodSpec, Scale, SweepSpec
 
-__all__ = ["Cell", "cell_problem", "cell_problems", "expand", "resolve_options"]
+__all__ = ["Cell", "cell_problem", "cell_problems", "expand", "option_problems",
+           "resolve_options"]
 
 
 @dataclass(frozen=True)
@@ -146,8 +147,9 @@ def _accepted_options(fn) -> set[str] | None:
             and p.name not in common} - {"q", "k", "v"}
 
 
-def _option_problems(i: int, m: MethodSpec, cells: list[Cell]) -> list[str]:
-    """Problems of a method entry itself: unknown method, option names it does not take."""
+def option_problems(i: int, m: MethodSpec, window: bool = False) -> list[str]:
+    """Problems of a method entry itself: unknown method, option names it does not take
+    (``window``: the sweep passes a sliding window to every call)."""
     from baselines import registry
 
     where = f"methods[{i}] ({m.label})"
@@ -158,7 +160,7 @@ def _option_problems(i: int, m: MethodSpec, cells: list[Cell]) -> list[str]:
     out = []
     accepted = _accepted_options(method.fn)
     if accepted is not None:
-        given = set(m.options) | ({"window"} if cells and cells[0].window else set())
+        given = set(m.options) | ({"window"} if window else set())
         for k in sorted(given - accepted):
             out.append(f"{where}.options.{k}: {m.name!r} has no option {k!r}; valid options: "
                        f"{', '.join(sorted(accepted)) or '(none)'}")
@@ -205,13 +207,14 @@ def cell_problem(cell: Cell) -> str | None:
 
 
 def cell_problems(spec: SweepSpec) -> list[str]:
-    """Every problem of every cell, deduplicated, in method order. Cells of a method with
-    ``skip_invalid`` are not problems: they become ``skipped`` rows when the sweep runs."""
+    """Every problem of every cell, deduplicated, in method order (``parse_spec`` already
+    reported the method entries' own problems; here they only guard the cell checks). Cells of
+    a method with ``skip_invalid`` are not problems: they become ``skipped`` rows at run time."""
     cells = expand(spec)
     out: list[str] = []
     for i, m in enumerate(spec.methods):
         mine = [c for c in cells if c.label == m.label]
-        probs = _option_problems(i, m, mine)
+        probs = option_problems(i, m, bool(spec.shape and spec.shape.window))
         if not probs and not m.skip_invalid:
             where: dict[str, list[str]] = {}  # one line per distinct problem, with its cells
             for c in mine:

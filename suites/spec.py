@@ -382,7 +382,7 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
             r.add("shape", "only applies to workload = 'attention' (train_step takes the "
                   "shape from the model config)")
 
-    methods = []
+    methods, positions = [], []
     raw = r.get(data, "methods", "", list)
     if raw is not None and not raw:
         r.add("methods", "empty; give at least one [[methods]] entry")
@@ -393,6 +393,13 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
         m = _method(r, t, f"methods[{i}].", workload or "attention")
         if m is not None:
             methods.append(m)
+            positions.append(i)
+    if shape is not None or workload == "train_step":
+        from suites.cells import option_problems
+
+        window = bool(shape and shape.window)
+        for i, m in zip(positions, methods, strict=True):
+            r.problems += option_problems(i, m, window)
     labels = [m.label for m in methods]
     for lab in sorted({x for x in labels if labels.count(x) > 1}):
         r.add("methods", f"label {lab!r} is used by {labels.count(lab)} methods; labels must be "

@@ -1,0 +1,47 @@
+"""Attention "methods" for the harness tests, used through import paths (``tests.harness_methods:
+fn``) exactly as a user would plug in their own: one that works, and ones that fail in each way
+a real cell can fail (an exception on one rank, a rank dying, OOM, a hang past the time limit).
+All have the registry's call signature."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from burst import burst_attn, comm
+
+
+def user_attention(q, k, v, *, causal, softmax_scale=None, group=None):
+    """A user's method: BurstAttention on the contiguous layout (the import-path default)."""
+    return burst_attn(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group,
+                      layout="contiguous", backward="ring")
+
+
+def slow_attention(q, k, v, *, causal, softmax_scale=None, group=None, delay=0.5):
+    """Works, but takes ``delay`` seconds per call (gives a kill test time between rows)."""
+    time.sleep(delay)
+    return user_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group)
+
+
+def fail_on_rank1(q, k, v, *, causal, softmax_scale=None, group=None):
+    if comm.rank() == 1:
+        raise RuntimeError("deliberate failure on rank 1")
+    return user_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group)
+
+
+def die_on_rank1(q, k, v, *, causal, softmax_scale=None, group=None):
+    if comm.rank() == 1:
+        os._exit(7)  # the process vanishes without a traceback, like a killed rank
+    return user_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group)
+
+
+def out_of_memory(q, k, v, *, causal, softmax_scale=None, group=None):
+    err = getattr(torch, "OutOfMemoryError", RuntimeError)
+    raise err("CUDA out of memory. Tried to allocate 80.00 GiB (simulated by the test)")
+
+
+def hang(q, k, v, *, causal, softmax_scale=None, group=None):
+    time.sleep(3600)
+    raise AssertionError("unreachable: the cell's time limit ends the ranks first")

@@ -1,0 +1,257 @@
+"""Harness without ranks (issue 5): spec validation, cell expansion and ids, dry-run, the row
+store, tables, the CLI's read-only subcommands. Nothing here spawns a process group."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+
+import pytest
+
+from results import store
+from results.schema import COLUMNS, empty_row, markdown_table
+from results.tables import add_speedup, compare, summary
+from suites import cli
+from suites.cells import expand
+from suites.executors import dry_run
+from suites.rows import classify
+from suites.spec import SPEC_DIR, SlurmSpec, SpecError, load_spec
+
+GOOD = """
+workload = "attention"
+seq_lens = [64, 128]
+world = 4
+baseline = "burst"
+[shape]
+heads = 4
+head_dim = 16
+[[methods]]
+name = "burst"
+[[methods]]
+name = "burst"
+options = { backward = "ring", ranks_per_node = "@node" }
+label = "burst-ring"
+"""
+
+BAD = """
+workload = "attention"
+dtype = "float33"
+repeat = 3
+warmup = -1
+seq_lens = [64, 100]
+world = 4
+nodes = 3
+baseline = "nobody"
+[shape]
+heads = 6
+kv_heads = 4
+[[methods]]
+name = "no_such_method"
+[[methods]]
+name = "burst"
+options = { backwards = "ring" }
+label = "burst"
+[[methods]]
+name = "burst"
+label = "burst"
+checkpointing = "selective"
+[slurm]
+partition = 3
+"""
+
+
+def _write(tmp_path, text, name="sweep"):
+    p = tmp_path / f"{name}.toml"
+    p.write_text(text)
+    return p
+
+
+def test_bad_spec_lists_every_problem(tmp_path):
+    with pytest.raises(SpecError) as ei:
+        load_spec(_write(tmp_path, BAD))
+    probs = ei.value.problems
+    want = [
+        ("dtype", "'float33' is not valid", "float32"),  # bad value with the valid choices
+        ("repeat", "unknown key", "did you mean 'repeats'"),
+        ("warmup", "must be >= 0"),
+        ("nodes", "3 does not divide world=4", "valid: 1, 2, 4"),
+        ("baseline", "'nobody' is not a method label"),
+        ("shape.kv_heads", "4 does not divide heads=6", "valid: 1, 2, 3, 6"),
+        ("methods", "label 'burst' is used by 2 methods"),
+        ("methods[2].checkpointing", "only applies to workload = 'train_step'"),
+        ("slurm.partition", "3 is a int; expected str"),
+        ("methods[0] (no_such_method).name", "unknown method 'no_such_method'",
+         "registered: burst"),
+        ("methods[1] (burst).options.backwards", "valid options:", "backward"),
+    ]
+    for parts in want:
+        assert any(all(p in line for p in parts) for line in probs), (parts, probs)
+    assert len(probs) == len(want), probs
+    # the message carries them all, one per line
+    assert str(ei.value).count("\n  - ") == len(probs)
+
+
+def test_cell_problems_are_listed_together(tmp_path):
+    text = GOOD.replace("[64, 128]", "[64, 100]").replace('[[methods]]\nname = "burst"\n',
+                                                          '[[methods]]\nname = "burst"\n'
+                                                          'label = "z"\n', 1)
+    text = text.replace('baseline = "burst"', 'baseline = "z"')
+    text += '[[methods]]\nname = "ulysses"\n'
+    with pytest.raises(SpecError) as ei:
+        load_spec(_write(tmp_path, text))
+    probs = ei.value.problems
+    # 100 tokens cannot be zigzag-split over 4 ranks (8 chunks): one line per method entry
+    assert sum("seq_len@world 100@4" in p and "multiple of 8" in p for p in probs) == 2, probs
+    assert len(probs) == 2, probs  # ulysses (contiguous, 4 heads over 4 ranks) is fine
+    # with skip_invalid the impossible cells are not spec problems (they become skipped rows)
+    ok = text.replace('label = "z"\n', 'label = "z"\nskip_invalid = true\n').replace(
+        'label = "burst-ring"\n', 'label = "burst-ring"\nskip_invalid = true\n')
+    assert len(expand(load_spec(_write(tmp_path, ok)))) == 6
+
+
+def test_cells_and_ids(tmp_path):
+    spec = load_spec(_write(tmp_path, GOOD))
+    cells = expand(spec)
+    assert [(c.seq_len, c.label) for c in cells] == [
+        (64, "burst"), (64, "burst-ring"), (128, "burst"), (128, "burst-ring")]
+    assert cells[1].options == {"backward": "ring", "ranks_per_node": 4}  # "@node" resolved
+    ids = [c.cell_id for c in cells]
+    assert len(set(ids)) == len(ids)
+    # stable: the same file elsewhere, under another name, with another time limit
+    other = load_spec(_write(tmp_path, GOOD.replace('world = 4', 'world = 4\ntimeout_min = 3'),
+                             "renamed"))
+    assert [c.cell_id for c in expand(other)] == ids
+    # a change that changes the measurement changes the id
+    more = load_spec(_write(tmp_path, GOOD.replace('world = 4', 'world = 4\nrepeats = 9'),
+                            "more"))
+    assert not set(c.cell_id for c in expand(more)) & set(ids)
+    # cells round-trip through JSON (they travel to ranks and jobs)
+    assert [type(c).from_json(c.to_json()) for c in cells] == cells
+
+
+def test_shipped_specs_are_valid():
+    names = sorted(p.stem for p in SPEC_DIR.glob("*.toml"))
+    assert {"smoke", "cpu_scaling", "paper_kernel_32gpu", "paper_main_7b",
+            "paper_main_14b"} <= set(names)
+    for n in names:
+        cells = expand(load_spec(n))
+        assert cells and len({c.cell_id for c in cells}) == len(cells), n
+    # the paper specs mirror ../shared/paper_reference: same GPU counts and lengths
+    k = expand(load_spec("paper_kernel_32gpu"))
+    assert {c.world for c in k} == {32} and {c.nodes for c in k} == {4}
+    assert sorted({c.seq_len for c in k}) == [131072, 262144, 524288, 1048576]
+    m14 = expand(load_spec("paper_main_14b"))
+    assert {(c.world, c.seq_len) for c in m14} == {(32, 1 << 20), (64, 1 << 21)}
+    assert {c.checkpointing for c in m14} == {"selective", "full"}
+    assert {c.model for c in m14} == {"14b"} and {c.dtype for c in m14} == {"bfloat16"}
+
+
+def test_dry_run_prints_sbatch_and_gpu_hours():
+    spec = load_spec("paper_kernel_32gpu")
+    buf = io.StringIO()
+    slurm = dataclasses.replace(spec.slurm, partition="gpu-a800", account="proj")
+    hours = dry_run(expand(spec), slurm=slurm, sweep=spec.name, stream=buf)
+    out = buf.getvalue()
+    for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
+                 "#SBATCH --array=0-15%16", "#SBATCH --partition=gpu-a800",
+                 "#SBATCH --account=proj", "#SBATCH --time=30", "submitit.core._submit"):
+        assert line in out, line
+    assert hours == pytest.approx(16 * 32 * 30 / 60)
+    assert "at most 256.0 GPU-hours" in out and "nothing was submitted" in out
+
+
+def test_store_atomic_rows_and_torn_tail(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    for i in range(3):
+        store.append_row(rows, {"cell_id": f"c{i}", "status": "ok", "time_s": 1.0 + i})
+    with open(rows, "ab") as f:  # a writer killed mid-line
+        f.write(b'{"cell_id": "c3", "sta')
+    assert [r["cell_id"] for r in store.read_rows(rows)] == ["c0", "c1", "c2"]
+    assert store.repair(rows) > 0 and store.repair(rows) == 0
+    store.append_row(rows, {"cell_id": "c3", "status": "ok"})
+    assert [r["cell_id"] for r in store.read_rows(rows)] == ["c0", "c1", "c2", "c3"]
+    rows.write_text(rows.read_text() + "not json\n" + json.dumps({"cell_id": "c4"}) + "\n")
+    with pytest.raises(ValueError, match="not a torn write"):
+        store.read_rows(rows)
+
+
+def _rows(label_times, **common):
+    out = []
+    for i, (label, n, t, status) in enumerate(label_times):
+        r = empty_row()
+        r.update(cell_id=f"{label}-{n}", label=label, method=label, seq_len=n, world=4,
+                 workload="attention", status=status, time_s=t, bytes_sent_forward=10,
+                 bytes_sent_backward=20, index=i, **common)
+        out.append(r)
+    return out
+
+
+def _run_dir(tmp_path, name, rows, baseline="ring"):
+    d = tmp_path / "sweep" / name
+    d.mkdir(parents=True)
+    for r in rows:
+        store.append_row(d / store.ROWS, r)
+    store.write_meta(d, {"baseline": baseline, "cells": [r["cell_id"] for r in rows]})
+    return d
+
+
+def test_tables_summary_speedup_compare(tmp_path):
+    import pandas as pd
+
+    rows = _rows([("ring", 64, 2.0, "ok"), ("burst", 64, 1.0, "ok"), ("ring", 128, 4.0, "ok"),
+                  ("burst", 128, None, "oom")])
+    d = _run_dir(tmp_path, "20250101T000000Z-1", rows)
+    df = store.consolidate(d)
+    assert list(df.columns[:len(COLUMNS)]) == list(COLUMNS)
+    for f in (d / store.TABLE, d / store.CSV):  # pandas reads the tidy tables directly
+        t = pd.read_parquet(f) if f.suffix == ".parquet" else pd.read_csv(f)
+        assert len(t) == 4 and {"label", "speedup", "time_s"} <= set(t.columns)
+    sp = dict(zip(df["cell_id"], df["speedup"], strict=True))
+    assert sp["burst-64"] == pytest.approx(2.0) and sp["ring-64"] == pytest.approx(1.0)
+    assert pd.isna(sp["burst-128"])
+    s = summary(df, "time_s", baseline="ring")
+    assert list(s.columns) == ["seq_len", "ring", "burst"]
+    assert s.iloc[0]["burst"] == "1000.0 (2.00x)" and s.iloc[1]["burst"] == "oom"
+    # a second run, burst twice as fast at 64
+    rows2 = _rows([("ring", 64, 2.0, "ok"), ("burst", 64, 0.5, "ok")])
+    d2 = _run_dir(tmp_path, "20250102T000000Z-1", rows2)
+    c = compare(store.load(d), store.load(d2), "time_s")
+    got = {r.label: (r.ratio, r.speedup) for r in c.itertuples()}
+    assert got["burst"] == (pytest.approx(0.5), pytest.approx(2.0))
+    assert got["ring"] == (pytest.approx(1.0), pytest.approx(1.0))
+    assert store.latest_run(tmp_path / "sweep") == d2
+    assert add_speedup(df, None)["speedup"].equals(df["speedup"])
+
+
+def test_cli_read_only_commands(tmp_path, capsys):
+    rows = _rows([("ring", 64, 2.0, "ok"), ("burst", 64, 1.0, "ok")])
+    d = _run_dir(tmp_path, "20250101T000000Z-1", rows)
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "smoke" in out and "paper_main_14b" in out and "INVALID" not in out
+    assert cli.main(["show", str(tmp_path / "sweep")]) == 0
+    out = capsys.readouterr().out
+    assert "speedup vs ring" in out and "1000.0 (2.00x)" in out
+    assert cli.main(["compare", str(d), str(d), "--out", str(tmp_path / "c.csv")]) == 0
+    assert "speedup" in capsys.readouterr().out and (tmp_path / "c.csv").exists()
+    assert cli.main(["run", "paper_main_7b", "--executor", "dry-run", "--partition", "p1",
+                     "--time", "45"]) == 0
+    out = capsys.readouterr().out
+    assert "#SBATCH --partition=p1" in out and "#SBATCH --time=45" in out
+    assert "#SBATCH --nodes=8" in out and "GPU-hours" in out
+    assert cli.main(["run", str(tmp_path / "missing.toml")]) == 2
+    assert "no spec file" in capsys.readouterr().err
+    # hooks: a missing piece says so and does nothing
+    assert cli._hook(("no_such_pkg.figures",), "figures", []) == 2
+    assert "not available in this checkout" in capsys.readouterr().err
+
+
+def test_classify_and_schema_readme():
+    assert classify("torch.OutOfMemoryError: CUDA out of memory. Tried") == "oom"
+    assert classify("spawned ranks did not finish within 60 s") == "timeout"
+    assert classify("Job not requeued because: timed-out and not checkpointable.") == "timeout"
+    assert classify("RuntimeError: boom") == "error"
+    readme = (SPEC_DIR.parent.parent / "results" / "README.md").read_text()
+    assert markdown_table() in readme, "regenerate: python -m results.readme"
+    assert SlurmSpec().time_min > 0
