@@ -69,10 +69,11 @@ def is_initialized() -> bool:
 def init(backend: str = "gloo", *, rank: int | None = None, world_size: int | None = None,
          init_method: str | None = None, timeout_s: float = 600.0, device_id=None) -> None:
     """Initialise the default process group (env:// unless ``init_method`` is given)."""
-    kw = {}
-    if device_id is not None:
-        kw["device_id"] = device_id
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
+    # torch rejects rank=None / world_size=None; leaving them out makes env:// read RANK and
+    # WORLD_SIZE (submitit jobs export them, issue 5)
+    given = dict(rank=rank, world_size=world_size, device_id=device_id)
+    kw = {k: v for k, v in given.items() if v is not None}
+    dist.init_process_group(backend, init_method=init_method,
                             timeout=timedelta(seconds=timeout_s), **kw)
 
 
