@@ -38,6 +38,7 @@ __all__ = [
     "sacct_state",
     "slurm_cluster",
     "slurm_executor",
+    "stuck_attention",
     "wait_for_file",
     "wait_then_sleep",
 ]
@@ -185,17 +186,28 @@ def double(x: int) -> dict:
         "SLURM_ARRAY_TASK_ID"), "hostname": env.hostname, "cwd": os.getcwd()}
 
 
-def wait_then_sleep(started: str, seconds: float, *, deaf: bool = False) -> str:
-    """Mark that the job runs (its signal handlers are installed by then), then sleep.
-
-    ``deaf``: ignore submitit's time-limit warning (SIGUSR2), like a rank stuck in a collective
-    whose Python handlers never run, so that SLURM itself kills the job at its time limit.
-    """
-    if deaf:
-        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+def wait_then_sleep(started: str, seconds: float) -> str:
+    """Mark that the job runs (its signal handlers are installed by then), then sleep."""
     Path(started).write_text(os.environ.get("SLURM_JOB_ID", ""))
     time.sleep(seconds)
     return "slept"
+
+
+def stuck_attention(q, k, v, *, causal: bool, softmax_scale=None, group=None,
+                    marker: str = "") -> None:
+    """A method (registry signature) that hangs like a rank stuck in a collective.
+
+    Deaf to submitit's time-limit warning, so only SLURM's kill at the time limit ends the job.
+    Rank 0 writes the SLURM job id (array task form, as the harness's ``job_id``) to ``marker``
+    once it is stuck, so the test knows which job to expire.
+    """
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    if marker and int(os.environ.get("RANK", "0")) == 0:
+        from suites.provenance import job_id
+
+        Path(marker + ".tmp").write_text(job_id() or "")
+        os.replace(marker + ".tmp", marker)
+    time.sleep(3600)
 
 
 def attention_on_ranks(seed: int, seq_local: int = 8) -> dict:
