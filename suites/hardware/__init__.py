@@ -1,0 +1,201 @@
+"""Hardware profiles for the simulator: one TOML data file per cluster kind, values with sources.
+
+    hw = load("a800")            # suites/hardware/a800.toml, or a path to any profile file
+    hw.attn_seconds(flops, t, "forward")   # time of one attention kernel call
+    hw.inter_gbps(senders_per_node=8)     # per-GPU bandwidth when 8 GPUs of a node cross nodes
+    hw.sources["nic.efficiency"]         # where a number came from
+
+Every value in a profile is ``{value = ..., source = "..."}``; the source says whether it is a
+datasheet number, a measured range (DESIGN.md 4), an assumption, or calibrated against which
+published numbers (``python -m suites.calibrate`` fits and can rewrite the calibrated ones).
+
+Model of the attention kernel (DESIGN.md 4, issue 6): a call whose smaller side has t tokens runs
+at eta(t) = fwd_eta_max * t / (t + t_half_tokens) of the dense bf16 peak in forward and
+bwd_over_fwd times that in backward. Small blocks lose to per-call prologue/epilogue and tail
+effects; t_half_tokens is where half the peak efficiency is reached.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
+__all__ = ["FIELDS", "Hardware", "load", "names", "profile_path"]
+
+_DIR = Path(__file__).resolve().parent
+
+# (section.key, attribute, type): the keys every profile must give
+FIELDS: tuple[tuple[str, str, type], ...] = (
+    ("gpu.peak_bf16_tflops", "peak_tflops", float),
+    ("gpu.memory_gib", "memory_gib", float),
+    ("gpu.hbm_gbps", "hbm_gbps", float),
+    ("gpu.gemm_efficiency", "gemm_efficiency", float),
+    ("gpu.elementwise_efficiency", "elementwise_efficiency", float),
+    ("attention_kernel.fwd_eta_max", "fwd_eta_max", float),
+    ("attention_kernel.bwd_over_fwd", "bwd_over_fwd", float),
+    ("attention_kernel.t_half_tokens", "t_half_tokens", float),
+    ("nvlink.gbps_per_direction", "nvlink_gbps", float),
+    ("nvlink.latency_us", "nvlink_latency_us", float),
+    ("nic.per_node", "nics_per_node", int),
+    ("nic.gbps_per_direction", "nic_gbps", float),
+    ("nic.efficiency", "nic_efficiency", float),
+    ("nic.latency_us", "nic_latency_us", float),
+    ("node.gpus", "gpus_per_node", int),
+    ("memory.usable_gib", "usable_gib", float),
+    ("memory.allocator_overhead", "allocator_overhead", float),
+)
+_FRACTIONS = ("gemm_efficiency", "elementwise_efficiency", "fwd_eta_max", "bwd_over_fwd",
+              "nic_efficiency")
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One GPU cluster kind. Bandwidths in GB/s (1e9 bytes/s) per direction, times in seconds."""
+
+    name: str
+    description: str
+    peak_tflops: float
+    """Dense bf16 peak per GPU, also the MFU denominator (DESIGN.md 4)."""
+    memory_gib: float
+    hbm_gbps: float
+    gemm_efficiency: float
+    """Fraction of peak reached by the model's dense GEMMs."""
+    elementwise_efficiency: float
+    """Fraction of HBM bandwidth reached by memory-bound elementwise kernels."""
+    fwd_eta_max: float
+    """Attention kernel forward efficiency for large blocks (fraction of peak)."""
+    bwd_over_fwd: float
+    t_half_tokens: float
+    nvlink_gbps: float
+    """Achievable point-to-point bandwidth between two GPUs of a node, per direction."""
+    nvlink_latency_us: float
+    nics_per_node: int
+    nic_gbps: float
+    """Line rate of one NIC per direction; ``nic_efficiency`` of it is achievable."""
+    nic_efficiency: float
+    nic_latency_us: float
+    gpus_per_node: int
+    usable_gib: float
+    """Memory a process can allocate (capacity minus context and library workspaces)."""
+    allocator_overhead: float
+    """Reserved / allocated - 1 of the caching allocator (fragmentation, rounding)."""
+    sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self):
+        bad = []
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name in ("name", "description", "sources"):
+                continue
+            if not isinstance(v, int | float) or v < 0:
+                bad.append(f"{f.name}={v!r} must be a number >= 0")
+            elif f.name in _FRACTIONS and not 0 < v <= 1:
+                bad.append(f"{f.name}={v!r} must be a fraction in (0, 1]")
+        for f in ("peak_tflops", "hbm_gbps", "nvlink_gbps", "nic_gbps", "gpus_per_node",
+                  "nics_per_node"):
+            if getattr(self, f) == 0:
+                bad.append(f"{f}=0 must be positive")
+        if self.usable_gib > self.memory_gib:
+            bad.append(f"usable_gib={self.usable_gib} exceeds memory_gib={self.memory_gib}")
+        if bad:
+            raise ValueError(f"hardware profile {self.name!r}: " + "; ".join(bad))
+
+    # -- compute --------------------------------------------------------------------------
+    def attn_efficiency(self, t: float, pass_: str = "forward") -> float:
+        """Fraction of peak of an attention call whose smaller side has ``t`` tokens."""
+        if pass_ not in ("forward", "backward"):
+            raise ValueError(f"pass_={pass_!r}; valid: forward, backward")
+        eta = self.fwd_eta_max * t / (t + self.t_half_tokens)
+        return eta * (self.bwd_over_fwd if pass_ == "backward" else 1.0)
+
+    def attn_seconds(self, flops: float, t: float, pass_: str = "forward") -> float:
+        """Time of attention kernel work of ``flops`` in calls of block size ``t`` tokens."""
+        if flops <= 0:
+            return 0.0
+        return flops / (self.peak_tflops * 1e12 * self.attn_efficiency(t, pass_))
+
+    def gemm_seconds(self, flops: float) -> float:
+        return flops / (self.peak_tflops * 1e12 * self.gemm_efficiency)
+
+    def hbm_seconds(self, nbytes: float) -> float:
+        """Time of a memory-bound kernel that moves ``nbytes`` through HBM."""
+        return nbytes / (self.hbm_gbps * 1e9 * self.elementwise_efficiency)
+
+    # -- links ----------------------------------------------------------------------------
+    def inter_gbps(self, senders_per_node: int = 1) -> float:
+        """Per-GPU bandwidth across nodes while ``senders_per_node`` GPUs of a node send at once.
+
+        One sender gets at most one NIC; many share the node's NICs evenly (DESIGN.md 3: the
+        double ring makes all L GPUs cross at once so that every NIC carries traffic)."""
+        nics_used = min(self.nics_per_node, max(senders_per_node, 1))
+        return self.nic_gbps * self.nic_efficiency * nics_used / max(senders_per_node, 1)
+
+    def link_seconds(self, nbytes: float, link: str, senders_per_node: int = 1) -> float:
+        """Time of one transfer of ``nbytes`` on an ``intra`` or ``inter`` link, with latency."""
+        if nbytes <= 0:
+            return 0.0
+        if link == "intra":
+            return nbytes / (self.nvlink_gbps * 1e9) + self.nvlink_latency_us * 1e-6
+        if link == "inter":
+            return nbytes / (self.inter_gbps(senders_per_node) * 1e9) + self.nic_latency_us * 1e-6
+        raise ValueError(f"link={link!r}; valid: intra, inter")
+
+    @property
+    def usable_bytes(self) -> float:
+        return self.usable_gib * GIB
+
+    def with_values(self, **values) -> Hardware:
+        """A copy with some values replaced (calibration); the sources say 'override'."""
+        kw = {f.name: getattr(self, f.name) for f in fields(self)}
+        unknown = sorted(set(values) - set(kw))
+        if unknown:
+            raise ValueError(f"unknown hardware fields {unknown}; valid: {sorted(kw)}")
+        kw.update(values)
+        kw["sources"] = {**self.sources, **{k: "override" for k in values}}
+        return Hardware(**kw)
+
+
+def names() -> list[str]:
+    """Profiles shipped in suites/hardware/."""
+    return sorted(p.stem for p in _DIR.glob("*.toml"))
+
+
+def profile_path(name_or_path: str | Path) -> Path:
+    p = Path(name_or_path)
+    if p.suffix == ".toml" and p.exists():
+        return p
+    q = _DIR / f"{name_or_path}.toml"
+    if q.exists():
+        return q
+    raise ValueError(f"unknown hardware profile {str(name_or_path)!r}; shipped: "
+                     f"{', '.join(names())} (or give a path to a .toml profile)")
+
+
+def load(name_or_path: str | Path) -> Hardware:
+    """Read a profile, check every required value is present with a source."""
+    path = profile_path(name_or_path)
+    with open(path, "rb") as f:
+        raw = tomllib.load(f)
+    kw, sources, problems = {}, {}, []
+    for key, attr, typ in FIELDS:
+        section, _, leaf = key.partition(".")
+        entry = raw.get(section, {}).get(leaf)
+        if not isinstance(entry, dict) or "value" not in entry or "source" not in entry:
+            problems.append(f"{key} must be a table {{value = ..., source = \"...\"}}")
+            continue
+        v = entry["value"]
+        if typ is int and not isinstance(v, int) or not isinstance(v, int | float):
+            problems.append(f"{key}={v!r} must be {typ.__name__}")
+            continue
+        kw[attr] = typ(v)
+        sources[key] = str(entry["source"])
+    if problems:
+        raise ValueError(f"hardware profile {path}: " + "; ".join(problems))
+    return Hardware(name=raw.get("name", path.stem), description=raw.get("description", ""),
+                    sources=sources, **kw)

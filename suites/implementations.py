@@ -1,0 +1,111 @@
+"""Implementation facts of the systems the paper compares, for the simulator (issue 6).
+
+The registry method and its options say what algorithm a system runs (``suites.paper_methods``);
+an ``Implementation`` adds what the algorithm does not fix but time and memory depend on: the
+layout it balances causal work with, what its ring backward circulates and in which precision,
+its attention speed relative to our schedule model, and buffers
+it holds that grow with the whole sequence. Values live in ``suites/implementations.toml`` with a
+source each; ``OURS`` describes this project's engine (no quirks).
+
+    impl = implementation("megatron_cp")    # or implementation(None) -> OURS
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
+__all__ = ["OURS", "PATH", "Implementation", "implementation", "implementations"]
+
+PATH = Path(__file__).resolve().parent / "implementations.toml"
+
+
+@dataclass(frozen=True)
+class Implementation:
+    name: str
+    label: str = ""
+    layout: str | None = None
+    """Causal load balance the system uses; None: the method's own default."""
+    ring_backward: str | None = None
+    """'burst' or 'ring' for the ring inside usp; None: the method's option or 'ring'."""
+    acc_elem: int = 4
+    """Bytes per element of travelling accumulators (fp32: 4; TransformerEngine dK/dV: 2)."""
+    attention_efficiency: float = 1.0
+    """Attention speed relative to the schedule model (time is divided by it)."""
+    mask_bytes_per_pair: float = 0.0
+    """Bytes per (query, key) pair of the whole sequence on every rank (an [N, N] mask)."""
+    global_token_bytes: float = 0.0
+    """Bytes per token of the whole sequence on every rank."""
+    logits_bytes: float = 8.0
+    """Bytes per (token, vocab) logit a plain (unfused) head holds at the loss: fp32 logits and
+    their fp32 gradient (DESIGN.md 3: the plain head materialises N/G x V logits in fp32)."""
+    selective_caches_attention: bool = True
+    """Whether its 'selective' checkpointing keeps the attention output (else it recomputes the
+    whole layer, attention included, like 'full')."""
+    uneven_heads: bool = False
+    """Head-parallel degrees that do not divide the heads are allowed (the busiest rank gets
+    ceil(H/U) heads) instead of being an error."""
+    sources: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self):
+        bad = []
+        if self.layout not in (None, "contiguous", "zigzag", "striped"):
+            bad.append(f"layout={self.layout!r}; valid: contiguous, zigzag, striped")
+        if self.ring_backward not in (None, "burst", "ring"):
+            bad.append(f"ring_backward={self.ring_backward!r}; valid: burst, ring")
+        if self.acc_elem not in (2, 4, 8):
+            bad.append(f"acc_elem={self.acc_elem!r}; valid: 2, 4, 8")
+        if not 0 < self.attention_efficiency <= 2:
+            bad.append(f"attention_efficiency={self.attention_efficiency!r} must be in (0, 2]")
+        for k in ("mask_bytes_per_pair", "global_token_bytes", "logits_bytes"):
+            if getattr(self, k) < 0:
+                bad.append(f"{k}={getattr(self, k)!r} must be >= 0")
+        if bad:
+            raise ValueError(f"implementation {self.name!r}: " + "; ".join(bad))
+
+    def with_values(self, **values) -> Implementation:
+        return replace(self, **values)
+
+
+OURS = Implementation(name="burst-bench", label="this project's engine")
+_FIELDS = {f.name for f in fields(Implementation)} - {"name", "sources"}
+
+
+def implementations(path: Path | str = PATH) -> dict[str, Implementation]:
+    """Every implementation in the data file, by paper method name."""
+    with open(path, "rb") as f:
+        raw = tomllib.load(f)
+    out, problems = {}, []
+    for name, table in raw.items():
+        unknown = sorted(set(table) - _FIELDS - {"sources"})
+        if unknown:
+            problems.append(f"[{name}] unknown keys {unknown}; valid: {sorted(_FIELDS)}")
+            continue
+        try:
+            out[name] = Implementation(name=name, **table)
+        except (TypeError, ValueError) as e:
+            problems.append(f"[{name}] {e}")
+    if problems:
+        raise ValueError(f"{path}: " + "; ".join(problems))
+    return out
+
+
+_CACHE: dict[str, Implementation] | None = None
+
+
+def implementation(paper: str | None) -> Implementation:
+    """The implementation of a paper method name; ``OURS`` for None (this project's code)."""
+    global _CACHE
+    if paper is None:
+        return OURS
+    if _CACHE is None:
+        _CACHE = implementations()
+    if paper not in _CACHE:
+        raise ValueError(f"no implementation profile for paper method {paper!r}; known: "
+                         f"{', '.join(sorted(_CACHE))} (suites/implementations.toml)")
+    return _CACHE[paper]

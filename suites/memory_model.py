@@ -1,0 +1,163 @@
+"""Peak memory per rank of an attention layer or an engine training step, for the simulator.
+
+Counted, not fitted: every term is a tensor the code (or the system it stands for) holds, in
+bytes, named after what it is. The only calibrated constant is the hardware profile's allocator
+overhead (reserved / allocated). A cell is predicted OOM when the reserved peak exceeds the
+profile's usable memory.
+
+Training step (ZeRO-3 over all G ranks, as in the paper's runs):
+  model states   params bf16 + grads bf16 + fp32 master, m, v = 16 bytes / parameter / G
+                 (ZeRO, Rajbhandari et al. 2020: 2 + 2 + K, K = 12); with offload only the bf16
+                 parameter and gradient shards stay on the GPU
+  gathered       the current and the prefetched layer's full bf16 parameters + one layer's bf16
+                 gradients before their reduce-scatter
+  checkpoints    per layer: the layer input (full, selective, selective_half); plus the cached
+                 attention output and lse (selective; half of them for selective_half); no
+                 checkpointing keeps every activation of every layer
+  layer peak     backward of one layer: its activations again (recomputed) + the gradients of
+                 the MLP's gate and up projections (the largest live at once; the others reuse
+                 freed activations) + the attention method's buffers (ring double buffers, fp32
+                 accumulators, Ulysses' gathered heads)
+  head           plain: the whole local logits at the loss, N/G x V x ``logits_bytes`` (fp32
+                 logits and their fp32 gradient: 8); fused: one chunk of bf16 logits, their fp32
+                 copy and gradient + the fp32 weight gradient (burst.engine.fused_loss)
+  implementation what a system holds for the whole sequence (an [N, N] mask, per-token buffers)
+The peak is the larger of the head moment (all checkpoints + head) and the last layer's backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from suites.hardware import GIB, Hardware
+from suites.implementations import Implementation
+from suites.schedule import AttnShape, Plan
+
+__all__ = ["MemoryEstimate", "attention_memory", "layer_activation_bytes", "train_memory"]
+
+BF16, FP32 = 2, 4
+ZERO_BYTES_PER_PARAM = 16  # ZeRO (arXiv 1910.02054) 3.1: 2 + 2 + 12, mixed-precision Adam
+FUSED_CHUNK = 1024  # burst.engine.model: loss_chunk tokens per fused head chunk
+
+
+@dataclass
+class MemoryEstimate:
+    """Bytes per rank by component; ``reserved`` includes the allocator overhead."""
+
+    parts: dict[str, float] = field(default_factory=dict)
+    allocated: float = 0.0
+    reserved: float = 0.0
+    usable: float = 0.0
+
+    @property
+    def fits(self) -> bool:
+        return self.reserved <= self.usable
+
+    @property
+    def reserved_gib(self) -> float:
+        return self.reserved / GIB
+
+
+def _finish(parts: dict[str, float], hw: Hardware) -> MemoryEstimate:
+    allocated = sum(parts.values())
+    return MemoryEstimate(parts=parts, allocated=allocated,
+                          reserved=allocated * (1 + hw.allocator_overhead),
+                          usable=hw.usable_bytes)
+
+
+def _attention_buffers(shape: AttnShape, plan: Plan, world: int, acc_elem: int) -> float:
+    """Communication buffers and fp32 accumulators of one attention backward (its peak)."""
+    b, n, d, e = shape.batch, shape.seq_len // world, shape.head_dim, shape.elem
+    h, hk = shape.heads, shape.kv_heads
+    kv = 2 * b * n * hk * d * e
+    if plan.kind == "ring":
+        if plan.backward == "burst":  # Q, dO, D, LSE travel + fp32 dQ; dK, dV accumulate locally
+            pay = 2 * b * n * h * d * e + 2 * b * n * h * FP32 + b * n * h * d * FP32
+            local = 2 * b * n * hk * d * FP32
+        else:  # K, V + dK, dV travel; dQ accumulates locally
+            pay = kv + 2 * b * n * hk * d * acc_elem
+            local = b * n * h * d * FP32
+        bufs = 3 if plan.ring_local else 2  # double ring: one more block in flight across nodes
+        return bufs * pay + local
+    if plan.kind == "usp":
+        # heads gathered by the all-to-all (same bytes as the local q, k, v, o) + the ring's
+        # buffers on U*n tokens x H/U heads (the same bytes as n tokens x H heads)
+        gathered = b * n * (2 * h + 2 * hk) * d * e
+        sub = Plan("ring", layout=plan.layout, backward=plan.backward)
+        return gathered + _attention_buffers(shape, sub, world, acc_elem)
+    # ulysses / tp / allgather: the gathered inputs and their gradients
+    if plan.kind == "allgather":
+        return 2 * (shape.seq_len * b * hk * d * e) + shape.seq_len * b * hk * d * 2 * e
+    return 2 * b * n * (2 * h + 2 * hk) * d * e
+
+
+def attention_memory(hw: Hardware, shape: AttnShape, plan: Plan, world: int,
+                     impl: Implementation) -> MemoryEstimate:
+    """One attention layer forward + backward: inputs, outputs, grads, lse, buffers."""
+    b, n, d, e = shape.batch, shape.seq_len // world, shape.head_dim, shape.elem
+    h, hk = shape.heads, shape.kv_heads
+    parts = {
+        "inputs_outputs": b * n * (2 * h + 2 * hk) * d * e,  # q, k, v, out
+        "grads": b * n * (2 * h + 2 * hk) * d * e,  # dout, dq, dk, dv
+        "lse_delta": 2 * b * h * n * FP32,
+        "comm_buffers": _attention_buffers(shape, plan, world, impl.acc_elem),
+        "implementation": _implementation_bytes(impl, shape.seq_len),
+    }
+    return _finish(parts, hw)
+
+
+def _implementation_bytes(impl: Implementation, seq_len: int) -> float:
+    return impl.mask_bytes_per_pair * float(seq_len) ** 2 + impl.global_token_bytes * seq_len
+
+
+def layer_activation_bytes(cfg, tokens: int, elem: int = BF16) -> dict[str, float]:
+    """Bytes one decoder layer saves for backward without checkpointing, by tensor.
+
+    Counted on burst.engine.model's layer: two RMSNorms (input and output kept), q/k/v after
+    rotary, attention out + fp32 lse, the SwiGLU gate, up, activation and product."""
+    h, d = cfg.hidden_size, cfg.hidden_size // cfg.num_heads
+    kvd = cfg.num_kv_heads * d
+    return {
+        "norms": tokens * 4 * h * elem,
+        "qkv": tokens * (h + 2 * kvd) * elem,
+        "attention_out": tokens * h * elem,
+        "lse": tokens * cfg.num_heads * FP32,
+        "mlp": tokens * 4 * cfg.ffn_size * elem,
+    }
+
+
+def _checkpoint_bytes(cfg, tokens: int, mode: str) -> float:
+    """Bytes kept per layer between forward and backward, by checkpointing mode."""
+    act = layer_activation_bytes(cfg, tokens)
+    layer_input = tokens * cfg.hidden_size * BF16
+    cached = act["attention_out"] + act["lse"]
+    return {"none": sum(act.values()), "full": layer_input,
+            "selective": layer_input + cached,
+            "selective_half": layer_input + cached / 2}[mode]
+
+
+def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
+                 checkpointing: str, fused_head: bool, impl: Implementation,
+                 params: int, offload: bool = False) -> MemoryEstimate:
+    """Peak bytes per rank of one training step (see the module docstring)."""
+    b, n = shape.batch, shape.seq_len // world
+    tokens = b * n
+    h, v = cfg.hidden_size, cfg.vocab_size
+    layer_params = (params - 2 * v * h) / cfg.num_layers
+    states = (2 * BF16 if offload else ZERO_BYTES_PER_PARAM) * params / world
+    gathered = 2 * layer_params * BF16 + layer_params * BF16
+    checkpoints = cfg.num_layers * _checkpoint_bytes(cfg, tokens, checkpointing)
+    act = sum(layer_activation_bytes(cfg, tokens).values())
+    mlp_grads = 2 * tokens * cfg.ffn_size * BF16
+    layer_peak = act + mlp_grads + _attention_buffers(shape, plan, world, impl.acc_elem)
+    if fused_head:
+        head = min(tokens, FUSED_CHUNK) * v * (BF16 + 2 * FP32) + v * h * FP32 + tokens * h * BF16
+    else:
+        head = tokens * v * impl.logits_bytes + tokens * h * BF16
+    head += 2 * v * h * BF16  # the gathered head weight and its gradient
+    extra = _implementation_bytes(impl, shape.seq_len)
+    base = {"model_states": states, "checkpoints": checkpoints, "implementation": extra}
+    at_head = {**base, "head": head}
+    at_layer = {**base, "gathered_params": gathered, "layer_backward": layer_peak}
+    parts = at_head if sum(at_head.values()) > sum(at_layer.values()) else at_layer
+    return _finish(parts, hw)

@@ -1,0 +1,411 @@
+"""Schedule model of one attention layer (forward + backward) per method, for the simulator.
+
+Time comes from two sources only: kernel work per ring step (the same ``burst.masks.plan_pair``
+calls the real code makes, FLOPs from ``burst.flops``, priced by the hardware profile's kernel
+efficiency) and bytes per rank (``burst.volume``, the formulas the byte-counter tests verify),
+priced by the profile's link bandwidths. The schedule says how they combine (DESIGN.md 3):
+
+  flat ring      each of the S = G-1 steps takes max(compute, hop); the last block is computed
+                 with nothing left to send; the backward's accumulators take one more hop home.
+                 A flat ring that spans nodes waits every step for its one inter-node hop, on
+                 one NIC (the other GPUs of the node are not crossing).
+  double ring    M rounds of L steps: L-1 NVLink hops, and one inter-node hop made by all L GPUs
+                 of a node at once (they share the node's NICs) that hides behind those L-1
+                 steps: round = max(sum of L-1 steps, inter hop) + last step.
+  ulysses        all-to-all of q, k, v, then the whole sequence for H/U heads, all-to-all of o;
+                 backward mirrors it (dO in, dq/dk/dv out). Nothing overlaps.
+  usp            Ulysses inside groups of U ranks, a flat ring across the G/U groups on blocks of
+                 U*n tokens and H/U heads (all U GPUs of a group cross nodes at once).
+  allgather      all-gather K/V, local queries against all keys, reduce-scatter dK/dV.
+  tp             heads split over G ranks, the sequence gathered and scattered around the layer.
+
+Causal balance comes from the layout through ``plan_pair``: contiguous makes the slowest rank do
+a full block every step, zigzag and striped half a block. Every step also pays memory-bound
+accumulator traffic (fp32 merge of (o, lse) forward; dq or dk/dv accumulation backward).
+
+Names: G ranks, N global tokens, n = N/G local, H heads, Hk kv heads, d head dim, U Ulysses degree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from burst import flops as F
+from burst import volume
+from burst.masks import CAUSAL, DENSE, FULL, STRICT, MaskSpec, plan_pair, ring_span
+from suites.hardware import Hardware
+
+__all__ = ["AttnShape", "AttnTiming", "Plan", "Topo", "attention_timing", "collective_seconds",
+           "method_volume", "plan_for", "step_compute"]
+
+RING_METHODS = {
+    # registry name -> (layout, backward, double ring?) defaults; options override them
+    "burst": ("zigzag", "burst", False),
+    "ring": ("contiguous", "ring", False),
+    "zigzag_ring": ("zigzag", "ring", False),
+    "striped_ring": ("striped", "ring", False),
+    "double_ring": ("zigzag", "ring", True),
+}
+OTHER_KINDS = {"ulysses": "ulysses", "usp": "usp", "allgather": "allgather", "tp": "tp"}
+
+
+@dataclass(frozen=True)
+class AttnShape:
+    """Global shape of one attention layer."""
+
+    batch: int
+    seq_len: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    causal: bool = True
+    elem: int = 2
+    """Bytes per element of q/k/v (bf16: 2)."""
+    window: tuple[int, int] | None = None
+
+    def __post_init__(self):
+        bad = [f"{k}={getattr(self, k)!r} must be a positive int" for k in
+               ("batch", "seq_len", "heads", "kv_heads", "head_dim", "elem")
+               if not isinstance(getattr(self, k), int) or getattr(self, k) <= 0]
+        if not bad and self.heads % self.kv_heads:
+            bad.append(f"heads={self.heads} is not divisible by kv_heads={self.kv_heads}")
+        if bad:
+            raise ValueError("attention shape: " + "; ".join(bad))
+
+    def pair_flops(self, heads: int | None = None) -> float:
+        """Forward FLOPs of one visible (query, key) pair over ``heads`` heads (burst.flops)."""
+        return F.attention_flops(self.batch, 1, heads or self.heads, self.head_dim)
+
+
+@dataclass(frozen=True)
+class Topo:
+    """G ranks placed node-major, ``ranks_per_node`` per node."""
+
+    world: int
+    ranks_per_node: int
+
+    def __post_init__(self):
+        if self.world < 1 or self.ranks_per_node < 1:
+            raise ValueError(f"topology world={self.world}, ranks_per_node="
+                             f"{self.ranks_per_node}: both must be >= 1")
+        if self.world > self.ranks_per_node and self.world % self.ranks_per_node:
+            raise ValueError(f"world={self.world} is not a multiple of ranks_per_node="
+                             f"{self.ranks_per_node}")
+
+    @property
+    def local(self) -> int:
+        return min(self.world, self.ranks_per_node)
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.world // self.local)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a method does, reduced to what the schedule needs."""
+
+    kind: str
+    """ring | ulysses | usp | allgather | tp"""
+    layout: str = "zigzag"
+    backward: str = "ring"
+    """ring methods: 'burst' (Q, dO, D, LSE travel, dQ trails) or 'ring' (K, V travel)."""
+    ring_local: int | None = None
+    """Double ring with this many ranks per inner ring; None: flat ring."""
+    ulysses: int = 1
+    """Ulysses (head-parallel) degree: G for ulysses, U for usp."""
+    options: dict = field(default_factory=dict, compare=False)
+
+
+@dataclass
+class AttnTiming:
+    forward_s: float
+    backward_s: float
+    compute_forward_s: float
+    compute_backward_s: float
+    bytes_forward: int
+    bytes_backward: int
+    bytes_intra: int
+    bytes_inter: int
+    plan: Plan | None = None
+
+    @property
+    def total_s(self) -> float:
+        return self.forward_s + self.backward_s
+
+    @property
+    def exposed_comm_s(self) -> float:
+        return self.total_s - self.compute_forward_s - self.compute_backward_s
+
+
+def _registry_defaults(method: str) -> dict:
+    try:
+        from baselines import registry
+
+        return dict(registry.get(method).options)
+    except (ImportError, ValueError):
+        return {}
+
+
+def plan_for(method: str, options: dict | None, topo: Topo, shape: AttnShape) -> Plan:
+    """Reduce a registry method and its options to a schedule plan (defaults from the registry)."""
+    opts = {**_registry_defaults(method), **(options or {})}
+    if method in RING_METHODS:
+        layout, backward, double = RING_METHODS[method]
+        layout = opts.get("layout", layout)
+        backward = opts.get("backward", backward)
+        if backward == "auto":
+            backward = _auto_backward(shape, topo, opts.get("ranks_per_node"))
+        if backward not in ("burst", "ring"):
+            raise ValueError(f"backward={backward!r}; valid: auto, burst, ring")
+        rpn = opts.get("ranks_per_node", topo.local if double else None)
+        local = rpn if rpn is not None and rpn < topo.world else None
+        if local is not None and topo.world % local:
+            raise ValueError(f"ranks_per_node={local} does not divide world={topo.world}")
+        return Plan("ring", layout=layout, backward=backward, ring_local=local, options=opts)
+    if method in OTHER_KINDS:
+        kind = OTHER_KINDS[method]
+        u = topo.world if kind in ("ulysses", "tp") else int(
+            opts.get("ulysses_degree", min(topo.local, topo.world)))
+        if kind == "usp" and (u < 1 or topo.world % u):
+            raise ValueError(f"ulysses_degree={u} does not divide world={topo.world}")
+        # usp's ring: the registry runs the classic ring backward; BurstEngine-USP the burst one
+        backward = opts.get("ring", opts.get("backward", "ring"))
+        return Plan(kind, layout=opts.get("layout", "zigzag"), backward=backward, ulysses=u,
+                    options=opts)
+    raise ValueError(f"method {method!r} has no schedule model; modelled: "
+                     f"{', '.join([*RING_METHODS, *OTHER_KINDS])}")
+
+
+def _auto_backward(shape: AttnShape, topo: Topo, ranks_per_node: int | None) -> str:
+    """Same rule as burst.attention's 'auto': whichever backward moves fewer bytes."""
+    kw = _vol_kw(shape, topo.world, shape.seq_len // topo.world)
+    by = {b: volume.ring_attention_bytes(backward=b, ranks_per_node=ranks_per_node, **kw)
+          .sent("backward") for b in ("burst", "ring")}
+    return "burst" if by["burst"] <= by["ring"] else "ring"
+
+
+def _vol_kw(shape: AttnShape, world: int, seq_local: int, heads: int | None = None,
+            kv_heads: int | None = None, acc_elem: int = 4) -> dict:
+    return dict(world=world, batch=shape.batch, seq_local=seq_local, heads=heads or shape.heads,
+                kv_heads=kv_heads or shape.kv_heads, head_dim=shape.head_dim, elem=shape.elem,
+                acc_elem=acc_elem)
+
+
+# options of each byte formula in burst.volume.method_bytes (the rest change no byte)
+_BYTE_OPTIONS = {"burst": ("layout", "backward", "ranks_per_node"), "ring": ("layout",),
+                 "zigzag_ring": ("layout",), "striped_ring": ("layout",),
+                 "double_ring": ("layout", "ranks_per_node"), "allgather": ("layout",),
+                 "ulysses": ("layout",), "tp": ("hidden",)}
+
+
+def _method_bytes(method: str, opts: dict, shape: AttnShape, world: int, seq_local: int,
+                  node_size: int, acc_elem: int, heads: int | None = None,
+                  kv_heads: int | None = None) -> volume.Volume:
+    kw = {k: opts[k] for k in _BYTE_OPTIONS[method] if k in opts}
+    return volume.method_bytes(method, **_vol_kw(shape, world, seq_local, heads, kv_heads,
+                                                 acc_elem),
+                               node_size=node_size, causal=shape.causal, window=shape.window,
+                               **kw)
+
+
+def method_volume(method: str, options: dict | None, shape: AttnShape, topo: Topo, *,
+                  acc_elem: int = 4) -> volume.Volume:
+    """Bytes rank 0 sends in one attention layer, from ``burst.volume.method_bytes``.
+
+    usp is composed from the same formulas, Ulysses over U ranks plus a ring of G/U ranks on
+    U*n tokens x H/U heads, so that its ring may run either backward (the registry's usp runs
+    the classic one; BurstEngine-USP the burst one)."""
+    plan = plan_for(method, options, topo, shape)
+    n = shape.seq_len // topo.world
+    if plan.kind != "usp":
+        return _method_bytes(method, plan.options, shape, topo.world, n, topo.local, acc_elem)
+    return _usp_volume(plan, shape, topo, acc_elem)[0]
+
+
+def _usp_volume(plan: Plan, shape: AttnShape, topo: Topo, acc_elem: int):
+    """(total, ulysses part, ring part) of usp; the ring part labelled on its own ranks."""
+    u, n = plan.ulysses, shape.seq_len // topo.world
+    r = topo.world // u
+    a2a = _method_bytes("ulysses", {}, shape, u, n, topo.local, acc_elem)
+    hk = volume.ulysses_kv_heads(shape.kv_heads, u)
+    ring = volume.ring_attention_bytes(backward=plan.backward,
+                                       **_vol_kw(shape, r, u * n, shape.heads // u,
+                                                 max(1, hk // u), acc_elem))
+    # ring neighbours are U ranks apart: on other nodes once a node holds at most U ranks
+    link = "inter" if u >= topo.local and topo.world > topo.local else "intra"
+    total = volume.Volume()
+    for (p, lk), v in a2a.by.items():
+        total.add(p, lk, v)
+    for (p, _), v in ring.by.items():
+        total.add(p, link, v)
+    return total, a2a, ring
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel work per ring step
+
+
+def _len(s: slice, m: int) -> int:
+    return len(range(*s.indices(m)))
+
+
+def _call_seconds(hw: Hardware, shape: AttnShape, call, m: int, heads: int, pass_: str) -> float:
+    lq, lk = _len(call.q, m), _len(call.k, m)
+    if call.kind == FULL:
+        pairs = lq * lk
+    elif call.kind == CAUSAL:
+        pairs = F.attention_pairs(lq, causal=True)
+    elif call.kind == STRICT:
+        pairs = F.attention_pairs(lq, causal=True) - lq
+    elif call.kind == DENSE:
+        pairs = int(call.mask.sum())
+    else:
+        raise AssertionError(call.kind)
+    flops = pairs * shape.pair_flops(heads) * (2.5 if pass_ == "backward" else 1.0)
+    return hw.attn_seconds(flops, min(lq, lk), pass_)
+
+
+def _merge_seconds(hw: Hardware, shape: AttnShape, m: int, heads: int, kv_heads: int,
+                   pass_: str) -> float:
+    """Memory-bound accumulator traffic of one step (fp32 partial results, DESIGN.md 3)."""
+    bm, d = shape.batch * m, shape.head_dim
+    if pass_ == "forward":  # read o_r, read+write O (fp32), lse
+        nbytes = bm * heads * (d * (shape.elem + 8) + 12)
+    else:  # read+write the fp32 dq and dk/dv partial sums
+        nbytes = bm * (heads + 2 * kv_heads) * d * 8
+    return hw.hbm_seconds(nbytes)
+
+
+def step_compute(hw: Hardware, shape: AttnShape, layout: str, members: int, m: int, heads: int,
+                 kv_heads: int, pass_: str) -> list[float]:
+    """Kernel time of the slowest rank at each ring step 0..members-1 (0 = its own block)."""
+    spec = MaskSpec(causal=shape.causal, window=shape.window)
+    reps = sorted({0, members // 2, members - 1})
+    merge = _merge_seconds(hw, shape, m, heads, kv_heads, pass_)
+    out = []
+    for s in range(members):
+        worst = 0.0
+        for r in reps:
+            calls = plan_pair(spec, layout, members, r, (r - s) % members, m)
+            t = sum(_call_seconds(hw, shape, c, m, heads, pass_) for c in calls)
+            worst = max(worst, t + (merge if calls else 0.0))
+        out.append(worst)
+    return out
+
+
+def _ring_span(shape: AttnShape, layout: str, members: int, m: int) -> int:
+    if shape.window is None:
+        return members - 1
+    return ring_span(MaskSpec(causal=shape.causal, window=shape.window), layout, members, m)
+
+
+# ---------------------------------------------------------------------------------------------
+# Phase times
+
+
+def _flat_ring(steps: list[float], span: int, hop: float, end: float) -> float:
+    """sum over sent blocks of max(compute, hop) + the last block + the trailing end hop."""
+    if span == 0:
+        return steps[0]
+    return sum(max(c, hop) for c in steps[:span]) + steps[span] + end
+
+
+def _double_ring(steps: list[float], nodes: int, local: int, hop_intra: float,
+                 hop_inter: float, end: float) -> float:
+    total = 0.0
+    for r in range(nodes):
+        block = steps[r * local:(r + 1) * local]
+        inner = sum(max(c, hop_intra) for c in block[:-1])
+        total += max(inner, hop_inter if r < nodes - 1 else 0.0) + block[-1]
+    return total + end
+
+
+def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, vol, boundary_senders):
+    """Forward and backward seconds of a (flat or double) ring of ``members`` ranks."""
+    out = {}
+    for pass_ in ("forward", "backward"):
+        steps = step_compute(hw, shape, plan.layout, members, m, heads, kv_heads, pass_)
+        sent = vol.sent(pass_)
+        if plan.ring_local and plan.ring_local < members:
+            nodes, local = members // plan.ring_local, plan.ring_local
+            n_intra, n_inter = nodes * (local - 1), nodes - 1
+            b_intra, b_inter = vol.sent(pass_, "intra"), vol.sent(pass_, "inter")
+            crosses = local if topo.world > topo.local else 0
+            hop_intra = hw.link_seconds(b_intra / max(n_intra, 1), "intra")
+            link = "inter" if crosses else "intra"
+            hop_inter = hw.link_seconds(b_inter / max(n_inter, 1), link, local)
+            end = 0.5 * hop_intra if pass_ == "backward" else 0.0
+            t = _double_ring(steps, nodes, local, hop_intra, hop_inter, end)
+        else:
+            span = _ring_span(shape, plan.layout, members, m)
+            link = "inter" if boundary_senders else "intra"
+            hop = hw.link_seconds(sent / max(span, 1), link, boundary_senders or 1)
+            # the accumulators' last hop home carries about half a step's message (DESIGN.md 3)
+            end = 0.5 * hop if pass_ == "backward" and span > 0 else 0.0
+            t = _flat_ring(steps, span, hop, end)
+        out[pass_] = (t, sum(steps[:_ring_span(shape, plan.layout, members, m) + 1]))
+    return out
+
+
+def collective_seconds(hw: Hardware, nbytes: float, group: int, topo: Topo) -> float:
+    """All-to-all (or all-gather / reduce-scatter) of ``nbytes`` sent per rank over a group of
+    consecutive ranks: the off-node share crosses NICs while every GPU of the node sends."""
+    if group <= 1 or nbytes <= 0:
+        return 0.0
+    on_node = min(group, topo.local)
+    frac_inter = (group - on_node) / (group - 1)
+    intra = hw.link_seconds(nbytes * (1 - frac_inter), "intra") if frac_inter < 1 else 0.0
+    inter = hw.link_seconds(nbytes * frac_inter, "inter", topo.local) if frac_inter > 0 else 0.0
+    return max(intra, inter) + (group - 1) * 1e-6 * (
+        hw.nic_latency_us if frac_inter else hw.nvlink_latency_us) / 4
+
+
+def attention_timing(hw: Hardware, method: str, options: dict | None, shape: AttnShape,
+                     topo: Topo, *, acc_elem: int = 4) -> AttnTiming:
+    """Seconds of one attention layer's forward and backward on the slowest rank."""
+    plan = plan_for(method, options, topo, shape)
+    g, n = topo.world, shape.seq_len // topo.world
+    crosses = g > topo.local
+    if plan.kind == "ring":
+        vol = method_volume(method, options, shape, topo, acc_elem=acc_elem)
+        ph = _ring_phases(hw, shape, topo, plan, g, n, shape.heads, shape.kv_heads, vol,
+                          1 if crosses else 0)
+        fwd, bwd = ph["forward"], ph["backward"]
+    elif plan.kind == "usp":
+        u = plan.ulysses
+        vol, a2a, ring = _usp_volume(plan, shape, topo, acc_elem)
+        hu = shape.heads // u
+        hku = max(1, volume.ulysses_kv_heads(shape.kv_heads, u) // u)
+        sub = AttnShape(shape.batch, shape.seq_len, hu, hku, shape.head_dim, shape.causal,
+                        shape.elem, shape.window)
+        inner = Plan("ring", layout=plan.layout, backward=plan.backward)
+        # every rank of a Ulysses group runs its own ring: U GPUs of a node cross at once
+        senders = min(u, topo.local) if crosses and u >= topo.local else (1 if crosses else 0)
+        ph = _ring_phases(hw, sub, topo, inner, g // u, u * n, hu, hku, ring, senders)
+        fwd, bwd = ((ph[p][0] + collective_seconds(hw, a2a.sent(p), u, topo), ph[p][1])
+                    for p in ("forward", "backward"))
+    elif plan.kind in ("ulysses", "tp"):
+        vol = method_volume(method, options, shape, topo, acc_elem=acc_elem)
+        hu = -(-shape.heads // plan.ulysses)  # uneven heads: the busiest rank has ceil(H/U)
+        fl = F.attention_flops(shape.batch, shape.seq_len, hu, shape.head_dim,
+                               causal=shape.causal)
+        cf = hw.attn_seconds(fl, shape.seq_len, "forward")
+        cb = hw.attn_seconds(2.5 * fl, shape.seq_len, "backward")
+        fwd = (cf + collective_seconds(hw, vol.sent("forward"), g, topo), cf)
+        bwd = (cb + collective_seconds(hw, vol.sent("backward"), g, topo), cb)
+    elif plan.kind == "allgather":
+        vol = method_volume(method, options, shape, topo, acc_elem=acc_elem)
+        fl = F.attention_flops(shape.batch, shape.seq_len, shape.heads, shape.head_dim,
+                               causal=shape.causal) / g
+        t_blk = n // 2 if plan.layout == "zigzag" else n
+        cf = hw.attn_seconds(fl, t_blk, "forward")
+        cb = hw.attn_seconds(2.5 * fl, t_blk, "backward")
+        fwd = (cf + collective_seconds(hw, vol.sent("forward"), g, topo), cf)
+        bwd = (cb + collective_seconds(hw, vol.sent("backward"), g, topo), cb)
+    else:  # pragma: no cover - plan_for rejects unknown kinds
+        raise AssertionError(plan.kind)
+    return AttnTiming(forward_s=fwd[0], backward_s=bwd[0], compute_forward_s=fwd[1],
+                      compute_backward_s=bwd[1], bytes_forward=vol.sent("forward"),
+                      bytes_backward=vol.sent("backward"), bytes_intra=vol.sent(link="intra"),
+                      bytes_inter=vol.sent(link="inter"), plan=plan)

@@ -1,0 +1,319 @@
+"""The paper-scale simulator: a cell (or a whole spec) on a hardware profile -> result rows.
+
+    rows = simulate_spec("suites/specs/paper_main.toml", "a800", out_dir="results/simulated")
+    row = simulate_cell({"workload": "attention", "method": "burst", "seq_len": 1 << 20,
+                         "world": 32, "ranks_per_node": 8, "heads": 40, "head_dim": 128,
+                         "options": {"ranks_per_node": 8}}, "a800")
+
+Rows follow ``results.schema`` with ``source="simulated"``, ``executor="simulate"`` and
+``hardware`` = the profile, so tables and figures treat them like measured rows. A cell that a
+real run could not start (a method that cannot split the shape) is an ``error`` row, one whose
+predicted peak exceeds the profile's usable memory an ``oom`` row (with the predicted bytes).
+
+How a prediction is made (docs/simulator.md): ``suites.schedule`` times one attention layer from
+the kernel calls and the bytes of ``burst.volume``; ``suites.step_model`` builds the training step
+around it; ``suites.memory_model`` counts the peak. A cell that names a paper system
+(``cell.paper``) also gets that system's implementation facts (``suites.implementations``);
+other cells are this project's engine.
+
+Command line (the harness CLI ``burst-bench simulate`` calls the same functions):
+    python -m suites.simulate SPEC [SPEC ...] --hardware a800 [--out results/simulated]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from burst import flops as F
+from results.schema import COLUMNS, empty_row
+from suites.hardware import Hardware, load
+from suites.implementations import OURS, Implementation, implementation
+from suites.memory_model import MemoryEstimate, attention_memory, train_memory
+from suites.schedule import AttnShape, AttnTiming, Topo, attention_timing, plan_for
+from suites.step_model import train_step_timing
+
+__all__ = ["Prediction", "as_cell", "predict", "simulate_cell", "simulate_spec"]
+
+ELEM = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
+
+
+@dataclass
+class Prediction:
+    status: str
+    time_s: float | None = None
+    attn: AttnTiming | None = None
+    memory: MemoryEstimate | None = None
+    error: str | None = None
+    parts: dict = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cells
+
+
+def _model_config(name: str):
+    from burst.engine.configs import get_config
+
+    return get_config(name)
+
+
+def _param_count(cfg) -> int:
+    from burst.engine.configs import param_count
+
+    return param_count(cfg)
+
+
+_CELL_DEFAULTS = dict(sweep="adhoc", workload="attention", label=None, options=None, batch=1,
+                      heads=None, kv_heads=None, head_dim=None, causal=True, window=None,
+                      nodes=None, ranks_per_node=None, dtype="bfloat16", device="cuda",
+                      warmup=0, repeats=1, seed=0, compute_error=False, profile_memory=False,
+                      timeout_min=0.0, model=None, checkpointing="none", fused_head=False,
+                      paper=None)
+
+
+def as_cell(obj):
+    """A ``suites.cells.Cell`` from a Cell, or from a dict / object with the cell's fields.
+
+    Dicts may say ``method_options`` for ``options``, and give ``nodes`` or ``ranks_per_node``
+    (the other follows from ``world``); train_step cells take heads and head_dim from the model.
+    """
+    from suites.cells import Cell
+
+    if isinstance(obj, Cell):
+        return obj
+    d = dict(obj) if isinstance(obj, dict) else {
+        f.name: getattr(obj, f.name) for f in dataclasses.fields(Cell) if hasattr(obj, f.name)}
+    if "method_options" in d:
+        d["options"] = d.pop("method_options")
+    unknown = sorted(set(d) - {f.name for f in dataclasses.fields(Cell)})
+    if unknown:
+        raise ValueError(f"unknown cell fields {unknown}; valid: "
+                         f"{sorted(f.name for f in dataclasses.fields(Cell))}")
+    missing = [k for k in ("method", "seq_len", "world") if d.get(k) is None]
+    if missing:
+        raise ValueError(f"a cell needs {', '.join(missing)}")
+    d = {**_CELL_DEFAULTS, **{k: v for k, v in d.items() if v is not None}}
+    d["options"] = dict(d["options"] or {})
+    world = d["world"]
+    if d["ranks_per_node"] is None:
+        nodes = d["nodes"] or 1
+        d["ranks_per_node"] = world // nodes
+    d["nodes"] = max(1, world // d["ranks_per_node"])
+    if d["workload"] == "train_step":
+        if d["model"] is None:
+            raise ValueError("a train_step cell needs model (burst.engine.configs name)")
+        cfg = _model_config(d["model"])
+        d.update(heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                 causal=True)
+    elif d["heads"] is None or d["head_dim"] is None:
+        raise ValueError("an attention cell needs heads and head_dim")
+    d["kv_heads"] = d["kv_heads"] or d["heads"]
+    d["label"] = d["label"] or d["method"]
+    if d["window"] is not None:
+        d["window"] = tuple(d["window"])
+    return Cell(**d)
+
+
+def _impl(cell) -> Implementation:
+    return implementation(cell.paper) if cell.paper else OURS
+
+
+def _options(cell, impl: Implementation) -> dict:
+    opts = dict(cell.options)
+    if impl.layout is not None:
+        opts["layout"] = impl.layout
+    if impl.ring_backward is not None and cell.method == "usp":
+        opts["ring"] = impl.ring_backward
+    return opts
+
+
+def _shape(cell) -> AttnShape:
+    return AttnShape(batch=cell.batch, seq_len=cell.seq_len, heads=cell.heads,
+                     kv_heads=cell.kv_heads, head_dim=cell.head_dim, causal=cell.causal,
+                     elem=ELEM.get(cell.dtype, 2),
+                     window=tuple(cell.window) if cell.window else None)
+
+
+def _registry_problem(cell, opts: dict) -> str | None:
+    """Why this project's code could not run the cell (shape/degree/layout), else None."""
+    from baselines import registry
+
+    try:
+        method = registry.get(cell.method)
+    except ValueError as e:
+        return str(e)
+    portable = dataclasses.replace(method, unavailable=lambda: None)
+    known = {k: v for k, v in opts.items() if k != "ring"}
+    try:
+        portable.check(world=cell.world, heads=cell.heads, kv_heads=cell.kv_heads,
+                       seq_local=cell.seq_len // cell.world, causal=cell.causal, **known)
+    except (ValueError, TypeError) as e:
+        return str(e)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Predictions
+
+
+def predict(cell, hw: Hardware, impl: Implementation | None = None) -> Prediction:
+    """Time, memory and status of one cell on ``hw`` (``impl`` overrides the cell's system)."""
+    cell = as_cell(cell)
+    impl = impl or _impl(cell)
+    opts = _options(cell, impl)
+    if cell.seq_len % cell.world:
+        return Prediction("error", error=f"seq_len {cell.seq_len} is not divisible by world "
+                                         f"{cell.world}")
+    if cell.paper is None:
+        problem = _registry_problem(cell, opts)
+        if problem:
+            return Prediction("error", error=problem)
+    shape = _shape(cell)
+    u = {"ulysses": cell.world, "usp": int(opts.get("ulysses_degree", 1))}.get(cell.method, 1)
+    if impl.uneven_heads and shape.heads % u:
+        # the busiest rank holds ceil(H/U) heads: price it as if heads were padded to U*ceil
+        padded = -(-shape.heads // u) * u
+        shape = dataclasses.replace(shape, heads=padded, kv_heads=padded)
+    ckpt = cell.checkpointing
+    if ckpt == "selective" and not impl.selective_caches_attention:
+        ckpt = "full"
+    topo = Topo(cell.world, cell.ranks_per_node)
+    try:
+        plan = plan_for(cell.method, opts, topo, shape)
+        attn = attention_timing(hw, cell.method, opts, shape, topo, acc_elem=impl.acc_elem)
+    except (ValueError, NotImplementedError) as e:
+        return Prediction("error", error=str(e))
+    if cell.workload == "attention":
+        mem = attention_memory(hw, shape, plan, cell.world, impl)
+        time_s = attn.total_s / impl.attention_efficiency
+        parts = {"attention_forward": attn.forward_s, "attention_backward": attn.backward_s}
+    else:
+        cfg = _model_config(cell.model)
+        params = _param_count(cfg)
+        mem = train_memory(hw, cfg, shape=shape, plan=plan, world=cell.world,
+                           checkpointing=ckpt, fused_head=cell.fused_head, impl=impl,
+                           params=params)
+        half = None
+        if ckpt == "selective_half":
+            half_shape = dataclasses.replace(shape, seq_len=shape.seq_len // 2)
+            half = attention_timing(hw, cell.method, opts, half_shape, topo,
+                                    acc_elem=impl.acc_elem)
+        step = train_step_timing(hw, cfg, shape=shape, topo=topo, attn=attn,
+                                 checkpointing=ckpt, fused_head=cell.fused_head, params=params,
+                                 attention_efficiency=impl.attention_efficiency,
+                                 half_attn=half)
+        time_s, parts = step.total_s, step.parts
+    if not mem.fits:
+        return Prediction("oom", attn=attn, memory=mem, parts=parts,
+                          error=f"predicted OOM: {mem.reserved_gib:.1f} GiB reserved > "
+                                f"{mem.usable / 2**30:.1f} GiB usable on {hw.name}")
+    return Prediction("ok", time_s=time_s, attn=attn, memory=mem, parts=parts)
+
+
+def _metrics(cell, hw: Hardware, p: Prediction) -> dict:
+    m = {"status": p.status, "error": p.error, "peak_tflops": hw.peak_tflops}
+    if p.memory is not None:
+        m.update(mem_peak_bytes=int(p.memory.allocated), mem_reserved_bytes=int(p.memory.reserved))
+    if p.attn is not None:
+        reps = 1
+        if cell.workload == "train_step":
+            cfg = _model_config(cell.model)
+            reps = cfg.num_layers
+        fwd_again = 2 if cell.workload == "train_step" and cell.checkpointing == "full" else 1
+        m.update(bytes_sent_forward=p.attn.bytes_forward * reps * fwd_again,
+                 bytes_sent_backward=p.attn.bytes_backward * reps,
+                 bytes_sent_intra=p.attn.bytes_intra * reps, bytes_sent_inter=p.attn.bytes_inter
+                 * reps)
+    if p.status != "ok":
+        return m
+    t = p.time_s
+    m.update(time_s=t, time_s_min=t, time_s_max=t,
+             tokens_per_s=cell.batch * cell.seq_len / t / cell.world)
+    if cell.workload == "attention":
+        fl = F.attention_kernel_flops(cell.batch, cell.seq_len, cell.heads, cell.head_dim,
+                                      cell.causal)
+        m["attn_tflops"] = fl / t / cell.world / 1e12
+    else:
+        cfg = _model_config(cell.model)
+        for conv in F.CONVENTIONS:
+            tf = F.model_flops(cfg, cell.batch, cell.seq_len, conv,
+                               checkpointing=cell.checkpointing) / t / cell.world / 1e12
+            m[f"tflops_{conv}"] = tf
+            m[f"mfu_{conv}"] = tf / hw.peak_tflops
+    return m
+
+
+def simulate_cell(cell, hardware: str | Hardware, *, ctx=None) -> dict:
+    """One result row (``results.schema``) predicted for ``cell`` on ``hardware``."""
+    from suites.provenance import code_provenance
+    from suites.rows import RunContext, make_row
+
+    hw = hardware if isinstance(hardware, Hardware) else load(hardware)
+    cell = as_cell(cell)
+    if ctx is None:
+        ctx = RunContext(run_id=f"simulate-{hw.name}", executor="simulate", sweep_spec="",
+                         **code_provenance())
+    host = {"python": None, "torch": None, "cuda": None, "nccl": None, "flash_attn": None,
+            "hostname": None, "job_id": None}
+    row = make_row(cell, _metrics(cell, hw, predict(cell, hw)), ctx, host=host)
+    row.update(source="simulated", executor="simulate", hardware=hw.name, device="cuda",
+               device_name=hw.description, device_count=cell.world)
+    assert set(row) <= set(COLUMNS) | set(empty_row())
+    return row
+
+
+def simulate_spec(spec, hardware: str | Hardware, out_dir: str | Path | None = None
+                  ) -> list[dict]:
+    """Rows for every cell of a spec (path, name in suites/specs, or a SweepSpec).
+
+    With ``out_dir`` the rows are also written as a run folder of ``results.store``:
+    ``out_dir/<sweep>/simulated-<hardware>/rows.jsonl`` + table.parquet / table.csv."""
+    from suites.cells import expand
+    from suites.provenance import code_provenance
+    from suites.rows import RunContext
+    from suites.spec import SweepSpec, load_spec
+
+    sw = spec if isinstance(spec, SweepSpec) else load_spec(spec)
+    hw = hardware if isinstance(hardware, Hardware) else load(hardware)
+    ctx = RunContext(run_id=f"simulated-{hw.name}", executor="simulate",
+                     sweep_spec=sw.to_json(), **code_provenance())
+    rows = [simulate_cell(c, hw, ctx=ctx) for c in expand(sw)]
+    if out_dir is not None:
+        write_rows(rows, Path(out_dir) / sw.name / ctx.run_id)
+    return rows
+
+
+def write_rows(rows: list[dict], run_dir: Path) -> Path:
+    """Replace ``run_dir``'s rows with these (a simulation is re-run whole, never resumed)."""
+    from results import store
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / store.ROWS).unlink(missing_ok=True)
+    for r in rows:
+        store.append_row(run_dir / store.ROWS, r)
+    store.consolidate(run_dir)
+    return run_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m suites.simulate", description=__doc__.split(
+        "\n")[0])
+    ap.add_argument("specs", nargs="+", help="spec files or names in suites/specs")
+    ap.add_argument("--hardware", default="a800", help="profile name or .toml path")
+    ap.add_argument("--out", default=None, help="results folder to write run folders into")
+    a = ap.parse_args(argv)
+    for s in a.specs:
+        rows = simulate_spec(s, a.hardware, a.out)
+        for r in rows:
+            val = (f"{r['tokens_per_s']:.1f} tok/s" if r["status"] == "ok" else r["status"])
+            print(f"{r['label']:28s} seq={r['seq_len']:>8d} world={r['world']:>3d} {val}")
+        print(json.dumps({"spec": s, "rows": len(rows)}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,94 @@
+"""Time of one engine training step (forward + backward + optimizer) per rank, for the simulator.
+
+Per decoder layer (FLOPs from ``burst.flops``; attention from ``suites.schedule``):
+  forward    dense GEMMs + memory-bound elementwise work + the attention layer's forward
+  backward   2 x dense + 2 x elementwise + the attention backward + what the checkpointing mode
+             recomputes (``burst.flops.recompute_flops`` names the same modes):
+               none            nothing
+               full            the whole layer, ring attention included
+               selective       the layer without attention (its out and lse are cached)
+               selective_half  as selective + the attention of the first half of the sequence
+  ZeRO-3     all-gather the layer's bf16 parameters before forward and again before backward,
+             reduce-scatter its gradients after; prefetched, so a layer takes
+             max(compute, collectives)
+The LM head (plain or fused: same FLOPs, the fused one never materialises N/G x V logits, see
+``suites.memory_model``), the loss and the optimizer (memory-bound Adam on the 1/G shard, or on
+the CPU with offload) are added once.
+
+Elementwise bytes per token per layer are counted on burst.engine.model's layer: two RMSNorms
+(read + write), rotary on q and k, two residual adds, SwiGLU (read gate and up, write product).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from burst import flops as F
+from suites.hardware import Hardware
+from suites.schedule import AttnShape, AttnTiming, Topo, collective_seconds
+
+__all__ = ["StepTiming", "train_step_timing"]
+
+BF16 = 2
+CPU_ADAM_PARAMS_PER_S = 1.0e9  # assumed: DeepSpeed CPU-Adam per GPU's share of host cores
+PCIE_GBPS = 20.0  # assumed: achievable host <-> GPU bandwidth per GPU (PCIe 4.0 x16)
+
+
+@dataclass
+class StepTiming:
+    total_s: float
+    parts: dict[str, float] = field(default_factory=dict)
+
+
+def _elementwise_bytes(cfg, tokens: int) -> float:
+    h, d = cfg.hidden_size, cfg.hidden_size // cfg.num_heads
+    kvd = cfg.num_kv_heads * d
+    per_token = 2 * 2 * h + 2 * (h + kvd) + 2 * 3 * h + 3 * cfg.ffn_size
+    return tokens * per_token * BF16
+
+
+def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: AttnTiming,
+                      checkpointing: str, fused_head: bool, params: int,
+                      attention_efficiency: float = 1.0, half_attn: AttnTiming | None = None,
+                      offload: bool = False) -> StepTiming:
+    """Seconds of one training step on the slowest rank.
+
+    ``attn`` times one attention layer of this shape; ``half_attn`` (selective_half only) the
+    forward of the same method on the first half of the sequence.
+    """
+    g, b, seq = topo.world, shape.batch, shape.seq_len
+    layers = cfg.num_layers
+    tokens = b * seq // g
+    # forward FLOPs per rank, split with burst.flops' own conventions
+    dense_layers = F.recompute_flops(cfg, b, seq, "selective") / g
+    dense_attn = F.recompute_flops(cfg, b, seq, "full") / g - dense_layers
+    head = F.model_flops(cfg, b, seq) / 3 / g - dense_layers - dense_attn
+    dense = hw.gemm_seconds(dense_layers / layers)
+    elem = hw.hbm_seconds(_elementwise_bytes(cfg, tokens))
+    a_fwd = attn.forward_s / attention_efficiency
+    a_bwd = attn.backward_s / attention_efficiency
+    recompute = {
+        "none": 0.0,
+        "full": dense + elem + a_fwd,
+        "selective": dense + elem,
+        "selective_half": dense + elem + (
+            (half_attn.forward_s / attention_efficiency) if half_attn else 0.25 * a_fwd),
+    }[checkpointing]
+    layer_params = (params - 2 * cfg.vocab_size * cfg.hidden_size) / layers
+    gather = collective_seconds(hw, layer_params * BF16 * (g - 1) / g, g, topo)
+    fwd = max(dense + elem + a_fwd, gather)
+    bwd = max(2 * dense + 2 * elem + a_bwd + recompute, 2 * gather)
+    # head + loss: 3 passes of the head GEMM, the loss reads/writes the logits a few times
+    logits_bytes = tokens * cfg.vocab_size * (BF16 + 4 + 4)
+    head_s = hw.gemm_seconds(3 * head) + hw.hbm_seconds(2 * logits_bytes)
+    shard = params / g
+    if offload:
+        opt = 2 * shard * BF16 / (PCIE_GBPS * 1e9) + shard / CPU_ADAM_PARAMS_PER_S
+    else:
+        opt = hw.hbm_seconds(shard * 16 * 2)  # read and write params, grads, master, m, v
+    parts = {"layers_forward": layers * fwd, "layers_backward": layers * bwd,
+             "head": head_s, "optimizer": opt,
+             "attention": layers * (a_fwd + a_bwd + (a_fwd if checkpointing == "full" else 0)),
+             "zero_collectives": layers * 3 * gather}
+    return StepTiming(total_s=parts["layers_forward"] + parts["layers_backward"] + head_s + opt,
+                      parts=parts)
