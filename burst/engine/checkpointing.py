@@ -196,6 +196,7 @@ class ActivationCache:
 
     def __init__(self):
         self.entries: dict[int, CacheEntry] = {}
+        self.peak_nbytes = 0  # largest total held since the last clear()
         self._anchor = torch.zeros((), requires_grad=True)
 
     def __len__(self) -> int:
@@ -209,6 +210,7 @@ class ActivationCache:
         entry = CacheEntry(call, cu_seqlens, half)
         out = entry.run(q, k, v, self._anchor)
         self.entries[layer] = entry  # replaces a stale entry whose backward never ran
+        self.peak_nbytes = max(self.peak_nbytes, self.nbytes)
         return out
 
     def pop(self, layer: int) -> CacheEntry:
@@ -219,6 +221,7 @@ class ActivationCache:
 
     def clear(self) -> None:
         self.entries.clear()
+        self.peak_nbytes = 0
 
 
 class _Replay(torch.autograd.Function):

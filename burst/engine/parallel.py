@@ -78,7 +78,7 @@ def wrap_data_parallel(module: nn.Module, dp_group, kind: str) -> nn.Module:
     if kind == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(module, process_group=dp_group, broadcast_buffers=False)
+        return DistributedDataParallel(module, process_group=dp_group)
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 

@@ -1,0 +1,209 @@
+"""BurstEngine on one process: configs, HF LlamaForCausalLM parity, the fused head, the
+checkpointing cache and FLOP count, and the errors for bad input (issue 4)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from burst import flops
+from burst.engine import (
+    CONFIGS,
+    ModelConfig,
+    Trainer,
+    count_attention_flops,
+    from_hf,
+    fused_linear_cross_entropy,
+    get_config,
+    make_groups,
+    param_count,
+)
+from burst.engine.fused_loss import plain_cross_entropy
+from burst.engine.hf import convert_hf_state_dict
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # tiny matmuls on a shared 2-core machine run ~20x faster on one thread than on two
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+# ---------------------------------------------------------------------------------------------
+# configs
+
+
+def test_named_configs_and_param_counts():
+    c7, c14, l3 = get_config("7b"), get_config("14b"), get_config("llama3-8b")
+    assert (c7.num_layers, c7.hidden_size, c7.num_heads, c7.ffn_size, c7.vocab_size) == \
+        (32, 4096, 32, 11008, 32000)
+    assert (c14.num_layers, c14.hidden_size, c14.num_heads, c14.ffn_size, c14.vocab_size) == \
+        (40, 5120, 40, 13824, 120000)
+    assert (l3.num_kv_heads, l3.ffn_size, l3.vocab_size, l3.rope_theta) == \
+        (8, 14336, 128256, 500000.0)
+    assert param_count(c7) == 6_738_415_616  # Llama-2-7B
+    assert param_count(l3) == 8_030_261_248  # Llama-3-8B
+    assert c7.head_dim == 128 and c14.head_dim == 128 and set(CONFIGS) >= {"tiny"}
+    # the harness's FLOP counts take these configs as they are
+    assert flops.model_flops(c7, 1, 4096) > 0
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="unknown model config '8b'.*tiny, 7b, 14b, llama3-8b"):
+        get_config("8b")
+    with pytest.raises(ValueError, match="num_heads=6 is not divisible by num_kv_heads=4; "
+                                         "valid kv head counts: 1, 2, 3, 6"):
+        ModelConfig(hidden_size=48, num_layers=1, num_heads=6, num_kv_heads=4, ffn_size=8,
+                    vocab_size=8)
+    with pytest.raises(ValueError, match="ffn_size=0 must be a positive integer"):
+        ModelConfig(hidden_size=8, num_layers=1, num_heads=2, num_kv_heads=2, ffn_size=0,
+                    vocab_size=8)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face parity
+
+
+def _hf_model(tie: bool, kv_heads: int = 2):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=256,
+        rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=tie,
+        attn_implementation="eager")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # HF inits norms to one and matrices small: make attention sharp and
+        for name, p in model.named_parameters():  # the norms non-trivial, so every part counts
+            if name.endswith("norm.weight"):
+                p.add_(0.1 * torch.randn_like(p))
+            elif "q_proj" in name or "k_proj" in name:
+                p.mul_(20.0)
+    return model
+
+
+@pytest.mark.parametrize("tie,kv_heads", [(False, 2), (True, 4)])
+def test_logits_equal_transformers_llama(tie, kv_heads):
+    hf = _hf_model(tie, kv_heads)
+    ours = from_hf(hf.state_dict(), hf.config).eval()
+    assert ours.config.tie_embeddings == tie and ours.config.num_kv_heads == kv_heads
+    tokens = torch.randint(0, 96, (2, 40), generator=torch.Generator().manual_seed(1))
+    positions = torch.arange(40).expand(2, -1)
+    with torch.no_grad():
+        want = hf(tokens).logits
+        got = ours(tokens, positions)
+    assert got.shape == want.shape
+    err = float((got - want).abs().max())
+    assert err < 2e-5 * float(want.abs().max()), err
+    with torch.no_grad():  # the comparison is sensitive to positions (RoPE) at this tolerance
+        shuffled = ours(tokens, positions[:, torch.randperm(40, generator=torch.Generator()
+                                                             .manual_seed(2))])
+    assert float((shuffled - want).abs().max()) > 100 * err
+
+
+def test_bad_state_dict_names_the_key():
+    hf = _hf_model(False)
+    sd = dict(hf.state_dict())
+    cfg = from_hf(sd, hf.config).config
+    bad = dict(sd)
+    bad["model.layers.1.self_attn.k_proj.weight"] = torch.zeros(32, 32)
+    with pytest.raises(ValueError, match=r"key 'model.layers.1.self_attn.k_proj.weight' has "
+                                         r"shape \(32, 32\), the config needs \(16, 32\)"):
+        convert_hf_state_dict(bad, cfg)
+    missing = {k: v for k, v in sd.items() if k != "model.norm.weight"}
+    with pytest.raises(ValueError, match="missing keys: model.norm.weight"):
+        from_hf(missing, hf.config)
+    extra = {**sd, "model.layers.2.mlp.up_proj.weight": torch.zeros(48, 32)}
+    with pytest.raises(ValueError, match="unexpected key 'model.layers.2.mlp.up_proj.weight'"):
+        from_hf(extra, hf.config)
+    biased = hf.config.to_dict() | {"attention_bias": True}
+    with pytest.raises(ValueError, match="attention_bias=True is not supported"):
+        from_hf(sd, biased)
+
+
+# ---------------------------------------------------------------------------------------------
+# fused head
+
+
+def test_fused_head_equals_plain_cross_entropy_with_ignore_index():
+    g = torch.Generator().manual_seed(0)
+    t, e, v = 37, 16, 50
+    hidden = torch.randn(t, e, generator=g, dtype=torch.float64)
+    weight = torch.randn(v, e, generator=g, dtype=torch.float64)
+    targets = torch.randint(0, v, (t,), generator=g)
+    targets[[0, 5, 36]] = -100
+    results = []
+    for fn in (plain_cross_entropy, lambda *a, **k: fused_linear_cross_entropy(*a, chunk=8, **k)):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        loss = fn(h, w, targets, scale=1 / 34)
+        (loss * 3).backward()
+        results.append((loss.detach(), h.grad, w.grad))
+    for a, b in zip(*results, strict=True):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-14)
+    assert abs(float(results[0][0]) - float(torch.nn.functional.cross_entropy(
+        hidden @ weight.T, targets, ignore_index=-100))) < 1e-12
+
+
+# ---------------------------------------------------------------------------------------------
+# checkpointing: cache bytes and recomputed attention FLOPs (one rank; the distributed runs are
+# in test_engine_parity)
+
+
+def _mode_run(mode: str, seq: int = 32):
+    tr = Trainer("tiny", attention_options={"layout": "striped"}, checkpointing=mode,
+                 dtype=torch.float64)
+    tokens, targets, positions = tr.local_batch(seq, batch=2)
+    with count_attention_flops() as c:
+        loss = tr.step(tokens, targets, positions)
+    grads = {n: p.grad.clone() for n, p in tr.model.named_parameters()}
+    return loss, grads, c, tr.model.cache.peak_nbytes, len(tr.model.cache)
+
+
+def test_checkpointing_cache_and_recompute_flops():
+    cfg, runs = get_config("tiny"), {m: _mode_run(m) for m in flops.CHECKPOINTING}
+    loss0, grads0 = runs["none"][:2]
+    for mode, (loss, grads, c, _, left) in runs.items():
+        assert abs(loss - loss0) < 1e-12, mode
+        assert max(float((grads[n] - grads0[n]).abs().max()) for n in grads) < 1e-12, mode
+        assert left == 0, f"{mode}: cache not freed after backward"
+        attn = flops.recompute_flops(cfg, 2, 32, mode) - flops.recompute_flops(cfg, 2, 32,
+                                                                               "selective")
+        assert c.flops("recompute") == (attn if mode in ("full", "selective_half") else 0), mode
+    full_attn = runs["full"][2].flops("recompute")
+    assert runs["selective_half"][2].flops("recompute") == full_attn / 4
+    # out (B S H D) + lse (B H S, fp64 here) per layer; the half cache holds exactly half
+    b, s, h, d, layers = 2, 32, 4, 8, 2
+    assert runs["selective"][3] == layers * (b * s * h * d + b * h * s) * 8
+    assert runs["selective_half"][3] * 2 == runs["selective"][3]
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input
+
+
+def test_bad_input_errors():
+    with pytest.raises(ValueError, match="unknown checkpointing mode 'half'; valid modes: none, "
+                                         "full, selective, selective_half"):
+        Trainer("tiny", checkpointing="half")
+    with pytest.raises(ValueError, match="'selective_half' needs the striped layout.*'zigzag'"):
+        Trainer("tiny", checkpointing="selective_half")
+    with pytest.raises(ValueError, match="unknown attention method 'ringg'.*registry.get"):
+        Trainer("tiny", attention="ringg")
+    with pytest.raises(TypeError, match="registry signature"):
+        Trainer("tiny", attention=42)
+    with pytest.raises(ValueError, match="unknown layout 'diagonal'"):
+        Trainer("tiny", attention_options={"layout": "diagonal"})
+    with pytest.raises(ValueError, match="world of 4 ranks is not divisible by the context-"
+                                         "parallel degree 3; valid degrees: 1, 2, 4"):
+        make_groups(3, world=4)
+    tr = Trainer("tiny")  # zigzag on one rank: two chunks
+    with pytest.raises(ValueError, match="sequence length 9 is not divisible by 2"):
+        tr.local_batch(9)
+    tok, tgt, pos = tr.local_batch(8)
+    with pytest.raises(ValueError, match="must have the same shape"):
+        tr.step(tok, tgt[:, :4], pos)
+    with pytest.raises(ValueError, match="window=.*both >= 0"):
+        Trainer("tiny", window=(-1, 0))
+    with pytest.raises(ValueError, match="loss_chunk=0"):
+        Trainer("tiny", loss_chunk=0)
