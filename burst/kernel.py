@@ -387,8 +387,13 @@ def _check_square(kind: str, q_BSHD: torch.Tensor, k_BSHD: torch.Tensor) -> None
 
 
 def _device_mask(mask: torch.Tensor, device: torch.device) -> torch.Tensor:
-    # masks are planned on the host (burst.masks); a non-blocking copy never waits for the GPU
-    return mask if mask.device == device else mask.to(device, non_blocking=True)
+    # masks are planned on the host (burst.masks); copied from pinned memory without blocking,
+    # the host never waits for the GPU queue (no per-step sync in the ring)
+    if mask.device == device:
+        return mask
+    if device.type == "cuda" and mask.device.type == "cpu":
+        mask = mask.pin_memory()
+    return mask.to(device, non_blocking=True)
 
 
 def _empty_rows(mask: torch.Tensor) -> torch.Tensor | None:

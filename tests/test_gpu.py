@@ -1,0 +1,234 @@
+"""GPU checks (issue 8): run on a CUDA machine by ``scripts/gpu_check.sh``; skipped elsewhere.
+
+- the kernel shim on CUDA against the float64 oracle, every CUDA backend present, bf16 / fp16 /
+  fp32, every block kind (a dense mask with a row that sees nothing), GQA;
+- the multi-rank BurstAttention algorithm on one GPU through the emulation: every layout, causal,
+  window and documents, both backward schemes, the double ring;
+- ``burst_attn`` itself on CUDA (one rank, autograd) and the absence of host syncs in ring steps;
+- the engine's tiny model on CUDA: same loss as on CPU, every checkpointing mode.
+Tolerances follow flash-attention's rule (DESIGN/STYLE): at most twice the error of a plain
+PyTorch implementation in the same dtype, plus a small floor for fp32 kernels that may use TF32.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from burst import burst_attn
+from burst.emulate import emulate_attn
+from burst.kernel import available_backends, block_backward, block_forward, kernel_name
+from burst.layout import LAYOUTS
+from burst.masks import CAUSAL, DENSE, FULL, STRICT
+from burst.reference import naive_attention, reference_attention
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+FLOOR = {torch.bfloat16: 2e-3, torch.float16: 5e-4, torch.float32: 2e-3}  # TF32 in fp32 kernels
+LSE_TOL = {torch.bfloat16: 3e-2, torch.float16: 5e-3, torch.float32: 2e-3}
+CUDA = "cuda"
+
+
+def _inputs(b, n, h, hk, d, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, n, h, d, generator=g, dtype=torch.float64)
+    k = torch.randn(b, n, hk, d, generator=g, dtype=torch.float64)
+    v = torch.randn(b, n, hk, d, generator=g, dtype=torch.float64)
+    do = torch.randn(b, n, h, d, generator=g, dtype=torch.float64)
+    return [t.to(CUDA) for t in (q, k, v, do)]
+
+
+def _err(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    both_inf = torch.isinf(a) & torch.isinf(b) & (a.sign() == b.sign())
+    return float(torch.where(both_inf, torch.zeros_like(a), (a - b).abs()).max())
+
+
+def _grads(fn, q, k, v, do):
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    res = fn(*leaves)
+    out, lse = res if isinstance(res, tuple) else (res, None)
+    out.backward(do)
+    return out.detach(), lse, *(t.grad for t in leaves)
+
+
+def _cuda_backends():
+    return [b for b in available_backends() if b in ("cuda_sdpa", "flash_attn")]
+
+
+# ---------------------------------------------------------------------------------------------
+# the kernel shim
+
+
+def _block_case(kind, sq, sk):
+    if kind == DENSE:
+        m = torch.rand(sq, sk, generator=torch.Generator().manual_seed(1)) > 0.3
+        m[5] = False  # a row that sees no key
+        return m
+    return None
+
+
+@pytest.mark.parametrize("backend", ["cuda_sdpa", "flash_attn"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("h", "hk", "d"), [(8, 8, 128), (8, 2, 64)])
+def test_kernel_shim_matches_reference(backend, dtype, h, hk, d):
+    if backend not in _cuda_backends():
+        pytest.skip(f"backend {backend} is not installed here")
+    failures = []
+    for kind, sq, sk in ((FULL, 256, 192), (CAUSAL, 256, 256), (STRICT, 256, 256),
+                         (DENSE, 256, 200)):
+        mask = _block_case(kind, sq, sk)
+        q, k, v, do = _inputs(2, max(sq, sk), h, hk, d, seed=sq + sk)
+        q, do, k, v = q[:, :sq], do[:, :sq], k[:, :sk], v[:, :sk]
+        ref_o, ref_l = block_forward(q, k, v, kind=kind, mask=mask, backend="torch")
+        delta = (do * ref_o).sum(-1).transpose(1, 2)
+        ref_g = block_backward(do, q, k, v, ref_l, delta, kind=kind, mask=mask, backend="torch")
+        lq, lk, lv, ldo = (t.to(dtype) for t in (q, k, v, do))
+        out, lse = block_forward(lq, lk, lv, kind=kind, mask=mask, backend=backend)
+        l_delta = (ldo.float() * out.float()).sum(-1).transpose(1, 2)
+        got_g = block_backward(ldo, lq, lk, lv, lse, l_delta, kind=kind, mask=mask,
+                               backend=backend)
+        # naive same-dtype implementation through autograd (the tolerance baseline)
+        vis = None if mask is None else mask.to(CUDA)
+        if kind in (CAUSAL, STRICT):
+            vis = torch.ones(sq, sk, dtype=torch.bool, device=CUDA).tril(-1 if kind == STRICT
+                                                                          else 0)
+        nv = _grads(lambda a, b_, c, m=vis: _naive_masked(a, b_, c, m), lq, lk, lv, ldo)
+        name = f"{kernel_name(backend, lq, kind)} {kind} {dtype} H={h}/{hk} d={d}"
+        e_out, n_out = _err(out, ref_o), _err(nv[0], ref_o)
+        if not e_out <= 2 * n_out + FLOOR[dtype]:
+            failures.append(f"{name}: out {e_out:.3g} vs naive {n_out:.3g}")
+        if _err(lse, ref_l) > LSE_TOL[dtype]:
+            failures.append(f"{name}: lse {_err(lse, ref_l):.3g}")
+        if not torch.equal(torch.isneginf(lse), torch.isneginf(ref_l)):
+            failures.append(f"{name}: rows without keys must have lse -inf")
+        for gname, a, ref, naive in zip(("dq", "dk", "dv"), got_g, ref_g, nv[2:], strict=True):
+            if not torch.isfinite(a).all():
+                failures.append(f"{name}: {gname} not finite")
+                continue
+            e, n = _err(a, ref), _err(naive, ref)
+            if not e <= 2 * n + FLOOR[dtype] * 4:
+                failures.append(f"{name}: {gname} {e:.3g} vs naive {n:.3g}")
+    assert not failures, "\n".join(failures)
+
+
+def _naive_masked(q, k, v, vis):
+    g = q.shape[2] // k.shape[2]
+    s = (q.transpose(1, 2) @ k.transpose(1, 2).repeat_interleave(g, 1).transpose(-1, -2))
+    s = s * q.shape[-1] ** -0.5
+    p = torch.softmax(s.float() if vis is None else s.float().masked_fill(~vis, -1e30), -1)
+    if vis is not None:  # rows that see no key: no output, no gradient (never NaN)
+        p = p * vis.any(-1, keepdim=True)
+    return (p.to(q.dtype) @ v.transpose(1, 2).repeat_interleave(g, 1)).transpose(1, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# the multi-rank algorithm, emulated on one GPU
+
+
+def _emulated_case(world, dtype, mask_kw, **kw):
+    q, k, v, do = _inputs(1, 128 * world, 8, 4, 64, seed=world)
+    ref = _grads(lambda a, b_, c: reference_attention(a, b_, c, **mask_kw), q, k, v, do)
+    low = [t.to(dtype) for t in (q, k, v, do)]
+    got = _grads(lambda a, b_, c: emulate_attn(a, b_, c, world=world, return_lse=True,
+                                               **mask_kw, **kw), *low)
+    naive = _grads(lambda a, b_, c: naive_attention(a, b_, c, **mask_kw), *low)
+    out = {}
+    for i, name in ((0, "out"), (2, "dq"), (3, "dk"), (4, "dv")):
+        out[name] = (_err(got[i], ref[i]), _err(naive[i], ref[i]))
+    out["lse"] = (_err(got[1], ref[1]), 0.0)
+    return out
+
+
+def test_emulated_burst_attention_every_layout_and_mask():
+    docs = (0, 100, 333, 512)
+    masks = {"causal": dict(causal=True), "full": dict(causal=False),
+             "window": dict(causal=True, window=(150, 0)),
+             "docs": dict(causal=True, cu_seqlens=docs)}
+    failures = []
+    for dtype in (torch.bfloat16, torch.float32):
+        for layout in LAYOUTS:
+            for mname, mask_kw in masks.items():
+                for backward in ("burst", "ring"):
+                    errs = _emulated_case(4, dtype, mask_kw, layout=layout, backward=backward)
+                    for name, (e, n) in errs.items():
+                        tol = LSE_TOL[dtype] if name == "lse" else 2 * n + 4 * FLOOR[dtype]
+                        if not e <= tol:
+                            failures.append(f"{dtype} {layout} {mname} {backward} {name}: "
+                                            f"{e:.3g} (naive {n:.3g})")
+    assert not failures, "\n".join(failures[:30])
+
+
+@pytest.mark.parametrize(("world", "rpn"), [(8, 4), (8, 2)])
+def test_emulated_double_ring(world, rpn):
+    for backward in ("burst", "ring"):
+        errs = _emulated_case(world, torch.bfloat16, dict(causal=True), layout="zigzag",
+                              backward=backward, ranks_per_node=rpn)
+        for name, (e, n) in errs.items():
+            tol = LSE_TOL[torch.bfloat16] if name == "lse" else 2 * n + 4 * FLOOR[torch.bfloat16]
+            assert e <= tol, (backward, name, e, n)
+
+
+def test_burst_attn_one_rank_on_cuda():
+    q, k, v, do = _inputs(2, 512, 8, 2, 128, seed=11)
+    ref = _grads(lambda a, b_, c: reference_attention(a, b_, c, causal=True), q, k, v, do)
+    low = [t.to(torch.bfloat16) for t in (q, k, v, do)]
+    got = _grads(lambda a, b_, c: burst_attn(a, b_, c, causal=True, return_lse=True), *low)
+    naive = _grads(lambda a, b_, c: naive_attention(a, b_, c, causal=True), *low)
+    for i in (0, 2, 3, 4):
+        assert _err(got[i], ref[i]) <= 2 * _err(naive[i], ref[i]) + 4 * FLOOR[torch.bfloat16]
+    assert got[0].device.type == "cuda" and got[1].dtype == torch.float32
+
+
+@pytest.mark.parametrize(("layout", "window"), [("zigzag", None), ("contiguous", (300, 0))])
+def test_ring_steps_never_sync_the_host(layout, window):
+    """Per-step work must not wait for the GPU (no .item(), no host reads of device tensors):
+    torch's sync debug mode turns any synchronising call into an error."""
+    from burst.emulate import RingEmulator
+
+    q, k, v, do = (t.to(torch.bfloat16) for t in _inputs(1, 2048, 8, 8, 64, seed=3))
+    em = RingEmulator(q, k, v, world=4, causal=True, layout=layout, window=window)
+    em.forward()  # warm-up: first-use allocations, pinned buffers
+    state = em.new_forward_state()
+    bstate = em.new_backward_state(do)
+    calls = [c for r in range(4) for _, c in em.forward_calls(r, state)]
+    calls += [c for r in range(4) for _, c in em.backward_calls(r, bstate, "burst")]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for call in calls:
+            call()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+# ---------------------------------------------------------------------------------------------
+# the engine's tiny model
+
+
+def test_engine_tiny_model_on_cuda():
+    engine = pytest.importorskip("burst.engine.trainer", reason="burst.engine is not present")
+    from burst.engine.configs import get_config
+
+    cfg = get_config("tiny")
+
+    def losses(device, mode, steps=2):
+        tr = engine.Trainer(cfg, attention_options={"layout": "striped"}, checkpointing=mode,
+                            device=device, dtype=torch.float32, seed=0)
+        batch = tr.local_batch(seq_len=256, seed=1)
+        return [tr.step(*batch) for _ in range(steps)]
+
+    cpu = losses("cpu", "none")
+    for mode in ("none", "full", "selective", "selective_half"):
+        gpu = losses(CUDA, mode)
+        for a, b in zip(gpu, cpu, strict=True):
+            assert abs(a - b) <= 1e-3 * abs(b), (mode, gpu, cpu)  # TF32 matmuls allowed
+    tr = engine.Trainer(cfg, attention_options={"layout": "zigzag"}, device=CUDA,
+                        dtype=torch.bfloat16, checkpointing="selective")
+    batch = tr.local_batch(seq_len=512, seed=2)
+    first = tr.step(*batch)
+    for _ in range(5):
+        last = tr.step(*batch)
+    assert torch.isfinite(torch.tensor(last)) and last < first, (first, last)
