@@ -146,8 +146,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--executor", default="inline", choices=EXECUTORS)
     s.add_argument("--out", default=str(DEFAULT_OUT), help="results root (default: results/)")
     s.add_argument("--run-id", help="write (or resume) this run folder")
-    s.add_argument("--new", action="store_true", help="start a new run even if the latest "
-                   "run of this spec is unfinished")
+    s.add_argument("--new", action="store_true", help="start a new run (default: resume the "
+                   "latest run of this spec, skipping its done cells)")
     s.add_argument("--retry-failed", action="store_true", help="re-run oom/timeout/error cells")
     g = s.add_argument_group("SLURM (override the spec's [slurm] table)")
     g.add_argument("--partition")

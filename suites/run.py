@@ -4,10 +4,11 @@
     run_sweep(spec, executor="slurm", slurm=SlurmSpec(partition="gpu"))
 
 Run folder (``results/<sweep>/<run_id>/``): ``run_id`` names one; otherwise the latest run of
-the sweep is resumed when it has the same spec and is unfinished, else a new run starts (so a
-killed sweep picks up where it stopped, and a finished one is measured afresh). Cells with a row
-are skipped (``retry_failed`` re-runs oom/timeout/error cells; the consolidated table keeps the
-last row per cell). One driver per run folder (``results.store.RunLock``).
+the sweep is resumed when it has the same spec (so a killed sweep picks up where it stopped, and
+re-running a finished one only prints its table); ``new`` starts a fresh run (``make demo``
+does, so it always measures). Cells with a row are skipped (``retry_failed`` re-runs
+oom/timeout/error cells; the consolidated table keeps the last row per cell). One driver per run
+folder (``results.store.RunLock``).
 
 Progress: a tqdm bar over cells (with ETA) when stdout is a terminal, one log line per cell
 otherwise; both follow rows.jsonl, whoever writes it (ranks, the driver).
@@ -50,18 +51,16 @@ def _spec_hash(spec: SweepSpec) -> str:
 
 
 def select_run(spec: SweepSpec, out: Path, run_id: str | None = None, new: bool = False) -> Path:
-    """The run folder to write: the named one, the latest unfinished run of this very spec, or
-    a new one."""
+    """The run folder to write: the named one, else the latest run of this very spec (same
+    spec hash; it is resumed, its done cells skipped), else a new one. ``new``: always a new
+    one (a fresh measurement of a finished sweep)."""
     sweep_dir = Path(out) / spec.name
     if run_id:
         return sweep_dir / run_id
     if not new and sweep_dir.exists():
         latest = store.latest_run(sweep_dir)
-        if latest is not None:
-            meta = store.read_meta(latest)
-            done = {r["cell_id"] for r in store.read_rows(latest / store.ROWS)}
-            if meta.get("spec_hash") == _spec_hash(spec) and set(meta.get("cells", [])) - done:
-                return latest
+        if latest is not None and store.read_meta(latest).get("spec_hash") == _spec_hash(spec):
+            return latest
     return sweep_dir / store.new_run_id()
 
 

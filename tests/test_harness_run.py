@@ -1,0 +1,219 @@
+"""Harness runs on real gloo ranks (issue 5): an inline sweep whose failing cells become rows
+while the sweep goes on, resume after a SIGKILL with exactly one row per cell, the submitit
+LocalExecutor with 2 tasks forming a gloo group, and a tiny train_step cell.
+
+Each test is one or two process groups (spawning costs seconds on this machine)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from baselines import registry
+from results import store
+from suites.run import run_sweep
+from suites.spec import load_spec
+
+REPO = Path(__file__).resolve().parent.parent
+M = "tests.harness_methods"
+
+SWEEP = f"""
+workload = "attention"
+warmup = 1
+repeats = 2
+baseline = "burst-ringbwd"
+seq_lens = [32]
+world = 2
+error_max_tokens = 32
+timeout_min = 0.25          # 15 s: the hanging cell times out, the others take ~1 s
+[shape]
+heads = 2
+head_dim = 16
+[[methods]]
+name = "burst"
+[[methods]]
+name = "{M}:fail_on_rank1"
+label = "fails"
+[[methods]]
+name = "{M}:user_attention"
+label = "user"
+[[methods]]
+name = "{M}:die_on_rank1"
+label = "dies"
+[[methods]]
+name = "burst"
+options = {{ backward = "ring" }}
+label = "burst-ringbwd"
+[[methods]]
+name = "{M}:out_of_memory"
+label = "oom"
+[[methods]]
+name = "{M}:hang"
+label = "hangs"
+"""
+
+
+def _spec(tmp_path, text, name="tiny"):
+    p = tmp_path / f"{name}.toml"
+    p.write_text(text)
+    return load_spec(p)
+
+
+def _quiet():
+    return open(os.devnull, "w")  # noqa: SIM115 - the run's log stream, closed at exit
+
+
+def _expected_burst_bytes(row) -> tuple[int, int]:
+    opts = json.loads(row["method_options"])
+    vol = registry.get("burst").volume(
+        world=row["world"], batch=row["batch"], seq_local=row["seq_len"] // row["world"],
+        heads=row["heads"], kv_heads=row["kv_heads"], head_dim=row["head_dim"], elem=4,
+        backward=opts.get("backward", "burst"))
+    return vol.sent("forward"), vol.sent("backward")
+
+
+def test_inline_sweep_failures_are_rows_and_resume_skips(tmp_path):
+    # every way a cell fails, between cells that work: each failure ends its process group,
+    # becomes a row, and a fresh group runs the rest (4 groups in all)
+    spec = _spec(tmp_path, SWEEP)
+    res = run_sweep(spec, out=tmp_path / "out", stream=_quiet())
+    rows = store.read_rows(res.run_dir / "rows.jsonl")
+    assert [r["label"] for r in rows] == [m.label for m in spec.methods]  # one each, in order
+    by = {r["label"]: r for r in rows}
+    assert by["fails"]["status"] == "error"
+    assert "deliberate failure on rank 1" in by["fails"]["error"]
+    assert by["dies"]["status"] == "error" and "rank 1" in by["dies"]["error"]
+    assert by["oom"]["status"] == "oom" and "out of memory" in by["oom"]["error"]
+    assert by["hangs"]["status"] == "timeout" and "time limit" in by["hangs"]["error"]
+    for label in ("burst", "user", "burst-ringbwd"):
+        r = by[label]
+        assert r["status"] == "ok" and r["error"] is None, r["error"]
+        assert r["time_s"] > 0 and r["tokens_per_s"] > 0 and r["attn_tflops"] > 0
+        assert r["time_s_min"] <= r["time_s"] <= r["time_s_max"]
+        assert r["saved_bytes"] > 0 and r["mem_peak_bytes"] > 0
+        assert r["max_err"] < 1e-5  # against the float64 reference (32 tokens: cheap)
+        # provenance
+        assert r["git_commit"] and r["git_dirty"] is not None and r["hostname"]
+        assert r["python"] and r["torch"] and r["date"] and r["device_name"]
+        assert r["executor"] == "inline" and r["run_id"] == res.run_dir.name
+        assert r["world"] == r["device_count"] == 2 and r["nodes"] == 1
+        assert json.loads(r["sweep_spec"])["name"] == "tiny"
+        assert json.loads(r["spec"])["label"] == label
+    # bytes per rank equal the analytic volume of BurstAttention (burst.volume)
+    for label in ("burst", "burst-ringbwd"):
+        r = by[label]
+        assert (r["bytes_sent_forward"], r["bytes_sent_backward"]) == _expected_burst_bytes(r)
+        assert r["bytes_sent_inter"] == 0
+    assert by["burst"]["bytes_sent_backward"] < by["burst-ringbwd"]["bytes_sent_backward"]
+    t = res.table.set_index("label")
+    assert t.loc["burst-ringbwd", "speedup"] == 1.0 and t.loc["burst", "speedup"] > 0
+    assert (res.run_dir / "table.parquet").exists() and (res.run_dir / "table.csv").exists()
+
+    # re-running resumes the same folder, skips every cell, adds no row
+    again = run_sweep(spec, out=tmp_path / "out", stream=_quiet())
+    assert again.run_dir == res.run_dir and again.ran == 0
+    assert store.read_rows(res.run_dir / "rows.jsonl") == rows
+
+
+KILL = f"""
+workload = "attention"
+warmup = 0
+repeats = 1
+seq_lens = [32, 64, 96, 128]
+world = 2
+error_max_tokens = 0
+profile_memory = false
+[shape]
+heads = 2
+head_dim = 8
+[[methods]]
+name = "{M}:slow_attention"
+options = {{ delay = 0.4 }}
+label = "slow"
+"""
+
+
+def test_killed_sweep_resumes_with_one_row_per_cell(tmp_path):
+    spec_file = tmp_path / "killme.toml"
+    spec_file.write_text(KILL)
+    out, rows = tmp_path / "out", tmp_path / "out" / "killme" / "r1" / "rows.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "suites.cli", "run", str(spec_file), "--out", str(out),
+         "--run-id", "r1"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not store.read_rows(rows):
+            assert proc.poll() is None, "the sweep ended before it could be killed"
+            assert time.monotonic() < deadline, "no row within 120 s"
+            time.sleep(0.1)
+        # kill the driver only: its ranks must die with it (they would write more rows)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        time.sleep(2.0)
+        first = store.read_rows(rows)
+        assert 1 <= len(first) < 4
+        time.sleep(1.5)
+        assert store.read_rows(rows) == first, "a rank outlived the killed driver"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    with open(rows, "ab") as f:  # and a row torn by a kill mid-write
+        f.write(b'{"cell_id": "' + first[-1]["cell_id"].encode() + b'", "status": "o')
+    res = run_sweep(load_spec(spec_file), out=out, run_id="r1", stream=_quiet())
+    final = store.read_rows(rows)
+    ids = [r["cell_id"] for r in final]
+    assert len(ids) == 4 and len(set(ids)) == 4, ids
+    assert [r["status"] for r in final] == ["ok"] * 4
+    assert final[:len(first)] == first  # rows written before the kill are kept as they were
+    assert res.ran == 4 - len(first)
+
+
+def test_local_executor_two_tasks_gloo(tmp_path):
+    pytest.importorskip("submitit")
+    text = SWEEP.split("[[methods]]")[0]
+    text = text.replace("timeout_min = 0.25", "timeout_min = 5").replace(
+        'baseline = "burst-ringbwd"', "") + '[[methods]]\nname = "burst"\n'
+    res = run_sweep(_spec(tmp_path, text, "local2"), executor="local", out=tmp_path / "out",
+                    stream=_quiet())
+    (row,) = store.read_rows(res.run_dir / "rows.jsonl")
+    assert row["status"] == "ok", row["error"]
+    assert row["executor"] == "local" and row["job_id"] and row["world"] == 2
+    assert (row["bytes_sent_forward"], row["bytes_sent_backward"]) == _expected_burst_bytes(row)
+    assert row["max_err"] is None or row["max_err"] < 1e-5
+    assert (res.run_dir / "jobs").is_dir()  # submitit's folder, ignored by git
+
+
+def test_train_step_tiny(tmp_path):
+    pytest.importorskip("burst.engine.trainer")
+    text = """
+workload = "train_step"
+model = "tiny"
+warmup = 1
+repeats = 1
+seq_lens = [64]
+world = 2
+[[methods]]
+name = "burst"
+checkpointing = "selective"
+fused_head = true
+"""
+    res = run_sweep(_spec(tmp_path, text, "train"), out=tmp_path / "out",
+                    stream=_quiet())
+    (row,) = store.read_rows(res.run_dir / "rows.jsonl")
+    assert row["status"] == "ok", row["error"]
+    assert row["model"] == "tiny" and row["checkpointing"] == "selective" and row["fused_head"]
+    assert row["heads"] == 4 and row["kv_heads"] == 2 and row["head_dim"] == 8
+    for conv in ("model_flops_causal", "model_flops_dense", "hardware_flops"):
+        assert row[f"tflops_{conv}"] > 0 and row[f"mfu_{conv}"] is None  # no peak on CPU
+    assert row["tflops_hardware_flops"] > row["tflops_model_flops_causal"]  # recompute counted
+    assert row["tflops_model_flops_dense"] > row["tflops_model_flops_causal"]
+    assert row["bytes_sent_forward"] > 0 and row["saved_bytes"] > 0
