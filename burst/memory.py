@@ -24,11 +24,15 @@ __all__ = ["ProfilerPeak", "SavedBytes", "cuda_peak", "reset_cuda_peak"]
 
 
 class SavedBytes:
-    """Bytes of distinct storages saved for backward inside the block."""
+    """Bytes of distinct storages saved for backward inside the block.
 
-    def __init__(self):
+    ``exclude``: storage pointers not to count (e.g. the parameters' ``untyped_storage()
+    .data_ptr()``: matmuls save their weights, which no checkpointing mode can free).
+    """
+
+    def __init__(self, exclude=()):
         self.bytes = 0
-        self._seen: set[int] = set()
+        self._seen: set[int] = set(exclude)
 
     def _pack(self, t: torch.Tensor):
         try:

@@ -1,0 +1,166 @@
+"""Time gates that hold on noisy machines: ratios measured in one run, against a stored baseline.
+
+Absolute times do not transfer between machines, and on a shared machine they drift by tens of
+percent within minutes. A *ratio* of two things measured alternately in the same run (method A
+against method B, or our code against one plain kernel call) cancels most of that drift. Each
+gate here is such a ratio: the median over ``repeats`` interleaved pairs. Its threshold comes from
+the measured run-to-run spread of the ratio on the same machine class (``--record`` runs every
+gate ``trials`` times), never from a guess:
+
+    threshold = baseline median * (1 + max(3 * spread, 5 %))
+    spread    = (max - min) / median over the recorded trials
+
+    python -m suites.timegate --record   # measure baseline + spread for this machine class
+    python -m suites.timegate            # check: exit 1 when a ratio exceeds its threshold
+
+Baselines live in ``benchmarks/time_gates.json`` keyed by machine class (GPU model, or CPU model
+and thread count; ``benchmarks/conftest.machine_class``). The gates are deliberately not part of
+``make test`` (a timed test flakes on a shared 2-core machine); ``make perf-gate`` runs them, on
+a quiet machine or a dedicated GPU runner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+__all__ = ["GATES", "machine_class", "measure_ratio", "record", "check"]
+
+STORE = Path(__file__).resolve().parent.parent / "benchmarks" / "time_gates.json"
+
+
+def machine_class() -> str:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0).replace(" ", "_")
+    return f"cpu-{platform.processor() or platform.machine()}-{torch.get_num_threads()}t"
+
+
+def measure_ratio(a: Callable[[], object], b: Callable[[], object], *, repeats: int = 7,
+                  warmup: int = 1) -> float:
+    """Median of time(a)/time(b) over interleaved pairs (load hits both alike)."""
+    for _ in range(warmup):
+        a()
+        b()
+    ratios = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a()
+        t1 = time.perf_counter()
+        b()
+        t2 = time.perf_counter()
+        ratios.append((t1 - t0) / (t2 - t1))
+    return statistics.median(ratios)
+
+
+def _fused_head_gate() -> tuple[Callable, Callable]:
+    """Fused LM head + loss against the plain head + cross-entropy (issue 4 bound: 1.2x)."""
+    from burst.engine.fused_loss import fused_linear_cross_entropy, plain_cross_entropy
+
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2048, 64, generator=g)
+    weight = torch.randn(8000, 64, generator=g) * 0.05
+    targets = torch.randint(0, 8000, (2048,), generator=g)
+
+    def run(fn, **kw):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        fn(h, w, targets, **kw).backward()
+
+    return (lambda: run(fused_linear_cross_entropy, chunk=512),
+            lambda: run(plain_cross_entropy))
+
+
+def _burst_vs_ring_backward_gate() -> tuple[Callable, Callable]:
+    """Per-rank compute of the emulated burst backward against the ring backward (same work)."""
+    from burst.emulate import RingEmulator
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(1, 2048, 4, 64, generator=g) for _ in range(4))
+    em = RingEmulator(q, k, v, world=4, causal=True, layout="zigzag")
+    em.forward()
+    return (lambda: em.backward(do, scheme="burst"), lambda: em.backward(do, scheme="ring"))
+
+
+def _ring_forward_vs_kernel_gate() -> tuple[Callable, Callable]:
+    """Emulated 4-rank zigzag forward (all blocks, merges) against one causal kernel call on the
+    whole sequence: the ring's overhead over the ideal, all ranks' compute together."""
+    from burst.emulate import RingEmulator
+    from burst.kernel import block_forward
+    from burst.masks import CAUSAL
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2048, 4, 64, generator=g) for _ in range(3))
+    em = RingEmulator(q, k, v, world=4, causal=True, layout="zigzag")
+    return em.forward, lambda: block_forward(q, k, v, kind=CAUSAL)
+
+
+GATES: dict[str, Callable[[], tuple[Callable, Callable]]] = {
+    "fused_head_over_plain": _fused_head_gate,
+    "burst_bwd_over_ring_bwd": _burst_vs_ring_backward_gate,
+    "ring_fwd_over_one_kernel": _ring_forward_vs_kernel_gate,
+}
+
+
+def _load() -> dict:
+    return json.loads(STORE.read_text()) if STORE.exists() else {}
+
+
+def record(trials: int = 5, repeats: int = 7) -> dict:
+    """Measure every gate ``trials`` times; store median, spread and threshold."""
+    torch.set_num_threads(1)
+    out = {}
+    for name, make in GATES.items():
+        a, b = make()
+        vals = [measure_ratio(a, b, repeats=repeats) for _ in range(trials)]
+        med = statistics.median(vals)
+        spread = (max(vals) - min(vals)) / med
+        out[name] = {"baseline": med, "spread": spread, "trials": vals,
+                     "threshold": med * (1 + max(3 * spread, 0.05))}
+        print(f"{name:<28} median {med:.3f}  spread {spread:.1%}  "
+              f"threshold {out[name]['threshold']:.3f}  trials {[round(x, 3) for x in vals]}")
+    store = _load()
+    store[machine_class()] = out
+    STORE.write_text(json.dumps(store, indent=1, sort_keys=True) + "\n")
+    return out
+
+
+def check(repeats: int = 7) -> int:
+    torch.set_num_threads(1)
+    base = _load().get(machine_class())
+    if base is None:
+        print(f"no recorded baseline for machine class {machine_class()!r} in {STORE}; "
+              "run `python -m suites.timegate --record` on this machine class first")
+        return 2
+    failed = 0
+    for name, make in GATES.items():
+        a, b = make()
+        r = measure_ratio(a, b, repeats=repeats)
+        limit = base[name]["threshold"]
+        ok = r <= limit
+        failed += not ok
+        print(f"{name:<28} ratio {r:.3f}  baseline {base[name]['baseline']:.3f}  "
+              f"threshold {limit:.3f}  {'ok' if ok else 'REGRESSED'}")
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m suites.timegate", description=__doc__.split("\n")[0])
+    p.add_argument("--record", action="store_true")
+    p.add_argument("--trials", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=7)
+    args = p.parse_args(argv)
+    if args.record:
+        record(args.trials, args.repeats)
+        return 0
+    return check(args.repeats)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""Deterministic performance gates (issue 7): bytes, kept activations, FLOPs and simulator
+predictions must equal the stored values in suites/gates_expected.json. A change that moves
+them must update that file on purpose (``python -m suites.gates --update``); the failure shows
+by how much each value moved."""
+
+from __future__ import annotations
+
+import pytest
+
+from suites import gates
+
+
+@pytest.fixture(scope="module")
+def values():
+    return gates.collect()
+
+
+def test_gate_values_equal_the_stored_ones(values):
+    expected = gates.load_expected()
+    assert expected, f"no stored gate values at {gates.EXPECTED}"
+    diff = gates.compare(expected, values)
+    assert not diff, ("performance gates moved (run `python -m suites.gates --update` if on "
+                      "purpose):\n" + gates.format_diff(diff))
+
+
+def test_gates_cover_every_family(values):
+    prefixes = {k.split(".")[0] for k in values}
+    assert prefixes == {"bytes", "kept", "flops", "sim"}
+    methods = {k.split(".")[1] for k in values if k.startswith("bytes.")}
+    assert {"burst", "ring", "zigzag_ring", "striped_ring", "allgather", "ulysses", "usp",
+            "double_ring"} <= methods
+
+
+def test_compare_reports_a_moved_value():
+    diff = gates.compare({"a": 100, "b": 1.0, "c": "ok"}, {"a": 110, "b": 1.0, "d": 3})
+    assert [d[0] for d in diff] == ["a", "c", "d"]
+    assert "+10.00%" in gates.format_diff(diff)
+
+
+def test_selective_half_keeps_half_the_cache_of_selective(values):
+    half = values["kept.selective_half.fused.cache"]
+    full = values["kept.selective.fused.cache"]
+    assert full > 0 and half * 2 == full
