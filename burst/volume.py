@@ -161,6 +161,9 @@ class _Case:
 def _ring_like(c: _Case, backward: str, layout: str, ranks_per_node: int | None,
                truncate: bool = True) -> Volume:
     flat = ranks_per_node is None or ranks_per_node >= c.world
+    if not flat and c.world % ranks_per_node:
+        raise ValueError(f"ranks_per_node={ranks_per_node} does not divide the group of "
+                         f"{c.world} ranks")
     span = c.span(c.world, c.seq_local, layout) if flat and truncate else None
     vol = ring_attention_bytes(**c.shape(), backward=backward, ranks_per_node=ranks_per_node,
                                node_size=c.node_size, rank=c.rank, span=span)
@@ -223,6 +226,8 @@ def ulysses_kv_heads(kv_heads: int, degree: int) -> int:
 
 def _ulysses_into(vol: Volume, c: _Case, members: Sequence[int]) -> None:
     g = len(members)
+    if c.heads % g:
+        raise ValueError(f"ulysses degree {g} does not divide {c.heads} query heads")
     hk = ulysses_kv_heads(c.kv_heads, g)
     q = c.bn * c.heads // g * c.head_dim * c.elem  # one split of Q (or O, dO, dQ)
     kv = 2 * c.bn * hk // g * c.head_dim * c.elem  # one split of K and V
@@ -252,6 +257,8 @@ def _ring_pass_into(vol: Volume, c: _Case, members: Sequence[int], span: int, pa
 def _usp(c: _Case, *, ulysses_degree: int = 2, layout: str = "contiguous",
          truncate: bool = True) -> Volume:
     u = ulysses_degree
+    if c.world % u:
+        raise ValueError(f"ulysses_degree={u} does not divide the group of {c.world} ranks")
     r = c.world // u
     ring_idx, u_idx = divmod(c.rank, u)
     vol = Volume()
