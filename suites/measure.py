@@ -116,24 +116,26 @@ def _max_err(cell: Cell, full, result, layout: str) -> float:
     got = [_unshard(t, cell, layout) for t in result]  # out, dq, dk, dv
     if comm.rank() != 0:
         return 0.0
+    dev = result[0].device  # float64 on the cell's device: fast on a GPU
     q, k, v, do = full
     rep = cell.heads // cell.kv_heads
     err = 0.0
     for kv in range(cell.kv_heads):
         sl = slice(kv * rep, (kv + 1) * rep)
-        qh = q[:, :, sl].clone().requires_grad_()
-        kh, vh = (t[:, :, kv:kv + 1].clone().requires_grad_() for t in (k, v))
+        qh = q[:, :, sl].to(dev, copy=True).requires_grad_()
+        kh, vh = (t[:, :, kv:kv + 1].to(dev, copy=True).requires_grad_() for t in (k, v))
         out, _ = reference_attention(qh, kh, vh, causal=cell.causal, window=cell.window,
                                      scale=cell.head_dim ** -0.5)
-        out.backward(do[:, :, sl])
+        out.backward(do[:, :, sl].to(dev))
         for a, w in ((got[0][:, :, sl], out.detach()), (got[1][:, :, sl], qh.grad),
                      (got[2][:, :, kv:kv + 1], kh.grad), (got[3][:, :, kv:kv + 1], vh.grad)):
-            err = max(err, float((a.double() - w).abs().max()))
+            err = max(err, float((a.double() - w.cpu()).abs().max()))
     return err
 
 
 def _unshard(t: torch.Tensor, cell: Cell, layout: str) -> torch.Tensor:
-    parts = comm.all_gather_list(t.detach().cpu().contiguous())
+    # gather on the tensor's device (NCCL cannot move CPU tensors), then assemble on the CPU
+    parts = [p.cpu() for p in comm.all_gather_list(t.detach().contiguous())]
     out = torch.empty(t.shape[0], cell.seq_len, *t.shape[2:], dtype=t.dtype)
     for r, part in enumerate(parts):
         out[:, local_index(cell.seq_len, cell.world, r, layout)] = part

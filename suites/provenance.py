@@ -58,7 +58,8 @@ def host_provenance(device: str) -> dict:
     nccl = None
     if device == "cuda" and torch.cuda.is_available():
         try:
-            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+            v = torch.cuda.nccl.version()  # a tuple on recent torch, an int on old ones
+            nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
         except (AttributeError, RuntimeError):
             nccl = None
     return {

@@ -32,7 +32,8 @@ class RunContext:
 
 
 _OOM = ("OutOfMemoryError", "CUDA out of memory", "out of memory", "can't allocate memory",
-        "DefaultCPUAllocator: not enough memory", "std::bad_alloc", "MemoryError")
+        "DefaultCPUAllocator: not enough memory", "std::bad_alloc", "MemoryError",
+        "OUT_OF_MEMORY")  # the last: SLURM's state for a job its memory limit killed
 _TIMEOUT = ("timed-out", "timed out", "TIMEOUT", "did not finish within", "exceeded its time limit")
 
 

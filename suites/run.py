@@ -146,8 +146,9 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
     slurm = slurm or spec.slurm
     cells = expand(spec)
     if executor == "dry-run":
+        folder = job_folder or Path(out).resolve() / spec.name / "<run_id>" / "jobs"
         dry_run([c for c in cells if cell_problem(c) is None], slurm=slurm, sweep=spec.name,
-                stream=stream)
+                folder=str(folder), stream=stream)
         return RunResult(None, None, 0)
 
     run = Run(select_run(spec, Path(out), run_id, new))
