@@ -1,14 +1,15 @@
 """Imports every adapter module so that each registers its methods (see ``registry``).
 
-The import order is the registry order (tables list BurstAttention first, then the baselines).
+``MODULES`` is also the registry order (BurstAttention first, then the baselines), whatever
+module a caller happened to import first.
 """
-# isort: skip_file
 
-from baselines import burst_method  # noqa: F401
-from baselines import ring_family  # noqa: F401
-from baselines import double_ring  # noqa: F401
-from baselines import allgather  # noqa: F401
-from baselines import ulysses  # noqa: F401
-from baselines import usp  # noqa: F401
-from baselines import tp  # noqa: F401
-from baselines import external  # noqa: F401
+from __future__ import annotations
+
+import importlib
+
+MODULES = ("burst_method", "ring_family", "double_ring", "allgather", "ulysses", "usp", "tp",
+           "external")
+
+for _name in MODULES:
+    importlib.import_module(f"baselines.{_name}")

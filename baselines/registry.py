@@ -140,4 +140,9 @@ def _load_builtins() -> None:
     if _LOADED:
         return
     _LOADED = True
-    import baselines._builtins  # noqa: F401  (each adapter module registers itself)
+    from baselines._builtins import MODULES  # each adapter module registers itself
+
+    rank = {f"baselines.{m}": i for i, m in enumerate(MODULES)}
+    ordered = sorted(_REGISTRY.items(), key=lambda kv: rank.get(kv[1].fn.__module__, len(rank)))
+    _REGISTRY.clear()
+    _REGISTRY.update(ordered)
