@@ -8,6 +8,8 @@ from the public BurstEngine repository, commit 426eb7a; see its README). They be
     main_rows()     burstengine_main.csv: training tokens/s per GPU and reserved memory
     paper_rows()    both
 
+Training rows also get TFLOP/s and MFU under every ``burst.flops`` convention, computed from
+the published tokens/s (the paper's MFU is ``mfu_model_flops_causal``).
 ``method`` holds the paper's system name (megatron_cp, burstengine, ...; ``suites.paper_methods``
 maps them to registry methods) and ``label`` the paper's label. The paper's checkpointing
 ``none`` ("w/o sele-ckpt", full layer recomputation) is our ``full``. Memory is GiB as recorded
@@ -79,7 +81,24 @@ def main_rows(path: str | os.PathLike | None = None) -> list[dict]:
                    fused_head=r["method"].startswith("burstengine"), tokens_per_s=tps,
                    time_s=int(r["seq_len"]) / tps / int(r["gpus"]) if tps else None,
                    mem_reserved_bytes=float(r["memory_gb"]) * 2**30 if r["memory_gb"] else None)
+        if tps:
+            row.update(_model_tflops(r["model"], int(r["seq_len"]), row["time_s"], int(r["gpus"]),
+                                     row["checkpointing"]))
         out.append(row)
+    return out
+
+
+def _model_tflops(model: str, seq_len: int, time_s: float, gpus: int, ckpt: str) -> dict:
+    """TFLOP/s and MFU of a published row under every named FLOP convention (burst.flops), so
+    that published and simulated rows compare under the same convention (DESIGN.md 4)."""
+    from burst import flops as F
+    from burst.engine.configs import get_config
+
+    cfg, out = get_config(model), {}
+    for conv in F.CONVENTIONS:
+        tf = F.model_flops(cfg, 1, seq_len, conv, checkpointing=ckpt) / time_s / gpus / 1e12
+        out[f"tflops_{conv}"] = tf
+        out[f"mfu_{conv}"] = tf / 312.0
     return out
 
 

@@ -33,7 +33,8 @@ from suites.hardware import GIB, Hardware
 from suites.implementations import Implementation
 from suites.schedule import AttnShape, Plan
 
-__all__ = ["MemoryEstimate", "attention_memory", "layer_activation_bytes", "train_memory"]
+__all__ = ["MemoryEstimate", "attention_memory", "checkpoint_bytes", "head_bytes",
+           "layer_activation_bytes", "train_memory"]
 
 BF16, FP32 = 2, 4
 ZERO_BYTES_PER_PARAM = 16  # ZeRO (arXiv 1910.02054) 3.1: 2 + 2 + 12, mixed-precision Adam
@@ -126,7 +127,7 @@ def layer_activation_bytes(cfg, tokens: int, elem: int = BF16) -> dict[str, floa
     }
 
 
-def _checkpoint_bytes(cfg, tokens: int, mode: str) -> float:
+def checkpoint_bytes(cfg, tokens: int, mode: str) -> float:
     """Bytes kept per layer between forward and backward, by checkpointing mode."""
     act = layer_activation_bytes(cfg, tokens)
     layer_input = tokens * cfg.hidden_size * BF16
@@ -134,6 +135,16 @@ def _checkpoint_bytes(cfg, tokens: int, mode: str) -> float:
     return {"none": sum(act.values()), "full": layer_input,
             "selective": layer_input + cached,
             "selective_half": layer_input + cached / 2}[mode]
+
+
+def head_bytes(cfg, tokens: int, fused: bool, logits_bytes: float = 8.0) -> float:
+    """Peak bytes of the LM head + loss for ``tokens`` local tokens (module docstring)."""
+    h, v = cfg.hidden_size, cfg.vocab_size
+    if fused:
+        out = min(tokens, FUSED_CHUNK) * v * (BF16 + 2 * FP32) + v * h * FP32 + tokens * h * BF16
+    else:
+        out = tokens * v * logits_bytes + tokens * h * BF16
+    return out + 2 * v * h * BF16  # the gathered head weight and its gradient
 
 
 def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
@@ -146,15 +157,11 @@ def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
     layer_params = (params - 2 * v * h) / cfg.num_layers
     states = (2 * BF16 if offload else ZERO_BYTES_PER_PARAM) * params / world
     gathered = 2 * layer_params * BF16 + layer_params * BF16
-    checkpoints = cfg.num_layers * _checkpoint_bytes(cfg, tokens, checkpointing)
+    checkpoints = cfg.num_layers * checkpoint_bytes(cfg, tokens, checkpointing)
     act = sum(layer_activation_bytes(cfg, tokens).values())
     mlp_grads = 2 * tokens * cfg.ffn_size * BF16
     layer_peak = act + mlp_grads + _attention_buffers(shape, plan, world, impl.acc_elem)
-    if fused_head:
-        head = min(tokens, FUSED_CHUNK) * v * (BF16 + 2 * FP32) + v * h * FP32 + tokens * h * BF16
-    else:
-        head = tokens * v * impl.logits_bytes + tokens * h * BF16
-    head += 2 * v * h * BF16  # the gathered head weight and its gradient
+    head = head_bytes(cfg, tokens, fused_head, impl.logits_bytes)
     extra = _implementation_bytes(impl, shape.seq_len)
     base = {"model_states": states, "checkpoints": checkpoints, "implementation": extra}
     at_head = {**base, "head": head}

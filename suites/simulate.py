@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -138,40 +139,42 @@ def _shape(cell) -> AttnShape:
                      window=tuple(cell.window) if cell.window else None)
 
 
-def _registry_problem(cell, opts: dict) -> str | None:
-    """Why this project's code could not run the cell (shape/degree/layout), else None."""
-    from baselines import registry
+def _cell_problem(cell, impl: Implementation) -> str | None:
+    """Why the cell could not run (``suites.cells.cell_problem``: shape, layout, degrees,
+    checkpointing), else None. A system with ``uneven_heads`` is checked with its heads padded
+    to a multiple of the head-parallel degree (it splits them unevenly instead of failing)."""
+    from suites.cells import cell_problem
 
+    if impl.uneven_heads and cell.heads:
+        u = {"ulysses": cell.world,
+             "usp": int(cell.options.get("ulysses_degree", 1))}.get(cell.method, 1)
+        padded = -(-cell.heads // u) * u
+        cell = dataclasses.replace(cell, heads=padded, kv_heads=padded)
     try:
-        method = registry.get(cell.method)
-    except ValueError as e:
-        return str(e)
-    portable = dataclasses.replace(method, unavailable=lambda: None)
-    known = {k: v for k, v in opts.items() if k != "ring"}
-    try:
-        portable.check(world=cell.world, heads=cell.heads, kv_heads=cell.kv_heads,
-                       seq_local=cell.seq_len // cell.world, causal=cell.causal, **known)
+        return cell_problem(cell)
     except (ValueError, TypeError) as e:
         return str(e)
-    return None
 
 
 # ---------------------------------------------------------------------------------------------
 # Predictions
 
 
-def predict(cell, hw: Hardware, impl: Implementation | None = None) -> Prediction:
-    """Time, memory and status of one cell on ``hw`` (``impl`` overrides the cell's system)."""
+def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
+            invalid: str = "error") -> Prediction:
+    """Time, memory and status of one cell on ``hw`` (``impl`` overrides the cell's system).
+
+    A cell the code could not run is an ``invalid`` row (``simulate_spec`` passes "skipped",
+    what the harness records for the cells of a ``skip_invalid`` method)."""
     cell = as_cell(cell)
     impl = impl or _impl(cell)
     opts = _options(cell, impl)
     if cell.seq_len % cell.world:
-        return Prediction("error", error=f"seq_len {cell.seq_len} is not divisible by world "
+        return Prediction(invalid, error=f"seq_len {cell.seq_len} is not divisible by world "
                                          f"{cell.world}")
-    if cell.paper is None:
-        problem = _registry_problem(cell, opts)
-        if problem:
-            return Prediction("error", error=problem)
+    problem = _cell_problem(cell, impl)
+    if problem:
+        return Prediction(invalid, error=problem)
     shape = _shape(cell)
     u = {"ulysses": cell.world, "usp": int(opts.get("ulysses_degree", 1))}.get(cell.method, 1)
     if impl.uneven_heads and shape.heads % u:
@@ -247,7 +250,7 @@ def _metrics(cell, hw: Hardware, p: Prediction) -> dict:
     return m
 
 
-def simulate_cell(cell, hardware: str | Hardware, *, ctx=None) -> dict:
+def simulate_cell(cell, hardware: str | Hardware, *, ctx=None, invalid: str = "error") -> dict:
     """One result row (``results.schema``) predicted for ``cell`` on ``hardware``."""
     from suites.provenance import code_provenance
     from suites.rows import RunContext, make_row
@@ -259,7 +262,7 @@ def simulate_cell(cell, hardware: str | Hardware, *, ctx=None) -> dict:
                          **code_provenance())
     host = {"python": None, "torch": None, "cuda": None, "nccl": None, "flash_attn": None,
             "hostname": None, "job_id": None}
-    row = make_row(cell, _metrics(cell, hw, predict(cell, hw)), ctx, host=host)
+    row = make_row(cell, _metrics(cell, hw, predict(cell, hw, invalid=invalid)), ctx, host=host)
     row.update(source="simulated", executor="simulate", hardware=hw.name, device="cuda",
                device_name=hw.description, device_count=cell.world)
     assert set(row) <= set(COLUMNS) | set(empty_row())
@@ -281,7 +284,7 @@ def simulate_spec(spec, hardware: str | Hardware, out_dir: str | Path | None = N
     hw = hardware if isinstance(hardware, Hardware) else load(hardware)
     ctx = RunContext(run_id=f"simulated-{hw.name}", executor="simulate",
                      sweep_spec=sw.to_json(), **code_provenance())
-    rows = [simulate_cell(c, hw, ctx=ctx) for c in expand(sw)]
+    rows = [simulate_cell(c, hw, ctx=ctx, invalid="skipped") for c in expand(sw)]
     if out_dir is not None:
         write_rows(rows, Path(out_dir) / sw.name / ctx.run_id)
     return rows
@@ -306,10 +309,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hardware", default="a800", help="profile name or .toml path")
     ap.add_argument("--out", default=None, help="results folder to write run folders into")
     a = ap.parse_args(argv)
+    from suites.spec import SpecError
+
     for s in a.specs:
-        rows = simulate_spec(s, a.hardware, a.out)
+        try:
+            rows = simulate_spec(s, a.hardware, a.out)
+        except (SpecError, ValueError) as e:
+            print(f"simulate {s}: {e}", file=sys.stderr)
+            return 2
         for r in rows:
-            val = (f"{r['tokens_per_s']:.1f} tok/s" if r["status"] == "ok" else r["status"])
+            val = r["status"]
+            if val == "ok":
+                val = (f"{r['attn_tflops']:.1f} TFLOP/s per GPU" if r["workload"] == "attention"
+                       else f"{r['tokens_per_s']:.1f} tokens/s per GPU, MFU "
+                            f"{100 * r['mfu_model_flops_causal']:.1f}%")
             print(f"{r['label']:28s} seq={r['seq_len']:>8d} world={r['world']:>3d} {val}")
         print(json.dumps({"spec": s, "rows": len(rows)}))
     return 0

@@ -1,0 +1,3 @@
+from paper_figures.make import main
+
+raise SystemExit(main())

@@ -1,0 +1,40 @@
+"""Activations kept per GPU between forward and backward vs sequence length (32 GPUs), per
+checkpointing mode: none, full (layer input only), selective (+ attention output and lse),
+selective_half (half of that cache). One panel per model; dashed: the A800's 80 GiB."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from paper_figures.common import fmt_tokens, new_figure, note_empty
+
+NAME = "checkpoint_memory"
+GIB = 2**30
+COLORS = {"none": "#7f8c8d", "full": "#2e86c1", "selective": "#c0392b",
+          "selective_half": "#e67e22"}
+
+
+def make(tables):
+    b = tables.breakdowns
+    df = b[b["kind"] == "checkpoint_memory"].copy() if len(b) else pd.DataFrame()
+    models = list(dict.fromkeys(df["model"])) if len(df) else ["-"]
+    fig, axes = new_figure(len(models), 1, width=4.0, height=3.4)
+    if not len(df):
+        note_empty(axes[0][0])
+        return fig, pd.DataFrame()
+    df["GiB"] = df["value"] / GIB
+    for j, model in enumerate(models):
+        ax = axes[0][j]
+        for mode, d in df[df["model"] == model].groupby("series", sort=False):
+            ax.plot(d["seq_len"], d["GiB"], marker="o", ms=3, color=COLORS.get(mode, "0.5"),
+                    label=mode)
+        ax.axhline(80, color="black", lw=0.8, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.xaxis.set_major_formatter(fmt_tokens)
+        ax.set_xlabel(f"sequence length (tokens), {int(df['world'].iloc[0])} GPUs")
+        ax.set_ylabel("checkpointed activations per GPU (GiB)" if j == 0 else "")
+        ax.set_title(model.upper(), fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig, df

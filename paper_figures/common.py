@@ -1,0 +1,50 @@
+"""What every figure shares: the style, the output (PNG + PDF + the plotted data as CSV)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # figures are files; never open a window
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+__all__ = ["OUT", "fmt_tokens", "new_figure", "note_empty", "save", "seq_label"]
+
+OUT = Path(__file__).resolve().parent / "out"
+
+
+def new_figure(ncols: int = 1, nrows: int = 1, *, width: float = 4.2, height: float = 3.2,
+               **kw):
+    sns.set_theme(style="whitegrid", context="paper", font_scale=0.95)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows),
+                             squeeze=False, **kw)
+    return fig, axes
+
+
+def seq_label(n: int) -> str:
+    n = int(n)
+    return f"{n >> 20}M" if n >= 1 << 20 and n % (1 << 20) == 0 else f"{n >> 10}K"
+
+
+def fmt_tokens(x, _pos=None) -> str:
+    return seq_label(x) if x >= 1024 else f"{int(x)}"
+
+
+def note_empty(ax, text: str = "no rows for this panel") -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="0.4")
+
+
+def save(fig, data: pd.DataFrame, name: str, out: Path | str = OUT) -> list[Path]:
+    """<out>/<name>.png, .pdf and .csv (the exact data the figure shows)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{name}.png", out / f"{name}.pdf", out / f"{name}.csv"]
+    fig.savefig(paths[0], dpi=150, bbox_inches="tight")
+    fig.savefig(paths[1], bbox_inches="tight")
+    data.to_csv(paths[2], index=False)
+    plt.close(fig)
+    return paths

@@ -1,0 +1,36 @@
+"""LM head + loss peak per GPU vs sequence length (32 GPUs): the plain head materialises the
+local N/G x V logits in fp32, the fused head one chunk of them (suites.memory_model)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from paper_figures.common import fmt_tokens, new_figure, note_empty
+
+NAME = "logits_memory"
+GIB = 2**30
+
+
+def make(tables):
+    b = tables.breakdowns
+    df = b[b["kind"] == "logits_memory"].copy() if len(b) else pd.DataFrame()
+    fig, axes = new_figure(1, 1, width=4.6, height=3.4)
+    ax = axes[0][0]
+    if not len(df):
+        note_empty(ax)
+        return fig, pd.DataFrame()
+    df["GiB"] = df["value"] / GIB
+    models = list(dict.fromkeys(df["model"]))
+    colors = dict(zip(models, ["#2e86c1", "#c0392b", "#17a589"], strict=False))
+    for (model, series), d in df.groupby(["model", "series"], sort=False):
+        ax.plot(d["seq_len"], d["GiB"], "-" if series == "plain head" else ":", marker="o",
+                ms=3, color=colors[model], label=f"{model.upper()} {series}")
+    ax.axhline(80, color="black", lw=0.8, ls="--")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.xaxis.set_major_formatter(fmt_tokens)
+    ax.set_xlabel(f"sequence length (tokens), {int(df['world'].iloc[0])} GPUs")
+    ax.set_ylabel("LM head + loss peak per GPU (GiB)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig, df

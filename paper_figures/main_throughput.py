@@ -1,0 +1,39 @@
+"""Main result (BurstEngine paper): training tokens/s per GPU and MFU, 7B and 14B on 32 and 64
+A800s. Bars: simulated; black diamonds: published; white squares: measured on GPUs (if any)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from paper_figures._bars import label_order, panel_bars, rows_for
+from paper_figures.common import new_figure, note_empty, seq_label
+
+NAME = "main_throughput"
+SWEEPS = ("paper_main_7b", "paper_main_14b")  # suites/specs: the main table
+PANELS = (("7b", 32), ("7b", 64), ("14b", 32), ("14b", 64))
+METRICS = (("tokens_per_s", "tokens/s per GPU", 1.0),
+           ("mfu_model_flops_causal", "MFU (model FLOPs, causal) %", 100.0))
+
+
+def make(tables):
+    df = rows_for(tables, "train_step")
+    df = df[df["sweep"].isin(SWEEPS) | (df["source"] == "paper")]
+    fig, axes = new_figure(len(PANELS), len(METRICS), width=3.6, height=3.4)
+    plotted = []
+    for j, (model, world) in enumerate(PANELS):
+        sub = df[(df["model"] == model) & (df["world"] == world)]
+        for i, (metric, ylabel, scale) in enumerate(METRICS):
+            ax = axes[i][j]
+            if not len(sub):
+                note_empty(ax)
+                continue
+            d = panel_bars(ax, sub, metric, label_order(sub), scale=scale)
+            d["model"], d["world"], d["metric"] = model, world, metric
+            plotted.append(d)
+            seq = seq_label(sub["seq_len"].iloc[0])
+            ax.set_title(f"{model.upper()}, {world} GPUs, {seq} tokens", fontsize=9)
+            ax.set_ylabel(ylabel if j == 0 else "")
+    fig.suptitle("Training throughput: simulated (bars), published (\u25c6), measured (\u25a0)",
+                 fontsize=10)
+    fig.tight_layout()
+    return fig, pd.concat(plotted, ignore_index=True) if plotted else pd.DataFrame()

@@ -1,0 +1,60 @@
+"""Regenerate every figure from the result tables (paper_figures/out/: PNG, PDF, CSV each).
+
+    python -m paper_figures [--results results] [--out paper_figures/out] [--only NAME ...]
+
+The simulated tables come from ``make figures`` (the simulator on the paper sweeps, then the
+analytic breakdowns); measured tables are whatever the harness wrote under results/. A figure
+whose tables are absent is still drawn, with a note, so the set is always complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from paper_figures import (
+    ablation,
+    attention_share,
+    checkpoint_memory,
+    cpu_sweep,
+    kernel_tflops,
+    logits_memory,
+    main_throughput,
+    memory_bars,
+    weak_scaling,
+)
+from paper_figures.common import OUT, save
+from paper_figures.tables import RESULTS, Tables, load_tables
+
+__all__ = ["FIGURES", "main", "render_all"]
+
+FIGURES = (main_throughput, memory_bars, ablation, weak_scaling, kernel_tflops,
+           attention_share, logits_memory, checkpoint_memory, cpu_sweep)
+
+
+def render_all(tables: Tables, out: Path | str = OUT, only: list[str] | None = None
+               ) -> dict[str, list[Path]]:
+    done = {}
+    for mod in FIGURES:
+        if only and mod.NAME not in only:
+            continue
+        fig, data = mod.make(tables)
+        done[mod.NAME] = save(fig, data, mod.NAME, out)
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m paper_figures", description=__doc__.split(
+        "\n")[0])
+    ap.add_argument("--results", default=str(RESULTS), help="results folder to read")
+    ap.add_argument("--out", default=str(OUT), help="where the figures go")
+    ap.add_argument("--only", nargs="*", help="figure names (default: all)")
+    a = ap.parse_args(argv)
+    names = [m.NAME for m in FIGURES]
+    bad = sorted(set(a.only or []) - set(names))
+    if bad:
+        ap.error(f"unknown figure(s) {bad}; valid: {', '.join(names)}")
+    done = render_all(load_tables(a.results), a.out, a.only)
+    for name, paths in done.items():
+        print(f"{name}: {', '.join(str(p) for p in paths)}")
+    return 0

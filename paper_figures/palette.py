@@ -1,0 +1,54 @@
+"""One fixed colour per method (or paper system), used by every figure.
+
+Keys are the paper's system names (``results.paper``: method column) and the registry names of
+the methods (``baselines.registry``); ``color(key)`` falls back to a stable grey for unknown
+keys so that a new method never breaks a figure. BurstEngine's own entries are warm (red,
+orange), the baselines cool, so the paper's comparison reads at a glance.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+__all__ = ["COLORS", "ORDER", "SOURCE_MARKERS", "color", "palette"]
+
+COLORS: dict[str, str] = {
+    # the paper's systems
+    "burstengine": "#c0392b",
+    "burst": "#c0392b",
+    "burstengine_usp": "#e67e22",
+    "loongtrain_double_ring": "#2e86c1",
+    "loongtrain_usp": "#17a589",
+    "megatron_cp": "#7f8c8d",
+    "deepspeed_ulysses": "#8e44ad",
+    # registry methods (this project's implementations)
+    "ring": "#95a5a6",
+    "zigzag_ring": "#5d6d7e",
+    "striped_ring": "#34495e",
+    "double_ring": "#5dade2",
+    "allgather": "#b7950b",
+    "ulysses": "#a569bd",
+    "usp": "#48c9b0",
+    "tp": "#6e2c00",
+    "ring_flash_attn": "#aab7b8",
+    "yunchang": "#76d7c4",
+}
+
+# the order methods appear in, left to right (baselines first, ours last as in the paper)
+ORDER = ("megatron_cp", "deepspeed_ulysses", "loongtrain_double_ring", "loongtrain_usp",
+         "burst", "burstengine", "burstengine_usp", "ring", "zigzag_ring", "striped_ring",
+         "allgather", "ulysses", "tp", "double_ring", "usp")
+
+# how each source of a number is drawn where several share an axis
+SOURCE_MARKERS = {"simulated": "o", "paper": "D", "measured": "s"}
+
+
+def color(key: str) -> str:
+    if key in COLORS:
+        return COLORS[key]
+    shade = int(hashlib.sha256(key.encode()).hexdigest()[:2], 16) % 96 + 96
+    return f"#{shade:02x}{shade:02x}{shade:02x}"
+
+
+def palette(keys) -> dict[str, str]:
+    return {k: color(k) for k in keys}

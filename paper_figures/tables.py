@@ -1,0 +1,89 @@
+"""The result tables the figures are drawn from: published, simulated, measured, breakdowns.
+
+    t = load_tables()                      # results/ of this checkout
+    t.paper, t.simulated, t.measured       # DataFrames in results.schema columns + ``system``
+    t.breakdowns                           # suites.breakdowns' long table
+
+``system`` is the paper's system name when a row reproduces one (spec JSON ``paper``), else the
+registry method: it picks the colour (``palette``) and lines rows of different sources up.
+Everything here only reads files; figures are pure functions of a ``Tables``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from results.schema import COLUMNS
+
+__all__ = ["RESULTS", "Tables", "add_system", "load_tables"]
+
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+SIMULATED = "simulated"  # results/simulated/<sweep>/simulated-<hardware>/table.csv
+SKIP = {SIMULATED, "paper_reference", "__pycache__"}
+
+
+def _empty() -> pd.DataFrame:
+    return pd.DataFrame(columns=[*COLUMNS, "system"])
+
+
+@dataclass
+class Tables:
+    paper: pd.DataFrame = field(default_factory=_empty)
+    simulated: pd.DataFrame = field(default_factory=_empty)
+    measured: pd.DataFrame = field(default_factory=_empty)
+    breakdowns: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+
+def _system(row) -> str:
+    try:
+        paper = json.loads(row.get("spec") or "{}").get("paper")
+    except (TypeError, ValueError):
+        paper = None
+    return paper or row.get("method") or ""
+
+
+def add_system(df: pd.DataFrame) -> pd.DataFrame:
+    df = df.copy()
+    df["system"] = [_system(r) for r in df.to_dict("records")] if len(df) else []
+    return df
+
+
+def _frames(paths: list[Path]) -> pd.DataFrame:
+    parts = []
+    for p in paths:
+        try:
+            parts.append(pd.read_csv(p))
+        except (OSError, ValueError, pd.errors.EmptyDataError):
+            continue
+    if not parts:
+        return _empty()
+    return add_system(pd.concat(parts, ignore_index=True))
+
+
+def _latest_tables(root: Path) -> list[Path]:
+    """table.csv of the latest run of every sweep folder under ``root`` (results.store)."""
+    out = []
+    if not root.is_dir():
+        return out
+    for sweep in sorted(p for p in root.iterdir() if p.is_dir() and p.name not in SKIP):
+        runs = sorted(r for r in sweep.iterdir() if (r / "table.csv").exists())
+        if runs:
+            out.append(runs[-1] / "table.csv")
+    return out
+
+
+def load_tables(results: Path | str = RESULTS) -> Tables:
+    from results.paper import paper_rows
+
+    results = Path(results)
+    breakdowns = results / SIMULATED / "breakdowns.csv"
+    return Tables(
+        paper=add_system(pd.DataFrame(paper_rows())),
+        simulated=_frames(_latest_tables(results / SIMULATED)),
+        measured=_frames(_latest_tables(results)),
+        breakdowns=pd.read_csv(breakdowns) if breakdowns.exists() else pd.DataFrame(),
+    )
