@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint gpu-check clean
+.PHONY: setup demo test lint gpu-check clean figures calibrate
 
 # torch==2.13.0 comes from the `ci` extra: an open torch range pulls a multi-GB CUDA build.
 $(BIN)/.installed: pyproject.toml
@@ -21,6 +21,20 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest
+
+# the paper's figures: simulate the paper sweeps on the A800 profile (results/simulated/), the
+# analytic breakdowns, then every figure (paper_figures/out/: PNG, PDF, CSV); measured sweeps
+# already under results/ appear where they apply
+PAPER_SWEEPS := paper_kernel_32gpu paper_main_7b paper_main_14b paper_ablation paper_weak_scaling \
+	cpu_scaling
+figures: setup
+	$(BIN)/python -m suites.simulate $(PAPER_SWEEPS) --hardware a800 --out results/simulated
+	$(BIN)/python -m suites.breakdowns
+	$(BIN)/python -m paper_figures
+
+# refit the simulator on the paper's tables: results/simulator_fit.csv + docs/simulator.md
+calibrate: setup
+	$(BIN)/python -m suites.calibrate --write
 
 lint: setup
 	$(BIN)/ruff check .
