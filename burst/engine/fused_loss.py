@@ -41,18 +41,21 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             tgt = targets_T[s:s + chunk]
             valid = tgt != ignore_index
             safe = torch.where(valid, tgt, torch.zeros_like(tgt))
-            logits = h @ w_acc.t()  # c x V, the only large buffer
-            lse = torch.logsumexp(logits, dim=-1)
-            picked = logits.gather(1, safe[:, None]).squeeze(1)
+            # one c x V buffer, the only large one: logits, then exp(logits - max), then the
+            # gradient d(scale * loss)/dlogits = scale * (softmax - onehot(target)), in place
+            buf = h @ w_acc.t()
+            picked = buf.gather(1, safe[:, None]).squeeze(1)
+            top = buf.max(dim=-1).values
+            sumexp = buf.sub_(top[:, None]).exp_().sum(dim=-1)
+            lse = top + sumexp.log()
             total += torch.where(valid, lse - picked, torch.zeros_like(lse)).sum()
-            # d(scale * loss)/dlogits = scale * (softmax - onehot(target)), zero where ignored;
-            # formed in place in the logits buffer
-            probs = logits.sub_(lse[:, None]).exp_()
+            weight_row = valid.to(acc) * scale
+            buf.mul_((weight_row / sumexp)[:, None])
             rows = torch.arange(len(tgt), device=tgt.device)
-            probs[rows, safe] -= valid.to(acc)
-            probs.mul_((valid.to(acc) * scale)[:, None])
-            grad_h[s:s + chunk] = (probs @ w_acc).to(grad_h.dtype)
-            grad_w.addmm_(probs.t(), h)
+            buf[rows, safe] -= weight_row
+            grad_h[s:s + chunk] = (buf @ w_acc).to(grad_h.dtype)
+            grad_w.addmm_(buf.t(), h)
+            del buf  # before the next chunk allocates its own
         ctx.save_for_backward(grad_h, grad_w.to(weight_VE.dtype))
         return total * scale
 
