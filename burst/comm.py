@@ -364,7 +364,10 @@ _RING_CACHE: dict = {}
 def ring_groups(group=None, ranks_per_node: int | None = None) -> RingGroups:
     ranks = tuple(group_ranks(group))
     g = len(ranks)
-    local = g if ranks_per_node is None or ranks_per_node >= g else ranks_per_node
+    # one rank per node is a flat ring whose every hop crosses nodes, not a double ring of
+    # one-rank inner rings (which would send to itself)
+    flat = ranks_per_node is None or ranks_per_node >= g or ranks_per_node == 1
+    local = g if flat else ranks_per_node
     key = (ranks, local)
     if key in _RING_CACHE:
         return _RING_CACHE[key]

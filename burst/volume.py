@@ -86,6 +86,8 @@ def ring_attention_bytes(*, world: int, batch: int, seq_local: int, heads: int, 
     pay, acc = (u["qdo"] + u["dl"], u["dq"]) if backward == "burst" else (u["kv"], u["dkdv"])
     vol = Volume()
     g = world
+    if ranks_per_node == 1:  # a flat ring with every hop between nodes (burst.comm.ring_groups)
+        ranks_per_node, node_size = None, node_size or 1
     if ranks_per_node is None or ranks_per_node >= g:
         s = g - 1 if span is None else span
         size = node_size or g
