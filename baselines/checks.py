@@ -8,9 +8,8 @@ listing everything that is wrong together with the valid choices (STYLE.md, prin
 
 from __future__ import annotations
 
-import torch
-
 from burst import comm
+from burst.attention import qkv_problems
 from burst.kernel import BACKENDS
 from burst.layout import LAYOUTS, chunks_per_rank
 
@@ -23,30 +22,6 @@ def divisors(n: int, *, at_least: int = 1) -> list[int]:
 
 def _join(xs) -> str:
     return ", ".join(map(str, xs))
-
-
-def qkv_problems(q, k, v) -> list[str]:
-    """What is wrong with (q, k, v) as (batch, seq_local, heads, head_dim) shards."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    problems = [f"{name} has shape {tuple(t.shape)}; expected 4 dims "
-                "(batch, seq_local, heads, head_dim)"
-                for name, t in (("q", q), ("k", k), ("v", v)) if t.dim() != 4]
-    if problems:
-        return problems
-    if not q.dtype.is_floating_point:
-        problems.append(f"q has dtype {q.dtype}; attention needs a floating dtype")
-    if not (q.dtype == k.dtype == v.dtype):
-        problems.append(f"dtypes differ: q {q.dtype}, k {k.dtype}, v {v.dtype}; cast them to one")
-    if not (q.device == k.device == v.device):
-        problems.append(f"devices differ: q {q.device}, k {k.device}, v {v.device}")
-    if k.shape != v.shape:
-        problems.append(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
-    if q.shape[0] != k.shape[0] or q.shape[1] != k.shape[1] or q.shape[3] != k.shape[3]:
-        problems.append(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch, "
-                        "local sequence length and head_dim")
-    return problems
 
 
 def layout_problems(layout: str, seq_local: int, layouts=LAYOUTS) -> list[str]:

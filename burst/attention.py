@@ -145,16 +145,17 @@ def _backward_ring(q, k, v, dout, delta, lse, spec, layout, rg, scale, backend, 
     return dq, dk, dv
 
 
-def _validate(q, k, v, *, layout, group, ranks_per_node, backward, backend):
-    problems = []
+def qkv_problems(q, k, v) -> list[str]:
+    """What is wrong with (q, k, v) as (batch, seq_local, heads, head_dim) shards (every method
+    checks its tensors with this; ``baselines.checks`` re-exports it)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            problems.append(f"{name} has shape {tuple(t.shape)}; expected 4 dims "
-                            "(batch, seq_local, heads, head_dim)")
+    problems = [f"{name} has shape {tuple(t.shape)}; expected 4 dims "
+                "(batch, seq_local, heads, head_dim)"
+                for name, t in (("q", q), ("k", k), ("v", v)) if t.dim() != 4]
     if problems:
-        raise ValueError("; ".join(problems))
+        return problems
     if not q.dtype.is_floating_point:
         problems.append(f"q has dtype {q.dtype}; attention needs a floating dtype")
     if not (q.dtype == k.dtype == v.dtype):
@@ -166,6 +167,13 @@ def _validate(q, k, v, *, layout, group, ranks_per_node, backward, backend):
     if q.shape[0] != k.shape[0] or q.shape[1] != k.shape[1] or q.shape[3] != k.shape[3]:
         problems.append(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch, "
                         "local sequence length and head_dim")
+    return problems
+
+
+def _validate(q, k, v, *, layout, group, ranks_per_node, backward, backend):
+    problems = qkv_problems(q, k, v)
+    if any("expected 4 dims" in p for p in problems):
+        raise ValueError("burst_attn: " + "; ".join(problems))
     if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
         divs = [d for d in range(1, q.shape[2] + 1) if q.shape[2] % d == 0]
         problems.append(f"{q.shape[2]} query heads are not divisible by {k.shape[2]} kv heads; "
