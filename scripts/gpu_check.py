@@ -1,0 +1,662 @@
+#!/usr/bin/env python3
+"""The GPU check (issue 8): one command for a one-GPU machine, torch preinstalled, no internet.
+
+    bash scripts/gpu_check.sh --out results/gpu/<run>          # on the GPU machine, < 8 minutes
+    python scripts/gpu_check.py --dry-run --out /tmp/x         # the same flow, tiny, on CPU (CI)
+
+Sections, each with its own time budget, skipped (a row says so) when the global deadline nears:
+  tests   pytest -m gpu tests/test_gpu.py: kernel shim vs float64, emulated multi-rank
+          BurstAttention per layout, the engine's tiny model (one row per test);
+  kernel  the local kernel (``burst.kernel``, kernel convention of ``burst.flops``) against plain
+          torch SDPA (default choice, and its flash / cuDNN backends named explicitly) at
+          32K-128K tokens, 40 heads of 128, bf16, causal, forward and forward+backward;
+  ring    the emulated ring (``burst.emulate``, G = 8, 128K tokens, zigzag, causal): the sum of
+          every per-step kernel+merge time of every rank against one monolithic kernel call over
+          the whole sequence (same FLOPs): the per-step efficiency, forward and burst backward;
+  engine  one training step of a ~1B model (hidden 2048, 16 layers, 16 heads of 128) at
+          32K-128K tokens, fused head on/off x each checkpointing mode: tokens/s, MFU (H200 peak
+          989 TFLOP/s, DESIGN.md 4) under each ``burst.flops`` convention, CUDA peak memory;
+  maxseq  the longest sequence that fits for each checkpointing mode: a linear fit of the
+          engine section's peak memory predicts it, one step there checks it (retry 0.8x on OOM,
+          capped by the time left: then the row says "fits at least").
+Every number is a ``results.schema`` row appended (and flushed) to <out>/rows.jsonl and
+<out>/rows.csv as soon as it exists, so a kill loses nothing; OOM is a row with status oom. A
+watchdog ends the process at the hard deadline after writing a timeout row. A short table is
+printed last. Without a GPU (and without --dry-run) it says so in one line and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from burst import flops  # noqa: E402
+from burst.emulate import RingEmulator  # noqa: E402
+from burst.kernel import block_backward, block_forward, kernel_name  # noqa: E402
+from burst.masks import CAUSAL  # noqa: E402
+from burst.memory import cuda_peak, reset_cuda_peak  # noqa: E402
+from burst.timing import repeat, time_call, time_calls  # noqa: E402
+from results.schema import COLUMNS, empty_row  # noqa: E402
+
+PEAK_TFLOPS = 989.0  # H100/H200 SXM dense bf16 (DESIGN.md 4)
+SECTIONS = ("tests", "kernel", "ring", "engine", "maxseq")
+MODES = ("none", "full", "selective", "selective_half")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What each section runs; ``full`` on the GPU, ``dry`` (tiny, CPU) for CI."""
+
+    device: str
+    dtype: torch.dtype
+    budget_s: float  # global; the watchdog ends the run 10 s after it
+    section_s: dict
+    kernel_seqs: tuple[int, ...]
+    heads: int
+    head_dim: int
+    ring_world: int
+    ring_seq: int
+    engine_seqs: tuple[int, ...]
+    engine_model: str
+    seq_quantum: int  # sequence lengths of the max-fit search are multiples of it
+
+
+FULL = Sizes("cuda", torch.bfloat16, 450.0,
+             dict(tests=110, kernel=75, ring=45, engine=125, maxseq=80),
+             (32768, 65536, 131072), 40, 128, 8, 131072, (32768, 65536, 131072), "1b", 16384)
+DRY = Sizes("cpu", torch.float32, 40.0,
+            dict(tests=25, kernel=4, ring=4, engine=6, maxseq=4),
+            (256, 512), 2, 16, 4, 512, (64, 128), "tiny", 64)
+
+
+class Budget:
+    def __init__(self, total_s: float):
+        self.t0 = time.monotonic()
+        self.end = self.t0 + total_s
+        self.section_end = self.end
+        self.section = "start"
+
+    def enter(self, name: str, seconds: float) -> None:
+        self.section = name
+        self.section_end = min(time.monotonic() + seconds, self.end)
+
+    def left(self) -> float:
+        return self.section_end - time.monotonic()
+
+    def global_left(self) -> float:
+        return self.end - time.monotonic()
+
+
+class Rows:
+    """Append-and-flush result rows (JSONL and CSV) with the run's provenance filled in."""
+
+    def __init__(self, out: Path, base: dict):
+        out.mkdir(parents=True, exist_ok=True)
+        self.jsonl, self.csv, self.base = out / "rows.jsonl", out / "rows.csv", base
+        self.lock = threading.Lock()
+        self.written: list[dict] = []
+
+    def write(self, **cols) -> dict:
+        from suites.provenance import now_iso
+
+        row = empty_row()
+        row.update(self.base)
+        unknown = set(cols) - set(COLUMNS)
+        assert not unknown, f"not result columns: {sorted(unknown)}"
+        row.update(cols)
+        row["date"] = now_iso()
+        if isinstance(row.get("spec"), dict):
+            row["spec"] = json.dumps(row["spec"], sort_keys=True, default=str)
+        with self.lock:
+            new = not self.csv.exists()
+            with open(self.jsonl, "a") as f:
+                f.write(json.dumps(row, default=str) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            with open(self.csv, "a", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=list(COLUMNS))
+                if new:
+                    w.writeheader()
+                w.writerow({k: "" if v is None else v for k, v in row.items()})
+                f.flush()
+            self.written.append(row)
+        return row
+
+
+def _provenance(sz: Sizes) -> dict:
+    from suites.provenance import code_provenance, host_provenance
+
+    base = dict(sweep="gpu_check", source="measured", executor="inline", device=sz.device,
+                device_count=1, world=1, nodes=1, run_id=time.strftime("%Y%m%d-%H%M%S"),
+                peak_tflops=PEAK_TFLOPS if sz.device == "cuda" else None)
+    base.update(code_provenance())
+    base.update(host_provenance(sz.device))
+    base["device_name"] = (torch.cuda.get_device_name() if sz.device == "cuda" else "cpu")
+    base["hardware"] = base["device_name"]
+    return base
+
+
+def _guard(fn):
+    """Run ``fn``; (status, value, error text). OOM and errors become statuses, never crashes;
+    the allocator is emptied afterwards so the next try starts clean."""
+    try:
+        return "ok", fn(), None
+    except torch.cuda.OutOfMemoryError as e:
+        return "oom", None, str(e).splitlines()[0][:300]
+    except Exception:
+        return "error", None, traceback.format_exc(limit=4)[-1500:]
+    finally:
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _skip(rows: Rows, workload: str, label: str, why: str, **cols) -> None:
+    rows.write(workload=workload, label=label, status="skipped", error=why, **cols)
+
+
+# ---------------------------------------------------------------------------------------------
+# tests
+
+
+def section_tests(rows: Rows, sz: Sizes, budget: Budget, out: Path, dry: bool) -> None:
+    junit = out / "junit_gpu.xml"
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/test_gpu.py", "-q", "-rs",
+           "-o", "addopts=", "-p", "no:cacheprovider", f"--junitxml={junit}"]
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if dry:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the dry run checks the plumbing: every test skips
+    t0 = time.monotonic()
+    try:
+        res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                             timeout=max(5.0, budget.left()))
+        (out / "pytest_gpu.txt").write_text(res.stdout[-200000:] + res.stderr[-50000:])
+        tail = (res.stdout + res.stderr).strip().splitlines()[-1:] or [""]
+    except subprocess.TimeoutExpired as e:
+        (out / "pytest_gpu.txt").write_text(str(e.stdout or "")[-200000:])
+        rows.write(workload="gpu_tests", label="pytest -m gpu", status="timeout",
+                   time_s=time.monotonic() - t0, error=f"pytest exceeded {budget.left():.0f} s")
+        return
+    cases = ET.parse(junit).getroot().iter("testcase") if junit.exists() else []
+    n = 0
+    for case in cases:
+        n += 1
+        status, err = "ok", None
+        for tag, st in (("failure", "error"), ("error", "error"), ("skipped", "skipped")):
+            el = case.find(tag)
+            if el is not None:
+                status, err = st, ((el.get("message") or "") + "\n" + (el.text or ""))[-1500:]
+                break
+        rows.write(workload="gpu_tests", method="pytest", status=status, error=err,
+                   label=f"{case.get('classname', '')}::{case.get('name', '')}",
+                   time_s=float(case.get("time") or 0.0))
+    rows.write(workload="gpu_tests", label="pytest -m gpu (summary)",
+               status="ok" if res.returncode in (0, 5) else "error",
+               time_s=time.monotonic() - t0, error=None if n else "no junit test cases",
+               spec={"returncode": res.returncode, "summary": tail[0], "cases": n})
+
+
+# ---------------------------------------------------------------------------------------------
+# kernel
+
+
+def _qkv(n, sz: Sizes, seed=0, grad=False):
+    g = torch.Generator(device=sz.device).manual_seed(seed)
+    shape = (1, n, sz.heads, sz.head_dim)
+    ts = [torch.randn(shape, generator=g, device=sz.device, dtype=sz.dtype) for _ in range(4)]
+    if grad:
+        for t in ts[:3]:
+            t.requires_grad_()
+    return ts
+
+
+def _kernel_impls(sz: Sizes):
+    """name -> (fwd(q,k,v,do) -> None, fwd_bwd(q,k,v,do) -> None)."""
+    import torch.nn.functional as F
+
+    def ours_fwd(q, k, v, do):
+        block_forward(q, k, v, kind=CAUSAL)
+
+    def ours_fb(q, k, v, do):
+        out, lse = block_forward(q, k, v, kind=CAUSAL)
+        delta = (do.float() * out.float()).sum(-1).transpose(1, 2)
+        block_backward(do, q, k, v, lse, delta, kind=CAUSAL)
+
+    def sdpa(backend):
+        def ctx():
+            if backend is None:
+                return contextlib.nullcontext()
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            return sdpa_kernel([getattr(SDPBackend, backend)])
+
+        def fwd(q, k, v, do):
+            with ctx(), torch.no_grad():
+                F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)),
+                                               is_causal=True)
+
+        def fb(q, k, v, do):
+            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+            with ctx():
+                o = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in leaves),
+                                                   is_causal=True)
+                torch.autograd.grad(o, leaves, do.transpose(1, 2))
+        return fwd, fb
+
+    impls = {"torch_sdpa": sdpa(None), "burst.kernel": (ours_fwd, ours_fb)}
+    if sz.device == "cuda":
+        impls["torch_sdpa[flash]"] = sdpa("FLASH_ATTENTION")
+        impls["torch_sdpa[cudnn]"] = sdpa("CUDNN_ATTENTION")
+    return impls
+
+
+def section_kernel(rows: Rows, sz: Sizes, budget: Budget) -> None:
+    impls = _kernel_impls(sz)
+    last: dict = {}  # (impl, pass) -> (seq, seconds) for the time estimate of the next size
+    base_time: dict = {}
+    for n in sz.kernel_seqs:
+        q, k, v, do = _qkv(n, sz)
+        reps = 3 if n < 131072 else 2
+        fl_fb = flops.attention_kernel_flops(1, n, sz.heads, sz.head_dim, causal=True)
+        for name, (fwd, fb) in impls.items():
+            for pas, fn, fl in (("fwd", fwd, fl_fb / 3.5), ("fwd+bwd", fb, fl_fb)):
+                label = f"{name} {pas}"
+                common = dict(workload="kernel", method=name, label=label, seq_len=n, batch=1,
+                              heads=sz.heads, kv_heads=sz.heads, head_dim=sz.head_dim,
+                              causal=True, dtype=str(sz.dtype).replace("torch.", ""),
+                              warmup=1, repeats=reps)
+                prev = last.get((name, pas))
+                est = (prev[1] * (n / prev[0]) ** 2 if prev else 0.0) * (reps + 1)
+                if est > budget.left():
+                    _skip(rows, why=f"estimated {est:.0f} s > {budget.left():.0f} s left",
+                          **common)
+                    continue
+                status, ts, err = _guard(lambda fn=fn, reps=reps, args=(q, k, v, do): repeat(
+                    lambda: fn(*args), sz.device, warmup=1, repeats=reps))
+                if status != "ok":
+                    rows.write(status=status, error=err, **common)
+                    continue
+                t = statistics.median(ts)
+                last[(name, pas)] = (n, t)
+                if name == "torch_sdpa":
+                    base_time[(n, pas)] = t
+                spec = {"kernel": kernel_name("auto", q, CAUSAL)} if name == "burst.kernel" else {}
+                rows.write(status="ok", time_s=t, time_s_min=min(ts), time_s_max=max(ts),
+                           attn_tflops=fl / t / 1e12, tokens_per_s=n / t,
+                           speedup=(base_time[(n, pas)] / t) if (n, pas) in base_time else None,
+                           spec=dict(spec, flops=fl, baseline="torch_sdpa"), **common)
+        del q, k, v, do
+        _guard(lambda: None)
+
+
+# ---------------------------------------------------------------------------------------------
+# ring
+
+
+def section_ring(rows: Rows, sz: Sizes, budget: Budget) -> None:
+    g, n = sz.ring_world, sz.ring_seq
+    q, k, v, do = _qkv(n, sz, seed=1)
+    common = dict(workload="ring_emulation", method="burst", seq_len=n, batch=1, heads=sz.heads,
+                  kv_heads=sz.heads, head_dim=sz.head_dim, causal=True, world=g,
+                  dtype=str(sz.dtype).replace("torch.", ""), warmup=1, repeats=2,
+                  method_options=json.dumps({"layout": "zigzag", "backward": "burst",
+                                             "emulated_world": g}))
+    fl_fwd = flops.attention_kernel_flops(1, n, sz.heads, sz.head_dim, causal=True) / 3.5
+
+    def mono():
+        out, lse = block_forward(q, k, v, kind=CAUSAL)
+        delta = (do.float() * out.float()).sum(-1).transpose(1, 2)
+        t_f = [time_call(lambda: block_forward(q, k, v, kind=CAUSAL), sz.device)
+               for _ in range(3)][1:]
+        t_b = [time_call(lambda: block_backward(do, q, k, v, lse, delta, kind=CAUSAL),
+                         sz.device) for _ in range(3)][1:]
+        return out, statistics.median(t_f), statistics.median(t_b)
+
+    status, res, err = _guard(mono)
+    if status != "ok":
+        rows.write(label="monolithic kernel", status=status, error=err, **common)
+        return
+    out_mono, t_mf, t_mb = res
+    for pas, t, fl in (("fwd", t_mf, fl_fwd), ("bwd", t_mb, 2.5 * fl_fwd)):
+        rows.write(label=f"monolithic kernel {pas}", status="ok", time_s=t,
+                   attn_tflops=fl / t / 1e12, spec={"calls": 1}, **common)
+    if budget.left() < 6 * (t_mf + t_mb) + (5 if sz.device == "cuda" else 0):
+        _skip(rows, label="emulated ring", why="not enough section time left", **common)
+        return
+
+    def ring():
+        em = RingEmulator(q, k, v, world=g, causal=True, layout="zigzag")
+        fwd_sums, bwd_sums, steps_f, steps_b = [], [], [], []
+        for _ in range(3):  # the first repeat warms up
+            state = em.new_forward_state()
+            ts = time_calls([c for r in range(g) for _, c in em.forward_calls(r, state)],
+                            sz.device)
+            fwd_sums.append(sum(ts))
+            steps_f = ts
+        em.out = [o.to(em.dtype) for o, _ in state]
+        em.lse = [lse for _, lse in state]
+        diff = float((em.unshard(em.out).float() - out_mono.float()).abs().max())
+        for _ in range(3):
+            bstate = em.new_backward_state(do)  # D = rowsum(dO*O): not timed on either side
+            ts = time_calls([c for r in range(g) for _, c in em.backward_calls(r, bstate)],
+                            sz.device)
+            bwd_sums.append(sum(ts))
+            steps_b = ts
+        return fwd_sums[1:], bwd_sums[1:], steps_f, steps_b, diff
+
+    status, res, err = _guard(ring)
+    if status != "ok":
+        rows.write(label="emulated ring", status=status, error=err, **common)
+        return
+    fwd_sums, bwd_sums, steps_f, steps_b, diff = res
+    for pas, sums, steps, t_mono, fl in (("fwd", fwd_sums, steps_f, t_mf, fl_fwd),
+                                         ("bwd", bwd_sums, steps_b, t_mb, 2.5 * fl_fwd),
+                                         ("fwd+bwd", [a + b for a, b in zip(fwd_sums, bwd_sums,
+                                                                            strict=True)],
+                                          steps_f + steps_b, t_mf + t_mb, 3.5 * fl_fwd)):
+        t = statistics.median(sums)
+        rows.write(label=f"emulated ring {pas} (sum of per-step times)", status="ok", time_s=t,
+                   time_s_min=min(sums), time_s_max=max(sums), attn_tflops=fl / t / 1e12,
+                   speedup=t_mono / t,  # per-step efficiency: monolithic / ring
+                   spec={"steps": len(steps), "step_median_s": statistics.median(steps),
+                         "step_max_s": max(steps), "monolithic_s": t_mono,
+                         "efficiency": t_mono / t, "max_diff_vs_monolithic": diff,
+                         "note": "all G ranks' steps; same FLOPs as the monolithic call"},
+                   **common)
+
+
+# ---------------------------------------------------------------------------------------------
+# engine
+
+
+def _model_config(name: str):
+    from burst.engine.configs import ModelConfig, get_config
+
+    if name == "1b":  # ~1B parameters, fits one GPU with AdamW at 32K-128K tokens
+        return ModelConfig(hidden_size=2048, num_layers=16, num_heads=16, num_kv_heads=16,
+                           ffn_size=5632, vocab_size=32000)
+    return get_config(name)
+
+
+def _trainer(sz: Sizes):
+    """One Trainer reused for every mode (modes are switched on the model between steps).
+
+    The engine initialises weights in float64 on the host from a seed (rank-independent); for
+    a 1B model that costs tens of seconds of the budget, and weight values do not change speed
+    or memory, so on the GPU the default module init runs on the device instead."""
+    from burst.engine import model as engine_model
+    from burst.engine.trainer import Trainer
+
+    cfg = _model_config(sz.engine_model)
+    kw = dict(attention_options={"layout": "striped"}, device=sz.device, dtype=sz.dtype,
+              checkpointing="none", fused_head=True, seed=0)
+    if sz.device != "cuda":
+        return Trainer(cfg, **kw), cfg
+    original = engine_model.CausalLM.reset_parameters
+    engine_model.CausalLM.reset_parameters = lambda self, seed, std=0.02: None
+    try:
+        try:
+            with torch.device("cuda"):
+                tr = Trainer(cfg, **kw)
+        except Exception:
+            tr = Trainer(cfg, **kw)
+    finally:
+        engine_model.CausalLM.reset_parameters = original
+    with torch.no_grad():
+        for p in tr.model.parameters():
+            if p.dim() == 1:
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02)
+    return tr, cfg
+
+
+def _set_mode(tr, mode: str, fused: bool) -> None:
+    tr.checkpointing = tr.model.checkpointing = mode
+    tr.model.fused_head = fused
+
+
+def _engine_step(tr, sz: Sizes, n: int, mode: str, fused: bool):
+    _set_mode(tr, mode, fused)
+    batch = tr.local_batch(seq_len=n, seed=0)
+    reset_cuda_peak()
+    try:
+        t = time_call(lambda: tr.step(*batch), sz.device)
+    finally:
+        tr.model.cache.clear()
+        tr.optimizer.zero_grad(set_to_none=True)
+    peak = cuda_peak() if sz.device == "cuda" else {"allocated": None, "reserved": None}
+    return t, peak
+
+
+def _engine_row(rows: Rows, sz: Sizes, cfg, n, mode, fused, status, res, err, workload,
+                label, extra=None):
+    from burst.engine.configs import param_count
+
+    common = dict(workload=workload, method="burst", model=sz.engine_model,
+                  checkpointing=mode, fused_head=fused, seq_len=n, batch=1,
+                  heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                  causal=True, dtype=str(sz.dtype).replace("torch.", ""), label=label,
+                  method_options=json.dumps({"layout": "striped"}), warmup=0, repeats=1)
+    spec = dict(extra or {}, params=param_count(cfg), layers=cfg.num_layers,
+                hidden=cfg.hidden_size, ffn=cfg.ffn_size, vocab=cfg.vocab_size)
+    if status != "ok":
+        return rows.write(status=status, error=err, spec=spec, **common)
+    t, peak = res
+    cols = dict(time_s=t, tokens_per_s=n / t, mem_peak_bytes=peak["allocated"],
+                mem_reserved_bytes=peak["reserved"])
+    for conv in flops.CONVENTIONS:
+        tf = flops.model_flops(cfg, 1, n, conv, checkpointing=mode) / t / 1e12
+        cols[f"tflops_{conv}"] = tf
+        cols[f"mfu_{conv}"] = tf / PEAK_TFLOPS if sz.device == "cuda" else None
+    return rows.write(status="ok", spec=spec, **cols, **common)
+
+
+def section_engine(rows: Rows, sz: Sizes, budget: Budget, state: dict) -> None:
+    status, res, err = _guard(lambda: _trainer(sz))
+    if status != "ok":
+        rows.write(workload="train_step", label="engine setup", status=status, error=err)
+        return
+    tr, cfg = res
+    state.update(trainer=tr, config=cfg, times={}, peaks={})
+    n0 = sz.engine_seqs[0]
+    status, res, err = _guard(lambda: _engine_step(tr, sz, n0, "none", True))  # warm-up
+    _engine_row(rows, sz, cfg, n0, "none", True, status, res, err, "train_step",
+                "warm-up step (first use: allocations, kernel choice)")
+    for n in sz.engine_seqs:
+        combos = [(m, f) for f in (True, False) for m in MODES]
+        if n == sz.engine_seqs[-1] and len(sz.engine_seqs) > 1:
+            combos = [(m, True) for m in MODES] + [("full", False)]
+        for mode, fused in combos:
+            label = f"1 step, {mode}, {'fused' if fused else 'plain'} head"
+            prev = state["times"].get((mode, fused))
+            est = prev[1] * _hw(cfg, n, mode) / _hw(cfg, prev[0], mode) if prev else 0.0
+            if est > budget.left():
+                _engine_row(rows, sz, cfg, n, mode, fused, "skipped", None,
+                            f"estimated {est:.0f} s > {budget.left():.0f} s left", "train_step",
+                            label)
+                continue
+            status, res, err = _guard(lambda n=n, mode=mode, fused=fused: _engine_step(
+                tr, sz, n, mode, fused))
+            _engine_row(rows, sz, cfg, n, mode, fused, status, res, err, "train_step", label)
+            if status == "ok":
+                state["times"][(mode, fused)] = (n, res[0])
+                if fused and res[1]["allocated"]:
+                    state["peaks"].setdefault(mode, []).append((n, res[1]["allocated"]))
+
+
+def _hw(cfg, n, mode):
+    return flops.model_flops(cfg, 1, n, "hardware_flops", checkpointing=mode)
+
+
+# ---------------------------------------------------------------------------------------------
+# maxseq
+
+
+def _candidates(sz: Sizes, pts, capacity, limit_n):
+    """Sequence lengths to try, longest first: the memory fit's prediction, then 0.8x of it."""
+    q = sz.seq_quantum
+    if capacity and len(pts) >= 2:
+        (n1, m1), (n2, m2) = pts[-2], pts[-1]
+        slope = (m2 - m1) / (n2 - n1)
+        if slope > 0:
+            pred = n2 + (0.92 * capacity - m2) / slope  # headroom for fragmentation
+            first = max(q, int(min(pred, limit_n)) // q * q)
+            return [first, max(q, int(0.8 * first) // q * q)], pred
+    top = max((n for n, _ in pts), default=sz.engine_seqs[-1])
+    return [min(2 * top, max(q, limit_n // q * q))], None
+
+
+def section_maxseq(rows: Rows, sz: Sizes, budget: Budget, state: dict) -> None:
+    tr, cfg = state.get("trainer"), state.get("config")
+    if tr is None:
+        _skip(rows, "max_seq", "longest sequence", "the engine section did not build a model")
+        return
+    capacity = torch.cuda.get_device_properties(0).total_memory if sz.device == "cuda" else None
+    modes = [m for m in MODES if (m, True) in state["times"]]
+    for i, mode in enumerate(modes):
+        share = budget.left() / (len(modes) - i)  # split what is left among the modes
+        n_ref, t_ref = state["times"][(mode, True)]
+
+        def est(n, mode=mode, n_ref=n_ref, t_ref=t_ref):  # one step, 30% margin
+            return 1.3 * t_ref * _hw(cfg, n, mode) / _hw(cfg, n_ref, mode)
+
+        if est(n_ref) > share:
+            _skip(rows, "max_seq", f"longest fit, {mode}", f"no time left ({share:.0f} s)",
+                  checkpointing=mode, model=sz.engine_model)
+            continue
+        # the longest length whose estimated step time fits this mode's share of the budget
+        lo, hi = n_ref, 2 * n_ref
+        while est(hi) < share and hi < 1 << 26:
+            lo, hi = hi, 2 * hi
+        for _ in range(12):
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if est(mid) < share else (lo, mid)
+        cands, pred = _candidates(sz, state["peaks"].get(mode, []), capacity, lo)
+        for n in cands:
+            if pred is None:
+                kind = "twice the longest measured (no memory fit)"
+            elif n == cands[0] and n < int(pred) // sz.seq_quantum * sz.seq_quantum:
+                kind = "fits at least (time-capped below the prediction)"
+            else:
+                kind = "predicted maximum"
+            label = f"longest fit, {mode}: {kind}"
+            est = _hw(cfg, n, mode) / _hw(cfg, n_ref, mode) * t_ref
+            if est > budget.left():
+                _engine_row(rows, sz, cfg, n, mode, True, "skipped", None,
+                            f"estimated {est:.0f} s > {budget.left():.0f} s left", "max_seq",
+                            label, {"predicted_max": pred})
+                break
+            status, res, err = _guard(lambda n=n, mode=mode: _engine_step(tr, sz, n, mode, True))
+            _engine_row(rows, sz, cfg, n, mode, True, status, res, err, "max_seq", label,
+                        {"predicted_max": pred, "capacity_bytes": capacity})
+            if status != "oom":
+                break
+
+
+# ---------------------------------------------------------------------------------------------
+# driver
+
+
+def _table(rows: list[dict]) -> str:
+    def f(x, fmt):
+        return "" if x is None or x == "" else format(x, fmt)
+
+    head = (f"{'workload':<15}{'label':<46}{'seq':>8}{'status':>8}{'time s':>9}{'TFLOP/s':>9}"
+            f"{'tok/s':>10}{'MFU':>6}{'mem GB':>8}{'ratio':>7}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        tf = r.get("attn_tflops") or r.get("tflops_model_flops_causal")
+        mem = r.get("mem_peak_bytes")
+        lines.append(
+            f"{(r.get('workload') or '')[:14]:<15}{(r.get('label') or '')[:45]:<46}"
+            f"{f(r.get('seq_len'), 'd'):>8}{(r.get('status') or '')[:7]:>8}"
+            f"{f(r.get('time_s'), '.3f'):>9}{f(tf, '.1f'):>9}{f(r.get('tokens_per_s'), '.0f'):>10}"
+            f"{f(r.get('mfu_model_flops_causal'), '.2f'):>6}"
+            f"{f(mem / 2**30 if mem else None, '.1f'):>8}{f(r.get('speedup'), '.2f'):>7}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, type=Path, help="folder for rows.jsonl / rows.csv")
+    ap.add_argument("--dry-run", action="store_true", help="the whole flow, tiny, on CPU")
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help=f"comma-separated subset of {', '.join(SECTIONS)}")
+    ap.add_argument("--budget-s", type=float, default=None, help="global time budget (s)")
+    args = ap.parse_args(argv)
+    if not args.dry_run and not torch.cuda.is_available():
+        print("gpu_check: no CUDA device here (torch.cuda.is_available() is False); nothing to "
+              "do (use --dry-run to check the script on CPU)")
+        return 0
+    sz = DRY if args.dry_run else FULL
+    if args.budget_s:
+        sz = Sizes(**{**sz.__dict__, "budget_s": args.budget_s})
+    wanted = [s for s in args.sections.split(",") if s]
+    bad = [s for s in wanted if s not in SECTIONS]
+    if bad:
+        ap.error(f"unknown sections {bad}; valid: {', '.join(SECTIONS)}")
+    if sz.device == "cpu":
+        torch.set_num_threads(min(2, torch.get_num_threads()))
+    budget = Budget(sz.budget_s)
+    rows = Rows(args.out, _provenance(sz))
+    print(f"gpu_check: {rows.base['device_name']}, torch {torch.__version__}, budget "
+          f"{sz.budget_s:.0f} s, rows -> {args.out}", flush=True)
+
+    def bail():
+        rows.write(workload=budget.section, label="hard deadline", status="timeout",
+                   error=f"the run passed its {sz.budget_s:.0f} s budget + 10 s; ended")
+        print(_table(rows.written), flush=True)
+        os._exit(0)
+
+    watchdog = threading.Timer(sz.budget_s + 10.0, bail)
+    watchdog.daemon = True
+    watchdog.start()
+    state: dict = {}
+    runners = {
+        "tests": lambda: section_tests(rows, sz, budget, args.out, args.dry_run),
+        "kernel": lambda: section_kernel(rows, sz, budget),
+        "ring": lambda: section_ring(rows, sz, budget),
+        "engine": lambda: section_engine(rows, sz, budget, state),
+        "maxseq": lambda: section_maxseq(rows, sz, budget, state),
+    }
+    for name in SECTIONS:
+        if name not in wanted:
+            continue
+        if budget.global_left() < 0.1 * sz.section_s[name]:
+            _skip(rows, name, f"section {name}", "global deadline near")
+            continue
+        budget.enter(name, sz.section_s[name])
+        t0 = time.monotonic()
+        print(f"[{time.monotonic() - budget.t0:6.1f}s] {name} (budget {budget.left():.0f} s)",
+              flush=True)
+        status, _, err = _guard(runners[name])
+        if status != "ok":
+            rows.write(workload=name, label=f"section {name}", status=status, error=err)
+        print(f"[{time.monotonic() - budget.t0:6.1f}s] {name} done in "
+              f"{time.monotonic() - t0:.1f} s", flush=True)
+    watchdog.cancel()
+    print(_table(rows.written), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
