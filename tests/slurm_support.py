@@ -194,19 +194,19 @@ def wait_then_sleep(started: str, seconds: float) -> str:
 
 
 def stuck_attention(q, k, v, *, causal: bool, softmax_scale=None, group=None,
-                    marker: str = "") -> None:
+                    marker_dir: str = "") -> None:
     """A method (registry signature) that hangs like a rank stuck in a collective.
 
     Deaf to submitit's time-limit warning, so only SLURM's kill at the time limit ends the job.
-    Rank 0 writes the SLURM job id (array task form, as the harness's ``job_id``) to ``marker``
-    once it is stuck, so the test knows which job to expire.
+    Once stuck, rank 0 creates ``marker_dir/<job id>`` (the array task id, as the harness's
+    ``job_id`` column) so the test knows which job to expire.
     """
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-    if marker and int(os.environ.get("RANK", "0")) == 0:
+    if marker_dir and int(os.environ.get("RANK", "0")) == 0:
         from suites.provenance import job_id
 
-        Path(marker + ".tmp").write_text(job_id() or "")
-        os.replace(marker + ".tmp", marker)
+        Path(marker_dir, f"{job_id()}.tmp").touch()
+        os.replace(Path(marker_dir, f"{job_id()}.tmp"), Path(marker_dir, str(job_id())))
     time.sleep(3600)
 
 

@@ -1,8 +1,8 @@
 """Submitit on a real single-node SLURM (issue 5): plain job, job array, 2- and 4-task gloo jobs
 running BurstAttention, and the timeout path.
 
-Then whole sweeps through the harness's slurm executor: a job array writing one ok row per
-cell, and a cell killed by SLURM at its time limit becoming a ``timeout`` row.
+Then a whole sweep through the harness's slurm executor: one job array, one ok row per cell,
+and cells killed by SLURM at their time limit becoming ``timeout`` rows.
 
 Needs ``scripts/slurm_local.sh up`` (``.ci/run`` does it); skips with the reason otherwise.
 Jobs of one test are submitted together and collected afterwards, so the test waits for the
@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -80,8 +81,8 @@ def test_timeout_warning_ends_job(slurm_executor, tmp_path):
     The limit is several minutes and the warning is sent by hand (DESIGN.md 6): with a short
     limit SLURM would signal almost at once. Under 10 minutes submitit counts any run as timed
     out, so the job raises UncompletedJobError instead of requeueing (sacct: FAILED). The other
-    way, SLURM killing a job deaf to the warning at its limit (sacct: TIMEOUT), is the sweep
-    test below.
+    way, SLURM killing a job deaf to the warning at its limit (sacct: TIMEOUT), is in the
+    sweep test below.
     """
     from submitit.core.utils import UncompletedJobError
 
@@ -100,15 +101,15 @@ def test_timeout_warning_ends_job(slurm_executor, tmp_path):
 # whole sweeps through the harness's slurm executor (suites.run.run_sweep)
 
 SWEEP_TOML = """
-description = "SLURM integration test: a tiny causal CPU sweep, one job array"
+description = "SLURM integration test: a tiny causal CPU sweep as one job array"
 workload = "attention"
 device = "cpu"
 warmup = 0
 repeats = 1
-timeout_min = 5
+timeout_min = {time_min}
 error_max_tokens = 64
 profile_memory = false
-seq_lens = {seq_lens}
+seq_lens = [32, 64]
 world = 2
 
 [shape]
@@ -119,7 +120,13 @@ causal = true
 [[methods]]
 name = "burst"
 options = {{ layout = "zigzag", backward = "burst" }}
-{extra}
+label = "burst"
+
+[[methods]]
+name = "tests.slurm_support:stuck_attention"
+options = {{ marker_dir = "{markers}" }}
+label = "stuck"
+
 [slurm]
 partition = "debug"
 time_min = {time_min}
@@ -128,88 +135,74 @@ additional = {{ chdir = "{repo}" }}
 """
 
 
-def _sweep(tmp_path, name: str, *, seq_lens, extra: str = ""):
-    from suites.spec import load_spec
-
-    path = tmp_path / f"{name}.toml"
-    path.write_text(SWEEP_TOML.format(seq_lens=list(seq_lens), extra=extra, repo=REPO,
-                                      time_min=JOB_TIMEOUT_MIN))
-    return load_spec(path)
-
-
-def _rows(result) -> list[dict]:
+def test_sweep_job_array_rows(slurm_cluster, tmp_path):
+    """A sweep through the harness's slurm executor: 2 methods x 2 lengths, one job array of
+    2-task jobs. The burst cells write ok rows (checked against the float64 reference); the
+    cells of a method stuck like a hung collective are killed by SLURM when their time limit
+    passes (moved to now) and become timeout rows; the sweep goes on, and resuming the run adds
+    no row."""
     from results.store import read_rows
-
-    return read_rows(result.run_dir / "rows.jsonl")
-
-
-def test_sweep_job_array_writes_one_ok_row_per_cell(slurm_cluster, tmp_path):
     from suites.cells import expand
     from suites.run import run_sweep
+    from suites.spec import load_spec
 
-    spec = _sweep(tmp_path, "slurm_ok", seq_lens=[32, 64])
+    markers = tmp_path / "stuck"
+    markers.mkdir()
+    path = tmp_path / "slurm_sweep.toml"
+    path.write_text(SWEEP_TOML.format(markers=markers, repo=REPO, time_min=JOB_TIMEOUT_MIN))
+    spec = load_spec(path)
     cells = expand(spec)
-    jobs, log = [], io.StringIO()
+    n_stuck = sum(c.label == "stuck" for c in cells)
+    jobs, seen, log = [], {"expired": [], "states": {}}, io.StringIO()
+
+    def expire_stuck_jobs():
+        try:
+            deadline = time.monotonic() + 90
+            while len(seen["expired"]) < n_stuck:
+                assert time.monotonic() < deadline, f"stuck cells seen: {seen['expired']}"
+                for f in markers.iterdir():
+                    if f.suffix != ".tmp" and f.name not in seen["expired"]:
+                        expire_time_limit(f.name)
+                        seen["expired"].append(f.name)
+                time.sleep(0.2)
+            for job_id in seen["expired"]:
+                seen["states"][job_id] = sacct_state(job_id, wait_s=90)
+            for j in jobs:  # submitit's shared watcher polls ever more rarely: refresh it now
+                j.get_info(mode="force")
+        except BaseException as e:  # noqa: BLE001 - reported by the test below
+            seen["error"] = repr(e)
+            for j in jobs:  # end the sweep now rather than at the time limit
+                j.cancel(check=False)
+
+    def on_submit(submitted):
+        jobs.extend(submitted)
+        for j in submitted:  # a killed task leaves no result file; submitit waits 15 s for one
+            for task in (j, *j._sub_jobs):  # (slow shared filesystems); here it is local
+                task._results_timeout_s = 1
+        threading.Thread(target=expire_stuck_jobs, daemon=True).start()
+
     kw = dict(executor="slurm", out=tmp_path / "results", job_folder=tmp_path / "jobs",
-              on_submit=jobs.extend, stream=log)
-    res = run_sweep(spec, **kw)
-    rows = _rows(res)
-    assert res.ran == len(cells) == 2
-    assert sorted(r["cell_id"] for r in rows) == sorted(c.cell_id for c in cells)
-    assert [r["status"] for r in rows] == ["ok", "ok"], log.getvalue()
-    # one job array: tasks <array>_<index>, and each row names the task that measured it
-    assert len(jobs) == 2 and len({j.job_id.split("_")[0] for j in jobs}) == 1
+              stream=log)
+    res = run_sweep(spec, on_submit=on_submit, **kw)
+    assert "error" not in seen, seen["error"]
+    rows = read_rows(res.run_dir / "rows.jsonl")
+    assert res.ran == len(cells) == 4
+    assert sorted(r["cell_id"] for r in rows) == sorted(c.cell_id for c in cells), log.getvalue()
+    # one job array: tasks <array>_<index>, and each row names the task that ran it
+    assert len(jobs) == 4 and len({j.job_id.split("_")[0] for j in jobs}) == 1
     assert sorted(r["job_id"] for r in rows) == sorted(j.job_id for j in jobs)
     for r in rows:
         assert r["executor"] == "slurm" and r["world"] == 2
-        assert r["time_s"] > 0 and r["bytes_sent_forward"] > 0
-        assert r["max_err"] < F32_TOL
-    assert all(sacct_state(j.job_id) == "COMPLETED" for j in jobs)
-    # the run is complete: running it again (same run folder) submits nothing, adds no row
-    again = run_sweep(spec, run_id=res.run_dir.name, **kw)
-    assert again.ran == 0 and len(jobs) == 2
-    assert len(_rows(again)) == 2
-
-
-def test_sweep_cell_killed_at_time_limit_is_a_timeout_row(slurm_cluster, tmp_path):
-    """One job array, two cells: burst (ok) and a method stuck like a hung collective, which
-    SLURM kills when its time limit passes (moved to now); the sweep writes a timeout row for it
-    and goes on."""
-    from suites.run import run_sweep
-
-    marker = tmp_path / "stuck"
-    extra = ('[[methods]]\nname = "tests.slurm_support:stuck_attention"\n'
-             f'options = {{ marker = "{marker}" }}\nlabel = "stuck"\n')
-    spec = _sweep(tmp_path, "slurm_timeout", seq_lens=[32], extra=extra)
-    seen: dict = {}
-
-    def expire_when_stuck(jobs):
-        def run():
-            try:
-                wait_for_file(marker, timeout_s=90)
-                job_id = marker.read_text()
-                seen["job"] = next(j for j in jobs if j.job_id == job_id)
-                expire_time_limit(job_id)
-                seen["state"] = sacct_state(job_id, wait_s=90)
-                # the shared submitit watcher polls sacct ever more rarely: refresh it now
-                seen["job"].get_info(mode="force")
-            except BaseException as e:  # noqa: BLE001 - reported by the test below
-                seen["error"] = repr(e)
-                for j in jobs:  # end the sweep now rather than at the 5-minute limit
-                    j.cancel(check=False)
-
-        threading.Thread(target=run, daemon=True).start()
-
-    log = io.StringIO()
-    res = run_sweep(spec, executor="slurm", out=tmp_path / "results",
-                    job_folder=tmp_path / "jobs", on_submit=expire_when_stuck, stream=log)
-    assert "error" not in seen, seen.get("error")
-    assert seen["state"] == "TIMEOUT"
-    rows = {r["label"]: r for r in _rows(res)}
-    assert len(rows) == 2 and "stuck" in rows, log.getvalue()
-    stuck = rows.pop("stuck")
-    assert stuck["status"] == "timeout", stuck["error"]
-    assert "TIMEOUT" in stuck["error"]
-    assert stuck["job_id"] == seen["job"].job_id
-    (ok,) = rows.values()
-    assert ok["status"] == "ok", ok["error"]
+        if r["label"] == "burst":
+            assert r["status"] == "ok", r["error"]
+            assert r["time_s"] > 0 and r["bytes_sent_forward"] > 0
+            assert r["max_err"] < F32_TOL
+            assert sacct_state(r["job_id"]) == "COMPLETED"
+        else:
+            assert r["status"] == "timeout", r["error"]
+            assert "TIMEOUT" in r["error"]
+            assert seen["states"][r["job_id"]] == "TIMEOUT"
+    # the run is complete (failed cells count as done): resuming submits nothing, adds no row
+    again = run_sweep(spec, run_id=res.run_dir.name, on_submit=jobs.extend, **kw)
+    assert again.ran == 0 and len(jobs) == 4
+    assert len(read_rows(again.run_dir / "rows.jsonl")) == 4
