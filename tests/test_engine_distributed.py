@@ -19,7 +19,7 @@ import dataclasses
 import pytest
 import torch
 
-from burst import flops
+from burst import comm, flops
 from burst.engine import Trainer, count_attention_flops, get_config
 from burst.reference import reference_attention
 from burst.spawn import spawn
@@ -79,6 +79,8 @@ def _cases(world: int) -> list[dict]:
     if world == 4:
         cs += [case(layout="zigzag", checkpointing="selective", cp_degree=2),
                case(layout="striped", checkpointing="selective_half", cp_degree=2),
+               case(layout="striped", checkpointing="selective", cp_degree=2,
+                    data_parallel="fsdp"),
                case("ring", checkpointing="full", cp_degree=1),
                case(layout="zigzag", cp_degree=3, expect_error="not divisible by the context-"
                                                              "parallel degree 3")]
@@ -95,7 +97,7 @@ def _run_case(c: dict, world: int) -> dict:
                      fused_head=c["fused"], loss_chunk=7, dtype=dtype, window=c["window"],
                      cp_degree=c["cp_degree"], data_parallel=c["data_parallel"])
         batch = tr.local_batch(c["seq"], batch=BATCH, cu_seqlens=c["cu_seqlens"])
-        with count_attention_flops() as fl:
+        with count_attention_flops() as fl, comm.count_bytes() as cnt:
             loss = tr.forward_backward(*batch, cu_seqlens=c["cu_seqlens"])
     except ValueError as e:
         if c["expect_error"] is None:
@@ -103,10 +105,15 @@ def _run_case(c: dict, world: int) -> dict:
         return {"raised": str(e)}
     if c["expect_error"] is not None:
         return {"raised": None}
-    grads = {n: p.grad.detach().to(torch.float64).clone()
-             for n, p in tr.model.named_parameters()}
+    grads = {}
+    for n, p in tr.model.named_parameters():
+        g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad  # FSDP shards
+        grads[n] = g.detach().to(torch.float64).clone()
     return dict(loss=loss, grads=grads, recompute=fl.flops("recompute"),
-                cache=tr.model.cache.peak_nbytes, cp=tr.cp_size, dp=tr.dp_size)
+                cache=tr.model.cache.peak_nbytes, cp=tr.cp_size, dp=tr.dp_size,
+                grad_sync=cnt.sent("grad_sync"), local_grad_bytes=sum(
+                    (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).nbytes
+                    for p in tr.model.parameters()))
 
 
 TRAIN_STEPS, TRAIN_SEQ, TRAIN_LR, MATCH_STEPS = 20, 128, 1e-2, 5
@@ -205,6 +212,13 @@ def test_loss_and_grads_match_single_process_float64(world):
             if c["window"] is None and c["cu_seqlens"] is None and res["recompute"] != want:
                 failures.append(f"rank {r} {_label(c)}: recomputed attention FLOPs "
                                 f"{res['recompute']} != formula {want}")
+            # the weight gradients are summed over the CP group through burst.comm (counted:
+            # an all-reduce sends 2(G-1)/G of the buffer)
+            cp = res["cp"]
+            want_bytes = (cp - 1) * 2 * (res["local_grad_bytes"] // cp) if cp > 1 else 0
+            if res["grad_sync"] != want_bytes:
+                failures.append(f"rank {r} {_label(c)}: grad all-reduce sent "
+                                f"{res['grad_sync']} bytes, expected {want_bytes}")
     assert not failures, "\n".join(failures[:20])
 
 
