@@ -45,6 +45,7 @@ REPO = Path(__file__).resolve().parent.parent
 FIT_CSV = REPO / "results" / "simulator_fit.csv"
 DOC = REPO / "docs" / "simulator.md"
 TARGETS = {"median_abs_error": 0.10, "max_abs_error": 0.25}
+DIGITS = 4  # decimals the fitted constants are stored with
 HW_TIME = ("fwd_eta_max", "t_half_tokens", "nic_efficiency")
 IMPL_TIME = (("loongtrain_double_ring", "attention_efficiency"),
              ("loongtrain_usp", "attention_efficiency"))
@@ -311,7 +312,14 @@ def _fit_group(hw, impls, cells, hw_keys, impl_keys, loss_fn):
         h, im = _apply(hw, impls, hw_keys, impl_keys, vals)
         return loss_fn(evaluate(h, im, cells))
 
-    x, _ = _nelder_mead(f, x0)
+    x, best = _nelder_mead(f, x0)
+    for _ in range(4):  # restart from the optimum with a fresh simplex until it stops moving
+        x2, val = _nelder_mead(f, x, step=0.05)
+        done = best - val < 1e-6
+        if val < best:
+            x, best = x2, val
+        if done:
+            break
     vals = [_from_x(xi, k) for xi, k in zip(x, kinds, strict=True)]
     return _apply(hw, impls, hw_keys, impl_keys, vals)
 
@@ -322,6 +330,10 @@ def fit(hw_name: str = "a800") -> Fit:
     cells = paper_cells()
     hw, impls = _fit_group(hw, impls, cells, HW_TIME, IMPL_TIME, _time_loss)
     hw, impls = _fit_memory(hw, impls, cells)
+    # report what the data files will hold: the constants rounded as ``store`` writes them
+    v, _ = _start(hw, impls, HW_TIME + HW_MEMORY, IMPL_TIME + IMPL_MEMORY)
+    hw, impls = _apply(hw, impls, HW_TIME + HW_MEMORY, IMPL_TIME + IMPL_MEMORY,
+                       [round(x, DIGITS) for x in v])
     return Fit(hw, impls, constants(hw, impls), evaluate(hw, impls, cells))
 
 
@@ -418,9 +430,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.check:
         return 0 if s["median_abs_error"] <= TARGETS["median_abs_error"] else 1
     write_csv(result)
-    from suites.simulator_doc import write_doc
+    from suites.simulator_doc import update_readme, write_doc
 
     write_doc(result, s, rankings(result.evals), DOC)
+    if update_readme(s, result.evals, REPO / "README.md"):
+        print("updated the fit table in README.md")
     if a.write:
         store(result)
     print(f"wrote {FIT_CSV.relative_to(REPO)} and {DOC.relative_to(REPO)}")
@@ -435,7 +449,7 @@ def store(result: Fit) -> None:
                "nic_efficiency": "nic.efficiency",
                "allocator_overhead": "memory.allocator_overhead"}
     for k in HW_TIME + HW_MEMORY:
-        set_value(hw_path, section[k], round(getattr(result.hw, k), 4))
+        set_value(hw_path, section[k], round(getattr(result.hw, k), DIGITS))
     # profiles that borrow a value "calibrated on <this profile>" get the new value too
     for other in hwmod.names():
         if other == result.hw.name:
@@ -444,10 +458,10 @@ def store(result: Fit) -> None:
         for k in HW_TIME + HW_MEMORY:
             if prof.sources.get(section[k], "").startswith(f"calibrated on {result.hw.name}"):
                 set_value(hwmod.profile_path(other), section[k],
-                          round(getattr(result.hw, k), 4))
+                          round(getattr(result.hw, k), DIGITS))
     for names, key in IMPL_TIME + IMPL_MEMORY:
         for name in (names if isinstance(names, tuple) else (names,)):
-            set_value(IMPL_PATH, f"{name}.{key}", round(getattr(result.impls[name], key), 4))
+            set_value(IMPL_PATH, f"{name}.{key}", round(getattr(result.impls[name], key), DIGITS))
 
 
 def set_value(path: Path, key: str, value: float) -> None:

@@ -229,16 +229,14 @@ def _usp_volume(plan: Plan, shape: AttnShape, topo: Topo, acc_elem: int):
     r = topo.world // u
     a2a = _method_bytes("ulysses", {}, shape, u, n, topo.local, acc_elem)
     hk = volume.ulysses_kv_heads(shape.kv_heads, u)
-    ring = volume.ring_attention_bytes(backward=plan.backward,
+    # ring member i is global rank i*U + u_idx: a node holds L/U consecutive members (or one)
+    ring = volume.ring_attention_bytes(backward=plan.backward, node_size=max(1, topo.local // u),
                                        **_vol_kw(shape, r, u * n, shape.heads // u,
                                                  max(1, hk // u), acc_elem))
-    # ring neighbours are U ranks apart: on other nodes once a node holds at most U ranks
-    link = "inter" if u >= topo.local and topo.world > topo.local else "intra"
     total = volume.Volume()
-    for (p, lk), v in a2a.by.items():
-        total.add(p, lk, v)
-    for (p, _), v in ring.by.items():
-        total.add(p, link, v)
+    for part in (a2a, ring):
+        for (p, lk), v in part.by.items():
+            total.add(p, lk, v)
     return total, a2a, ring
 
 
@@ -381,7 +379,7 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
                         shape.elem, shape.window)
         inner = Plan("ring", layout=plan.layout, backward=plan.backward)
         # every rank of a Ulysses group runs its own ring: U GPUs of a node cross at once
-        senders = min(u, topo.local) if crosses and u >= topo.local else (1 if crosses else 0)
+        senders = min(u, topo.local) if crosses else 0
         ph = _ring_phases(hw, sub, topo, inner, g // u, u * n, hu, hku, ring, senders)
         fwd, bwd = ((ph[p][0] + collective_seconds(hw, a2a.sent(p), u, topo), ph[p][1])
                     for p in ("forward", "backward"))

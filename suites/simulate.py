@@ -206,7 +206,7 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
             half = attention_timing(hw, cell.method, opts, half_shape, topo,
                                     acc_elem=impl.acc_elem)
         step = train_step_timing(hw, cfg, shape=shape, topo=topo, attn=attn,
-                                 checkpointing=ckpt, fused_head=cell.fused_head, params=params,
+                                 checkpointing=ckpt, params=params,
                                  attention_efficiency=impl.attention_efficiency,
                                  half_attn=half)
         time_s, parts = step.total_s, step.parts

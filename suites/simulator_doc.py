@@ -11,7 +11,10 @@ from pathlib import Path
 
 from suites import hardware as hwmod
 
-__all__ = ["MISSES", "write_doc"]
+__all__ = ["MISSES", "README_END", "README_START", "update_readme", "write_doc"]
+
+README_START = "<!-- simulator-fit:start (python -m suites.calibrate) -->"
+README_END = "<!-- simulator-fit:end -->"
 
 # Why rows that miss the targets miss them (analysis of the published numbers, issue 6).
 MISSES = {
@@ -155,3 +158,19 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path) -> None:
     ]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
+
+
+def update_readme(s: dict, evals: list[dict], path: Path) -> bool:
+    """Replace the fit summary and error table between the README's markers (its "Simulator and
+    figures" section); nothing else of the README is touched. False when there are no markers."""
+    from suites.calibrate import error_table, summary_lines
+
+    text = path.read_text() if path.exists() else ""
+    if README_START not in text or README_END not in text:
+        return False
+    head, rest = text.split(README_START, 1)
+    _, tail = rest.split(README_END, 1)
+    rows = [e for e in evals if e["published"] is not None or e["status_paper"] == "oom"]
+    body = "\n".join(["", *summary_lines(s), "", error_table(rows), ""])
+    path.write_text(head + README_START + body + README_END + tail)
+    return True

@@ -11,9 +11,9 @@ Per decoder layer (FLOPs from ``burst.flops``; attention from ``suites.schedule`
   ZeRO-3     all-gather the layer's bf16 parameters before forward and again before backward,
              reduce-scatter its gradients after; prefetched, so a layer takes
              max(compute, collectives)
-The LM head (plain or fused: same FLOPs, the fused one never materialises N/G x V logits, see
-``suites.memory_model``), the loss and the optimizer (memory-bound Adam on the 1/G shard, or on
-the CPU with offload) are added once.
+The LM head (plain or fused: the same FLOPs and logits traffic, in chunks for the fused one,
+whose gain is memory, ``suites.memory_model``), the loss and the optimizer (memory-bound Adam on
+the 1/G shard, or on the CPU with offload) are added once.
 
 Elementwise bytes per token per layer are counted on burst.engine.model's layer: two RMSNorms
 (read + write), rotary on q and k, two residual adds, SwiGLU (read gate and up, write product).
@@ -48,7 +48,7 @@ def _elementwise_bytes(cfg, tokens: int) -> float:
 
 
 def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: AttnTiming,
-                      checkpointing: str, fused_head: bool, params: int,
+                      checkpointing: str, params: int,
                       attention_efficiency: float = 1.0, half_attn: AttnTiming | None = None,
                       offload: bool = False) -> StepTiming:
     """Seconds of one training step on the slowest rank.
