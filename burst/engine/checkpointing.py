@@ -197,7 +197,15 @@ class ActivationCache:
     def __init__(self):
         self.entries: dict[int, CacheEntry] = {}
         self.peak_nbytes = 0  # largest total held since the last clear()
-        self._anchor = torch.zeros((), requires_grad=True)
+        self._anchor: torch.Tensor | None = None
+
+    @property
+    def anchor(self) -> torch.Tensor:
+        """A scalar leaf that gives the method's inputs a grad_fn (see ``_Anchor``); made on
+        first use, on the CPU (it never meets another tensor in an op)."""
+        if self._anchor is None:
+            self._anchor = torch.zeros((), device="cpu", requires_grad=True)
+        return self._anchor
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -208,7 +216,7 @@ class ActivationCache:
 
     def store(self, layer: int, call: AttentionCall, q, k, v, *, cu_seqlens, half: bool):
         entry = CacheEntry(call, cu_seqlens, half)
-        out = entry.run(q, k, v, self._anchor)
+        out = entry.run(q, k, v, self.anchor)
         self.entries[layer] = entry  # replaces a stale entry whose backward never ran
         self.peak_nbytes = max(self.peak_nbytes, self.nbytes)
         return out
@@ -266,7 +274,7 @@ class _LayerRun:
             with recompute_phase():
                 out = self.attention(q, k, v, cu_seqlens=self.cu_seqlens)
         else:
-            out = _Replay.apply(self.cache.pop(self.index), self.cache._anchor, q, k, v)
+            out = _Replay.apply(self.cache.pop(self.index), self.cache.anchor, q, k, v)
         return self.layer.finish(x, out)
 
 

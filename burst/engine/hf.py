@@ -105,9 +105,10 @@ def from_hf(state_dict: Mapping[str, torch.Tensor], hf_config, *,
     given)."""
     cfg = config_from_hf(hf_config)
     sd = convert_hf_state_dict(state_dict, cfg)
-    model = CausalLM(cfg)
     if dtype is None:
         dtype = next(iter(sd.values())).dtype
-    model.to(dtype)
-    model.load_state_dict({k: v.to(dtype) for k, v in sd.items()}, strict=True)
+    with torch.device("meta"):  # no second allocation: the parameters become the copies below
+        model = CausalLM(cfg)
+    model.load_state_dict({k: v.detach().to(dtype=dtype, copy=True) for k, v in sd.items()},
+                          strict=True, assign=True)
     return model

@@ -151,15 +151,28 @@ class CausalLM(nn.Module):
         self.cache = ActivationCache()
 
     def reset_parameters(self, seed: int, std: float = 0.02) -> None:
-        """Deterministic init (normal(0, std) matrices, unit norms) from ``seed`` alone, so every
-        rank builds the same weights without communication."""
-        g = torch.Generator().manual_seed(seed)
+        """Deterministic init from ``seed`` alone (normal(0, std) matrices, unit norms), drawn
+        in fp32 on the parameters' device, so every rank builds the same weights without
+        communication and a 7B model does not go through the host. Runs in any dtype get the
+        same values (fp32 draws are exact in float64)."""
+        dev = next(self.parameters()).device
+        g = torch.Generator(device=dev).manual_seed(seed)
         with torch.no_grad():
             for name, p in self.named_parameters():
                 if name.endswith("layernorm.weight") or name == "norm.weight":
                     p.fill_(1.0)
                 else:
-                    p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * std)
+                    p.copy_(torch.randn(p.shape, generator=g, device=dev) * std)
+
+    @classmethod
+    def build(cls, cfg: ModelConfig, *, seed: int = 0, dtype: torch.dtype = torch.float32,
+              device="cpu") -> CausalLM:
+        """A model allocated once, on ``device`` in ``dtype``, initialised from ``seed``."""
+        with torch.device("meta"):
+            model = cls(cfg)
+        model.to(dtype=dtype).to_empty(device=device)
+        model.reset_parameters(seed)
+        return model
 
     @property
     def head_weight(self) -> torch.Tensor:

@@ -101,9 +101,7 @@ class Trainer:
         self.config, self.layout, self.dtype = cfg, layout, dtype
         self.checkpointing, self.ignore_index = checkpointing, ignore_index
         self.device = torch.device(device)
-        model = CausalLM(cfg)
-        model.reset_parameters(seed)
-        model.to(device=self.device, dtype=dtype)
+        model = CausalLM.build(cfg, seed=seed, dtype=dtype, device=self.device)
         if state_dict is not None:
             model.load_state_dict({k: v.to(dtype) for k, v in state_dict.items()}, strict=True)
         model.attention = AttentionCall(method, layout, dict(attention_options or {}),
