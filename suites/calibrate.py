@@ -134,6 +134,10 @@ def _panel(e: dict) -> tuple:
                                                     else ())
 
 
+def panel_name(e: dict) -> str:
+    return " ".join(str(k) for k in _panel(e) if k != "")
+
+
 def rankings(evals: list[dict]) -> list[dict]:
     """Per panel: published and simulated order of the methods with a number in both."""
     panels: dict[tuple, list[dict]] = {}
@@ -141,11 +145,11 @@ def rankings(evals: list[dict]) -> list[dict]:
         if e["published"] and e["simulated"]:
             panels.setdefault(_panel(e), []).append(e)
     out = []
-    for key, es in panels.items():
+    for es in panels.values():
         name = [f"{e['label']}" for e in es]
         pub = [n for _, n in sorted(zip([-e["published"] for e in es], name, strict=True))]
         sim = [n for _, n in sorted(zip([-e["simulated"] for e in es], name, strict=True))]
-        out.append({"panel": " ".join(str(k) for k in key if k != ""), "published": pub,
+        out.append({"panel": panel_name(es[0]), "published": pub,
                     "simulated": sim, "preserved": pub == sim})
     return out
 

@@ -162,6 +162,14 @@ def test_fused_head_saves_memory_not_time():
         0.8 * _train(fused_head=False, **big).memory.reserved
 
 
+def test_zero_offload_moves_optimizer_state_off_the_gpu():
+    cell = as_cell(dict(workload="train_step", method="burst", model="7b", seq_len=32768,
+                        world=1, checkpointing="selective", fused_head=True))
+    on_gpu, offloaded = predict(cell, HW), predict(cell, HW, offload=True)
+    assert on_gpu.status == "oom"  # 16 bytes per parameter of 6.7B on one 80 GiB GPU
+    assert offloaded.status == "ok" and offloaded.memory.reserved < 0.5 * on_gpu.memory.reserved
+
+
 def test_rows_follow_the_schema_and_mark_failures():
     ok = simulate_cell(dict(workload="attention", method="burst", seq_len=1 << 20, world=32,
                             ranks_per_node=8, heads=40, head_dim=128,
