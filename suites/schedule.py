@@ -261,7 +261,7 @@ def _call_seconds(hw: Hardware, shape: AttnShape, call, m: int, heads: int, pass
     else:
         raise AssertionError(call.kind)
     flops = pairs * shape.pair_flops(heads) * (2.5 if pass_ == "backward" else 1.0)
-    return hw.attn_seconds(flops, min(lq, lk), pass_)
+    return hw.attn_seconds(flops, min(lq, lk), pass_, causal=call.kind in (CAUSAL, STRICT))
 
 
 def _merge_seconds(hw: Hardware, shape: AttnShape, m: int, heads: int, kv_heads: int,
@@ -388,8 +388,8 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
         hu = -(-shape.heads // plan.ulysses)  # uneven heads: the busiest rank has ceil(H/U)
         fl = F.attention_flops(shape.batch, shape.seq_len, hu, shape.head_dim,
                                causal=shape.causal)
-        cf = hw.attn_seconds(fl, shape.seq_len, "forward")
-        cb = hw.attn_seconds(2.5 * fl, shape.seq_len, "backward")
+        cf = hw.attn_seconds(fl, shape.seq_len, "forward", shape.causal)
+        cb = hw.attn_seconds(2.5 * fl, shape.seq_len, "backward", shape.causal)
         fwd = (cf + collective_seconds(hw, vol.sent("forward"), g, topo), cf)
         bwd = (cb + collective_seconds(hw, vol.sent("backward"), g, topo), cb)
     elif plan.kind == "allgather":

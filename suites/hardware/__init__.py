@@ -12,7 +12,8 @@ published numbers (``python -m suites.calibrate`` fits and can rewrite the calib
 Model of the attention kernel (DESIGN.md 4, issue 6): a call whose smaller side has t tokens runs
 at eta(t) = fwd_eta_max * t / (t + t_half_tokens) of the dense bf16 peak in forward and
 bwd_over_fwd times that in backward. Small blocks lose to per-call prologue/epilogue and tail
-effects; t_half_tokens is where half the peak efficiency is reached.
+effects; t_half_tokens is where half the peak efficiency is reached. A causal call (the diagonal
+block) also loses its diagonal tiles' masked half: x (t + 1) / (t + causal_tile_tokens).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ FIELDS: tuple[tuple[str, str, type], ...] = (
     ("attention_kernel.fwd_eta_max", "fwd_eta_max", float),
     ("attention_kernel.bwd_over_fwd", "bwd_over_fwd", float),
     ("attention_kernel.t_half_tokens", "t_half_tokens", float),
+    ("attention_kernel.causal_tile_tokens", "causal_tile_tokens", float),
     ("nvlink.gbps_per_direction", "nvlink_gbps", float),
     ("nvlink.latency_us", "nvlink_latency_us", float),
     ("nic.per_node", "nics_per_node", int),
@@ -72,6 +74,8 @@ class Hardware:
     """Attention kernel forward efficiency for large blocks (fraction of peak)."""
     bwd_over_fwd: float
     t_half_tokens: float
+    causal_tile_tokens: float
+    """Tile side of the kernel: a causal call computes its diagonal tiles whole."""
     nvlink_gbps: float
     """Achievable point-to-point bandwidth between two GPUs of a node, per direction."""
     nvlink_latency_us: float
@@ -107,18 +111,23 @@ class Hardware:
             raise ValueError(f"hardware profile {self.name!r}: " + "; ".join(bad))
 
     # -- compute --------------------------------------------------------------------------
-    def attn_efficiency(self, t: float, pass_: str = "forward") -> float:
-        """Fraction of peak of an attention call whose smaller side has ``t`` tokens."""
+    def attn_efficiency(self, t: float, pass_: str = "forward", causal: bool = False) -> float:
+        """Fraction of peak (useful FLOPs) of an attention call whose smaller side has ``t``
+        tokens. A causal (diagonal) call also computes its diagonal tiles whole: t(t+b)/2
+        pairs of work for t(t+1)/2 useful ones, b = ``causal_tile_tokens``."""
         if pass_ not in ("forward", "backward"):
             raise ValueError(f"pass_={pass_!r}; valid: forward, backward")
         eta = self.fwd_eta_max * t / (t + self.t_half_tokens)
+        if causal:
+            eta *= (t + 1) / (t + self.causal_tile_tokens)
         return eta * (self.bwd_over_fwd if pass_ == "backward" else 1.0)
 
-    def attn_seconds(self, flops: float, t: float, pass_: str = "forward") -> float:
+    def attn_seconds(self, flops: float, t: float, pass_: str = "forward",
+                     causal: bool = False) -> float:
         """Time of attention kernel work of ``flops`` in calls of block size ``t`` tokens."""
         if flops <= 0:
             return 0.0
-        return flops / (self.peak_tflops * 1e12 * self.attn_efficiency(t, pass_))
+        return flops / (self.peak_tflops * 1e12 * self.attn_efficiency(t, pass_, causal))
 
     def gemm_seconds(self, flops: float) -> float:
         return flops / (self.peak_tflops * 1e12 * self.gemm_efficiency)
