@@ -61,7 +61,8 @@ def _cases(world: int) -> list[dict]:
            case("striped_ring", checkpointing="selective_half"),
            case("ulysses", checkpointing="none"), case("ulysses", checkpointing="selective"),
            case("ulysses", layout="zigzag", checkpointing="full"),
-           case("allgather", checkpointing="selective")]
+           case("allgather", checkpointing="selective"),
+           case("allgather", layout="striped", checkpointing="selective_half")]
     cs += [
         case(layout="zigzag", fused=False),  # the plain head
         case(layout="zigzag", checkpointing="selective", tie=True, kv_heads=4),
@@ -74,6 +75,8 @@ def _cases(world: int) -> list[dict]:
         case("ring", checkpointing="full", dtype="float32"),
         case("ulysses", checkpointing="selective_half",
              expect_error="'selective_half' needs the striped layout"),
+        case("ulysses", layout="striped", checkpointing="selective_half",
+             expect_error="use checkpointing 'selective' with this method"),
         case(layout="zigzag", seq=SEQ + 1, expect_error="is not divisible by"),
     ]
     if world == 4:

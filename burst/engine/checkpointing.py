@@ -22,7 +22,10 @@ placeholders filled with the recomputed q, k, v at backward time (the same trick
 non-reentrant checkpoint). For BurstAttention what remains is exactly out and lse. The method's
 autograd node is reached later through gradient edges, so nothing keeps the original q, k, v
 alive. In ``selective_half`` the saved tensors that are per local row (out: B S H D, lse: B H S)
-keep their second half only; a method that saves anything else cannot use that mode.
+keep their second half only, and their first half is taken from what the method saves when run
+on the first half alone; that is exact because causal queries of the prefix see only prefix keys
+(true of out and lse). A method that saves anything else (Ulysses' index tensors, say) gets a
+ValueError naming the tensor, never a silent approximation.
 
 Entries are keyed by layer, freed when that layer's backward has used them, and replaced if a
 forward runs again before its backward (so repeated steps never see stale entries).
@@ -33,6 +36,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.graph import get_gradient_edge, saved_tensors_hooks
 
+from burst import comm
 from burst.engine.attention_call import AttentionCall, recompute_phase
 from burst.flops import CHECKPOINTING
 
@@ -185,8 +189,6 @@ def _prefix(cu_seqlens, n_local: int, call: AttentionCall):
     """Document boundaries of the first half of the global sequence."""
     if cu_seqlens is None:
         return None
-    from burst import comm
-
     half = n_local // 2 * comm.world_size(call.group)
     return (*[int(c) for c in cu_seqlens if c < half], half)
 
