@@ -68,7 +68,7 @@ def _ring_order(seq_local: int, world: int, degree: int, ring_pos: int, layout: 
 
 
 def usp_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = None, group=None,
-             ulysses_degree: int = 2, layout: str = "contiguous",
+             ulysses_degree: int = 2, layout: str = "contiguous", backward: str = "ring",
              window: tuple[int, int] | None = None, cu_seqlens=None, backend: str = "auto"):
     """Ulysses (degree U) x ring (R = G/U) attention.
 
@@ -77,11 +77,14 @@ def usp_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = Non
             group; heads % U == 0.
         k, v: (batch, seq_local, kv_heads, head_dim); kv_heads % U == 0 or U % kv_heads == 0.
         ulysses_degree: U, the size of the Ulysses (head-parallel) groups; divides G.
+        backward: ``ring`` (yunchang's classic ring backward) or ``burst`` (BurstEngine's
+            Burst-USP: Ulysses inside a node, BurstAttention's backward across nodes).
     Returns:
         out shaped like q.
     """
     check_call(METHOD, q, k, v, causal=causal, group=group,
-               options=dict(layout=layout, ulysses_degree=ulysses_degree), backend=backend)
+               options=dict(layout=layout, ulysses_degree=ulysses_degree, backward=backward),
+               backend=backend)
     g, n = comm.world_size(group), q.shape[1]
     uly, ring, ring_pos = usp_groups(group, ulysses_degree)
     qh, kh, vh = (seq_to_heads(t, uly) for t in (q, replicate_kv(k, ulysses_degree),
@@ -89,14 +92,17 @@ def usp_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = Non
     perm, inv = (t.to(q.device) for t in _ring_order(n, g, ulysses_degree, ring_pos, layout))
     qh, kh, vh = (t.index_select(1, perm) for t in (qh, kh, vh))
     out = burst_attn(qh, kh, vh, causal=causal, softmax_scale=softmax_scale, layout=layout,
-                     group=ring, backward="ring", window=window, cu_seqlens=cu_seqlens,
+                     group=ring, backward=backward, window=window, cu_seqlens=cu_seqlens,
                      backend=backend)
     return heads_to_seq(out.index_select(1, inv), uly)
 
 
-def _requires(*, world, heads, kv_heads, seq_local, layout, ulysses_degree, **_):
+def _requires(*, world, heads, kv_heads, seq_local, layout, ulysses_degree, backward="ring",
+              **_):
     out = degree_problems("ulysses_degree", ulysses_degree, world, heads, kv_heads,
                           kv_replicate=True)
+    if backward not in ("ring", "burst"):
+        out.append(f"backward={backward!r}; valid: ring, burst")
     out += layout_problems(layout, seq_local, LAYOUTS)
     return out
 
@@ -105,10 +111,10 @@ METHOD = register(Method(
     name="usp",
     fn=usp_attn,
     description="USP (yunchang): Ulysses inside groups of ulysses_degree consecutive ranks x "
-                "classic ring attention across the groups",
+                "ring attention across the groups (backward=ring: classic; burst: Burst-USP)",
     default_layout="contiguous",
     layouts=LAYOUTS,
-    options={"layout": "contiguous", "ulysses_degree": 2},
+    options={"layout": "contiguous", "ulysses_degree": 2, "backward": "ring"},
     requires=_requires,
     volume=partial(method_bytes, "usp"),
 ))

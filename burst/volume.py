@@ -244,23 +244,28 @@ def _ulysses(c: _Case, *, layout: str = "contiguous") -> Volume:
 
 
 def _ring_pass_into(vol: Volume, c: _Case, members: Sequence[int], span: int, pay: int,
-                    acc: int) -> None:
-    """A flat ring over ``members`` (c.rank among them): forward payload, classic backward."""
+                    acc: int, backward: str = "ring", q_pay: int = 0, q_acc: int = 0) -> None:
+    """A flat ring over ``members`` (c.rank among them): K/V forward, then the classic backward
+    (``pay``/``acc`` travel to the next member) or the burst one (``q_pay``/``q_acc`` travel to
+    the previous member, as ``burst.attention`` sends them)."""
     r = len(members)
     pos = members.index(c.rank)
-    nxt, home = members[(pos + 1) % r], members[(pos - span) % r]
-    vol.add("forward", c.link(nxt), span * pay)
-    vol.add("backward", c.link(nxt), span * pay)
+    vol.add("forward", c.link(members[(pos + 1) % r]), span * pay)
+    d, bpay, bacc = (1, pay, acc) if backward == "ring" else (-1, q_pay, q_acc)
+    to, home = members[(pos + d) % r], members[(pos - d * span) % r]
+    vol.add("backward", c.link(to), span * bpay)
     if span > 0:
-        vol.add("backward", c.link(nxt), span * acc)
-        vol.add("backward", c.link(home), acc)
+        vol.add("backward", c.link(to), span * bacc)
+        vol.add("backward", c.link(home), bacc)
 
 
 def _usp(c: _Case, *, ulysses_degree: int = 2, layout: str = "contiguous",
-         truncate: bool = True) -> Volume:
+         backward: str = "ring", truncate: bool = True) -> Volume:
     u = ulysses_degree
     if c.world % u:
         raise ValueError(f"ulysses_degree={u} does not divide the group of {c.world} ranks")
+    if backward not in ("ring", "burst"):
+        raise ValueError(f"usp backward={backward!r}; valid: ring, burst")
     r = c.world // u
     ring_idx, u_idx = divmod(c.rank, u)
     vol = Volume()
@@ -268,8 +273,11 @@ def _usp(c: _Case, *, ulysses_degree: int = 2, layout: str = "contiguous",
     hk = ulysses_kv_heads(c.kv_heads, u)
     pay = 2 * c.bn * hk * c.head_dim * c.elem  # U*n tokens x hk/U heads
     acc = 2 * c.bn * hk * c.head_dim * c.acc_elem
+    q_pay = 2 * c.bn * c.heads * (c.head_dim * c.elem + c.acc_elem)  # Q, dO + D, LSE
+    q_acc = c.bn * c.heads * c.head_dim * c.acc_elem  # dQ
     span = c.span(r, u * c.seq_local, layout) if truncate else r - 1
-    _ring_pass_into(vol, c, [i * u + u_idx for i in range(r)], span, pay, acc)
+    _ring_pass_into(vol, c, [i * u + u_idx for i in range(r)], span, pay, acc, backward, q_pay,
+                    q_acc)
     return vol
 
 

@@ -64,6 +64,9 @@ def _core_cases(world: int) -> list[dict]:
                         ("usp", dict(ulysses_degree=2, layout="zigzag"))):
             add(m, causal=True, options=opts, kv_heads=2, ranks_per_node=2)
         add("usp", causal=True, kv_heads=1, options=dict(ulysses_degree=2))  # kv replicated
+        for node in (None, 2):  # Burst-USP: Ulysses inside a node, burst backward across
+            add("usp", causal=True, ranks_per_node=node,
+                options=dict(ulysses_degree=2, layout="zigzag", backward="burst"))
         add("usp", causal=True, options=dict(ulysses_degree=4, layout="zigzag"))  # = Ulysses
         for m in ("ring", "allgather", "ulysses", "usp"):  # sliding window (ring span 1)
             add(m, causal=True, window=(5, 0), options=dict(layout="contiguous"))
