@@ -511,18 +511,14 @@ def _hw(cfg, n, mode):
 # maxseq
 
 
-def _candidates(sz: Sizes, pts, capacity, limit_n):
-    """Sequence lengths to try, longest first: the memory fit's prediction, then 0.8x of it."""
-    q = sz.seq_quantum
-    if capacity and len(pts) >= 2:
-        (n1, m1), (n2, m2) = pts[-2], pts[-1]
-        slope = (m2 - m1) / (n2 - n1)
-        if slope > 0:
-            pred = n2 + (0.92 * capacity - m2) / slope  # headroom for fragmentation
-            first = max(q, int(min(pred, limit_n)) // q * q)
-            return [first, max(q, int(0.8 * first) // q * q)], pred
-    top = max((n for n, _ in pts), default=sz.engine_seqs[-1])
-    return [min(2 * top, max(q, limit_n // q * q))], None
+def _predict(pts, capacity) -> float | None:
+    """Longest length whose peak memory fits, from a line through the last two measured peaks
+    (activations grow linearly with the sequence under flash attention); 8% headroom."""
+    if not capacity or len(pts) < 2:
+        return None
+    (n1, m1), (n2, m2) = pts[-2], pts[-1]
+    slope = (m2 - m1) / (n2 - n1)
+    return n2 + (0.92 * capacity - m2) / slope if slope > 0 else None
 
 
 def section_maxseq(rows: Rows, sz: Sizes, budget: Budget, state: dict) -> None:
@@ -532,17 +528,17 @@ def section_maxseq(rows: Rows, sz: Sizes, budget: Budget, state: dict) -> None:
         return
     capacity = torch.cuda.get_device_properties(0).total_memory if sz.device == "cuda" else None
     modes = [m for m in MODES if (m, True) in state["times"]]
+    quantum = sz.seq_quantum
     for i, mode in enumerate(modes):
         share = budget.left() / (len(modes) - i)  # split what is left among the modes
-        n_ref, t_ref = state["times"][(mode, True)]
+        n_ref, t_ref = state["times"][(mode, True)]  # the longest length measured to fit
 
         def est(n, mode=mode, n_ref=n_ref, t_ref=t_ref):  # one step, 30% margin
             return 1.3 * t_ref * _hw(cfg, n, mode) / _hw(cfg, n_ref, mode)
 
-        if est(n_ref) > share:
-            _skip(rows, "max_seq", f"longest fit, {mode}", f"no time left ({share:.0f} s)",
-                  checkpointing=mode, model=sz.engine_model)
-            continue
+        pred = _predict(state["peaks"].get(mode, []), capacity)
+        n_pred = max(quantum, int(pred) // quantum * quantum) if pred else None
+        info = {"predicted_max": pred, "capacity_bytes": capacity, "measured_fit": n_ref}
         # the longest length whose estimated step time fits this mode's share of the budget
         lo, hi = n_ref, 2 * n_ref
         while est(hi) < share and hi < 1 << 26:
@@ -550,24 +546,33 @@ def section_maxseq(rows: Rows, sz: Sizes, budget: Budget, state: dict) -> None:
         for _ in range(12):
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if est(mid) < share else (lo, mid)
-        cands, pred = _candidates(sz, state["peaks"].get(mode, []), capacity, lo)
-        for n in cands:
-            if pred is None:
-                kind = "twice the longest measured (no memory fit)"
-            elif n == cands[0] and n < int(pred) // sz.seq_quantum * sz.seq_quantum:
-                kind = "fits at least (time-capped below the prediction)"
+        limit = lo // quantum * quantum
+        first = min(n_pred, limit) if n_pred else min(2 * n_ref, limit)
+        if est(n_ref) > share or first <= n_ref:  # nothing longer than measured to try
+            if n_pred is not None and n_pred <= n_ref:
+                why = (f"the memory fit predicts {n_pred} tokens, no more than the {n_ref} "
+                       "measured to fit (engine section)")
             else:
-                kind = "predicted maximum"
-            label = f"longest fit, {mode}: {kind}"
-            est = _hw(cfg, n, mode) / _hw(cfg, n_ref, mode) * t_ref
-            if est > budget.left():
-                _engine_row(rows, sz, cfg, n, mode, True, "skipped", None,
-                            f"estimated {est:.0f} s > {budget.left():.0f} s left", "max_seq",
-                            label, {"predicted_max": pred})
+                why = (f"one step at {n_pred or 2 * n_ref} tokens would take ~"
+                       f"{est(n_pred or 2 * n_ref) / 1.3:.0f} s (> {share:.0f} s left for "
+                       f"this mode); {n_ref} tokens fit (engine section)")
+            label = "predicted maximum (not run)" if n_pred else "not run"
+            _engine_row(rows, sz, cfg, n_pred, mode, True, "skipped", None, why, "max_seq",
+                        f"longest fit, {mode}: {label}", info)
+            continue
+        if n_pred is None:
+            kind = "twice the longest measured (no memory fit)"
+        elif first < n_pred:
+            kind = "fits at least (time-capped below the prediction)"
+        else:
+            kind = "predicted maximum"
+        for n in (first, max(quantum, int(0.8 * first) // quantum * quantum)):
+            if n <= n_ref:
                 break
             status, res, err = _guard(lambda n=n, mode=mode: _engine_step(tr, sz, n, mode, True))
-            _engine_row(rows, sz, cfg, n, mode, True, status, res, err, "max_seq", label,
-                        {"predicted_max": pred, "capacity_bytes": capacity})
+            _engine_row(rows, sz, cfg, n, mode, True, status, res, err, "max_seq",
+                        f"longest fit, {mode}: {kind}" if n == first else
+                        f"longest fit, {mode}: 0.8x after OOM", info)
             if status != "oom":
                 break
 
