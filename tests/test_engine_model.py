@@ -96,6 +96,10 @@ def test_logits_equal_transformers_llama(tie, kv_heads):
     assert got.shape == want.shape
     err = float((got - want).abs().max())
     assert err < 2e-5 * float(want.abs().max()), err
+    # a Trainer started from the checkpoint computes the same logits
+    tr = Trainer(ours.config, state_dict=ours.state_dict())
+    with torch.no_grad():
+        assert torch.equal(tr.model(tokens, positions), got)
     with torch.no_grad():  # the comparison is sensitive to positions (RoPE) at this tolerance
         shuffled = ours(tokens, positions[:, torch.randperm(40, generator=torch.Generator()
                                                              .manual_seed(2))])

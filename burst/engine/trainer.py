@@ -38,7 +38,8 @@ from burst.masks import MaskSpec
 
 __all__ = ["DTYPES", "OPTIMIZERS", "Trainer"]
 
-DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+# float16 is left out: without loss scaling and fp32 master weights its optimizer step underflows
+DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 OPTIMIZERS = ("adamw", "sgd")
 
 
@@ -79,7 +80,7 @@ class Trainer:
             problems.append(str(e))
         if dtype not in DTYPES:
             problems.append(f"dtype {dtype} is not supported; valid: "
-                            f"{', '.join(map(str, DTYPES))}")
+                            f"{', '.join(map(str, DTYPES))} (float16 would need loss scaling)")
         if not isinstance(loss_chunk, int) or loss_chunk < 1:
             problems.append(f"loss_chunk={loss_chunk!r} must be a positive number of tokens")
         if not lr > 0:
