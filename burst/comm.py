@@ -219,7 +219,7 @@ def exchange(sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tens
 def _record_peers(group, nbytes_to_peer: list[int], nbytes_from_peer: list[int]) -> None:
     ranks = group_ranks(group)
     me = rank()
-    for g, nb_out, nb_in in zip(ranks, nbytes_to_peer, nbytes_from_peer):
+    for g, nb_out, nb_in in zip(ranks, nbytes_to_peer, nbytes_from_peer, strict=True):
         if g == me:
             continue
         for c in _COUNTERS:

@@ -30,7 +30,7 @@ def _run(rank: int, world: int) -> list[dict]:
             want = [shard(t, layout=layout) for t in (out_ref, ref[0].grad, ref[1].grad,
                                                       ref[2].grad)]
             err = max(float((a.double() - w).abs().max())
-                      for a, w in zip((out.detach(), *(t.grad for t in loc)), want))
+                      for a, w in zip((out.detach(), *(t.grad for t in loc)), want, strict=True))
             rows.append(dict(layout=layout, backward=backward, max_err=err,
                              fwd_MB=c.sent("forward") / 2**20, bwd_MB=c.sent("backward") / 2**20))
     return rows

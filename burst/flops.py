@@ -34,7 +34,8 @@ CHECKPOINTING = ("none", "full", "selective", "selective_half")
 def attention_pairs(seq_len: int, *, causal: bool = False, window: tuple[int, int] | None = None,
                     cu_seqlens: Sequence[int] | None = None) -> int:
     """Exact number of visible (query, key) pairs for one sequence of ``seq_len`` tokens."""
-    docs = list(zip(cu_seqlens[:-1], cu_seqlens[1:])) if cu_seqlens else [(0, seq_len)]
+    docs = ([(0, seq_len)] if not cu_seqlens
+            else list(zip(cu_seqlens[:-1], cu_seqlens[1:], strict=True)))
     total = 0
     for a, b in docs:
         n = b - a
@@ -90,7 +91,8 @@ def recompute_flops(cfg, batch: int, seq_len: int, checkpointing: str) -> float:
     attention (the first half of the local queries against the first half of K/V).
     """
     if checkpointing not in CHECKPOINTING:
-        raise ValueError(f"unknown checkpointing {checkpointing!r}; valid: {', '.join(CHECKPOINTING)}")
+        raise ValueError(f"unknown checkpointing {checkpointing!r}; "
+                         f"valid: {', '.join(CHECKPOINTING)}")
     layers_dense = (_dense_per_token(cfg) - 2 * cfg.hidden_size * cfg.vocab_size) * batch * seq_len
     attn = _attn_fwd(cfg, batch, seq_len, causal_halved=True)
     return {"none": 0.0, "full": layers_dense + attn, "selective": layers_dense,

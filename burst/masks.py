@@ -39,7 +39,7 @@ class MaskSpec:
     window: tuple[int, int] | None = None
     """(left, right) sliding window: keys in [p - left, p + right] are visible."""
     cu_seqlens: tuple[int, ...] | None = None
-    """Document boundaries [0, e1, e2, ..., N] of packed sequences; attention stays in a document."""
+    """Document boundaries [0, e1, ..., N] of packed sequences; attention stays in a document."""
 
     def __post_init__(self):
         if self.window is not None:
@@ -50,7 +50,7 @@ class MaskSpec:
             object.__setattr__(self, "window", (int(self.window[0]), int(self.window[1])))
         if self.cu_seqlens is not None:
             cu = tuple(int(x) for x in self.cu_seqlens)
-            if len(cu) < 2 or cu[0] != 0 or any(b <= a for a, b in zip(cu, cu[1:])):
+            if len(cu) < 2 or cu[0] != 0 or any(b <= a for a, b in zip(cu, cu[1:], strict=False)):
                 raise ValueError(
                     f"cu_seqlens={self.cu_seqlens!r}: expected strictly increasing boundaries "
                     "starting at 0 and ending at the global sequence length"

@@ -12,6 +12,7 @@ dies or hangs past ``timeout_s`` is killed and reported the same way, never a si
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import socket
@@ -54,10 +55,8 @@ def _entry(rank, world, port, fn, args, out_dir, backend, threads, timeout_s):
     with open(path + ".tmp", "wb") as f:
         pickle.dump(result, f)
     os.replace(path + ".tmp", path)
-    try:
+    with contextlib.suppress(Exception):
         comm.destroy()
-    except Exception:
-        pass
 
 
 def _any_error(out_dir: str, world: int) -> bool:

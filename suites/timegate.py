@@ -151,7 +151,8 @@ def check(repeats: int = 7) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m suites.timegate", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m suites.timegate",
+                                description=__doc__.split("\n")[0])
     p.add_argument("--record", action="store_true")
     p.add_argument("--trials", type=int, default=5)
     p.add_argument("--repeats", type=int, default=7)

@@ -108,7 +108,7 @@ def run_one(c: dict, rank: int, world: int) -> dict:
                     *(t.to(dtype) for t in (q, k, v, do)))
         nv_sh = [shard(t, layout=layout) for t in (nv[0], nv[2], nv[3], nv[4])]
         res["naive"] = {name: _err(a, b) for name, a, b in
-                        zip(("out", "dq", "dk", "dv"), nv_sh, ref_sh)}
+                        zip(("out", "dq", "dk", "dv"), nv_sh, ref_sh, strict=True)}
     return res
 
 

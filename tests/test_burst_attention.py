@@ -47,7 +47,8 @@ def _cases(world: int) -> list[dict]:
         for backward in ("burst", "ring"):
             cs.append(case(options=dict(layout="zigzag", backward=backward), head_dim=128,
                            heads=2, kv_heads=2, seq_local=4, seed=99))
-        cs.append(case(options=dict(layout="zigzag", ranks_per_node=3), expect_error="ranks_per_node"))
+        cs.append(case(options=dict(layout="zigzag", ranks_per_node=3),
+                       expect_error="ranks_per_node"))
         # one rank per node: a flat ring whose every hop is inter-node
         cs.append(case(options=dict(layout="zigzag", backward="burst", ranks_per_node=1),
                        ranks_per_node=1, seed=len(cs)))
