@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 from pathlib import Path
@@ -193,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if hasattr(signal, "SIGPIPE"):  # `burst-bench show ... | head` ends quietly
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # methods given as import paths (package.module:function) resolve from the current
+    # directory, as with `python -m` (a console script's path starts at its own folder)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     p = _parser()
     if argv and argv[0] in ("figures", "simulate"):  # everything after goes to the tool
         args = p.parse_args(argv[:1])

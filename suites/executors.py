@@ -196,12 +196,12 @@ def cell_job(cell_json: str, ctx: RunContext) -> dict | None:
         torch.cuda.set_device(env.local_rank % max(torch.cuda.device_count(), 1))
     else:
         torch.set_num_threads(int(os.environ.get("SLURM_CPUS_PER_TASK", 1)))
-    comm.init(_backend(cell), timeout_s=cell.timeout_min * 60)
-    try:
-        torch.manual_seed(cell.seed)
-        metrics = measure(cell)
-    finally:
-        comm.destroy()
+    # a rank that dies without a word (killed, segfault) is noticed by its peers only through
+    # this timeout: keep it well under the job's time limit
+    comm.init(_backend(cell), timeout_s=min(cell.timeout_min * 60, 600))
+    torch.manual_seed(cell.seed)
+    metrics = measure(cell)  # on failure: no destroy, it would wait for peers that may hang
+    comm.destroy()
     return make_row(cell, metrics, ctx) if env.rank == 0 else None
 
 
@@ -236,14 +236,52 @@ def _executor(kind: str, folder: Path, cells: list[Cell], slurm: SlurmSpec, swee
     return ex
 
 
+def _outcomes(job) -> dict[int, tuple[str, object]]:
+    """{task: ("success", value) | ("error", traceback)} for the tasks that have finished,
+    read from their result files (``job.task(i).exception()`` would wait for the whole job)."""
+    from submitit.core.utils import pickle_load
+
+    out = {}
+    for i in range(job.num_tasks):
+        path = job.task(i).paths.result_pickle
+        if path.exists():
+            with contextlib.suppress(EOFError, OSError):  # being written: next poll
+                out[i] = pickle_load(path)
+    return out
+
+
+def _ready(job) -> bool:
+    """The cell's outcome is known: rank 0 has its result (its row needs every rank, through
+    the final all-reduce), or a rank has failed (the others may now wait on it for ever), or
+    the job ended."""
+    got = _outcomes(job)
+    return 0 in got or any(o == "error" for o, _ in got.values()) or job.done()
+
+
 def _collect(job, cell: Cell, run: Run, ctx: RunContext) -> None:
-    try:
-        row = job.results()[0]
-        if row is None:
-            raise RuntimeError("rank 0 returned no row")
-    except Exception as e:  # noqa: BLE001 - every failure becomes the cell's row
-        row = failure_row(cell, f"{type(e).__name__}: {e}", ctx, job_id=str(job.job_id))
+    got = _outcomes(job)
+    failed = sorted(i for i, (o, _) in got.items() if o == "error")
+    if failed:  # the first failed rank's traceback is the cell's error
+        i = failed[0]
+        row = failure_row(cell, f"rank {i} raised:\n{got[i][1]}", ctx, job_id=str(job.job_id))
+    else:
+        try:
+            row = job.task(0).result()
+            if row is None:
+                raise RuntimeError("rank 0 returned no row")
+        except Exception as e:  # noqa: BLE001 - every failure becomes the cell's row
+            row = failure_row(cell, f"{type(e).__name__}: {e}", ctx, job_id=str(job.job_id))
     append_row(run.rows, row)
+    if not job.done():  # ranks left waiting on a failed one: free their slots
+        job.cancel(check=False)
+
+
+def _wait(pending: dict, run: Run, ctx: RunContext, poll_s: float) -> None:
+    while pending:
+        for job in [j for j in pending if _ready(j)]:
+            _collect(job, pending.pop(job), run, ctx)
+        if pending:
+            time.sleep(poll_s)
 
 
 def submit_cells(cells: list[Cell], *, kind: str, run: Run, ctx: RunContext,
@@ -268,17 +306,12 @@ def submit_cells(cells: list[Cell], *, kind: str, run: Run, ctx: RunContext,
                 job = ex.submit(cell_job, cell.to_json(), ctx)
                 if on_submit:
                     on_submit([job])
-                _collect(job, cell, run, ctx)
+                _wait({job: cell}, run, ctx, poll_s)
             continue
         jobs = ex.map_array(cell_job, [c.to_json() for c in group], [ctx] * len(group))
         if on_submit:
             on_submit(jobs)
-        pending = dict(zip(jobs, group, strict=True))
-        while pending:
-            for job in [j for j in pending if j.done()]:
-                _collect(job, pending.pop(job), run, ctx)
-            if pending:
-                time.sleep(poll_s)
+        _wait(dict(zip(jobs, group, strict=True)), run, ctx, poll_s)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -181,10 +181,13 @@ def test_local_executor_two_tasks_gloo(tmp_path):
     pytest.importorskip("submitit")
     text = SWEEP.split("[[methods]]")[0]
     text = text.replace("timeout_min = 0.25", "timeout_min = 5").replace(
-        'baseline = "burst-ringbwd"', "") + '[[methods]]\nname = "burst"\n'
+        'baseline = "burst-ringbwd"', "") + (f'[[methods]]\nname = "{M}:fail_on_rank1"\n'
+                                             'label = "fails"\n[[methods]]\nname = "burst"\n')
     res = run_sweep(_spec(tmp_path, text, "local2"), executor="local", out=tmp_path / "out",
                     stream=_quiet())
-    (row,) = store.read_rows(res.run_dir / "rows.jsonl")
+    failed, row = store.read_rows(res.run_dir / "rows.jsonl")
+    # rank 1's exception ends the job at once (rank 0, waiting on it, is cancelled)
+    assert failed["status"] == "error" and "deliberate failure on rank 1" in failed["error"]
     assert row["status"] == "ok", row["error"]
     assert row["executor"] == "local" and row["job_id"] and row["world"] == 2
     assert (row["bytes_sent_forward"], row["bytes_sent_backward"]) == _expected_burst_bytes(row)
