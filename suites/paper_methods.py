@@ -14,11 +14,7 @@ algorithms; each maps to the registry entry that implements the same algorithm h
   burstengine            BurstAttention ring (optimised backward, topology-aware double ring)
                          + fused LM head/loss                       -> burst + fused_head
   burstengine_usp        Ulysses inside a node, BurstAttention across nodes
-                                                                    -> usp + fused_head
-  Known gap: ``usp``'s ring across nodes is the classic ring backward (K, V, dK, dV travel);
-  it has no option for BurstAttention's backward yet, so burstengine_usp differs from
-  loongtrain_usp here only by the fused head. When ``usp`` grows a ``backward`` option, set it
-  to "burst" below.
+                                                  -> usp, backward = burst, + fused_head
 
 Checkpointing (paper README): the paper's ``selective`` is every layer recomputed except the
 attention output and LSE (our ``selective``); its ``none`` ("w/o sele-ckpt") is full layer
@@ -59,8 +55,8 @@ PAPER_METHODS: dict[str, PaperMethod] = {
                                {"layout": "zigzag", "backward": "burst",
                                 "ranks_per_node": "@node"}, fused_head=True),
     "burstengine_usp": PaperMethod("usp", "Burst-USP",
-                                   {"ulysses_degree": "@node", "layout": "zigzag"},
-                                   fused_head=True),
+                                   {"ulysses_degree": "@node", "layout": "zigzag",
+                                    "backward": "burst"}, fused_head=True),
 }
 
 # paper's checkpointing column -> ours
