@@ -204,8 +204,11 @@ def consolidate(run_dir: str | os.PathLike, *, write: bool = True):
     from results.tables import add_speedup
 
     run_dir = Path(run_dir)
+    meta = read_meta(run_dir)
     rows = _last_per_cell(read_rows(run_dir / ROWS))
-    df = add_speedup(_frame(rows), read_meta(run_dir).get("baseline"))
+    order = {c: i for i, c in enumerate(meta.get("cells", []))}  # the sweep's cell order
+    rows.sort(key=lambda r: order.get(r.get("cell_id"), len(order)))
+    df = add_speedup(_frame(rows), meta.get("baseline"))
     if write:
         for name, writer in ((TABLE, df.to_parquet), (CSV, df.to_csv)):
             tmp = run_dir / (name + ".tmp")

@@ -219,11 +219,14 @@ def summary_text(table, spec: SweepSpec | None = None, *, baseline: str | None =
         if m == "time_s" and baseline:
             title += f", speedup vs {baseline}"
         parts.append(render(summary(table, m, baseline=baseline), title=title))
-    failed = table[table["status"] != "ok"]
-    for _, r in failed.iterrows():
+    failed: dict[tuple, list[str]] = {}  # one line per (status, method, reason)
+    for _, r in table[table["status"] != "ok"].iterrows():
         err = str(r.get("error") or "").strip().splitlines()
-        parts.append(f"{r['status']}: {r['label']} seq={r['seq_len']} world={r['world']}: "
-                     f"{err[-1] if err else ''}"[:200])
+        key = (r["status"], r["label"], (err[-1] if err else "")[:160])
+        failed.setdefault(key, []).append(f"{r['seq_len']}@{r['world']}")
+    if failed:
+        parts.append("\n".join(f"{st}: {label} at seq_len@world {', '.join(at)}: {why}"
+                               for (st, label, why), at in failed.items()))
     return "\n\n".join(parts)
 
 
