@@ -177,9 +177,12 @@ def _skip(rows: Rows, workload: str, label: str, why: str, **cols) -> None:
 # tests
 
 
+_PYTEST_STATUS = {"PASSED": "ok", "FAILED": "error", "ERROR": "error", "SKIPPED": "skipped"}
+
+
 def section_tests(rows: Rows, sz: Sizes, budget: Budget, out: Path, dry: bool) -> None:
     junit = out / "junit_gpu.xml"
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/test_gpu.py", "-q", "-rs",
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/test_gpu.py", "-v", "-rs",
            "-o", "addopts=", "-p", "no:cacheprovider", f"--junitxml={junit}"]
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if dry:
@@ -191,9 +194,17 @@ def section_tests(rows: Rows, sz: Sizes, budget: Budget, out: Path, dry: bool) -
         (out / "pytest_gpu.txt").write_text(res.stdout[-200000:] + res.stderr[-50000:])
         tail = (res.stdout + res.stderr).strip().splitlines()[-1:] or [""]
     except subprocess.TimeoutExpired as e:
-        (out / "pytest_gpu.txt").write_text(str(e.stdout or "")[-200000:])
+        text = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (
+            e.stdout or "")
+        (out / "pytest_gpu.txt").write_text(text[-200000:])
+        # no junit file after a kill: the verbose progress lines still name each finished test
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) >= 2 and "::" in parts[0] and parts[1] in _PYTEST_STATUS:
+                rows.write(workload="gpu_tests", method="pytest", label=parts[0],
+                           status=_PYTEST_STATUS[parts[1]])
         rows.write(workload="gpu_tests", label="pytest -m gpu", status="timeout",
-                   time_s=time.monotonic() - t0, error=f"pytest exceeded {budget.left():.0f} s")
+                   time_s=time.monotonic() - t0, error="pytest exceeded the section budget")
         return
     cases = ET.parse(junit).getroot().iter("testcase") if junit.exists() else []
     n = 0
