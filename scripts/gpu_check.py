@@ -488,6 +488,7 @@ def section_engine(rows: Rows, sz: Sizes, budget: Budget, state: dict) -> None:
         return
     tr, cfg = res
     state.update(trainer=tr, config=cfg, times={}, peaks={})
+    oom: dict = {}
     n0 = sz.engine_seqs[0]
     status, res, err = _guard(lambda: _engine_step(tr, sz, n0, "none", True))  # warm-up
     _engine_row(rows, sz, cfg, n0, "none", True, status, res, err, "train_step",
@@ -500,14 +501,19 @@ def section_engine(rows: Rows, sz: Sizes, budget: Budget, state: dict) -> None:
             label = f"1 step, {mode}, {'fused' if fused else 'plain'} head"
             prev = state["times"].get((mode, fused))
             est = prev[1] * _hw(cfg, n, mode) / _hw(cfg, prev[0], mode) if prev else 0.0
-            if est > budget.left():
-                _engine_row(rows, sz, cfg, n, mode, fused, "skipped", None,
-                            f"estimated {est:.0f} s > {budget.left():.0f} s left", "train_step",
+            why = (f"out of memory at {oom[(mode, fused)]} tokens already"
+                   if (mode, fused) in oom else
+                   f"estimated {est:.0f} s > {budget.left():.0f} s left"
+                   if est > budget.left() else None)
+            if why:
+                _engine_row(rows, sz, cfg, n, mode, fused, "skipped", None, why, "train_step",
                             label)
                 continue
             status, res, err = _guard(lambda n=n, mode=mode, fused=fused: _engine_step(
                 tr, sz, n, mode, fused))
             _engine_row(rows, sz, cfg, n, mode, fused, status, res, err, "train_step", label)
+            if status == "oom":
+                oom[(mode, fused)] = n
             if status == "ok":
                 state["times"][(mode, fused)] = (n, res[0])
                 if fused and res[1]["allocated"]:
