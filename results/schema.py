@@ -50,7 +50,8 @@ COLUMNS: dict[str, str] = {
     "time_s_min": "fastest repeat (s)",
     "time_s_max": "slowest repeat (s)",
     "tokens_per_s": "tokens per second per device: batch * seq_len / time_s / world",
-    "attn_tflops": "attention kernel TFLOP/s per device, kernel convention (bwd = 2.5 x fwd)",
+    "attn_tflops": "attention kernel TFLOP/s per device, kernel convention (bwd = 2.5 x fwd; "
+                   "causal = N^2/2, exact attended pairs with a window)",
     "tflops_model_flops_causal": "TFLOP/s per device under model_flops_causal",
     "tflops_model_flops_dense": "TFLOP/s per device under model_flops_dense",
     "tflops_hardware_flops": "TFLOP/s per device under hardware_flops",

@@ -193,6 +193,13 @@ def test_local_executor_two_tasks_gloo(tmp_path):
     assert (row["bytes_sent_forward"], row["bytes_sent_backward"]) == _expected_burst_bytes(row)
     assert row["max_err"] is None or row["max_err"] < 1e-5
     assert (res.run_dir / "jobs").is_dir()  # submitit's folder, ignored by git
+    # --retry-failed re-runs only the failed cell; its old row stays, the table keeps the new
+    again = run_sweep(res.run_dir.parent.parent.parent / "local2.toml", executor="local",
+                      out=tmp_path / "out", retry_failed=True, stream=_quiet())
+    assert again.run_dir == res.run_dir and again.ran == 1
+    rows = store.read_rows(res.run_dir / "rows.jsonl")
+    assert [r["label"] for r in rows] == ["fails", "burst", "fails"]
+    assert len(again.table) == 2 and again.table["date"].tolist()[0] == rows[2]["date"]
 
 
 def test_train_step_tiny(tmp_path):

@@ -242,9 +242,12 @@ def test_cli_read_only_commands(tmp_path, capsys):
     assert "#SBATCH --nodes=8" in out and "GPU-hours" in out
     assert cli.main(["run", str(tmp_path / "missing.toml")]) == 2
     assert "no spec file" in capsys.readouterr().err
-    # hooks: a missing piece says so and does nothing
+    # hooks: a missing piece says so and does nothing; a present one gets the arguments
     assert cli._hook(("no_such_pkg.figures",), "figures", []) == 2
     assert "not available in this checkout" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as ei:
+        cli.main(["simulate", "--help"])
+    assert ei.value.code == 0 and "simulate" in capsys.readouterr().out
 
 
 def test_classify_and_schema_readme():
