@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint gpu-check clean figures calibrate
+.PHONY: setup demo test lint gpu-check clean figures calibrate bench perf-gate gates
 
 # torch==2.13.0 comes from the `ci` extra: an open torch range pulls a multi-GB CUDA build.
 $(BIN)/.installed: pyproject.toml
@@ -35,6 +35,22 @@ figures: setup
 # refit the simulator on the paper's tables: results/simulator_fit.csv + docs/simulator.md
 calibrate: setup
 	$(BIN)/python -m suites.calibrate --write
+
+# performance regression testing (docs/regressions.md): timed micro-benchmarks saved per machine
+# class, the ratio time gates, and the deterministic gates (also part of `make test`)
+bench: setup
+	$(BIN)/python -m pytest benchmarks --benchmark-enable --benchmark-autosave \
+		--benchmark-storage=.benchmarks/$$($(BIN)/python -c "from suites.timegate import machine_class as m; print(m())")
+
+perf-gate: setup
+	$(BIN)/python -m suites.timegate
+
+gates: setup
+	$(BIN)/python -m suites.gates
+
+# the one-GPU check (issue 8): GPU tests, kernel and ring efficiency, engine steps, longest fit
+gpu-check: setup
+	bash scripts/gpu_check.sh --out results/gpu
 
 lint: setup
 	$(BIN)/ruff check .

@@ -7,17 +7,10 @@ Results are saved per machine class (``make bench`` stores them under
 from __future__ import annotations
 
 import os
-import platform
 
 import torch
 
-
-def machine_class() -> str:
-    """A short stable name for the kind of machine: GPU model, or CPU model + threads."""
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name(0).replace(" ", "_")
-    cpu = platform.processor() or platform.machine()
-    return f"cpu-{cpu}-{torch.get_num_threads()}t".replace(" ", "_")
+from suites.timegate import machine_class
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 
-__all__ = ["MATCH_KEYS", "METRICS", "add_speedup", "compare", "render", "summary"]
+__all__ = ["MATCH_KEYS", "METRICS", "add_speedup", "compare", "regressions", "render", "summary"]
 
 MATCH_KEYS = ("workload", "model", "seq_len", "batch", "heads", "kv_heads", "head_dim", "causal",
               "window", "dtype", "world", "nodes", "device")
@@ -127,8 +127,29 @@ def compare(a, b, metric: str = "time_s", *, names: tuple[str, str] = ("a", "b")
         speed = (ratio if higher else 1 / ratio) if ratio else None
         rows.append({**{k: ra[k] for k in cols}, f"{metric}_{names[0]}": va,
                      f"{metric}_{names[1]}": vb, f"status_{names[0]}": ra.get("status"),
-                     f"status_{names[1]}": rb.get("status"), "ratio": ratio, "speedup": speed})
+                     f"status_{names[1]}": rb.get("status"), "ratio": ratio, "speedup": speed,
+                     f"spread_{names[0]}": _spread(ra, metric),
+                     f"spread_{names[1]}": _spread(rb, metric)})
     return pd.DataFrame(rows)
+
+
+def _spread(row, metric: str):
+    """Run-to-run spread of a timed row: (slowest - fastest repeat) / median; None otherwise."""
+    if metric != "time_s":
+        return None
+    lo, hi, med = row.get("time_s_min"), row.get("time_s_max"), row.get("time_s")
+    if any(_missing(x) for x in (lo, hi, med)) or not float(med):
+        return None
+    return (float(hi) - float(lo)) / float(med)
+
+
+def regressions(cmp, threshold: float):
+    """Rows of a ``compare`` table where b is worse than a by more than ``threshold`` (0.05 =
+    5%), or where a cell that succeeded in a fails in b."""
+    names = [c[len("status_"):] for c in cmp.columns if c.startswith("status_")]
+    slower = cmp["speedup"].map(lambda s: not _missing(s) and float(s) < 1 / (1 + threshold))
+    broke = (cmp[f"status_{names[0]}"] == "ok") & (cmp[f"status_{names[1]}"] != "ok")
+    return cmp[slower | broke]
 
 
 def render(df, *, title: str | None = None, floatfmt: str = "{:.3g}") -> str:

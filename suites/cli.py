@@ -88,7 +88,7 @@ def _cmd_show(args) -> int:
 
 def _cmd_compare(args) -> int:
     from results import store
-    from results.tables import METRICS, compare, render
+    from results.tables import METRICS, compare, regressions, render
 
     a, b = store.load(args.a), store.load(args.b)
     names = tuple(args.names.split(",")) if args.names else ("a", "b")
@@ -105,12 +105,25 @@ def _cmd_compare(args) -> int:
                                       for v in df[f"{args.metric}_{n}"]]
     show["ratio b/a"] = df["ratio"]
     show["speedup"] = df["speedup"]
+    for n in names:
+        if df[f"spread_{n}"].notna().any():
+            show[f"spread {n}"] = df[f"spread_{n}"]
     print(render(show, title=f"{METRICS[args.metric][0]}: {args.a} (a) vs {args.b} (b); "
-                             "speedup = how many times better b is"))
+                             "speedup = how many times better b is; spread = (max - min) / "
+                             "median over repeats"))
     if args.out:
         df.to_csv(args.out, index=False)
         print(f"written {args.out}")
-    return 0
+    if args.fail_above is None:
+        return 0
+    bad = regressions(df, args.fail_above / 100)
+    if bad.empty:
+        print(f"no cell regressed by more than {args.fail_above:g}% in {args.metric}")
+        return 0
+    print(f"{len(bad)} cell(s) regressed by more than {args.fail_above:g}% in {args.metric} "
+          "(or stopped succeeding):")
+    print(render(bad[[*varying, "speedup", f"status_{names[0]}", f"status_{names[1]}"]]))
+    return 1
 
 
 def _hook(modules: tuple[str, ...], what: str, argv: list[str]) -> int:
@@ -178,6 +191,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--metric", default="time_s")
     s.add_argument("--names", help="names of the two sets, e.g. before,after")
     s.add_argument("--out", help="also write the comparison as CSV")
+    s.add_argument("--fail-above", type=float, metavar="PCT",
+                   help="exit 1 when a matched cell is worse in b by more than PCT percent "
+                   "(choose PCT above the measured run-to-run spread; see docs/regressions.md)")
     s.set_defaults(fn=_cmd_compare)
 
     s = sub.add_parser("figures", help="regenerate the papers' figures (paper_figures)",

@@ -46,6 +46,7 @@ BYTE_CASES = [
     ("allgather", {}),
     ("ulysses", {}),
     ("usp", {"ulysses_degree": 2}),
+    ("usp", {"ulysses_degree": 2, "layout": "zigzag", "backward": "burst"}),
     ("double_ring", {"ranks_per_node": 2}),
 ]
 BYTE_SHAPES = [dict(batch=1, seq_local=16, heads=4, kv_heads=4, head_dim=16),
