@@ -40,6 +40,7 @@ def _rows(world: int, heads: int, kv_heads: int) -> list[tuple[str, str, dict]]:
         ("allgather", "", {}),
         ("ulysses", "", {}),
         ("usp", f"ulysses_degree={u}", dict(ulysses_degree=u)),
+        ("usp", f"ulysses_degree={u}, backward=burst", dict(ulysses_degree=u, backward="burst")),
         ("tp", f"hidden={heads * HEAD_DIM}", dict(hidden=heads * HEAD_DIM)),
     ]
     # one node: the double ring is the flat ring; Ulysses needs the heads to split G ways
