@@ -42,8 +42,8 @@ def make(tables):
         system = d["system"].iloc[0]
         sim = d[(d["source"] == "simulated") & (d["status"] == "ok")].sort_values("world")
         mea = d[(d["source"] == "measured") & (d["status"] == "ok")].sort_values("world")
-        ax.plot(sim["world"], sim["bytes"] / 2**20, color=color(system), lw=1.4, label=label)
-        ax.scatter(mea["world"], mea["bytes"] / 2**20, color=color(system), edgecolor="black",
+        ax.plot(sim["world"], sim["bytes"] / 2**20, color=color(label), lw=1.4, label=label)
+        ax.scatter(mea["world"], mea["bytes"] / 2**20, color=color(label), edgecolor="black",
                    marker=SOURCE_MARKERS["measured"], s=26, zorder=5)
         rows += [{"label": label, "system": system, "source": r["source"], "world": r["world"],
                   "seq_len": n, "metric": "bytes_sent", "value": r["bytes"]}
@@ -61,7 +61,7 @@ def make(tables):
         d = d.sort_values("world")
         sp = [base.get(w, float("nan")) / t for w, t in zip(d["world"], d["time_s"],
                                                             strict=True)]
-        ax.plot(d["world"], sp, marker="s", ms=4, color=color(d["system"].iloc[0]), label=label)
+        ax.plot(d["world"], sp, marker="s", ms=4, color=color(label), label=label)
         rows += [{"label": label, "system": d["system"].iloc[0], "source": "measured",
                   "world": w, "seq_len": n, "metric": f"speedup_vs_{base_label}", "value": s}
                  for w, s in zip(d["world"], sp, strict=True)]

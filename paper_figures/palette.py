@@ -43,9 +43,19 @@ ORDER = ("megatron_cp", "deepspeed_ulysses", "loongtrain_double_ring", "loongtra
 SOURCE_MARKERS = {"simulated": "o", "paper": "D", "measured": "s"}
 
 
+def _lighten(hex_color: str, amount: float) -> str:
+    rgb = [int(hex_color[i:i + 2], 16) for i in (1, 3, 5)]
+    return "#" + "".join(f"{round(c + (255 - c) * amount):02x}" for c in rgb)
+
+
 def color(key: str) -> str:
+    """The method's colour; a variant label ``method[options]`` gets a lighter shade of it."""
     if key in COLORS:
         return COLORS[key]
+    base, _, variant = key.partition("[")
+    if variant and base in COLORS:
+        step = int(hashlib.sha256(variant.encode()).hexdigest()[:2], 16) % 3
+        return _lighten(COLORS[base], 0.3 + 0.15 * step)
     shade = int(hashlib.sha256(key.encode()).hexdigest()[:2], 16) % 96 + 96
     return f"#{shade:02x}{shade:02x}{shade:02x}"
 
