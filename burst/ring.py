@@ -92,27 +92,34 @@ def run_ring(rg: RingGroups, payload: Sequence[torch.Tensor], step: Step, *,
 
 
 def _flat(rg: RingGroups, payload, step: Step, acc_like, span: int, direction: int):
-    g, me, d = rg.world, rg.me, direction
-    nxt, prv = rg.ranks[(me + d) % g], rg.ranks[(me - d) % g]
+    order = visit_order(rg.world, rg.me, span=span, direction=direction)
+    return _ring_pass(list(rg.ranks), rg.me, order, payload, step, acc_like, span, direction,
+                      rg.read_intra, rg.acc_intra)
+
+
+def _ring_pass(ring: list[int], me: int, order: list[int], payload, step: Step, acc_like,
+               span: int, d: int, read_group, acc_group):
+    """Steps 0..span around ``ring`` (global ranks; I am ``ring[me]``), working on the blocks of
+    ring positions ``order``; returns the finished accumulators of my own block."""
+    g = len(ring)
+    nxt, prv = ring[(me + d) % g], ring[(me - d) % g]
     cur, acc_in, acc_pend, sent = payload, None, None, []
-    order = visit_order(g, me, span=span, direction=d)
     for s in range(span + 1):
-        src = order[s]
         read = None
         if s < span:
             buf = _empty(cur)
-            read = _post(rg.read_intra, cur, nxt, buf, prv)
+            read = _post(read_group, cur, nxt, buf, prv)
         acc = _zeros(acc_like) if acc_like is not None else None
-        step(src, cur, acc)
+        step(order[s], cur, acc)
         if acc is not None and span > 0:
             if s > 0:
                 acc_pend.wait()
                 _add_(acc, acc_in)
-            # one hop behind the data; after the last step, straight to the block's owner
-            to = nxt if s < span else rg.ranks[src]
-            frm = prv if s < span else rg.ranks[(me + d * span) % g]
+            # one hop behind the data; after the last step, straight to the block's holder
+            to = nxt if s < span else ring[(me - d * span) % g]
+            frm = prv if s < span else ring[(me + d * span) % g]
             acc_in = _empty(acc_like)
-            acc_pend = _post(rg.acc_intra, acc, to, acc_in, frm)
+            acc_pend = _post(acc_group, acc, to, acc_in, frm)
             sent.append(acc_pend)
         elif acc is not None:
             acc_in = acc  # span 0: every block is its own owner's
@@ -129,7 +136,7 @@ def _flat(rg: RingGroups, payload, step: Step, acc_like, span: int, direction: i
 def _double(rg: RingGroups, payload, step: Step, acc_like):
     m_nodes, l_loc = rg.nodes, rg.local
     node, loc = divmod(rg.me, l_loc)
-    intra_next, intra_prev = rg.at(node, loc + 1), rg.at(node, loc - 1)
+    node_ring = [rg.at(node, j) for j in range(l_loc)]
     inter_next, inter_prev = rg.at(node + 1, loc), rg.at(node - 1, loc)
     outer, inter_in, inter_pend, pending = payload, None, None, []
     order = visit_order(rg.world, rg.me, nodes=m_nodes)
@@ -138,28 +145,10 @@ def _double(rg: RingGroups, payload, step: Step, acc_like):
         if m < m_nodes - 1:  # prefetch the next outer block over the inter-node link
             outer_buf = _empty(outer)
             outer_read = _post(rg.read_inter, outer, inter_next, outer_buf, inter_prev)
-        cur, acc_in, acc_pend = outer, None, None
-        for s in range(l_loc):
-            src = order[m * l_loc + s]
-            read = None
-            if s < l_loc - 1:
-                buf = _empty(cur)
-                read = _post(rg.read_intra, cur, intra_next, buf, intra_prev)
-            acc = _zeros(acc_like) if acc_like is not None else None
-            step(src, cur, acc)
-            if acc is not None:
-                if s > 0:
-                    acc_pend.wait()
-                    _add_(acc, acc_in)
-                acc_in = _empty(acc_like)
-                acc_pend = _post(rg.acc_intra, acc, intra_next, acc_in, intra_prev)
-                pending.append(acc_pend)
-            if read is not None:
-                read.wait()
-                cur = buf
+        # the outer block around the node ring; its node-local accumulators come back to me
+        node_acc = _ring_pass(node_ring, loc, order[m * l_loc:(m + 1) * l_loc], outer, step,
+                              acc_like, l_loc - 1, 1, rg.read_intra, rg.acc_intra)
         if acc_like is not None:
-            acc_pend.wait()  # the node-local sum for my outer block is back
-            node_acc = acc_in
             if m > 0:
                 inter_pend.wait()
                 _add_(node_acc, inter_in)

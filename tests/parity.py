@@ -115,3 +115,42 @@ def run_one(c: dict, rank: int, world: int) -> dict:
 def run_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
     torch.manual_seed(0)
     return [run_one(c, rank, world) for c in cases]
+
+
+def _label(c: dict) -> str:
+    return (f"{c['method']} {c['options']} causal={c['causal']} window={c['window']} "
+            f"docs={c['cu_seqlens']} H={c['heads']}/{c['kv_heads']} {c['dtype']}")
+
+
+def check(cases: list[dict], per_rank: list[list[dict]], world: int, expected_bytes,
+          f32_tol: float) -> list[str]:
+    """Every failure of a spawn's results: expected errors raised, float32 errors under
+    ``f32_tol``, bytes sent == ``expected_bytes(case, world, rank).by`` (and received == sent),
+    low precision within twice the naive same-dtype error over the whole tensor."""
+    failures = []
+    for i, c in enumerate(cases):
+        for rank in range(world):
+            r = per_rank[rank][i]
+            if c["expect_error"] is not None:
+                if not r["raised"] or c["expect_error"] not in r["raised"]:
+                    failures.append(f"{_label(c)}: expected ValueError with "
+                                    f"{c['expect_error']!r}, got {r['raised']!r}")
+                continue
+            if c["dtype"] == "float32":
+                bad = {k: r[k] for k in ("out", "lse", "dq", "dk", "dv")
+                       if k in r and not r[k] < f32_tol}
+                if bad:
+                    failures.append(f"rank {rank} {_label(c)}: errors {bad}")
+            got = {key: v for key, v in r["bytes"].items() if v}
+            want = {key: v for key, v in expected_bytes(c, world, rank).by.items() if v}
+            if got != want:
+                failures.append(f"rank {rank} {_label(c)}: bytes sent {got} != formula {want}")
+            if sum(r["recv"].values()) != sum(r["bytes"].values()):
+                failures.append(f"rank {rank} {_label(c)}: received {r['recv']} != sent")
+        if c["naive"]:  # low precision: at most twice the naive same-dtype error, whole tensor
+            for k in ("out", "dq", "dk", "dv"):
+                ours = max(per_rank[r][i][k] for r in range(world))
+                naive = max(per_rank[r][i]["naive"][k] for r in range(world))
+                if not ours <= 2 * naive:
+                    failures.append(f"{_label(c)}: {k} error {ours:.3g} > 2 x naive {naive:.3g}")
+    return failures

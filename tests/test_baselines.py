@@ -23,7 +23,7 @@ from burst import comm
 from burst.layout import shard
 from burst.spawn import spawn
 from burst.volume import method_bytes
-from tests.parity import DTYPES, case, run_cases
+from tests.parity import DTYPES, case, check, run_cases
 
 F32_TOL = 2e-5  # float32 inputs vs float64, as in tests/test_burst_attention.py
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,11 +151,6 @@ def _results(world: int):
     return _RESULTS[world]
 
 
-def _label(c: dict) -> str:
-    return (f"{c['method']} {c['options']} causal={c['causal']} window={c['window']} "
-            f"docs={c['cu_seqlens']} H={c['heads']}/{c['kv_heads']} {c['dtype']}")
-
-
 def _expected(c: dict, world: int, rank: int):
     m = registry.get(c["method"])
     dtype = DTYPES[c["dtype"]]
@@ -174,31 +169,7 @@ def _nonzero(d: dict) -> dict:
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_core_parity_and_bytes(world):
     cases, _, per_rank, _ = _results(world)
-    failures = []
-    for i, c in enumerate(cases):
-        for rank in range(world):
-            r = per_rank[rank][i]
-            if c["expect_error"] is not None:
-                if not r["raised"] or c["expect_error"] not in r["raised"]:
-                    failures.append(f"{_label(c)}: expected ValueError with "
-                                    f"{c['expect_error']!r}, got {r['raised']!r}")
-                continue
-            if c["dtype"] == "float32":
-                bad = {k: r[k] for k in ("out", "dq", "dk", "dv") if not r[k] < F32_TOL}
-                if bad:
-                    failures.append(f"rank {rank} {_label(c)}: errors {bad}")
-            want = _nonzero(_expected(c, world, rank).by)
-            got = _nonzero(r["bytes"])
-            if got != want:
-                failures.append(f"rank {rank} {_label(c)}: bytes sent {got} != formula {want}")
-            if sum(r["recv"].values()) != sum(r["bytes"].values()):
-                failures.append(f"rank {rank} {_label(c)}: received {r['recv']} != sent")
-        if c["naive"]:  # low precision: at most twice the naive same-dtype error
-            for k in ("out", "dq", "dk", "dv"):
-                ours = max(per_rank[r][i][k] for r in range(world))
-                naive = max(per_rank[r][i]["naive"][k] for r in range(world))
-                if not ours <= 2 * naive:
-                    failures.append(f"{_label(c)}: {k} error {ours:.3g} > 2 x naive {naive:.3g}")
+    failures = check(cases, per_rank, world, _expected, F32_TOL)
     assert not failures, "\n".join(failures[:20])
 
 
