@@ -30,7 +30,7 @@ from burst import comm
 from burst.kernel import acc_dtype, block_backward, block_forward
 from burst.layout import LAYOUTS
 from burst.masks import MaskSpec, plan_pair
-from burst.merge import merge_into, new_accumulators
+from burst.merge import merge_into, new_accumulators, row_delta
 from burst.volume import method_bytes
 
 __all__ = ["allgather_attn"]
@@ -62,7 +62,7 @@ class _AllGatherAttention(torch.autograd.Function):
         g, me, n = comm.world_size(group), comm.rank(group), q.shape[1]
         acc = acc_dtype(q.dtype)
         dout = dout.contiguous()
-        delta = (dout.to(acc) * out.to(acc)).sum(-1).transpose(1, 2).contiguous()
+        delta = row_delta(dout, out, acc)
         with comm.phase("backward"):
             k_all = comm.all_gather_list(k, group=group)
             v_all = comm.all_gather_list(v, group=group)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from functools import partial
 
+from baselines.checks import divisors, layout_problems
 from baselines.registry import Method, register
 from burst import burst_attn
-from burst.layout import LAYOUTS, chunks_per_rank
+from burst.layout import LAYOUTS
 from burst.volume import method_bytes
 
 __all__ = ["burst_method"]
@@ -20,14 +21,11 @@ def _burst(q, k, v, *, causal, softmax_scale, group, layout="zigzag", backward="
 
 
 def _requires(*, world, seq_local, layout="zigzag", ranks_per_node=None, **_):
-    out = []
-    if seq_local % chunks_per_rank(layout):
-        out.append(f"local length {seq_local} is not divisible by {chunks_per_rank(layout)} "
-                   f"({layout} layout)")
-    if ranks_per_node is not None and world % ranks_per_node:
-        valid = [d for d in range(1, world + 1) if world % d == 0]
-        out.append(f"world {world} is not divisible by ranks_per_node={ranks_per_node}; "
-                   f"valid: {', '.join(map(str, valid))}")
+    out = layout_problems(layout, seq_local)
+    if ranks_per_node is not None and not (isinstance(ranks_per_node, int)
+                                           and ranks_per_node >= 1 and world % ranks_per_node == 0):
+        out.append(f"world {world} is not divisible by ranks_per_node={ranks_per_node!r}; "
+                   f"valid: {', '.join(map(str, divisors(world)))}")
     return out
 
 

@@ -14,6 +14,7 @@ import torch
 
 from burst.kernel import acc_dtype, block_backward, block_forward
 from burst.masks import CAUSAL, DENSE, FULL, MaskSpec
+from burst.merge import row_delta
 
 __all__ = ["local_attention"]
 
@@ -40,7 +41,7 @@ class _LocalAttention(torch.autograd.Function):
         kind, mask, scale, backend = ctx.args
         acc = acc_dtype(q.dtype)
         dout = dout.contiguous()
-        delta = (dout.to(acc) * out.to(acc)).sum(-1).transpose(1, 2).contiguous()
+        delta = row_delta(dout, out, acc)
         dq, dk, dv = block_backward(dout, q, k, v, lse, delta, scale=scale, kind=kind, mask=mask,
                                     backend=backend)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None

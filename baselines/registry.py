@@ -89,12 +89,22 @@ class Method:
         if problems:
             raise ValueError(f"method {self.name!r} cannot run this case: " + "; ".join(problems))
 
+    def bytes(self, **kw):
+        """Analytic bytes per rank (``burst.volume.Volume``) under the options this entry runs
+        with: its defaults merged with ``kw``, as ``__call__`` merges them."""
+        if self.volume is None:
+            raise ValueError(f"method {self.name!r} has no byte formula")
+        shape = {k: kw.pop(k) for k in list(kw) if k in _SHAPE_KEYS}
+        return self.volume(**shape, **{**self.options, **kw})
+
     def __call__(self, q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
                  group=None, **options):
         return self.fn(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group,
                        **{**self.options, **options})
 
 
+_SHAPE_KEYS = ("world", "batch", "seq_local", "heads", "kv_heads", "head_dim", "elem",
+               "acc_elem", "rank", "node_size", "causal", "window", "cu_seqlens")
 _REGISTRY: dict[str, Method] = {}
 
 

@@ -23,17 +23,12 @@ from burst import comm, volume
 from burst.kernel import BACKENDS, acc_dtype, block_backward, block_forward
 from burst.layout import check_layout, chunks_per_rank
 from burst.masks import MaskSpec, plan_pair, ring_span
-from burst.merge import merge_into, new_accumulators
+from burst.merge import merge_into, new_accumulators, row_delta
 from burst.ring import run_ring
 
 __all__ = ["BACKWARD_SCHEMES", "BlockSteps", "burst_attn", "ring_attention"]
 
 BACKWARD_SCHEMES = ("auto", "burst", "ring")
-
-
-def _delta(do_BSHD: torch.Tensor, out_BSHD: torch.Tensor, acc) -> torch.Tensor:
-    """D = rowsum(dO * O) as (B, H, S) in the accumulation dtype."""
-    return (do_BSHD.to(acc) * out_BSHD.to(acc)).sum(-1).transpose(1, 2).contiguous()
 
 
 @dataclass(frozen=True)
@@ -101,7 +96,7 @@ class _RingAttention(torch.autograd.Function):
         g, me, n = rg.world, rg.me, q.shape[1]
         acc = acc_dtype(q.dtype)
         dout = dout.contiguous()
-        delta = _delta(dout, out, acc)
+        delta = row_delta(dout, out, acc)
         with comm.phase("backward"):
             if scheme == "burst":
                 dq, dk, dv = _backward_burst(q, k, v, dout, delta, lse, spec, layout, rg, scale,

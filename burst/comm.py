@@ -54,6 +54,7 @@ __all__ = [
     "rank",
     "reduce_scatter",
     "ring_groups",
+    "ring_shape",
     "subgroup",
     "world_size",
 ]
@@ -249,6 +250,9 @@ def reduce_scatter(x: torch.Tensor, *, dim: int = 0, group=None) -> torch.Tensor
     g = world_size(group)
     if g == 1:
         return x
+    if x.shape[dim] % g:
+        raise ValueError(f"reduce_scatter: dim {dim} of size {x.shape[dim]} is not divisible by "
+                         f"{g} ranks")
     parts = [p.contiguous() for p in x.chunk(g, dim=dim)]
     nb = parts[0].numel() * parts[0].element_size()
     _record_peers(group, [nb] * g, [nb] * g)
@@ -273,6 +277,9 @@ def all_to_all(x: torch.Tensor, *, split_dim: int, cat_dim: int, group=None,
     g = world_size(group)
     if g == 1:
         return x
+    if send_splits is None and x.shape[split_dim] % g:
+        raise ValueError(f"all_to_all: dim {split_dim} of size {x.shape[split_dim]} is not "
+                         f"divisible by {g} ranks; pass send_splits/recv_splits")
     send = list(x.split(send_splits, dim=split_dim) if send_splits else x.chunk(g, dim=split_dim))
     send = [s.contiguous() for s in send]
     if recv_splits is None:
@@ -361,13 +368,21 @@ class RingGroups:
 _RING_CACHE: dict = {}
 
 
+def ring_shape(world: int, ranks_per_node: int | None) -> tuple[int, int]:
+    """(nodes M, ranks per inner ring L) of the ring ``burst_attn`` runs; M = 1 is a flat ring.
+
+    The one rule, used by the ring, the byte formulas and the emulation: no ``ranks_per_node``,
+    or one node's worth, is a flat ring; so is one rank per node (a flat ring whose every hop
+    crosses nodes, not a double ring of one-rank inner rings that would send to themselves)."""
+    if ranks_per_node is None or ranks_per_node >= world or ranks_per_node == 1:
+        return 1, world
+    return world // ranks_per_node, ranks_per_node
+
+
 def ring_groups(group=None, ranks_per_node: int | None = None) -> RingGroups:
     ranks = tuple(group_ranks(group))
     g = len(ranks)
-    # one rank per node is a flat ring whose every hop crosses nodes, not a double ring of
-    # one-rank inner rings (which would send to itself)
-    flat = ranks_per_node is None or ranks_per_node >= g or ranks_per_node == 1
-    local = g if flat else ranks_per_node
+    _, local = ring_shape(g, ranks_per_node)
     key = (ranks, local)
     if key in _RING_CACHE:
         return _RING_CACHE[key]

@@ -27,11 +27,12 @@ from collections.abc import Callable
 
 import torch
 
-from burst.attention import BACKWARD_SCHEMES, BlockSteps, _delta
+from burst.attention import BACKWARD_SCHEMES, BlockSteps
+from burst.comm import ring_shape
 from burst.kernel import BACKENDS, acc_dtype
 from burst.layout import check_layout, chunks_per_rank, local_index
 from burst.masks import MaskSpec, ring_span
-from burst.merge import new_accumulators
+from burst.merge import new_accumulators, row_delta
 from burst.ring import visit_order
 
 __all__ = ["RingEmulator", "emulate_attn"]
@@ -50,8 +51,7 @@ class RingEmulator:
         self.world, self.layout, self.dtype = world, layout, q.dtype
         self.seq_len = q.shape[1]
         self.n = self.seq_len // world
-        self.nodes = 1 if ranks_per_node is None or ranks_per_node >= world else (
-            world // ranks_per_node)
+        self.nodes = ring_shape(world, ranks_per_node)[0]
         self.spec = MaskSpec(causal=causal, window=window, cu_seqlens=None if cu_seqlens is None
                              else tuple(int(x) for x in cu_seqlens))
         self.spec.check_length(self.seq_len)
@@ -122,7 +122,7 @@ class RingEmulator:
             raise RuntimeError("RingEmulator.backward needs forward() first")
         acc = acc_dtype(self.dtype)
         do = self.shard(dout)
-        delta = [_delta(d, o, acc) for d, o in zip(do, self.out, strict=True)]
+        delta = [row_delta(d, o, acc) for d, o in zip(do, self.out, strict=True)]
         grads = [tuple(torch.zeros(t.shape, dtype=acc, device=t.device) for t in (q, k, v))
                  for q, k, v in zip(self.q, self.k, self.v, strict=True)]
         return do, delta, grads

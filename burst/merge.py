@@ -12,7 +12,12 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["merge_into", "new_accumulators"]
+__all__ = ["merge_into", "new_accumulators", "row_delta"]
+
+
+def row_delta(do_BSHD: torch.Tensor, out_BSHD: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
+    """D = rowsum(dO * O) as (B, H, S) in the accumulation dtype (the softmax backward's term)."""
+    return (do_BSHD.to(acc) * out_BSHD.to(acc)).sum(-1).transpose(1, 2).contiguous()
 
 
 def new_accumulators(q_BSHD: torch.Tensor, acc: torch.dtype):

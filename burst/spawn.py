@@ -94,6 +94,8 @@ def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
                 for p in ctx.processes:
                     if p.is_alive():
                         p.kill()
+                for p in ctx.processes:  # reap them: no rank may still write (or hold memory)
+                    p.join(timeout=30)
                 if now > deadline and failed_at is None:
                     raise SpawnError(f"spawned ranks did not finish within {timeout_s:.0f} s")
                 break

@@ -46,6 +46,8 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from burst.comm import ring_shape
+
 __all__ = ["METHODS", "Volume", "method_bytes", "ring_attention_bytes", "ulysses_kv_heads"]
 
 
@@ -86,9 +88,9 @@ def ring_attention_bytes(*, world: int, batch: int, seq_local: int, heads: int, 
     pay, acc = (u["qdo"] + u["dl"], u["dq"]) if backward == "burst" else (u["kv"], u["dkdv"])
     vol = Volume()
     g = world
-    if ranks_per_node == 1:  # a flat ring with every hop between nodes (burst.comm.ring_groups)
-        ranks_per_node, node_size = None, node_size or 1
-    if ranks_per_node is None or ranks_per_node >= g:
+    if ranks_per_node == 1:  # a flat ring with every hop between nodes (burst.comm.ring_shape)
+        node_size = node_size or 1
+    if ring_shape(g, ranks_per_node)[0] == 1:
         s = g - 1 if span is None else span
         size = node_size or g
 
@@ -162,7 +164,7 @@ class _Case:
 
 def _ring_like(c: _Case, backward: str, layout: str, ranks_per_node: int | None,
                truncate: bool = True) -> Volume:
-    flat = ranks_per_node is None or ranks_per_node >= c.world
+    flat = ring_shape(c.world, ranks_per_node)[0] == 1
     if not flat and c.world % ranks_per_node:
         raise ValueError(f"ranks_per_node={ranks_per_node} does not divide the group of "
                          f"{c.world} ranks")

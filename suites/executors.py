@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from results.store import append_row, read_rows
+from results.store import append_row, read_rows, repair
 from suites.cells import Cell
 from suites.rows import RunContext, failure_row, make_row
 from suites.spec import SlurmSpec
@@ -149,6 +149,7 @@ def run_inline(cells: list[Cell], run: Run, ctx: RunContext) -> None:
                     failure = None
                 except SpawnError as e:
                     failure = str(e)
+                repair(run.rows)  # a rank killed mid-write must not tear the next row
                 done = run.done()
                 left = [c for c in todo if c.cell_id not in done]
                 if left and failure is None:  # cannot happen unless a row write was lost

@@ -64,6 +64,7 @@ def _core_cases(world: int) -> list[dict]:
                         ("usp", dict(ulysses_degree=2, layout="zigzag"))):
             add(m, causal=True, options=opts, kv_heads=2, ranks_per_node=2)
         add("usp", causal=True, kv_heads=1, options=dict(ulysses_degree=2))  # kv replicated
+        add("burst", causal=True, kv_heads=1)  # registry defaults (backward=burst) under GQA
         for node in (None, 2):  # Burst-USP: Ulysses inside a node, burst backward across
             add("usp", causal=True, ranks_per_node=node,
                 options=dict(ulysses_degree=2, layout="zigzag", backward="burst"))
@@ -154,12 +155,12 @@ def _results(world: int):
 def _expected(c: dict, world: int, rank: int):
     m = registry.get(c["method"])
     dtype = DTYPES[c["dtype"]]
-    return m.volume(world=world, batch=c["batch"], seq_local=c["seq_local"], heads=c["heads"],
-                    kv_heads=c["kv_heads"], head_dim=c["head_dim"],
-                    elem=torch.empty((), dtype=dtype).element_size(),
-                    acc_elem=8 if dtype == torch.float64 else 4,
-                    **{**m.options, **c["options"]}, rank=rank, node_size=c["ranks_per_node"],
-                    causal=c["causal"], window=c["window"], cu_seqlens=c["cu_seqlens"])
+    return m.bytes(world=world, batch=c["batch"], seq_local=c["seq_local"], heads=c["heads"],
+                   kv_heads=c["kv_heads"], head_dim=c["head_dim"],
+                   elem=torch.empty((), dtype=dtype).element_size(),
+                   acc_elem=8 if dtype == torch.float64 else 4, **c["options"], rank=rank,
+                   node_size=c["ranks_per_node"], causal=c["causal"], window=c["window"],
+                   cu_seqlens=c["cu_seqlens"])
 
 
 def _nonzero(d: dict) -> dict:
@@ -187,7 +188,7 @@ def test_tp_block_parity_and_bytes(world):
             bad = {k: e for k, e in r["errs"].items() if not e < F32_TOL}
             if bad:
                 failures.append(f"rank {rank} tp {c}: relative errors {bad}")
-            want = _nonzero(registry.get("tp").volume(
+            want = _nonzero(registry.get("tp").bytes(
                 world=world, batch=c["batch"], seq_local=c["seq_local"], heads=c["heads"],
                 kv_heads=c["kv_heads"], head_dim=c["head_dim"], elem=4, hidden=c["hidden"],
                 rank=rank, node_size=c["ranks_per_node"]).by)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from burst.comm import ring_shape
 from burst.layout import LAYOUTS
 from burst.masks import MaskSpec, ring_span
 from burst.spawn import spawn
@@ -52,6 +53,8 @@ def _cases(world: int) -> list[dict]:
         # one rank per node: a flat ring whose every hop is inter-node
         cs.append(case(options=dict(layout="zigzag", backward="burst", ranks_per_node=1),
                        ranks_per_node=1, seed=len(cs)))
+        cs.append(case(options=dict(layout="contiguous", backward="burst", ranks_per_node=1),
+                       ranks_per_node=1, window=(8, 0), seed=len(cs)))  # truncated, all inter
     if world == 8:
         for rpn in (4, 2):
             for backward in ("burst", "ring"):
@@ -78,7 +81,8 @@ def _expected_bytes(c: dict, world: int, rank: int):
     elem = torch.empty((), dtype=getattr(torch, c["dtype"])).element_size()
     spec = MaskSpec(causal=c["causal"], window=c["window"], cu_seqlens=c["cu_seqlens"])
     rpn = opts.get("ranks_per_node")
-    span = ring_span(spec, opts["layout"], world, c["seq_local"]) if rpn is None else None
+    flat = ring_shape(world, rpn)[0] == 1
+    span = ring_span(spec, opts["layout"], world, c["seq_local"]) if flat else None
     backward = opts.get("backward", "burst")
     if backward == "auto":
         backward = "burst" if c["kv_heads"] == c["heads"] else "ring"

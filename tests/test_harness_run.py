@@ -73,10 +73,9 @@ def _quiet():
 
 def _expected_burst_bytes(row) -> tuple[int, int]:
     opts = json.loads(row["method_options"])
-    vol = registry.get("burst").volume(
+    vol = registry.get("burst").bytes(
         world=row["world"], batch=row["batch"], seq_local=row["seq_len"] // row["world"],
-        heads=row["heads"], kv_heads=row["kv_heads"], head_dim=row["head_dim"], elem=4,
-        backward=opts.get("backward", "burst"))
+        heads=row["heads"], kv_heads=row["kv_heads"], head_dim=row["head_dim"], elem=4, **opts)
     return vol.sent("forward"), vol.sent("backward")
 
 
