@@ -19,17 +19,17 @@ from burst.merge import row_delta
 __all__ = ["local_attention"]
 
 
-def _kind(spec: MaskSpec, n: int, device) -> tuple[str, torch.Tensor | None]:
+def _kind(spec: MaskSpec, n: int) -> tuple[str, torch.Tensor | None]:
     if spec.is_plain:
         return (CAUSAL if spec.causal else FULL), None
-    pos = torch.arange(n, device=device)
+    pos = torch.arange(n)  # planned on the host, as burst.masks does: no device sync per call
     return DENSE, spec.visible(pos, pos)
 
 
 class _LocalAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, spec: MaskSpec, scale: float, backend: str):
-        kind, mask = _kind(spec, q.shape[1], q.device)
+        kind, mask = _kind(spec, q.shape[1])
         out, lse = block_forward(q, k, v, scale=scale, kind=kind, mask=mask, backend=backend)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = (kind, mask, scale, backend)

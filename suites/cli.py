@@ -162,7 +162,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--run-id", help="write (or resume) this run folder")
     s.add_argument("--new", action="store_true", help="start a new run (default: resume the "
                    "latest run of this spec, skipping its done cells)")
-    s.add_argument("--retry-failed", action="store_true", help="re-run oom/timeout/error cells")
+    s.add_argument("--retry-failed", action="store_true",
+                   help="re-run oom/timeout/error and skipped cells")
     g = s.add_argument_group("SLURM (override the spec's [slurm] table)")
     g.add_argument("--partition")
     g.add_argument("--account")

@@ -166,7 +166,9 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
         })
         rows = store.read_rows(run.rows)
         last = {r["cell_id"]: r["status"] for r in rows}
-        skip = {i for i, s in last.items() if not (retry_failed and s in FAILED)}
+        # skipped cells retry too: their cause (no GPU, a missing package) may be gone here
+        skip = {i for i, s in last.items()
+                if not (retry_failed and (s in FAILED or s == "skipped"))}
         todo = [c for c in cells if c.cell_id not in skip]
         print(f"sweep {spec.name}: {len(cells)} cells, {len(cells) - len(todo)} already done, "
               f"running {len(todo)} ({executor}) -> {run.dir}", file=stream, flush=True)
