@@ -44,7 +44,8 @@ def save(fig, data: pd.DataFrame, name: str, out: Path | str = OUT) -> list[Path
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png", out / f"{name}.pdf", out / f"{name}.csv"]
     fig.savefig(paths[0], dpi=150, bbox_inches="tight")
-    fig.savefig(paths[1], bbox_inches="tight")
+    # no creation date: a figure whose data did not change regenerates byte for byte
+    fig.savefig(paths[1], bbox_inches="tight", metadata={"CreationDate": None})
     data.to_csv(paths[2], index=False)
     plt.close(fig)
     return paths

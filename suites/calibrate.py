@@ -46,6 +46,7 @@ FIT_CSV = REPO / "results" / "simulator_fit.csv"
 DOC = REPO / "docs" / "simulator.md"
 TARGETS = {"median_abs_error": 0.10, "max_abs_error": 0.25}
 DIGITS = 4  # decimals the fitted constants are stored with
+MEASURED_RUN_WEIGHT = 10.0  # an ok cell with a published memory value, predicted OOM
 HW_TIME = ("fwd_eta_max", "t_half_tokens", "nic_efficiency")
 IMPL_TIME = (("loongtrain_double_ring", "attention_efficiency"),
              ("loongtrain_usp", "attention_efficiency"))
@@ -113,6 +114,7 @@ def evaluate(hw: hwmod.Hardware, impls: dict[str, Implementation],
         sim = _metric(cell, p.time_s) if p.status == "ok" else None
         mem_pub = r["mem_reserved_bytes"] / 2**30 if r["mem_reserved_bytes"] else None
         mem_sim = p.memory.reserved / 2**30 if p.memory is not None else None
+        implied, attn_sim = _attention_rates(cell, p, pub, impls[cell.paper])
         out.append({
             "table": "kernel" if cell.workload == "attention" else "main",
             "model": cell.model or "", "world": cell.world, "seq_len": cell.seq_len,
@@ -125,8 +127,31 @@ def evaluate(hw: hwmod.Hardware, impls: dict[str, Implementation],
             "mem_paper_gib": mem_pub, "mem_sim_gib": mem_sim,
             "mem_rel_error": (mem_sim / mem_pub - 1) if (mem_sim and mem_pub) else None,
             "usable_gib": hw.usable_gib,
+            "attn_tflops_implied": implied, "attn_tflops_sim": attn_sim,
         })
     return out
+
+
+def _attention_rates(cell, p, published, impl) -> tuple[float | None, float | None]:
+    """Training rows: attention TFLOP/s per GPU (kernel convention, recomputation included)
+    that the published step time implies if everything else takes the simulated time, and the
+    simulated one. Shows whether a row's gap to the model sits in its attention."""
+    if cell.workload != "train_step" or p.status != "ok" or "attention" not in (p.parts or {}):
+        return None, None
+    from burst.engine.configs import get_config
+
+    cfg = get_config(cell.model)
+    recompute = cell.checkpointing == "full" or (cell.checkpointing == "selective"
+                                                 and not impl.selective_caches_attention)
+    fl = attention_kernel_flops(cell.batch, cell.seq_len, cfg.num_heads,
+                                cfg.hidden_size // cfg.num_heads, cell.causal)
+    fl *= cfg.num_layers * (1 + (1 / 3.5 if recompute else 0.0)) / cell.world
+    sim = fl / p.parts["attention"] / 1e12
+    if not published:
+        return None, sim
+    other = p.time_s - p.parts["attention"]
+    step = cell.batch * cell.seq_len / cell.world / published
+    return (fl / (step - other) / 1e12 if step > other else None), sim
 
 
 def _panel(e: dict) -> tuple:
@@ -265,10 +290,12 @@ def _time_loss(evals: list[dict]) -> float:
 
 def _fit_memory(hw, impls, cells):
     """Grid search of the memory constants, lexicographic: fewest published OOM / ok cells on
-    the wrong side of the usable memory, then the smallest squared log error of the published
-    memory values. Exact and cheap: a cell's reserved bytes are (A + N * g) * (1 + a) with A
-    its counted allocation, N its global length, g its system's global_token_bytes and a the
-    allocator overhead, so one evaluation at a = g = 0 gives every A."""
+    the wrong side of the usable memory (a cell whose memory the paper measured counts
+    ``MEASURED_RUN_WEIGHT`` times: it certainly ran), then the smallest squared log error of
+    the published memory values. Exact and cheap: a cell's reserved bytes are
+    (A + N * g) * (1 + a) with A its counted allocation, N its global length, g its system's
+    global_token_bytes and a the allocator overhead, so one evaluation at a = g = 0 gives
+    every A."""
     zero_hw = hw.with_values(allocator_overhead=0.0)
     zero = dict(impls)
     for names, key in IMPL_MEMORY:
@@ -284,8 +311,10 @@ def _fit_memory(hw, impls, cells):
         n_gib = np.array([e["seq_len"] / 2**30 for e in es])[:, None]
         res = (alloc + n_gib * g[None, :]) * (1 + a)
         oom = np.array([e["status_paper"] == "oom" for e in es])[:, None]
-        wrong = np.where(oom, res <= hw.usable_gib, res > hw.usable_gib).sum(0)
         pub = np.array([e["mem_paper_gib"] or np.nan for e in es])[:, None]
+        # a run whose memory the paper measured did run: calling it OOM outweighs any label
+        weight = np.where(np.isnan(pub), 1.0, MEASURED_RUN_WEIGHT)
+        wrong = (weight * np.where(oom, res <= hw.usable_gib, res > hw.usable_gib)).sum(0)
         err = np.nansum(np.where(np.isnan(pub), 0.0, np.log(res / np.where(np.isnan(pub), 1,
                                                                                pub)) ** 2), 0)
         return wrong * 1e3 + err
@@ -395,6 +424,18 @@ def error_table(evals: list[dict]) -> str:
                      f"{e['checkpointing']} | {_num(e['published'])} | {_num(e['simulated'])} | "
                      f"{_pct(e['rel_error'])} | {e['status_paper']} / {e['status_sim']} | "
                      f"{mem} |")
+    return "\n".join(lines)
+
+
+def attention_rate_table(evals: list[dict]) -> str:
+    lines = ["| model | GPUs | method | ckpt | implied by the published step | simulated | "
+             "implied / simulated |", "|" + "---|" * 7]
+    for e in evals:
+        if e["attn_tflops_implied"] is None:
+            continue
+        lines.append(f"| {e['model']} | {e['world']} | {e['label']} | {e['checkpointing']} | "
+                     f"{e['attn_tflops_implied']:.1f} | {e['attn_tflops_sim']:.1f} | "
+                     f"{e['attn_tflops_implied'] / e['attn_tflops_sim']:.2f} |")
     return "\n".join(lines)
 
 

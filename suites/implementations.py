@@ -50,6 +50,9 @@ class Implementation:
     uneven_heads: bool = False
     """Head-parallel degrees that do not divide the heads are allowed (the busiest rank gets
     ceil(H/U) heads) instead of being an error."""
+    optimizer_offload: bool = False
+    """Its training runs keep the fp32 optimizer state (master weights, Adam moments) on the
+    host and step the optimizer there (training cells only)."""
     sources: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self):

@@ -166,7 +166,7 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
     A cell the code could not run is an ``invalid`` row (``simulate_spec`` passes "skipped",
     what the harness records for the cells of a ``skip_invalid`` method). ``offload`` keeps
     ZeRO-3's fp32 optimizer state on the host (train_step; Python API only: specs have no such
-    knob yet)."""
+    knob yet); a system whose profile says ``optimizer_offload`` always does."""
     cell = as_cell(cell)
     impl = impl or _impl(cell)
     opts = _options(cell, impl)
@@ -182,6 +182,7 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
         # the busiest rank holds ceil(H/U) heads: price it as if heads were padded to U*ceil
         padded = -(-shape.heads // u) * u
         shape = dataclasses.replace(shape, heads=padded, kv_heads=padded)
+    offload = offload or impl.optimizer_offload
     ckpt = cell.checkpointing
     if ckpt == "selective" and not impl.selective_caches_attention:
         ckpt = "full"

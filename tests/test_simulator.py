@@ -170,6 +170,54 @@ def test_zero_offload_moves_optimizer_state_off_the_gpu():
     assert offloaded.status == "ok" and offloaded.memory.reserved < 0.5 * on_gpu.memory.reserved
 
 
+def test_system_profile_offload_applies_to_training_cells():
+    """A system whose profile says optimizer_offload (InternEvo, DeepSpeed as the paper ran
+    them) is priced with its optimizer state on the host, without the caller asking."""
+    impls = implementations()
+    lt = impls["loongtrain_double_ring"]
+    assert lt.optimizer_offload and not impls["burstengine"].optimizer_offload
+    cell = as_cell(dict(workload="train_step", method="double_ring", model="7b",
+                        seq_len=1 << 20, world=32, ranks_per_node=8,
+                        options={"ranks_per_node": 8}, checkpointing="selective",
+                        paper="loongtrain_double_ring"))
+    on_gpu = dataclasses.replace(lt, optimizer_offload=False)
+    with_profile, without = predict(cell, HW, lt), predict(cell, HW, on_gpu)
+    assert with_profile.memory.reserved < without.memory.reserved
+    assert with_profile.parts["optimizer"] > without.parts["optimizer"]
+    # the same as asking for offload explicitly
+    asked = predict(cell, HW, on_gpu, offload=True)
+    assert asked.memory.reserved == with_profile.memory.reserved
+
+
+def test_attention_rate_diagnostic_round_trips(evals):
+    """The implied attention rate equals the simulated one when the published step time is
+    the simulated one, and the LoongTrain-Ring 14B rows are the ones far below it."""
+    row = next(e for e in evals if e["table"] == "main" and e["method"] == "burstengine"
+               and e["model"] == "7b" and e["world"] == 32 and e["checkpointing"] == "selective")
+    cell = next(c for r, c in calibrate.paper_cells() if c.paper == "burstengine"
+                and c.model == "7b" and c.world == 32 and c.checkpointing == "selective")
+    impl = implementations()["burstengine"]
+    p = predict(cell, HW, impl)
+    implied, sim = calibrate._attention_rates(cell, p, row["simulated"], impl)
+    assert implied == pytest.approx(sim, rel=1e-9) and sim == pytest.approx(
+        row["attn_tflops_sim"])
+    ratios = {(e["model"], e["method"], e["checkpointing"]):
+              e["attn_tflops_implied"] / e["attn_tflops_sim"]
+              for e in evals if e["attn_tflops_implied"]}
+    low = {k for k, v in ratios.items() if v < 0.8}
+    assert low == {("14b", "loongtrain_double_ring", "selective"),
+                   ("14b", "loongtrain_double_ring", "full")}
+
+
+def test_memory_fit_never_calls_a_measured_run_oom():
+    """Weighting: an ok cell whose memory the paper measured outweighs any OOM label, so the
+    fit keeps every measured run under the usable memory."""
+    res = calibrate.fit()
+    measured = [e for e in res.evals if e["mem_paper_gib"] is not None]
+    assert measured and all(e["status_sim"] == "ok" for e in measured)
+    assert calibrate.MEASURED_RUN_WEIGHT > 1
+
+
 def test_rows_follow_the_schema_and_mark_failures():
     ok = simulate_cell(dict(workload="attention", method="burst", seq_len=1 << 20, world=32,
                             ranks_per_node=8, heads=40, head_dim=128,
