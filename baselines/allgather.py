@@ -101,8 +101,7 @@ def allgather_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None
     check_call(METHOD, q, k, v, causal=causal, group=group, options=dict(layout=layout),
                backend=backend)
     spec = MaskSpec(causal=causal, window=window,
-                    cu_seqlens=tuple(int(x) for x in cu_seqlens) if cu_seqlens is not None
-                    else None)
+                    cu_seqlens=cu_seqlens)
     spec.check_length(q.shape[1] * comm.world_size(group))
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     return _AllGatherAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), spec,

@@ -11,13 +11,11 @@ from __future__ import annotations
 from burst import comm
 from burst.attention import qkv_problems
 from burst.kernel import BACKENDS
-from burst.layout import LAYOUTS, chunks_per_rank
+from burst.layout import LAYOUTS, chunks_per_rank, divisors
 
 __all__ = ["check_call", "degree_problems", "divisors", "layout_problems", "qkv_problems"]
 
 
-def divisors(n: int, *, at_least: int = 1) -> list[int]:
-    return [d for d in range(at_least, n + 1) if n % d == 0]
 
 
 def _join(xs) -> str:

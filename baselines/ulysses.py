@@ -99,8 +99,7 @@ def ulysses_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None =
                backend=backend)
     g, n = comm.world_size(group), q.shape[1]
     spec = MaskSpec(causal=causal, window=window,
-                    cu_seqlens=tuple(int(x) for x in cu_seqlens) if cu_seqlens is not None
-                    else None)
+                    cu_seqlens=cu_seqlens)
     spec.check_length(n * g)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     qh, kh, vh = (seq_to_heads(t, group) for t in (q, replicate_kv(k, g), replicate_kv(v, g)))

@@ -21,7 +21,7 @@ import torch
 
 from burst import comm, volume
 from burst.kernel import BACKENDS, acc_dtype, block_backward, block_forward
-from burst.layout import check_layout, chunks_per_rank
+from burst.layout import check_layout, chunks_per_rank, divisors
 from burst.masks import MaskSpec, plan_pair, ring_span
 from burst.merge import merge_into, new_accumulators, row_delta
 from burst.ring import run_ring
@@ -170,9 +170,8 @@ def _validate(q, k, v, *, layout, group, ranks_per_node, backward, backend):
     if any("expected 4 dims" in p for p in problems):
         raise ValueError("burst_attn: " + "; ".join(problems))
     if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
-        divs = [d for d in range(1, q.shape[2] + 1) if q.shape[2] % d == 0]
         problems.append(f"{q.shape[2]} query heads are not divisible by {k.shape[2]} kv heads; "
-                        f"valid kv head counts: {', '.join(map(str, divs))}")
+                        f"valid kv head counts: {', '.join(map(str, divisors(q.shape[2])))}")
     try:
         check_layout(layout)
         parts = chunks_per_rank(layout)
@@ -186,11 +185,10 @@ def _validate(q, k, v, *, layout, group, ranks_per_node, backward, backend):
     if backend not in BACKENDS:
         problems.append(f"unknown kernel backend {backend!r}; valid: {', '.join(BACKENDS)}")
     g = comm.world_size(group)
-    if ranks_per_node is not None:
-        divs = [d for d in range(1, g + 1) if g % d == 0]
-        if not isinstance(ranks_per_node, int) or ranks_per_node < 1 or g % ranks_per_node:
-            problems.append(f"group of {g} ranks is not divisible by ranks_per_node="
-                            f"{ranks_per_node}; valid values: {', '.join(map(str, divs))}")
+    if ranks_per_node is not None and (not isinstance(ranks_per_node, int) or ranks_per_node < 1
+                                       or g % ranks_per_node):
+        problems.append(f"group of {g} ranks is not divisible by ranks_per_node="
+                        f"{ranks_per_node}; valid values: {', '.join(map(str, divisors(g)))}")
     if problems:
         raise ValueError("burst_attn: " + "; ".join(problems))
 
@@ -235,8 +233,7 @@ def burst_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = N
     _validate(q, k, v, layout=layout, group=group, ranks_per_node=ranks_per_node,
               backward=backward, backend=backend)
     spec = MaskSpec(causal=causal, window=window,
-                    cu_seqlens=tuple(int(x) for x in cu_seqlens) if cu_seqlens is not None
-                    else None)
+                    cu_seqlens=cu_seqlens)
     g = comm.world_size(group)
     spec.check_length(q.shape[1] * g)
     rg = comm.ring_groups(group, ranks_per_node)

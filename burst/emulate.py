@@ -30,7 +30,7 @@ import torch
 from burst.attention import BACKWARD_SCHEMES, BlockSteps
 from burst.comm import ring_shape
 from burst.kernel import BACKENDS, acc_dtype
-from burst.layout import check_layout, chunks_per_rank, local_index
+from burst.layout import check_layout, chunks_per_rank, divisors, local_index
 from burst.masks import MaskSpec, ring_span
 from burst.merge import new_accumulators, row_delta
 from burst.ring import visit_order
@@ -52,8 +52,7 @@ class RingEmulator:
         self.seq_len = q.shape[1]
         self.n = self.seq_len // world
         self.nodes = ring_shape(world, ranks_per_node)[0]
-        self.spec = MaskSpec(causal=causal, window=window, cu_seqlens=None if cu_seqlens is None
-                             else tuple(int(x) for x in cu_seqlens))
+        self.spec = MaskSpec(causal=causal, window=window, cu_seqlens=cu_seqlens)
         self.spec.check_length(self.seq_len)
         scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
         self.steps = BlockSteps(self.spec, layout, world, scale, backend)
@@ -174,9 +173,8 @@ def _validate(q, k, v, *, world, layout, ranks_per_node, backend) -> None:
             problems.append(f"sequence length {q.shape[1]} is not divisible by {parts} "
                             f"({layout} layout over {world} ranks)")
         if ranks_per_node is not None and (ranks_per_node < 1 or world % ranks_per_node):
-            divs = [d for d in range(1, world + 1) if world % d == 0]
             problems.append(f"world {world} is not divisible by ranks_per_node={ranks_per_node}; "
-                            f"valid values: {', '.join(map(str, divs))}")
+                            f"valid values: {', '.join(map(str, divisors(world)))}")
     if q.dim() != 4 or k.shape != v.shape or q.shape[2] % k.shape[2]:
         problems.append(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: expected "
                         "(B, N, H, D) and (B, N, Hk, D) with H % Hk == 0")

@@ -24,6 +24,7 @@ __all__ = [
     "LAYOUTS",
     "check_layout",
     "chunks_per_rank",
+    "divisors",
     "global_positions",
     "local_index",
     "shard",
@@ -31,6 +32,11 @@ __all__ = [
 ]
 
 LAYOUTS = ("contiguous", "zigzag", "striped")
+
+
+def divisors(n: int, *, at_least: int = 1) -> list[int]:
+    """The degrees n splits evenly into (error messages list them as the valid values)."""
+    return [d for d in range(at_least, n + 1) if n % d == 0]
 
 
 def check_layout(layout: str) -> None:

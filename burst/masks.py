@@ -39,7 +39,8 @@ class MaskSpec:
     window: tuple[int, int] | None = None
     """(left, right) sliding window: keys in [p - left, p + right] are visible."""
     cu_seqlens: tuple[int, ...] | None = None
-    """Document boundaries [0, e1, ..., N] of packed sequences; attention stays in a document."""
+    """Document boundaries [0, e1, ..., N] of packed sequences; attention stays in a document.
+    Any sequence of ints (a list, a tensor) is accepted and stored as a tuple."""
 
     def __post_init__(self):
         if self.window is not None:

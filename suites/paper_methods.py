@@ -20,6 +20,14 @@ Checkpointing (paper README): the paper's ``selective`` is every layer recompute
 attention output and LSE (our ``selective``); its ``none`` ("w/o sele-ckpt") is full layer
 recomputation (our ``full``): ``PAPER_CHECKPOINTING``.
 
+Checked against the paper's own scripts (thunlp/BurstEngine ``evaluation/``): InternEvo's inner
+ring is one node (window = cp/4 = 8 GPUs in training, = the local size in the kernel benchmark),
+as modelled. One known deviation: InternEvo's USP training runs use head parallel = number of
+nodes with a context ring of 8 (``baselines/InternEvo/exp.sh``: cp 8, hp = 8 x nodes / 8), so
+U = 4 on 32 GPUs, while the kernel benchmark uses U = 8 (``kernel_bench/bench_usp.sh``). Priced
+with U = 4, the 32-GPU training rows move by under 0.5% and their memory not at all, so both
+tables use U = node here.
+
 "@node" in an option stands for the cell's ranks per node (``suites.cells``), so one entry serves
 32 and 64 GPU runs alike.
 """

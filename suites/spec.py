@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from burst.flops import CHECKPOINTING
+from burst.layout import divisors
 
 __all__ = [
     "DEVICES",
@@ -122,9 +123,8 @@ class Shape:
     def problems(self) -> list[str]:
         out = []
         if self.heads % self.kv_heads:
-            valid = [d for d in range(1, self.heads + 1) if self.heads % d == 0]
             out.append(f"shape.kv_heads: {self.kv_heads} does not divide heads={self.heads}; "
-                       f"valid: {', '.join(map(str, valid))}")
+                       f"valid: {', '.join(map(str, divisors(self.heads)))}")
         if self.window is not None and (len(self.window) != 2 or min(self.window) < 0):
             out.append(f"shape.window: {list(self.window)} must be [left, right], both >= 0")
         return out
@@ -295,9 +295,8 @@ def _scale(r: _Reader, t: dict, where: str, seq_lens) -> Scale | None:
             r.add(f"{where}world", "give world, or nodes and gpus_per_node")
             return None
         if world % nodes:
-            valid = [d for d in range(1, world + 1) if world % d == 0]
             r.add(f"{where}nodes", f"{nodes} does not divide world={world}; valid: "
-                  f"{', '.join(map(str, valid))}")
+                  f"{', '.join(map(str, divisors(world)))}")
             return None
         rpn = world // nodes
     elif world is not None and world != nodes * rpn:

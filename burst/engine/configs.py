@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from burst.layout import divisors
+
 __all__ = ["CONFIGS", "ModelConfig", "get_config", "param_count"]
 
 
@@ -52,13 +54,13 @@ class ModelConfig:
         if problems:
             raise ValueError("ModelConfig: " + "; ".join(problems))
         if self.hidden_size % self.num_heads:
-            divs = [d for d in range(1, self.hidden_size + 1) if self.hidden_size % d == 0]
             problems.append(f"hidden_size={self.hidden_size} is not divisible by num_heads="
-                            f"{self.num_heads}; valid head counts: {_short(divs)}")
+                            f"{self.num_heads}; valid head counts: "
+                            f"{_short(divisors(self.hidden_size))}")
         if self.num_heads % self.num_kv_heads:
-            divs = [d for d in range(1, self.num_heads + 1) if self.num_heads % d == 0]
             problems.append(f"num_heads={self.num_heads} is not divisible by num_kv_heads="
-                            f"{self.num_kv_heads}; valid kv head counts: {_short(divs)}")
+                            f"{self.num_kv_heads}; valid kv head counts: "
+                            f"{_short(divisors(self.num_heads))}")
         elif self.hidden_size % self.num_heads == 0 and self.head_dim % 2:
             problems.append(f"head_dim={self.head_dim} (hidden_size / num_heads) must be even "
                             "for rotary embeddings")

@@ -17,14 +17,11 @@ import torch
 from torch import nn
 
 from burst import comm
+from burst.layout import divisors
 
 __all__ = ["DATA_PARALLEL", "all_reduce_grads", "make_groups", "wrap_data_parallel"]
 
 DATA_PARALLEL = ("ddp", "fsdp")
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def make_groups(cp_degree: int, world: int | None = None):
@@ -35,7 +32,7 @@ def make_groups(cp_degree: int, world: int | None = None):
             or world % cp_degree:
         raise ValueError(f"world of {world} ranks is not divisible by the context-parallel "
                          f"degree {cp_degree!r}; valid degrees: "
-                         f"{', '.join(map(str, _divisors(world)))}")
+                         f"{', '.join(map(str, divisors(world)))}")
     dp = world // cp_degree
     if dp == 1:
         return None, None

@@ -33,7 +33,7 @@ from burst.engine.parallel import (
     make_groups,
     wrap_data_parallel,
 )
-from burst.layout import chunks_per_rank
+from burst.layout import chunks_per_rank, divisors
 from burst.masks import MaskSpec
 
 __all__ = ["DTYPES", "OPTIMIZERS", "Trainer"]
@@ -129,12 +129,11 @@ class Trainer:
             return make_groups(cp_degree, world)
         cp, dp = comm.world_size(cp_group), comm.world_size(dp_group) if dp_group else 1
         if cp * dp != world:
-            valid = [d for d in range(1, world + 1) if world % d == 0]
             raise ValueError(
                 f"Trainer: context-parallel group of {cp} ranks x data-parallel group of {dp} "
                 f"does not cover the world of {world} ranks; pass a dp_group with "
                 f"{world // cp if world % cp == 0 else '?'} ranks, or cp_degree (valid: "
-                f"{', '.join(map(str, valid))})")
+                f"{', '.join(map(str, divisors(world)))})")
         return cp_group, dp_group
 
     @property
