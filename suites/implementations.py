@@ -36,7 +36,8 @@ class Implementation:
     acc_elem: int = 4
     """Bytes per element of travelling accumulators (fp32: 4; TransformerEngine dK/dV: 2)."""
     attention_efficiency: float = 1.0
-    """Attention speed relative to the schedule model (time is divided by it)."""
+    """Speed of its attention compute relative to the schedule model: every step's kernel time
+    is divided by it, transfers are not (a step bound by its hop hides the slower compute)."""
     mask_bytes_per_pair: float = 0.0
     """Bytes per (query, key) pair of the whole sequence on every rank (an [N, N] mask)."""
     global_token_bytes: float = 0.0

@@ -319,11 +319,13 @@ def _double_ring(steps: list[float], nodes: int, local: int, hop_intra: float,
     return total + end
 
 
-def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, vol, boundary_senders):
+def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, vol, boundary_senders,
+                 efficiency: float = 1.0):
     """Forward and backward seconds of a (flat or double) ring of ``members`` ranks."""
     out = {}
     for pass_ in ("forward", "backward"):
-        steps = step_compute(hw, shape, plan.layout, members, m, heads, kv_heads, pass_)
+        steps = [c / efficiency for c in
+                 step_compute(hw, shape, plan.layout, members, m, heads, kv_heads, pass_)]
         sent = vol.sent(pass_)
         if plan.ring_local and plan.ring_local < members:
             nodes, local = members // plan.ring_local, plan.ring_local
@@ -360,15 +362,19 @@ def collective_seconds(hw: Hardware, nbytes: float, group: int, topo: Topo) -> f
 
 
 def attention_timing(hw: Hardware, method: str, options: dict | None, shape: AttnShape,
-                     topo: Topo, *, acc_elem: int = 4) -> AttnTiming:
-    """Seconds of one attention layer's forward and backward on the slowest rank."""
+                     topo: Topo, *, acc_elem: int = 4, efficiency: float = 1.0) -> AttnTiming:
+    """Seconds of one attention layer's forward and backward on the slowest rank.
+
+    ``efficiency`` scales the kernel work of every step (a system whose attention computes
+    slower than the model, ``Implementation.attention_efficiency``); transfers are not scaled, so
+    where a step waits for its hop the slower compute stays hidden."""
     plan = plan_for(method, options, topo, shape)
     g, n = topo.world, shape.seq_len // topo.world
     crosses = g > topo.local
     if plan.kind == "ring":
         vol = method_volume(method, options, shape, topo, acc_elem=acc_elem)
         ph = _ring_phases(hw, shape, topo, plan, g, n, shape.heads, shape.kv_heads, vol,
-                          1 if crosses else 0)
+                          1 if crosses else 0, efficiency)
         fwd, bwd = ph["forward"], ph["backward"]
     elif plan.kind == "usp":
         u = plan.ulysses
@@ -380,7 +386,8 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
         inner = Plan("ring", layout=plan.layout, backward=plan.backward)
         # every rank of a Ulysses group runs its own ring: U GPUs of a node cross at once
         senders = min(u, topo.local) if crosses else 0
-        ph = _ring_phases(hw, sub, topo, inner, g // u, u * n, hu, hku, ring, senders)
+        ph = _ring_phases(hw, sub, topo, inner, g // u, u * n, hu, hku, ring, senders,
+                          efficiency)
         fwd, bwd = ((ph[p][0] + collective_seconds(hw, a2a.sent(p), u, topo), ph[p][1])
                     for p in ("forward", "backward"))
     elif plan.kind in ("ulysses", "tp"):
@@ -388,8 +395,8 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
         hu = -(-shape.heads // plan.ulysses)  # uneven heads: the busiest rank has ceil(H/U)
         fl = F.attention_flops(shape.batch, shape.seq_len, hu, shape.head_dim,
                                causal=shape.causal)
-        cf = hw.attn_seconds(fl, shape.seq_len, "forward", shape.causal)
-        cb = hw.attn_seconds(2.5 * fl, shape.seq_len, "backward", shape.causal)
+        cf = hw.attn_seconds(fl, shape.seq_len, "forward", shape.causal) / efficiency
+        cb = hw.attn_seconds(2.5 * fl, shape.seq_len, "backward", shape.causal) / efficiency
         fwd = (cf + collective_seconds(hw, vol.sent("forward"), g, topo), cf)
         bwd = (cb + collective_seconds(hw, vol.sent("backward"), g, topo), cb)
     elif plan.kind == "allgather":
@@ -397,8 +404,8 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
         fl = F.attention_flops(shape.batch, shape.seq_len, shape.heads, shape.head_dim,
                                causal=shape.causal) / g
         t_blk = n // 2 if plan.layout == "zigzag" else n
-        cf = hw.attn_seconds(fl, t_blk, "forward")
-        cb = hw.attn_seconds(2.5 * fl, t_blk, "backward")
+        cf = hw.attn_seconds(fl, t_blk, "forward") / efficiency
+        cb = hw.attn_seconds(2.5 * fl, t_blk, "backward") / efficiency
         fwd = (cf + collective_seconds(hw, vol.sent("forward"), g, topo), cf)
         bwd = (cb + collective_seconds(hw, vol.sent("backward"), g, topo), cb)
     else:  # pragma: no cover - plan_for rejects unknown kinds

@@ -189,12 +189,13 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
     topo = Topo(cell.world, cell.ranks_per_node)
     try:
         plan = plan_for(cell.method, opts, topo, shape)
-        attn = attention_timing(hw, cell.method, opts, shape, topo, acc_elem=impl.acc_elem)
+        attn = attention_timing(hw, cell.method, opts, shape, topo, acc_elem=impl.acc_elem,
+                                efficiency=impl.attention_efficiency)
     except (ValueError, NotImplementedError) as e:
         return Prediction("error", error=str(e))
     if cell.workload == "attention":
         mem = attention_memory(hw, shape, plan, cell.world, impl)
-        time_s = attn.total_s / impl.attention_efficiency
+        time_s = attn.total_s
         parts = {"attention_forward": attn.forward_s, "attention_backward": attn.backward_s}
     else:
         cfg = _model_config(cell.model)
@@ -206,11 +207,10 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
         if ckpt == "selective_half":
             half_shape = dataclasses.replace(shape, seq_len=shape.seq_len // 2)
             half = attention_timing(hw, cell.method, opts, half_shape, topo,
-                                    acc_elem=impl.acc_elem)
+                                    acc_elem=impl.acc_elem, efficiency=impl.attention_efficiency)
         step = train_step_timing(hw, cfg, shape=shape, topo=topo, attn=attn,
-                                 checkpointing=ckpt, params=params,
-                                 attention_efficiency=impl.attention_efficiency,
-                                 half_attn=half, offload=offload)
+                                 checkpointing=ckpt, params=params, half_attn=half,
+                                 offload=offload)
         time_s, parts = step.total_s, step.parts
     if not mem.fits:
         return Prediction("oom", attn=attn, memory=mem, parts=parts,

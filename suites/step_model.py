@@ -49,7 +49,7 @@ def _elementwise_bytes(cfg, tokens: int) -> float:
 
 def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: AttnTiming,
                       checkpointing: str, params: int,
-                      attention_efficiency: float = 1.0, half_attn: AttnTiming | None = None,
+                      half_attn: AttnTiming | None = None,
                       offload: bool = False) -> StepTiming:
     """Seconds of one training step on the slowest rank.
 
@@ -65,14 +65,13 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
     head = F.model_flops(cfg, b, seq) / 3 / g - dense_layers - dense_attn
     dense = hw.gemm_seconds(dense_layers / layers)
     elem = hw.hbm_seconds(_elementwise_bytes(cfg, tokens))
-    a_fwd = attn.forward_s / attention_efficiency
-    a_bwd = attn.backward_s / attention_efficiency
+    a_fwd, a_bwd = attn.forward_s, attn.backward_s
     recompute = {
         "none": 0.0,
         "full": dense + elem + a_fwd,
         "selective": dense + elem,
         "selective_half": dense + elem + (
-            (half_attn.forward_s / attention_efficiency) if half_attn else 0.25 * a_fwd),
+            half_attn.forward_s if half_attn else 0.25 * a_fwd),
     }[checkpointing]
     layer_params = (params - 2 * cfg.vocab_size * cfg.hidden_size) / layers
     gather = collective_seconds(hw, layer_params * BF16 * (g - 1) / g, g, topo)
