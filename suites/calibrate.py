@@ -474,20 +474,24 @@ def main(argv: list[str] | None = None) -> int:
     else:
         result = fit(a.hardware)
     s = summary(result.evals)
+    wrote = []
+    if not a.check:  # write everything before printing: a closed stdout cannot stop it
+        write_csv(result)
+        from suites.simulator_doc import update_readme, write_doc
+
+        write_doc(result, s, rankings(result.evals), DOC)
+        wrote = [str(FIT_CSV.relative_to(REPO)), str(DOC.relative_to(REPO))]
+        if update_readme(s, result.evals, REPO / "README.md"):
+            wrote.append("the fit table in README.md")
+        if a.write:
+            store(result)
+            wrote.append("the fitted constants in the data files")
     print("\n".join(summary_lines(s)))
     for c in result.constants:
         print(f"  {c['name']} = {c['value']:.4g}   (fitted on {c['fitted_on']})")
     if a.check:
         return 0 if s["median_abs_error"] <= TARGETS["median_abs_error"] else 1
-    write_csv(result)
-    from suites.simulator_doc import update_readme, write_doc
-
-    write_doc(result, s, rankings(result.evals), DOC)
-    if update_readme(s, result.evals, REPO / "README.md"):
-        print("updated the fit table in README.md")
-    if a.write:
-        store(result)
-    print(f"wrote {FIT_CSV.relative_to(REPO)} and {DOC.relative_to(REPO)}")
+    print("wrote " + ", ".join(wrote))
     return 0
 
 
