@@ -116,7 +116,7 @@ def evaluate(hw: hwmod.Hardware, impls: dict[str, Implementation],
         sim = _metric(cell, p.time_s) if p.status == "ok" else None
         mem_pub = r["mem_reserved_bytes"] / 2**30 if r["mem_reserved_bytes"] else None
         mem_sim = p.memory.reserved / 2**30 if p.memory is not None else None
-        implied, attn_sim = _attention_rates(cell, p, pub, impls[cell.paper])
+        implied, attn_sim = _attention_rates(cell, p, pub)
         out.append({
             "table": "kernel" if cell.workload == "attention" else "main",
             "model": cell.model or "", "world": cell.world, "seq_len": cell.seq_len,
@@ -134,7 +134,7 @@ def evaluate(hw: hwmod.Hardware, impls: dict[str, Implementation],
     return out
 
 
-def _attention_rates(cell, p, published, impl) -> tuple[float | None, float | None]:
+def _attention_rates(cell, p, published) -> tuple[float | None, float | None]:
     """Training rows: attention TFLOP/s per GPU (kernel convention, recomputation included)
     that the published step time implies if everything else takes the simulated time, and the
     simulated one. Shows whether a row's gap to the model sits in its attention."""
@@ -143,8 +143,7 @@ def _attention_rates(cell, p, published, impl) -> tuple[float | None, float | No
     from burst.engine.configs import get_config
 
     cfg = get_config(cell.model)
-    recompute = cell.checkpointing == "full" or (cell.checkpointing == "selective"
-                                                 and not impl.selective_caches_attention)
+    recompute = p.checkpointing == "full"
     fl = attention_kernel_flops(cell.batch, cell.seq_len, cfg.num_heads,
                                 cfg.hidden_size // cfg.num_heads, cell.causal)
     fl *= cfg.num_layers * (1 + (1 / 3.5 if recompute else 0.0)) / cell.world

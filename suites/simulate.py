@@ -49,6 +49,9 @@ class Prediction:
     memory: MemoryEstimate | None = None
     error: str | None = None
     parts: dict = field(default_factory=dict)
+    checkpointing: str | None = None
+    """The checkpointing mode priced (train_step): a system whose 'selective' does not cache
+    the attention output is priced as 'full'."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,10 +216,11 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
                                  offload=offload)
         time_s, parts = step.total_s, step.parts
     if not mem.fits:
-        return Prediction("oom", attn=attn, memory=mem, parts=parts,
+        return Prediction("oom", attn=attn, memory=mem, parts=parts, checkpointing=ckpt,
                           error=f"predicted OOM: {mem.reserved_gib:.1f} GiB reserved > "
                                 f"{mem.usable / 2**30:.1f} GiB usable on {hw.name}")
-    return Prediction("ok", time_s=time_s, attn=attn, memory=mem, parts=parts)
+    return Prediction("ok", time_s=time_s, attn=attn, memory=mem, parts=parts,
+                      checkpointing=ckpt)
 
 
 def _metrics(cell, hw: Hardware, p: Prediction) -> dict:

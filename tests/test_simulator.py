@@ -215,7 +215,7 @@ def test_attention_rate_diagnostic_round_trips(evals):
                 and c.model == "7b" and c.world == 32 and c.checkpointing == "selective")
     impl = implementations()["burstengine"]
     p = predict(cell, HW, impl)
-    implied, sim = calibrate._attention_rates(cell, p, row["simulated"], impl)
+    implied, sim = calibrate._attention_rates(cell, p, row["simulated"])
     assert implied == pytest.approx(sim, rel=1e-9) and sim == pytest.approx(
         row["attn_tflops_sim"])
     ratios = {(e["model"], e["method"], e["checkpointing"]):
