@@ -64,7 +64,7 @@ FITTED_ON = {
     "loongtrain_usp.attention_efficiency": "LoongTrain-USP rows of both tables",
     "loongtrain_double_ring+loongtrain_usp.global_token_bytes":
         "LoongTrain memory_gb + OOM cells of burstengine_main.csv",
-    "deepspeed_ulysses.global_token_bytes": "Deepspeed-Ulysses memory_gb + OOM cells",
+    "deepspeed_ulysses.global_token_bytes": "Deepspeed-Ulysses memory_gb (its one runnable cell)",
 }
 
 
@@ -111,7 +111,7 @@ def evaluate(hw: hwmod.Hardware, impls: dict[str, Implementation],
     """One dict per paper row: published vs simulated throughput, status and memory."""
     out = []
     for r, cell in cells or paper_cells():
-        p = predict(cell, hw, impls[cell.paper])
+        p = predict(cell, hw, impls[cell.paper], invalid="skipped")
         pub = r["attn_tflops"] if cell.workload == "attention" else r["tokens_per_s"]
         sim = _metric(cell, p.time_s) if p.status == "ok" else None
         mem_pub = r["mem_reserved_bytes"] / 2**30 if r["mem_reserved_bytes"] else None
@@ -125,7 +125,7 @@ def evaluate(hw: hwmod.Hardware, impls: dict[str, Implementation],
             "metric": "attn_tflops" if cell.workload == "attention" else "tokens_per_s",
             "published": pub, "simulated": sim,
             "rel_error": (sim / pub - 1) if (sim and pub) else None,
-            "status_paper": r["status"], "status_sim": p.status,
+            "status_paper": r["status"], "status_sim": p.status, "why_sim": p.error or "",
             "mem_paper_gib": mem_pub, "mem_sim_gib": mem_sim,
             "mem_rel_error": (mem_sim / mem_pub - 1) if (mem_sim and mem_pub) else None,
             "usable_gib": hw.usable_gib,
@@ -193,6 +193,7 @@ def summary(evals: list[dict]) -> dict:
         "within_10pct": sum(x <= 0.10 for x in errs), "within_25pct": sum(x <= 0.25 for x in errs),
         "oom_cells": len(oom_pub),
         "oom_predicted": sum(e["status_sim"] == "oom" for e in oom_pub),
+        "oom_cannot_run": sum(e["status_sim"] == "skipped" for e in oom_pub),
         "ok_cells": len(ok_pub),
         "ok_predicted_oom": sum(e["status_sim"] == "oom" for e in ok_pub),
         "memory_rows": len(mem),
@@ -392,7 +393,7 @@ def constants(hw, impls) -> list[dict]:
 
 
 FIELDS = ["kind", "table", "model", "world", "seq_len", "method", "label", "checkpointing",
-          "metric", "published", "simulated", "rel_error", "status_paper", "status_sim",
+          "metric", "published", "simulated", "rel_error", "status_paper", "status_sim", "why_sim",
           "mem_paper_gib", "mem_sim_gib", "mem_rel_error", "name", "value", "fitted_on"]
 
 
@@ -450,8 +451,10 @@ def summary_lines(s: dict) -> list[str]:
         f"- throughput rows: {s['rows']}; median |error| {100 * s['median_abs_error']:.1f}% "
         f"(target <= 10%), worst {100 * s['max_abs_error']:.1f}% (target <= 25%): {ok}; "
         f"{s['within_10pct']} rows within 10%, {s['within_25pct']} within 25%",
-        f"- published OOM cells predicted OOM: {s['oom_predicted']} of {s['oom_cells']}; "
-        f"published ok cells predicted OOM: {s['ok_predicted_oom']} of {s['ok_cells']}",
+        f"- published OOM cells predicted OOM: {s['oom_predicted']} of {s['oom_cells']}"
+        + (f", and {s['oom_cannot_run']} more that the system's code cannot run as configured "
+           "(`skipped`, reason under \"What the model misses\")" if s["oom_cannot_run"] else "")
+        + f"; published ok cells predicted OOM: {s['ok_predicted_oom']} of {s['ok_cells']}",
         f"- ranking of methods preserved in {s['panels_ranking_preserved']} of {s['panels']} "
         "panels",
         f"- memory (where published): median |error| "

@@ -48,9 +48,6 @@ class Implementation:
     selective_caches_attention: bool = True
     """Whether its 'selective' checkpointing keeps the attention output (else it recomputes the
     whole layer, attention included, like 'full')."""
-    uneven_heads: bool = False
-    """Head-parallel degrees that do not divide the heads are allowed (the busiest rank gets
-    ceil(H/U) heads) instead of being an error."""
     optimizer_offload: bool = False
     """Its training runs keep the fp32 optimizer state (master weights, Adam moments) on the
     host and step the optimizer there (training cells only)."""

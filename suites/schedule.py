@@ -392,7 +392,7 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
                     for p in ("forward", "backward"))
     elif plan.kind in ("ulysses", "tp"):
         vol = method_volume(method, options, shape, topo, acc_elem=acc_elem)
-        hu = -(-shape.heads // plan.ulysses)  # uneven heads: the busiest rank has ceil(H/U)
+        hu = -(-shape.heads // plan.ulysses)  # heads per rank (runnable cells divide evenly)
         fl = F.attention_flops(shape.batch, shape.seq_len, hu, shape.head_dim,
                                causal=shape.causal)
         cf = hw.attn_seconds(fl, shape.seq_len, "forward", shape.causal) / efficiency

@@ -141,17 +141,11 @@ def _shape(cell) -> AttnShape:
                      window=tuple(cell.window) if cell.window else None)
 
 
-def _cell_problem(cell, impl: Implementation) -> str | None:
+def _cell_problem(cell) -> str | None:
     """Why the cell could not run (``suites.cells.cell_problem``: shape, layout, degrees,
-    checkpointing), else None. A system with ``uneven_heads`` is checked with its heads padded
-    to a multiple of the head-parallel degree (it splits them unevenly instead of failing)."""
+    checkpointing), else None."""
     from suites.cells import cell_problem
 
-    if impl.uneven_heads and cell.heads:
-        u = {"ulysses": cell.world,
-             "usp": int(cell.options.get("ulysses_degree", 1))}.get(cell.method, 1)
-        padded = -(-cell.heads // u) * u
-        cell = dataclasses.replace(cell, heads=padded, kv_heads=padded)
     try:
         return cell_problem(cell)
     except (ValueError, TypeError) as e:
@@ -176,15 +170,10 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
     if cell.seq_len % cell.world:
         return Prediction(invalid, error=f"seq_len {cell.seq_len} is not divisible by world "
                                          f"{cell.world}")
-    problem = _cell_problem(cell, impl)
+    problem = _cell_problem(cell)
     if problem:
         return Prediction(invalid, error=problem)
     shape = _shape(cell)
-    u = {"ulysses": cell.world, "usp": int(opts.get("ulysses_degree", 1))}.get(cell.method, 1)
-    if impl.uneven_heads and shape.heads % u:
-        # the busiest rank holds ceil(H/U) heads: price it as if heads were padded to U*ceil
-        padded = -(-shape.heads // u) * u
-        shape = dataclasses.replace(shape, heads=padded, kv_heads=padded)
     offload = offload or impl.optimizer_offload
     ckpt = cell.checkpointing
     if ckpt == "selective" and not impl.selective_caches_attention:

@@ -43,12 +43,13 @@ MISSES = {
         "evaluation/baselines/InternEvo/internlm/model/ops/ring_flash_attn/"
         "zigzag_ring_flash_attn_with_sliding_window.py, ``fa_output_mapping``). Whatever "
         "InternEvo holds in the full mode is not in the counted model."),
-    "deepspeed_14b": (
-        "Deepspeed-Ulysses 14B on 32 GPUs (40 heads over 32 ranks) is an OOM in the paper; the "
-        "counted model with uneven heads (ZeRO-3, CPU optimizer and full activation "
-        "checkpointing, as the paper's thunlp/BurstEngine "
-        "evaluation/baselines/Megatron-DeepSpeed/script/ulysses.sh runs it) puts it under the "
-        "usable memory."),
+    "cannot_run": (
+        "{cells}: published as OOM, but the code the paper ran stops before any memory is "
+        "allocated. Megatron-DeepSpeed asserts that the Ulysses degree divides the "
+        "heads (thunlp/BurstEngine evaluation/baselines/Megatron-DeepSpeed/megatron/model/"
+        "transformer.py, ParallelAttention), and the paper's script sets that degree to the "
+        "number of GPUs (script/ulysses.sh: sp_size = CP_SIZE). The simulator reports these "
+        "cells as `skipped` with that reason; they produced no number, as in the paper."),
 }
 
 
@@ -70,10 +71,13 @@ def _constants_table(hw, fitted: set[str]) -> list[str]:
 def _impl_table(impls) -> list[str]:
     keys = ("layout", "ring_backward", "acc_elem", "attention_efficiency",
             "mask_bytes_per_pair", "global_token_bytes", "logits_bytes",
-            "selective_caches_attention", "uneven_heads", "optimizer_offload")
+            "selective_caches_attention", "optimizer_offload")
     lines = ["| system | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
     for name, im in impls.items():
         lines.append(f"| {name} | " + " | ".join(_fmt(getattr(im, k)) for k in keys) + " |")
+    lines += ["", "Sources (`suites/implementations.toml`; a value not listed is the default):", ""]
+    for name, im in impls.items():
+        lines += [f"- `{name}`: " + "; ".join(f"{k}: {v}" for k, v in im.sources.items())]
     return lines
 
 
@@ -83,11 +87,20 @@ def _misses(evals: list[dict]) -> list[str]:
     if any(e["method"] == "loongtrain_double_ring" for e in big):
         out.append(f"- {_loongtrain_miss(evals)}")
     wrong_oom = [e for e in evals if e["status_paper"] == "oom" and e["status_sim"] != "oom"]
-    if any(e["method"].startswith("loongtrain") for e in wrong_oom):
+    if any(e["method"].startswith("loongtrain") and e["status_sim"] == "ok" for e in wrong_oom):
         out.append(f"- {MISSES['oom_full']}")
-    if any(e["method"] == "deepspeed_ulysses" for e in wrong_oom):
-        out.append(f"- {MISSES['deepspeed_14b']}")
+    skipped = [e for e in wrong_oom if e["status_sim"] == "skipped"]
+    if skipped:
+        cells = ", ".join(f"{e['label']} {e['model']} on {e['world']} GPUs ({_first(e)})"
+                          for e in skipped)
+        out.append(f"- {MISSES['cannot_run'].format(cells=cells)}")
     return out
+
+
+def _first(e: dict) -> str:
+    """The first clause of why the simulator could not run a cell, without the method prefix."""
+    why = e["why_sim"].split("; ")[0]
+    return why.split("cannot run this case: ", 1)[-1]
 
 
 def _loongtrain_miss(evals: list[dict]) -> str:
