@@ -453,7 +453,8 @@ def summary_lines(s: dict) -> list[str]:
         f"{s['within_10pct']} rows within 10%, {s['within_25pct']} within 25%",
         f"- published OOM cells predicted OOM: {s['oom_predicted']} of {s['oom_cells']}"
         + (f", and {s['oom_cannot_run']} more that the system's code cannot run as configured "
-           "(`skipped`, reason under \"What the model misses\")" if s["oom_cannot_run"] else "")
+           "(`skipped`; why: docs/simulator.md, \"What the model misses\")"
+           if s["oom_cannot_run"] else "")
         + f"; published ok cells predicted OOM: {s['ok_predicted_oom']} of {s['ok_cells']}",
         f"- ranking of methods preserved in {s['panels_ranking_preserved']} of {s['panels']} "
         "panels",
