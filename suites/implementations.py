@@ -38,8 +38,6 @@ class Implementation:
     attention_efficiency: float = 1.0
     """Speed of its attention compute relative to the schedule model: every step's kernel time
     is divided by it, transfers are not (a step bound by its hop hides the slower compute)."""
-    mask_bytes_per_pair: float = 0.0
-    """Bytes per (query, key) pair of the whole sequence on every rank (an [N, N] mask)."""
     global_token_bytes: float = 0.0
     """Bytes per token of the whole sequence on every rank."""
     logits_bytes: float = 8.0
@@ -48,6 +46,12 @@ class Implementation:
     selective_caches_attention: bool = True
     """Whether its 'selective' checkpointing keeps the attention output (else it recomputes the
     whole layer, attention included, like 'full')."""
+    replicated_bytes_per_param: float = 0.0
+    """Bytes per parameter every rank holds whole in training (Megatron's distributed optimizer
+    shards only the fp32 optimizer state: bf16 weights 2 + fp32 main grads 4 = 6); 0: ZeRO-3,
+    weights and gradients sharded too."""
+    vocab_size: int = 0
+    """Vocabulary its training runs built (its tokenizer / model config); 0: the model's."""
     optimizer_offload: bool = False
     """Its training runs keep the fp32 optimizer state (master weights, Adam moments) on the
     host and step the optimizer there (training cells only)."""
@@ -63,9 +67,11 @@ class Implementation:
             bad.append(f"acc_elem={self.acc_elem!r}; valid: 2, 4, 8")
         if not 0 < self.attention_efficiency <= 2:
             bad.append(f"attention_efficiency={self.attention_efficiency!r} must be in (0, 2]")
-        for k in ("mask_bytes_per_pair", "global_token_bytes", "logits_bytes"):
+        for k in ("global_token_bytes", "logits_bytes", "replicated_bytes_per_param"):
             if getattr(self, k) < 0:
                 bad.append(f"{k}={getattr(self, k)!r} must be >= 0")
+        if self.vocab_size < 0:
+            bad.append(f"vocab_size={self.vocab_size!r} must be >= 0 (0: the model's)")
         if bad:
             raise ValueError(f"implementation {self.name!r}: " + "; ".join(bad))
 

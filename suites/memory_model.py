@@ -8,7 +8,9 @@ profile's usable memory.
 Training step (ZeRO-3 over all G ranks, as in the paper's runs):
   model states   params bf16 + grads bf16 + fp32 master, m, v = 16 bytes / parameter / G
                  (ZeRO, Rajbhandari et al. 2020: 2 + 2 + K, K = 12); with offload only the bf16
-                 parameter and gradient shards stay on the GPU
+                 parameter and gradient shards stay on the GPU; a system with
+                 ``replicated_bytes_per_param`` r (Megatron's distributed optimizer) holds
+                 r bytes / parameter whole and shards only the fp32 optimizer (12 / G)
   gathered       the current and the prefetched layer's full bf16 parameters + one layer's bf16
                  gradients before their reduce-scatter
   checkpoints    per layer: the layer input (full, selective, selective_half); plus the cached
@@ -21,7 +23,7 @@ Training step (ZeRO-3 over all G ranks, as in the paper's runs):
   head           plain: the whole local logits at the loss, N/G x V x ``logits_bytes`` (fp32
                  logits and their fp32 gradient: 8); fused: one chunk of bf16 logits, their fp32
                  copy and gradient + the fp32 weight gradient (burst.engine.fused_loss)
-  implementation what a system holds for the whole sequence (an [N, N] mask, per-token buffers)
+  implementation what a system holds for the whole sequence (per-token buffers)
 The peak is the larger of the head moment (all checkpoints + head) and the last layer's backward.
 """
 
@@ -108,7 +110,7 @@ def attention_memory(hw: Hardware, shape: AttnShape, plan: Plan, world: int,
 
 
 def _implementation_bytes(impl: Implementation, seq_len: int) -> float:
-    return impl.mask_bytes_per_pair * float(seq_len) ** 2 + impl.global_token_bytes * seq_len
+    return impl.global_token_bytes * seq_len
 
 
 def layer_activation_bytes(cfg, tokens: int, elem: int = BF16) -> dict[str, float]:
@@ -157,6 +159,10 @@ def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
     layer_params = (params - 2 * v * h) / cfg.num_layers
     states = (2 * BF16 if offload else ZERO_BYTES_PER_PARAM) * params / world
     gathered = 2 * layer_params * BF16 + layer_params * BF16
+    if impl.replicated_bytes_per_param:  # weights + grads whole, only the optimizer sharded
+        optimizer = 0 if offload else (ZERO_BYTES_PER_PARAM - 2 * BF16) * params / world
+        states = impl.replicated_bytes_per_param * params + optimizer
+        gathered = 0.0
     checkpoints = cfg.num_layers * checkpoint_bytes(cfg, tokens, checkpointing)
     act = sum(layer_activation_bytes(cfg, tokens).values())
     mlp_grads = 2 * tokens * cfg.ffn_size * BF16

@@ -191,6 +191,8 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
         parts = {"attention_forward": attn.forward_s, "attention_backward": attn.backward_s}
     else:
         cfg = _model_config(cell.model)
+        if impl.vocab_size:
+            cfg = dataclasses.replace(cfg, vocab_size=impl.vocab_size)
         params = _param_count(cfg)
         mem = train_memory(hw, cfg, shape=shape, plan=plan, world=cell.world,
                            checkpointing=ckpt, fused_head=cell.fused_head, impl=impl,

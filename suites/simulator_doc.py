@@ -43,6 +43,21 @@ MISSES = {
         "evaluation/baselines/InternEvo/internlm/model/ops/ring_flash_attn/"
         "zigzag_ring_flash_attn_with_sliding_window.py, ``fa_output_mapping``). Whatever "
         "InternEvo holds in the full mode is not in the counted model."),
+    "megatron_kernel": (
+        "Megatron-CP's kernel-table cells at {cells} are published as OOM, but the benchmark the "
+        "paper ran for them (thunlp/BurstEngine evaluation/kernel_bench/benchmark_dpa.py via "
+        "benchmark_dpa.sh) allocates only each rank's shard of Q, K, V, and the paper's own log "
+        "of it (evaluation/kernel_bench/bench.md) shows 1154 MB at 256K and 2308 MB at 512K, "
+        "next to an \"OOM\" label, while the simulator counts {mem}. Nothing in the published "
+        "code grows with N^2 (its Megatron runs also pass --no-create-attention-mask-in-"
+        "dataloader), so the simulator predicts these cells run."),
+    "internevo_memory": (
+        "InternEvo's 14B runs hold more than the counted model: published {pub} GiB against "
+        "{sim} GiB simulated for LoongTrain at 14B on 32 GPUs, while its 7B rows are within "
+        "{seven}. The counted model uses InternEvo's own vocabulary (32000, its "
+        "configs/model_size_utils.py); with the 120000 of paper_reference/README.md the 14B "
+        "rows would fit, but the code the paper ran builds 32000. What InternEvo keeps that "
+        "grows with the model is not in the published configs.{fits}"),
     "cannot_run": (
         "{cells}: published as OOM, but the code the paper ran stops before any memory is "
         "allocated. Megatron-DeepSpeed asserts that the Ulysses degree divides the "
@@ -70,8 +85,8 @@ def _constants_table(hw, fitted: set[str]) -> list[str]:
 
 def _impl_table(impls) -> list[str]:
     keys = ("layout", "ring_backward", "acc_elem", "attention_efficiency",
-            "mask_bytes_per_pair", "global_token_bytes", "logits_bytes",
-            "selective_caches_attention", "optimizer_offload")
+            "global_token_bytes", "logits_bytes", "selective_caches_attention",
+            "replicated_bytes_per_param", "vocab_size", "optimizer_offload")
     lines = ["| system | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
     for name, im in impls.items():
         lines.append(f"| {name} | " + " | ".join(_fmt(getattr(im, k)) for k in keys) + " |")
@@ -89,12 +104,34 @@ def _misses(evals: list[dict]) -> list[str]:
     wrong_oom = [e for e in evals if e["status_paper"] == "oom" and e["status_sim"] != "oom"]
     if any(e["method"].startswith("loongtrain") and e["status_sim"] == "ok" for e in wrong_oom):
         out.append(f"- {MISSES['oom_full']}")
+    meg = [e for e in wrong_oom if e["method"] == "megatron_cp" and e["table"] == "kernel"]
+    if meg:
+        out.append("- " + MISSES["megatron_kernel"].format(
+            cells=", ".join(_seq(e["seq_len"]) for e in meg),
+            mem=", ".join(f"{e['mem_sim_gib']:.1f} GiB" for e in meg)))
+    lt = [e for e in evals if e["method"].startswith("loongtrain") and e["mem_rel_error"]
+          is not None]
+    lt14 = [e for e in lt if e["model"] == "14b"]
+    if any(abs(e["mem_rel_error"]) > 0.15 for e in lt14):
+        seven = max(abs(e["mem_rel_error"]) for e in lt if e["model"] == "7b")
+        out.append("- " + MISSES["internevo_memory"].format(
+            pub=" / ".join(f"{e['mem_paper_gib']:.1f}" for e in lt14),
+            sim=" / ".join(f"{e['mem_sim_gib']:.1f}" for e in lt14),
+            seven=f"{100 * seven:.0f}%",
+            fits="".join(f" The same gap lets {e['label']} at 14B on {e['world']} GPUs fit in the "
+                         "simulation, where the paper ran out of memory." for e in wrong_oom
+                         if e["method"].startswith("loongtrain") and e["model"] == "14b"
+                         and e["checkpointing"] == "selective" and e["status_sim"] == "ok")))
     skipped = [e for e in wrong_oom if e["status_sim"] == "skipped"]
     if skipped:
         cells = ", ".join(f"{e['label']} {e['model']} on {e['world']} GPUs ({_first(e)})"
                           for e in skipped)
         out.append(f"- {MISSES['cannot_run'].format(cells=cells)}")
     return out
+
+
+def _seq(n: int) -> str:
+    return f"{n >> 20}M" if n >= 1 << 20 else f"{n >> 10}K"
 
 
 def _first(e: dict) -> str:
@@ -182,12 +219,13 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path) -> None:
         "- **training step** (`suites.step_model`): per layer dense GEMMs, memory-bound "
         "elementwise work, the attention layer, recomputation per checkpointing mode, ZeRO-3 "
         "all-gathers and reduce-scatter overlapped with compute; LM head and optimizer.",
-        "- **memory** (`suites.memory_model`): ZeRO-3 states, checkpoints per mode, one "
+        "- **memory** (`suites.memory_model`): ZeRO-3 states (or the system's own sharding), "
+        "checkpoints per mode, one "
         "layer's backward peak with the method's buffers, the plain or fused head, and what "
         "a system holds for the whole sequence; over the usable memory = an `oom` row.",
         "- **systems** (`suites/implementations.toml`): what the compared systems do beyond "
-        "their algorithm (TransformerEngine's bf16 dK/dV, Megatron's [N, N] mask, DeepSpeed's "
-        "whole-layer recomputation, ...), each with its source. A system's fitted "
+        "their algorithm (TransformerEngine's bf16 dK/dV, Megatron's distributed optimizer, "
+        "DeepSpeed's whole-layer recomputation, ...), each with its source. A system's fitted "
         "`attention_efficiency` slows its kernel work, not its transfers: where a ring step "
         "waits for its hop, the slower compute stays hidden.",
         "",
