@@ -5,7 +5,7 @@ bytes, named after what it is. The only calibrated constant is the hardware prof
 overhead (reserved / allocated). A cell is predicted OOM when the reserved peak exceeds the
 profile's usable memory.
 
-Training step (ZeRO-3 over all G ranks, as in the paper's runs):
+Training step (ZeRO-3 over all G ranks unless the system profile says otherwise):
   model states   params bf16 + grads bf16 + fp32 master, m, v = 16 bytes / parameter / G
                  (ZeRO, Rajbhandari et al. 2020: 2 + 2 + K, K = 12); with offload only the bf16
                  parameter and gradient shards stay on the GPU; a system with
