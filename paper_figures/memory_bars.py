@@ -1,5 +1,6 @@
 """Memory per GPU (max_memory_reserved, GiB) of the main runs: simulated bars (predicted peak,
-also for cells predicted OOM), published diamonds, the GPU's capacity as a line."""
+also for cells predicted OOM), published diamonds, the simulator's OOM threshold (the A800
+profile's usable memory) as a line."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pandas as pd
 
 from paper_figures._bars import label_order, panel_bars, rows_for
 from paper_figures.common import new_figure, note_empty, seq_label
+from suites.hardware import load
 
 NAME = "memory_bars"
 SWEEPS = ("paper_main_7b", "paper_main_14b")  # suites/specs: the main table
@@ -22,6 +24,7 @@ def make(tables):
     sim_oom = (df["source"] == "simulated") & (df["status"] == "oom")
     df.loc[sim_oom, "status"] = "ok"
     df["mem_gib"] = df["mem_reserved_bytes"].clip(upper=2 * CAPACITY_GIB * GIB) / GIB
+    usable = load("a800").usable_gib  # a predicted peak above it is an oom row
     fig, axes = new_figure(len(PANELS), 1, width=3.6, height=3.6)
     plotted = []
     for j, (model, world) in enumerate(PANELS):
@@ -33,12 +36,12 @@ def make(tables):
         d = panel_bars(ax, sub, "mem_gib", label_order(sub))
         d["model"], d["world"], d["metric"] = model, world, "mem_reserved_gib"
         plotted.append(d)
-        ax.axhline(CAPACITY_GIB, color="black", lw=0.8, ls="--")
+        ax.axhline(usable, color="black", lw=0.8, ls="--")
         ax.set_ylim(0, 2 * CAPACITY_GIB)
         ax.set_title(f"{model.upper()}, {world} GPUs, {seq_label(sub['seq_len'].iloc[0])}",
                      fontsize=9)
         ax.set_ylabel("memory per GPU (GiB)" if j == 0 else "")
-    fig.suptitle("Memory per GPU: simulated peak (bars; above the dashed 80 GiB line = OOM), "
-                 "published (\u25c6)", fontsize=10)
+    fig.suptitle(f"Memory per GPU: simulated peak (bars; above the dashed line, the {usable:g} "
+                 f"GiB usable of {CAPACITY_GIB:g}, = OOM), published (\u25c6)", fontsize=10)
     fig.tight_layout()
     return fig, pd.concat(plotted, ignore_index=True) if plotted else pd.DataFrame()
