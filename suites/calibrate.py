@@ -48,6 +48,15 @@ TARGETS = {"median_abs_error": 0.10, "max_abs_error": 0.25}
 DIGITS = 4  # decimals the fitted constants are stored with
 FIT_START = {"fwd_eta_max": 0.7, "t_half_tokens": 500.0, "nic_efficiency": 0.9,
              "attention_efficiency": 0.8}
+# The paper's own kernel-benchmark log (thunlp/BurstEngine evaluation/kernel_bench/bench.md:
+# torch.cuda.max_memory_allocated / 2**20 over one forward + backward, 32 A800s, 40 heads of
+# 128; LoongTrain-USP = its "Head First Placement" run). Checks the attention-layer memory
+# model; nothing is fitted on it.
+KERNEL_LOG_MIB = {
+    **{("megatron_cp", 1 << k): mib for k, mib in ((17, 577.0), (18, 1154.0), (19, 2308.0))},
+    **{(m, 1 << k): mib for m in ("loongtrain_double_ring", "loongtrain_usp")
+       for k, mib in ((17, 1241.25), (18, 2482.5), (19, 4965.0))},
+}
 MEASURED_RUN_WEIGHT = 10.0  # an ok cell with a published memory value, predicted OOM
 HW_TIME = ("fwd_eta_max", "t_half_tokens", "nic_efficiency")
 IMPL_TIME = (("loongtrain_double_ring", "attention_efficiency"),
@@ -127,6 +136,7 @@ def evaluate(hw: hwmod.Hardware, impls: dict[str, Implementation],
             "rel_error": (sim / pub - 1) if (sim and pub) else None,
             "status_paper": r["status"], "status_sim": p.status, "why_sim": p.error or "",
             "mem_paper_gib": mem_pub, "mem_sim_gib": mem_sim,
+            "mem_alloc_gib": p.memory.allocated / 2**30 if p.memory is not None else None,
             "mem_rel_error": (mem_sim / mem_pub - 1) if (mem_sim and mem_pub) else None,
             "usable_gib": hw.usable_gib,
             "attn_tflops_implied": implied, "attn_tflops_sim": attn_sim,
@@ -441,6 +451,19 @@ def attention_rate_table(evals: list[dict]) -> str:
         lines.append(f"| {e['model']} | {e['world']} | {e['label']} | {e['checkpointing']} | "
                      f"{e['attn_tflops_implied']:.1f} | {e['attn_tflops_sim']:.1f} | "
                      f"{e['attn_tflops_implied'] / e['attn_tflops_sim']:.2f} |")
+    return "\n".join(lines)
+
+
+def kernel_memory_table(evals: list[dict]) -> str:
+    """Simulated attention-layer memory (allocated) next to the paper's benchmark log."""
+    lines = ["| method | seq | log (MiB) | simulated (MiB) | error |", "|" + "---|" * 5]
+    for e in evals:
+        log = KERNEL_LOG_MIB.get((e["method"], e["seq_len"])) if e["table"] == "kernel" else None
+        if log is None or e["mem_alloc_gib"] is None:
+            continue
+        sim = e["mem_alloc_gib"] * 1024
+        lines.append(f"| {e['label']} | {e['seq_len'] >> 10}K | {log:.0f} | {sim:.0f} | "
+                     f"{100 * (sim / log - 1):+.0f}% |")
     return "\n".join(lines)
 
 

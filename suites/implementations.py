@@ -39,7 +39,8 @@ class Implementation:
     """Speed of its attention compute relative to the schedule model: every step's kernel time
     is divided by it, transfers are not (a step bound by its hop hides the slower compute)."""
     global_token_bytes: float = 0.0
-    """Bytes per token of the whole sequence on every rank."""
+    """Bytes per token of the whole sequence on every rank in its training runs (its framework's
+    buffers; an attention layer alone holds none)."""
     logits_bytes: float = 8.0
     """Bytes per (token, vocab) logit a plain (unfused) head holds at the loss: fp32 logits and
     their fp32 gradient (DESIGN.md 3: the plain head materialises N/G x V logits in fp32)."""

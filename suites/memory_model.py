@@ -23,7 +23,8 @@ Training step (ZeRO-3 over all G ranks unless the system profile says otherwise)
   head           plain: the whole local logits at the loss, N/G x V x ``logits_bytes`` (fp32
                  logits and their fp32 gradient: 8); fused: one chunk of bf16 logits, their fp32
                  copy and gradient + the fp32 weight gradient (burst.engine.fused_loss)
-  implementation what a system holds for the whole sequence (per-token buffers)
+  implementation what a system's training framework holds for the whole sequence
+                 (``global_token_bytes`` per token); an attention layer alone has none
 The peak is the larger of the head moment (all checkpoints + head) and the last layer's backward.
 """
 
@@ -104,13 +105,8 @@ def attention_memory(hw: Hardware, shape: AttnShape, plan: Plan, world: int,
         "grads": b * n * (2 * h + 2 * hk) * d * e,  # dout, dq, dk, dv
         "lse_delta": 2 * b * h * n * FP32,
         "comm_buffers": _attention_buffers(shape, plan, world, impl.acc_elem),
-        "implementation": _implementation_bytes(impl, shape.seq_len),
     }
     return _finish(parts, hw)
-
-
-def _implementation_bytes(impl: Implementation, seq_len: int) -> float:
-    return impl.global_token_bytes * seq_len
 
 
 def layer_activation_bytes(cfg, tokens: int, elem: int = BF16) -> dict[str, float]:
@@ -168,7 +164,7 @@ def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
     mlp_grads = 2 * tokens * cfg.ffn_size * BF16
     layer_peak = act + mlp_grads + _attention_buffers(shape, plan, world, impl.acc_elem)
     head = head_bytes(cfg, tokens, fused_head, impl.logits_bytes)
-    extra = _implementation_bytes(impl, shape.seq_len)
+    extra = impl.global_token_bytes * shape.seq_len
     base = {"model_states": states, "checkpoints": checkpoints, "implementation": extra}
     at_head = {**base, "head": head}
     at_layer = {**base, "gathered_params": gathered, "layer_backward": layer_peak}
