@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "BACKWARD_OVER_FORWARD",
     "CONVENTIONS",
     "attention_flops",
     "attention_flops_halved",
@@ -62,10 +63,16 @@ def attention_flops_halved(batch: int, seq_len: int, heads: int, head_dim: int, 
     return 4 * batch * pairs * heads * head_dim
 
 
+BACKWARD_OVER_FORWARD = 2.5  # flash-attention convention: backward FLOPs = 2.5 x forward
+
+
 def attention_kernel_flops(batch: int, seq_len: int, heads: int, head_dim: int,
-                           causal: bool) -> float:
-    """Forward+backward FLOPs in the kernel convention: 3.5 x 4*B*N^2*H*d (x 0.5 causal)."""
-    return 3.5 * 4 * batch * seq_len**2 * heads * head_dim * (0.5 if causal else 1.0)
+                           causal: bool, window: tuple[int, int] | None = None) -> float:
+    """Forward+backward FLOPs in the kernel convention: 3.5 x 4*B*N^2*H*d (x 0.5 causal); with
+    a sliding window, 3.5 x the exact attended pairs (half of N^2 would overcount them)."""
+    fwd = (attention_flops(batch, seq_len, heads, head_dim, causal=causal, window=window)
+           if window else attention_flops_halved(batch, seq_len, heads, head_dim, causal=causal))
+    return (1 + BACKWARD_OVER_FORWARD) * fwd
 
 
 def _dense_per_token(cfg) -> int:

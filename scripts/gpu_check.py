@@ -287,8 +287,9 @@ def section_kernel(rows: Rows, sz: Sizes, budget: Budget) -> None:
         q, k, v, do = _qkv(n, sz)
         reps = 3 if n < 131072 else 2
         fl_fb = flops.attention_kernel_flops(1, n, sz.heads, sz.head_dim, causal=True)
+        fl_f = fl_fb / (1 + flops.BACKWARD_OVER_FORWARD)
         for name, (fwd, fb) in impls.items():
-            for pas, fn, fl in (("fwd", fwd, fl_fb / 3.5), ("fwd+bwd", fb, fl_fb)):
+            for pas, fn, fl in (("fwd", fwd, fl_f), ("fwd+bwd", fb, fl_fb)):
                 label = f"{name} {pas}"
                 common = dict(workload="kernel", method=name, label=label, seq_len=n, batch=1,
                               heads=sz.heads, kv_heads=sz.heads, head_dim=sz.head_dim,
@@ -330,7 +331,9 @@ def section_ring(rows: Rows, sz: Sizes, budget: Budget) -> None:
                   dtype=str(sz.dtype).replace("torch.", ""), warmup=1, repeats=2,
                   method_options=json.dumps({"layout": "zigzag", "backward": "burst",
                                              "emulated_world": g}))
-    fl_fwd = flops.attention_kernel_flops(1, n, sz.heads, sz.head_dim, causal=True) / 3.5
+    fl_fb = flops.attention_kernel_flops(1, n, sz.heads, sz.head_dim, causal=True)
+    fl_fwd = fl_fb / (1 + flops.BACKWARD_OVER_FORWARD)
+    fl_bwd = fl_fb - fl_fwd
 
     def mono():
         out, lse = block_forward(q, k, v, kind=CAUSAL)
@@ -346,7 +349,7 @@ def section_ring(rows: Rows, sz: Sizes, budget: Budget) -> None:
         rows.write(label="monolithic kernel", status=status, error=err, **common)
         return
     out_mono, t_mf, t_mb = res
-    for pas, t, fl in (("fwd", t_mf, fl_fwd), ("bwd", t_mb, 2.5 * fl_fwd)):
+    for pas, t, fl in (("fwd", t_mf, fl_fwd), ("bwd", t_mb, fl_bwd)):
         rows.write(label=f"monolithic kernel {pas}", status="ok", time_s=t,
                    attn_tflops=fl / t / 1e12, spec={"calls": 1}, **common)
     if budget.left() < 6 * (t_mf + t_mb) + (5 if sz.device == "cuda" else 0):
@@ -379,10 +382,10 @@ def section_ring(rows: Rows, sz: Sizes, budget: Budget) -> None:
         return
     fwd_sums, bwd_sums, steps_f, steps_b, diff = res
     for pas, sums, steps, t_mono, fl in (("fwd", fwd_sums, steps_f, t_mf, fl_fwd),
-                                         ("bwd", bwd_sums, steps_b, t_mb, 2.5 * fl_fwd),
+                                         ("bwd", bwd_sums, steps_b, t_mb, fl_bwd),
                                          ("fwd+bwd", [a + b for a, b in zip(fwd_sums, bwd_sums,
                                                                             strict=True)],
-                                          steps_f + steps_b, t_mf + t_mb, 3.5 * fl_fwd)):
+                                          steps_f + steps_b, t_mf + t_mb, fl_fb)):
         t = statistics.median(sums)
         rows.write(label=f"emulated ring {pas} (sum of per-step times)", status="ok", time_s=t,
                    time_s_min=min(sums), time_s_max=max(sums), attn_tflops=fl / t / 1e12,

@@ -252,12 +252,8 @@ def measure(cell: Cell) -> dict:
     peak_tf = peak_tflops(name) if cell.device == "cuda" else None
     out.update(device_name=name, hardware=name, peak_tflops=peak_tf)
     if cell.workload == "attention":
-        if cell.window:  # exact attended pairs (DESIGN.md 4), still backward = 2.5 x forward
-            fl = 3.5 * flops.attention_flops(cell.batch, cell.seq_len, cell.heads, cell.head_dim,
-                                             causal=cell.causal, window=cell.window)
-        else:  # the kernel convention of the papers' tables (causal = half of N^2)
-            fl = flops.attention_kernel_flops(cell.batch, cell.seq_len, cell.heads,
-                                              cell.head_dim, cell.causal)
+        fl = flops.attention_kernel_flops(cell.batch, cell.seq_len, cell.heads, cell.head_dim,
+                                          cell.causal, cell.window)
         out["attn_tflops"] = fl / t / cell.world / 1e12
     else:
         from burst.engine.configs import get_config

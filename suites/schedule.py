@@ -260,7 +260,9 @@ def _call_seconds(hw: Hardware, shape: AttnShape, call, m: int, heads: int, pass
         pairs = int(call.mask.sum())
     else:
         raise AssertionError(call.kind)
-    flops = pairs * shape.pair_flops(heads) * (2.5 if pass_ == "backward" else 1.0)
+    flops = pairs * shape.pair_flops(heads)
+    if pass_ == "backward":
+        flops *= F.BACKWARD_OVER_FORWARD
     return hw.attn_seconds(flops, min(lq, lk), pass_, causal=call.kind in (CAUSAL, STRICT))
 
 
@@ -396,7 +398,8 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
         fl = F.attention_flops(shape.batch, shape.seq_len, hu, shape.head_dim,
                                causal=shape.causal)
         cf = hw.attn_seconds(fl, shape.seq_len, "forward", shape.causal) / efficiency
-        cb = hw.attn_seconds(2.5 * fl, shape.seq_len, "backward", shape.causal) / efficiency
+        cb = hw.attn_seconds(F.BACKWARD_OVER_FORWARD * fl, shape.seq_len, "backward",
+                             shape.causal) / efficiency
         fwd = (cf + collective_seconds(hw, vol.sent("forward"), g, topo), cf)
         bwd = (cb + collective_seconds(hw, vol.sent("backward"), g, topo), cb)
     elif plan.kind == "allgather":
@@ -405,7 +408,7 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
                                causal=shape.causal) / g
         t_blk = n // 2 if plan.layout == "zigzag" else n
         cf = hw.attn_seconds(fl, t_blk, "forward") / efficiency
-        cb = hw.attn_seconds(2.5 * fl, t_blk, "backward") / efficiency
+        cb = hw.attn_seconds(F.BACKWARD_OVER_FORWARD * fl, t_blk, "backward") / efficiency
         fwd = (cf + collective_seconds(hw, vol.sent("forward"), g, topo), cf)
         bwd = (cb + collective_seconds(hw, vol.sent("backward"), g, topo), cb)
     else:  # pragma: no cover - plan_for rejects unknown kinds

@@ -235,7 +235,7 @@ def _metrics(cell, hw: Hardware, p: Prediction) -> dict:
              tokens_per_s=cell.batch * cell.seq_len / t / cell.world)
     if cell.workload == "attention":
         fl = F.attention_kernel_flops(cell.batch, cell.seq_len, cell.heads, cell.head_dim,
-                                      cell.causal)
+                                      cell.causal, cell.window)
         m["attn_tflops"] = fl / t / cell.world / 1e12
     else:
         cfg = _model_config(cell.model)

@@ -384,3 +384,20 @@ def test_attention_memory_matches_the_papers_benchmark_log(evals):
                    HW, lt.with_values(global_token_bytes=0.0))
     assert same.memory.allocated * 1024 / 2**30 == pytest.approx(
         rows[("loongtrain_double_ring", 1 << 19)]["mem_alloc_gib"] * 1024)
+
+
+def test_attn_tflops_counts_one_way_for_measured_and_simulated_rows():
+    """burst.flops.attention_kernel_flops is the one formula for attn_tflops: the kernel
+    convention (causal = half of N^2, backward = 2.5 x forward) and, with a window, the exact
+    attended pairs, so a windowed simulated row reports the FLOPs a measured one does."""
+    from burst import flops as F
+
+    n, h, d = 4096, 4, 64
+    assert F.attention_kernel_flops(1, n, h, d, True) == 3.5 * 4 * n * n / 2 * h * d
+    win = (255, 0)
+    exact = 3.5 * F.attention_flops(1, n, h, d, causal=True, window=win)
+    assert F.attention_kernel_flops(1, n, h, d, True, win) == exact
+    row = simulate_cell(dict(workload="attention", method="ring", seq_len=n, world=4,
+                             heads=h, head_dim=d, window=win, causal=True), "a800")
+    assert row["status"] == "ok"
+    assert row["attn_tflops"] == pytest.approx(exact / row["time_s"] / 4 / 1e12)
