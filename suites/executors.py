@@ -33,6 +33,7 @@ import signal
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,8 +43,8 @@ from suites.cells import Cell
 from suites.rows import RunContext, failure_row, make_row
 from suites.spec import SlurmSpec
 
-__all__ = ["EXECUTORS", "Run", "cell_job", "dry_run", "run_inline", "slurm_parameters",
-           "submit_cells"]
+__all__ = ["EXECUTORS", "Run", "cell_job", "dry_run", "master_port", "run_inline",
+           "slurm_parameters", "submit_cells"]
 
 EXECUTORS = ("inline", "local", "slurm", "dry-run")
 
@@ -191,6 +192,7 @@ def cell_job(cell_json: str, ctx: RunContext) -> dict | None:
     from suites.measure import measure
 
     cell = Cell.from_json(cell_json)
+    os.environ["MASTER_PORT"] = str(master_port(submitit.JobEnvironment().job_id))
     env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False,
                                                                 overwrite=True)
     if cell.device == "cuda":
@@ -204,6 +206,13 @@ def cell_job(cell_json: str, ctx: RunContext) -> dict | None:
     metrics = measure(cell)  # on failure: no destroy, it would wait for peers that may hang
     comm.destroy()
     return make_row(cell, metrics, ctx) if env.rank == 0 else None
+
+
+def master_port(job_id: str) -> int:
+    """The rendezvous port of one job, the same for all its tasks and below the kernel's
+    ephemeral range (Linux: 32768-60999). submitit draws it from 20000-60000, where another
+    array task's gloo sockets may already hold it (EADDRINUSE, seen in CI)."""
+    return 20000 + zlib.crc32(job_id.encode()) % 12000
 
 
 def slurm_parameters(cells: list[Cell], slurm: SlurmSpec, *, sweep: str) -> dict:

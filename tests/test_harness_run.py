@@ -226,3 +226,13 @@ fused_head = true
     assert row["tflops_hardware_flops"] > row["tflops_model_flops_causal"]  # recompute counted
     assert row["tflops_model_flops_dense"] > row["tflops_model_flops_causal"]
     assert row["bytes_sent_forward"] > 0 and row["saved_bytes"] > 0
+
+
+def test_submitit_jobs_rendezvous_below_the_ephemeral_ports():
+    """Every task of a submitit job derives the same port from the job id, outside the kernel's
+    ephemeral range (32768-60999), so a concurrent array task's sockets cannot hold it."""
+    from suites.executors import master_port
+
+    ports = {master_port(f"{job}_{task}") for job in (1, 42, 987654) for task in range(16)}
+    assert all(20000 <= p < 32768 for p in ports)
+    assert master_port("42_3") == master_port("42_3") and len(ports) > 40
