@@ -91,7 +91,10 @@ def panel_bars(ax, df: pd.DataFrame, metric: str, labels: list[str], *, scale: f
             tags.append(f"sim {sim_status.upper()}")
         if paper and paper[0]["status"] not in ("ok", None):
             tags.append(f"paper {paper[0]['status'].upper()}")
-        if tags:
+        if tags and h and h > 0.5 * ymax:  # a tall bar holds its tags (no room above it)
+            ax.text(i, 0.97 * h, "\n".join(tags), ha="center", va="top", fontsize=6,
+                    rotation=90, color="white")
+        elif tags:
             ax.text(i, h or oom_height or 0.02 * ymax, "\n".join(tags),
                     ha="center", va="bottom", fontsize=6, rotation=90, color="0.25")
     ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=7)
