@@ -45,9 +45,19 @@ def attention_pairs(seq_len: int, *, causal: bool = False, window: tuple[int, in
             continue
         left, right = window
         right = 0 if causal else right
-        for p in range(n):  # per query: keys in [p - left, p + right] within the document
-            total += min(n - 1, p + right) - max(0, p - left) + 1
+        # per query p: keys in [p - left, p + right] within the document, summed in closed form
+        total += (n * (n - 1) // 2 + n * right - _excess(n, n - 1 - right)) - _excess(n, left) + n
     return total
+
+
+def _excess(n: int, k: int) -> int:
+    """sum over p in [0, n) of max(0, p - k)."""
+    if k >= n - 1:
+        return 0
+    if k < 0:
+        return n * (n - 1) // 2 - n * k
+    m = n - 1 - k
+    return m * (m + 1) // 2
 
 
 def attention_flops(batch: int, seq_len: int, heads: int, head_dim: int, **mask) -> int:

@@ -82,6 +82,23 @@ class MaskSpec:
             vis &= self._doc(q_pos)[:, None] == self._doc(k_pos)[None, :]
         return vis
 
+    def visible_counts(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """Visible keys per query, without the dense mask: causality, the window and the
+        document each leave an interval of key positions, so their intersection is one
+        interval, counted with two binary searches in the ascending ``k_pos``."""
+        big = 1 << 62
+        lo, hi = torch.full_like(q_pos, -big), torch.full_like(q_pos, big)
+        if self.causal:
+            hi = torch.minimum(hi, q_pos)
+        if self.window is not None:
+            left, right = self.window
+            lo, hi = torch.maximum(lo, q_pos - left), torch.minimum(hi, q_pos + right)
+        if self.cu_seqlens is not None:
+            cu, d = torch.tensor(self.cu_seqlens, device=q_pos.device), self._doc(q_pos)
+            lo, hi = torch.maximum(lo, cu[d]), torch.minimum(hi, cu[d + 1] - 1)
+        count = torch.searchsorted(k_pos, hi, right=True) - torch.searchsorted(k_pos, lo)
+        return count.clamp_min(0)
+
     def _doc(self, pos: torch.Tensor) -> torch.Tensor:
         cu = torch.tensor(self.cu_seqlens, device=pos.device)
         return torch.searchsorted(cu, pos, right=True) - 1
@@ -127,6 +144,7 @@ class Call:
     k: slice
     kind: str
     mask: torch.Tensor | None = None  # bool (len q, len k), only for DENSE
+    pairs: int | None = None  # visible (query, key) pairs, only for DENSE
 
 
 _ALL = slice(None)
@@ -150,23 +168,27 @@ def _causal_plan(layout: str, world: int, q_rank: int, k_rank: int, n: int) -> t
     return (Call(slice(half, n), _ALL, FULL),)  # only the late query chunk sees anything
 
 
-def _refine(call: Call, spec: MaskSpec, q_pos: torch.Tensor, k_pos: torch.Tensor) -> Call | None:
+def _refine(call: Call, spec: MaskSpec, q_pos: torch.Tensor, k_pos: torch.Tensor,
+            dense_masks: bool) -> Call | None:
     qp, kp = q_pos[call.q], k_pos[call.k]
     if spec.range_empty(qp, kp):
         return None
     if spec.extra_irrelevant(qp, kp):
         return call
-    vis = spec.visible(qp, kp)
-    if not bool(vis.any()):
+    pairs = int(spec.visible_counts(qp, kp).sum())
+    if pairs == 0:
         return None
-    if bool(vis.all()):
+    if pairs == len(qp) * len(kp):
         return Call(call.q, call.k, FULL)
-    return Call(call.q, call.k, DENSE, vis)
+    return Call(call.q, call.k, DENSE, spec.visible(qp, kp) if dense_masks else None, pairs)
 
 
 def plan_pair(spec: MaskSpec, layout: str, world: int, q_rank: int, k_rank: int,
-              n: int) -> list[Call]:
-    """Kernel calls for queries of ``q_rank`` against keys of ``k_rank`` (n local tokens each)."""
+              n: int, *, dense_masks: bool = True) -> list[Call]:
+    """Kernel calls for queries of ``q_rank`` against keys of ``k_rank`` (n local tokens each).
+
+    ``dense_masks=False`` leaves a DENSE call's mask out (its ``pairs`` stay): what a cost
+    model needs, without an (n, n) tensor per block."""
     check_layout(layout)
     if spec.causal:
         calls = list(_causal_plan(layout, world, q_rank, k_rank, n))
@@ -176,7 +198,8 @@ def plan_pair(spec: MaskSpec, layout: str, world: int, q_rank: int, k_rank: int,
         return calls
     q_pos = global_positions(n, world, q_rank, layout)
     k_pos = global_positions(n, world, k_rank, layout)
-    return [c for c in (_refine(c, spec, q_pos, k_pos) for c in calls) if c is not None]
+    return [c for c in (_refine(c, spec, q_pos, k_pos, dense_masks) for c in calls)
+            if c is not None]
 
 
 def pair_empty(spec: MaskSpec, layout: str, world: int, q_rank: int, k_rank: int, n: int) -> bool:

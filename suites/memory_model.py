@@ -16,7 +16,8 @@ Training step (ZeRO-3 over all G ranks unless the system profile says otherwise)
   checkpoints    per layer: the layer input (full, selective, selective_half); plus the cached
                  attention output and lse (selective; half of them for selective_half); no
                  checkpointing keeps every activation of every layer
-  layer peak     backward of one layer: its activations again (recomputed) + the gradients of
+  layer peak     backward of one layer: its activations again (recomputed, unless nothing is
+                 checkpointed: then they are among the checkpoints) + the gradients of
                  the MLP's gate and up projections (the largest live at once; the others reuse
                  freed activations) + the attention method's buffers (ring double buffers, fp32
                  accumulators, Ulysses' gathered heads)
@@ -160,7 +161,9 @@ def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
         states = impl.replicated_bytes_per_param * params + optimizer
         gathered = 0.0
     checkpoints = cfg.num_layers * checkpoint_bytes(cfg, tokens, checkpointing)
-    act = sum(layer_activation_bytes(cfg, tokens).values())
+    # the layer's activations again, recomputed; without checkpointing they are already among
+    # the checkpoints (every activation of every layer)
+    act = sum(layer_activation_bytes(cfg, tokens).values()) if checkpointing != "none" else 0.0
     mlp_grads = 2 * tokens * cfg.ffn_size * BF16
     layer_peak = act + mlp_grads + _attention_buffers(shape, plan, world, impl.acc_elem)
     head = head_bytes(cfg, tokens, fused_head, impl.logits_bytes)

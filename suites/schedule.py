@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from burst import flops as F
 from burst import volume
+from burst.comm import ring_shape
 from burst.masks import CAUSAL, DENSE, FULL, STRICT, MaskSpec, plan_pair, ring_span
 from suites.hardware import Hardware
 
@@ -128,6 +129,8 @@ class AttnTiming:
     bytes_intra: int
     bytes_inter: int
     plan: Plan | None = None
+    volume: volume.Volume | None = None
+    """Bytes rank 0 sends, by phase and link (``burst.volume``)."""
 
     @property
     def total_s(self) -> float:
@@ -159,7 +162,7 @@ def plan_for(method: str, options: dict | None, topo: Topo, shape: AttnShape) ->
         if backward not in ("burst", "ring"):
             raise ValueError(f"backward={backward!r}; valid: auto, burst, ring")
         rpn = opts.get("ranks_per_node", topo.local if double else None)
-        local = rpn if rpn is not None and rpn < topo.world else None
+        local = None if ring_shape(topo.world, rpn)[0] == 1 else rpn  # the one rule
         if local is not None and topo.world % local:
             raise ValueError(f"ranks_per_node={local} does not divide world={topo.world}")
         return Plan("ring", layout=layout, backward=backward, ring_local=local, options=opts)
@@ -231,6 +234,7 @@ def _usp_volume(plan: Plan, shape: AttnShape, topo: Topo, acc_elem: int):
     hk = volume.ulysses_kv_heads(shape.kv_heads, u)
     # ring member i is global rank i*U + u_idx: a node holds L/U consecutive members (or one)
     ring = volume.ring_attention_bytes(backward=plan.backward, node_size=max(1, topo.local // u),
+                                       span=_ring_span(shape, plan.layout, r, u * n),
                                        **_vol_kw(shape, r, u * n, shape.heads // u,
                                                  max(1, hk // u), acc_elem))
     total = volume.Volume()
@@ -257,7 +261,7 @@ def _call_seconds(hw: Hardware, shape: AttnShape, call, m: int, heads: int, pass
     elif call.kind == STRICT:
         pairs = F.attention_pairs(lq, causal=True) - lq
     elif call.kind == DENSE:
-        pairs = int(call.mask.sum())
+        pairs = call.pairs
     else:
         raise AssertionError(call.kind)
     flops = pairs * shape.pair_flops(heads)
@@ -287,7 +291,7 @@ def step_compute(hw: Hardware, shape: AttnShape, layout: str, members: int, m: i
     for s in range(members):
         worst = 0.0
         for r in reps:
-            calls = plan_pair(spec, layout, members, r, (r - s) % members, m)
+            calls = plan_pair(spec, layout, members, r, (r - s) % members, m, dense_masks=False)
             t = sum(_call_seconds(hw, shape, c, m, heads, pass_) for c in calls)
             worst = max(worst, t + (merge if calls else 0.0))
         out.append(worst)
@@ -323,7 +327,8 @@ def _double_ring(steps: list[float], nodes: int, local: int, hop_intra: float,
 
 def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, vol, boundary_senders,
                  efficiency: float = 1.0):
-    """Forward and backward seconds of a (flat or double) ring of ``members`` ranks."""
+    """Forward and backward seconds of a (flat or double) ring of ``members`` ranks. A double
+    ring's ``vol`` is labelled by its own rings ("intra" = inner-ring hops, "inter" = outer)."""
     out = {}
     for pass_ in ("forward", "backward"):
         steps = [c / efficiency for c in
@@ -333,10 +338,14 @@ def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, vol, bounda
             nodes, local = members // plan.ring_local, plan.ring_local
             n_intra, n_inter = nodes * (local - 1), nodes - 1
             b_intra, b_inter = vol.sent(pass_, "intra"), vol.sent(pass_, "inter")
-            crosses = local if topo.world > topo.local else 0
-            hop_intra = hw.link_seconds(b_intra / max(n_intra, 1), "intra")
-            link = "inter" if crosses else "intra"
-            hop_inter = hw.link_seconds(b_inter / max(n_inter, 1), link, local)
+            # hops run in lockstep, so the slowest link prices each: an inner ring longer than
+            # a node crosses a NIC (one hop per node); outer hops leave the node for
+            # min(L, node) of its GPUs at once (all of them when L >= node)
+            inner = "inter" if local > topo.local else "intra"
+            outer = "inter" if topo.world > topo.local else "intra"
+            hop_intra = hw.link_seconds(b_intra / max(n_intra, 1), inner)
+            hop_inter = hw.link_seconds(b_inter / max(n_inter, 1), outer,
+                                        min(local, topo.local))
             end = 0.5 * hop_intra if pass_ == "backward" else 0.0
             t = _double_ring(steps, nodes, local, hop_intra, hop_inter, end)
         else:
@@ -348,6 +357,24 @@ def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, vol, bounda
             t = _flat_ring(steps, span, hop, end)
         out[pass_] = (t, sum(steps[:_ring_span(shape, plan.layout, members, m) + 1]))
     return out
+
+
+def _busiest_rank_pairs(shape: AttnShape, layout: str, g: int) -> float:
+    """Visible (query, key) pairs of the busiest rank when every rank's queries meet the whole
+    sequence (all-gather): causal prefixes per layout, so contiguous is imbalanced."""
+    total = F.attention_pairs(shape.seq_len, causal=shape.causal, window=shape.window)
+    if not shape.causal or layout not in ("contiguous", "zigzag"):
+        return total / g  # every rank sees the same mix (striped; no causal mask)
+
+    def prefix(x: int) -> int:  # pairs of queries [0, x): a causal query sees only the past
+        return F.attention_pairs(x, causal=True, window=shape.window)
+
+    n = shape.seq_len // g
+    if layout == "contiguous":
+        return max(prefix((r + 1) * n) - prefix(r * n) for r in range(g))
+    c = n // 2
+    return max(prefix((r + 1) * c) - prefix(r * c) + prefix((2 * g - r) * c)
+               - prefix((2 * g - 1 - r) * c) for r in range(g))
 
 
 def collective_seconds(hw: Hardware, nbytes: float, group: int, topo: Topo) -> float:
@@ -375,7 +402,9 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
     crosses = g > topo.local
     if plan.kind == "ring":
         vol = method_volume(method, options, shape, topo, acc_elem=acc_elem)
-        ph = _ring_phases(hw, shape, topo, plan, g, n, shape.heads, shape.kv_heads, vol,
+        hops = (_method_bytes(method, plan.options, shape, g, n, plan.ring_local, acc_elem)
+                if plan.ring_local else vol)  # a double ring's bytes by its own rings
+        ph = _ring_phases(hw, shape, topo, plan, g, n, shape.heads, shape.kv_heads, hops,
                           1 if crosses else 0, efficiency)
         fwd, bwd = ph["forward"], ph["backward"]
     elif plan.kind == "usp":
@@ -396,7 +425,7 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
         vol = method_volume(method, options, shape, topo, acc_elem=acc_elem)
         hu = -(-shape.heads // plan.ulysses)  # heads per rank (runnable cells divide evenly)
         fl = F.attention_flops(shape.batch, shape.seq_len, hu, shape.head_dim,
-                               causal=shape.causal)
+                               causal=shape.causal, window=shape.window)
         cf = hw.attn_seconds(fl, shape.seq_len, "forward", shape.causal) / efficiency
         cb = hw.attn_seconds(F.BACKWARD_OVER_FORWARD * fl, shape.seq_len, "backward",
                              shape.causal) / efficiency
@@ -404,8 +433,8 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
         bwd = (cb + collective_seconds(hw, vol.sent("backward"), g, topo), cb)
     elif plan.kind == "allgather":
         vol = method_volume(method, options, shape, topo, acc_elem=acc_elem)
-        fl = F.attention_flops(shape.batch, shape.seq_len, shape.heads, shape.head_dim,
-                               causal=shape.causal) / g
+        fl = 4 * shape.batch * _busiest_rank_pairs(shape, plan.layout, g) * shape.heads \
+            * shape.head_dim
         t_blk = n // 2 if plan.layout == "zigzag" else n
         cf = hw.attn_seconds(fl, t_blk, "forward") / efficiency
         cb = hw.attn_seconds(F.BACKWARD_OVER_FORWARD * fl, t_blk, "backward") / efficiency
@@ -416,4 +445,4 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
     return AttnTiming(forward_s=fwd[0], backward_s=bwd[0], compute_forward_s=fwd[1],
                       compute_backward_s=bwd[1], bytes_forward=vol.sent("forward"),
                       bytes_backward=vol.sent("backward"), bytes_intra=vol.sent(link="intra"),
-                      bytes_inter=vol.sent(link="inter"), plan=plan)
+                      bytes_inter=vol.sent(link="inter"), plan=plan, volume=vol)

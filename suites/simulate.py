@@ -78,11 +78,12 @@ _CELL_DEFAULTS = dict(sweep="adhoc", workload="attention", label=None, options=N
                       paper=None)
 
 
-def as_cell(obj):
+def as_cell(obj, gpus_per_node: int | None = None):
     """A ``suites.cells.Cell`` from a Cell, or from a dict / object with the cell's fields.
 
     Dicts may say ``method_options`` for ``options``, and give ``nodes`` or ``ranks_per_node``
-    (the other follows from ``world``); train_step cells take heads and head_dim from the model.
+    (the other follows from ``world``; with neither, nodes of ``gpus_per_node`` GPUs, or one
+    node); train_step cells take heads and head_dim from the model.
     """
     from suites.cells import Cell
 
@@ -103,9 +104,16 @@ def as_cell(obj):
     d["options"] = dict(d["options"] or {})
     world = d["world"]
     if d["ranks_per_node"] is None:
-        nodes = d["nodes"] or 1
-        d["ranks_per_node"] = world // nodes
-    d["nodes"] = max(1, world // d["ranks_per_node"])
+        if d["nodes"] is None and gpus_per_node:
+            d["ranks_per_node"] = min(world, gpus_per_node)
+        else:
+            nodes = d["nodes"] or 1
+            if world % nodes:
+                raise ValueError(f"world={world} does not split over nodes={nodes}")
+            d["ranks_per_node"] = world // nodes
+    if d["ranks_per_node"] < 1 or world % d["ranks_per_node"]:
+        raise ValueError(f"ranks_per_node={d['ranks_per_node']} does not divide world={world}")
+    d["nodes"] = world // d["ranks_per_node"]
     if d["workload"] == "train_step":
         if d["model"] is None:
             raise ValueError("a train_step cell needs model (burst.engine.configs name)")
@@ -164,9 +172,13 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
     what the harness records for the cells of a ``skip_invalid`` method). ``offload`` keeps
     ZeRO-3's fp32 optimizer state on the host (train_step; Python API only: specs have no such
     knob yet); a system whose profile says ``optimizer_offload`` always does."""
-    cell = as_cell(cell)
+    cell = as_cell(cell, hw.gpus_per_node)
     impl = impl or _impl(cell)
     opts = _options(cell, impl)
+    if cell.ranks_per_node > hw.gpus_per_node:
+        return Prediction("error", error=f"{cell.ranks_per_node} ranks per node, but the "
+                                         f"{hw.name} profile has {hw.gpus_per_node} GPUs per "
+                                         "node (set nodes or ranks_per_node)")
     if cell.seq_len % cell.world:
         return Prediction(invalid, error=f"seq_len {cell.seq_len} is not divisible by world "
                                          f"{cell.world}")
@@ -218,16 +230,22 @@ def _metrics(cell, hw: Hardware, p: Prediction) -> dict:
     m = {"status": p.status, "error": p.error, "peak_tflops": hw.peak_tflops}
     if p.memory is not None:
         m.update(mem_peak_bytes=int(p.memory.allocated), mem_reserved_bytes=int(p.memory.reserved))
+    # the mode the system really ran (a "selective" that caches no attention is full)
+    ckpt = p.checkpointing or cell.checkpointing
     if p.attn is not None:
         reps = 1
         if cell.workload == "train_step":
             cfg = _model_config(cell.model)
             reps = cfg.num_layers
-        fwd_again = 2 if cell.workload == "train_step" and cell.checkpointing == "full" else 1
-        m.update(bytes_sent_forward=p.attn.bytes_forward * reps * fwd_again,
-                 bytes_sent_backward=p.attn.bytes_backward * reps,
-                 bytes_sent_intra=p.attn.bytes_intra * reps, bytes_sent_inter=p.attn.bytes_inter
-                 * reps)
+        fwd_again = 2 if cell.workload == "train_step" and ckpt == "full" else 1
+        vol = p.attn.volume
+
+        def sent(phase=None, link=None) -> int:  # every layer, the forward again if recomputed
+            again = vol.sent("forward", link) if phase in (None, "forward") else 0
+            return reps * (vol.sent(phase, link) + (fwd_again - 1) * again)
+
+        m.update(bytes_sent_forward=sent("forward"), bytes_sent_backward=sent("backward"),
+                 bytes_sent_intra=sent(link="intra"), bytes_sent_inter=sent(link="inter"))
     if p.status != "ok":
         return m
     t = p.time_s
@@ -241,7 +259,7 @@ def _metrics(cell, hw: Hardware, p: Prediction) -> dict:
         cfg = _model_config(cell.model)
         for conv in F.CONVENTIONS:
             tf = F.model_flops(cfg, cell.batch, cell.seq_len, conv,
-                               checkpointing=cell.checkpointing) / t / cell.world / 1e12
+                               checkpointing=ckpt) / t / cell.world / 1e12
             m[f"tflops_{conv}"] = tf
             m[f"mfu_{conv}"] = tf / hw.peak_tflops
     return m
@@ -253,7 +271,7 @@ def simulate_cell(cell, hardware: str | Hardware, *, ctx=None, invalid: str = "e
     from suites.rows import RunContext, make_row
 
     hw = hardware if isinstance(hardware, Hardware) else load(hardware)
-    cell = as_cell(cell)
+    cell = as_cell(cell, hw.gpus_per_node)
     if ctx is None:
         ctx = RunContext(run_id=f"simulate-{hw.name}", executor="simulate", sweep_spec="",
                          **code_provenance())

@@ -171,6 +171,123 @@ def _train(**kw):
     return predict(as_cell(cell), HW)
 
 
+def test_topology_comes_from_the_profile_or_is_an_error():
+    """A cell with only ``world`` gets the profile's nodes (8 GPUs each on a800); a cell that
+    puts more ranks on a node than the profile has GPUs is an error row, not one big node."""
+    cell = dict(workload="attention", method="zigzag_ring", seq_len=1 << 17, world=32,
+                heads=40, head_dim=128)
+    assert predict(cell, HW).time_s == pytest.approx(
+        predict({**cell, "ranks_per_node": 8}, HW).time_s)
+    bad = predict({**cell, "nodes": 1}, HW)
+    assert bad.status == "error" and "8 GPUs per node" in bad.error
+    with pytest.raises(ValueError, match="does not split"):
+        as_cell({**cell, "world": 12, "nodes": 5})
+
+
+def test_double_ring_pays_for_the_hops_that_leave_the_node():
+    """Inner rings shorter than a node: the outer hop of a node's last inner ring crosses a
+    NIC, and the lockstep ring waits for it (it was priced from rank 0, whose hop stays
+    inside); ranks_per_node=1 is a flat ring (burst.comm.ring_shape), not a free double ring."""
+    t = {rpn: _t("double_ring", ranks_per_node=rpn).total_s for rpn in (2, 4, 8)}
+    assert t[2] > t[4] > t[8] * 0.99
+    assert t[2] > 1.5 * t[8]
+    flat, one = _t("burst"), _t("burst", ranks_per_node=1)
+    assert one.plan.ring_local is None
+    assert one.forward_s == pytest.approx(flat.forward_s)
+
+
+def test_windows_shrink_every_method_they_mask():
+    """A sliding window cuts the kernel work of Ulysses, TP and all-gather (exact pairs) and
+    the ring bytes of USP (truncated span, as burst.volume counts them)."""
+    from burst import volume
+
+    win = dataclasses.replace(MHA, window=(2048, 0))
+    topo = Topo(8, 8)
+    for m in ("ulysses", "tp", "allgather"):
+        full = attention_timing(HW, m, {}, MHA, topo).total_s
+        assert attention_timing(HW, m, {}, win, topo).total_s < 0.2 * full, m
+    small = dataclasses.replace(win, seq_len=1 << 16)
+    usp = attention_timing(HW, "usp", {"ulysses_degree": 2}, small, Topo(16, 8))
+    plain = attention_timing(HW, "usp", {"ulysses_degree": 2},
+                             dataclasses.replace(small, window=None), Topo(16, 8))
+    assert usp.backward_s < plain.backward_s
+    counted = volume.method_bytes("usp", world=16, batch=1, seq_local=(1 << 16) // 16,
+                                  heads=40, kv_heads=40, head_dim=128, elem=2, acc_elem=4,
+                                  ulysses_degree=2, layout="contiguous", node_size=8, causal=True,
+                                  window=(2048, 0))
+    assert usp.bytes_forward == counted.sent("forward")
+
+
+def test_allgather_times_the_busiest_rank():
+    """Every rank's queries meet the whole sequence: causal on the contiguous layout leaves the
+    last rank (2G-1)/G of the average work (1.875 at G=8); zigzag balances it."""
+    topo = Topo(8, 8)
+    z = attention_timing(HW, "allgather", {"layout": "zigzag"}, MHA, topo).compute_forward_s
+    c = attention_timing(HW, "allgather", {"layout": "contiguous"}, MHA, topo).compute_forward_s
+    assert c / z == pytest.approx(1.875, rel=0.06)
+
+
+def test_windowed_cells_at_1m_tokens_need_no_dense_masks():
+    """The cost model plans a windowed ring without (n, n) masks: a 1M-token cell simulates in
+    well under a minute and its DENSE calls carry exact pair counts."""
+    import time
+
+    import torch
+
+    from burst.layout import global_positions
+    from burst.masks import DENSE, MaskSpec, plan_pair
+
+    spec = MaskSpec(causal=True, window=(5, 2))
+    for layout in ("contiguous", "zigzag", "striped"):
+        for q, k in ((1, 0), (2, 2), (3, 1)):
+            for c in plan_pair(spec, layout, 4, q, k, 16, dense_masks=False):
+                if c.kind == DENSE:
+                    assert c.mask is None
+                    vis = spec.visible(global_positions(16, 4, q, layout)[c.q],
+                                       global_positions(16, 4, k, layout)[c.k])
+                    assert c.pairs == int(vis.sum()) and 0 < c.pairs < vis.numel()
+    t0 = time.perf_counter()
+    big = dataclasses.replace(MHA, seq_len=1 << 20, window=(4096, 0))
+    assert attention_timing(HW, "burst", {"layout": "zigzag"}, big, Topo(8, 8)).total_s > 0
+    assert time.perf_counter() - t0 < 30
+    del torch
+
+
+def test_rows_count_what_the_system_really_ran():
+    """DeepSpeed's "selective" caches no attention, so it is priced as full recomputation: its
+    row reports full's FLOPs and the forward's bytes twice; intra + inter bytes = forward +
+    backward bytes."""
+    base = dict(workload="train_step", method="ulysses", model="7b", seq_len=1 << 21,
+                world=32, ranks_per_node=8, paper="deepspeed_ulysses")
+    sel = simulate_cell({**base, "checkpointing": "selective"}, HW)
+    full = simulate_cell({**base, "checkpointing": "full"}, HW)
+    for k in ("time_s", "tflops_hardware_flops", "bytes_sent_forward", "bytes_sent_inter"):
+        assert sel[k] == pytest.approx(full[k]), k
+    for r in (sel, full):
+        assert r["bytes_sent_intra"] + r["bytes_sent_inter"] == \
+            r["bytes_sent_forward"] + r["bytes_sent_backward"]
+
+
+def test_no_checkpointing_counts_each_activation_once():
+    """Without checkpointing every activation is already kept: the last layer's backward adds
+    only its gradients and buffers, not a recomputed copy."""
+    from burst.engine.configs import get_config
+    from suites.memory_model import layer_activation_bytes
+
+    cell = dict(workload="train_step", method="burst", model="7b", seq_len=1 << 16, world=8,
+                ranks_per_node=8)
+    none = predict({**cell, "checkpointing": "none"}, HW).memory
+    full = predict({**cell, "checkpointing": "full"}, HW).memory.parts
+    act = sum(layer_activation_bytes(get_config("7b"), (1 << 16) // 8).values())
+    # the layer moment of "none": its kept activations + the last layer's gradients and
+    # buffers (full's layer_backward minus its recomputed activations); a second copy of the
+    # activations would have made it the peak here
+    layer = (none.parts["model_states"] + none.parts["checkpoints"]
+             + full["gathered_params"] + full["layer_backward"] - act)
+    assert set(none.parts) == {"model_states", "checkpoints", "implementation", "head"}
+    assert layer < none.allocated < layer + act
+
+
 def test_checkpointing_modes_trade_time_for_memory():
     sel, half, full = (_train(checkpointing="selective"),
                        _train(checkpointing="selective_half",
@@ -413,6 +530,29 @@ def test_kernel_curve_matches_the_papers_profiled_calls():
              for run, p in calibrate.KERNEL_PROFILE.items()}
     assert share[lt] < share[burst] - 0.05
     assert "Kernel rate against the paper's profiles" in calibrate.DOC.read_text()
+
+
+def test_attention_pairs_closed_form_equals_enumeration():
+    """burst.flops.attention_pairs (closed form, so a 1M-token window costs nothing) against
+    counting every visible (query, key) pair, for windows, causality and documents."""
+    from burst.flops import attention_pairs
+
+    def count(n, causal, window, cu=None):
+        total = 0
+        for a, b in zip(*(lambda c: (c[:-1], c[1:]))(cu or [0, n]), strict=True):
+            for p in range(b - a):
+                for j in range(b - a):
+                    ok = (not causal or j <= p) and (window is None or
+                                                     p - window[0] <= j <= p + window[1])
+                    total += ok
+        return total
+
+    for n in (1, 2, 7, 33):
+        for causal in (False, True):
+            for w in (None, (0, 0), (1, 0), (3, 2), (0, 5), (40, 40), (100, 1)):
+                assert attention_pairs(n, causal=causal, window=w) == count(n, causal, w)
+    assert attention_pairs(60, causal=True, window=(4, 0), cu_seqlens=[0, 25, 60]) == count(
+        60, True, (4, 0), [0, 25, 60])
 
 
 def test_attn_tflops_counts_one_way_for_measured_and_simulated_rows():
