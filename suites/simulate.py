@@ -257,6 +257,8 @@ def _metrics(cell, hw: Hardware, p: Prediction) -> dict:
         m["attn_tflops"] = fl / t / cell.world / 1e12
     else:
         cfg = _model_config(cell.model)
+        if _impl(cell).vocab_size:  # the model the system ran (its own vocabulary)
+            cfg = dataclasses.replace(cfg, vocab_size=_impl(cell).vocab_size)
         for conv in F.CONVENTIONS:
             tf = F.model_flops(cfg, cell.batch, cell.seq_len, conv,
                                checkpointing=ckpt) / t / cell.world / 1e12
