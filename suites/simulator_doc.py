@@ -243,7 +243,9 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
         "",
         "`suites.simulate` turns any harness cell (attention layer or engine training step, "
         "any registry method and options, any scale) into a result row with "
-        "`source=simulated` for a hardware profile (`suites/hardware/*.toml`):",
+        "`source=simulated` for a hardware profile (`suites/hardware/*.toml`; a cell without "
+        "`nodes` or `ranks_per_node` is placed on nodes of the profile's GPUs, and one that "
+        "puts more ranks on a node than the profile has GPUs is an `error` row):",
         "",
         "- **attention layer** (`suites.schedule`): the kernel calls of every ring step "
         "(`burst.masks.plan_pair`, so causal balance follows the layout), FLOPs from "
@@ -251,8 +253,10 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
         "t_half) of the smaller side t of each call; bytes per rank from "
         "`burst.volume.method_bytes`, priced by the link they cross. Flat ring: max(compute, "
         "hop) per step, one NIC per node when it spans nodes. Double ring: the inter-node hop "
-        "of all L GPUs of a node (sharing the node's NICs) hides behind L-1 NVLink steps. "
-        "Ulysses / USP / all-gather / TP: collectives that do not overlap the kernel.",
+        "of all L GPUs of a node (sharing the node's NICs) hides behind L-1 NVLink steps "
+        "(inner rings shorter than a node: min(L, node) GPUs share the NICs; longer ones cross "
+        "a NIC at every inner step). Ulysses / USP / all-gather / TP: collectives that do not "
+        "overlap the kernel; all-gather is timed on its busiest rank.",
         "- **training step** (`suites.step_model`): per layer dense GEMMs, memory-bound "
         "elementwise work, the attention layer, recomputation per checkpointing mode, ZeRO-3 "
         "all-gathers and reduce-scatter overlapped with compute; LM head and optimizer.",
