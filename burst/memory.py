@@ -24,7 +24,9 @@ __all__ = ["ProfilerPeak", "SavedBytes", "cuda_peak", "reset_cuda_peak"]
 
 
 class SavedBytes:
-    """Bytes of distinct storages saved for backward inside the block.
+    """Bytes of distinct storages saved for backward inside the block, by the forward: what
+    is kept from forward to backward. Tensors saved while backward runs (the recomputation of
+    checkpointed layers) are transient and not counted.
 
     ``exclude``: storage pointers not to count (e.g. the parameters' ``untyped_storage()
     .data_ptr()``: matmuls save their weights, which no checkpointing mode can free).
@@ -35,6 +37,8 @@ class SavedBytes:
         self._seen: set[int] = set(exclude)
 
     def _pack(self, t: torch.Tensor):
+        if torch._C._current_graph_task_id() != -1:  # inside backward: a recomputation
+            return t
         try:
             st = t.untyped_storage()
             key = st.data_ptr()

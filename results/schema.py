@@ -61,11 +61,16 @@ COLUMNS: dict[str, str] = {
     "peak_tflops": "dense bf16 peak used for MFU (TFLOP/s)",
     "mem_peak_bytes": "GPU: max_memory_allocated; CPU: profiler transient peak",
     "mem_reserved_bytes": "GPU: max_memory_reserved (the paper's memory figure)",
-    "saved_bytes": "bytes saved for backward (saved_tensors_hooks), exact on every device",
+    "saved_bytes": "bytes the forward keeps for backward (saved_tensors_hooks, without "
+                   "parameters, + a train step's attention cache), exact on every device",
     "bytes_sent_forward": "bytes sent per rank in forward (byte counter / formula)",
     "bytes_sent_backward": "bytes sent per rank in backward",
-    "bytes_sent_intra": "bytes sent per rank to peers on the same node",
-    "bytes_sent_inter": "bytes sent per rank to peers on other nodes",
+    "bytes_sent_intra": "attention bytes (forward + backward) sent per rank to peers on the "
+                        "same node",
+    "bytes_sent_inter": "attention bytes (forward + backward) sent per rank to peers on other "
+                        "nodes",
+    "bytes_sent_other": "bytes sent per rank outside the attention layers: a train step's "
+                        "gradient synchronisation and loss all-reduces (measured rows)",
     "max_err": "max abs error against the float64 reference, where computed",
     "speedup": "time of the named baseline / time of this row (filled by compare)",
     # provenance

@@ -156,6 +156,10 @@ def _train_step(cell: Cell, dev: torch.device):
     def step():
         return trainer.step(tokens, targets, positions)
 
+    # parameters are saved by every matmul whatever the checkpointing: not activations; the
+    # selective modes keep their attention outside autograd, in the model's cache
+    step.params = [p.untyped_storage().data_ptr() for p in trainer.model.parameters()]
+    step.cached = lambda: trainer.model.cache.peak_nbytes
     return step, lambda result: None
 
 
@@ -218,7 +222,8 @@ def measure(cell: Cell) -> dict:
     _sync(dev)
 
     # one untimed, instrumented step
-    saved, prof = SavedBytes(), ProfilerPeak() if cell.profile_memory else None
+    saved = SavedBytes(exclude=getattr(step, "params", ()))
+    prof = ProfilerPeak() if cell.profile_memory else None
     with comm.count_bytes(ranks_per_node=cell.ranks_per_node) as cnt, saved:
         if prof is not None:
             with _quiet_stderr(), prof:
@@ -233,9 +238,11 @@ def measure(cell: Cell) -> dict:
     times = _max_over_ranks([_timed(step, dev) for _ in range(cell.repeats)], dev)
     peak = cuda_peak(dev) if dev.type == "cuda" else {"allocated": prof.peak_bytes if prof
                                                       else 0, "reserved": 0}
-    per_rank = [saved.bytes, peak["allocated"], peak["reserved"], cnt.sent("forward"),
-                cnt.sent("backward"), cnt.sent(link="intra"), cnt.sent(link="inter"),
-                err if err is not None else -1.0]
+    kept = saved.bytes + (step.cached() if hasattr(step, "cached") else 0)
+    fwd, bwd = cnt.sent("forward"), cnt.sent("backward")
+    by_link = {lk: cnt.sent("forward", lk) + cnt.sent("backward", lk) for lk in ("intra", "inter")}
+    per_rank = [kept, peak["allocated"], peak["reserved"], fwd, bwd, by_link["intra"],
+                by_link["inter"], cnt.sent() - fwd - bwd, err if err is not None else -1.0]
     mx = _max_over_ranks(per_rank, dev)
     t = statistics.median(times)
     out = {
@@ -246,7 +253,7 @@ def measure(cell: Cell) -> dict:
         "mem_reserved_bytes": int(mx[2]) if dev.type == "cuda" else None,
         "bytes_sent_forward": int(mx[3]), "bytes_sent_backward": int(mx[4]),
         "bytes_sent_intra": int(mx[5]), "bytes_sent_inter": int(mx[6]),
-        "max_err": mx[7] if err is not None else None,
+        "bytes_sent_other": int(mx[7]), "max_err": mx[8] if err is not None else None,
     }
     name = device_name(cell.device)
     peak_tf = peak_tflops(name) if cell.device == "cuda" else None

@@ -214,10 +214,27 @@ world = 2
 name = "burst"
 checkpointing = "selective"
 fused_head = true
+[[methods]]
+name = "burst"
+label = "burst full"
+checkpointing = "full"
+fused_head = true
+[[methods]]
+name = "burst"
+label = "burst none"
+checkpointing = "none"
+fused_head = true
 """
     res = run_sweep(_spec(tmp_path, text, "train"), out=tmp_path / "out",
                     stream=_quiet())
-    (row,) = store.read_rows(res.run_dir / "rows.jsonl")
+    row, full, none = store.read_rows(res.run_dir / "rows.jsonl")
+    # what the forward keeps: every activation > input + cached attention > input alone (a
+    # recomputation inside backward keeps nothing from forward to backward)
+    assert none["saved_bytes"] > row["saved_bytes"] > full["saved_bytes"] > 0
+    for r in (row, full, none):  # attention bytes by phase and by link agree; the rest apart
+        assert r["bytes_sent_intra"] + r["bytes_sent_inter"] == \
+            r["bytes_sent_forward"] + r["bytes_sent_backward"]
+        assert r["bytes_sent_other"] > 0  # gradient synchronisation and the loss
     assert row["status"] == "ok", row["error"]
     assert row["model"] == "tiny" and row["checkpointing"] == "selective" and row["fused_head"]
     assert row["heads"] == 4 and row["kv_heads"] == 2 and row["head_dim"] == 8

@@ -27,11 +27,15 @@ on the first half alone; that is exact because causal queries of the prefix see 
 (true of out and lse). A method that saves anything else (Ulysses' index tensors, say) gets a
 ValueError naming the tensor, never a silent approximation.
 
-Entries are keyed by layer, freed when that layer's backward has used them, and replaced if a
-forward runs again before its backward (so repeated steps never see stale entries).
+Entries are keyed by the layer's run in one forward (weakly: a forward whose graph is dropped
+without backward frees its entries with it), and freed when that run's backward has used them.
+A second forward before the first one's backward has entries of its own, so each backward
+replays exactly what its forward computed.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 from torch.autograd.graph import get_gradient_edge, saved_tensors_hooks
@@ -194,10 +198,10 @@ def _prefix(cu_seqlens, n_local: int, call: AttentionCall):
 
 
 class ActivationCache:
-    """Cache entries of the selective modes, keyed by layer index."""
+    """Cache entries of the selective modes, keyed (weakly) by the layer run of one forward."""
 
     def __init__(self):
-        self.entries: dict[int, CacheEntry] = {}
+        self.entries: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.peak_nbytes = 0  # largest total held since the last clear()
         self._anchor: torch.Tensor | None = None
 
@@ -216,18 +220,18 @@ class ActivationCache:
     def nbytes(self) -> int:
         return sum(e.nbytes for e in self.entries.values())
 
-    def store(self, layer: int, call: AttentionCall, q, k, v, *, cu_seqlens, half: bool):
+    def store(self, run, call: AttentionCall, q, k, v, *, cu_seqlens, half: bool):
         entry = CacheEntry(call, cu_seqlens, half)
         out = entry.run(q, k, v, self.anchor)
-        self.entries[layer] = entry  # replaces a stale entry whose backward never ran
+        self.entries[run] = entry
         self.peak_nbytes = max(self.peak_nbytes, self.nbytes)
         return out
 
-    def pop(self, layer: int) -> CacheEntry:
-        if layer not in self.entries:
-            raise RuntimeError(f"no cached attention for layer {layer}: backward ran twice or "
-                               "without its forward")
-        return self.entries.pop(layer)
+    def pop(self, run) -> CacheEntry:
+        if run not in self.entries:
+            raise RuntimeError(f"no cached attention for layer {run.index}: backward ran twice "
+                               "or without its forward")
+        return self.entries.pop(run)
 
     def clear(self) -> None:
         self.entries.clear()
@@ -263,7 +267,7 @@ class _LayerRun:
         if self.mode == "full":
             out = self.attention(q, k, v, cu_seqlens=self.cu_seqlens)
         else:
-            out = self.cache.store(self.index, self.attention, q, k, v,
+            out = self.cache.store(self, self.attention, q, k, v,
                                    cu_seqlens=self.cu_seqlens,
                                    half=self.mode == "selective_half")
         del q, k, v
@@ -276,7 +280,7 @@ class _LayerRun:
             with recompute_phase():
                 out = self.attention(q, k, v, cu_seqlens=self.cu_seqlens)
         else:
-            out = _Replay.apply(self.cache.pop(self.index), self.cache.anchor, q, k, v)
+            out = _Replay.apply(self.cache.pop(self), self.cache.anchor, q, k, v)
         return self.layer.finish(x, out)
 
 

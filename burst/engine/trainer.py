@@ -209,7 +209,8 @@ class Trainer:
 
     def forward_backward(self, tokens, targets, positions, *, cu_seqlens=None) -> float:
         """Forward, backward and gradient synchronisation (no optimizer step); returns the
-        global mean loss. Gradients are left in ``model.parameters()``."""
+        global mean loss. Gradients are added to those already in ``model.parameters()``
+        (micro-batch accumulation: each call's gradients are synchronised once)."""
         self._check_batch(tokens, targets, positions)
         if cu_seqlens is not None:
             MaskSpec(causal=True, cu_seqlens=cu_seqlens).check_length(
@@ -221,6 +222,12 @@ class Trainer:
         if count.item() == 0:
             raise ValueError("Trainer.step: the global batch has no target token (all ignored)")
         self.model.cache.clear()
+        # gradients accumulated by earlier calls are already summed over the CP group: set
+        # them aside so that only this call's partial sums are reduced, then add them back
+        params = list(self.model.parameters())
+        earlier = [p.grad for p in params]
+        for p in params:
+            p.grad = None
         loss = self._forward(tokens, positions, targets, loss_scale=1.0 / count.item(),
                              cu_seqlens=cu_seqlens, ignore_index=self.ignore_index)
         # DP wrappers average over the DP group; the loss is already the global mean's share
@@ -228,7 +235,11 @@ class Trainer:
         if len(self.model.cache):
             raise AssertionError(f"{len(self.model.cache)} cached attention entries were not "
                                  "consumed by backward")
-        all_reduce_grads(list(self.model.parameters()), self.cp_group)
+        all_reduce_grads(params, self.cp_group)
+        with torch.no_grad():
+            for p, g in zip(params, earlier, strict=True):
+                if g is not None:
+                    p.grad = g if p.grad is None else p.grad.add_(g)
         total = loss.detach().to(acc).reshape(1)
         with comm.phase("loss"):
             comm.all_reduce(total)
