@@ -78,9 +78,12 @@ def replicate_kv(k_BSHD: torch.Tensor, degree: int) -> torch.Tensor:
 
 
 @lru_cache(maxsize=256)
-def _gathered_positions(seq_local: int, world: int, layout: str) -> torch.Tensor:
-    """Global position of each row after ``seq_to_heads`` (the shards in rank order)."""
-    return torch.cat([global_positions(seq_local, world, r, layout) for r in range(world)])
+def _gathered_positions(seq_local: int, world: int, layout: str,
+                        device: torch.device | str = "cpu") -> torch.Tensor:
+    """Global position of each row after ``seq_to_heads`` (the shards in rank order), cached
+    on ``device`` (a host-to-GPU copy per call would wait for the GPU queue every layer)."""
+    return torch.cat([global_positions(seq_local, world, r, layout)
+                      for r in range(world)]).to(device)
 
 
 def ulysses_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
@@ -103,7 +106,7 @@ def ulysses_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None =
     spec.check_length(n * g)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     qh, kh, vh = (seq_to_heads(t, group) for t in (q, replicate_kv(k, g), replicate_kv(v, g)))
-    pos = _gathered_positions(n, g, layout).to(q.device)
+    pos = _gathered_positions(n, g, layout, q.device)
     if layout != "contiguous":  # rank order -> global order, so masks see true positions
         order = torch.argsort(pos)
         qh, kh, vh = (t.index_select(1, order) for t in (qh, kh, vh))

@@ -53,9 +53,11 @@ def usp_groups(group, ulysses_degree: int):
 
 
 @lru_cache(maxsize=256)
-def _ring_order(seq_local: int, world: int, degree: int, ring_pos: int, layout: str):
+def _ring_order(seq_local: int, world: int, degree: int, ring_pos: int, layout: str,
+                device: torch.device | str = "cpu"):
     """Permutation taking the gathered rows (the U shards in rank order) to ring position
-    ``ring_pos``'s shard of ``layout`` over R = world/degree ranks, and its inverse."""
+    ``ring_pos``'s shard of ``layout`` over R = world/degree ranks, and its inverse; cached on
+    ``device`` (a host-to-GPU copy per call would wait for the GPU queue every layer)."""
     r = world // degree
     have = torch.cat([global_positions(seq_local, world, ring_pos * degree + j, layout)
                       for j in range(degree)])
@@ -64,7 +66,7 @@ def _ring_order(seq_local: int, world: int, degree: int, ring_pos: int, layout: 
     perm = order[torch.searchsorted(have[order], want)]
     if not torch.equal(have[perm], want):  # guarded by _requires; an internal invariant
         raise AssertionError(f"{layout} over {world} ranks is not a {layout} layout over {r}")
-    return perm, torch.argsort(perm)
+    return perm.to(device), torch.argsort(perm).to(device)
 
 
 def usp_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = None, group=None,
@@ -89,7 +91,7 @@ def usp_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = Non
     uly, ring, ring_pos = usp_groups(group, ulysses_degree)
     qh, kh, vh = (seq_to_heads(t, uly) for t in (q, replicate_kv(k, ulysses_degree),
                                                   replicate_kv(v, ulysses_degree)))
-    perm, inv = (t.to(q.device) for t in _ring_order(n, g, ulysses_degree, ring_pos, layout))
+    perm, inv = _ring_order(n, g, ulysses_degree, ring_pos, layout, q.device)
     qh, kh, vh = (t.index_select(1, perm) for t in (qh, kh, vh))
     out = burst_attn(qh, kh, vh, causal=causal, softmax_scale=softmax_scale, layout=layout,
                      group=ring, backward=backward, window=window, cu_seqlens=cu_seqlens,

@@ -103,6 +103,9 @@ def resolve_backend(backend: str, q: torch.Tensor, kind: str = FULL) -> str:
     if backend in ("cuda_sdpa", "flash_attn") and q.device.type not in ("cuda", "meta"):
         raise ValueError(f"kernel backend {backend!r} needs CUDA tensors, got device {q.device}; "
                          "use backend='auto', 'cpu_flash' or 'torch'")
+    if backend == "cpu_flash" and q.device.type == "cuda":
+        raise ValueError("kernel backend 'cpu_flash' runs on the CPU, got CUDA tensors; use "
+                         "backend='auto', 'cuda_sdpa', 'flash_attn' or 'torch'")
     if backend == "flash_attn":
         if _flash_attn_module() is None:
             raise ValueError("kernel backend 'flash_attn' needs the flash-attn package "
@@ -124,13 +127,18 @@ def _head_dim_ok(q: torch.Tensor) -> bool:
     return q.shape[-1] % 8 == 0 and q.shape[-1] <= 256
 
 
+def _ampere_or_newer(q: torch.Tensor) -> bool:
+    """Flash kernels (SDPA's and flash-attn 2) need compute capability 8.0+."""
+    return q.device.type != "cuda" or torch.cuda.get_device_capability(q.device) >= (8, 0)
+
+
 def _flash_attn_ok(q: torch.Tensor, kind: str) -> bool:
     return (_flash_attn_module() is not None and q.dtype in _HALF and kind != DENSE
-            and _head_dim_ok(q))
+            and _head_dim_ok(q) and _ampere_or_newer(q))
 
 
 def _sdpa_flash_ok(q: torch.Tensor, kind: str) -> bool:
-    return q.dtype in _HALF and kind != DENSE and _head_dim_ok(q)
+    return q.dtype in _HALF and kind != DENSE and _head_dim_ok(q) and _ampere_or_newer(q)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,9 +147,17 @@ def _sdpa_flash_ok(q: torch.Tensor, kind: str) -> bool:
 
 
 def _aten(name: str, **kw):
-    """Call ``torch.ops.aten.<name>`` by schema argument names (robust to reordering)."""
+    """Call ``torch.ops.aten.<name>`` by schema argument names (robust to reordering). An
+    argument the installed op lacks may be left out only at its neutral value (None, False,
+    0): dropping anything else would change the result silently."""
     op = getattr(torch.ops.aten, name).default
     names = _schema_names(name)
+    lost = sorted(k for k, v in kw.items()
+                  if k not in names and not (v is None or (isinstance(v, bool | int | float)
+                                                           and not v)))
+    if lost:
+        raise RuntimeError(f"torch.ops.aten.{name} of torch {torch.__version__} has no "
+                           f"argument(s) {', '.join(lost)}; valid: {', '.join(sorted(names))}")
     return op(**{k: v for k, v in kw.items() if k in names})
 
 

@@ -413,7 +413,7 @@ def _model_config(name: str):
 def _trainer(sz: Sizes):
     """One Trainer reused for every mode (modes are switched on the model between steps).
 
-    The engine initialises weights in float64 on the host from a seed (rank-independent); for
+    The engine draws its weights in fp32 on the host from a seed (device-independent); for
     a 1B model that costs tens of seconds of the budget, and weight values do not change speed
     or memory, so on the GPU the default module init runs on the device instead."""
     from burst.engine import model as engine_model

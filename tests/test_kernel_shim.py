@@ -199,3 +199,17 @@ def test_flash_attn_versions_through_one_shim(monkeypatch, fake):
                 assert (a - b).abs().max() < 1e-4  # the stand-in out gives the same delta
     finally:
         kernel._fa_params.cache_clear()
+
+
+def test_aten_calls_never_drop_a_meaningful_argument():
+    """The shim calls aten ops by schema names; an argument the installed op lacks may be left
+    out only at its neutral value, anything else is an error (not a silently different op)."""
+    from burst.kernel import _aten
+
+    q = torch.randn(1, 2, 8, 4)
+    out = _aten("_scaled_dot_product_flash_attention_for_cpu", query=q, key=q, value=q,
+                dropout_p=0.0, is_causal=False, not_in_any_torch=None)
+    assert out[0].shape == q.shape
+    with pytest.raises(RuntimeError, match="not_in_any_torch"):
+        _aten("_scaled_dot_product_flash_attention_for_cpu", query=q, key=q, value=q,
+              not_in_any_torch=0.5)

@@ -152,17 +152,18 @@ class CausalLM(nn.Module):
 
     def reset_parameters(self, seed: int, std: float = 0.02) -> None:
         """Deterministic init from ``seed`` alone (normal(0, std) matrices, unit norms), drawn
-        in fp32 on the parameters' device, so every rank builds the same weights without
-        communication and a 7B model does not go through the host. Runs in any dtype get the
-        same values (fp32 draws are exact in float64)."""
-        dev = next(self.parameters()).device
-        g = torch.Generator(device=dev).manual_seed(seed)
+        in fp32 on the host one parameter at a time and copied to the parameters' device, so
+        every rank, every device and every GPU model builds the same weights without
+        communication (a CUDA generator's draws depend on the device: its kernels' grid follows
+        the SM count). Runs in any dtype get the same values (fp32 draws are exact in float64).
+        """
+        g = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for name, p in self.named_parameters():
                 if name.endswith("layernorm.weight") or name == "norm.weight":
                     p.fill_(1.0)
                 else:
-                    p.copy_(torch.randn(p.shape, generator=g, device=dev) * std)
+                    p.copy_(torch.randn(p.shape, generator=g) * std)
 
     @classmethod
     def build(cls, cfg: ModelConfig, *, seed: int = 0, dtype: torch.dtype = torch.float32,
