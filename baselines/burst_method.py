@@ -20,8 +20,10 @@ def _burst(q, k, v, *, causal, softmax_scale, group, layout="zigzag", backward="
                       window=window, cu_seqlens=cu_seqlens, backend=backend)
 
 
-def _requires(*, world, seq_local, layout="zigzag", ranks_per_node=None, **_):
+def _requires(*, world, seq_local, layout="zigzag", ranks_per_node=None, backward="auto", **_):
     out = layout_problems(layout, seq_local)
+    if backward not in ("auto", "burst", "ring"):
+        out.append(f"backward={backward!r}; valid: auto, burst, ring")
     if ranks_per_node is not None and not (isinstance(ranks_per_node, int)
                                            and ranks_per_node >= 1 and world % ranks_per_node == 0):
         out.append(f"world {world} is not divisible by ranks_per_node={ranks_per_node!r}; "

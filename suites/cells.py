@@ -157,6 +157,10 @@ def option_problems(i: int, m: MethodSpec, window: bool = False) -> list[str]:
         method = registry.get(m.name)
     except ValueError as e:
         return [f"{where}.name: {e}"]
+    if method.level == "block":
+        return [f"{where}.name: {m.name!r} is block-level ({method.description}); the harness "
+                "times attention cores (q, k, v -> out) and the engine's attention; use its "
+                "block_fn directly"]
     out = []
     accepted = _accepted_options(method.fn)
     if accepted is not None:
@@ -209,9 +213,19 @@ def cell_problem(cell: Cell) -> str | None:
 def cell_problems(spec: SweepSpec) -> list[str]:
     """Every problem of every cell, deduplicated, in method order (``parse_spec`` already
     reported the method entries' own problems; here they only guard the cell checks). Cells of
-    a method with ``skip_invalid`` are not problems: they become ``skipped`` rows at run time."""
+    a method with ``skip_invalid`` are not problems: they become ``skipped`` rows at run time.
+    A cell that appears twice (repeated seq_lens or scales) is a problem: it would be measured
+    twice under one id."""
     cells = expand(spec)
     out: list[str] = []
+    seen: dict[str, Cell] = {}
+    for c in cells:
+        if c.cell_id in seen:
+            msg = (f"seq_len@world {c.seq_len}@{c.world} appears more than once (repeated "
+                   "seq_lens or scales): each cell would be measured twice under one id")
+            if msg not in out:
+                out.append(msg)
+        seen[c.cell_id] = c
     for i, m in enumerate(spec.methods):
         mine = [c for c in cells if c.label == m.label]
         probs = option_problems(i, m, bool(spec.shape and spec.shape.window))

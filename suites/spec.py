@@ -341,7 +341,8 @@ def default_label(name: str, options: dict) -> str:
 
 
 def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
-    """Validate a parsed TOML document; raise SpecError listing every problem."""
+    """Validate a parsed TOML document; raise SpecError listing every problem, those of the
+    cells it expands to included (``suites.cells.cell_problems``), in one report."""
     r = _Reader()
     r.keys(data, _TOP, "")
     workload = r.get(data, "workload", "", str, choices=WORKLOADS)
@@ -441,11 +442,27 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
         sk["additional"] = r.get(t, "additional", "slurm.", dict, {}) or {}
         slurm = SlurmSpec(**sk)
 
+    if "scales" in data and not scales and not r.problems:
+        r.add("scales", "no scale: give at least one [[scales]] entry")
+    spec = None
+    try:
+        spec = SweepSpec(name=name, workload=workload, methods=tuple(methods),
+                         scales=tuple(scales), device=device, dtype=dtype, shape=shape,
+                         model=model, baseline=baseline, slurm=slurm, source=source, **kw)
+    except (TypeError, ValueError):  # too broken to build: its own problems say why
+        if not r.problems:
+            raise
+    if spec is not None and methods and scales:  # the cells' problems in the same report
+        from suites.cells import cell_problems
+
+        try:
+            more = cell_problems(spec)
+        except (TypeError, ValueError, KeyError) as e:
+            more = [] if r.problems else [f"cells: {e}"]
+        r.problems += [p for p in more if p not in r.problems]
     if r.problems:
         raise SpecError(r.problems, source)
-    return SweepSpec(name=name, workload=workload, methods=tuple(methods), scales=tuple(scales),
-                     device=device, dtype=dtype, shape=shape, model=model, baseline=baseline,
-                     slurm=slurm, source=source, **kw)
+    return spec
 
 
 def _model_problems(name: str) -> list[str]:
@@ -474,8 +491,7 @@ def spec_path(spec: str | Path) -> Path:
 
 def load_spec(spec: str | Path) -> SweepSpec:
     """Read and validate a spec file (path or name in suites/specs); SpecError lists every
-    problem, including those of the cells it expands to (``suites.cells.check_cells``)."""
-    from suites.cells import cell_problems
+    problem, including those of the cells it expands to (``suites.cells.cell_problems``)."""
 
     path = spec_path(spec)
     if sys.version_info >= (3, 11):
@@ -486,8 +502,4 @@ def load_spec(spec: str | Path) -> SweepSpec:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
         raise SpecError([f"not valid TOML: {e}"], str(path)) from None
-    parsed = parse_spec(data, name=path.stem, source=str(path))
-    problems = cell_problems(parsed)
-    if problems:
-        raise SpecError(problems, str(path))
-    return parsed
+    return parse_spec(data, name=path.stem, source=str(path))

@@ -110,6 +110,25 @@ def test_cell_problems_are_listed_together(tmp_path):
     assert len(expand(load_spec(_write(tmp_path, ok)))) == 6
 
 
+def test_key_cell_and_value_problems_come_in_one_report(tmp_path):
+    """A typo, an indivisible length, a repeated length, a bad option value and a block-level
+    method: all in the first report (cells are checked even when keys are wrong); an empty
+    [[scales]] list is a problem, not a sweep of nothing."""
+    text = GOOD.replace("[64, 128]", "[64, 100, 64]").replace("world = 4", "world = 4\nrepeatz = 3")
+    text += '[[methods]]\nname = "burst"\nlabel = "typo"\noptions = { backward = "burts" }\n'
+    text += '[[methods]]\nname = "tp"\n'
+    with pytest.raises(SpecError) as ei:
+        load_spec(_write(tmp_path, text))
+    probs = "\n".join(ei.value.problems)
+    for part in ("repeatz", "seq_len@world 100@4", "64@4 appears more than once",
+                 "backward='burts'", "'tp' is block-level"):
+        assert part in probs, (part, probs)
+    empty = "workload = 'attention'\nscales = []\n[shape]\nheads = 4\nhead_dim = 8\n" \
+            "[[methods]]\nname = 'burst'\n"
+    with pytest.raises(SpecError, match="no scale"):
+        load_spec(_write(tmp_path, empty, "empty"))
+
+
 def test_cells_and_ids(tmp_path):
     spec = load_spec(_write(tmp_path, GOOD))
     cells = expand(spec)
