@@ -39,6 +39,7 @@ __all__ = [
     "read_meta",
     "read_rows",
     "repair",
+    "runs_by_time",
     "write_meta",
 ]
 
@@ -173,10 +174,24 @@ def read_meta(run_dir: str | os.PathLike) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def runs_by_time(sweep_dir: str | os.PathLike) -> list[Path]:
+    """The run folders of a sweep folder, oldest first: by their run.json "created", else by
+    the folder's modification time (a named --run-id does not sort by its name); the name
+    breaks ties."""
+    def when(p: Path) -> tuple[str, str]:
+        created = read_meta(p).get("created")
+        if not created:
+            mtime = _dt.datetime.fromtimestamp(p.stat().st_mtime, _dt.timezone.utc)
+            created = f"{mtime:%Y-%m-%dT%H:%M:%SZ}"
+        return created, p.name
+
+    return sorted((p for p in Path(sweep_dir).iterdir()
+                   if (p / META).exists() or (p / ROWS).exists()), key=when)
+
+
 def latest_run(sweep_dir: str | os.PathLike) -> Path | None:
-    """The most recent run folder (run ids sort by time) of a sweep folder, or None."""
-    runs = sorted(p for p in Path(sweep_dir).iterdir()
-                  if (p / META).exists() or (p / ROWS).exists())
+    """The most recent run folder of a sweep folder (``runs_by_time``), or None."""
+    runs = runs_by_time(sweep_dir)
     return runs[-1] if runs else None
 
 

@@ -57,11 +57,15 @@ def select_run(spec: SweepSpec, out: Path, run_id: str | None = None, new: bool 
     sweep_dir = Path(out) / spec.name
     if run_id:
         return sweep_dir / run_id
-    if not new and sweep_dir.exists():
-        latest = store.latest_run(sweep_dir)
-        if latest is not None and store.read_meta(latest).get("spec_hash") == _spec_hash(spec):
-            return latest
-    return sweep_dir / store.new_run_id()
+    if not new and sweep_dir.exists():  # newest first: a later run of another spec is passed
+        for run in reversed(store.runs_by_time(sweep_dir)):
+            if store.read_meta(run).get("spec_hash") == _spec_hash(spec):
+                return run
+    rid = store.new_run_id()
+    fresh, n = sweep_dir / rid, 2
+    while fresh.exists():  # two new runs within a second of one process
+        fresh, n = sweep_dir / f"{rid}.{n}", n + 1
+    return fresh
 
 
 class _Progress:

@@ -277,3 +277,27 @@ def test_classify_and_schema_readme():
     readme = (SPEC_DIR.parent.parent / "results" / "README.md").read_text()
     assert markdown_table() in readme, "regenerate: python -m results.readme"
     assert SlurmSpec().time_min > 0
+
+
+def test_resume_finds_its_own_spec_by_time_not_by_name(tmp_path):
+    """The newest run of this very spec is resumed even after a run of another spec; runs sort
+    by their creation time, so a named run ("before") is not newest by its name; two new runs
+    in one second get two folders."""
+    from suites.run import _spec_hash, select_run
+
+    a = load_spec(_write(tmp_path, GOOD, "sweep"))
+    b = dataclasses.replace(a, seed=a.seed + 1)
+    out = tmp_path / "out"
+    runs = {}
+    for name, spec, created in (("before", b, "2026-01-01T00:00:00Z"),
+                                ("20260102T000000Z-1", a, "2026-01-02T00:00:00Z"),
+                                ("20260103T000000Z-1", b, "2026-01-03T00:00:00Z")):
+        runs[name] = out / a.name / name
+        runs[name].mkdir(parents=True)
+        store.write_meta(runs[name], {"spec_hash": _spec_hash(spec), "created": created})
+    assert store.latest_run(out / a.name) == runs["20260103T000000Z-1"]
+    assert select_run(a, out) == runs["20260102T000000Z-1"]
+    assert select_run(b, out) == runs["20260103T000000Z-1"]
+    first = select_run(a, out, new=True)
+    first.mkdir()
+    assert select_run(a, out, new=True) != first
