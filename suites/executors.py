@@ -271,7 +271,13 @@ def _ready(job) -> bool:
 def _collect(job, cell: Cell, run: Run, ctx: RunContext) -> None:
     got = _outcomes(job)
     failed = sorted(i for i, (o, _) in got.items() if o == "error")
-    if failed:  # the first failed rank's traceback is the cell's error
+    silent = [i for i in range(job.num_tasks) if i not in got and job.task(i).done()]
+    if failed and silent:  # a rank died without a word (killed, crashed): the others only
+        i = failed[0]      # timed out waiting for it, which is not the cell's timeout
+        row = failure_row(cell, f"rank(s) {', '.join(map(str, silent))} ended without a "
+                          f"result (killed or crashed); rank {i} then raised:\n{got[i][1]}",
+                          ctx, "error", job_id=str(job.job_id))
+    elif failed:  # the first failed rank's traceback is the cell's error
         i = failed[0]
         row = failure_row(cell, f"rank {i} raised:\n{got[i][1]}", ctx, job_id=str(job.job_id))
     else:

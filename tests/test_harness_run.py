@@ -253,3 +253,39 @@ def test_submitit_jobs_rendezvous_below_the_ephemeral_ports():
     ports = {master_port(f"{job}_{task}") for job in (1, 42, 987654) for task in range(16)}
     assert all(20000 <= p < 32768 for p in ports)
     assert master_port("42_3") == master_port("42_3") and len(ports) > 40
+
+
+def test_a_rank_that_dies_silently_makes_an_error_row_not_a_timeout(tmp_path):
+    """Rank 1 ends without a result (killed, crashed) and rank 0 then times out waiting for
+    it: the cell's row says so and is an error, not the cell's own timeout."""
+    from submitit.core.utils import cloudpickle_dump as pickle_dump
+
+    from suites.cells import expand
+    from suites.executors import Run, _collect
+    from suites.rows import RunContext
+
+    class Task:
+        def __init__(self, i):
+            self.paths = type("P", (), {"result_pickle": tmp_path / f"{i}_result.pkl"})
+
+        def done(self):
+            return True
+
+    class Job:
+        job_id, num_tasks = "7", 2
+
+        def task(self, i):
+            return Task(i)
+
+        def done(self):
+            return True
+
+    pickle_dump(("error", "RuntimeError: Connection timed out waiting for rank 1"),
+                tmp_path / "0_result.pkl")
+    spec = _spec(tmp_path, 'workload = "attention"\nseq_lens = [64]\nworld = 2\n'
+                 '[shape]\nheads = 2\nhead_dim = 8\n[[methods]]\nname = "ring"\n')
+    run = Run(tmp_path / "run")
+    run.dir.mkdir()
+    _collect(Job(), expand(spec)[0], run, RunContext("r", "local", "{}", None, None))
+    (row,) = store.read_rows(run.rows)
+    assert row["status"] == "error" and "rank(s) 1 ended without a result" in row["error"]
