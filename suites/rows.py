@@ -76,9 +76,9 @@ def make_row(cell: Cell, metrics: dict, ctx: RunContext, *, host: dict | None = 
 
 def failure_row(cell: Cell, error_text: str, ctx: RunContext, status: str | None = None,
                 *, job_id: str | None = None) -> dict:
-    """The row of a cell that produced no measurement."""
+    """The row of a cell that produced no measurement. With ``job_id`` it is written by the
+    driver for a job that ran elsewhere: the host columns stay empty, not the driver's."""
     status = status or classify(error_text)
-    row = make_row(cell, {"status": status, "error": error_text}, ctx)
-    if job_id is not None:
-        row["job_id"] = job_id
-    return row
+    host = None if job_id is None else {k: None for k in (
+        "python", "torch", "cuda", "nccl", "flash_attn", "hostname")} | {"job_id": job_id}
+    return make_row(cell, {"status": status, "error": error_text}, ctx, host=host)

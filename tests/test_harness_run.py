@@ -289,3 +289,4 @@ def test_a_rank_that_dies_silently_makes_an_error_row_not_a_timeout(tmp_path):
     _collect(Job(), expand(spec)[0], run, RunContext("r", "local", "{}", None, None))
     (row,) = store.read_rows(run.rows)
     assert row["status"] == "error" and "rank(s) 1 ended without a result" in row["error"]
+    assert row["job_id"] == "7" and row["hostname"] is None  # not the driver's host
