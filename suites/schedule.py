@@ -131,6 +131,9 @@ class AttnTiming:
     plan: Plan | None = None
     volume: volume.Volume | None = None
     """Bytes rank 0 sends, by phase and link (``burst.volume``)."""
+    rank_volumes: tuple = ()
+    """The same for the ranks at node and inner-ring edges, whose links differ: result rows
+    take the maximum over ranks of each byte column, as measured rows do."""
 
     @property
     def total_s(self) -> float:
@@ -204,17 +207,17 @@ _BYTE_OPTIONS = {"burst": ("layout", "backward", "ranks_per_node"), "ring": ("la
 
 def _method_bytes(method: str, opts: dict, shape: AttnShape, world: int, seq_local: int,
                   node_size: int, acc_elem: int, heads: int | None = None,
-                  kv_heads: int | None = None) -> volume.Volume:
+                  kv_heads: int | None = None, rank: int = 0) -> volume.Volume:
     kw = {k: opts[k] for k in _BYTE_OPTIONS[method] if k in opts}
     return volume.method_bytes(method, **_vol_kw(shape, world, seq_local, heads, kv_heads,
                                                  acc_elem),
                                node_size=node_size, causal=shape.causal, window=shape.window,
-                               **kw)
+                               rank=rank, **kw)
 
 
 def method_volume(method: str, options: dict | None, shape: AttnShape, topo: Topo, *,
-                  acc_elem: int = 4) -> volume.Volume:
-    """Bytes rank 0 sends in one attention layer, from ``burst.volume.method_bytes``.
+                  acc_elem: int = 4, rank: int = 0) -> volume.Volume:
+    """Bytes ``rank`` sends in one attention layer, from ``burst.volume.method_bytes``.
 
     usp is composed from the same formulas, Ulysses over U ranks plus a ring of G/U ranks on
     U*n tokens x H/U heads, so that its ring may run either backward (the registry's usp runs
@@ -222,8 +225,9 @@ def method_volume(method: str, options: dict | None, shape: AttnShape, topo: Top
     plan = plan_for(method, options, topo, shape)
     n = shape.seq_len // topo.world
     if plan.kind != "usp":
-        return _method_bytes(method, plan.options, shape, topo.world, n, topo.local, acc_elem)
-    return _usp_volume(plan, shape, topo, acc_elem)[0]
+        return _method_bytes(method, plan.options, shape, topo.world, n, topo.local, acc_elem,
+                             rank=rank)
+    return _usp_volume(plan, shape, topo, acc_elem)[0]  # rank 0's labels
 
 
 def _usp_volume(plan: Plan, shape: AttnShape, topo: Topo, acc_elem: int):
@@ -445,4 +449,17 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
     return AttnTiming(forward_s=fwd[0], backward_s=bwd[0], compute_forward_s=fwd[1],
                       compute_backward_s=bwd[1], bytes_forward=vol.sent("forward"),
                       bytes_backward=vol.sent("backward"), bytes_intra=vol.sent(link="intra"),
-                      bytes_inter=vol.sent(link="inter"), plan=plan, volume=vol)
+                      bytes_inter=vol.sent(link="inter"), plan=plan, volume=vol,
+                      rank_volumes=_edge_volumes(method, options, shape, topo, plan, acc_elem,
+                                                 vol))
+
+
+def _edge_volumes(method, options, shape, topo, plan, acc_elem, vol) -> tuple:
+    """Rank 0's volume and those of the ranks where links change (node and inner-ring edges)."""
+    if plan.kind == "usp":
+        return (vol,)
+    edges = {1, topo.local - 1, topo.local, topo.world - 1}
+    if plan.ring_local:
+        edges |= {plan.ring_local - 1, plan.ring_local, topo.local - plan.ring_local}
+    return (vol, *(method_volume(method, options, shape, topo, acc_elem=acc_elem, rank=r)
+                   for r in sorted(edges) if 0 < r < topo.world))

@@ -238,11 +238,12 @@ def _metrics(cell, hw: Hardware, p: Prediction) -> dict:
             cfg = _model_config(cell.model)
             reps = cfg.num_layers
         fwd_again = 2 if cell.workload == "train_step" and ckpt == "full" else 1
-        vol = p.attn.volume
 
-        def sent(phase=None, link=None) -> int:  # every layer, the forward again if recomputed
-            again = vol.sent("forward", link) if phase in (None, "forward") else 0
-            return reps * (vol.sent(phase, link) + (fwd_again - 1) * again)
+        def sent(phase=None, link=None) -> int:  # every layer, the forward again if recomputed;
+            def one(vol):                        # the busiest rank, as measured rows report
+                again = vol.sent("forward", link) if phase in (None, "forward") else 0
+                return reps * (vol.sent(phase, link) + (fwd_again - 1) * again)
+            return max(one(v) for v in (p.attn.rank_volumes or (p.attn.volume,)))
 
         m.update(bytes_sent_forward=sent("forward"), bytes_sent_backward=sent("backward"),
                  bytes_sent_intra=sent(link="intra"), bytes_sent_inter=sent(link="inter"))
