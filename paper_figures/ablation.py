@@ -1,5 +1,6 @@
-"""Incremental ablation: BurstEngine's options added one at a time (14B, 32 GPUs): tokens/s
-per GPU and memory per GPU at each sequence length of the ablation sweep."""
+"""Incremental ablation: BurstEngine's options added one at a time (the ablation sweep's model
+and GPUs: 14B, 32): tokens/s per GPU and memory per GPU at each of its sequence lengths; a
+step that did not run is a labelled gap, and speedups are against the first step that ran."""
 
 from __future__ import annotations
 
@@ -29,26 +30,35 @@ def make(tables):
     rows = []
     for j, n in enumerate(lens):
         sub = df[(df["seq_len"] == n) & (df["source"] == "simulated")]
+        if not len(sub):
+            for i in range(2):
+                note_empty(axes[i][j])
+            continue
+        where = f"{str(sub['model'].iloc[0]).upper()}, {int(sub['world'].iloc[0])} GPUs"
         sub = sub.drop_duplicates("label", keep="last").set_index("label").reindex(steps)
+        status = sub["status"].fillna("missing").tolist()
         for i, (metric, ylabel) in enumerate((("tokens_per_s", "tokens/s per GPU"),
                                               ("mem_gib", "memory per GPU (GiB)"))):
             ax = axes[i][j]
-            vals = [v if s == "ok" else 0.0 for v, s in zip(sub[metric], sub["status"],
-                                                           strict=True)]
-            sns.barplot(x=steps, y=vals, hue=steps, palette=colors, legend=False, ax=ax,
-                        saturation=1.0)
-            base = vals[0] or 1.0
-            for k, v in enumerate(vals):
-                if v and metric == "tokens_per_s":
+            vals = [v if st == "ok" else float("nan") for v, st in zip(sub[metric], status,
+                                                                      strict=True)]
+            sns.barplot(x=steps, y=[0.0 if pd.isna(v) else v for v in vals], hue=steps,
+                        palette=colors, legend=False, ax=ax, saturation=1.0)
+            base = next((v for v in vals if not pd.isna(v)), None)  # the first step that ran
+            for k, (v, st) in enumerate(zip(vals, status, strict=True)):
+                if pd.isna(v):
+                    ax.text(k, 0, st.upper(), ha="center", va="bottom", fontsize=6,
+                            rotation=90, color="0.25")
+                elif metric == "tokens_per_s":
                     ax.text(k, v, f"{v / base:.2f}x", ha="center", va="bottom", fontsize=7)
             ax.set_xticks(range(len(steps)), steps if i == 1 else [""] * len(steps),
                           rotation=50, ha="right", fontsize=7)
             ax.set_ylabel(ylabel if j == 0 else "")
             if i == 0:
-                ax.set_title(f"14B, 32 GPUs, {seq_label(n)} tokens", fontsize=9)
-            rows += [{"seq_len": n, "step": s, "metric": metric, "value": v,
-                      "status": st} for s, v, st in zip(steps, vals, sub["status"],
-                                                        strict=True)]
+                ax.set_title(f"{where}, {seq_label(n)} tokens", fontsize=9)
+            rows += [{"seq_len": n, "step": s, "metric": metric,
+                      "value": None if pd.isna(v) else v, "status": st}
+                     for s, v, st in zip(steps, vals, status, strict=True)]
     fig.suptitle("BurstEngine options added one at a time (simulated, A800)", fontsize=10)
     fig.tight_layout()
     return fig, pd.DataFrame(rows)

@@ -38,9 +38,10 @@ def make(tables):
                 ax.scatter(ok["seq_len"], ok["attn_tflops"], color=color(system), s=30,
                            marker=SOURCE_MARKERS[src], edgecolor="black", zorder=5)
             fail = s[s["status"] == "oom"]
-            if len(fail):
-                ax.scatter(fail["seq_len"], np.full(len(fail), 5.0), marker="x",
-                           color=color(system), s=30)
+            if len(fail):  # published OOM: x; predicted OOM: + (a little higher)
+                ax.scatter(fail["seq_len"], np.full(len(fail), 0.04 if src == "paper" else 0.1),
+                           marker="x" if src == "paper" else "+", color=color(system), s=36,
+                           clip_on=False, transform=ax.get_xaxis_transform())
             rows += [{"system": system, "label": label, "source": src, "seq_len": r["seq_len"],
                       "status": r["status"], "attn_tflops": r["attn_tflops"]}
                      for r in s.to_dict("records")]
@@ -49,8 +50,8 @@ def make(tables):
     ax.set_xlabel("sequence length (tokens), 32 GPUs")
     ax.set_ylabel("attention TFLOP/s per GPU")
     ax.set_ylim(0, None)
-    ax.legend(fontsize=7, loc="lower right")
-    ax.set_title("Attention forward+backward: simulated (lines), published (\u25c6), "
-                 "OOM (\u00d7)", fontsize=9)
+    ax.legend(fontsize=7, loc="center right")
+    ax.set_title("Attention forward+backward: simulated (lines; + = predicted OOM), "
+                 "published (\u25c6; \u00d7 = OOM)", fontsize=9)
     fig.tight_layout()
     return fig, pd.DataFrame(rows)

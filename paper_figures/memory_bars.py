@@ -34,6 +34,8 @@ def make(tables):
             note_empty(ax)
             continue
         d = panel_bars(ax, sub, "mem_gib", label_order(sub))
+        predicted_oom = set(sub.loc[sim_oom.loc[sub.index], "label"])
+        d.loc[(d["source"] == "simulated") & d["label"].isin(predicted_oom), "status"] = "oom"
         d["model"], d["world"], d["metric"] = model, world, "mem_reserved_gib"
         plotted.append(d)
         ax.axhline(usable, color="black", lw=0.8, ls="--")

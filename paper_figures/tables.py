@@ -52,11 +52,18 @@ def add_system(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def _frames(paths: list[Path]) -> pd.DataFrame:
+def _frames(runs: list[Path]) -> pd.DataFrame:
+    from results import store
+
     parts = []
-    for p in paths:
-        try:
-            parts.append(pd.read_csv(p))
+    for run in runs:
+        csv, rows = run / store.CSV, run / store.ROWS
+        try:  # the table, unless rows were written after it (then the rows themselves)
+            if csv.exists() and (not rows.exists()
+                                 or csv.stat().st_mtime >= rows.stat().st_mtime):
+                parts.append(pd.read_csv(csv))
+            else:
+                parts.append(store.load(run))
         except (OSError, ValueError, pd.errors.EmptyDataError):
             continue
     if not parts:
@@ -65,15 +72,16 @@ def _frames(paths: list[Path]) -> pd.DataFrame:
 
 
 def _latest_tables(root: Path) -> list[Path]:
-    """table.csv of the latest run of every sweep folder under ``root`` (results.store)."""
-    out = []
+    """The latest run folder of every sweep folder under ``root``: the one
+    ``results.store.latest_run`` picks (by creation time, not name), so a figure never shows
+    an older run than ``burst-bench show``."""
+    from results import store
+
     if not root.is_dir():
-        return out
-    for sweep in sorted(p for p in root.iterdir() if p.is_dir() and p.name not in SKIP):
-        runs = sorted(r for r in sweep.iterdir() if (r / "table.csv").exists())
-        if runs:
-            out.append(runs[-1] / "table.csv")
-    return out
+        return []
+    runs = (store.latest_run(sweep) for sweep in sorted(p for p in root.iterdir()
+                                                        if p.is_dir() and p.name not in SKIP))
+    return [r for r in runs if r is not None]
 
 
 def load_tables(results: Path | str = RESULTS) -> Tables:

@@ -38,9 +38,15 @@ def make(tables):
                     ax.plot(ok["world"], ok[metric] * scale, lw=1.6 if src == "simulated"
                             else 0, label=d["label"].iloc[0] if src == "simulated" else None,
                             **kw)
-                oom = s[s["status"] == "oom"]
-                ax.scatter(oom["world"], np.full(len(oom), 0.0), marker="x", color=color(system),
-                           s=24, clip_on=False)
+                # failed cells at the axis floor (axes coordinates: the log axis has no 0),
+                # each system a little apart so that none hides another
+                dy = 0.03 + 0.025 * rank.get(system, 0)
+                for status, marker in (("oom", "x"), ("skipped", "o")):
+                    bad = s[s["status"] == status]
+                    ax.scatter(bad["world"], np.full(len(bad), dy), marker=marker,
+                               facecolors="none" if marker == "o" else color(system),
+                               color=color(system), s=24, clip_on=False,
+                               transform=ax.get_xaxis_transform())
                 rows += [{"system": system, "label": r["label"], "source": src,
                           "world": r["world"], "seq_len": r["seq_len"], "status": r["status"],
                           "metric": metric, "value": r[metric] * scale if pd.notna(r[metric])
@@ -54,7 +60,7 @@ def make(tables):
         else:
             ax.set_ylim(0, None)
     axes[0][0].legend(fontsize=7)
-    fig.suptitle("Weak scaling, 7B, simulated on A800 nodes (\u00d7 = out of memory)",
-                 fontsize=10)
+    fig.suptitle("Weak scaling, 7B, simulated on A800 nodes (\u00d7 = out of memory, "
+                 "\u25cb = cannot run)", fontsize=10)
     fig.tight_layout()
     return fig, pd.DataFrame(rows)

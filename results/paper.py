@@ -80,6 +80,8 @@ def main_rows(path: str | os.PathLike | None = None) -> list[dict]:
                    checkpointing=CHECKPOINTING[r["checkpointing"]],
                    fused_head=r["method"].startswith("burstengine"), tokens_per_s=tps,
                    time_s=int(r["seq_len"]) / tps / int(r["gpus"]) if tps else None,
+                   # "GB" is GiB: the paper's runs log max_memory_reserved() / 1024**3
+                   # (thunlp/BurstEngine pretrain_llama_hug_tokenizer.py, see_memory)
                    mem_reserved_bytes=float(r["memory_gb"]) * 2**30 if r["memory_gb"] else None)
         if tps:
             row.update(_model_tflops(r["model"], int(r["seq_len"]), row["time_s"], int(r["gpus"]),

@@ -257,9 +257,9 @@ def _metrics(cell, hw: Hardware, p: Prediction) -> dict:
                                       cell.causal, cell.window)
         m["attn_tflops"] = fl / t / cell.world / 1e12
     else:
+        # the model as the spec (and the paper's MFU, plot_code/burst_attn/convert_csv.py)
+        # defines it, whatever vocabulary a system's time was priced with
         cfg = _model_config(cell.model)
-        if _impl(cell).vocab_size:  # the model the system ran (its own vocabulary)
-            cfg = dataclasses.replace(cfg, vocab_size=_impl(cell).vocab_size)
         for conv in F.CONVENTIONS:
             tf = F.model_flops(cfg, cell.batch, cell.seq_len, conv,
                                checkpointing=ckpt) / t / cell.world / 1e12
