@@ -87,3 +87,21 @@ def test_published_values_are_their_own_series(fixture_tables, tmp_path):
 def test_figures_render_without_tables(tmp_path):
     done = render_all(Tables(), tmp_path)
     assert all(p.exists() for paths in done.values() for p in paths)
+
+
+def test_failed_cells_keep_their_status_in_the_plotted_data(fixture_tables, tmp_path):
+    """A cell that did not run is a labelled gap with its status, never a zero value: an OOM
+    ablation step, the simulated OOM peaks memory_bars still draws, weak-scaling OOM marks."""
+    sim = fixture_tables.simulated.copy()
+    first = sim.index[(sim["sweep"] == "paper_ablation")][0]
+    sim.loc[first, "status"] = "oom"
+    tables = Tables(paper=fixture_tables.paper, simulated=sim,
+                    measured=fixture_tables.measured, breakdowns=fixture_tables.breakdowns)
+    done = render_all(tables, tmp_path, only=["ablation", "memory_bars", "weak_scaling"])
+    abl = pd.read_csv(done["ablation"][2])
+    gap = abl[abl["status"] == "oom"]
+    assert len(gap) == 2 and gap["value"].isna().all()  # tokens/s and memory
+    mem = pd.read_csv(done["memory_bars"][2])
+    assert "oom" in set(mem.loc[mem["source"] == "simulated", "status"])
+    weak = pd.read_csv(done["weak_scaling"][2])
+    assert "oom" in set(weak["status"])
