@@ -227,11 +227,12 @@ def method_volume(method: str, options: dict | None, shape: AttnShape, topo: Top
     if plan.kind != "usp":
         return _method_bytes(method, plan.options, shape, topo.world, n, topo.local, acc_elem,
                              rank=rank)
-    return _usp_volume(plan, shape, topo, acc_elem)[0]  # rank 0's labels
+    return _usp_volume(plan, shape, topo, acc_elem, rank)[0]
 
 
-def _usp_volume(plan: Plan, shape: AttnShape, topo: Topo, acc_elem: int):
-    """(total, ulysses part, ring part) of usp; the ring part labelled on its own ranks."""
+def _usp_volume(plan: Plan, shape: AttnShape, topo: Topo, acc_elem: int, rank: int = 0):
+    """(total, ulysses part, ring part) of usp for global ``rank``; the ring part labelled on
+    its own ranks (``rank`` is ring member rank // U)."""
     u, n = plan.ulysses, shape.seq_len // topo.world
     r = topo.world // u
     a2a = _method_bytes("ulysses", {}, shape, u, n, topo.local, acc_elem)
@@ -239,6 +240,7 @@ def _usp_volume(plan: Plan, shape: AttnShape, topo: Topo, acc_elem: int):
     # ring member i is global rank i*U + u_idx: a node holds L/U consecutive members (or one)
     ring = volume.ring_attention_bytes(backward=plan.backward, node_size=max(1, topo.local // u),
                                        span=_ring_span(shape, plan.layout, r, u * n),
+                                       rank=rank // u,
                                        **_vol_kw(shape, r, u * n, shape.heads // u,
                                                  max(1, hk // u), acc_elem))
     total = volume.Volume()
@@ -456,9 +458,10 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
 
 def _edge_volumes(method, options, shape, topo, plan, acc_elem, vol) -> tuple:
     """Rank 0's volume and those of the ranks where links change (node and inner-ring edges)."""
-    if plan.kind == "usp":
-        return (vol,)
     edges = {1, topo.local - 1, topo.local, topo.world - 1}
+    if plan.kind == "usp":
+        return (vol, *(_usp_volume(plan, shape, topo, acc_elem, rank=r)[0]
+                       for r in sorted(edges) if 0 < r < topo.world))
     if plan.ring_local:
         edges |= {plan.ring_local - 1, plan.ring_local, topo.local - plan.ring_local}
     return (vol, *(method_volume(method, options, shape, topo, acc_elem=acc_elem, rank=r)
