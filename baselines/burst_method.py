@@ -24,8 +24,9 @@ def _requires(*, world, seq_local, layout="zigzag", ranks_per_node=None, backwar
     out = layout_problems(layout, seq_local)
     if backward not in ("auto", "burst", "ring"):
         out.append(f"backward={backward!r}; valid: auto, burst, ring")
-    if ranks_per_node is not None and not (isinstance(ranks_per_node, int)
-                                           and ranks_per_node >= 1 and world % ranks_per_node == 0):
+    if ranks_per_node is not None and not (
+            isinstance(ranks_per_node, int) and ranks_per_node >= 1
+            and (ranks_per_node >= world or world % ranks_per_node == 0)):  # >= world: flat
         out.append(f"world {world} is not divisible by ranks_per_node={ranks_per_node!r}; "
                    f"valid: {', '.join(map(str, divisors(world)))}")
     return out

@@ -69,10 +69,12 @@ def double_ring_attn(q, k, v, *, causal: bool = False, softmax_scale: float | No
 
 def _requires(*, world, seq_local, layout, ranks_per_node, **_):
     out = layout_problems(layout, seq_local)
-    ok = isinstance(ranks_per_node, int) and ranks_per_node >= 2 and world % ranks_per_node == 0
+    # a group that fits in one node (ranks_per_node >= world) is a plain ring
+    ok = isinstance(ranks_per_node, int) and ranks_per_node >= 2 and (
+        ranks_per_node >= world or world % ranks_per_node == 0)
     if not ok:
         out.append(f"ranks_per_node={ranks_per_node!r} (the inner ring size) must be >= 2 and "
-                   f"divide the group of {world} ranks; valid: "
+                   f"divide the group of {world} ranks (or hold it whole); valid: "
                    f"{', '.join(map(str, divisors(world, at_least=2))) or 'none (one rank)'}")
     return out
 

@@ -11,6 +11,7 @@ order. Saved for backward: q, k, v, out, lse (fp32), exactly what a flash kernel
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from burst.kernel import acc_dtype, block_backward, block_forward
 from burst.masks import CAUSAL, DENSE, FULL, MaskSpec
@@ -36,6 +37,7 @@ class _LocalAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable  # a second derivative would silently be wrong
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         kind, mask, scale, backend = ctx.args

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from burst import comm, volume
 from burst.kernel import BACKENDS, acc_dtype, block_backward, block_forward
@@ -85,18 +86,21 @@ class _RingAttention(torch.autograd.Function):
             run_ring(rg, [k, v], step, span=span)
         out = out_acc.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # an unused lse costs no zeros
         ctx.args = (spec, layout, rg, scale, scheme, backend, span)
         return out, lse
 
     @staticmethod
-    def backward(ctx, dout, _dlse):
+    @once_differentiable  # a second derivative would silently be wrong
+    def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
         spec, layout, rg, scale, scheme, backend, span = ctx.args
         g, me, n = rg.world, rg.me, q.shape[1]
         acc = acc_dtype(q.dtype)
-        dout = dout.contiguous()
+        dout = torch.zeros_like(out) if dout is None else dout.contiguous()
         delta = row_delta(dout, out, acc)
+        if dlse is not None:  # d lse / d s = P, so dS = P (dP - (D - dlse)): D - dlse travels
+            delta = delta - dlse.to(acc)
         with comm.phase("backward"):
             if scheme == "burst":
                 dq, dk, dv = _backward_burst(q, k, v, dout, delta, lse, spec, layout, rg, scale,
@@ -186,7 +190,7 @@ def _validate(q, k, v, *, layout, group, ranks_per_node, backward, backend):
         problems.append(f"unknown kernel backend {backend!r}; valid: {', '.join(BACKENDS)}")
     g = comm.world_size(group)
     if ranks_per_node is not None and (not isinstance(ranks_per_node, int) or ranks_per_node < 1
-                                       or g % ranks_per_node):
+                                       or (ranks_per_node < g and g % ranks_per_node)):
         problems.append(f"group of {g} ranks is not divisible by ranks_per_node="
                         f"{ranks_per_node}; valid values: {', '.join(map(str, divisors(g)))}")
     if problems:
@@ -225,7 +229,7 @@ def burst_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = N
         window: (left, right) sliding window in global token positions.
         cu_seqlens: global document boundaries [0, ..., N] for packed sequences.
         backend: kernel backend (``burst.kernel``); ``auto`` picks by device.
-        return_lse: also return lse (batch, heads, seq_local), fp32.
+        return_lse: also return lse (batch, heads, seq_local), fp32 and differentiable.
 
     Returns:
         out (batch, seq_local, heads, head_dim) in q's dtype [, lse].

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from burst.attention import BACKWARD_SCHEMES, BlockSteps
 from burst.comm import ring_shape
@@ -190,11 +191,14 @@ class _Emulated(torch.autograd.Function):
         em = RingEmulator(q.detach(), k.detach(), v.detach(), **kwargs)
         out, lse = em.forward()
         ctx.em, ctx.scheme = em, scheme
-        ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
-    def backward(ctx, dout, _dlse):
+    @once_differentiable  # a second derivative would silently be wrong
+    def backward(ctx, dout, dlse):
+        if dlse is not None and bool(dlse.ne(0).any()):
+            raise NotImplementedError("the ring emulator does not differentiate lse; use "
+                                      "burst_attn (or leave lse out of the loss)")
         dq, dk, dv = ctx.em.backward(dout.contiguous(), ctx.scheme)
         return dq, dk, dv, None, None
 

@@ -205,11 +205,15 @@ def _sum_groups(dk, dv, hk):
 def _stand_in_out(do: torch.Tensor, delta_BHS: torch.Tensor) -> torch.Tensor:
     """An ``out`` whose row sums against dO equal delta (see the module docstring)."""
     acc = delta_BHS.dtype
+    tiny = torch.finfo(acc).tiny
     dof = do.to(acc)
-    norm2 = dof.square().sum(-1)  # B S H
+    # out = c u with u = dO / max|dO| (so |u|^2 >= 1: a tiny dO cannot underflow its square)
+    # and c m |u|^2 = delta
+    m = dof.abs().amax(-1)  # B S H
+    u = dof / m.clamp_min(tiny).unsqueeze(-1)
     d = delta_BHS.transpose(1, 2)  # B S H
-    coef = torch.where(norm2 > 0, d / norm2.clamp_min(torch.finfo(acc).tiny), torch.zeros_like(d))
-    return (dof * coef.unsqueeze(-1)).to(do.dtype)
+    coef = torch.where(m > 0, d / (m * u.square().sum(-1)).clamp_min(tiny), torch.zeros_like(d))
+    return (u * coef.unsqueeze(-1)).to(do.dtype)
 
 
 # ---------------------------------------------------------------------------------------------

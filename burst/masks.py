@@ -48,7 +48,9 @@ class MaskSpec:
                 raise ValueError(
                     f"window={self.window!r}: expected (left, right) with both >= 0 tokens"
                 )
-            object.__setattr__(self, "window", (int(self.window[0]), int(self.window[1])))
+            # no sequence is longer than 2**40 tokens: a larger side means "unbounded", and
+            # clamping keeps p - left and p + right inside int64
+            object.__setattr__(self, "window", tuple(min(int(x), 1 << 40) for x in self.window))
         if self.cu_seqlens is not None:
             cu = tuple(int(x) for x in self.cu_seqlens)
             if len(cu) < 2 or cu[0] != 0 or any(b <= a for a, b in zip(cu, cu[1:], strict=False)):

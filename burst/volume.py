@@ -1,7 +1,9 @@
 """Analytic communication volume per rank: the formulas the byte counter must reproduce.
 
 Every figure here is bytes *sent* by one rank in one attention layer, split by phase
-(forward/backward) and link (intra/inter node). Received bytes equal sent bytes for every rank
+(forward/backward) and link (intra/inter node), with q, k and v all needing gradients (the
+training case; Ulysses' all-to-alls skip the gradients autograd does not ask for, the rings
+always carry them). Received bytes equal sent bytes for every rank
 of a ring or a symmetric collective. Tests compare these with ``burst.comm.count_bytes`` on real
 gloo runs; the simulator (``suites``) prices them with link bandwidths.
 

@@ -116,3 +116,75 @@ def test_formula_saving_approaches_25_percent_for_large_rings():
     burst = ring_attention_bytes(backward="burst", **shape).sent("backward")
     ring = ring_attention_bytes(backward="ring", **shape).sent("backward")
     assert abs((1 - burst / ring) - 0.25) < 0.01
+
+
+def _lse_grads(rank: int, world: int, backward: str, layout: str):
+    from burst import burst_attn
+    from burst.layout import shard
+    from burst.reference import reference_attention
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 8 * world, 4, 8, generator=g, dtype=torch.float64)
+               for _ in range(3))
+    w_out = torch.randn(2, 8 * world, 4, 8, generator=g, dtype=torch.float64)
+    w_lse = torch.randn(2, 4, 8 * world, generator=g, dtype=torch.float64)
+    full = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, lse = reference_attention(*full, causal=True)
+    ((out * w_out).sum() + (lse * w_lse).sum()).backward()
+    mine = [shard(t, layout=layout).requires_grad_() for t in (q, k, v)]
+    o, l_ = burst_attn(*mine, causal=True, layout=layout, backward=backward, return_lse=True)
+    ((o * shard(w_out, layout=layout)).sum()
+     + (l_ * shard(w_lse, layout=layout, dim=2)).sum()).backward()
+    return max(float((m.grad - shard(f.grad, layout=layout)).abs().max())
+               for m, f in zip(mine, full, strict=True))
+
+
+@pytest.mark.parametrize("backward", ["burst", "ring"])
+def test_lse_is_differentiable(backward):
+    """A loss of out and lse (return_lse=True) gets exact gradients: D - dlse travels in place
+    of D (lse was non-differentiable, so its part of the gradient was silently dropped)."""
+    errs = spawn(_lse_grads, 2, args=(backward, "zigzag"), timeout_s=120)
+    assert max(errs) < 1e-10, errs
+
+
+def _edges(rank: int, world: int):
+    import sys
+
+    from burst import burst_attn
+    from burst.layout import shard
+    from burst.reference import reference_attention
+
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 4 * world, 2, 8, generator=g, dtype=torch.float64)
+               for _ in range(3))
+    ref, _ = reference_attention(q, k, v, causal=False)
+    mine = [shard(t, layout="zigzag").requires_grad_() for t in (q, k, v)]
+    # an unbounded side is unbounded (p + right overflowed int64 and hid every key)
+    out = burst_attn(*mine, causal=False, layout="zigzag", window=(sys.maxsize, sys.maxsize))
+    err = float((out - shard(ref, layout="zigzag")).abs().max())
+    after, _ = reference_attention(q, k, v, causal=False, window=(0, 10**6))
+    out = burst_attn(*mine, causal=False, layout="zigzag", window=(0, sys.maxsize))
+    err = max(err, float((out - shard(after, layout="zigzag")).abs().max()))
+    # a node bigger than the group is one flat ring
+    flat = burst_attn(*mine, causal=False, layout="zigzag", ranks_per_node=8 * world)
+    err = max(err, float((flat - shard(ref, layout="zigzag")).abs().max()))
+    (gq,) = torch.autograd.grad(flat.square().sum(), mine[0], create_graph=True)
+    try:  # a second derivative is refused, not silently wrong
+        gq.sum().backward()
+        refused = False
+    except RuntimeError:
+        refused = True
+    return err, refused
+
+
+def test_unbounded_windows_big_nodes_and_double_backward():
+    for err, refused in spawn(_edges, 2, timeout_s=120):
+        assert err < 1e-12 and refused
+
+
+def test_registry_accepts_a_node_bigger_than_the_group():
+    from baselines import registry
+
+    for name in ("burst", "double_ring"):
+        registry.get(name).check(world=4, heads=4, kv_heads=4, seq_local=8, causal=True,
+                                 ranks_per_node=8)
