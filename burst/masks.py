@@ -214,6 +214,7 @@ def pair_empty(spec: MaskSpec, layout: str, world: int, q_rank: int, k_rank: int
                             global_positions(n, world, k_rank, layout))
 
 
+@lru_cache(maxsize=1024)  # O(G^2) pair tests: computed once per (mask, layout, G, n)
 def ring_span(spec: MaskSpec, layout: str, world: int, n: int) -> int:
     """Last ring step s (0..G-1) at which some rank i still needs the keys of rank i-s.
 
