@@ -138,6 +138,10 @@ class Rows:
                 w.writerow({k: "" if v is None else v for k, v in row.items()})
                 f.flush()
             self.written.append(row)
+        val = next((f"{row[k]:.4g} {k}" for k in ("attn_tflops", "tokens_per_s", "time_s")
+                    if isinstance(row.get(k), float)), row.get("error") or "")
+        print(f"  row: {row.get('label') or row.get('method')} seq={row.get('seq_len')} "
+              f"{row['status']} {str(val)[:80]}", flush=True)
         return row
 
 

@@ -12,4 +12,6 @@ if [ -z "$PY" ]; then
   if python3 -c "import torch" >/dev/null 2>&1; then PY=python3; else PY=.venv/bin/python; fi
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# fewer fragmentation OOMs near the memory limit (the engine steps at 64K-128K tokens)
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 exec timeout -k 5 470 "$PY" scripts/gpu_check.py "$@"

@@ -31,10 +31,14 @@ def _git(*args: str) -> str | None:
 
 def code_provenance() -> dict:
     """git commit and dirty flag of the code (tracked files only: results being written into
-    the tree do not make it dirty); None when not run from a git checkout."""
+    the tree do not make it dirty). A copy of the tree without .git (a lent GPU machine) takes
+    the commit from ``BURST_GIT_COMMIT``, set by whoever copied it; else None."""
     commit = _git("rev-parse", "HEAD")
-    dirty = _git("status", "--porcelain", "--untracked-files=no") if commit else None
-    return {"git_commit": commit, "git_dirty": bool(dirty) if commit else None}
+    if commit is None:
+        given = os.environ.get("BURST_GIT_COMMIT") or None
+        return {"git_commit": given, "git_dirty": None}
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    return {"git_commit": commit, "git_dirty": bool(dirty)}
 
 
 def _version(dist: str) -> str | None:

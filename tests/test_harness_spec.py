@@ -301,3 +301,15 @@ def test_resume_finds_its_own_spec_by_time_not_by_name(tmp_path):
     first = select_run(a, out, new=True)
     first.mkdir()
     assert select_run(a, out, new=True) != first
+
+
+def test_provenance_without_git_takes_the_commit_it_is_given(tmp_path, monkeypatch):
+    """A copy of the tree without .git (a lent GPU machine) records the commit whoever copied
+    it passes in BURST_GIT_COMMIT, not nothing."""
+    from suites import provenance
+
+    monkeypatch.setattr(provenance, "_git", lambda *a: None)
+    monkeypatch.setenv("BURST_GIT_COMMIT", "abc123")
+    assert provenance.code_provenance() == {"git_commit": "abc123", "git_dirty": None}
+    monkeypatch.delenv("BURST_GIT_COMMIT")
+    assert provenance.code_provenance()["git_commit"] is None
