@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from burst.flops import BACKWARD_OVER_FORWARD, attention_kernel_flops
+from burst.flops import BACKWARD_OVER_FORWARD, attention_flops, attention_kernel_flops
 from results.paper import paper_rows
 from suites import hardware as hwmod
 from suites.implementations import PATH as IMPL_PATH
@@ -531,7 +531,7 @@ def kernel_memory_table(evals: list[dict]) -> str:
 def kernel_rates(hw: hwmod.Hardware) -> list[dict]:
     """eta(t) of ``hw`` against the per-call kernel rates of the paper's profiles."""
     c = PROFILE_CALL
-    fwd = 4.0 * c["q"] * c["k"] * c["head_dim"] * c["heads"]
+    fwd = c["q"] * c["k"] * attention_flops(1, 1, c["heads"], c["head_dim"])  # per pair
     out = []
     for run, p in KERNEL_PROFILE.items():
         for pass_ in ("forward", "backward"):

@@ -218,14 +218,14 @@ def cell_problems(spec: SweepSpec) -> list[str]:
     twice under one id."""
     cells = expand(spec)
     out: list[str] = []
-    seen: dict[str, Cell] = {}
+    seen: set[str] = set()
     for c in cells:
         if c.cell_id in seen:
             msg = (f"seq_len@world {c.seq_len}@{c.world} appears more than once (repeated "
                    "seq_lens or scales): each cell would be measured twice under one id")
             if msg not in out:
                 out.append(msg)
-        seen[c.cell_id] = c
+        seen.add(c.cell_id)
     for i, m in enumerate(spec.methods):
         mine = [c for c in cells if c.label == m.label]
         probs = option_problems(i, m, bool(spec.shape and spec.shape.window))

@@ -77,5 +77,10 @@ def host_provenance(device: str) -> dict:
     }
 
 
+def no_host() -> dict:
+    """The host columns of a row no host of ours ran (simulated; a remote job's failure)."""
+    return dict.fromkeys(("python", "torch", "cuda", "nccl", "flash_attn", "hostname", "job_id"))
+
+
 def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")

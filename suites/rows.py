@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from results.schema import COLUMNS, empty_row
 from suites.cells import Cell
-from suites.provenance import host_provenance, now_iso
+from suites.provenance import host_provenance, no_host, now_iso
 
 __all__ = ["RunContext", "classify", "failure_row", "make_row"]
 
@@ -79,6 +79,5 @@ def failure_row(cell: Cell, error_text: str, ctx: RunContext, status: str | None
     """The row of a cell that produced no measurement. With ``job_id`` it is written by the
     driver for a job that ran elsewhere: the host columns stay empty, not the driver's."""
     status = status or classify(error_text)
-    host = None if job_id is None else {k: None for k in (
-        "python", "torch", "cuda", "nccl", "flash_attn", "hostname")} | {"job_id": job_id}
+    host = None if job_id is None else no_host() | {"job_id": job_id}
     return make_row(cell, {"status": status, "error": error_text}, ctx, host=host)

@@ -124,16 +124,23 @@ class AttnTiming:
     backward_s: float
     compute_forward_s: float
     compute_backward_s: float
-    bytes_forward: int
-    bytes_backward: int
-    bytes_intra: int
-    bytes_inter: int
     plan: Plan | None = None
-    volume: volume.Volume | None = None
-    """Bytes rank 0 sends, by phase and link (``burst.volume``)."""
-    rank_volumes: tuple = ()
-    """The same for the ranks at node and inner-ring edges, whose links differ: result rows
-    take the maximum over ranks of each byte column, as measured rows do."""
+    volumes: tuple = ()
+    """Bytes sent by phase and link (``burst.volume``): rank 0's first, then those of the ranks
+    at node and inner-ring edges, whose links differ (result rows take the maximum over ranks
+    of each byte column, as measured rows do)."""
+
+    @property
+    def bytes_forward(self) -> int:
+        return self.volumes[0].sent("forward")
+
+    @property
+    def bytes_backward(self) -> int:
+        return self.volumes[0].sent("backward")
+
+    @property
+    def bytes_intra(self) -> int:
+        return self.volumes[0].sent(link="intra")
 
     @property
     def total_s(self) -> float:
@@ -258,19 +265,23 @@ def _len(s: slice, m: int) -> int:
     return len(range(*s.indices(m)))
 
 
-def _call_seconds(hw: Hardware, shape: AttnShape, call, m: int, heads: int, pass_: str) -> float:
+def _call_pairs(call, m: int) -> int:
+    """Visible (query, key) pairs of one kernel call (``burst.masks.plan_pair``)."""
     lq, lk = _len(call.q, m), _len(call.k, m)
     if call.kind == FULL:
-        pairs = lq * lk
-    elif call.kind == CAUSAL:
-        pairs = F.attention_pairs(lq, causal=True)
-    elif call.kind == STRICT:
-        pairs = F.attention_pairs(lq, causal=True) - lq
-    elif call.kind == DENSE:
-        pairs = call.pairs
-    else:
-        raise AssertionError(call.kind)
-    flops = pairs * shape.pair_flops(heads)
+        return lq * lk
+    if call.kind == CAUSAL:
+        return F.attention_pairs(lq, causal=True)
+    if call.kind == STRICT:
+        return F.attention_pairs(lq, causal=True) - lq
+    if call.kind == DENSE:
+        return call.pairs
+    raise AssertionError(call.kind)
+
+
+def _call_seconds(hw: Hardware, shape: AttnShape, call, m: int, heads: int, pass_: str) -> float:
+    lq, lk = _len(call.q, m), _len(call.k, m)
+    flops = _call_pairs(call, m) * shape.pair_flops(heads)
     if pass_ == "backward":
         flops *= F.BACKWARD_OVER_FORWARD
     return hw.attn_seconds(flops, min(lq, lk), pass_, causal=call.kind in (CAUSAL, STRICT))
@@ -365,22 +376,14 @@ def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, vol, bounda
     return out
 
 
-def _busiest_rank_pairs(shape: AttnShape, layout: str, g: int) -> float:
+def _busiest_rank_pairs(shape: AttnShape, layout: str, g: int) -> int:
     """Visible (query, key) pairs of the busiest rank when every rank's queries meet the whole
-    sequence (all-gather): causal prefixes per layout, so contiguous is imbalanced."""
-    total = F.attention_pairs(shape.seq_len, causal=shape.causal, window=shape.window)
-    if not shape.causal or layout not in ("contiguous", "zigzag"):
-        return total / g  # every rank sees the same mix (striped; no causal mask)
-
-    def prefix(x: int) -> int:  # pairs of queries [0, x): a causal query sees only the past
-        return F.attention_pairs(x, causal=True, window=shape.window)
-
-    n = shape.seq_len // g
-    if layout == "contiguous":
-        return max(prefix((r + 1) * n) - prefix(r * n) for r in range(g))
-    c = n // 2
-    return max(prefix((r + 1) * c) - prefix(r * c) + prefix((2 * g - r) * c)
-               - prefix((2 * g - 1 - r) * c) for r in range(g))
+    sequence (all-gather), from the same kernel plans as the ring (contiguous causal is
+    imbalanced; the first, middle and last ranks bound it, as in ``step_compute``)."""
+    spec, n = MaskSpec(causal=shape.causal, window=shape.window), shape.seq_len // g
+    return max(sum(_call_pairs(c, n) for k in range(g)
+                   for c in plan_pair(spec, layout, g, r, k, n, dense_masks=False))
+               for r in sorted({0, g // 2, g - 1}))
 
 
 def collective_seconds(hw: Hardware, nbytes: float, group: int, topo: Topo) -> float:
@@ -448,21 +451,10 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
         bwd = (cb + collective_seconds(hw, vol.sent("backward"), g, topo), cb)
     else:  # pragma: no cover - plan_for rejects unknown kinds
         raise AssertionError(plan.kind)
-    return AttnTiming(forward_s=fwd[0], backward_s=bwd[0], compute_forward_s=fwd[1],
-                      compute_backward_s=bwd[1], bytes_forward=vol.sent("forward"),
-                      bytes_backward=vol.sent("backward"), bytes_intra=vol.sent(link="intra"),
-                      bytes_inter=vol.sent(link="inter"), plan=plan, volume=vol,
-                      rank_volumes=_edge_volumes(method, options, shape, topo, plan, acc_elem,
-                                                 vol))
-
-
-def _edge_volumes(method, options, shape, topo, plan, acc_elem, vol) -> tuple:
-    """Rank 0's volume and those of the ranks where links change (node and inner-ring edges)."""
-    edges = {1, topo.local - 1, topo.local, topo.world - 1}
-    if plan.kind == "usp":
-        return (vol, *(_usp_volume(plan, shape, topo, acc_elem, rank=r)[0]
-                       for r in sorted(edges) if 0 < r < topo.world))
+    edges = {1, topo.local - 1, topo.local, topo.world - 1}  # where links change
     if plan.ring_local:
         edges |= {plan.ring_local - 1, plan.ring_local, topo.local - plan.ring_local}
-    return (vol, *(method_volume(method, options, shape, topo, acc_elem=acc_elem, rank=r)
-                   for r in sorted(edges) if 0 < r < topo.world))
+    others = (method_volume(method, options, shape, topo, acc_elem=acc_elem, rank=r)
+              for r in sorted(edges) if 0 < r < topo.world)
+    return AttnTiming(forward_s=fwd[0], backward_s=bwd[0], compute_forward_s=fwd[1],
+                      compute_backward_s=bwd[1], plan=plan, volumes=(vol, *others))

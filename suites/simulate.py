@@ -243,7 +243,7 @@ def _metrics(cell, hw: Hardware, p: Prediction) -> dict:
             def one(vol):                        # the busiest rank, as measured rows report
                 again = vol.sent("forward", link) if phase in (None, "forward") else 0
                 return reps * (vol.sent(phase, link) + (fwd_again - 1) * again)
-            return max(one(v) for v in (p.attn.rank_volumes or (p.attn.volume,)))
+            return max(one(v) for v in p.attn.volumes)
 
         m.update(bytes_sent_forward=sent("forward"), bytes_sent_backward=sent("backward"),
                  bytes_sent_intra=sent(link="intra"), bytes_sent_inter=sent(link="inter"))
@@ -270,7 +270,7 @@ def _metrics(cell, hw: Hardware, p: Prediction) -> dict:
 
 def simulate_cell(cell, hardware: str | Hardware, *, ctx=None, invalid: str = "error") -> dict:
     """One result row (``results.schema``) predicted for ``cell`` on ``hardware``."""
-    from suites.provenance import code_provenance
+    from suites.provenance import code_provenance, no_host
     from suites.rows import RunContext, make_row
 
     hw = hardware if isinstance(hardware, Hardware) else load(hardware)
@@ -278,8 +278,7 @@ def simulate_cell(cell, hardware: str | Hardware, *, ctx=None, invalid: str = "e
     if ctx is None:
         ctx = RunContext(run_id=f"simulate-{hw.name}", executor="simulate", sweep_spec="",
                          **code_provenance())
-    host = {"python": None, "torch": None, "cuda": None, "nccl": None, "flash_attn": None,
-            "hostname": None, "job_id": None}
+    host = no_host()
     row = make_row(cell, _metrics(cell, hw, predict(cell, hw, invalid=invalid)), ctx, host=host)
     row.update(source="simulated", executor="simulate", hardware=hw.name, device="cuda",
                device_name=hw.description, device_count=cell.world)
