@@ -2,7 +2,9 @@
 
 Ulysses (after its all-to-all) and tensor parallelism hold the full sequence for a subset of the
 heads; both compute plain local attention here. One kernel call when the mask is none or plain
-causal; windows and documents become one dense mask over the sequence (``burst.masks``).
+causal; windows and documents go through the ring's own block plan (``burst.masks.plan_pair`` for
+one rank holding the whole sequence): the visible bulk in mask-free calls, the edges in small
+dense tiles merged by their lse, never an (N, N) mask.
 
 Shapes: q_BSHD (batch, N, H, D), k/v (batch, N, Hk, D) with H % Hk == 0, all in global token
 order. Saved for backward: q, k, v, out, lse (fp32), exactly what a flash kernel keeps.
@@ -13,39 +15,47 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from burst.attention import BlockSteps
 from burst.kernel import acc_dtype, block_backward, block_forward
-from burst.masks import CAUSAL, DENSE, FULL, MaskSpec
-from burst.merge import row_delta
+from burst.masks import CAUSAL, FULL, MaskSpec
+from burst.merge import new_accumulators, row_delta
 
 __all__ = ["local_attention"]
 
 
-def _kind(spec: MaskSpec, n: int) -> tuple[str, torch.Tensor | None]:
-    if spec.is_plain:
-        return (CAUSAL if spec.causal else FULL), None
-    pos = torch.arange(n)  # planned on the host, as burst.masks does: no device sync per call
-    return DENSE, spec.visible(pos, pos)
+def _one_rank(spec: MaskSpec, scale: float, backend: str) -> BlockSteps:
+    return BlockSteps(spec, "contiguous", 1, scale, backend)
 
 
 class _LocalAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, spec: MaskSpec, scale: float, backend: str):
-        kind, mask = _kind(spec, q.shape[1])
-        out, lse = block_forward(q, k, v, scale=scale, kind=kind, mask=mask, backend=backend)
+        if spec.is_plain:
+            out, lse = block_forward(q, k, v, scale=scale, kind=CAUSAL if spec.causal else FULL,
+                                     backend=backend)
+        else:
+            out, lse = new_accumulators(q, acc_dtype(q.dtype))
+            _one_rank(spec, scale, backend).forward(q, k, v, out, lse, q_rank=0, k_rank=0)
+            out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (kind, mask, scale, backend)
+        ctx.args = (spec, scale, backend)
         return out
 
     @staticmethod
     @once_differentiable  # a second derivative would silently be wrong
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        kind, mask, scale, backend = ctx.args
+        spec, scale, backend = ctx.args
         acc = acc_dtype(q.dtype)
         dout = dout.contiguous()
         delta = row_delta(dout, out, acc)
-        dq, dk, dv = block_backward(dout, q, k, v, lse, delta, scale=scale, kind=kind, mask=mask,
-                                    backend=backend)
+        if spec.is_plain:
+            dq, dk, dv = block_backward(dout, q, k, v, lse, delta, scale=scale,
+                                        kind=CAUSAL if spec.causal else FULL, backend=backend)
+        else:
+            dq, dk, dv = (torch.zeros(x.shape, dtype=acc, device=x.device) for x in (q, k, v))
+            _one_rank(spec, scale, backend).backward(dout, q, k, v, lse, delta, dq, dk, dv,
+                                                     q_rank=0, k_rank=0)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
 
 

@@ -5,7 +5,15 @@ on the mask (causal, sliding window, documents) the pair is fully visible, causa
 diagonal, strictly causal (striped layout, keys from a later rank), partly masked, or fully
 masked. ``plan_pair`` turns the pair into a list of ``Call``s on slices of the local sequences so
 that fully masked work is skipped, not masked (DESIGN.md 3): a fully masked pair gives no call at
-all, and zigzag's half-masked pairs become one call on half of Q or half of K.
+all, and zigzag's half-masked pairs become one call on half of Q or half of K. A partly visible
+block larger than ``TILE`` on a side is split in halves, recursively, until every piece is fully
+visible, causal, strictly causal, empty (dropped) or at most ``TILE`` x ``TILE``: no mask grows
+with the block (a windowed 32K-token block would need a 1 GiB one), and the visible bulk of a
+window or document goes to the kernels that take no mask.
+
+Under every mask the keys a query sees form one interval of positions (causality, the window and
+the document each leave one), and local positions ascend on every layout, so a DENSE call stores
+two index bounds per query, not an (Sq, Sk) mask; ``Call.mask`` builds the small mask on demand.
 
 Positions are global token indices (``burst.layout``). A query at position p sees a key at k when
   causal:   k <= p
@@ -22,12 +30,16 @@ import torch
 
 from burst.layout import check_layout, global_positions
 
-__all__ = ["FULL", "CAUSAL", "STRICT", "DENSE", "Call", "MaskSpec", "plan_pair", "ring_span"]
+__all__ = ["FULL", "CAUSAL", "STRICT", "DENSE", "TILE", "Call", "MaskSpec", "plan_pair",
+           "ring_span"]
 
 FULL = "full"  # every query sees every key
 CAUSAL = "causal"  # square block, query a sees key b iff b <= a (top-left aligned)
 STRICT = "strict"  # square block, query a sees key b iff b < a
 DENSE = "dense"  # explicit boolean mask (True = visible)
+
+TILE = 1024
+"""Largest side of a DENSE call (``plan_pair``); its mask is at most TILE**2 booleans."""
 
 
 @dataclass(frozen=True)
@@ -84,22 +96,28 @@ class MaskSpec:
             vis &= self._doc(q_pos)[:, None] == self._doc(k_pos)[None, :]
         return vis
 
-    def visible_counts(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        """Visible keys per query, without the dense mask: causality, the window and the
-        document each leave an interval of key positions, so their intersection is one
-        interval, counted with two binary searches in the ascending ``k_pos``."""
+    def key_bounds(self, q_pos: torch.Tensor, k_pos: torch.Tensor):
+        """Visible keys per query as an index range [lo, hi) into the ascending ``k_pos``, without
+        the dense mask: causality, the window and the document each leave an interval of key
+        positions, so their intersection is one interval; two binary searches find its ends.
+        Rows that see nothing get hi == lo."""
         big = 1 << 62
-        lo, hi = torch.full_like(q_pos, -big), torch.full_like(q_pos, big)
+        first, last = torch.full_like(q_pos, -big), torch.full_like(q_pos, big)
         if self.causal:
-            hi = torch.minimum(hi, q_pos)
+            last = torch.minimum(last, q_pos)
         if self.window is not None:
             left, right = self.window
-            lo, hi = torch.maximum(lo, q_pos - left), torch.minimum(hi, q_pos + right)
+            first, last = torch.maximum(first, q_pos - left), torch.minimum(last, q_pos + right)
         if self.cu_seqlens is not None:
             cu, d = torch.tensor(self.cu_seqlens, device=q_pos.device), self._doc(q_pos)
-            lo, hi = torch.maximum(lo, cu[d]), torch.minimum(hi, cu[d + 1] - 1)
-        count = torch.searchsorted(k_pos, hi, right=True) - torch.searchsorted(k_pos, lo)
-        return count.clamp_min(0)
+            first, last = torch.maximum(first, cu[d]), torch.minimum(last, cu[d + 1] - 1)
+        lo = torch.searchsorted(k_pos, first)
+        return lo, torch.maximum(torch.searchsorted(k_pos, last, right=True), lo)
+
+    def visible_counts(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """Visible keys per query (``key_bounds``' hi - lo)."""
+        lo, hi = self.key_bounds(q_pos, k_pos)
+        return hi - lo
 
     def _doc(self, pos: torch.Tensor) -> torch.Tensor:
         cu = torch.tensor(self.cu_seqlens, device=pos.device)
@@ -122,86 +140,109 @@ class MaskSpec:
                 return True
         return False
 
-    def extra_irrelevant(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> bool:
-        """True when window and documents mask nothing in this block (causal aside)."""
-        q_lo, q_hi, k_lo, k_hi = (int(q_pos.min()), int(q_pos.max()), int(k_pos.min()),
-                                  int(k_pos.max()))
-        if self.window is not None:
-            left, right = self.window
-            # with causal, pairs with k > p are hidden anyway, so only the left edge can cut
-            if q_hi - k_lo > left or (not self.causal and k_hi - q_lo > right):
-                return False
-        if self.cu_seqlens is not None:
-            d = self._doc(torch.tensor([q_lo, q_hi, k_lo, k_hi]))
-            if not bool((d == d[0]).all()):
-                return False
-        return True
 
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Call:
     """One kernel call: queries ``q`` (a slice of local rows) against keys ``k`` (a slice)."""
 
     q: slice
     k: slice
     kind: str
-    mask: torch.Tensor | None = None  # bool (len q, len k), only for DENSE
+    bounds: tuple[torch.Tensor, torch.Tensor] | None = None
+    """DENSE only: query i sees keys [lo[i], hi[i]) of this call's keys (``key_bounds``)."""
     pairs: int | None = None  # visible (query, key) pairs, only for DENSE
 
-
-_ALL = slice(None)
+    @property
+    def mask(self) -> torch.Tensor | None:
+        """bool (len q, len k), True = visible; DENSE only (at most ``TILE`` x ``TILE``)."""
+        if self.bounds is None:
+            return None
+        lo, hi = self.bounds
+        j = torch.arange(self.k.stop - self.k.start)
+        return (j >= lo[:, None]) & (j < hi[:, None])
 
 
 @lru_cache(maxsize=4096)
 def _causal_plan(layout: str, world: int, q_rank: int, k_rank: int, n: int) -> tuple[Call, ...]:
     """Calls for a plain causal mask, derived from the layout (no dense mask needed)."""
+    every, half = slice(0, n), n // 2  # zigzag: chunk r (early) then chunk 2G-1-r (late)
     if layout == "contiguous":
         if k_rank < q_rank:
-            return (Call(_ALL, _ALL, FULL),)
-        return (Call(_ALL, _ALL, CAUSAL),) if k_rank == q_rank else ()
+            return (Call(every, every, FULL),)
+        return (Call(every, every, CAUSAL),) if k_rank == q_rank else ()
     if layout == "striped":
         # query a holds position a*G + q_rank, key b holds b*G + k_rank
-        return (Call(_ALL, _ALL, CAUSAL if k_rank <= q_rank else STRICT),)
-    half = n // 2  # zigzag: chunk r (early) then chunk 2G-1-r (late)
+        return (Call(every, every, CAUSAL if k_rank <= q_rank else STRICT),)
     if k_rank == q_rank:
-        return (Call(_ALL, _ALL, CAUSAL),)
+        return (Call(every, every, CAUSAL),)
     if k_rank < q_rank:  # all queries see the early key chunk, none the late one
-        return (Call(_ALL, slice(0, half), FULL),)
-    return (Call(slice(half, n), _ALL, FULL),)  # only the late query chunk sees anything
+        return (Call(every, slice(0, half), FULL),)
+    return (Call(slice(half, n), every, FULL),)  # only the late query chunk sees anything
 
 
-def _refine(call: Call, spec: MaskSpec, q_pos: torch.Tensor, k_pos: torch.Tensor,
-            dense_masks: bool) -> Call | None:
-    qp, kp = q_pos[call.q], k_pos[call.k]
-    if spec.range_empty(qp, kp):
+def _kind(lo: torch.Tensor, hi: torch.Tensor, n_k: int) -> str | None:
+    """The mask kind of a block whose query i sees keys [lo[i], hi[i]); None when empty."""
+    if not bool((hi > lo).any()):
         return None
-    if spec.extra_irrelevant(qp, kp):
-        return call
-    pairs = int(spec.visible_counts(qp, kp).sum())
-    if pairs == 0:
-        return None
-    if pairs == len(qp) * len(kp):
-        return Call(call.q, call.k, FULL)
-    return Call(call.q, call.k, DENSE, spec.visible(qp, kp) if dense_masks else None, pairs)
+    if bool((lo == 0).all()):
+        if bool((hi == n_k).all()):
+            return FULL
+        if len(hi) == n_k:
+            rows = torch.arange(n_k)
+            if torch.equal(hi, rows + 1):
+                return CAUSAL
+            if torch.equal(hi, rows):
+                return STRICT
+    return DENSE
+
+
+def _split(s: slice, tile: int) -> tuple[slice, ...]:
+    if s.stop - s.start <= tile:
+        return (s,)
+    mid = (s.start + s.stop) // 2
+    return slice(s.start, mid), slice(mid, s.stop)
+
+
+def _tiles(qs: slice, ks: slice, lo_all: torch.Tensor, hi_all: torch.Tensor,
+           tile: int) -> list[Call]:
+    """Calls covering queries ``qs`` x keys ``ks`` whose local key bounds are lo_all/hi_all."""
+    lo = lo_all[qs].clamp(ks.start, ks.stop) - ks.start
+    hi = hi_all[qs].clamp(ks.start, ks.stop) - ks.start
+    kind = _kind(lo, hi, ks.stop - ks.start)
+    if kind is None:
+        return []
+    if kind != DENSE:
+        return [Call(qs, ks, kind)]
+    if qs.stop - qs.start <= tile and ks.stop - ks.start <= tile:
+        return [Call(qs, ks, DENSE, (lo, hi), int((hi - lo).sum()))]
+    return [c for q in _split(qs, tile) for k in _split(ks, tile)
+            for c in _tiles(q, k, lo_all, hi_all, tile)]
 
 
 def plan_pair(spec: MaskSpec, layout: str, world: int, q_rank: int, k_rank: int,
-              n: int, *, dense_masks: bool = True) -> list[Call]:
-    """Kernel calls for queries of ``q_rank`` against keys of ``k_rank`` (n local tokens each).
-
-    ``dense_masks=False`` leaves a DENSE call's mask out (its ``pairs`` stay): what a cost
-    model needs, without an (n, n) tensor per block."""
+              n: int) -> tuple[Call, ...]:
+    """Kernel calls for queries of ``q_rank`` against keys of ``k_rank`` (n local tokens each);
+    DENSE calls are at most ``TILE`` x ``TILE`` and carry key bounds, not masks."""
     check_layout(layout)
-    if spec.causal:
-        calls = list(_causal_plan(layout, world, q_rank, k_rank, n))
-    else:
-        calls = [Call(_ALL, _ALL, FULL)]
+    if spec.causal and spec.is_plain:
+        return _causal_plan(layout, world, q_rank, k_rank, n)
+    return _plan(spec, layout, world, q_rank, k_rank, n, TILE)
+
+
+@lru_cache(maxsize=256)  # a rank meets about 2G pairs per layer; each is planned once (~10 ms)
+def _plan(spec: MaskSpec, layout: str, world: int, q_rank: int, k_rank: int, n: int,
+          tile: int) -> tuple[Call, ...]:
+    every = slice(0, n)
+    calls = _causal_plan(layout, world, q_rank, k_rank, n) if spec.causal else (
+        Call(every, every, FULL),)
     if spec.is_plain or not calls:
         return calls
     q_pos = global_positions(n, world, q_rank, layout)
     k_pos = global_positions(n, world, k_rank, layout)
-    return [c for c in (_refine(c, spec, q_pos, k_pos, dense_masks) for c in calls)
-            if c is not None]
+    if spec.range_empty(q_pos, k_pos):
+        return ()
+    lo, hi = spec.key_bounds(q_pos, k_pos)
+    return tuple(t for c in calls for t in _tiles(c.q, c.k, lo, hi, tile))
 
 
 def pair_empty(spec: MaskSpec, layout: str, world: int, q_rank: int, k_rank: int, n: int) -> bool:

@@ -308,7 +308,7 @@ def step_compute(hw: Hardware, shape: AttnShape, layout: str, members: int, m: i
     for s in range(members):
         worst = 0.0
         for r in reps:
-            calls = plan_pair(spec, layout, members, r, (r - s) % members, m, dense_masks=False)
+            calls = plan_pair(spec, layout, members, r, (r - s) % members, m)
             t = sum(_call_seconds(hw, shape, c, m, heads, pass_) for c in calls)
             worst = max(worst, t + (merge if calls else 0.0))
         out.append(worst)
@@ -382,7 +382,7 @@ def _busiest_rank_pairs(shape: AttnShape, layout: str, g: int) -> int:
     imbalanced; the first, middle and last ranks bound it, as in ``step_compute``)."""
     spec, n = MaskSpec(causal=shape.causal, window=shape.window), shape.seq_len // g
     return max(sum(_call_pairs(c, n) for k in range(g)
-                   for c in plan_pair(spec, layout, g, r, k, n, dense_masks=False))
+                   for c in plan_pair(spec, layout, g, r, k, n))
                for r in sorted({0, g // 2, g - 1}))
 
 

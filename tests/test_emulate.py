@@ -160,3 +160,39 @@ def test_bad_input_names_the_problem():
         RingEmulator(q, k, v, world=4, ranks_per_node=3)
     with pytest.raises(ValueError, match="unknown backward"):
         emulate_attn(q, k, v, world=4, backward="auto")
+
+
+@pytest.mark.parametrize("tile", [2, 3])
+def test_tiled_block_plans_equal_reference(monkeypatch, tile):
+    """Windows and documents with blocks split into many mask-free and small dense calls."""
+    import burst.masks
+
+    monkeypatch.setattr(burst.masks, "TILE", tile)
+    n, failures = 8 * 4, []
+    masks = dict(MASKS, docs=dict(causal=True, cu_seqlens=(0, 5, 17, n)),
+                 docs_window=dict(causal=False, window=(4, 3), cu_seqlens=(0, 13, n)))
+    for layout in LAYOUTS:
+        for name, mask in masks.items():
+            for backward in ("burst", "ring"):
+                errs = _errors(4, mask=mask, layout=layout, backward=backward)
+                if max(errs) > F64_TOL:
+                    failures.append(f"{layout} {name} {backward}: {errs}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("tile", [3, 1024])
+def test_local_attention_equals_reference(monkeypatch, tile):
+    """Ulysses' and TP's whole-sequence attention: one call, or the tiled plan of one rank."""
+    import burst.masks
+    from baselines.local_attention import local_attention
+    from burst.masks import MaskSpec
+
+    monkeypatch.setattr(burst.masks, "TILE", tile)
+    q, k, v, do = _inputs(4, kv_heads=2, seed=11)
+    for mask in (*MASKS.values(), dict(causal=True, window=(6, 0), cu_seqlens=(0, 9, 20, 32))):
+        got = _run(lambda a, b, c, mask=mask: (local_attention(
+            a, b, c, spec=MaskSpec(**mask), scale=0.3), None), q, k, v, do)
+        ref = _run(lambda a, b, c, mask=mask: reference_attention(a, b, c, scale=0.3, **mask),
+                   q, k, v, do)
+        for i in (0, 2, 3, 4):
+            assert float((got[i] - ref[i]).abs().max()) < F64_TOL, (mask, i)

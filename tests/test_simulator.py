@@ -228,29 +228,14 @@ def test_allgather_times_the_busiest_rank():
 
 
 def test_windowed_cells_at_1m_tokens_need_no_dense_masks():
-    """The cost model plans a windowed ring without (n, n) masks: a 1M-token cell simulates in
-    well under a minute and its DENSE calls carry exact pair counts."""
+    """The cost model plans a windowed ring from key bounds, without (n, n) masks: a 1M-token
+    cell simulates in well under a minute."""
     import time
 
-    import torch
-
-    from burst.layout import global_positions
-    from burst.masks import DENSE, MaskSpec, plan_pair
-
-    spec = MaskSpec(causal=True, window=(5, 2))
-    for layout in ("contiguous", "zigzag", "striped"):
-        for q, k in ((1, 0), (2, 2), (3, 1)):
-            for c in plan_pair(spec, layout, 4, q, k, 16, dense_masks=False):
-                if c.kind == DENSE:
-                    assert c.mask is None
-                    vis = spec.visible(global_positions(16, 4, q, layout)[c.q],
-                                       global_positions(16, 4, k, layout)[c.k])
-                    assert c.pairs == int(vis.sum()) and 0 < c.pairs < vis.numel()
     t0 = time.perf_counter()
     big = dataclasses.replace(MHA, seq_len=1 << 20, window=(4096, 0))
     assert attention_timing(HW, "burst", {"layout": "zigzag"}, big, Topo(8, 8)).total_s > 0
     assert time.perf_counter() - t0 < 30
-    del torch
 
 
 def test_rows_count_what_the_system_really_ran():
