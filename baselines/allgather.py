@@ -48,7 +48,7 @@ class _AllGatherAttention(torch.autograd.Function):
         for src in range(g):
             for c in plan_pair(spec, layout, g, me, src, n):
                 o, lse_blk = block_forward(q[:, c.q], k_all[src][:, c.k], v_all[src][:, c.k],
-                                           scale=scale, kind=c.kind, mask=c.mask,
+                                           scale=scale, kind=c.kind, bounds=c.bounds,
                                            backend=backend)
                 merge_into(out, lse, o, lse_blk, rows=c.q)
         out = out.to(q.dtype)
@@ -77,7 +77,7 @@ class _AllGatherAttention(torch.autograd.Function):
                     gq, gk, gv = block_backward(dout[:, c.q], q[:, c.q], k_all[src][:, c.k],
                                                 v_all[src][:, c.k], lse[:, :, c.q],
                                                 delta[:, :, c.q], scale=scale, kind=c.kind,
-                                                mask=c.mask, backend=backend)
+                                                bounds=c.bounds, backend=backend)
                     dq[:, c.q] += gq
                     dk_src[:, c.k] += gk
                     dv_src[:, c.k] += gv

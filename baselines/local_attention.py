@@ -62,5 +62,6 @@ class _LocalAttention(torch.autograd.Function):
 def local_attention(q_BSHD, k_BSHD, v_BSHD, *, spec: MaskSpec, scale: float,
                     backend: str = "auto") -> torch.Tensor:
     """out (batch, N, H, D) of full-sequence attention under ``spec`` (global positions)."""
+    spec.check_length(q_BSHD.shape[1])
     return _LocalAttention.apply(q_BSHD.contiguous(), k_BSHD.contiguous(), v_BSHD.contiguous(),
                                  spec, scale, backend)

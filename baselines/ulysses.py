@@ -2,7 +2,8 @@
 
 DeepSpeed-Ulysses (Jacobs et al., arXiv 2309.14509): each rank holds n = N/G tokens of all H
 heads. One all-to-all per tensor turns that into all N tokens of H/G heads; every rank then runs
-plain attention over the full sequence for its heads (``local_attention``, one kernel call), and
+plain attention over the full sequence for its heads (``local_attention``: one kernel call, or the
+tiled block plan of ``burst.masks`` under a window or documents), and
 one all-to-all brings the output back to sequence sharding. The backward is the same in reverse:
 dO goes seq->head, dQ, dK, dV go head->seq. Bytes per rank: each all-to-all sends (G-1)/G of the
 local tensor, eight of them per layer (``burst.volume``).

@@ -86,7 +86,7 @@ def test_ring_step_forward(benchmark):
 
     def run():
         for c in plan_pair(spec, "zigzag", 4, 2, 1, S):
-            o, l_ = block_forward(q[:, c.q], k[:, c.k], v[:, c.k], kind=c.kind, mask=c.mask)
+            o, l_ = block_forward(q[:, c.q], k[:, c.k], v[:, c.k], kind=c.kind, bounds=c.bounds)
             merge_into(out, lse, o, l_, rows=c.q)
         _sync()
 

@@ -53,7 +53,7 @@ class BlockSteps:
                 k_rank: int) -> None:
         for c in plan_pair(self.spec, self.layout, self.world, q_rank, k_rank, q_BSHD.shape[1]):
             o, lse_blk = block_forward(q_BSHD[:, c.q], k_BSHD[:, c.k], v_BSHD[:, c.k],
-                                       scale=self.scale, kind=c.kind, mask=c.mask,
+                                       scale=self.scale, kind=c.kind, bounds=c.bounds,
                                        backend=self.backend)
             merge_into(out_BSHD, lse_BHS, o, lse_blk, rows=c.q)
 
@@ -62,7 +62,7 @@ class BlockSteps:
         for c in plan_pair(self.spec, self.layout, self.world, q_rank, k_rank, q_BSHD.shape[1]):
             gq, gk, gv = block_backward(do_BSHD[:, c.q], q_BSHD[:, c.q], k_BSHD[:, c.k],
                                         v_BSHD[:, c.k], lse_BHS[:, :, c.q], delta_BHS[:, :, c.q],
-                                        scale=self.scale, kind=c.kind, mask=c.mask,
+                                        scale=self.scale, kind=c.kind, bounds=c.bounds,
                                         backend=self.backend)
             dq_BSHD[:, c.q] += gq
             dk_BSHD[:, c.k] += gk

@@ -406,29 +406,43 @@ def _check_square(kind: str, q_BSHD: torch.Tensor, k_BSHD: torch.Tensor) -> None
         f"{kind} block needs Sq == Sk, got {q_BSHD.shape[1]} x {k_BSHD.shape[1]}")
 
 
-def _device_mask(mask: torch.Tensor, device: torch.device) -> torch.Tensor:
-    # masks are planned on the host (burst.masks); copied from pinned memory without blocking,
-    # the host never waits for the GPU queue (no per-step sync in the ring)
-    if mask.device == device:
-        return mask
-    if device.type == "cuda" and mask.device.type == "cpu":
-        mask = mask.pin_memory()
-    return mask.to(device, non_blocking=True)
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    # masks and key bounds are planned on the host (burst.masks); copied from pinned memory
+    # without blocking, the host never waits for the GPU queue (no per-step sync in the ring)
+    if t.device == device:
+        return t
+    if device.type == "cuda" and t.device.type == "cpu":
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
 
 
-def _empty_rows(mask: torch.Tensor) -> torch.Tensor | None:
-    """Rows (Sq,) of a host mask that see no key, or None; no device sync for host masks."""
-    empty = ~mask.any(-1)
+def _dense_mask(mask, bounds, sk: int, device: torch.device) -> torch.Tensor:
+    """The bool (Sq, Sk) mask of a DENSE block on ``device``: built there from ``bounds`` (query
+    i sees keys [lo[i], hi[i])), so only O(Sq) bytes cross over, or an explicit ``mask`` copied."""
+    if (mask is None) == (bounds is None):
+        raise ValueError("a DENSE block takes exactly one of mask= and bounds=")
+    if bounds is None:
+        return _to_device(mask, device)
+    lo, hi = (_to_device(b, device) for b in bounds)
+    j = torch.arange(sk, dtype=lo.dtype, device=device)
+    return (j >= lo[:, None]) & (j < hi[:, None])
+
+
+def _empty_rows(mask, bounds) -> torch.Tensor | None:
+    """Rows (Sq,) of a DENSE block that see no key, or None; from the host plan, no device sync
+    (an explicit mask on the device costs one)."""
+    empty = ~mask.any(-1) if bounds is None else bounds[1] <= bounds[0]
     return empty if bool(empty.any()) else None
 
 
 def block_forward(q_BSHD, k_BSHD, v_BSHD, *, scale: float | None = None, kind: str = FULL,
-                  mask: torch.Tensor | None = None, backend: str = "auto"):
+                  mask: torch.Tensor | None = None, bounds=None, backend: str = "auto"):
     """Attention of q against k/v under ``kind`` -> (out_BSHD, lse_BHS).
 
-    ``kind`` is FULL, CAUSAL (square, top-left), STRICT (square, diagonal excluded) or DENSE
-    (``mask`` bool (Sq, Sk), True = visible, on the host or on q's device). Rows that see no key
-    get out 0 and lse -inf.
+    ``kind`` is FULL, CAUSAL (square, top-left), STRICT (square, diagonal excluded) or DENSE,
+    given by ``mask`` (bool (Sq, Sk), True = visible, on the host or on q's device) or by
+    ``bounds`` (host int tensors lo, hi (Sq,): query i sees keys lo[i] <= j < hi[i]; what
+    ``burst.masks.Call`` carries). Rows that see no key get out 0 and lse -inf.
     """
     scale = q_BSHD.shape[-1] ** -0.5 if scale is None else scale
     _check_square(kind, q_BSHD, k_BSHD)
@@ -444,10 +458,11 @@ def block_forward(q_BSHD, k_BSHD, v_BSHD, *, scale: float | None = None, kind: s
         return out, lse
     if kind != DENSE:
         return fwd(q_BSHD, k_BSHD, v_BSHD, scale, kind == CAUSAL, None)
-    out, lse = fwd(q_BSHD, k_BSHD, v_BSHD, scale, False, _device_mask(mask, q_BSHD.device))
-    empty = _empty_rows(mask)
+    out, lse = fwd(q_BSHD, k_BSHD, v_BSHD, scale, False,
+                   _dense_mask(mask, bounds, k_BSHD.shape[1], q_BSHD.device))
+    empty = _empty_rows(mask, bounds)
     if empty is not None:
-        empty = _device_mask(empty, q_BSHD.device)
+        empty = _to_device(empty, q_BSHD.device)
         lse = lse.masked_fill(empty.view(1, 1, -1), float("-inf"))
         out = out.masked_fill(empty.view(1, -1, 1, 1), 0.0)
     return out, lse
@@ -455,8 +470,9 @@ def block_forward(q_BSHD, k_BSHD, v_BSHD, *, scale: float | None = None, kind: s
 
 def block_backward(do_BSHD, q_BSHD, k_BSHD, v_BSHD, lse_BHS, delta_BHS, *,
                    scale: float | None = None, kind: str = FULL, mask: torch.Tensor | None = None,
-                   backend: str = "auto"):
-    """Gradients (dq, dk, dv) of one block, given the *global* lse and delta of the query rows."""
+                   bounds=None, backend: str = "auto"):
+    """Gradients (dq, dk, dv) of one block, given the *global* lse and delta of the query rows
+    (a DENSE block by ``mask`` or ``bounds``, as in ``block_forward``)."""
     scale = q_BSHD.shape[-1] ** -0.5 if scale is None else scale
     _check_square(kind, q_BSHD, k_BSHD)
     bwd = _BWD[resolve_backend(backend, q_BSHD, kind)]
@@ -473,4 +489,4 @@ def block_backward(do_BSHD, q_BSHD, k_BSHD, v_BSHD, lse_BHS, delta_BHS, *,
     # rows with lse -inf see no key anywhere: lse 0 makes their P = exp(-inf - 0) = 0, not NaN
     lse_BHS = torch.where(torch.isneginf(lse_BHS), torch.zeros_like(lse_BHS), lse_BHS)
     return bwd(do_BSHD, q_BSHD, k_BSHD, v_BSHD, lse_BHS, delta_BHS, scale, False,
-               _device_mask(mask, q_BSHD.device))
+               _dense_mask(mask, bounds, k_BSHD.shape[1], q_BSHD.device))

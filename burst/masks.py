@@ -6,10 +6,11 @@ diagonal, strictly causal (striped layout, keys from a later rank), partly maske
 masked. ``plan_pair`` turns the pair into a list of ``Call``s on slices of the local sequences so
 that fully masked work is skipped, not masked (DESIGN.md 3): a fully masked pair gives no call at
 all, and zigzag's half-masked pairs become one call on half of Q or half of K. A partly visible
-block larger than ``TILE`` on a side is split in halves, recursively, until every piece is fully
-visible, causal, strictly causal, empty (dropped) or at most ``TILE`` x ``TILE``: no mask grows
-with the block (a windowed 32K-token block would need a 1 GiB one), and the visible bulk of a
-window or document goes to the kernels that take no mask.
+block larger than ``TILE`` on a side is split in two (at the document start nearest the middle,
+else in halves), recursively, until every piece is fully visible, causal, strictly causal, empty
+(dropped) or at most ``TILE`` x ``TILE``: no mask grows with the block (a windowed 32K-token
+block would need a 1 GiB one), and the visible bulk of a window or document goes to the kernels
+that take no mask.
 
 Under every mask the keys a query sees form one interval of positions (causality, the window and
 the document each leave one), and local positions ascend on every layout, so a DENSE call stores
@@ -23,6 +24,8 @@ Positions are global token indices (``burst.layout``). A query at position p see
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -40,6 +43,11 @@ DENSE = "dense"  # explicit boolean mask (True = visible)
 
 TILE = 1024
 """Largest side of a DENSE call (``plan_pair``); its mask is at most TILE**2 booleans."""
+DOC_CUT_MIN = 128
+"""Partly visible pieces longer than this are cut at a document start inside them, if any
+(random documents of 1000 tokens on average, 1M tokens: under 0.1% of the visible pairs left to
+dense tiles, 59% when cut only in halves; much shorter documents want a variable-length kernel,
+which the shim does not have)."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +108,7 @@ class MaskSpec:
         """Visible keys per query as an index range [lo, hi) into the ascending ``k_pos``, without
         the dense mask: causality, the window and the document each leave an interval of key
         positions, so their intersection is one interval; two binary searches find its ends.
-        Rows that see nothing get hi == lo."""
+        Rows that see nothing get hi == lo; int32, as plans keep them."""
         big = 1 << 62
         first, last = torch.full_like(q_pos, -big), torch.full_like(q_pos, big)
         if self.causal:
@@ -111,13 +119,20 @@ class MaskSpec:
         if self.cu_seqlens is not None:
             cu, d = torch.tensor(self.cu_seqlens, device=q_pos.device), self._doc(q_pos)
             first, last = torch.maximum(first, cu[d]), torch.minimum(last, cu[d + 1] - 1)
-        lo = torch.searchsorted(k_pos, first)
-        return lo, torch.maximum(torch.searchsorted(k_pos, last, right=True), lo)
+        lo = torch.searchsorted(k_pos, first, out_int32=True)
+        return lo, torch.maximum(torch.searchsorted(k_pos, last, right=True, out_int32=True), lo)
 
     def visible_counts(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """Visible keys per query (``key_bounds``' hi - lo)."""
         lo, hi = self.key_bounds(q_pos, k_pos)
         return hi - lo
+
+    def doc_starts(self, pos: torch.Tensor) -> list[int]:
+        """Indices 0 < i < len(pos) into the ascending ``pos`` where a new document begins."""
+        if self.cu_seqlens is None:
+            return []
+        at = torch.searchsorted(pos, torch.tensor(self.cu_seqlens[1:-1], device=pos.device))
+        return sorted({i for i in at.tolist() if 0 < i < len(pos)})
 
     def _doc(self, pos: torch.Tensor) -> torch.Tensor:
         cu = torch.tensor(self.cu_seqlens, device=pos.device)
@@ -158,7 +173,7 @@ class Call:
         if self.bounds is None:
             return None
         lo, hi = self.bounds
-        j = torch.arange(self.k.stop - self.k.start)
+        j = torch.arange(self.k.stop - self.k.start, dtype=lo.dtype)
         return (j >= lo[:, None]) & (j < hi[:, None])
 
 
@@ -196,15 +211,24 @@ def _kind(lo: torch.Tensor, hi: torch.Tensor, n_k: int) -> str | None:
     return DENSE
 
 
-def _split(s: slice, tile: int) -> tuple[slice, ...]:
-    if s.stop - s.start <= tile:
-        return (s,)
+def _split(s: slice, sizes: tuple[int, int], starts: list[int]) -> tuple[slice, ...]:
+    """A side cut in two: at the document start nearest the middle while one lies inside and the
+    side is longer than ``DOC_CUT_MIN`` (a flash-attention tile), so whole documents meet in
+    mask-free calls; else in the middle if it is longer than ``TILE``; else not at all."""
+    tile, doc_cut_min = sizes
     mid = (s.start + s.stop) // 2
-    return slice(s.start, mid), slice(mid, s.stop)
+    inside = starts[bisect_right(starts, s.start):bisect_left(starts, s.stop)]
+    if inside and s.stop - s.start > doc_cut_min:
+        cut = min(inside, key=lambda i: abs(i - mid))
+    elif s.stop - s.start > tile:
+        cut = mid
+    else:
+        return (s,)
+    return slice(s.start, cut), slice(cut, s.stop)
 
 
 def _tiles(qs: slice, ks: slice, lo_all: torch.Tensor, hi_all: torch.Tensor,
-           tile: int) -> list[Call]:
+           sizes: tuple[int, int], starts: tuple[list[int], list[int]]) -> list[Call]:
     """Calls covering queries ``qs`` x keys ``ks`` whose local key bounds are lo_all/hi_all."""
     lo = lo_all[qs].clamp(ks.start, ks.stop) - ks.start
     hi = hi_all[qs].clamp(ks.start, ks.stop) - ks.start
@@ -213,10 +237,35 @@ def _tiles(qs: slice, ks: slice, lo_all: torch.Tensor, hi_all: torch.Tensor,
         return []
     if kind != DENSE:
         return [Call(qs, ks, kind)]
-    if qs.stop - qs.start <= tile and ks.stop - ks.start <= tile:
+    q_parts, k_parts = _split(qs, sizes, starts[0]), _split(ks, sizes, starts[1])
+    if len(q_parts) == len(k_parts) == 1:
         return [Call(qs, ks, DENSE, (lo, hi), int((hi - lo).sum()))]
-    return [c for q in _split(qs, tile) for k in _split(ks, tile)
-            for c in _tiles(q, k, lo_all, hi_all, tile)]
+    return [c for q in q_parts for k in k_parts
+            for c in _tiles(q, k, lo_all, hi_all, sizes, starts)]
+
+
+class _PlanCache:
+    """Least recently used plans, bounded by the bytes of their key bounds, not by count: a
+    rank meets about 2G pairs per layer, each planned once; packed batches bring new documents
+    (new specs) every step, and a 1M-token plan holds megabytes."""
+
+    def __init__(self, budget: int):
+        self.budget, self.used, self.plans = budget, 0, OrderedDict()
+
+    def get(self, key, make):
+        if key in self.plans:
+            self.plans.move_to_end(key)
+            return self.plans[key][0]
+        calls = make()
+        size = sum(2 * c.bounds[0].nbytes for c in calls if c.bounds is not None)
+        self.plans[key] = (calls, size)
+        self.used += size
+        while self.used > self.budget and len(self.plans) > 1:
+            self.used -= self.plans.popitem(last=False)[1][1]
+        return calls
+
+
+_PLANS = _PlanCache(256 << 20)
 
 
 def plan_pair(spec: MaskSpec, layout: str, world: int, q_rank: int, k_rank: int,
@@ -226,12 +275,12 @@ def plan_pair(spec: MaskSpec, layout: str, world: int, q_rank: int, k_rank: int,
     check_layout(layout)
     if spec.causal and spec.is_plain:
         return _causal_plan(layout, world, q_rank, k_rank, n)
-    return _plan(spec, layout, world, q_rank, k_rank, n, TILE)
+    key = (spec, layout, world, q_rank, k_rank, n, TILE, DOC_CUT_MIN)
+    return _PLANS.get(key, lambda: _plan(*key))
 
 
-@lru_cache(maxsize=256)  # a rank meets about 2G pairs per layer; each is planned once (~10 ms)
 def _plan(spec: MaskSpec, layout: str, world: int, q_rank: int, k_rank: int, n: int,
-          tile: int) -> tuple[Call, ...]:
+          tile: int, doc_cut_min: int) -> tuple[Call, ...]:
     every = slice(0, n)
     calls = _causal_plan(layout, world, q_rank, k_rank, n) if spec.causal else (
         Call(every, every, FULL),)
@@ -242,7 +291,8 @@ def _plan(spec: MaskSpec, layout: str, world: int, q_rank: int, k_rank: int, n: 
     if spec.range_empty(q_pos, k_pos):
         return ()
     lo, hi = spec.key_bounds(q_pos, k_pos)
-    return tuple(t for c in calls for t in _tiles(c.q, c.k, lo, hi, tile))
+    starts = (spec.doc_starts(q_pos), spec.doc_starts(k_pos))
+    return tuple(t for c in calls for t in _tiles(c.q, c.k, lo, hi, (tile, doc_cut_min), starts))
 
 
 def pair_empty(spec: MaskSpec, layout: str, world: int, q_rank: int, k_rank: int, n: int) -> bool:

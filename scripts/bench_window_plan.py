@@ -4,11 +4,12 @@
     python scripts/bench_window_plan.py              # 4 ranks x 4096 tokens, window 512 and docs
 
 ``burst.masks.plan_pair`` splits a partly visible block until every piece is mask-free or at most
-``TILE`` x ``TILE``. Before, such a block was one DENSE call with an (n, n) mask, computing every
-pair of the block, masked or not. Both plans run here in one process on the same inputs (the
-untiled one by setting ``TILE`` to the block length): the whole emulated ring (every rank's steps,
+``TILE`` x ``TILE`` (documents are cut at their starts). Before, such a block was one DENSE call
+with an (n, n) mask, computing every pair of the block, masked or not. Both plans run here in one
+process on the same inputs (the untiled one by setting ``TILE`` and ``DOC_CUT_MIN`` to the block
+length): the whole emulated ring (every rank's steps,
 ``burst.emulate``), forward + backward, rounds interleaved, medians compared. Then the plans of a
-paper-scale whole-sequence attention (Ulysses/TP, 1M tokens) are counted, not run.
+paper-scale whole-sequence attention (Ulysses, 1M tokens) are counted, not run.
 """
 
 from __future__ import annotations
@@ -29,8 +30,14 @@ import burst.masks as M  # noqa: E402
 from burst.emulate import emulate_attn  # noqa: E402
 from burst.timing import time_call  # noqa: E402
 
-MASKS = {"window 512": dict(causal=True, window=(512, 0)),
-         "docs": dict(causal=True, cu_seqlens=(0, 1000, 5000, 9000, 16384))}
+
+def _masks(total: int) -> dict:
+    """A window, and documents with random boundaries (on average ``total`` / 4 and / 40)."""
+    out = {"window 512": dict(causal=True, window=(512, 0))}
+    for docs in (4, 40):
+        cuts = torch.randint(1, total, (docs - 1,), generator=torch.Generator().manual_seed(0))
+        out[f"{docs} docs"] = dict(causal=True, cu_seqlens=(0, *sorted(set(cuts.tolist())), total))
+    return out
 
 
 def _ring(q, k, v, do, world, layout, mask):
@@ -57,40 +64,42 @@ def main(argv=None) -> int:
     gen = torch.Generator().manual_seed(0)
     q, k, v, do = (torch.randn(1, g * n, args.heads, args.head_dim, generator=gen)
                    for _ in range(4))
-    tile = M.TILE
+    tile, doc_cut = M.TILE, M.DOC_CUT_MIN
     print(f"whole emulated ring, forward + backward, {g} ranks x {n} tokens, {args.heads} heads x "
-          f"{args.head_dim}, float32, 1 thread, median of {args.repeats} (TILE = {tile})")
+          f"{args.head_dim}, float32, 1 thread, median of {args.repeats} (TILE = {tile}, "
+          f"DOC_CUT_MIN = {doc_cut})")
     print(f"{'mask':>11}{'layout':>12}{'tiled s':>9}{'one mask s':>12}{'ratio':>7}"
-          f"{'largest mask MiB tiled / one':>30}")
-    for name, mask in MASKS.items():
+          f"{'largest mask KiB tiled / one':>30}")
+    for name, mask in _masks(g * n).items():
         spec = M.MaskSpec(**mask)
         for layout in ("contiguous", "zigzag"):
-            times: dict = {tile: [], n: []}
+            times: dict = {(tile, doc_cut): [], (n, n): []}
             run = partial(_ring, q, k, v, do, g, layout, mask)
             for _ in range(args.repeats + 1):  # the first round warms the caches up
                 for t in times:
-                    M.TILE = t
+                    M.TILE, M.DOC_CUT_MIN = t
                     times[t].append(time_call(run, "cpu"))
             sizes = []
             for t in times:
-                M.TILE = t
-                sizes.append(_largest_mask(spec, g, layout, n) / 2**20)
-            M.TILE = tile
+                M.TILE, M.DOC_CUT_MIN = t
+                sizes.append(_largest_mask(spec, g, layout, n) / 2**10)
+            M.TILE, M.DOC_CUT_MIN = tile, doc_cut
             a, b = (statistics.median(times[t][1:]) for t in times)
             print(f"{name:>11}{layout:>12}{a:>9.2f}{b:>12.2f}{b / a:>7.2f}"
-                  f"{sizes[0]:>18.1f} / {sizes[1]:.1f}", flush=True)
+                  f"{sizes[0]:>18.0f} / {sizes[1]:.0f}", flush=True)
     big = 1 << 20
-    print(f"\nwhole-sequence attention of one rank (Ulysses/TP), {big} tokens: plan, not run")
+    print(f"\nwhole-sequence attention of one rank (Ulysses), {big} tokens: plan, not run")
+    cuts = torch.randint(1, big, (big // 1000,), generator=torch.Generator().manual_seed(0))
     for name, spec in (("window 4096", M.MaskSpec(causal=True, window=(4096, 0))),
-                       ("64 documents", M.MaskSpec(causal=True,
-                                                   cu_seqlens=range(0, big + 1, big // 64)))):
+                       ("~1000 random documents", M.MaskSpec(
+                           causal=True, cu_seqlens=(0, *sorted(set(cuts.tolist())), big)))):
         t0 = time.perf_counter()
         calls = M.plan_pair(spec, "contiguous", 1, 0, 0, big)
         took = time.perf_counter() - t0
         kinds = dict(Counter(c.kind for c in calls))
         largest = max((c.mask.numel() for c in calls if c.kind == M.DENSE), default=0)
         print(f"  {name}: {len(calls)} calls {kinds}, planned in {took:.2f} s; largest mask "
-              f"{largest / 2**20:.1f} MiB (one mask: {big * big / 2**40:.0f} TiB)")
+              f"{largest / 2**10:.0f} KiB (one mask: {big * big / 2**40:.0f} TiB)")
     return 0
 
 

@@ -376,12 +376,14 @@ def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, vol, bounda
     return out
 
 
-def _busiest_rank_pairs(shape: AttnShape, layout: str, g: int) -> int:
-    """Visible (query, key) pairs of the busiest rank when every rank's queries meet the whole
-    sequence (all-gather), from the same kernel plans as the ring (contiguous causal is
-    imbalanced; the first, middle and last ranks bound it, as in ``step_compute``)."""
+def _whole_sequence_seconds(hw: Hardware, shape: AttnShape, layout: str, g: int, heads: int,
+                            pass_: str) -> float:
+    """Kernel time of the busiest rank when its queries meet the whole sequence (all-gather:
+    G ranks of n tokens; Ulysses and TP: one rank of N), call by call from the same kernel plans
+    as the ring (contiguous causal is imbalanced; the first, middle and last ranks bound it, as
+    in ``step_compute``; windows and documents are tiled as ``burst.masks.plan_pair`` runs them)."""
     spec, n = MaskSpec(causal=shape.causal, window=shape.window), shape.seq_len // g
-    return max(sum(_call_pairs(c, n) for k in range(g)
+    return max(sum(_call_seconds(hw, shape, c, n, heads, pass_) for k in range(g)
                    for c in plan_pair(spec, layout, g, r, k, n))
                for r in sorted({0, g // 2, g - 1}))
 
@@ -430,23 +432,14 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
                           efficiency)
         fwd, bwd = ((ph[p][0] + collective_seconds(hw, a2a.sent(p), u, topo), ph[p][1])
                     for p in ("forward", "backward"))
-    elif plan.kind in ("ulysses", "tp"):
+    elif plan.kind in ("ulysses", "tp", "allgather"):
         vol = method_volume(method, options, shape, topo, acc_elem=acc_elem)
-        hu = -(-shape.heads // plan.ulysses)  # heads per rank (runnable cells divide evenly)
-        fl = F.attention_flops(shape.batch, shape.seq_len, hu, shape.head_dim,
-                               causal=shape.causal, window=shape.window)
-        cf = hw.attn_seconds(fl, shape.seq_len, "forward", shape.causal) / efficiency
-        cb = hw.attn_seconds(F.BACKWARD_OVER_FORWARD * fl, shape.seq_len, "backward",
-                             shape.causal) / efficiency
-        fwd = (cf + collective_seconds(hw, vol.sent("forward"), g, topo), cf)
-        bwd = (cb + collective_seconds(hw, vol.sent("backward"), g, topo), cb)
-    elif plan.kind == "allgather":
-        vol = method_volume(method, options, shape, topo, acc_elem=acc_elem)
-        fl = 4 * shape.batch * _busiest_rank_pairs(shape, plan.layout, g) * shape.heads \
-            * shape.head_dim
-        t_blk = n // 2 if plan.layout == "zigzag" else n
-        cf = hw.attn_seconds(fl, t_blk, "forward") / efficiency
-        cb = hw.attn_seconds(F.BACKWARD_OVER_FORWARD * fl, t_blk, "backward") / efficiency
+        if plan.kind == "allgather":  # every rank's queries against the gathered K/V, all heads
+            layout, ranks, heads = plan.layout, g, shape.heads
+        else:  # the whole sequence on one rank, for its heads (runnable cells divide evenly)
+            layout, ranks, heads = "contiguous", 1, -(-shape.heads // plan.ulysses)
+        cf, cb = (_whole_sequence_seconds(hw, shape, layout, ranks, heads, p) / efficiency
+                  for p in ("forward", "backward"))
         fwd = (cf + collective_seconds(hw, vol.sent("forward"), g, topo), cf)
         bwd = (cb + collective_seconds(hw, vol.sent("backward"), g, topo), cb)
     else:  # pragma: no cover - plan_for rejects unknown kinds

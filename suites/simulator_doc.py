@@ -256,7 +256,9 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
         "of all L GPUs of a node (sharing the node's NICs) hides behind L-1 NVLink steps "
         "(inner rings shorter than a node: min(L, node) GPUs share the NICs; longer ones cross "
         "a NIC at every inner step). Ulysses / USP / all-gather / TP: collectives that do not "
-        "overlap the kernel; all-gather is timed on its busiest rank.",
+        "overlap the kernel, whose calls come from the same plans (all-gather: every rank's "
+        "queries against all key blocks, timed on its busiest rank; Ulysses / TP: one rank "
+        "holding the whole sequence).",
         "- **training step** (`suites.step_model`): per layer dense GEMMs, memory-bound "
         "elementwise work, the attention layer, recomputation per checkpointing mode, ZeRO-3 "
         "all-gathers and reduce-scatter overlapped with compute; LM head and optimizer.",

@@ -51,6 +51,19 @@ def test_mismatched_tensors():
         burst_attn(q.numpy(), k, v)
 
 
+def test_local_attention_and_dense_blocks_reject_bad_masks():
+    from baselines.local_attention import local_attention
+    from burst.masks import DENSE, MaskSpec
+
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="cu_seqlens ends at 6"):
+        local_attention(q, k, v, spec=MaskSpec(causal=True, cu_seqlens=(0, 3, 6)), scale=1.0)
+    bounds = (torch.zeros(8, dtype=torch.int32), torch.full((8,), 8, dtype=torch.int32))
+    for kw in ({}, {"mask": torch.ones(8, 8, dtype=torch.bool), "bounds": bounds}):
+        with pytest.raises(ValueError, match="exactly one of mask= and bounds="):
+            block_forward(q, k, v, kind=DENSE, **kw)
+
+
 def test_single_rank_equals_reference_and_gqa_kernel():
     from burst.reference import reference_attention
 

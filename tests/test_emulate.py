@@ -162,12 +162,13 @@ def test_bad_input_names_the_problem():
         emulate_attn(q, k, v, world=4, backward="auto")
 
 
-@pytest.mark.parametrize("tile", [2, 3])
-def test_tiled_block_plans_equal_reference(monkeypatch, tile):
+@pytest.mark.parametrize(("tile", "doc_cut"), [(2, 128), (3, 1)])
+def test_tiled_block_plans_equal_reference(monkeypatch, tile, doc_cut):
     """Windows and documents with blocks split into many mask-free and small dense calls."""
     import burst.masks
 
     monkeypatch.setattr(burst.masks, "TILE", tile)
+    monkeypatch.setattr(burst.masks, "DOC_CUT_MIN", doc_cut)
     n, failures = 8 * 4, []
     masks = dict(MASKS, docs=dict(causal=True, cu_seqlens=(0, 5, 17, n)),
                  docs_window=dict(causal=False, window=(4, 3), cu_seqlens=(0, 13, n)))
@@ -182,12 +183,13 @@ def test_tiled_block_plans_equal_reference(monkeypatch, tile):
 
 @pytest.mark.parametrize("tile", [3, 1024])
 def test_local_attention_equals_reference(monkeypatch, tile):
-    """Ulysses' and TP's whole-sequence attention: one call, or the tiled plan of one rank."""
+    """Ulysses' whole-sequence attention: one call, or the tiled plan of one rank."""
     import burst.masks
     from baselines.local_attention import local_attention
     from burst.masks import MaskSpec
 
     monkeypatch.setattr(burst.masks, "TILE", tile)
+    monkeypatch.setattr(burst.masks, "DOC_CUT_MIN", min(tile, 128))
     q, k, v, do = _inputs(4, kv_heads=2, seed=11)
     for mask in (*MASKS.values(), dict(causal=True, window=(6, 0), cu_seqlens=(0, 9, 20, 32))):
         got = _run(lambda a, b, c, mask=mask: (local_attention(

@@ -38,9 +38,10 @@ def _pairs(c: M.Call) -> int:
     return int(_kind_pattern(c.kind, nq, nk).sum())
 
 
-@pytest.mark.parametrize("tile", [2, 3, 5, 1024])
-def test_calls_cover_exactly_the_visible_pairs(monkeypatch, tile):
+@pytest.mark.parametrize(("tile", "doc_cut"), [(2, 1), (3, 128), (5, 2), (1024, 1), (1024, 128)])
+def test_calls_cover_exactly_the_visible_pairs(monkeypatch, tile, doc_cut):
     monkeypatch.setattr(M, "TILE", tile)
+    monkeypatch.setattr(M, "DOC_CUT_MIN", doc_cut)
     world, n, kinds = 4, 8, set()
     for spec in SPECS:
         for layout in LAYOUTS:
@@ -75,3 +76,30 @@ def test_large_windowed_blocks_plan_without_large_masks():
     total = sum(_pairs(c) for c in calls)
     assert total == int(spec.visible_counts(torch.arange(n), torch.arange(n)).sum())
     assert sum(c.pairs for c in dense) < 0.3 * total
+
+
+def test_documents_are_cut_at_their_boundaries():
+    """Random document lengths (mean 300) in 16K tokens: the splits follow document starts, so
+    whole documents meet in causal calls and few pairs are left to dense tiles."""
+    n = 1 << 14
+    cuts = torch.randint(1, n, (n // 300,), generator=torch.Generator().manual_seed(0))
+    spec = M.MaskSpec(causal=True, cu_seqlens=(0, *sorted(set(cuts.tolist())), n))
+    calls = M.plan_pair(spec, "contiguous", 1, 0, 0, n)
+    total = int(spec.visible_counts(torch.arange(n), torch.arange(n)).sum())
+    assert sum(_pairs(c) for c in calls) == total
+    assert sum(c.pairs for c in calls if c.kind == M.DENSE) < 0.1 * total
+
+
+def test_plan_cache_is_bounded_by_bytes():
+    cache, made = M._PlanCache(budget=3 * 2 * 4 * 16), []
+
+    def make(i):
+        made.append(i)
+        lo = torch.zeros(16, dtype=torch.int32)
+        return (M.Call(slice(0, 16), slice(0, 16), M.DENSE, (lo, lo + 1), 16),)
+
+    for i in range(10):
+        cache.get(i, lambda i=i: make(i))
+    assert cache.used <= cache.budget and len(cache.plans) == 3
+    cache.get(9, lambda: make(99))  # still cached: not made again
+    assert made == list(range(10))

@@ -559,3 +559,17 @@ def test_attn_tflops_counts_one_way_for_measured_and_simulated_rows():
                              heads=h, head_dim=d, window=win, causal=True), "a800")
     assert row["status"] == "ok"
     assert row["attn_tflops"] == pytest.approx(exact / row["time_s"] / 4 / 1e12)
+
+
+def test_windowed_attention_is_priced_by_the_same_tiles_for_every_method():
+    """On one GPU every method runs the same tiled plan of a windowed sequence: Ulysses, TP and
+    all-gather price it identically, the ring adds only its accumulator merges."""
+    shape = dataclasses.replace(MHA, seq_len=1 << 16, window=(4096, 0))
+    t = {m: attention_timing(HW, m, {"layout": "contiguous"} if m in ("burst", "allgather")
+                             else {}, shape, Topo(1, 8))
+         for m in ("ulysses", "tp", "allgather", "burst")}
+    for m in ("tp", "allgather"):
+        assert t[m].compute_forward_s == pytest.approx(t["ulysses"].compute_forward_s, rel=1e-12)
+        assert t[m].compute_backward_s == pytest.approx(t["ulysses"].compute_backward_s,
+                                                        rel=1e-12)
+    assert 1 < t["burst"].compute_forward_s / t["ulysses"].compute_forward_s < 1.1
