@@ -160,6 +160,28 @@ def test_emulated_burst_attention_every_layout_and_mask():
     assert not failures, "\n".join(failures[:30])
 
 
+def test_emulated_tiled_plans(monkeypatch):
+    """Windows and documents split into small tiles: DENSE tiles reach the kernel as key bounds
+    and their masks are built on the device; mask-free pieces go to the flash kernels."""
+    import burst.masks
+
+    monkeypatch.setattr(burst.masks, "TILE", 64)
+    monkeypatch.setattr(burst.masks, "DOC_CUT_MIN", 32)
+    masks = {"window": dict(causal=True, window=(150, 0)),
+             "window2": dict(causal=False, window=(70, 90)),
+             "docs": dict(causal=True, cu_seqlens=(0, 100, 333, 345, 512))}
+    failures = []
+    for dtype in (torch.bfloat16, torch.float32):
+        for layout in LAYOUTS:
+            for mname, mask_kw in masks.items():
+                errs = _emulated_case(4, dtype, mask_kw, layout=layout, backward="burst")
+                for name, (e, n) in errs.items():
+                    tol = LSE_TOL[dtype] if name == "lse" else 2 * n + 4 * FLOOR[dtype]
+                    if not e <= tol:
+                        failures.append(f"{dtype} {layout} {mname} {name}: {e:.3g} (naive {n:.3g})")
+    assert not failures, "\n".join(failures[:30])
+
+
 @pytest.mark.parametrize(("world", "rpn"), [(8, 4), (8, 2)])
 def test_emulated_double_ring(world, rpn):
     for backward in ("burst", "ring"):
@@ -182,10 +204,14 @@ def test_burst_attn_one_rank_on_cuda():
 
 
 @pytest.mark.parametrize(("layout", "window"), [("zigzag", None), ("contiguous", (300, 0))])
-def test_ring_steps_never_sync_the_host(layout, window):
+def test_ring_steps_never_sync_the_host(monkeypatch, layout, window):
     """Per-step work must not wait for the GPU (no .item(), no host reads of device tensors):
-    torch's sync debug mode turns any synchronising call into an error."""
+    torch's sync debug mode turns any synchronising call into an error. Tiles of 128 make the
+    windowed case send DENSE tiles as key bounds."""
+    import burst.masks
     from burst.emulate import RingEmulator
+
+    monkeypatch.setattr(burst.masks, "TILE", 128)
 
     q, k, v, do = (t.to(torch.bfloat16) for t in _inputs(1, 2048, 8, 8, 64, seed=3))
     em = RingEmulator(q, k, v, world=4, causal=True, layout=layout, window=window)
