@@ -45,6 +45,18 @@ def _keys(df, cols) -> list[str]:
     return out
 
 
+def _check_unique(df, what: str) -> None:
+    """Refuse a table with two rows for one cell and label: whichever came last would silently
+    stand for both (a table per run has one row per cell; retries keep the newest)."""
+    seen: dict[str, int] = {}
+    for i, k in enumerate(_keys(df, (*MATCH_KEYS, "label"))):
+        if k in seen:
+            raise ValueError(
+                f"{what}: rows {seen[k]} and {i} are the same cell and label {k}; compare "
+                "two result sets with `compare`, or give the methods distinct labels")
+        seen[k] = i
+
+
 def _with_derived(df):
     df = df.copy()
     if "bytes_sent" not in df.columns and "bytes_sent_forward" in df.columns:
@@ -59,6 +71,7 @@ def add_speedup(df, baseline: str | None):
     df = df.copy()
     if not baseline or df.empty:
         return df
+    _check_unique(df, "add_speedup")
     keys = _keys(df, MATCH_KEYS)
     base = {}
     for k, label, status, t in zip(keys, df["label"], df["status"], df["time_s"], strict=True):
@@ -84,6 +97,7 @@ def summary(df, metric: str = "time_s", *, baseline: str | None = None):
 
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; valid: {', '.join(METRICS)}")
+    _check_unique(df, "summary")
     df = _with_derived(df)
     if baseline:
         df = add_speedup(df, baseline)
@@ -111,6 +125,8 @@ def compare(a, b, metric: str = "time_s", *, names: tuple[str, str] = ("a", "b")
 
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; valid: {', '.join(METRICS)}")
+    _check_unique(a, f"compare ({names[0]})")
+    _check_unique(b, f"compare ({names[1]})")
     a, b = _with_derived(a), _with_derived(b)
     cols = [k for k in (*MATCH_KEYS, "label") if k in a.columns and k in b.columns]
     index_b = {k: i for i, k in enumerate(_keys(b, cols))}

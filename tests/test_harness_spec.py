@@ -241,6 +241,11 @@ def test_tables_summary_speedup_compare(tmp_path):
     assert got["ring"] == (pytest.approx(1.0), pytest.approx(1.0))
     assert store.latest_run(tmp_path / "sweep") == d2
     assert add_speedup(df, None)["speedup"].equals(df["speedup"])
+    both = pd.concat([store.load(d), store.load(d2)], ignore_index=True)
+    with pytest.raises(ValueError, match="rows 0 and 4 are the same cell and label"):
+        summary(both, "time_s")  # one would silently stand for the other
+    with pytest.raises(ValueError, match=r"compare \(b\)"):
+        compare(store.load(d), both, "time_s")
 
 
 def test_cli_read_only_commands(tmp_path, capsys):
