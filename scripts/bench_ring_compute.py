@@ -39,10 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from burst.attention import _delta  # noqa: E402
 from burst.emulate import RingEmulator  # noqa: E402
 from burst.kernel import acc_dtype, block_backward, block_forward  # noqa: E402
 from burst.masks import CAUSAL  # noqa: E402
+from burst.merge import row_delta as _delta  # noqa: E402
 from burst.timing import time_call  # noqa: E402
 
 TARGET_FWD, TARGET_FWD_BWD = 1.15, 1.25

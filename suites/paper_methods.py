@@ -1,6 +1,6 @@
 """The one place where the BurstEngine paper's method names become registry names and options.
 
-The paper's tables (``../shared/paper_reference/*.csv``, column ``method``) name systems, not
+The paper's tables (``results/paper_reference/*.csv``, column ``method``) name systems, not
 algorithms; each maps to the registry entry that implements the same algorithm here:
 
   megatron_cp            Megatron-LM context parallel = TransformerEngine's p2p ring with the

@@ -156,7 +156,7 @@ def test_shipped_specs_are_valid():
     for n in names:
         cells = expand(load_spec(n))
         assert cells and len({c.cell_id for c in cells}) == len(cells), n
-    # the paper specs mirror ../shared/paper_reference: same GPU counts and lengths
+    # the paper specs mirror results/paper_reference: same GPU counts and lengths
     k = expand(load_spec("paper_kernel_32gpu"))
     assert {c.world for c in k} == {32} and {c.nodes for c in k} == {4}
     assert sorted({c.seq_len for c in k}) == [131072, 262144, 524288, 1048576]
