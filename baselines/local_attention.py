@@ -27,11 +27,15 @@ def _one_rank(spec: MaskSpec, scale: float, backend: str) -> BlockSteps:
     return BlockSteps(spec, "contiguous", 1, scale, backend)
 
 
+def _plain_kind(spec: MaskSpec) -> str:
+    return CAUSAL if spec.causal else FULL
+
+
 class _LocalAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, spec: MaskSpec, scale: float, backend: str):
         if spec.is_plain:
-            out, lse = block_forward(q, k, v, scale=scale, kind=CAUSAL if spec.causal else FULL,
+            out, lse = block_forward(q, k, v, scale=scale, kind=_plain_kind(spec),
                                      backend=backend)
         else:
             out, lse = new_accumulators(q, acc_dtype(q.dtype))
@@ -51,7 +55,7 @@ class _LocalAttention(torch.autograd.Function):
         delta = row_delta(dout, out, acc)
         if spec.is_plain:
             dq, dk, dv = block_backward(dout, q, k, v, lse, delta, scale=scale,
-                                        kind=CAUSAL if spec.causal else FULL, backend=backend)
+                                        kind=_plain_kind(spec), backend=backend)
         else:
             dq, dk, dv = (torch.zeros(x.shape, dtype=acc, device=x.device) for x in (q, k, v))
             _one_rank(spec, scale, backend).backward(dout, q, k, v, lse, delta, dq, dk, dv,

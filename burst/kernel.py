@@ -48,7 +48,7 @@ from collections.abc import Callable
 
 import torch
 
-from burst.masks import CAUSAL, DENSE, FULL, STRICT
+from burst.masks import CAUSAL, DENSE, FULL, STRICT, bounds_mask
 
 __all__ = [
     "BACKENDS",
@@ -423,9 +423,7 @@ def _dense_mask(mask, bounds, sk: int, device: torch.device) -> torch.Tensor:
         raise ValueError("a DENSE block takes exactly one of mask= and bounds=")
     if bounds is None:
         return _to_device(mask, device)
-    lo, hi = (_to_device(b, device) for b in bounds)
-    j = torch.arange(sk, dtype=lo.dtype, device=device)
-    return (j >= lo[:, None]) & (j < hi[:, None])
+    return bounds_mask(*(_to_device(b, device) for b in bounds), sk)
 
 
 def _empty_rows(mask, bounds) -> torch.Tensor | None:

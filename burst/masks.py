@@ -29,25 +29,26 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
 import torch
 
 from burst.layout import check_layout, global_positions
 
-__all__ = ["FULL", "CAUSAL", "STRICT", "DENSE", "TILE", "Call", "MaskSpec", "plan_pair",
-           "ring_span"]
+__all__ = ["FULL", "CAUSAL", "STRICT", "DENSE", "TILE", "Call", "MaskSpec", "bounds_mask",
+           "plan_pair", "ring_span"]
 
 FULL = "full"  # every query sees every key
 CAUSAL = "causal"  # square block, query a sees key b iff b <= a (top-left aligned)
 STRICT = "strict"  # square block, query a sees key b iff b < a
-DENSE = "dense"  # explicit boolean mask (True = visible)
+DENSE = "dense"  # anything else: per-query key bounds, or an explicit boolean mask
 
 TILE = 1024
 """Largest side of a DENSE call (``plan_pair``); its mask is at most TILE**2 booleans."""
 DOC_CUT_MIN = 128
 """Partly visible pieces longer than this are cut at a document start inside them, if any
 (random documents of 1000 tokens on average, 1M tokens: under 0.1% of the visible pairs left to
-dense tiles, 59% when cut only in halves; much shorter documents want a variable-length kernel,
-which the shim does not have)."""
+dense tiles, about 60% when cut only in halves; much shorter documents want a variable-length
+kernel, which the shim does not have)."""
 
 
 @dataclass(frozen=True)
@@ -172,9 +173,20 @@ class Call:
         """bool (len q, len k), True = visible; DENSE only (at most ``TILE`` x ``TILE``)."""
         if self.bounds is None:
             return None
-        lo, hi = self.bounds
-        j = torch.arange(self.k.stop - self.k.start, dtype=lo.dtype)
-        return (j >= lo[:, None]) & (j < hi[:, None])
+        return bounds_mask(*self.bounds, self.k.stop - self.k.start)
+
+    @property
+    def visible_pairs(self) -> int:
+        """(query, key) pairs this call computes."""
+        lq, lk = self.q.stop - self.q.start, self.k.stop - self.k.start
+        return {FULL: lq * lk, CAUSAL: lq * (lq + 1) // 2, STRICT: lq * (lq - 1) // 2}.get(
+            self.kind, self.pairs)
+
+
+def bounds_mask(lo: torch.Tensor, hi: torch.Tensor, n_k: int) -> torch.Tensor:
+    """bool (len(lo), n_k) mask, True where lo[i] <= j < hi[i], on the bounds' device."""
+    j = torch.arange(n_k, dtype=lo.dtype, device=lo.device)
+    return (j >= lo[:, None]) & (j < hi[:, None])
 
 
 @lru_cache(maxsize=4096)
@@ -195,18 +207,15 @@ def _causal_plan(layout: str, world: int, q_rank: int, k_rank: int, n: int) -> t
     return (Call(slice(half, n), every, FULL),)  # only the late query chunk sees anything
 
 
-def _kind(lo: torch.Tensor, hi: torch.Tensor, n_k: int) -> str | None:
-    """The mask kind of a block whose query i sees keys [lo[i], hi[i]); None when empty."""
-    if not bool((hi > lo).any()):
-        return None
-    if bool((lo == 0).all()):
-        if bool((hi == n_k).all()):
+def _kind(lo: np.ndarray, hi: np.ndarray, n_k: int) -> str:
+    """The mask kind of a block whose query i sees keys [lo[i], hi[i]) (some query sees some)."""
+    if not lo.any():
+        if (hi == n_k).all():
             return FULL
         if len(hi) == n_k:
-            rows = torch.arange(n_k)
-            if torch.equal(hi, rows + 1):
+            if (hi == np.arange(1, n_k + 1)).all():
                 return CAUSAL
-            if torch.equal(hi, rows):
+            if (hi == np.arange(n_k)).all():
                 return STRICT
     return DENSE
 
@@ -227,40 +236,58 @@ def _split(s: slice, sizes: tuple[int, int], starts: list[int]) -> tuple[slice, 
     return slice(s.start, cut), slice(cut, s.stop)
 
 
-def _tiles(qs: slice, ks: slice, lo_all: torch.Tensor, hi_all: torch.Tensor,
+def _tiles(qs: slice, ks: slice, lo_all: np.ndarray, hi_all: np.ndarray,
            sizes: tuple[int, int], starts: tuple[list[int], list[int]]) -> list[Call]:
-    """Calls covering queries ``qs`` x keys ``ks`` whose local key bounds are lo_all/hi_all."""
-    lo = lo_all[qs].clamp(ks.start, ks.stop) - ks.start
-    hi = hi_all[qs].clamp(ks.start, ks.stop) - ks.start
-    kind = _kind(lo, hi, ks.stop - ks.start)
-    if kind is None:
+    """Calls covering queries ``qs`` x keys ``ks`` whose local key bounds are lo_all/hi_all.
+    The block is first cropped to the rows and keys that see anything (on the striped layout a
+    document's queries and keys start one index apart: cropped, the document is causal).
+    Host arrays in numpy: thousands of tiny blocks, where a torch call costs ten times more."""
+    lo, hi = lo_all[qs].clip(ks.start, ks.stop), hi_all[qs].clip(ks.start, ks.stop)
+    seen = hi > lo
+    rows = np.flatnonzero(seen)
+    if len(rows) == 0:
         return []
+    first, last = int(rows[0]), int(rows[-1]) + 1
+    qs = slice(qs.start + first, qs.start + last)
+    ks = slice(int(lo[seen].min()), int(hi[seen].max()))
+    lo = lo[first:last].clip(ks.start, ks.stop) - ks.start
+    hi = hi[first:last].clip(ks.start, ks.stop) - ks.start
+    kind = _kind(lo, hi, ks.stop - ks.start)
     if kind != DENSE:
         return [Call(qs, ks, kind)]
     q_parts, k_parts = _split(qs, sizes, starts[0]), _split(ks, sizes, starts[1])
     if len(q_parts) == len(k_parts) == 1:
-        return [Call(qs, ks, DENSE, (lo, hi), int((hi - lo).sum()))]
+        return [Call(qs, ks, DENSE, (torch.from_numpy(lo), torch.from_numpy(hi)),
+                     int((hi - lo).sum()))]
     return [c for q in q_parts for k in k_parts
             for c in _tiles(q, k, lo_all, hi_all, sizes, starts)]
 
 
 class _PlanCache:
-    """Least recently used plans, bounded by the bytes of their key bounds, not by count: a
-    rank meets about 2G pairs per layer, each planned once; packed batches bring new documents
-    (new specs) every step, and a 1M-token plan holds megabytes."""
+    """Least recently used plans, bounded by their host bytes and by their number: a rank meets
+    about 2G pairs per layer, each planned once; packed batches bring new documents (new specs)
+    every step, and a 1M-token plan holds megabytes of key bounds."""
 
-    def __init__(self, budget: int):
-        self.budget, self.used, self.plans = budget, 0, OrderedDict()
+    def __init__(self, budget: int, entries: int = 4096):
+        self.budget, self.entries, self.used, self.plans = budget, entries, 0, OrderedDict()
+
+    @staticmethod
+    def nbytes(key, calls) -> int:
+        """About what an entry holds: ~1 KiB of objects, ~0.5 KiB per call, the key bounds and
+        the spec's document boundaries."""
+        docs = getattr(key[0], "cu_seqlens", None) or ()
+        bounds = sum(2 * c.bounds[0].nbytes for c in calls if c.bounds is not None)
+        return 1024 + 8 * len(docs) + 512 * len(calls) + bounds
 
     def get(self, key, make):
         if key in self.plans:
             self.plans.move_to_end(key)
             return self.plans[key][0]
         calls = make()
-        size = sum(2 * c.bounds[0].nbytes for c in calls if c.bounds is not None)
+        size = self.nbytes(key, calls)
         self.plans[key] = (calls, size)
         self.used += size
-        while self.used > self.budget and len(self.plans) > 1:
+        while len(self.plans) > 1 and (self.used > self.budget or len(self.plans) > self.entries):
             self.used -= self.plans.popitem(last=False)[1][1]
         return calls
 
@@ -284,13 +311,13 @@ def _plan(spec: MaskSpec, layout: str, world: int, q_rank: int, k_rank: int, n: 
     every = slice(0, n)
     calls = _causal_plan(layout, world, q_rank, k_rank, n) if spec.causal else (
         Call(every, every, FULL),)
-    if spec.is_plain or not calls:
-        return calls
+    if spec.is_plain or not calls or n == 0:
+        return calls if n else ()
     q_pos = global_positions(n, world, q_rank, layout)
     k_pos = global_positions(n, world, k_rank, layout)
     if spec.range_empty(q_pos, k_pos):
         return ()
-    lo, hi = spec.key_bounds(q_pos, k_pos)
+    lo, hi = (b.numpy() for b in spec.key_bounds(q_pos, k_pos))
     starts = (spec.doc_starts(q_pos), spec.doc_starts(k_pos))
     return tuple(t for c in calls for t in _tiles(c.q, c.k, lo, hi, (tile, doc_cut_min), starts))
 

@@ -4,12 +4,13 @@
     python scripts/bench_window_plan.py              # 4 ranks x 4096 tokens, window 512 and docs
 
 ``burst.masks.plan_pair`` splits a partly visible block until every piece is mask-free or at most
-``TILE`` x ``TILE`` (documents are cut at their starts). Before, such a block was one DENSE call
-with an (n, n) mask, computing every pair of the block, masked or not. Both plans run here in one
-process on the same inputs (the untiled one by setting ``TILE`` and ``DOC_CUT_MIN`` to the block
-length): the whole emulated ring (every rank's steps,
-``burst.emulate``), forward + backward, rounds interleaved, medians compared. Then the plans of a
-paper-scale whole-sequence attention (Ulysses, 1M tokens) are counted, not run.
+``TILE`` x ``TILE`` (documents are cut at their starts). Untiled (``TILE`` and ``DOC_CUT_MIN``
+set to the block length), a partly visible block is one DENSE call with a mask over the block,
+cropped only to the rows and keys that see anything, computing every pair inside, masked or not
+(before the tiling, not even cropped). Both plans run here in one process on the same inputs:
+the whole emulated ring (every rank's steps, ``burst.emulate``), forward + backward, rounds
+interleaved, medians compared. Then the plans of a paper-scale whole-sequence attention
+(Ulysses, 1M tokens) are counted, not run.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--big", type=int, default=1 << 20, help="tokens of the planned-only case")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     g, n = args.world, args.seq_local
@@ -87,7 +89,7 @@ def main(argv=None) -> int:
             a, b = (statistics.median(times[t][1:]) for t in times)
             print(f"{name:>11}{layout:>12}{a:>9.2f}{b:>12.2f}{b / a:>7.2f}"
                   f"{sizes[0]:>18.0f} / {sizes[1]:.0f}", flush=True)
-    big = 1 << 20
+    big = args.big
     print(f"\nwhole-sequence attention of one rank (Ulysses), {big} tokens: plan, not run")
     cuts = torch.randint(1, big, (big // 1000,), generator=torch.Generator().manual_seed(0))
     for name, spec in (("window 4096", M.MaskSpec(causal=True, window=(4096, 0))),
@@ -99,7 +101,7 @@ def main(argv=None) -> int:
         kinds = dict(Counter(c.kind for c in calls))
         largest = max((c.mask.numel() for c in calls if c.kind == M.DENSE), default=0)
         print(f"  {name}: {len(calls)} calls {kinds}, planned in {took:.2f} s; largest mask "
-              f"{largest / 2**10:.0f} KiB (one mask: {big * big / 2**40:.0f} TiB)")
+              f"{largest / 2**10:.0f} KiB (one mask: {big * big / 2**30:.0f} GiB)")
     return 0
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from burst import flops as F
 from burst import volume
 from burst.comm import ring_shape
-from burst.masks import CAUSAL, DENSE, FULL, STRICT, MaskSpec, plan_pair, ring_span
+from burst.masks import CAUSAL, STRICT, MaskSpec, plan_pair, ring_span
 from suites.hardware import Hardware
 
 __all__ = ["AttnShape", "AttnTiming", "Plan", "Topo", "attention_timing", "collective_seconds",
@@ -72,6 +72,10 @@ class AttnShape:
             bad.append(f"heads={self.heads} is not divisible by kv_heads={self.kv_heads}")
         if bad:
             raise ValueError("attention shape: " + "; ".join(bad))
+
+    @property
+    def mask(self) -> MaskSpec:
+        return MaskSpec(causal=self.causal, window=self.window)
 
     def pair_flops(self, heads: int | None = None) -> float:
         """Forward FLOPs of one visible (query, key) pair over ``heads`` heads (burst.flops)."""
@@ -261,30 +265,21 @@ def _usp_volume(plan: Plan, shape: AttnShape, topo: Topo, acc_elem: int, rank: i
 # Kernel work per ring step
 
 
-def _len(s: slice, m: int) -> int:
-    return len(range(*s.indices(m)))
+def _pair_seconds(hw: Hardware, shape: AttnShape, layout: str, g: int, q_rank: int,
+                  k_rank: int, m: int, heads: int, pass_: str) -> tuple[float, bool]:
+    """Kernel time of one (query rank, key rank) pair of G ranks with m tokens each, call by
+    call from ``burst.masks.plan_pair`` at the efficiency of each call's smaller side; and
+    whether the pair has any call (fully masked pairs cost nothing, not even a merge)."""
+    calls = plan_pair(shape.mask, layout, g, q_rank, k_rank, m)
+    scale = shape.pair_flops(heads) * (F.BACKWARD_OVER_FORWARD if pass_ == "backward" else 1)
+    return sum(hw.attn_seconds(c.visible_pairs * scale,
+                               min(c.q.stop - c.q.start, c.k.stop - c.k.start), pass_,
+                               causal=c.kind in (CAUSAL, STRICT)) for c in calls), bool(calls)
 
 
-def _call_pairs(call, m: int) -> int:
-    """Visible (query, key) pairs of one kernel call (``burst.masks.plan_pair``)."""
-    lq, lk = _len(call.q, m), _len(call.k, m)
-    if call.kind == FULL:
-        return lq * lk
-    if call.kind == CAUSAL:
-        return F.attention_pairs(lq, causal=True)
-    if call.kind == STRICT:
-        return F.attention_pairs(lq, causal=True) - lq
-    if call.kind == DENSE:
-        return call.pairs
-    raise AssertionError(call.kind)
-
-
-def _call_seconds(hw: Hardware, shape: AttnShape, call, m: int, heads: int, pass_: str) -> float:
-    lq, lk = _len(call.q, m), _len(call.k, m)
-    flops = _call_pairs(call, m) * shape.pair_flops(heads)
-    if pass_ == "backward":
-        flops *= F.BACKWARD_OVER_FORWARD
-    return hw.attn_seconds(flops, min(lq, lk), pass_, causal=call.kind in (CAUSAL, STRICT))
+def _ranks_bounding(g: int) -> list[int]:
+    # contiguous causal is imbalanced: the first, middle and last ranks bound the slowest one
+    return sorted({0, g // 2, g - 1})
 
 
 def _merge_seconds(hw: Hardware, shape: AttnShape, m: int, heads: int, kv_heads: int,
@@ -301,16 +296,14 @@ def _merge_seconds(hw: Hardware, shape: AttnShape, m: int, heads: int, kv_heads:
 def step_compute(hw: Hardware, shape: AttnShape, layout: str, members: int, m: int, heads: int,
                  kv_heads: int, pass_: str) -> list[float]:
     """Kernel time of the slowest rank at each ring step 0..members-1 (0 = its own block)."""
-    spec = MaskSpec(causal=shape.causal, window=shape.window)
-    reps = sorted({0, members // 2, members - 1})
     merge = _merge_seconds(hw, shape, m, heads, kv_heads, pass_)
     out = []
     for s in range(members):
         worst = 0.0
-        for r in reps:
-            calls = plan_pair(spec, layout, members, r, (r - s) % members, m)
-            t = sum(_call_seconds(hw, shape, c, m, heads, pass_) for c in calls)
-            worst = max(worst, t + (merge if calls else 0.0))
+        for r in _ranks_bounding(members):
+            t, any_call = _pair_seconds(hw, shape, layout, members, r, (r - s) % members, m,
+                                        heads, pass_)
+            worst = max(worst, t + (merge if any_call else 0.0))
         out.append(worst)
     return out
 
@@ -318,7 +311,7 @@ def step_compute(hw: Hardware, shape: AttnShape, layout: str, members: int, m: i
 def _ring_span(shape: AttnShape, layout: str, members: int, m: int) -> int:
     if shape.window is None:
         return members - 1
-    return ring_span(MaskSpec(causal=shape.causal, window=shape.window), layout, members, m)
+    return ring_span(shape.mask, layout, members, m)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -379,13 +372,11 @@ def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, vol, bounda
 def _whole_sequence_seconds(hw: Hardware, shape: AttnShape, layout: str, g: int, heads: int,
                             pass_: str) -> float:
     """Kernel time of the busiest rank when its queries meet the whole sequence (all-gather:
-    G ranks of n tokens; Ulysses and TP: one rank of N), call by call from the same kernel plans
-    as the ring (contiguous causal is imbalanced; the first, middle and last ranks bound it, as
-    in ``step_compute``; windows and documents are tiled as ``burst.masks.plan_pair`` runs them)."""
-    spec, n = MaskSpec(causal=shape.causal, window=shape.window), shape.seq_len // g
-    return max(sum(_call_seconds(hw, shape, c, n, heads, pass_) for k in range(g)
-                   for c in plan_pair(spec, layout, g, r, k, n))
-               for r in sorted({0, g // 2, g - 1}))
+    G ranks of n tokens; Ulysses and TP: one rank of N), from the same kernel plans as the ring
+    (windows and documents are tiled as ``burst.masks.plan_pair`` runs them)."""
+    n = shape.seq_len // g
+    return max(sum(_pair_seconds(hw, shape, layout, g, r, k, n, heads, pass_)[0]
+                   for k in range(g)) for r in _ranks_bounding(g))
 
 
 def collective_seconds(hw: Hardware, nbytes: float, group: int, topo: Topo) -> float:

@@ -198,3 +198,6 @@ def test_local_attention_equals_reference(monkeypatch, tile):
                    q, k, v, do)
         for i in (0, 2, 3, 4):
             assert float((got[i] - ref[i]).abs().max()) < F64_TOL, (mask, i)
+    empty = q[:, :0]  # an empty sequence: an empty output, whatever the mask
+    assert local_attention(empty, empty, empty, spec=MaskSpec(causal=True, window=(3, 0)),
+                           scale=0.3).shape == empty.shape

@@ -246,6 +246,8 @@ def test_tables_summary_speedup_compare(tmp_path):
         summary(both, "time_s")  # one would silently stand for the other
     with pytest.raises(ValueError, match=r"compare \(b\)"):
         compare(store.load(d), both, "time_s")
+    with pytest.raises(ValueError, match="add_speedup: rows 0 and 4"):
+        add_speedup(both, "ring")
 
 
 def test_cli_read_only_commands(tmp_path, capsys):

@@ -31,13 +31,6 @@ def _kind_pattern(kind: str, nq: int, nk: int) -> torch.Tensor:
             M.STRICT: cols < rows}[kind]
 
 
-def _pairs(c: M.Call) -> int:
-    if c.kind == M.DENSE:
-        return c.pairs
-    nq, nk = c.q.stop - c.q.start, c.k.stop - c.k.start
-    return int(_kind_pattern(c.kind, nq, nk).sum())
-
-
 @pytest.mark.parametrize(("tile", "doc_cut"), [(2, 1), (3, 128), (5, 2), (1024, 1), (1024, 128)])
 def test_calls_cover_exactly_the_visible_pairs(monkeypatch, tile, doc_cut):
     monkeypatch.setattr(M, "TILE", tile)
@@ -61,6 +54,7 @@ def test_calls_cover_exactly_the_visible_pairs(monkeypatch, tile, doc_cut):
                         else:
                             pattern = _kind_pattern(c.kind, nq, nk)
                         assert torch.equal(pattern, want[c.q, c.k]), (spec, layout, qr, kr, c)
+                        assert c.visible_pairs == int(pattern.sum())
                         got[c.q, c.k] += pattern.long()
                     assert torch.equal(got, want.long()), (spec, layout, qr, kr)  # disjoint
     assert kinds == {M.FULL, M.CAUSAL, M.STRICT, M.DENSE}
@@ -73,33 +67,60 @@ def test_large_windowed_blocks_plan_without_large_masks():
     calls = M.plan_pair(spec, "contiguous", 4, 1, 1, n)
     dense = [c for c in calls if c.kind == M.DENSE]
     assert all(c.q.stop - c.q.start <= M.TILE and c.k.stop - c.k.start <= M.TILE for c in dense)
-    total = sum(_pairs(c) for c in calls)
+    total = sum(c.visible_pairs for c in calls)
     assert total == int(spec.visible_counts(torch.arange(n), torch.arange(n)).sum())
     assert sum(c.pairs for c in dense) < 0.3 * total
 
 
 def test_documents_are_cut_at_their_boundaries():
-    """Random document lengths (mean 300) in 16K tokens: the splits follow document starts, so
-    whole documents meet in causal calls and few pairs are left to dense tiles."""
+    """Random document lengths (mean 300) in 16K tokens, on every layout: the splits follow
+    document starts, so whole documents meet in causal calls and few pairs are left to dense
+    tiles (on the striped layout only after cropping: a document's keys start one index off)."""
     n = 1 << 14
     cuts = torch.randint(1, n, (n // 300,), generator=torch.Generator().manual_seed(0))
     spec = M.MaskSpec(causal=True, cu_seqlens=(0, *sorted(set(cuts.tolist())), n))
-    calls = M.plan_pair(spec, "contiguous", 1, 0, 0, n)
-    total = int(spec.visible_counts(torch.arange(n), torch.arange(n)).sum())
-    assert sum(_pairs(c) for c in calls) == total
-    assert sum(c.pairs for c in calls if c.kind == M.DENSE) < 0.1 * total
+    for layout, world in (("contiguous", 1), ("zigzag", 4), ("striped", 4)):
+        total = dense = 0
+        for q in range(world):
+            for k in range(world):
+                calls = M.plan_pair(spec, layout, world, q, k, n // world)
+                total += sum(c.visible_pairs for c in calls)
+                dense += sum(c.pairs for c in calls if c.kind == M.DENSE)
+        assert total == int(spec.visible_counts(torch.arange(n), torch.arange(n)).sum())
+        assert dense < 0.1 * total, layout
 
 
-def test_plan_cache_is_bounded_by_bytes():
-    cache, made = M._PlanCache(budget=3 * 2 * 4 * 16), []
+def test_plan_cache_is_bounded_by_bytes_and_entries():
+    """Packed batches bring a new spec every step: the cache must not grow with the steps,
+    whether the plans hold key bounds or nothing at all (empty or mask-free plans)."""
+    lo = torch.zeros(1000, dtype=torch.int32)
+    dense = (M.Call(slice(0, 1000), slice(0, 1000), M.DENSE, (lo, lo + 1), 1000),)
+    made = []
 
-    def make(i):
-        made.append(i)
-        lo = torch.zeros(16, dtype=torch.int32)
-        return (M.Call(slice(0, 16), slice(0, 16), M.DENSE, (lo, lo + 1), 16),)
+    def spec(i):
+        return M.MaskSpec(causal=True, cu_seqlens=(0, i + 1, 10**6))
 
-    for i in range(10):
-        cache.get(i, lambda i=i: make(i))
-    assert cache.used <= cache.budget and len(cache.plans) == 3
-    cache.get(9, lambda: make(99))  # still cached: not made again
-    assert made == list(range(10))
+    by_bytes = M._PlanCache(budget=5 * M._PlanCache.nbytes((spec(0),), dense), entries=100)
+    for i in range(20):
+        by_bytes.get((spec(i),), lambda i=i: made.append(i) or dense)
+    assert len(by_bytes.plans) == 5 and by_bytes.used <= by_bytes.budget
+    by_bytes.get((spec(19),), lambda: made.append(-1) or dense)  # still cached: not made again
+    assert made == list(range(20))
+    by_count = M._PlanCache(budget=1 << 30, entries=7)
+    for i in range(50):
+        by_count.get((spec(i),), tuple)  # empty plans
+    assert len(by_count.plans) == 7
+
+
+def test_plans_depend_on_the_tile_sizes():
+    """Tile sizes are part of the cache key: a test or a benchmark that changes them gets plans
+    made with the new sizes."""
+    spec = M.MaskSpec(causal=True, cu_seqlens=(0, 300, 700, 2048))
+    coarse = M.plan_pair(spec, "contiguous", 1, 0, 0, 2048)
+    try:
+        M.DOC_CUT_MIN = 1 << 20
+        M.TILE = 4096
+        assert len(M.plan_pair(spec, "contiguous", 1, 0, 0, 2048)) == 1  # one dense call
+    finally:
+        M.DOC_CUT_MIN, M.TILE = 128, 1024
+    assert [c.kind for c in coarse] == [M.CAUSAL] * 3

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize(("script", "args", "expect"), [
     ("bench_ring_compute.py", ["--seq-local", "64", "--worlds", "2", "--repeats", "1"],
      "ring compute per rank / ideal"),
-    ("bench_window_plan.py", ["--world", "2", "--seq-local", "64", "--repeats", "1"],
+    ("bench_window_plan.py", ["--world", "2", "--seq-local", "64", "--repeats", "1",
+                              "--big", "8192"],
      "whole-sequence attention of one rank"),
     ("bench_engine_memory.py", ["--quick"], "forward attention FLOPs counted"),
     ("bench_methods.py", ["--tokens", "256", "--repeats", "1"], "max err vs fp64"),

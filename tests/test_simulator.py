@@ -573,3 +573,6 @@ def test_windowed_attention_is_priced_by_the_same_tiles_for_every_method():
         assert t[m].compute_backward_s == pytest.approx(t["ulysses"].compute_backward_s,
                                                         rel=1e-12)
     assert 1 < t["burst"].compute_forward_s / t["ulysses"].compute_forward_s < 1.1
+    # on 8 GPUs each Ulysses rank runs the same plan for 1/8 of the heads
+    u8 = attention_timing(HW, "ulysses", {}, shape, Topo(8, 8))
+    assert u8.compute_forward_s == pytest.approx(t["ulysses"].compute_forward_s / 8, rel=1e-12)
