@@ -93,7 +93,12 @@ def _attention_buffers(shape: AttnShape, plan: Plan, world: int, acc_elem: int) 
     # ulysses / tp / allgather: the gathered inputs and their gradients
     if plan.kind == "allgather":
         return 2 * (shape.seq_len * b * hk * d * e) + shape.seq_len * b * hk * d * 2 * e
-    return 2 * b * n * (2 * h + 2 * hk) * d * e
+    gathered = 2 * b * n * (2 * h + 2 * hk) * d * e
+    if shape.window is None:
+        return gathered
+    # a window tiles the whole-sequence attention (burst.masks.plan_pair): its calls merge into
+    # fp32 dq, dk, dv (baselines/local_attention.py), the same elements as the local q, k, v
+    return gathered + b * n * (h + 2 * hk) * d * FP32
 
 
 def attention_memory(hw: Hardware, shape: AttnShape, plan: Plan, world: int,

@@ -576,3 +576,18 @@ def test_windowed_attention_is_priced_by_the_same_tiles_for_every_method():
     # on 8 GPUs each Ulysses rank runs the same plan for 1/8 of the heads
     u8 = attention_timing(HW, "ulysses", {}, shape, Topo(8, 8))
     assert u8.compute_forward_s == pytest.approx(t["ulysses"].compute_forward_s / 8, rel=1e-12)
+
+
+def test_windowed_ulysses_counts_its_fp32_gradient_accumulators():
+    """A window tiles Ulysses' whole-sequence attention, whose calls merge into fp32 dq, dk, dv:
+    the memory estimate grows by exactly those, and not without a window."""
+    from suites.implementations import OURS
+    from suites.memory_model import FP32, attention_memory
+    from suites.schedule import plan_for
+
+    topo, windowed = Topo(8, 8), dataclasses.replace(MHA, window=(4096, 0))
+    plain, win = (attention_memory(HW, s, plan_for("ulysses", {}, topo, s), 8, OURS)
+                  for s in (MHA, windowed))
+    n = MHA.seq_len // 8
+    extra = MHA.batch * n * (MHA.heads + 2 * MHA.kv_heads) * MHA.head_dim * FP32
+    assert win.allocated - plain.allocated == extra
