@@ -6,11 +6,12 @@ diagonal, strictly causal (striped layout, keys from a later rank), partly maske
 masked. ``plan_pair`` turns the pair into a list of ``Call``s on slices of the local sequences so
 that fully masked work is skipped, not masked (DESIGN.md 3): a fully masked pair gives no call at
 all, and zigzag's half-masked pairs become one call on half of Q or half of K. A partly visible
-block larger than ``TILE`` on a side is split in two (at the document start nearest the middle,
-else in halves), recursively, until every piece is fully visible, causal, strictly causal, empty
-(dropped) or at most ``TILE`` x ``TILE``: no mask grows with the block (a windowed 32K-token
-block would need a 1 GiB one), and the visible bulk of a window or document goes to the kernels
-that take no mask.
+block is cropped to the rows and keys that see anything and, while it is larger than ``TILE`` on
+a side or holds a document start and is longer than ``DOC_CUT_MIN``, split in two (at the
+document start nearest the middle, else in halves), until every piece is fully visible, causal,
+strictly causal, empty (dropped) or at most ``TILE`` x ``TILE``: no mask grows with the block
+(a windowed 32K-token block would need a 1 GiB one), and the visible bulk of a window or of
+documents goes to the kernels that take no mask.
 
 Under every mask the keys a query sees form one interval of positions (causality, the window and
 the document each leave one), and local positions ascend on every layout, so a DENSE call stores
@@ -177,7 +178,7 @@ class Call:
 
     @property
     def visible_pairs(self) -> int:
-        """(query, key) pairs this call computes."""
+        """Visible (query, key) pairs of this call."""
         lq, lk = self.q.stop - self.q.start, self.k.stop - self.k.start
         return {FULL: lq * lk, CAUSAL: lq * (lq + 1) // 2, STRICT: lq * (lq - 1) // 2}.get(
             self.kind, self.pairs)
