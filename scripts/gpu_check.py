@@ -399,6 +399,56 @@ def section_ring(rows: Rows, sz: Sizes, budget: Budget) -> None:
                          "efficiency": t_mono / t, "max_diff_vs_monolithic": diff,
                          "note": "all G ranks' steps; same FLOPs as the monolithic call"},
                    **common)
+    _windowed_ring(rows, sz, budget, q, k, v, do, common, t_mf + t_mb, fl_fb)
+
+
+def _windowed_ring(rows: Rows, sz: Sizes, budget: Budget, q, k, v, do, common: dict,
+                   t_mono: float, fl_mono: float) -> None:
+    """The same emulated ring under a sliding window of a quarter of a rank's block: its partly
+    visible blocks are tiled (``burst.masks.plan_pair``: mask-free pieces and small DENSE tiles
+    whose masks are built on the device). Its rate on the visible pairs against the monolithic
+    causal call's rate says what the tiling costs on this GPU (many small calls)."""
+    from burst.masks import DENSE, MaskSpec, plan_pair
+
+    g, n = sz.ring_world, sz.ring_seq
+    win = (max(1, n // (4 * g)), 0)
+    common = dict(common, window=json.dumps(list(win)))
+    if budget.left() < 3 * t_mono + (5 if sz.device == "cuda" else 0):
+        _skip(rows, label="emulated ring, window", why="not enough section time left", **common)
+        return
+
+    def ring():
+        em = RingEmulator(q, k, v, world=g, causal=True, layout="zigzag", window=win)
+        sums = []
+        for _ in range(3):  # the first repeat warms up (and plans)
+            state = em.new_forward_state()
+            t = sum(time_calls([c for r in range(g) for _, c in em.forward_calls(r, state)],
+                               sz.device))
+            em.out = [o.to(em.dtype) for o, _ in state]
+            em.lse = [lse for _, lse in state]
+            bstate = em.new_backward_state(do)
+            t += sum(time_calls([c for r in range(g) for _, c in em.backward_calls(r, bstate)],
+                                sz.device))
+            sums.append(t)
+        return sums[1:]
+
+    status, res, err = _guard(ring)
+    if status != "ok":
+        rows.write(label="emulated ring, window", status=status, error=err, **common)
+        return
+    spec = MaskSpec(causal=True, window=win)
+    calls = [c for r in range(g) for s in range(g)
+             for c in plan_pair(spec, "zigzag", g, r, s, n // g)]
+    fl = flops.attention_kernel_flops(1, n, sz.heads, sz.head_dim, causal=True, window=win)
+    t = statistics.median(res)
+    rows.write(label="emulated ring fwd+bwd, window (sum of per-step times)", status="ok",
+               time_s=t, time_s_min=min(res), time_s_max=max(res), attn_tflops=fl / t / 1e12,
+               spec={"window": list(win), "calls_per_pass": len(calls),
+                     "dense_tiles": sum(c.kind == DENSE for c in calls),
+                     "rate_vs_monolithic_causal": (fl / t) / (fl_mono / t_mono),
+                     "note": "TFLOP/s on the visible pairs; rate_vs_monolithic_causal < 1 is "
+                             "what the tiling and the window's small calls cost"},
+               **common)
 
 
 # ---------------------------------------------------------------------------------------------
