@@ -40,7 +40,9 @@ calibrate: setup
 # class, the ratio time gates, and the deterministic gates (also part of `make test`)
 bench: setup
 	$(BIN)/python -m pytest benchmarks --benchmark-enable --benchmark-autosave \
-		--benchmark-storage=.benchmarks/$$($(BIN)/python -c "from suites.timegate import machine_class as m; print(m())")
+		--benchmark-storage=.benchmarks/$$(BENCH_THREADS=$${BENCH_THREADS:-1} $(BIN)/python -c \
+		"import os, torch; torch.set_num_threads(int(os.environ['BENCH_THREADS'])); \
+		from suites.timegate import machine_class as m; print(m())")
 
 perf-gate: setup
 	$(BIN)/python -m suites.timegate

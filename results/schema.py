@@ -72,7 +72,8 @@ COLUMNS: dict[str, str] = {
     "bytes_sent_other": "bytes sent per rank outside the attention layers: a train step's "
                         "gradient synchronisation and loss all-reduces (measured rows)",
     "max_err": "max abs error against the float64 reference, where computed",
-    "speedup": "time of the named baseline / time of this row (filled by compare)",
+    "speedup": "time of the spec's baseline / time of this row (filled when a run's table is "
+               "consolidated, by results.tables.add_speedup)",
     # provenance
     "run_id": "the sweep run (folder results/<sweep>/<run_id>/) that produced the row",
     "spec": "JSON of the full cell spec",

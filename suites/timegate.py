@@ -13,10 +13,11 @@ gate ``trials`` times), never from a guess:
     python -m suites.timegate --record   # measure baseline + spread for this machine class
     python -m suites.timegate            # check: exit 1 when a ratio exceeds its threshold
 
-Baselines live in ``benchmarks/time_gates.json`` keyed by machine class (GPU model, or CPU model
-and thread count; ``benchmarks/conftest.machine_class``). The gates are deliberately not part of
-``make test`` (a timed test flakes on a shared 2-core machine); ``make perf-gate`` runs them, on
-a quiet machine or a dedicated GPU runner.
+Baselines live in ``benchmarks/time_gates.json`` keyed by machine class (``machine_class``: the
+GPU model, or the CPU architecture and thread count: ``platform.processor()`` is empty on Linux).
+The gates are deliberately not part of ``make test`` (a timed test flakes on a shared 2-core
+machine); ``make perf-gate`` runs them on a quiet machine of the recorded class (they time CPU
+code, also on a GPU runner).
 """
 
 from __future__ import annotations
