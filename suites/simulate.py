@@ -300,17 +300,24 @@ def simulate_spec(spec, hardware: str | Hardware, out_dir: str | Path | None = N
     hw = hardware if isinstance(hardware, Hardware) else load(hardware)
     ctx = RunContext(run_id=f"simulated-{hw.name}", executor="simulate",
                      sweep_spec=sw.to_json(), **code_provenance())
-    rows = [simulate_cell(c, hw, ctx=ctx, invalid="skipped") for c in expand(sw)]
+    cells = expand(sw)
+    rows = [simulate_cell(c, hw, ctx=ctx, invalid="skipped") for c in cells]
     if out_dir is not None:
-        write_rows(rows, Path(out_dir) / sw.name / ctx.run_id)
+        # the run.json of a measured run, so the table's speedup is filled against the baseline
+        meta = {"sweep": sw.name, "run_id": ctx.run_id, "source": sw.source, "spec": sw.to_json(),
+                "baseline": sw.baseline, "cells": [c.cell_id for c in cells],
+                "executor": "simulate", "hardware": hw.name}
+        write_rows(rows, Path(out_dir) / sw.name / ctx.run_id, meta)
     return rows
 
 
-def write_rows(rows: list[dict], run_dir: Path) -> Path:
+def write_rows(rows: list[dict], run_dir: Path, meta: dict | None = None) -> Path:
     """Replace ``run_dir``'s rows with these (a simulation is re-run whole, never resumed)."""
     from results import store
 
     run_dir.mkdir(parents=True, exist_ok=True)
+    if meta is not None:
+        store.write_meta(run_dir, meta)
     (run_dir / store.ROWS).unlink(missing_ok=True)
     for r in rows:
         store.append_row(run_dir / store.ROWS, r)

@@ -381,15 +381,20 @@ def test_rows_follow_the_schema_and_mark_failures():
 def test_spec_simulates_like_a_run(tmp_path):
     spec = tmp_path / "tiny_sim.toml"
     spec.write_text('description = "t"\nworkload = "attention"\ndevice = "cuda"\n'
+                    'baseline = "zigzag_ring"\n'
                     'dtype = "bfloat16"\nseq_lens = [65536]\nnodes = 2\ngpus_per_node = 4\n'
                     '[shape]\nheads = 8\nhead_dim = 128\n[[methods]]\nname = "burst"\n'
                     'options = { ranks_per_node = "@node" }\n[[methods]]\nname = "zigzag_ring"\n')
+    from results import store
     from suites.simulate import simulate_spec
 
     rows = simulate_spec(spec, "h100", out_dir=tmp_path / "out")
     assert [r["status"] for r in rows] == ["ok", "ok"]
     assert rows[0]["time_s"] < rows[1]["time_s"]  # burst double ring vs the flat ring
-    assert (tmp_path / "out" / "tiny_sim" / "simulated-h100" / "table.csv").exists()
+    run = tmp_path / "out" / "tiny_sim" / "simulated-h100"
+    assert store.read_meta(run)["hardware"] == "h100"
+    table = store.load(run)  # speedup against the spec's baseline, as for a measured run
+    assert table["speedup"].tolist() == pytest.approx([rows[1]["time_s"] / rows[0]["time_s"], 1])
 
 
 def test_hardware_profiles_give_every_value_a_source(tmp_path):
