@@ -7,6 +7,7 @@ from functools import partial
 from baselines.checks import divisors, layout_problems
 from baselines.registry import Method, register
 from burst import burst_attn
+from burst.comm import ranks_per_node_ok
 from burst.layout import LAYOUTS
 from burst.volume import method_bytes
 
@@ -24,9 +25,7 @@ def _requires(*, world, seq_local, layout="zigzag", ranks_per_node=None, backwar
     out = layout_problems(layout, seq_local)
     if backward not in ("auto", "burst", "ring"):
         out.append(f"backward={backward!r}; valid: auto, burst, ring")
-    if ranks_per_node is not None and not (
-            isinstance(ranks_per_node, int) and ranks_per_node >= 1
-            and (ranks_per_node >= world or world % ranks_per_node == 0)):  # >= world: flat
+    if not ranks_per_node_ok(world, ranks_per_node):
         out.append(f"world {world} is not divisible by ranks_per_node={ranks_per_node!r}; "
                    f"valid: {', '.join(map(str, divisors(world)))}")
     return out

@@ -39,6 +39,7 @@ from functools import partial
 from baselines.checks import check_call, divisors, layout_problems
 from baselines.registry import Method, register
 from burst import burst_attn
+from burst.comm import ranks_per_node_ok
 from burst.layout import LAYOUTS
 from burst.volume import method_bytes
 
@@ -70,8 +71,8 @@ def double_ring_attn(q, k, v, *, causal: bool = False, softmax_scale: float | No
 def _requires(*, world, seq_local, layout, ranks_per_node, **_):
     out = layout_problems(layout, seq_local)
     # a group that fits in one node (ranks_per_node >= world) is a plain ring
-    ok = isinstance(ranks_per_node, int) and ranks_per_node >= 2 and (
-        ranks_per_node >= world or world % ranks_per_node == 0)
+    ok = ranks_per_node is not None and ranks_per_node_ok(world, ranks_per_node) and (
+        ranks_per_node >= 2)
     if not ok:
         out.append(f"ranks_per_node={ranks_per_node!r} (the inner ring size) must be >= 2 and "
                    f"divide the group of {world} ranks (or hold it whole); valid: "

@@ -189,8 +189,7 @@ def _validate(q, k, v, *, layout, group, ranks_per_node, backward, backend):
     if backend not in BACKENDS:
         problems.append(f"unknown kernel backend {backend!r}; valid: {', '.join(BACKENDS)}")
     g = comm.world_size(group)
-    if ranks_per_node is not None and (not isinstance(ranks_per_node, int) or ranks_per_node < 1
-                                       or (ranks_per_node < g and g % ranks_per_node)):
+    if not comm.ranks_per_node_ok(g, ranks_per_node):
         problems.append(f"group of {g} ranks is not divisible by ranks_per_node="
                         f"{ranks_per_node}; valid values: {', '.join(map(str, divisors(g)))}")
     if problems:

@@ -379,6 +379,14 @@ def ring_shape(world: int, ranks_per_node: int | None) -> tuple[int, int]:
     return world // ranks_per_node, ranks_per_node
 
 
+def ranks_per_node_ok(world: int, ranks_per_node) -> bool:
+    """``ring_shape``'s valid inputs: None, or a positive int that divides the group or holds it
+    whole (one node's worth or more is a flat ring)."""
+    return ranks_per_node is None or (
+        isinstance(ranks_per_node, int) and ranks_per_node >= 1
+        and (ranks_per_node >= world or world % ranks_per_node == 0))
+
+
 def ring_groups(group=None, ranks_per_node: int | None = None) -> RingGroups:
     ranks = tuple(group_ranks(group))
     g = len(ranks)

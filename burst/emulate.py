@@ -29,7 +29,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from burst.attention import BACKWARD_SCHEMES, BlockSteps
-from burst.comm import ring_shape
+from burst.comm import ranks_per_node_ok, ring_shape
 from burst.kernel import BACKENDS, acc_dtype
 from burst.layout import check_layout, chunks_per_rank, divisors, local_index
 from burst.masks import MaskSpec, ring_span
@@ -173,7 +173,7 @@ def _validate(q, k, v, *, world, layout, ranks_per_node, backend) -> None:
         if q.shape[1] % parts:
             problems.append(f"sequence length {q.shape[1]} is not divisible by {parts} "
                             f"({layout} layout over {world} ranks)")
-        if ranks_per_node is not None and (ranks_per_node < 1 or world % ranks_per_node):
+        if not ranks_per_node_ok(world, ranks_per_node):
             problems.append(f"world {world} is not divisible by ranks_per_node={ranks_per_node}; "
                             f"valid values: {', '.join(map(str, divisors(world)))}")
     if q.dim() != 4 or k.shape != v.shape or q.shape[2] % k.shape[2]:

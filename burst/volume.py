@@ -48,7 +48,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from burst.comm import ring_shape
+from burst.comm import ranks_per_node_ok, ring_shape
 
 __all__ = ["METHODS", "Volume", "method_bytes", "ring_attention_bytes", "ulysses_kv_heads"]
 
@@ -166,10 +166,10 @@ class _Case:
 
 def _ring_like(c: _Case, backward: str, layout: str, ranks_per_node: int | None,
                truncate: bool = True) -> Volume:
-    flat = ring_shape(c.world, ranks_per_node)[0] == 1
-    if not flat and c.world % ranks_per_node:
+    if not ranks_per_node_ok(c.world, ranks_per_node):
         raise ValueError(f"ranks_per_node={ranks_per_node} does not divide the group of "
                          f"{c.world} ranks")
+    flat = ring_shape(c.world, ranks_per_node)[0] == 1
     span = c.span(c.world, c.seq_local, layout) if flat and truncate else None
     vol = ring_attention_bytes(**c.shape(), backward=backward, ranks_per_node=ranks_per_node,
                                node_size=c.node_size, rank=c.rank, span=span)

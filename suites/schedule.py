@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from burst import flops as F
 from burst import volume
-from burst.comm import ring_shape
+from burst.comm import ranks_per_node_ok, ring_shape
 from burst.masks import CAUSAL, STRICT, MaskSpec, plan_pair, ring_span
 from suites.hardware import Hardware
 
@@ -135,16 +135,9 @@ class AttnTiming:
     of each byte column, as measured rows do)."""
 
     @property
-    def bytes_forward(self) -> int:
-        return self.volumes[0].sent("forward")
-
-    @property
-    def bytes_backward(self) -> int:
-        return self.volumes[0].sent("backward")
-
-    @property
-    def bytes_intra(self) -> int:
-        return self.volumes[0].sent(link="intra")
+    def volume(self):
+        """Rank 0's bytes (``burst.volume.Volume``)."""
+        return self.volumes[0]
 
     @property
     def total_s(self) -> float:
@@ -176,9 +169,9 @@ def plan_for(method: str, options: dict | None, topo: Topo, shape: AttnShape) ->
         if backward not in ("burst", "ring"):
             raise ValueError(f"backward={backward!r}; valid: auto, burst, ring")
         rpn = opts.get("ranks_per_node", topo.local if double else None)
+        if not ranks_per_node_ok(topo.world, rpn):
+            raise ValueError(f"ranks_per_node={rpn} does not divide world={topo.world}")
         local = None if ring_shape(topo.world, rpn)[0] == 1 else rpn  # the one rule
-        if local is not None and topo.world % local:
-            raise ValueError(f"ranks_per_node={local} does not divide world={topo.world}")
         return Plan("ring", layout=layout, backward=backward, ring_local=local, options=opts)
     if method in OTHER_KINDS:
         kind = OTHER_KINDS[method]

@@ -201,3 +201,13 @@ def test_local_attention_equals_reference(monkeypatch, tile):
     empty = q[:, :0]  # an empty sequence: an empty output, whatever the mask
     assert local_attention(empty, empty, empty, spec=MaskSpec(causal=True, window=(3, 0)),
                            scale=0.3).shape == empty.shape
+
+
+def test_ranks_per_node_beyond_the_group_is_a_flat_ring():
+    """One node's worth of ranks or more is a flat ring, as in burst_attn (burst.comm's rule)."""
+    q, k, v, do = _inputs(4)
+    flat = _errors(4, mask=dict(causal=True), layout="zigzag", backward="burst",
+                   inputs=(q, k, v, do))
+    wide = _errors(4, mask=dict(causal=True), layout="zigzag", backward="burst",
+                   inputs=(q, k, v, do), ranks_per_node=8)
+    assert max(wide) < F64_TOL and wide == flat

@@ -114,7 +114,8 @@ def _t(method, **opts):
 def test_burst_backward_beats_ring_backward_for_mha_at_scale():
     burst = _t("burst", backward="burst", ranks_per_node=8)
     ring = _t("burst", backward="ring", ranks_per_node=8)
-    assert burst.bytes_backward < 0.8 * ring.bytes_backward  # ~25% fewer (DESIGN.md 3)
+    # ~25% fewer bytes (DESIGN.md 3)
+    assert burst.volume.sent("backward") < 0.8 * ring.volume.sent("backward")
     assert burst.backward_s < ring.backward_s
     assert burst.forward_s == pytest.approx(ring.forward_s)
     # with few kv heads the ring backward moves fewer bytes, and 'auto' follows the bytes
@@ -140,7 +141,7 @@ def test_slower_kernels_hide_behind_transfers_only_where_steps_wait():
     def ratio(shape, method, opts):
         slow = attention_timing(HW, method, opts, shape, TOPO, efficiency=0.5)
         full = attention_timing(HW, method, opts, shape, TOPO)
-        assert slow.bytes_forward == full.bytes_forward  # same transfers
+        assert slow.volume.sent("forward") == full.volume.sent("forward")  # same transfers
         return slow.total_s / full.total_s
 
     big = dataclasses.replace(MHA, seq_len=1 << 20)
@@ -158,7 +159,8 @@ def test_zigzag_balances_causal_work():
 def test_ulysses_inside_a_node_moves_fewer_ring_bytes():
     usp = _t("usp", ulysses_degree=8, ring="burst", layout="zigzag")
     ring = _t("burst", ranks_per_node=8)
-    assert usp.bytes_intra < ring.bytes_intra  # one all-to-all instead of 28 NVLink hops
+    # one all-to-all instead of 28 NVLink hops
+    assert usp.volume.sent(link="intra") < ring.volume.sent(link="intra")
     # 4 ring steps of 8x longer blocks: the kernel runs at a better efficiency
     assert usp.compute_forward_s < ring.compute_forward_s
 
@@ -215,7 +217,7 @@ def test_windows_shrink_every_method_they_mask():
                                   heads=40, kv_heads=40, head_dim=128, elem=2, acc_elem=4,
                                   ulysses_degree=2, layout="contiguous", node_size=8, causal=True,
                                   window=(2048, 0))
-    assert usp.bytes_forward == counted.sent("forward")
+    assert usp.volume.sent("forward") == counted.sent("forward")
 
 
 def test_allgather_times_the_busiest_rank():
