@@ -502,4 +502,13 @@ def load_spec(spec: str | Path) -> SweepSpec:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
         raise SpecError([f"not valid TOML: {e}"], str(path)) from None
-    return parse_spec(data, name=path.stem, source=str(path))
+    return parse_spec(data, name=path.stem, source=_shown(path))
+
+
+def _shown(path: Path) -> str:
+    """A spec's path as run.json records it: relative to the repository when inside it (the
+    same on every machine), else as given."""
+    try:
+        return str(path.resolve().relative_to(SPEC_DIR.parent.parent))
+    except ValueError:
+        return str(path)
