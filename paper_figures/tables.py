@@ -57,13 +57,8 @@ def _frames(runs: list[Path]) -> pd.DataFrame:
 
     parts = []
     for run in runs:
-        csv, rows = run / store.CSV, run / store.ROWS
-        try:  # the table, unless rows were written after it (then the rows themselves)
-            if csv.exists() and (not rows.exists()
-                                 or csv.stat().st_mtime >= rows.stat().st_mtime):
-                parts.append(pd.read_csv(csv))
-            else:
-                parts.append(store.load(run))
+        try:  # from its rows, as burst-bench show reads it (a table may lag behind its rows)
+            parts.append(store.load(run))
         except (OSError, ValueError, pd.errors.EmptyDataError):
             continue
     if not parts:
