@@ -362,23 +362,9 @@ def section_ring(rows: Rows, sz: Sizes, budget: Budget) -> None:
 
     def ring():
         em = RingEmulator(q, k, v, world=g, causal=True, layout="zigzag")
-        fwd_sums, bwd_sums, steps_f, steps_b = [], [], [], []
-        for _ in range(3):  # the first repeat warms up
-            state = em.new_forward_state()
-            ts = time_calls([c for r in range(g) for _, c in em.forward_calls(r, state)],
-                            sz.device)
-            fwd_sums.append(sum(ts))
-            steps_f = ts
-        em.out = [o.to(em.dtype) for o, _ in state]
-        em.lse = [lse for _, lse in state]
+        fwd_sums, bwd_sums, steps_f, steps_b = _time_emulated(em, do, sz.device)
         diff = float((em.unshard(em.out).float() - out_mono.float()).abs().max())
-        for _ in range(3):
-            bstate = em.new_backward_state(do)  # D = rowsum(dO*O): not timed on either side
-            ts = time_calls([c for r in range(g) for _, c in em.backward_calls(r, bstate)],
-                            sz.device)
-            bwd_sums.append(sum(ts))
-            steps_b = ts
-        return fwd_sums[1:], bwd_sums[1:], steps_f, steps_b, diff
+        return fwd_sums, bwd_sums, steps_f, steps_b, diff
 
     status, res, err = _guard(ring)
     if status != "ok":
@@ -402,6 +388,25 @@ def section_ring(rows: Rows, sz: Sizes, budget: Budget) -> None:
     _windowed_ring(rows, sz, budget, q, k, v, do, common, t_mf + t_mb, fl_fb)
 
 
+def _time_emulated(em, do, device: str, repeats: int = 3):
+    """Every rank's forward steps, then backward steps, timed ``repeats`` times (the first
+    warms up and is dropped): (forward sums, backward sums, last forward and backward per-step
+    times). Leaves the forward's out and lse in ``em``."""
+    g, fwd_sums, bwd_sums = em.world, [], []
+    for _ in range(repeats):
+        state = em.new_forward_state()
+        steps_f = time_calls([c for r in range(g) for _, c in em.forward_calls(r, state)], device)
+        fwd_sums.append(sum(steps_f))
+    em.out = [o.to(em.dtype) for o, _ in state]
+    em.lse = [lse for _, lse in state]
+    for _ in range(repeats):
+        bstate = em.new_backward_state(do)  # D = rowsum(dO*O): not timed on either side
+        steps_b = time_calls([c for r in range(g) for _, c in em.backward_calls(r, bstate)],
+                             device)
+        bwd_sums.append(sum(steps_b))
+    return fwd_sums[1:], bwd_sums[1:], steps_f, steps_b
+
+
 def _windowed_ring(rows: Rows, sz: Sizes, budget: Budget, q, k, v, do, common: dict,
                    t_mono: float, fl_mono: float) -> None:
     """The same emulated ring under a sliding window of a quarter of a rank's block: its partly
@@ -419,18 +424,8 @@ def _windowed_ring(rows: Rows, sz: Sizes, budget: Budget, q, k, v, do, common: d
 
     def ring():
         em = RingEmulator(q, k, v, world=g, causal=True, layout="zigzag", window=win)
-        sums = []
-        for _ in range(3):  # the first repeat warms up (and plans)
-            state = em.new_forward_state()
-            t = sum(time_calls([c for r in range(g) for _, c in em.forward_calls(r, state)],
-                               sz.device))
-            em.out = [o.to(em.dtype) for o, _ in state]
-            em.lse = [lse for _, lse in state]
-            bstate = em.new_backward_state(do)
-            t += sum(time_calls([c for r in range(g) for _, c in em.backward_calls(r, bstate)],
-                                sz.device))
-            sums.append(t)
-        return sums[1:]
+        fwd_sums, bwd_sums, _, _ = _time_emulated(em, do, sz.device)
+        return [a + b for a, b in zip(fwd_sums, bwd_sums, strict=True)]
 
     status, res, err = _guard(ring)
     if status != "ok":
