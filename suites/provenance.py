@@ -30,14 +30,17 @@ def _git(*args: str) -> str | None:
 
 
 def code_provenance() -> dict:
-    """git commit and dirty flag of the code (tracked files only: results being written into
-    the tree do not make it dirty). A copy of the tree without .git (a lent GPU machine) takes
-    the commit from ``BURST_GIT_COMMIT``, set by whoever copied it; else None."""
+    """git commit and dirty flag of the code (tracked files outside ``results/`` and the
+    rendered figures: results being written, new or rewritten, do not make the code dirty;
+    several sweeps simulated in one command rewrite committed tables). A copy of the tree
+    without .git (a lent GPU machine) takes the commit from ``BURST_GIT_COMMIT``, set by whoever
+    copied it; else None."""
     commit = _git("rev-parse", "HEAD")
     if commit is None:
         given = os.environ.get("BURST_GIT_COMMIT") or None
         return {"git_commit": given, "git_dirty": None}
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    dirty = _git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                 ":(exclude)results", ":(exclude)paper_figures/out")
     return {"git_commit": commit, "git_dirty": bool(dirty)}
 
 

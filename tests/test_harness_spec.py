@@ -320,3 +320,26 @@ def test_provenance_without_git_takes_the_commit_it_is_given(tmp_path, monkeypat
     assert provenance.code_provenance() == {"git_commit": "abc123", "git_dirty": None}
     monkeypatch.delenv("BURST_GIT_COMMIT")
     assert provenance.code_provenance()["git_commit"] is None
+
+
+def test_rewritten_results_do_not_make_the_code_dirty(tmp_path, monkeypatch):
+    """Simulating several sweeps in one command rewrites committed tables: the later sweeps'
+    rows must still say the code was clean; a changed source file must not."""
+    import subprocess
+
+    from suites import provenance
+
+    def git(*a):
+        subprocess.run(["git", "-C", str(tmp_path), *a], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "results").mkdir()
+    for f in ("code.py", "results/table.csv"):
+        (tmp_path / f).write_text("a\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
+    monkeypatch.setattr(provenance, "REPO", tmp_path)
+    (tmp_path / "results" / "table.csv").write_text("b\n")
+    assert provenance.code_provenance()["git_dirty"] is False
+    (tmp_path / "code.py").write_text("b\n")
+    assert provenance.code_provenance()["git_dirty"] is True
