@@ -227,14 +227,20 @@ def _split(s: slice, sizes: tuple[int, int], starts: list[int]) -> tuple[slice, 
     mask-free calls; else in the middle if it is longer than ``TILE``; else not at all."""
     tile, doc_cut_min = sizes
     mid = (s.start + s.stop) // 2
-    inside = starts[bisect_right(starts, s.start):bisect_left(starts, s.stop)]
-    if inside and s.stop - s.start > doc_cut_min:
-        cut = min(inside, key=lambda i: abs(i - mid))
+    first, end = bisect_right(starts, s.start), bisect_left(starts, s.stop)
+    if first < end and s.stop - s.start > doc_cut_min:
+        j = min(max(bisect_left(starts, mid, first, end), first + 1), end - 1)  # nearest: j-1 or j
+        cut = min(starts[max(j - 1, first):j + 1], key=lambda i: abs(i - mid))
     elif s.stop - s.start > tile:
         cut = mid
     else:
         return (s,)
     return slice(s.start, cut), slice(cut, s.stop)
+
+
+def _clamp(x: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """``x.clip(lo, hi)`` at half its cost on small arrays (clip checks its bounds' range)."""
+    return np.minimum(np.maximum(x, lo), hi)
 
 
 def _tiles(qs: slice, ks: slice, lo_all: np.ndarray, hi_all: np.ndarray,
@@ -243,7 +249,7 @@ def _tiles(qs: slice, ks: slice, lo_all: np.ndarray, hi_all: np.ndarray,
     The block is first cropped to the rows and keys that see anything (on the striped layout a
     document's queries and keys start one index apart: cropped, the document is causal).
     Host arrays in numpy: thousands of tiny blocks, where a torch call costs ten times more."""
-    lo, hi = lo_all[qs].clip(ks.start, ks.stop), hi_all[qs].clip(ks.start, ks.stop)
+    lo, hi = _clamp(lo_all[qs], ks.start, ks.stop), _clamp(hi_all[qs], ks.start, ks.stop)
     seen = hi > lo
     rows = np.flatnonzero(seen)
     if len(rows) == 0:
@@ -251,8 +257,8 @@ def _tiles(qs: slice, ks: slice, lo_all: np.ndarray, hi_all: np.ndarray,
     first, last = int(rows[0]), int(rows[-1]) + 1
     qs = slice(qs.start + first, qs.start + last)
     ks = slice(int(lo[seen].min()), int(hi[seen].max()))
-    lo = lo[first:last].clip(ks.start, ks.stop) - ks.start
-    hi = hi[first:last].clip(ks.start, ks.stop) - ks.start
+    lo = _clamp(lo[first:last], ks.start, ks.stop) - ks.start
+    hi = _clamp(hi[first:last], ks.start, ks.stop) - ks.start
     kind = _kind(lo, hi, ks.stop - ks.start)
     if kind != DENSE:
         return [Call(qs, ks, kind)]
