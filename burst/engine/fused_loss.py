@@ -30,20 +30,24 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden_TE, weight_VE, targets_T, chunk: int, ignore_index: int,
                 scale: float):
+        # The matmuls run in the model's dtype (tensor cores for bf16, fp32 accumulation inside,
+        # as the plain head's F.linear); softmax, loss and the weight gradient's sum in fp32.
+        # An fp32 copy of the V x E weight would cost its memory and, on GPUs without TF32,
+        # run the head's three matmuls an order of magnitude slower.
         acc = acc_dtype(hidden_TE.dtype)
         t_total = hidden_TE.shape[0]
-        w_acc = weight_VE.to(acc)  # no copy for fp32/fp64 weights
+        w = weight_VE.to(hidden_TE.dtype)  # no copy when they agree
         grad_h = torch.empty_like(hidden_TE)
         grad_w = torch.zeros(weight_VE.shape, dtype=acc, device=weight_VE.device)
         total = torch.zeros((), dtype=acc, device=hidden_TE.device)
         for s in range(0, t_total, chunk):
-            h = hidden_TE[s:s + chunk].to(acc)
+            h = hidden_TE[s:s + chunk]
             tgt = targets_T[s:s + chunk]
             valid = tgt != ignore_index
             safe = torch.where(valid, tgt, torch.zeros_like(tgt))
             # one c x V buffer, the only large one: logits, then exp(logits - max), then the
             # gradient d(scale * loss)/dlogits = scale * (softmax - onehot(target)), in place
-            buf = h @ w_acc.t()
+            buf = (h @ w.t()).to(acc)
             picked = buf.gather(1, safe[:, None]).squeeze(1)
             top = buf.max(dim=-1).values
             sumexp = buf.sub_(top[:, None]).exp_().sum(dim=-1)
@@ -53,9 +57,13 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             buf.mul_((weight_row / sumexp)[:, None])
             rows = torch.arange(len(tgt), device=tgt.device)
             buf[rows, safe] -= weight_row
-            grad_h[s:s + chunk] = (buf @ w_acc).to(grad_h.dtype)
-            grad_w.addmm_(buf.t(), h)
+            g = buf.to(h.dtype)  # no copy when they agree
             del buf  # before the next chunk allocates its own
+            grad_h[s:s + chunk] = g @ w
+            if g.dtype == acc:
+                grad_w.addmm_(g.t(), h)
+            else:  # the chunk's product in bf16 (a V x E temporary), summed in fp32
+                grad_w += g.t() @ h
         ctx.save_for_backward(grad_h, grad_w.to(weight_VE.dtype))
         return total * scale
 
