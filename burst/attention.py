@@ -21,7 +21,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from burst import comm, volume
-from burst.kernel import BACKENDS, acc_dtype, block_backward, block_forward
+from burst.kernel import BACKENDS, acc_dtype, block_backward, block_forward, resolve_backend
 from burst.layout import check_layout, chunks_per_rank, divisors
 from burst.masks import MaskSpec, plan_pair, ring_span
 from burst.merge import merge_into, new_accumulators, row_delta
@@ -99,9 +99,10 @@ class _RingAttention(torch.autograd.Function):
         acc = acc_dtype(q.dtype)
         dout = torch.zeros_like(out) if dout is None else dout.contiguous()
         delta = row_delta(dout, out, acc)
-        if dlse is not None:  # d lse / d s = P, so dS = P (dP - (D - dlse)): D - dlse travels
-            delta = delta - dlse.to(acc)
         with comm.phase("backward"):
+            if dlse is not None:  # d lse / d s = P, so dS = P (dP - (D - dlse)): D - dlse travels
+                delta = delta - dlse.to(acc)
+                backend = _backend_for_dlse(backend, q, dout, dlse, rg)
             if scheme == "burst":
                 dq, dk, dv = _backward_burst(q, k, v, dout, delta, lse, spec, layout, rg, scale,
                                              backend, span, g, me, n, acc)
@@ -109,6 +110,25 @@ class _RingAttention(torch.autograd.Function):
                 dq, dk, dv = _backward_ring(q, k, v, dout, delta, lse, spec, layout, rg, scale,
                                             backend, span, g, me, n, acc)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None
+
+
+def _backend_for_dlse(backend: str, q, dout, dlse, rg) -> str:
+    """The kernel backend for a backward whose lse carries a gradient.
+
+    Kernels that insist on ``out`` get a stand-in c * dO whose row sums against dO equal delta
+    (``burst.kernel``); no such stand-in exists on a row whose dO is zero while its lse has a
+    gradient (a loss of lse alone, or of rows whose output is unused), and the ``dlse * P``
+    part of its gradient would be lost. Then every rank (rows travel the ring) runs this
+    backward on the ``torch`` backend, which takes delta itself: one flag all-reduced over the
+    ring, paid only when lse is differentiated."""
+    if resolve_backend(backend, q) == "torch":
+        return backend
+    stuck = ((dout == 0).all(-1) & (dlse.transpose(1, 2) != 0)).any()
+    flag = stuck.to(torch.int32).reshape(1)
+    groups = (rg.read_intra,) if rg.nodes == 1 else (rg.read_intra, rg.read_inter)
+    for group in groups:  # the ring (a double ring: its inner rings, then across them)
+        comm.all_reduce(flag, group=group, op="max")
+    return "torch" if bool(flag) else backend
 
 
 def _backward_burst(q, k, v, dout, delta, lse, spec, layout, rg, scale, backend, span, g, me, n,
