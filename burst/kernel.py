@@ -231,8 +231,8 @@ def _torch_fwd(q, k, v, scale, causal, mask):
     if vis is not None:
         s = s.masked_fill(~vis, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)  # B H Sq, -inf on fully masked rows
+    # a fully masked row: exp(-inf - finite) = 0, no NaN; a NaN in q/k/v stays NaN (as in SDPA)
     p = torch.exp(s - lse.unsqueeze(-1).clamp_min(torch.finfo(acc).min))
-    p = torch.nan_to_num(p, nan=0.0)
     out = (p @ vf).transpose(1, 2).to(q.dtype)
     return out, lse
 

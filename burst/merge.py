@@ -29,10 +29,12 @@ def new_accumulators(q_BSHD: torch.Tensor, acc: torch.dtype):
 
 
 def _weights(lse_old: torch.Tensor, lse_new: torch.Tensor, lse_tot: torch.Tensor):
-    finite = torch.isfinite(lse_tot)
-    safe = torch.where(finite, lse_tot, torch.zeros_like(lse_tot))
-    w_old = torch.where(finite, torch.exp(lse_old - safe), torch.zeros_like(lse_tot))
-    w_new = torch.where(finite, torch.exp(lse_new - safe), torch.zeros_like(lse_tot))
+    """Only a row that has seen no key (LSE = -inf) gets weight 0 instead of exp(-inf + inf);
+    a NaN (a NaN or inf in the inputs) propagates, as in one kernel call on the whole row."""
+    empty = lse_tot == float("-inf")
+    safe = torch.where(empty, torch.zeros_like(lse_tot), lse_tot)
+    w_old = torch.where(empty, torch.zeros_like(lse_tot), torch.exp(lse_old - safe))
+    w_new = torch.where(empty, torch.zeros_like(lse_tot), torch.exp(lse_new - safe))
     return w_old, w_new
 
 

@@ -28,6 +28,7 @@ def _mask(spec: MaskSpec, n: int, device) -> torch.Tensor | None:
 def reference_attention(q, k, v, *, causal=False, window=None, cu_seqlens=None, scale=None):
     """Differentiable (out, lse) of full attention with plain matmul/logsumexp (oracle)."""
     spec = MaskSpec(causal=causal, window=window, cu_seqlens=cu_seqlens)
+    spec.check_length(q.shape[1])
     mask = _mask(spec, q.shape[1], q.device)
     return block_forward(q, k, v, scale=scale, kind=FULL if mask is None else DENSE, mask=mask,
                          backend="torch")
@@ -36,6 +37,7 @@ def reference_attention(q, k, v, *, causal=False, window=None, cu_seqlens=None, 
 def naive_attention(q, k, v, *, causal=False, window=None, cu_seqlens=None, scale=None):
     """Attention computed entirely in the inputs' dtype (the baseline for the tolerance rule)."""
     spec = MaskSpec(causal=causal, window=window, cu_seqlens=cu_seqlens)
+    spec.check_length(q.shape[1])
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     g = q.shape[2] // k.shape[2]
     qt = q.transpose(1, 2)

@@ -7,6 +7,8 @@ scheme, flat and double ring) without spawning ranks; tests/test_gpu.py runs the
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -50,7 +52,8 @@ def _errors(world, *, dtype=torch.float64, backend="auto", mask=None, inputs=Non
     for a, b in zip(got, ref, strict=True):
         a, b = a.detach().double(), b.detach()
         both_inf = torch.isinf(a) & torch.isinf(b)
-        errs.append(float(torch.where(both_inf, 0.0, (a - b).abs()).max()))
+        err = float(torch.where(both_inf, 0.0, (a - b).abs()).max())
+        errs.append(math.inf if math.isnan(err) else err)  # max() and ">" would pass a NaN
     return errs
 
 
@@ -211,3 +214,17 @@ def test_ranks_per_node_beyond_the_group_is_a_flat_ring():
     wide = _errors(4, mask=dict(causal=True), layout="zigzag", backward="burst",
                    inputs=(q, k, v, do), ranks_per_node=8)
     assert max(wide) < F64_TOL and wide == flat
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu_flash"])
+def test_nan_input_gives_nan_not_zero(backend):
+    """A NaN key makes every query that sees it NaN, on every backend and across the merge
+    (it was turned into an output of 0 by the torch backend and the merge weights, a finite
+    wrong answer); rows that never see it stay exact."""
+    q, k, v, _ = _inputs(4)
+    k = k.clone()
+    k[:, 5] = float("nan")  # key 5: seen by queries 5.. under causal
+    out, lse = emulate_attn(q, k, v, world=4, causal=True, backend=backend, return_lse=True)
+    assert out[:, 5:].isnan().all() and lse[:, :, 5:].isnan().all()
+    ref, _ = reference_attention(q[:, :5], k[:, :5], v[:, :5], causal=True)
+    assert torch.allclose(out[:, :5], ref, atol=1e-12)
