@@ -29,18 +29,24 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip()
 
 
+# what a run writes and may rewrite: result data (not the results package's code), the
+# rendered figures; everything else, tracked or new, is code a run may import
+_DATA = (":(exclude,glob)results/*/**", ":(exclude,glob)results/*.csv",
+         ":(exclude,glob)results/*.txt", ":(exclude,glob)paper_figures/out/**")
+
+
 def code_provenance() -> dict:
-    """git commit and dirty flag of the code (tracked files outside ``results/`` and the
-    rendered figures: results being written, new or rewritten, do not make the code dirty;
-    several sweeps simulated in one command rewrite committed tables). A copy of the tree
-    without .git (a lent GPU machine) takes the commit from ``BURST_GIT_COMMIT``, set by whoever
-    copied it; else None."""
+    """git commit and dirty flag of the code: any change to tracked files, or a new untracked
+    file, outside the result data (``results/`` subfolders and tables, not the ``results``
+    package) and the rendered figures. Results being written, new or rewritten, do not make the
+    code dirty (several sweeps simulated in one command rewrite committed tables); an edited
+    ``results/tables.py`` or a new method file does. A copy of the tree without .git (a lent GPU
+    machine) takes the commit from ``BURST_GIT_COMMIT``, set by whoever copied it; else None."""
     commit = _git("rev-parse", "HEAD")
     if commit is None:
         given = os.environ.get("BURST_GIT_COMMIT") or None
         return {"git_commit": given, "git_dirty": None}
-    dirty = _git("status", "--porcelain", "--untracked-files=no", "--", ".",
-                 ":(exclude)results", ":(exclude)paper_figures/out")
+    dirty = _git("status", "--porcelain", "--untracked-files=all", "--", ".", *_DATA)
     return {"git_commit": commit, "git_dirty": bool(dirty)}
 
 

@@ -340,6 +340,12 @@ def test_rewritten_results_do_not_make_the_code_dirty(tmp_path, monkeypatch):
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
     monkeypatch.setattr(provenance, "REPO", tmp_path)
     (tmp_path / "results" / "table.csv").write_text("b\n")
+    (tmp_path / "results" / "sweep" / "run1").mkdir(parents=True)
+    (tmp_path / "results" / "sweep" / "run1" / "rows.jsonl").write_text("{}\n")  # untracked
     assert provenance.code_provenance()["git_dirty"] is False
-    (tmp_path / "code.py").write_text("b\n")
-    assert provenance.code_provenance()["git_dirty"] is True
+    for change in ("code.py", "results/tables.py", "new_method.py"):  # edited, new, new
+        (tmp_path / change).write_text("b\n")
+        assert provenance.code_provenance()["git_dirty"] is True, change
+        git("checkout", "-q", "--", ".")
+        git("clean", "-qfx", "--", "code.py", "results/tables.py", "new_method.py")
+    assert provenance.code_provenance()["git_dirty"] is False
