@@ -196,6 +196,9 @@ def _validate(q, k, v, *, layout, group, ranks_per_node, backward, backend):
     if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
         problems.append(f"{q.shape[2]} query heads are not divisible by {k.shape[2]} kv heads; "
                         f"valid kv head counts: {', '.join(map(str, divisors(q.shape[2])))}")
+    if q.shape[1] == 0:
+        problems.append("local sequence length 0: every rank needs at least one token per "
+                        "layout chunk")
     try:
         check_layout(layout)
         parts = chunks_per_rank(layout)

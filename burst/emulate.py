@@ -28,7 +28,7 @@ from collections.abc import Callable
 import torch
 from torch.autograd.function import once_differentiable
 
-from burst.attention import BACKWARD_SCHEMES, BlockSteps
+from burst.attention import BACKWARD_SCHEMES, BlockSteps, qkv_problems
 from burst.comm import ranks_per_node_ok, ring_shape
 from burst.kernel import BACKENDS, acc_dtype
 from burst.layout import check_layout, chunks_per_rank, divisors, local_index
@@ -176,9 +176,11 @@ def _validate(q, k, v, *, world, layout, ranks_per_node, backend) -> None:
         if not ranks_per_node_ok(world, ranks_per_node):
             problems.append(f"world {world} is not divisible by ranks_per_node={ranks_per_node}; "
                             f"valid values: {', '.join(map(str, divisors(world)))}")
-    if q.dim() != 4 or k.shape != v.shape or q.shape[2] % k.shape[2]:
-        problems.append(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: expected "
-                        "(B, N, H, D) and (B, N, Hk, D) with H % Hk == 0")
+    shape_problems = qkv_problems(q, k, v)  # burst_attn's own checks: dims, dtypes, lengths
+    problems += shape_problems
+    if not shape_problems and (k.shape[2] == 0 or q.shape[2] % k.shape[2] or q.shape[1] == 0):
+        problems.append(f"q {tuple(q.shape)}, k {tuple(k.shape)}: expected (B, N, H, D) and "
+                        "(B, N, Hk, D) with N > 0 and H % Hk == 0")
     if backend not in BACKENDS:
         problems.append(f"unknown kernel backend {backend!r}; valid: {', '.join(BACKENDS)}")
     if problems:

@@ -95,7 +95,10 @@ def shard(x: torch.Tensor, *, layout: str, group=None, dim: int = 1, world: int 
     initialised process group); otherwise they come from ``group`` (default: the world).
     """
     check_layout(layout)
-    if world is None or rank is None:
+    if (world is None) != (rank is None):
+        raise ValueError(f"shard: give world and rank together (got world={world!r}, "
+                         f"rank={rank!r}), or neither to take them from the process group")
+    if world is None:
         world, rank = _group_info(group)
     idx = local_index(x.shape[dim], world, rank, layout).to(x.device)
     return x.index_select(dim, idx)

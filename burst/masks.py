@@ -74,7 +74,8 @@ class MaskSpec:
             # clamping keeps p - left and p + right inside int64
             object.__setattr__(self, "window", tuple(min(int(x), 1 << 40) for x in self.window))
         if self.cu_seqlens is not None:
-            cu = tuple(int(x) for x in self.cu_seqlens)
+            raw = self.cu_seqlens  # a device tensor crosses to the host once, not per element
+            cu = tuple(int(x) for x in (raw.tolist() if isinstance(raw, torch.Tensor) else raw))
             if len(cu) < 2 or cu[0] != 0 or any(b <= a for a, b in zip(cu, cu[1:], strict=False)):
                 raise ValueError(
                     f"cu_seqlens={self.cu_seqlens!r}: expected strictly increasing boundaries "
@@ -339,7 +340,8 @@ def pair_empty(spec: MaskSpec, layout: str, world: int, q_rank: int, k_rank: int
                             global_positions(n, world, k_rank, layout))
 
 
-@lru_cache(maxsize=1024)  # O(G^2) pair tests: computed once per (mask, layout, G, n)
+@lru_cache(maxsize=64)  # O(G^2) pair tests, once per (mask, layout, G, n); packed batches bring
+# a new mask (its document boundaries) every step, so only the recent ones are kept
 def ring_span(spec: MaskSpec, layout: str, world: int, n: int) -> int:
     """Last ring step s (0..G-1) at which some rank i still needs the keys of rank i-s.
 

@@ -26,6 +26,7 @@ def _qkv(s=8, h=4, hk=4, d=8, dtype=torch.float32):
         ({"window": (-1, 0), "causal": True}, {}, r"window=\(-1, 0\)"),
         ({"cu_seqlens": (0, 3, 9), "causal": True}, {}, "cu_seqlens ends at 9"),
         ({"cu_seqlens": (0, 5, 3, 8)}, {}, "strictly increasing"),
+        ({"causal": True, "layout": "zigzag"}, dict(s=0), "local sequence length 0"),  # SIGFPE
     ],
 )
 def test_bad_arguments(kwargs, qkv, match):
@@ -73,3 +74,22 @@ def test_single_rank_equals_reference_and_gqa_kernel():
     assert torch.allclose(out, ref, atol=1e-12)
     with pytest.raises(ValueError, match="unknown kernel backend"):
         block_forward(q, k, v, backend="cudnn-ish")
+
+
+def test_emulation_and_shard_reject_what_burst_attn_rejects():
+    """The emulator checks its tensors as burst_attn does (a longer k was silently cut to q's
+    length, a smaller batch broadcast); shard refuses world without rank (it took both from the
+    process group, i.e. the whole tensor without one)."""
+    from burst.emulate import emulate_attn
+    from burst.layout import shard
+
+    q, k, v = _qkv(s=16)
+    with pytest.raises(ValueError, match="must agree in batch, local sequence length"):
+        emulate_attn(q, torch.cat([k, k], 1), torch.cat([v, v], 1), world=2)
+    with pytest.raises(ValueError, match="must agree in batch"):
+        emulate_attn(torch.cat([q, q]), k, v, world=2)
+    with pytest.raises(ValueError, match="dtypes differ"):
+        emulate_attn(q, k.double(), v, world=2)
+    with pytest.raises(ValueError, match="give world and rank together"):
+        shard(q, layout="zigzag", world=4)
+    assert shard(q, layout="zigzag", world=4, rank=1).shape[1] == 4
