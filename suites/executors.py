@@ -16,7 +16,10 @@
 
 In submitit jobs every task calls ``cell_job``: torch.distributed is set up from
 ``submitit.helpers.TorchDistributedEnvironment().export()`` (env://; never combined with
-torchrun), the cell is measured, and rank 0 returns the row; the driver appends it.
+torchrun), the cell is measured, and rank 0 returns the row; the driver appends it. Each job
+is logged in <run>/jobs.jsonl when submitted and when collected: a driver that dies leaves its
+jobs running, and the next driver on that run collects their rows (or waits for them) rather
+than running those cells again.
 
 For the SLURM integration tests (and any caller), the entry point is
 ``suites.run.run_sweep(spec, executor="slurm", out=..., slurm=SlurmSpec(...))``; one level down,
@@ -264,8 +267,7 @@ def _ready(job) -> bool:
     """The cell's outcome is known: rank 0 has its result (its row needs every rank, through
     the final all-reduce), or a rank has failed (the others may now wait on it for ever), or
     the job ended."""
-    got = _outcomes(job)
-    return 0 in got or any(o == "error" for o, _ in got.values()) or job.done()
+    return _has_outcome(job) or job.done()
 
 
 def _collect(job, cell: Cell, run: Run, ctx: RunContext) -> None:
@@ -288,6 +290,8 @@ def _collect(job, cell: Cell, run: Run, ctx: RunContext) -> None:
         except Exception as e:  # noqa: BLE001 - every failure becomes the cell's row
             row = failure_row(cell, f"{type(e).__name__}: {e}", ctx, job_id=str(job.job_id))
     append_row(run.rows, row)
+    append_row(run.dir / "jobs.jsonl", {"cell_id": cell.cell_id, "job_id": str(job.job_id),
+                                        "collected": True})
     if not job.done():  # ranks left waiting on a failed one: free their slots
         job.cancel(check=False)
 
@@ -298,6 +302,71 @@ def _wait(pending: dict, run: Run, ctx: RunContext, poll_s: float) -> None:
             _collect(job, pending.pop(job), run, ctx)
         if pending:
             time.sleep(poll_s)
+
+
+# Every submitted job is written down (<run>/jobs.jsonl) before the driver waits on it: a driver
+# that dies (ssh drop, killed login-node process) leaves jobs that run on, or have finished with
+# their rows in submitit's result files; the next driver collects or waits for them instead of
+# running those cells again.
+
+
+def _record_jobs(run: Run, kind: str, folder: Path, pairs) -> None:
+    for cell, job in pairs:
+        proc = getattr(job, "_process", None)  # a local job's process: alive after the driver
+        append_row(run.dir / "jobs.jsonl", {
+            "cell_id": cell.cell_id, "job_id": str(job.job_id), "kind": kind,
+            "folder": str(folder), "tasks": job.num_tasks,
+            "pid": proc.pid if proc is not None else None})
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _adopt(cells: list[Cell], run: Run, kind: str, ctx: RunContext, poll_s: float):
+    """Cells whose job an earlier driver submitted: a job with an outcome gets its row now, a
+    SLURM job still queued or running is returned to wait for, a local job whose process still
+    runs is waited for here; the cells left (no job, or a job that left nothing) are returned
+    to submit."""
+    import submitit
+
+    last = {r["cell_id"]: r for r in read_rows(run.dir / "jobs.jsonl")}  # submitted, collected
+    pending, left = {}, []
+    for cell in cells:
+        rec = last.get(cell.cell_id)
+        if rec is None or rec.get("collected") or rec["kind"] != kind:
+            left.append(cell)
+            continue
+        job_cls = submitit.SlurmJob if kind == "slurm" else submitit.LocalJob
+        job = job_cls(folder=rec["folder"], job_id=rec["job_id"], tasks=range(rec["tasks"]))
+        if kind == "slurm":
+            if _ready(job):
+                _collect(job, cell, run, ctx)
+            else:
+                pending[job] = cell
+            continue
+        while _alive(rec.get("pid")) and not _has_outcome(job):
+            time.sleep(poll_s)
+        if _has_outcome(job):
+            _collect(job, cell, run, ctx)
+        else:
+            left.append(cell)
+    if pending:
+        print(f"waiting for {len(pending)} job(s) an earlier driver submitted", flush=True)
+    return pending, left
+
+
+def _has_outcome(job) -> bool:
+    got = _outcomes(job)
+    return 0 in got or any(o == "error" for o, _ in got.values())
 
 
 def submit_cells(cells: list[Cell], *, kind: str, run: Run, ctx: RunContext,
@@ -315,16 +384,20 @@ def submit_cells(cells: list[Cell], *, kind: str, run: Run, ctx: RunContext,
     slurm = slurm or SlurmSpec()
     folder = Path(folder or run.dir / "jobs") / "%j"
     done = run.done()
-    for group in _group_by_scale([c for c in cells if c.cell_id not in done]):
+    adopted, left = _adopt([c for c in cells if c.cell_id not in done], run, kind, ctx, poll_s)
+    _wait(adopted, run, ctx, poll_s)
+    for group in _group_by_scale(left):
         ex = _executor(kind, folder, group, slurm, group[0].sweep)
         if kind == "local":
             for cell in group:
                 job = ex.submit(cell_job, cell.to_json(), ctx)
+                _record_jobs(run, kind, folder, [(cell, job)])
                 if on_submit:
                     on_submit([job])
                 _wait({job: cell}, run, ctx, poll_s)
             continue
         jobs = ex.map_array(cell_job, [c.to_json() for c in group], [ctx] * len(group))
+        _record_jobs(run, kind, folder, zip(group, jobs, strict=True))
         if on_submit:
             on_submit(jobs)
         _wait(dict(zip(jobs, group, strict=True)), run, ctx, poll_s)

@@ -201,6 +201,40 @@ def test_local_executor_two_tasks_gloo(tmp_path):
     assert len(again.table) == 2 and again.table["date"].tolist()[0] == rows[2]["date"]
 
 
+def test_local_jobs_outlive_a_dead_driver(tmp_path):
+    """The driver dies after submitting (ssh drop, killed login-node process): its jobs run on.
+    The next driver collects the job's row (waiting while its process runs) instead of running
+    the cell again; the next cell is then submitted as usual."""
+    pytest.importorskip("submitit")
+    text = SWEEP.split("[[methods]]")[0].replace("timeout_min = 0.25", "timeout_min = 5")
+    text = text.replace('baseline = "burst-ringbwd"', "") + (
+        f'[[methods]]\nname = "{M}:slow_attention"\nlabel = "slow"\n'
+        '[[methods]]\nname = "burst"\n')
+    spec = _spec(tmp_path, text, "orphan")
+    first = []
+
+    class DriverDied(Exception):
+        pass
+
+    def die(jobs):
+        first.extend(jobs)
+        raise DriverDied
+
+    kw = dict(executor="local", out=tmp_path / "out", stream=_quiet())
+    with pytest.raises(DriverDied):
+        run_sweep(spec, on_submit=die, **kw)
+    assert first[0].state == "RUNNING"  # the job outlives the driver that submitted it
+    later = []
+    res = run_sweep(spec, on_submit=later.extend, **kw)
+    rows = store.read_rows(res.run_dir / "rows.jsonl")
+    assert [(r["label"], r["status"]) for r in rows] == [("slow", "ok"), ("burst", "ok")]
+    assert rows[0]["job_id"] == first[0].job_id  # collected from the orphan, not run again
+    assert len(later) == 1 and later[0].job_id == rows[1]["job_id"]
+    # a rerun finds every job collected: nothing is adopted twice
+    again = run_sweep(spec, **kw)
+    assert again.ran == 0 and len(store.read_rows(res.run_dir / "rows.jsonl")) == 2
+
+
 def test_train_step_tiny(tmp_path):
     pytest.importorskip("burst.engine.trainer")
     text = """

@@ -206,3 +206,35 @@ def test_sweep_job_array_rows(slurm_cluster, tmp_path):
     again = run_sweep(spec, run_id=res.run_dir.name, on_submit=jobs.extend, **kw)
     assert again.ran == 0 and len(jobs) == 4
     assert len(read_rows(again.run_dir / "rows.jsonl")) == 4
+
+
+def test_sweep_resumes_jobs_of_a_dead_driver(slurm_cluster, tmp_path):
+    """The driver dies right after submitting its job array (ssh drop): the jobs run on in
+    SLURM. The next driver waits for them and writes their rows, submitting nothing new."""
+    from results.store import read_rows
+    from suites.run import run_sweep
+    from suites.spec import load_spec
+
+    text = SWEEP_TOML.format(markers=tmp_path, repo=REPO, time_min=JOB_TIMEOUT_MIN)
+    path = tmp_path / "orphans.toml"
+    path.write_text(text.split("[[methods]]\nname = \"tests.slurm_support")[0]
+                    + text[text.index("[slurm]"):])
+    spec = load_spec(path)
+    first, later = [], []
+
+    class DriverDied(Exception):
+        pass
+
+    def die(jobs):
+        first.extend(jobs)
+        raise DriverDied
+
+    kw = dict(executor="slurm", out=tmp_path / "results", job_folder=tmp_path / "jobs",
+              stream=io.StringIO())
+    with pytest.raises(DriverDied):
+        run_sweep(spec, on_submit=die, **kw)
+    res = run_sweep(spec, on_submit=later.extend, **kw)
+    rows = read_rows(res.run_dir / "rows.jsonl")
+    assert later == [] and len(first) == 2
+    assert sorted(r["job_id"] for r in rows) == sorted(j.job_id for j in first)
+    assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows]
