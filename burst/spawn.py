@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import signal
 import socket
 import tempfile
 import time
@@ -69,6 +70,19 @@ def _any_error(out_dir: str, world: int) -> bool:
     return False
 
 
+def _how_it_ended(code: int | None, stopped: bool, first_dead: int | None) -> str:
+    """Why a rank left no result; ``stopped``: spawn (or torch's join, which terminates the
+    other ranks when one dies) ended it because another rank had failed."""
+    if stopped:
+        after = f"rank {first_dead} died" if first_dead is not None else "a rank failed"
+        return f"stopped by spawn after {after}"
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name
+        hint = " (the signal the kernel's OOM killer sends)" if -code == signal.SIGKILL else ""
+        return f"killed by {name}{hint}"
+    return f"exit code {code}"
+
+
 def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
           threads: int = 1, timeout_s: float = 300.0) -> list:
     """Run ``fn(rank, world, *args)`` on ``world`` fresh processes; return their results."""
@@ -80,19 +94,21 @@ def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
             _entry, args=(world, port, fn, args, out_dir, backend, threads, timeout_s),
             nprocs=world, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout_s + 30
-        failed_at = None
+        failed_at, first_dead, stopped = None, None, set()
         while True:
             try:
                 if ctx.join(timeout=0.2):
                     break
-            except mp.ProcessExitedException:
+            except mp.ProcessExitedException as e:
                 failed_at = failed_at or time.monotonic()
+                first_dead = e.error_index if first_dead is None else first_dead
             if failed_at is None and _any_error(out_dir, world):
                 failed_at = time.monotonic()  # the others may now wait forever on that rank
             now = time.monotonic()
             if now > deadline or (failed_at is not None and now - failed_at > 3):
-                for p in ctx.processes:
+                for r, p in enumerate(ctx.processes):
                     if p.is_alive():
+                        stopped.add(r)
                         p.kill()
                 for p in ctx.processes:  # reap them: no rank may still write (or hold memory)
                     p.join(timeout=30)
@@ -103,7 +119,11 @@ def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
         for r in range(world):
             path = os.path.join(out_dir, f"rank{r}.pkl")
             if not os.path.exists(path):
-                errors.append(f"rank {r} exited without a result")
+                code = ctx.processes[r].exitcode
+                # torch's join terminates the other ranks when one dies: a signal after it
+                signalled_after = first_dead not in (None, r) and code is not None and code < 0
+                errors.append(f"rank {r} exited without a result: " + _how_it_ended(
+                    code, r in stopped or signalled_after, first_dead))
                 results.append(None)
                 continue
             with open(path, "rb") as f:

@@ -167,7 +167,7 @@ def _parser() -> argparse.ArgumentParser:
     g = s.add_argument_group("SLURM (override the spec's [slurm] table)")
     g.add_argument("--partition")
     g.add_argument("--account")
-    g.add_argument("--time", type=int, help="time limit per cell in minutes")
+    g.add_argument("--time", type=_minutes, help="time limit per cell in minutes (>= 1)")
     g.add_argument("--constraint")
     g.add_argument("--qos")
     g.add_argument("--job-folder", help="submitit folder (shared filesystem; default: "
@@ -205,6 +205,17 @@ def _parser() -> argparse.ArgumentParser:
                        add_help=False)
     s.set_defaults(fn=lambda a: _hook(SIMULATE, "simulate", a.rest))
     return p
+
+
+def _minutes(text: str) -> int:
+    """--time: a whole number of minutes >= 1 (SLURM reads --time=0 as no limit at all)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a time limit: give whole minutes >= 1")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:

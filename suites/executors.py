@@ -178,7 +178,7 @@ def _skip_if_too_few_gpus(cells: list[Cell], run: Run, ctx: RunContext) -> list[
     for c in cells:
         append_row(run.rows, failure_row(
             c, f"needs {c.world} GPUs on this machine (inline executor), found {have}; run it "
-               "with --executor slurm", ctx, "skipped"))
+               "with --executor slurm --retry-failed", ctx, "skipped"))
     return []
 
 

@@ -39,8 +39,12 @@ __all__ = ["PEAK_TFLOPS", "device_name", "measure", "peak_tflops"]
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
 
-# dense bf16 peak per device (DESIGN.md 4), matched as a substring of the device name
-PEAK_TFLOPS = {"A100": 312.0, "A800": 312.0, "H100": 989.0, "H800": 989.0, "H200": 989.0}
+# dense bf16 peak per device (DESIGN.md 4), matched as a substring of the device name, the
+# first match in this order: the PCIe and NVL H100s are slower than the SXM part (NVIDIA H100
+# datasheet: 1513 and 1671 TFLOP/s bf16 with sparsity, half of it dense)
+PEAK_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "A100": 312.0, "A800": 312.0,
+               "H100": 989.0, "H800": 989.0, "H200": 989.0}
+MFU_DTYPES = ("bfloat16", "float16")  # the peak is the bf16/fp16 tensor-core one
 
 
 def peak_tflops(name: str) -> float | None:
@@ -234,7 +238,8 @@ def measure(cell: Cell) -> dict:
     err = error(result)
     del result
 
-    reset_cuda_peak(dev if dev.type == "cuda" else None)
+    if dev.type == "cuda":  # a CPU cell must not create a CUDA context on a GPU host
+        reset_cuda_peak(dev)
     times = _max_over_ranks([_timed(step, dev) for _ in range(cell.repeats)], dev)
     peak = cuda_peak(dev) if dev.type == "cuda" else {"allocated": prof.peak_bytes if prof
                                                       else 0, "reserved": 0}
@@ -256,7 +261,8 @@ def measure(cell: Cell) -> dict:
         "bytes_sent_other": int(mx[7]), "max_err": mx[8] if err is not None else None,
     }
     name = device_name(cell.device)
-    peak_tf = peak_tflops(name) if cell.device == "cuda" else None
+    # MFU only where the peak applies: a GPU cell in bf16/fp16 (fp32 has no such peak)
+    peak_tf = peak_tflops(name) if cell.device == "cuda" and cell.dtype in MFU_DTYPES else None
     out.update(device_name=name, hardware=name, peak_tflops=peak_tf)
     if cell.workload == "attention":
         fl = flops.attention_kernel_flops(cell.batch, cell.seq_len, cell.heads, cell.head_dim,

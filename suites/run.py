@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import sys
 import threading
 import time
@@ -47,7 +48,12 @@ class RunResult:
 
 
 def _spec_hash(spec: SweepSpec) -> str:
-    return hashlib.sha256(spec.to_json().encode()).hexdigest()[:16]
+    """What a run measures: its sweep's name and cells (their ids leave out the time limit). A
+    spec changed only in where or how long it runs (timeout, [slurm], description, baseline)
+    resumes the same run, so raising a time limit and --retry-failed re-runs the failed cells
+    only."""
+    ids = sorted(c.cell_id for c in expand(spec))
+    return hashlib.sha256(json.dumps([spec.name, ids]).encode()).hexdigest()[:16]
 
 
 def select_run(spec: SweepSpec, out: Path, run_id: str | None = None, new: bool = False) -> Path:
@@ -56,7 +62,14 @@ def select_run(spec: SweepSpec, out: Path, run_id: str | None = None, new: bool 
     one (a fresh measurement of a finished sweep)."""
     sweep_dir = Path(out) / spec.name
     if run_id:
-        return sweep_dir / run_id
+        named = sweep_dir / run_id
+        held = store.read_meta(named).get("spec_hash") if named.exists() else None
+        if held not in (None, _spec_hash(spec)):
+            raise ValueError(f"run {named} holds another spec's cells (a changed method, "
+                             "length, warmup, repeats, seed, ...): its rows would mix; drop "
+                             "--run-id (this spec's own run is then resumed or started) or "
+                             "name a new run id")
+        return named
     if not new and sweep_dir.exists():  # newest first: a later run of another spec is passed
         for run in reversed(store.runs_by_time(sweep_dir)):
             if store.read_meta(run).get("spec_hash") == _spec_hash(spec):
@@ -232,7 +245,9 @@ def summary_text(table, spec: SweepSpec | None = None, *, baseline: str | None =
         failed.setdefault(key, []).append(f"{r['seq_len']}@{r['world']}")
     if failed:
         parts.append("\n".join(f"{st}: {label} at seq_len@world {', '.join(at)}: {why}"
-                               for (st, label, why), at in failed.items()))
+                               for (st, label, why), at in failed.items())
+                     + "\n(a resumed run counts these cells as done; --retry-failed runs "
+                       "them again)")
     return "\n\n".join(parts)
 
 

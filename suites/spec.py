@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -355,6 +356,9 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
     kw["profile_memory"] = r.get(data, "profile_memory", "", bool, True)
     kw["description"] = r.get(data, "description", "", str, "")
     name = r.get(data, "name", "", str, name)
+    if isinstance(name, str) and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        r.add("name", f"{name!r}: a sweep name is one folder under results/ (letters, digits, "
+                      "'_', '.', '-'; not starting with '.' or '-')")
 
     shape = model = None
     if workload == "attention":
@@ -438,6 +442,8 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
                    (("time_min", 60), ("cpus_per_task", None), ("mem_gb", None),
                     ("array_parallelism", 16))})
         setup = r.get(t, "setup", "slurm.", list, [])
+        if setup and not all(isinstance(x, str) for x in setup):
+            r.add("slurm.setup", f"{setup!r}: expected a list of shell lines (strings)")
         sk["setup"] = tuple(setup or ())
         sk["additional"] = r.get(t, "additional", "slurm.", dict, {}) or {}
         slurm = SlurmSpec(**sk)

@@ -35,6 +35,7 @@ label = "burst-ring"
 """
 
 BAD = """
+name = "../escaped"
 workload = "attention"
 dtype = "float33"
 repeat = 3
@@ -58,6 +59,7 @@ label = "burst"
 checkpointing = "selective"
 [slurm]
 partition = 3
+setup = ["module load cuda", 2]
 """
 
 
@@ -81,6 +83,8 @@ def test_bad_spec_lists_every_problem(tmp_path):
         ("methods", "label 'burst' is used by 2 methods"),
         ("methods[2].checkpointing", "only applies to workload = 'train_step'"),
         ("slurm.partition", "3 is a int; expected str"),
+        ("name", "'../escaped': a sweep name is one folder under results/"),
+        ("slurm.setup", "expected a list of shell lines"),
         ("methods[0] (no_such_method).name", "unknown method 'no_such_method'",
          "registered: burst"),
         ("methods[1] (burst).options.backwards", "valid options:", "backward"),
@@ -266,6 +270,9 @@ def test_cli_read_only_commands(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "#SBATCH --partition=p1" in out and "#SBATCH --time=45" in out
     assert "#SBATCH --nodes=8" in out and "GPU-hours" in out
+    with pytest.raises(SystemExit):  # SLURM would read --time=0 as no limit at all
+        cli.main(["run", "paper_main_7b", "--executor", "dry-run", "--time", "0"])
+    assert "give whole minutes >= 1" in capsys.readouterr().err
     assert cli.main(["run", str(tmp_path / "missing.toml")]) == 2
     assert "no spec file" in capsys.readouterr().err
     # hooks: a missing piece says so and does nothing; a present one gets the arguments
@@ -284,6 +291,10 @@ def test_classify_and_schema_readme():
     readme = (SPEC_DIR.parent.parent / "results" / "README.md").read_text()
     assert markdown_table() in readme, "regenerate: python -m results.readme"
     assert SlurmSpec().time_min > 0
+    from suites.measure import peak_tflops  # MFU's peak: the PCIe/NVL H100s are not the SXM
+    assert [peak_tflops(f"NVIDIA {n}") for n in ("H100 PCIe", "H100 NVL", "H100 80GB HBM3",
+                                                  "A100-SXM4-80GB", "GeForce RTX 4090")] == [
+        756.0, 835.0, 989.0, 312.0, None]
 
 
 def test_resume_finds_its_own_spec_by_time_not_by_name(tmp_path):
@@ -308,6 +319,27 @@ def test_resume_finds_its_own_spec_by_time_not_by_name(tmp_path):
     first = select_run(a, out, new=True)
     first.mkdir()
     assert select_run(a, out, new=True) != first
+
+
+def test_resume_key_is_what_a_run_measures(tmp_path):
+    """A spec changed only in where or how long it runs resumes its run (raising a time limit
+    and --retry-failed re-ran the whole sweep); one that measures something else does not, and
+    naming a run that holds another spec's cells is refused (its rows would mix)."""
+    from suites.run import _spec_hash, select_run
+
+    a = load_spec(_write(tmp_path, GOOD, "sweep"))
+    same = dataclasses.replace(a, timeout_min=a.timeout_min * 3, description="longer",
+                               baseline=None, slurm=dataclasses.replace(a.slurm, time_min=999))
+    assert _spec_hash(same) == _spec_hash(a)
+    for other in (dataclasses.replace(a, seed=a.seed + 1), dataclasses.replace(a, repeats=9)):
+        assert _spec_hash(other) != _spec_hash(a)
+    out = tmp_path / "out"
+    run = out / a.name / "r1"
+    run.mkdir(parents=True)
+    store.write_meta(run, {"spec_hash": _spec_hash(a), "created": "2026-01-01T00:00:00Z"})
+    assert select_run(same, out) == run == select_run(same, out, run_id="r1")
+    with pytest.raises(ValueError, match="holds another spec's cells"):
+        select_run(dataclasses.replace(a, repeats=9), out, run_id="r1")
 
 
 def test_provenance_without_git_takes_the_commit_it_is_given(tmp_path, monkeypatch):
