@@ -4,9 +4,11 @@
     run_sweep(spec, executor="slurm", slurm=SlurmSpec(partition="gpu"))
 
 Run folder (``results/<sweep>/<run_id>/``): ``run_id`` names one; otherwise the latest run of
-the sweep is resumed when it has the same spec (so a killed sweep picks up where it stopped, and
-re-running a finished one only prints its table); ``new`` starts a fresh run (``make demo``
-does, so it always measures). Cells with a row are skipped (``retry_failed`` re-runs
+the sweep is resumed when it measures the same cells (so a killed sweep picks up where it
+stopped, re-running a finished one only prints its table, and a spec changed only in its time
+limit, [slurm] table, description or baseline resumes its run); ``new`` starts a fresh run
+(``make demo`` does, so it always measures). Jobs that a dead driver submitted through submitit
+are collected or waited for, not run again (``suites.executors``). Cells with a row are skipped (``retry_failed`` re-runs
 oom/timeout/error cells; the consolidated table keeps the last row per cell). One driver per run
 folder (``results.store.RunLock``).
 
@@ -58,7 +60,7 @@ def _spec_hash(spec: SweepSpec) -> str:
 
 def select_run(spec: SweepSpec, out: Path, run_id: str | None = None, new: bool = False) -> Path:
     """The run folder to write: the named one, else the latest run of this very spec (same
-    spec hash; it is resumed, its done cells skipped), else a new one. ``new``: always a new
+    ``_spec_hash``; it is resumed, its done cells skipped), else a new one. ``new``: always a new
     one (a fresh measurement of a finished sweep)."""
     sweep_dir = Path(out) / spec.name
     if run_id:
