@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from baselines.checks import divisors, layout_problems
+from baselines.checks import divisors, grad_acc_problems, layout_problems
 from baselines.registry import Method, register
 from burst import burst_attn
 from burst.comm import ranks_per_node_ok
@@ -15,14 +15,15 @@ __all__ = ["burst_method"]
 
 
 def _burst(q, k, v, *, causal, softmax_scale, group, layout="zigzag", backward="auto",
-           ranks_per_node=None, window=None, cu_seqlens=None, backend="auto"):
+           ranks_per_node=None, window=None, cu_seqlens=None, backend="auto", grad_acc="fp32"):
     return burst_attn(q, k, v, causal=causal, softmax_scale=softmax_scale, layout=layout,
                       group=group, ranks_per_node=ranks_per_node, backward=backward,
-                      window=window, cu_seqlens=cu_seqlens, backend=backend)
+                      window=window, cu_seqlens=cu_seqlens, backend=backend, grad_acc=grad_acc)
 
 
-def _requires(*, world, seq_local, layout="zigzag", ranks_per_node=None, backward="auto", **_):
-    out = layout_problems(layout, seq_local)
+def _requires(*, world, seq_local, layout="zigzag", ranks_per_node=None, backward="auto",
+              grad_acc="fp32", **_):
+    out = layout_problems(layout, seq_local) + grad_acc_problems(grad_acc)
     if backward not in ("auto", "burst", "ring"):
         out.append(f"backward={backward!r}; valid: auto, burst, ring")
     if not ranks_per_node_ok(world, ranks_per_node):

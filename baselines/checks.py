@@ -12,14 +12,22 @@ from burst import comm
 from burst.attention import qkv_problems
 from burst.kernel import BACKENDS
 from burst.layout import LAYOUTS, chunks_per_rank, divisors
+from burst.volume import GRAD_ACC
 
-__all__ = ["check_call", "degree_problems", "divisors", "layout_problems", "qkv_problems"]
+__all__ = ["check_call", "degree_problems", "divisors", "grad_acc_problems", "layout_problems",
+           "qkv_problems"]
 
 
 
 
 def _join(xs) -> str:
     return ", ".join(map(str, xs))
+
+
+def grad_acc_problems(grad_acc) -> list[str]:
+    if grad_acc in GRAD_ACC:
+        return []
+    return [f"grad_acc={grad_acc!r}; valid: {', '.join(GRAD_ACC)}"]
 
 
 def layout_problems(layout: str, seq_local: int, layouts=LAYOUTS) -> list[str]:

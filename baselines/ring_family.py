@@ -4,11 +4,15 @@ All three are ``burst_attn(..., backward="ring")``: K/V travel the ring in the f
 (merged by log-sum-exp, fp32 running O and LSE) and the backward circulates K, V again together
 with the accumulating fp32 dK, dV, which trail one hop behind and return to their owner
 (DESIGN.md 3, "The classic ring backward"). That is the schedule of ring-flash-attention
-(zhuzilin): K/V G-1 hops forward; K/V G-1 hops plus fp32 dK/dV G hops backward.
+(zhuzilin): K/V G-1 hops forward; K/V G-1 hops plus fp32 dK/dV G hops backward. Option
+``grad_acc="input"`` sends dK/dV in the input dtype instead, as TransformerEngine's p2p context
+parallelism (Megatron-CP) does: its backward circulates one buffer of (K/V, dK/dV) allocated in
+kv's dtype (TransformerEngine ``context_parallel.py``, ``AttnFuncWithCPAndKVP2P.backward``).
 
 - ``ring``         contiguous layout (ring-flash-attention's ``ring_flash_attn_func``).
 - ``zigzag_ring``  zigzag layout, causal only (``zigzag_ring_flash_attn_func``; Megatron and
-                   TransformerEngine's p2p context parallelism use the same split).
+                   TransformerEngine's p2p context parallelism use the same split; with
+                   ``grad_acc="input"`` it moves TransformerEngine's bytes).
 - ``striped_ring`` striped layout, causal only (Striped Attention; ``stripe_flash_attn_func``).
 
 Where ours differs from the packages (neither changes a byte for plain causal/full masks): fully
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from baselines.checks import check_call, layout_problems
+from baselines.checks import check_call, grad_acc_problems, layout_problems
 from baselines.registry import Method, register
 from burst import burst_attn
 from burst.volume import method_bytes
@@ -28,19 +32,19 @@ from burst.volume import method_bytes
 __all__ = ["ring_attn", "striped_ring_attn", "zigzag_ring_attn"]
 
 
-def _requires(*, seq_local, layout, **_):
-    return layout_problems(layout, seq_local)
+def _requires(*, seq_local, layout, grad_acc="fp32", **_):
+    return layout_problems(layout, seq_local) + grad_acc_problems(grad_acc)
 
 
 def _adapter(name: str, layout: str):
     def fn(q, k, v, *, causal: bool = False, softmax_scale: float | None = None, group=None,
            layout: str = layout, window: tuple[int, int] | None = None, cu_seqlens=None,
-           backend: str = "auto"):
+           backend: str = "auto", grad_acc: str = "fp32"):
         check_call(_METHODS[name], q, k, v, causal=causal, group=group,
-                   options=dict(layout=layout), backend=backend)
+                   options=dict(layout=layout, grad_acc=grad_acc), backend=backend)
         return burst_attn(q, k, v, causal=causal, softmax_scale=softmax_scale, layout=layout,
                           group=group, backward="ring", window=window, cu_seqlens=cu_seqlens,
-                          backend=backend)
+                          backend=backend, grad_acc=grad_acc)
 
     fn.__name__ = f"{name}_attn"
     fn.__doc__ = (f"Classic ring attention on the {layout} layout (K/V forward; K, V, dK, dV "

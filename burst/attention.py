@@ -72,7 +72,7 @@ class BlockSteps:
 class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, spec: MaskSpec, layout: str, rg, scale: float, scheme: str,
-                backend: str):
+                backend: str, grad_acc: str):
         g, me, n = rg.world, rg.me, q.shape[1]
         acc = acc_dtype(q.dtype)
         out_acc, lse = new_accumulators(q, acc)
@@ -87,16 +87,17 @@ class _RingAttention(torch.autograd.Function):
         out = out_acc.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.set_materialize_grads(False)  # an unused lse costs no zeros
-        ctx.args = (spec, layout, rg, scale, scheme, backend, span)
+        ctx.args = (spec, layout, rg, scale, scheme, backend, span, grad_acc)
         return out, lse
 
     @staticmethod
     @once_differentiable  # a second derivative would silently be wrong
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        spec, layout, rg, scale, scheme, backend, span = ctx.args
+        spec, layout, rg, scale, scheme, backend, span, grad_acc = ctx.args
         g, me, n = rg.world, rg.me, q.shape[1]
         acc = acc_dtype(q.dtype)
+        travel = acc if grad_acc == "fp32" else q.dtype  # the accumulators that travel
         dout = torch.zeros_like(out) if dout is None else dout.contiguous()
         delta = row_delta(dout, out, acc)
         with comm.phase("backward"):
@@ -105,11 +106,12 @@ class _RingAttention(torch.autograd.Function):
                 backend = _backend_for_dlse(backend, q, dout, dlse, rg)
             if scheme == "burst":
                 dq, dk, dv = _backward_burst(q, k, v, dout, delta, lse, spec, layout, rg, scale,
-                                             backend, span, g, me, n, acc)
+                                             backend, span, g, me, n, acc, travel)
             else:
                 dq, dk, dv = _backward_ring(q, k, v, dout, delta, lse, spec, layout, rg, scale,
-                                            backend, span, g, me, n, acc)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None
+                                            backend, span, g, me, n, acc, travel)
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None,
+                None, None)
 
 
 def _backend_for_dlse(backend: str, q, dout, dlse, rg) -> str:
@@ -132,7 +134,7 @@ def _backend_for_dlse(backend: str, q, dout, dlse, rg) -> str:
 
 
 def _backward_burst(q, k, v, dout, delta, lse, spec, layout, rg, scale, backend, span, g, me, n,
-                    acc):
+                    acc, travel):
     dk = torch.zeros(k.shape, dtype=acc, device=k.device)
     dv = torch.zeros(v.shape, dtype=acc, device=v.device)
     steps = BlockSteps(spec, layout, g, scale, backend)
@@ -141,7 +143,7 @@ def _backward_burst(q, k, v, dout, delta, lse, spec, layout, rg, scale, backend,
         qj, doj, dj, lj = qpay  # queries of src, my keys
         steps.backward(doj, qj, k, v, lj, dj, acc_out[0], dk, dv, q_rank=src, k_rank=me)
 
-    dq_like = torch.empty(q.shape, dtype=acc, device=q.device)
+    dq_like = torch.empty(q.shape, dtype=travel, device=q.device)
     # queries travel backwards (i -> i-1) so that, like K/V in the forward, they meet the keys
     # to their left first; this is what lets a window truncate the ring in both passes
     (dq,) = run_ring(rg, [q, dout, delta, lse.to(acc)], step, acc_like=[dq_like], span=span,
@@ -150,7 +152,7 @@ def _backward_burst(q, k, v, dout, delta, lse, spec, layout, rg, scale, backend,
 
 
 def _backward_ring(q, k, v, dout, delta, lse, spec, layout, rg, scale, backend, span, g, me, n,
-                   acc):
+                   acc, travel):
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     steps = BlockSteps(spec, layout, g, scale, backend)
 
@@ -158,8 +160,8 @@ def _backward_ring(q, k, v, dout, delta, lse, spec, layout, rg, scale, backend, 
         kb, vb = kv  # my queries, keys of src
         steps.backward(dout, q, kb, vb, lse, delta, dq, *acc_out, q_rank=me, k_rank=src)
 
-    like = [torch.empty(k.shape, dtype=acc, device=k.device),
-            torch.empty(v.shape, dtype=acc, device=v.device)]
+    like = [torch.empty(k.shape, dtype=travel, device=k.device),
+            torch.empty(v.shape, dtype=travel, device=v.device)]
     dk, dv = run_ring(rg, [k, v], step, acc_like=like, span=span)
     return dq, dk, dv
 
@@ -189,7 +191,7 @@ def qkv_problems(q, k, v) -> list[str]:
     return problems
 
 
-def _validate(q, k, v, *, layout, group, ranks_per_node, backward, backend):
+def _validate(q, k, v, *, layout, group, ranks_per_node, backward, backend, grad_acc="fp32"):
     problems = qkv_problems(q, k, v)
     if any("expected 4 dims" in p for p in problems):
         raise ValueError("burst_attn: " + "; ".join(problems))
@@ -211,6 +213,8 @@ def _validate(q, k, v, *, layout, group, ranks_per_node, backward, backend):
         problems.append(f"unknown backward {backward!r}; valid: {', '.join(BACKWARD_SCHEMES)}")
     if backend not in BACKENDS:
         problems.append(f"unknown kernel backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    if grad_acc not in volume.GRAD_ACC:
+        problems.append(f"unknown grad_acc {grad_acc!r}; valid: {', '.join(volume.GRAD_ACC)}")
     g = comm.world_size(group)
     if not comm.ranks_per_node_ok(g, ranks_per_node):
         problems.append(f"group of {g} ranks is not divisible by ranks_per_node="
@@ -233,7 +237,8 @@ def choose_backward(q, k, *, world: int, ranks_per_node: int | None) -> str:
 def burst_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
                layout: str = "zigzag", group=None, ranks_per_node: int | None = None,
                backward: str = "auto", window: tuple[int, int] | None = None,
-               cu_seqlens=None, backend: str = "auto", return_lse: bool = False):
+               cu_seqlens=None, backend: str = "auto", return_lse: bool = False,
+               grad_acc: str = "fp32"):
     """BurstAttention over the context-parallel ``group`` (default: the world).
 
     Args:
@@ -252,12 +257,16 @@ def burst_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = N
         cu_seqlens: global document boundaries [0, ..., N] for packed sequences.
         backend: kernel backend (``burst.kernel``); ``auto`` picks by device.
         return_lse: also return lse (batch, heads, seq_local), fp32 and differentiable.
+        grad_acc: dtype of the gradient accumulators that travel the ring (dQ for ``burst``,
+            dK/dV for ``ring``): ``fp32`` (default; ring-flash-attention) or ``input``
+            (TransformerEngine's context parallelism: dK/dV travel in kv's dtype, half the
+            bytes in bf16, rounded at every hop).
 
     Returns:
         out (batch, seq_local, heads, head_dim) in q's dtype [, lse].
     """
     _validate(q, k, v, layout=layout, group=group, ranks_per_node=ranks_per_node,
-              backward=backward, backend=backend)
+              backward=backward, backend=backend, grad_acc=grad_acc)
     spec = MaskSpec(causal=causal, window=window,
                     cu_seqlens=cu_seqlens)
     g = comm.world_size(group)
@@ -267,7 +276,8 @@ def burst_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = N
     if scheme == "auto":
         scheme = choose_backward(q, k, world=g, ranks_per_node=ranks_per_node)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
-    out, lse = _RingAttention.apply(q, k, v, spec, layout, rg, scale, scheme, backend)
+    out, lse = _RingAttention.apply(q, k, v, spec, layout, rg, scale, scheme, backend,
+                                    grad_acc)
     return (out, lse) if return_lse else out
 
 

@@ -43,6 +43,7 @@ all-gather of an X-byte shard sends X to every other member). Per rank, G member
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -70,23 +71,29 @@ class Volume:
         return {f"sent.{p}.{lk}": v for (p, lk), v in sorted(self.by.items()) if v}
 
 
-def _units(batch, seq_local, heads, kv_heads, head_dim, elem, acc_elem):
-    bn = batch * seq_local
+def _units(batch, seq_local, heads, kv_heads, head_dim, elem, acc_elem, grad_elem=None):
+    bn, grad = batch * seq_local, grad_elem or acc_elem
     return dict(kv=2 * bn * kv_heads * head_dim * elem, qdo=2 * bn * heads * head_dim * elem,
-                dl=2 * bn * heads * acc_elem, dq=bn * heads * head_dim * acc_elem,
-                dkdv=2 * bn * kv_heads * head_dim * acc_elem)
+                dl=2 * bn * heads * acc_elem, dq=bn * heads * head_dim * grad,
+                dkdv=2 * bn * kv_heads * head_dim * grad)
 
 
 def ring_attention_bytes(*, world: int, batch: int, seq_local: int, heads: int, kv_heads: int,
                          head_dim: int, elem: int, acc_elem: int = 4, backward: str = "burst",
                          ranks_per_node: int | None = None, node_size: int | None = None,
-                         rank: int = 0, span: int | None = None) -> Volume:
+                         rank: int = 0, span: int | None = None,
+                         grad_elem: int | None = None) -> Volume:
     """Bytes one rank sends in a (Burst or ring) attention layer.
+
+    ``grad_elem``: bytes per element of the travelling gradient accumulators (dQ, dK/dV);
+    default ``acc_elem`` (D and LSE always travel in ``acc_elem``).
 
     ``ranks_per_node`` selects the double ring (None: flat). ``node_size`` is the physical node
     used to label links (default: ``ranks_per_node``, or one node for a flat ring).
     """
-    u = _units(batch, seq_local, heads, kv_heads, head_dim, elem, acc_elem)
+    if backward not in ("burst", "ring"):
+        raise ValueError(f"backward={backward!r}: expected 'burst' or 'ring'")
+    u = _units(batch, seq_local, heads, kv_heads, head_dim, elem, acc_elem, grad_elem)
     pay, acc = (u["qdo"] + u["dl"], u["dq"]) if backward == "burst" else (u["kv"], u["dkdv"])
     vol = Volume()
     g = world
@@ -130,6 +137,7 @@ class _Case:
     head_dim: int
     elem: int
     acc_elem: int
+    grad_elem: int | None = None  # travelling gradient accumulators; None: acc_elem
     rank: int = 0
     node_size: int | None = None
     causal: bool = False
@@ -143,7 +151,7 @@ class _Case:
     def shape(self) -> dict:
         return dict(world=self.world, batch=self.batch, seq_local=self.seq_local,
                     heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim,
-                    elem=self.elem, acc_elem=self.acc_elem)
+                    elem=self.elem, acc_elem=self.acc_elem, grad_elem=self.grad_elem)
 
     def link(self, peer: int) -> str:
         if self.node_size is None:
@@ -186,25 +194,36 @@ def _ring_like(c: _Case, backward: str, layout: str, ranks_per_node: int | None,
     return out
 
 
+GRAD_ACC = ("fp32", "input")
+
+
+def _grads_in(c: _Case, grad_acc: str) -> _Case:
+    """The case with the travelling gradient accumulators in fp32 (``acc_elem``) or in the
+    input dtype (TransformerEngine's ring: dK/dV travel with K/V in kv's dtype)."""
+    if grad_acc not in GRAD_ACC:
+        raise ValueError(f"grad_acc={grad_acc!r}; valid: {', '.join(GRAD_ACC)}")
+    return c if grad_acc == "fp32" else dataclasses.replace(c, grad_elem=c.elem)
+
+
 def _burst(c: _Case, *, backward: str = "auto", layout: str = "zigzag",
-           ranks_per_node: int | None = None) -> Volume:
+           ranks_per_node: int | None = None, grad_acc: str = "fp32") -> Volume:
     if backward == "auto":  # what burst_attn picks: fewer backward bytes for the full ring
         by = {b: ring_attention_bytes(**c.shape(), backward=b, ranks_per_node=ranks_per_node)
               .sent("backward") for b in ("burst", "ring")}
-        backward = "burst" if by["burst"] <= by["ring"] else "ring"
-    return _ring_like(c, backward, layout, ranks_per_node)
+        backward = "burst" if by["burst"] <= by["ring"] else "ring"  # (fp32 accumulators)
+    return _ring_like(_grads_in(c, grad_acc), backward, layout, ranks_per_node)
 
 
-def _ring(c: _Case, *, layout: str = "contiguous") -> Volume:
-    return _ring_like(c, "ring", layout, None)
+def _ring(c: _Case, *, layout: str = "contiguous", grad_acc: str = "fp32") -> Volume:
+    return _ring_like(_grads_in(c, grad_acc), "ring", layout, None)
 
 
-def _zigzag_ring(c: _Case, *, layout: str = "zigzag") -> Volume:
-    return _ring_like(c, "ring", layout, None)
+def _zigzag_ring(c: _Case, *, layout: str = "zigzag", grad_acc: str = "fp32") -> Volume:
+    return _ring_like(_grads_in(c, grad_acc), "ring", layout, None)
 
 
-def _striped_ring(c: _Case, *, layout: str = "striped") -> Volume:
-    return _ring_like(c, "ring", layout, None)
+def _striped_ring(c: _Case, *, layout: str = "striped", grad_acc: str = "fp32") -> Volume:
+    return _ring_like(_grads_in(c, grad_acc), "ring", layout, None)
 
 
 def _double_ring(c: _Case, *, layout: str = "zigzag", ranks_per_node: int | None = 2) -> Volume:

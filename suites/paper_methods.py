@@ -4,7 +4,8 @@ The paper's tables (``results/paper_reference/*.csv``, column ``method``) name s
 algorithms; each maps to the registry entry that implements the same algorithm here:
 
   megatron_cp            Megatron-LM context parallel = TransformerEngine's p2p ring with the
-                         zigzag load balance                        -> zigzag_ring
+                         zigzag load balance, dK/dV travelling in the input dtype
+                                                  -> zigzag_ring, grad_acc = input
   deepspeed_ulysses      head-parallel all-to-all                   -> ulysses
   loongtrain_double_ring InternEvo's two-level ring (context parallel only)
                                                                     -> double_ring, L = node
@@ -51,7 +52,7 @@ class PaperMethod:
 
 
 PAPER_METHODS: dict[str, PaperMethod] = {
-    "megatron_cp": PaperMethod("zigzag_ring", "Megatron"),
+    "megatron_cp": PaperMethod("zigzag_ring", "Megatron", {"grad_acc": "input"}),
     "deepspeed_ulysses": PaperMethod("ulysses", "Deepspeed-Ulysses"),
     "loongtrain_double_ring": PaperMethod("double_ring", "LoongTrain-Ring",
                                           {"ranks_per_node": "@node"}),

@@ -72,6 +72,10 @@ def _core_cases(world: int) -> list[dict]:
         for m in ("ring", "allgather", "ulysses", "usp"):  # sliding window (ring span 1)
             add(m, causal=True, window=(5, 0), options=dict(layout="contiguous"))
         add("zigzag_ring", causal=True, cu_seqlens=(0, 5, 21, 32))  # documents
+        for m, opts in (("zigzag_ring", {}), ("burst", dict(backward="burst"))):
+            # gradients travel in bf16 (TransformerEngine's dK/dV): bytes and twice-naive rule
+            add(m, causal=True, dtype="bfloat16", naive=True, seq_local=32, head_dim=32,
+                options=dict(opts, grad_acc="input"))
         # bad inputs: each must raise a ValueError naming the rule before any communication
         add("ulysses", heads=6, kv_heads=6, expect_error="does not divide 6 query heads")
         add("zigzag_ring", causal=False, expect_error="causal work only")
@@ -80,6 +84,8 @@ def _core_cases(world: int) -> list[dict]:
         add("usp", options=dict(layout="striped"), expect_error="layout 'striped'")
         add("double_ring", options=dict(ranks_per_node=3), expect_error="ranks_per_node=3")
         add("allgather", seq_local=7, expect_error="not divisible by 2")
+        add("zigzag_ring", causal=True, options=dict(grad_acc="bf16"),
+            expect_error="grad_acc='bf16'; valid: fp32, input")
         add("tp", expect_error="block-level")
         add("ring_flash_attn", expect_error="pip install ring-flash-attn flash-attn")
         add("yunchang", expect_error="pip install yunchang")
