@@ -81,6 +81,9 @@ class Method:
                             f"{', '.join(self.layouts)}")
         if self.causal_only and not causal:
             problems.append("it balances causal work only; use causal=True or the 'ring' method")
+        if heads < 1 or kv_heads < 1:
+            problems.append(f"{heads} heads and {kv_heads} kv heads: need at least one of each")
+            raise ValueError(f"method {self.name!r} cannot run this case: " + "; ".join(problems))
         if heads % kv_heads:
             problems.append(f"{heads} heads are not divisible by {kv_heads} kv heads")
         if self.requires is not None:

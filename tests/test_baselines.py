@@ -233,6 +233,11 @@ def test_bad_names_and_options_are_rejected():
         method_bytes("nope", **shape)
     with pytest.raises(ValueError, match="has no option"):
         method_bytes("usp", ulysses_degre=2, **shape)
+    with pytest.raises(ValueError, match="backward='Burst': expected 'burst' or 'ring'"):
+        method_bytes("burst", backward="Burst", **shape)  # was priced as the ring backward
+    with pytest.raises(ValueError, match="2 heads and 0 kv heads: need at least one"):
+        registry.get("ring")(torch.zeros(1, 8, 2, 8), torch.zeros(1, 8, 0, 8),
+                             torch.zeros(1, 8, 0, 8), causal=True)  # was ZeroDivisionError
     with pytest.raises(ValueError, match="block-level"):
         registry.get("tp")(torch.zeros(1, 4, 2, 8), torch.zeros(1, 4, 2, 8),
                            torch.zeros(1, 4, 2, 8))

@@ -210,6 +210,29 @@ def test_checkpointing_cache_and_recompute_flops():
     assert runs["selective_half"][3] * 2 == runs["selective"][3]
 
 
+def test_failed_call_keeps_accumulated_gradients():
+    """Gradient accumulation: a micro-batch that fails (the attention raises) leaves the
+    gradients of the earlier micro-batches exactly as they were (they were set aside and lost)."""
+    from burst.reference import reference_attention
+
+    state = {"fail": False}
+
+    def attn(q, k, v, *, causal, softmax_scale=None, group=None, layout="contiguous", **_):
+        if state["fail"]:
+            raise ValueError("deliberate failure inside the attention")
+        return reference_attention(q, k, v, causal=causal, scale=softmax_scale)[0]
+
+    tr = Trainer("tiny", attention=attn, dtype=torch.float64)
+    batch = tr.local_batch(16, batch=1)
+    tr.forward_backward(*batch)
+    before = {n: p.grad.clone() for n, p in tr.model.named_parameters()}
+    state["fail"] = True
+    with pytest.raises(ValueError, match="deliberate failure"):
+        tr.forward_backward(*batch)
+    for n, p in tr.model.named_parameters():
+        assert p.grad is not None and torch.equal(p.grad, before[n]), n
+
+
 # ---------------------------------------------------------------------------------------------
 # bad input
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from burst.kernel import acc_dtype
 
@@ -68,6 +69,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         return total * scale
 
     @staticmethod
+    @once_differentiable  # the saved gradients are constants: a second derivative would be wrong
     def backward(ctx, grad_out):
         grad_h, grad_w = ctx.saved_tensors
         g = grad_out.to(grad_h.dtype)

@@ -228,14 +228,20 @@ class Trainer:
         earlier = [p.grad for p in params]
         for p in params:
             p.grad = None
-        loss = self._forward(tokens, positions, targets, loss_scale=1.0 / count.item(),
-                             cu_seqlens=cu_seqlens, ignore_index=self.ignore_index)
-        # DP wrappers average over the DP group; the loss is already the global mean's share
-        (loss * self.dp_size).backward()
-        if len(self.model.cache):
-            raise AssertionError(f"{len(self.model.cache)} cached attention entries were not "
-                                 "consumed by backward")
-        all_reduce_grads(params, self.cp_group)
+        try:
+            loss = self._forward(tokens, positions, targets, loss_scale=1.0 / count.item(),
+                                 cu_seqlens=cu_seqlens, ignore_index=self.ignore_index)
+            # DP wrappers average over the DP group; the loss is already the global mean's share
+            (loss * self.dp_size).backward()
+            if len(self.model.cache):
+                raise AssertionError(f"{len(self.model.cache)} cached attention entries were "
+                                     "not consumed by backward")
+            all_reduce_grads(params, self.cp_group)
+        except BaseException:  # a failed call leaves the gradients of earlier calls as they were
+            self.model.cache.clear()
+            for p, g in zip(params, earlier, strict=True):
+                p.grad = g
+            raise
         with torch.no_grad():
             for p, g in zip(params, earlier, strict=True):
                 if g is not None:
