@@ -147,6 +147,10 @@ def test_fused_head_equals_plain_cross_entropy_with_ignore_index():
         assert torch.allclose(a, b, rtol=1e-12, atol=1e-14)
     assert abs(float(results[0][0]) - float(torch.nn.functional.cross_entropy(
         hidden @ weight.T, targets, ignore_index=-100))) < 1e-12
+    with torch.no_grad():  # evaluation: the loss alone (no gradient work), the same value
+        loss = fused_linear_cross_entropy(hidden, weight.requires_grad_(), targets, chunk=8,
+                                          scale=1 / 34)
+    assert not loss.requires_grad and abs(float(loss - results[0][0])) < 1e-12
 
 
 def test_fused_head_bf16_as_accurate_as_plain_head():
