@@ -27,6 +27,13 @@ on the first half alone; that is exact because causal queries of the prefix see 
 (true of out and lse). A method that saves anything else (Ulysses' index tensors, say) gets a
 ValueError naming the tensor, never a silent approximation.
 
+What "selective" keeps therefore depends on the method: Ulysses and USP save the q, k, v they
+hold after their all-to-all (new tensors, not the layer's q, k, v), so their cache holds those as
+well as out and lse, about 3x to 3.7x a ring method's cache at the same shapes (4 ranks, the
+tiny model: 67,584 and 55,296 bytes against 18,432 for burst, ring and allgather). A Ulysses
+cache that keeps only out and lse would have to re-run the q/k/v all-to-alls in backward; it is
+not implemented, so compare their selective memory with this in mind.
+
 Entries are keyed by the layer's run in one forward (weakly: a forward whose graph is dropped
 without backward frees its entries with it), and freed when that run's backward has used them.
 A second forward before the first one's backward has entries of its own, so each backward
