@@ -74,9 +74,22 @@ def _dtype_problems(q) -> list[str]:
     return []
 
 
+def _mask_problems(name: str, window, cu_seqlens, backend) -> None:
+    """The packages' entry points take no window, documents or kernel choice: say so by name
+    (the engine and windowed sweeps pass these to every method)."""
+    unsupported = [f"{k}={v!r}" for k, v in (("window", window), ("cu_seqlens", cu_seqlens))
+                   if v is not None] + ([f"backend={backend!r}"] if backend != "auto" else [])
+    if unsupported:
+        raise ValueError(f"method {name!r} does not support {', '.join(unsupported)} (the "
+                         "package's function has no such argument); use a registry method of "
+                         "this project (ring, zigzag_ring, usp, ...)")
+
+
 def ring_flash_attn_adapter(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
-                            group=None, layout: str = "zigzag"):
+                            group=None, layout: str = "zigzag", window=None, cu_seqlens=None,
+                            backend: str = "auto"):
     """ring-flash-attention's ring (contiguous), zigzag or stripe function over ``group``."""
+    _mask_problems("ring_flash_attn", window, cu_seqlens, backend)
     check_call(RING_FLASH_ATTN, q, k, v, causal=causal, group=group, options=dict(layout=layout))
     if _dtype_problems(q):
         raise ValueError("method 'ring_flash_attn': " + _dtype_problems(q)[0])
@@ -120,8 +133,10 @@ def _long_context_attention(ranks: tuple[int, ...], ulysses_degree: int, uly, ri
 
 
 def yunchang_adapter(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
-                     group=None, ulysses_degree: int = 2, layout: str = "contiguous"):
+                     group=None, ulysses_degree: int = 2, layout: str = "contiguous",
+                     window=None, cu_seqlens=None, backend: str = "auto"):
     """yunchang's LongContextAttention (USP) with Ulysses degree U over ``group``."""
+    _mask_problems("yunchang", window, cu_seqlens, backend)
     check_call(YUNCHANG, q, k, v, causal=causal, group=group,
                options=dict(layout=layout, ulysses_degree=ulysses_degree))
     if _dtype_problems(q):

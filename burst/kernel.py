@@ -402,8 +402,9 @@ _BWD: dict[str, Callable] = {
 
 def _check_square(kind: str, q_BSHD: torch.Tensor, k_BSHD: torch.Tensor) -> None:
     # top-left (torch) and bottom-right (flash-attn) causal agree only on square blocks
-    assert kind not in (CAUSAL, STRICT) or q_BSHD.shape[1] == k_BSHD.shape[1], (
-        f"{kind} block needs Sq == Sk, got {q_BSHD.shape[1]} x {k_BSHD.shape[1]}")
+    if kind in (CAUSAL, STRICT) and q_BSHD.shape[1] != k_BSHD.shape[1]:
+        raise ValueError(f"{kind} block needs Sq == Sk, got {q_BSHD.shape[1]} x "
+                         f"{k_BSHD.shape[1]}")
 
 
 def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -215,12 +215,14 @@ def test_gpu_only_adapters_import_and_say_why():
     for name, install in (("ring_flash_attn", "pip install ring-flash-attn flash-attn"),
                           ("yunchang", "pip install yunchang")):
         m = registry.get(name)
+        q = torch.zeros(1, 4, 2, 8, dtype=torch.bfloat16)
+        with pytest.raises(ValueError, match=rf"method '{name}' does not support window=\(4, 0\)"):
+            m(q, q, q, causal=True, window=(4, 0))  # was a TypeError
         why = m.unavailable()
         if torch.cuda.is_available() and why is None:
             continue  # really installed: nothing to report
         assert why and "\n" not in why and install in why and "missing" in why, why
         assert name not in registry.names(available_only=True)
-        q = torch.zeros(1, 4, 2, 8, dtype=torch.bfloat16)
         with pytest.raises(ValueError, match=re.escape(install)):
             m(q, q, q, causal=True)  # no process group needed: it fails before any transfer
 
