@@ -70,7 +70,7 @@ def test_cpu_backends_follow_the_contract(backend, kind, mask, sq, sk):
 def test_causal_needs_square_blocks():
     q, k, v, _ = _qkvd(8, 12)
     for kind in (CAUSAL, STRICT):
-        with pytest.raises(AssertionError, match="needs Sq == Sk"):
+        with pytest.raises(ValueError, match="needs Sq == Sk"):
             block_forward(q, k, v, kind=kind)
 
 
