@@ -67,12 +67,13 @@ def _with_derived(df):
 
 def add_speedup(df, baseline: str | None):
     """Fill ``speedup`` = baseline's time_s / this row's time_s for every cell whose matching
-    baseline cell (same ``MATCH_KEYS``, label == baseline) succeeded."""
+    baseline cell (same ``MATCH_KEYS`` and the same ``hardware``: a run resumed on another
+    partition must not divide an H100's time by an A100's; label == baseline) succeeded."""
     df = df.copy()
     if not baseline or df.empty:
         return df
     _check_unique(df, "add_speedup")
-    keys = _keys(df, MATCH_KEYS)
+    keys = _keys(df, (*MATCH_KEYS, "hardware"))
     base = {}
     for k, label, status, t in zip(keys, df["label"], df["status"], df["time_s"], strict=True):
         if label == baseline and status == "ok" and not _missing(t):

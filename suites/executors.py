@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import os
 import signal
 import sys
@@ -43,6 +44,7 @@ from pathlib import Path
 
 from results.store import append_row, read_rows, repair
 from suites.cells import Cell
+from suites.provenance import code_provenance
 from suites.rows import RunContext, failure_row, make_row
 from suites.spec import SlurmSpec
 
@@ -198,6 +200,10 @@ def cell_job(cell_json: str, ctx: RunContext) -> dict | None:
     os.environ["MASTER_PORT"] = str(master_port(submitit.JobEnvironment().job_id))
     env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False,
                                                                 overwrite=True)
+    if env.rank == 0:  # the code this job imports: a shared checkout may have moved since the
+        prov = code_provenance()  # driver submitted (hours in a queue)
+        if prov["git_commit"]:
+            ctx = dataclasses.replace(ctx, **prov)
     if cell.device == "cuda":
         torch.cuda.set_device(env.local_rank % max(torch.cuda.device_count(), 1))
     else:

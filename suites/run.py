@@ -164,10 +164,15 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
         raise ValueError(f"unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}")
     slurm = slurm or spec.slurm
     cells = expand(spec)
-    if executor == "dry-run":
+    if executor == "dry-run":  # what a run would submit now: the cells its run has not done
         folder = job_folder or Path(out).resolve() / spec.name / "<run_id>" / "jobs"
-        dry_run([c for c in cells if cell_problem(c) is None], slurm=slurm, sweep=spec.name,
-                folder=str(folder), stream=stream)
+        resumed = select_run(spec, Path(out), run_id, new)
+        skip = _done(store.read_rows(resumed / "rows.jsonl"), retry_failed) if resumed.exists() \
+            else set()
+        todo = [c for c in cells if cell_problem(c) is None and c.cell_id not in skip]
+        if skip:
+            print(f"{len(skip)} cells already done in {resumed}", file=stream)
+        dry_run(todo, slurm=slurm, sweep=spec.name, folder=str(folder), stream=stream)
         return RunResult(None, None, 0)
 
     run = Run(select_run(spec, Path(out), run_id, new))
@@ -183,11 +188,7 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
             "created": meta.get("created") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "executor": executor,
         })
-        rows = store.read_rows(run.rows)
-        last = {r["cell_id"]: r["status"] for r in rows}
-        # skipped cells retry too: their cause (no GPU, a missing package) may be gone here
-        skip = {i for i, s in last.items()
-                if not (retry_failed and (s in FAILED or s == "skipped"))}
+        skip = _done(store.read_rows(run.rows), retry_failed)
         todo = [c for c in cells if c.cell_id not in skip]
         print(f"sweep {spec.name}: {len(cells)} cells, {len(cells) - len(todo)} already done, "
               f"running {len(todo)} ({executor}) -> {run.dir}", file=stream, flush=True)
@@ -206,6 +207,13 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
         table = store.consolidate(run.dir)
     print(summary_text(table, spec), file=stream, flush=True)
     return RunResult(run.dir, table, len(todo))
+
+
+def _done(rows: list[dict], retry_failed: bool) -> set[str]:
+    """Cells a resumed run skips: every cell with a row, less the failed and skipped ones under
+    ``retry_failed`` (a skipped cell's cause, no GPU or a missing package, may be gone)."""
+    last = {r["cell_id"]: r["status"] for r in rows}
+    return {i for i, s in last.items() if not (retry_failed and (s in FAILED or s == "skipped"))}
 
 
 def _skip_invalid(cells: list[Cell], run: Run, ctx: RunContext) -> list[Cell]:

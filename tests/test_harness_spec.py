@@ -184,6 +184,23 @@ def test_dry_run_prints_sbatch_and_gpu_hours():
     assert "at most 256.0 GPU-hours" in out and "nothing was submitted" in out
 
 
+def test_dry_run_of_a_resumed_sweep_counts_only_what_is_left(tmp_path):
+    """The GPU-hours a dry run prints are those of the cells the resumed run has not done."""
+    from suites.run import _spec_hash, run_sweep
+
+    spec = load_spec("paper_kernel_32gpu")
+    run = tmp_path / spec.name / "r1"
+    run.mkdir(parents=True)
+    store.write_meta(run, {"spec_hash": _spec_hash(spec), "created": "2026-01-01T00:00:00Z"})
+    done = [c.cell_id for c in expand(spec)[:4]]
+    for i, cid in enumerate(done):
+        store.append_row(run / "rows.jsonl", {"cell_id": cid, "status": "ok" if i else "oom"})
+    for retry, left in ((False, 12), (True, 13)):  # --retry-failed runs the oom cell again
+        buf = io.StringIO()
+        run_sweep(spec, executor="dry-run", out=tmp_path, retry_failed=retry, stream=buf)
+        assert f"at most {left * 32 * 30 / 60:.1f} GPU-hours" in buf.getvalue(), retry
+
+
 def test_store_atomic_rows_and_torn_tail(tmp_path):
     rows = tmp_path / "rows.jsonl"
     for i in range(3):
@@ -233,6 +250,9 @@ def test_tables_summary_speedup_compare(tmp_path):
     sp = dict(zip(df["cell_id"], df["speedup"], strict=True))
     assert sp["burst-64"] == pytest.approx(2.0) and sp["ring-64"] == pytest.approx(1.0)
     assert pd.isna(sp["burst-128"])
+    other = df.copy()  # a run resumed on another partition: no speedup across hardware
+    other.loc[other["cell_id"] == "burst-64", "hardware"] = "NVIDIA H100 80GB HBM3"
+    assert pd.isna(add_speedup(other, "ring").set_index("cell_id").loc["burst-64", "speedup"])
     s = summary(df, "time_s", baseline="ring")
     assert list(s.columns) == ["seq_len", "ring", "burst"]
     assert s.iloc[0]["burst"] == "1000.0 (2.00x)" and s.iloc[1]["burst"] == "oom"
