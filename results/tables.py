@@ -23,7 +23,7 @@ METRICS: dict[str, tuple[str, float, str, bool]] = {
     "attn_tflops": ("attention TFLOP/s per device (kernel convention)", 1.0, "{:.3g}", True),
     "tflops_model_flops_causal": ("TFLOP/s per device (model_flops_causal)", 1.0, "{:.3g}", True),
     "mfu_model_flops_causal": ("MFU (model_flops_causal, %)", 100.0, "{:.1f}", True),
-    "bytes_sent": ("MiB sent per rank (fwd + bwd, busiest rank)", 2.0**-20, "{:.2f}", False),
+    "bytes_sent": ("MiB sent per rank (busiest fwd + busiest bwd)", 2.0**-20, "{:.2f}", False),
     "bytes_sent_backward": ("MiB sent per rank in backward", 2.0**-20, "{:.2f}", False),
     "saved_bytes": ("MiB saved for backward", 2.0**-20, "{:.1f}", False),
     "mem_peak_bytes": ("peak memory (MiB)", 2.0**-20, "{:.1f}", False),
