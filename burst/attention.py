@@ -15,6 +15,7 @@ Shapes: q_BSHD (local shard), k_BSHD/v_BSHD with H % Hk == 0, lse_BHS.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -72,7 +73,7 @@ class BlockSteps:
 class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, spec: MaskSpec, layout: str, rg, scale: float, scheme: str,
-                backend: str, grad_acc: str):
+                backend: str, grad_acc: str, lse_out: bool):
         g, me, n = rg.world, rg.me, q.shape[1]
         acc = acc_dtype(q.dtype)
         out_acc, lse = new_accumulators(q, acc)
@@ -87,14 +88,14 @@ class _RingAttention(torch.autograd.Function):
         out = out_acc.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.set_materialize_grads(False)  # an unused lse costs no zeros
-        ctx.args = (spec, layout, rg, scale, scheme, backend, span, grad_acc)
+        ctx.args = (spec, layout, rg, scale, scheme, backend, span, grad_acc, lse_out)
         return out, lse
 
     @staticmethod
     @once_differentiable  # a second derivative would silently be wrong
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        spec, layout, rg, scale, scheme, backend, span, grad_acc = ctx.args
+        spec, layout, rg, scale, scheme, backend, span, grad_acc, lse_out = ctx.args
         g, me, n = rg.world, rg.me, q.shape[1]
         acc = acc_dtype(q.dtype)
         travel = acc if grad_acc == "fp32" else q.dtype  # the accumulators that travel
@@ -103,7 +104,8 @@ class _RingAttention(torch.autograd.Function):
         with comm.phase("backward"):
             if dlse is not None:  # d lse / d s = P, so dS = P (dP - (D - dlse)): D - dlse travels
                 delta = delta - dlse.to(acc)
-                backend = _backend_for_dlse(backend, q, dout, dlse, rg)
+            if lse_out:  # every rank asks (some may have no dlse): one collective on all
+                backend = _backend_for_dlse(backend, q, dout, delta, dlse, rg)
             if scheme == "burst":
                 dq, dk, dv = _backward_burst(q, k, v, dout, delta, lse, spec, layout, rg, scale,
                                              backend, span, g, me, n, acc, travel)
@@ -111,26 +113,36 @@ class _RingAttention(torch.autograd.Function):
                 dq, dk, dv = _backward_ring(q, k, v, dout, delta, lse, spec, layout, rg, scale,
                                             backend, span, g, me, n, acc, travel)
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None,
-                None, None)
+                None, None, None)
 
 
-def _backend_for_dlse(backend: str, q, dout, dlse, rg) -> str:
-    """The kernel backend for a backward whose lse carries a gradient.
+def _backend_for_dlse(backend: str, q, dout, delta, dlse, rg) -> str:
+    """The kernel backend for the backward of a call that returned lse.
 
     Kernels that insist on ``out`` get a stand-in c * dO whose row sums against dO equal delta
-    (``burst.kernel``); no such stand-in exists on a row whose dO is zero while its lse has a
-    gradient (a loss of lse alone, or of rows whose output is unused), and the ``dlse * P``
-    part of its gradient would be lost. Then every rank (rows travel the ring) runs this
-    backward on the ``torch`` backend, which takes delta itself: one flag all-reduced over the
-    ring, paid only when lse is differentiated."""
+    (``burst.kernel``). With an lse gradient, delta = D - dlse is no longer bounded by |O||dO|:
+    on a row whose dO is zero (a loss of lse alone, or of rows whose output is unused) no
+    stand-in exists and the ``dlse * P`` part of the gradient would be lost, and on a row whose
+    dO is tiny the stand-in overflows fp16. Then every rank (rows travel the ring) runs this
+    backward on the ``torch`` backend, which takes delta itself; the ranks agree through one
+    flag all-reduced over the ring (4 bytes, counted in the backward phase), which every rank
+    of a call with ``return_lse=True`` joins, whether or not its own lse got a gradient."""
     if resolve_backend(backend, q) == "torch":
         return backend
-    stuck = ((dout == 0).all(-1) & (dlse.transpose(1, 2) != 0)).any()
-    flag = stuck.to(torch.int32).reshape(1)
+    flag = torch.zeros(1, dtype=torch.int32, device=q.device)
+    if dlse is not None:
+        m = dout.abs().amax(-1).transpose(1, 2).to(delta.dtype)  # B H S: max |dO| per row
+        limit = torch.finfo(q.dtype).max / 4  # |stand-in| <= |delta| / max|dO|
+        flag += ((dlse != 0) & (delta.abs() > m * limit)).any().to(torch.int32)
     groups = (rg.read_intra,) if rg.nodes == 1 else (rg.read_intra, rg.read_inter)
     for group in groups:  # the ring (a double ring: its inner rings, then across them)
         comm.all_reduce(flag, group=group, op="max")
-    return "torch" if bool(flag) else backend
+    if not bool(flag):
+        return backend
+    warnings.warn("burst_attn: an lse gradient on rows whose output gradient is zero or tiny: "
+                  "this backward runs on the torch kernel backend (a full score matrix per "
+                  "block)", stacklevel=3)
+    return "torch"
 
 
 def _backward_burst(q, k, v, dout, delta, lse, spec, layout, rg, scale, backend, span, g, me, n,
@@ -277,7 +289,7 @@ def burst_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = N
         scheme = choose_backward(q, k, world=g, ranks_per_node=ranks_per_node)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     out, lse = _RingAttention.apply(q, k, v, spec, layout, rg, scale, scheme, backend,
-                                    grad_acc)
+                                    grad_acc, return_lse)
     return (out, lse) if return_lse else out
 
 

@@ -20,6 +20,8 @@ Contract, identical on every backend (tests/test_kernel_shim.py, tests/test_gpu.
     (DESIGN.md 3). Kernels that insist on ``out`` get a stand-in with the same row sums against
     dO: out' = dO * D / |dO|^2 (|out'| <= |O| by Cauchy-Schwarz, so it cannot overflow); the
     kernels use ``out`` only to form D. Rows whose lse is -inf (no visible key) get zero grads.
+    With an lse gradient, delta = D - dlse has no such bound (and no stand-in exists where dO
+    is zero): ``burst.attention`` then runs that backward on the ``torch`` backend.
 
 Backends:
   ``torch``      plain matmul + logsumexp in (at least) fp32, any dtype incl. float64, any mask,

@@ -156,6 +156,60 @@ def test_lse_is_differentiable():
             assert max(errs.values()) < 1e-10, (world, errs)
 
 
+def _lse_on_some_ranks(rank: int, world: int):
+    """lse in the loss of rank 0 only (dlse is None on the others), and an fp16 loss whose
+    output weights are tiny on some rows (the stand-in out would overflow fp16)."""
+    import warnings
+
+    from burst import burst_attn
+    from burst.layout import shard
+    from burst.reference import reference_attention
+
+    g = torch.Generator().manual_seed(4)
+    n = 8 * world
+    q, k, v = (torch.randn(1, n, 2, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    w_lse = torch.randn(1, 2, n, generator=g, dtype=torch.float64)
+    mask = shard(torch.arange(n), layout="zigzag", dim=0, world=world, rank=0)
+    w_lse_0 = torch.zeros_like(w_lse)
+    w_lse_0[:, :, mask] = w_lse[:, :, mask]  # the lse weights of rank 0's rows only
+    full = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, lse = reference_attention(*full, causal=True)
+    (out.sum() + (lse * w_lse_0).sum()).backward()
+    errs = {}
+    for backward in ("burst", "ring"):
+        mine = [shard(t, layout="zigzag").requires_grad_() for t in (q, k, v)]
+        o, l_ = burst_attn(*mine, causal=True, backward=backward, return_lse=True)
+        loss = o.sum() + ((l_ * shard(w_lse, layout="zigzag", dim=2)).sum() if rank == 0 else 0)
+        loss.backward()  # hung: rank 0 in the flag all-reduce, the others in the ring
+        errs[backward] = max(float((m.grad - shard(f.grad, layout="zigzag")).abs().max())
+                             for m, f in zip(mine, full, strict=True))
+    w_out = torch.randn(1, n, 2, 16, generator=g, dtype=torch.float64)
+    w_out[:, 1::3] *= 1e-6
+    for f in full:
+        f.grad = None
+    out, lse = reference_attention(*full, causal=True)
+    ((out * w_out).sum() + (lse * w_lse).sum()).backward()
+    mine = [shard(t, layout="zigzag").half().requires_grad_() for t in (q, k, v)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        o, l_ = burst_attn(*mine, causal=True, return_lse=True)
+        ((o.double() * shard(w_out, layout="zigzag")).sum()
+         + (l_.double() * shard(w_lse, layout="zigzag", dim=2)).sum()).backward()
+    errs["fp16 tiny dO"] = max(float((m.grad.double() - shard(f.grad, layout="zigzag"))
+                                     .abs().max()) for m, f in zip(mine, full, strict=True))
+    errs["warned"] = any("torch kernel backend" in str(w.message) for w in caught)
+    return errs
+
+
+def test_lse_on_some_ranks_and_tiny_output_gradients():
+    """Every rank of a call with return_lse joins the backend choice, so a loss that uses lse
+    on some ranks only does not hang; fp16 rows with a tiny output gradient do not overflow
+    (both fall back, with a warning, to the torch backend)."""
+    for errs in spawn(_lse_on_some_ranks, 2, timeout_s=60):
+        assert errs["burst"] < 1e-10 and errs["ring"] < 1e-10, errs
+        assert errs["fp16 tiny dO"] < 1e-2 and errs["warned"], errs
+
+
 def _edges(rank: int, world: int):
     import sys
 
