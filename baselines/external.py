@@ -74,6 +74,9 @@ def _dtype_problems(q) -> list[str]:
     return []
 
 
+_REFUSED = ("window", "cu_seqlens", "backend")
+
+
 def _mask_problems(name: str, window, cu_seqlens, backend) -> None:
     """The packages' entry points take no window, documents or kernel choice: say so by name
     (the engine and windowed sweeps pass these to every method)."""
@@ -103,6 +106,9 @@ def _rfa_requires(*, seq_local, causal, layout, **_):
         out.append(f"ring-flash-attn's {_RFA_FUNCS.get(layout, layout)} is causal-only; use "
                    "causal=True or layout='contiguous'")
     return out
+
+
+ring_flash_attn_adapter.refuses = _REFUSED  # spec validation: no such options
 
 
 RING_FLASH_ATTN = register(Method(
@@ -150,6 +156,9 @@ def _yunchang_requires(*, world, heads, kv_heads, seq_local, layout, ulysses_deg
     return (degree_problems("ulysses_degree", ulysses_degree, world, heads, kv_heads,
                             kv_replicate=False)
             + layout_problems(layout, seq_local, ("contiguous",)))
+
+
+yunchang_adapter.refuses = _REFUSED
 
 
 YUNCHANG = register(Method(

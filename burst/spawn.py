@@ -77,7 +77,10 @@ def _how_it_ended(code: int | None, stopped: bool, first_dead: int | None) -> st
         after = f"rank {first_dead} died" if first_dead is not None else "a rank failed"
         return f"stopped by spawn after {after}"
     if code is not None and code < 0:
-        name = signal.Signals(-code).name
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:  # a real-time signal has no name
+            name = f"signal {-code}"
         hint = " (the signal the kernel's OOM killer sends)" if -code == signal.SIGKILL else ""
         return f"killed by {name}{hint}"
     return f"exit code {code}"
@@ -120,8 +123,8 @@ def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
             path = os.path.join(out_dir, f"rank{r}.pkl")
             if not os.path.exists(path):
                 code = ctx.processes[r].exitcode
-                # torch's join terminates the other ranks when one dies: a signal after it
-                signalled_after = first_dead not in (None, r) and code is not None and code < 0
+                # torch's join terminates (SIGTERM) the other ranks when one dies
+                signalled_after = first_dead not in (None, r) and code == -signal.SIGTERM
                 errors.append(f"rank {r} exited without a result: " + _how_it_ended(
                     code, r in stopped or signalled_after, first_dead))
                 results.append(None)

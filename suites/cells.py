@@ -143,8 +143,9 @@ def _accepted_options(fn) -> set[str] | None:
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return None
     common = {"causal", "softmax_scale", "group"}
+    refused = set(getattr(fn, "refuses", ()))  # taken only to be refused by name at call time
     return {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
-            and p.name not in common} - {"q", "k", "v"}
+            and p.name not in common} - {"q", "k", "v"} - refused
 
 
 def option_problems(i: int, m: MethodSpec, window: bool = False) -> list[str]:

@@ -321,20 +321,19 @@ def _record_jobs(run: Run, kind: str, folder: Path, pairs) -> None:
         proc = getattr(job, "_process", None)  # a local job's process: alive after the driver
         append_row(run.dir / "jobs.jsonl", {
             "cell_id": cell.cell_id, "job_id": str(job.job_id), "kind": kind,
-            "folder": str(folder), "tasks": job.num_tasks,
+            "folder": str(folder), "tasks": job.num_tasks, "submitted": time.time(),
             "pid": proc.pid if proc is not None else None})
 
 
-def _alive(pid: int | None) -> bool:
+def _local_job_alive(pid: int | None) -> bool:
+    """The recorded process still runs and is still submitit's (not a reused pid)."""
     if not pid:
         return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"submitit" in f.read()
+    except OSError:
         return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _adopt(cells: list[Cell], run: Run, kind: str, ctx: RunContext, poll_s: float):
@@ -345,10 +344,11 @@ def _adopt(cells: list[Cell], run: Run, kind: str, ctx: RunContext, poll_s: floa
     import submitit
 
     last = {r["cell_id"]: r for r in read_rows(run.dir / "jobs.jsonl")}  # submitted, collected
+    in_rows = {r.get("job_id") for r in read_rows(run.rows)}  # collected, record not written
     pending, left = {}, []
     for cell in cells:
         rec = last.get(cell.cell_id)
-        if rec is None or rec.get("collected") or rec["kind"] != kind:
+        if rec is None or rec.get("collected") or rec["kind"] != kind or rec["job_id"] in in_rows:
             left.append(cell)
             continue
         job_cls = submitit.SlurmJob if kind == "slurm" else submitit.LocalJob
@@ -359,12 +359,17 @@ def _adopt(cells: list[Cell], run: Run, kind: str, ctx: RunContext, poll_s: floa
             else:
                 pending[job] = cell
             continue
-        while _alive(rec.get("pid")) and not _has_outcome(job):
+        # wait no longer than the cell's time limit from its submission (with a minute's slack)
+        deadline = rec.get("submitted", 0) + cell.timeout_min * 60 + 60
+        pid = rec.get("pid")
+        while _local_job_alive(pid) and not _has_outcome(job) and time.time() < deadline:
             time.sleep(poll_s)
         if _has_outcome(job):
             _collect(job, cell, run, ctx)
         else:
             left.append(cell)
+        if _local_job_alive(pid):  # ranks left waiting on a failed one, or past the limit:
+            os.kill(pid, signal.SIGINT)  # stop them (submitit's LocalJob.cancel) before timing
     if pending:
         print(f"waiting for {len(pending)} job(s) an earlier driver submitted", flush=True)
     return pending, left

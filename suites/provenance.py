@@ -1,8 +1,10 @@
 """Where a result row came from (STYLE principle 8): code, versions, machine, job, time.
 
-``code_provenance`` is taken once by the sweep driver (the git state of the code it launches);
-``host_provenance`` on rank 0 where the cell actually runs (versions, host, job id), so a row
-produced on a SLURM node names that node's CUDA/NCCL, not the login node's.
+``code_provenance`` is taken by the sweep driver (the git state of the code it launches) and
+again by rank 0 of every submitit job when it starts (a shared checkout may have moved while the
+job queued); ``host_provenance`` on rank 0 where the cell actually runs (versions, host, job id),
+so a row produced on a SLURM node names that node's CUDA/NCCL, not the login node's. A git that
+fails or times out gives ``git_dirty`` None (unknown), not False.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def code_provenance() -> dict:
         given = os.environ.get("BURST_GIT_COMMIT") or None
         return {"git_commit": given, "git_dirty": None}
     dirty = _git("status", "--porcelain", "--untracked-files=all", "--", ".", *_DATA)
-    return {"git_commit": commit, "git_dirty": bool(dirty)}
+    return {"git_commit": commit, "git_dirty": None if dirty is None else bool(dirty)}
 
 
 def _version(dist: str) -> str | None:

@@ -58,6 +58,14 @@ def _spec_hash(spec: SweepSpec) -> str:
     return hashlib.sha256(json.dumps([spec.name, ids]).encode()).hexdigest()[:16]
 
 
+def _same_spec(meta: dict, spec: SweepSpec, *, empty: bool = True) -> bool:
+    """The run's meta is of this spec: same cells (``_spec_hash``), or (runs recorded before
+    that hash) the very same spec JSON; ``empty``: a run without meta counts as this spec's."""
+    if not meta.get("spec_hash"):
+        return empty
+    return meta["spec_hash"] == _spec_hash(spec) or meta.get("spec") == spec.to_json()
+
+
 def select_run(spec: SweepSpec, out: Path, run_id: str | None = None, new: bool = False) -> Path:
     """The run folder to write: the named one, else the latest run of this very spec (same
     ``_spec_hash``; it is resumed, its done cells skipped), else a new one. ``new``: always a new
@@ -65,8 +73,7 @@ def select_run(spec: SweepSpec, out: Path, run_id: str | None = None, new: bool 
     sweep_dir = Path(out) / spec.name
     if run_id:
         named = sweep_dir / run_id
-        held = store.read_meta(named).get("spec_hash") if named.exists() else None
-        if held not in (None, _spec_hash(spec)):
+        if named.exists() and not _same_spec(store.read_meta(named), spec):
             raise ValueError(f"run {named} holds another spec's cells (a changed method, "
                              "length, warmup, repeats, seed, ...): its rows would mix; drop "
                              "--run-id (this spec's own run is then resumed or started) or "
@@ -74,7 +81,7 @@ def select_run(spec: SweepSpec, out: Path, run_id: str | None = None, new: bool 
         return named
     if not new and sweep_dir.exists():  # newest first: a later run of another spec is passed
         for run in reversed(store.runs_by_time(sweep_dir)):
-            if store.read_meta(run).get("spec_hash") == _spec_hash(spec):
+            if _same_spec(store.read_meta(run), spec, empty=False):
                 return run
     rid = store.new_run_id()
     fresh, n = sweep_dir / rid, 2
@@ -179,6 +186,7 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
     run.dir.mkdir(parents=True, exist_ok=True)
     with store.RunLock(run.dir):
         store.repair(run.rows)  # a row torn by a killed writer is dropped; its cell runs again
+        store.repair(run.dir / "jobs.jsonl")  # and a torn job record (that job runs again)
         meta = store.read_meta(run.dir)
         ids = [c.cell_id for c in cells]
         store.write_meta(run.dir, {

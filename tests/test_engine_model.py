@@ -151,6 +151,9 @@ def test_fused_head_equals_plain_cross_entropy_with_ignore_index():
         loss = fused_linear_cross_entropy(hidden, weight.requires_grad_(), targets, chunk=8,
                                           scale=1 / 34)
     assert not loss.requires_grad and abs(float(loss - results[0][0])) < 1e-12
+    h = hidden.clone().requires_grad_()  # a frozen head: dL/dhidden only, the same values
+    (fused_linear_cross_entropy(h, weight.detach(), targets, chunk=8, scale=1 / 34) * 3).backward()
+    assert torch.allclose(h.grad, results[0][1], rtol=1e-12, atol=1e-14)
 
 
 def test_fused_head_bf16_as_accurate_as_plain_head():

@@ -228,6 +228,9 @@ def test_local_jobs_outlive_a_dead_driver(tmp_path):
     with pytest.raises(DriverDied):
         run_sweep(spec, on_submit=die, **kw)
     assert first[0].state == "RUNNING"  # the job outlives the driver that submitted it
+    (run_dir,) = (tmp_path / "out" / "orphan").iterdir()
+    with open(run_dir / "jobs.jsonl", "ab") as f:  # a record torn by the dying driver
+        f.write(b'{"cell_id": "x", "job_')
     later = []
     res = run_sweep(spec, on_submit=later.extend, **kw)
     rows = store.read_rows(res.run_dir / "rows.jsonl")

@@ -313,8 +313,9 @@ def test_classify_and_schema_readme():
     assert SlurmSpec().time_min > 0
     from suites.measure import peak_tflops  # MFU's peak: the PCIe/NVL H100s are not the SXM
     assert [peak_tflops(f"NVIDIA {n}") for n in ("H100 PCIe", "H100 NVL", "H100 80GB HBM3",
-                                                  "A100-SXM4-80GB", "GeForce RTX 4090")] == [
-        756.0, 835.0, 989.0, 312.0, None]
+                                                  "H200 NVL", "H800 PCIe", "A100-SXM4-80GB",
+                                                  "GeForce RTX 4090")] == [
+        756.0, 835.0, 989.0, 835.0, 756.0, 312.0, None]
 
 
 def test_resume_finds_its_own_spec_by_time_not_by_name(tmp_path):
@@ -360,6 +361,12 @@ def test_resume_key_is_what_a_run_measures(tmp_path):
     assert select_run(same, out) == run == select_run(same, out, run_id="r1")
     with pytest.raises(ValueError, match="holds another spec's cells"):
         select_run(dataclasses.replace(a, repeats=9), out, run_id="r1")
+    # a run recorded before this hash (its hash of the whole spec JSON) is still this spec's
+    old = out / a.name / "r0"
+    old.mkdir()
+    store.write_meta(old, {"spec_hash": "0123456789abcdef", "spec": a.to_json(),
+                           "created": "2026-01-02T00:00:00Z"})
+    assert select_run(a, out) == old == select_run(a, out, run_id="r0")
 
 
 def test_provenance_without_git_takes_the_commit_it_is_given(tmp_path, monkeypatch):

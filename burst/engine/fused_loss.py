@@ -30,7 +30,7 @@ IGNORE_INDEX = -100
 class _FusedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden_TE, weight_VE, targets_T, chunk: int, ignore_index: int,
-                scale: float, want_grad: bool):
+                scale: float, want_h: bool, want_w: bool):
         # The matmuls run in the model's dtype (tensor cores for bf16, fp32 accumulation inside,
         # as the plain head's F.linear); softmax, loss and the weight gradient's sum in fp32.
         # An fp32 copy of the V x E weight would cost its memory and, on GPUs without TF32,
@@ -38,9 +38,9 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         acc = acc_dtype(hidden_TE.dtype)
         t_total = hidden_TE.shape[0]
         w = weight_VE.to(hidden_TE.dtype)  # no copy when they agree
-        grad_h = torch.empty_like(hidden_TE) if want_grad else None
+        grad_h = torch.empty_like(hidden_TE) if want_h else None
         grad_w = (torch.zeros(weight_VE.shape, dtype=acc, device=weight_VE.device)
-                  if want_grad else None)
+                  if want_w else None)
         total = torch.zeros((), dtype=acc, device=hidden_TE.device)
         for s in range(0, t_total, chunk):
             h = hidden_TE[s:s + chunk]
@@ -55,7 +55,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             sumexp = buf.sub_(top[:, None]).exp_().sum(dim=-1)
             lse = top + sumexp.log()
             total += torch.where(valid, lse - picked, torch.zeros_like(lse)).sum()
-            if not want_grad:  # evaluation: the loss only
+            if not (want_h or want_w):  # evaluation: the loss only
                 continue
             weight_row = valid.to(acc) * scale
             buf.mul_((weight_row / sumexp)[:, None])
@@ -63,21 +63,22 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             buf[rows, safe] -= weight_row
             g = buf.to(h.dtype)  # no copy when they agree
             del buf  # before the next chunk allocates its own
-            grad_h[s:s + chunk] = g @ w
-            if g.dtype == acc:
+            if want_h:
+                grad_h[s:s + chunk] = g @ w
+            if want_w and g.dtype == acc:
                 grad_w.addmm_(g.t(), h)
-            else:  # the chunk's product in bf16 (a V x E temporary), summed in fp32
+            elif want_w:  # the chunk's product in bf16 (a V x E temporary), summed in fp32
                 grad_w += g.t() @ h
-        if want_grad:
-            ctx.save_for_backward(grad_h, grad_w.to(weight_VE.dtype))
+        ctx.save_for_backward(grad_h, None if grad_w is None else grad_w.to(weight_VE.dtype))
         return total * scale
 
     @staticmethod
     @once_differentiable  # the saved gradients are constants: a second derivative would be wrong
     def backward(ctx, grad_out):
         grad_h, grad_w = ctx.saved_tensors
-        g = grad_out.to(grad_h.dtype)
-        return grad_h * g, grad_w * g.to(grad_w.dtype), None, None, None, None, None
+        return (None if grad_h is None else grad_h * grad_out.to(grad_h.dtype),
+                None if grad_w is None else grad_w * grad_out.to(grad_w.dtype),
+                None, None, None, None, None, None)
 
 
 def fused_linear_cross_entropy(hidden_TE: torch.Tensor, weight_VE: torch.Tensor,
@@ -91,9 +92,10 @@ def fused_linear_cross_entropy(hidden_TE: torch.Tensor, weight_VE: torch.Tensor,
     if hidden_TE.dim() != 2 or targets_T.shape != hidden_TE.shape[:1]:
         raise ValueError(f"hidden {tuple(hidden_TE.shape)} and targets {tuple(targets_T.shape)}: "
                          "expected (tokens, hidden) and (tokens,)")
-    want_grad = torch.is_grad_enabled() and (hidden_TE.requires_grad or weight_VE.requires_grad)
+    grad_on = torch.is_grad_enabled()  # evaluation, or a frozen head: no work for that grad
     return _FusedLinearCrossEntropy.apply(hidden_TE, weight_VE, targets_T, chunk, ignore_index,
-                                          float(scale), want_grad)
+                                          float(scale), grad_on and hidden_TE.requires_grad,
+                                          grad_on and weight_VE.requires_grad)
 
 
 def plain_cross_entropy(hidden_TE: torch.Tensor, weight_VE: torch.Tensor,
