@@ -108,6 +108,8 @@ def resolve_backend(backend: str, q: torch.Tensor, kind: str = FULL) -> str:
     if backend == "cpu_flash" and q.device.type == "cuda":
         raise ValueError("kernel backend 'cpu_flash' runs on the CPU, got CUDA tensors; use "
                          "backend='auto', 'cuda_sdpa', 'flash_attn' or 'torch'")
+    if backend in ("cuda_sdpa", "flash_attn") and q.dtype == torch.float64:
+        return "torch"  # no CUDA SDPA or flash-attn kernel takes float64
     if backend == "flash_attn":
         if _flash_attn_module() is None:
             raise ValueError("kernel backend 'flash_attn' needs the flash-attn package "
@@ -301,12 +303,24 @@ def _cuda_sdpa_fwd(q, k, v, scale, causal, mask):
         bias = _additive(mask, q.dtype, _EFF_ALIGN)
         if bias is not None:
             bias = bias.expand(q.shape[0], q.shape[2], *bias.shape)
-        res = _aten("_scaled_dot_product_efficient_attention", query=q.transpose(1, 2),
-                    key=ke.transpose(1, 2), value=ve.transpose(1, 2), attn_bias=bias,
+        d, (qp, kp, vp) = q.shape[-1], _pad_head_dim(q, ke, ve)
+        res = _aten("_scaled_dot_product_efficient_attention", query=qp.transpose(1, 2),
+                    key=kp.transpose(1, 2), value=vp.transpose(1, 2), attn_bias=bias,
                     compute_log_sumexp=True, dropout_p=0.0, is_causal=causal and mask is None,
                     scale=scale)
-        out, lse = res[0], res[1][..., :sq]
+        out, lse = res[0][..., :d], res[1][..., :sq]
     return out.transpose(1, 2), lse.float().contiguous()
+
+
+def _pad_head_dim(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Zero-pad head_dim to the memory-efficient kernel's alignment (128 bits: 8 fp16/bf16 or
+    4 fp32 elements; on sm80+ torch builds only its aligned kernels, cutlassF.h / cutlassB.h).
+    Zero columns change no score (the scale is passed explicitly) and no output column below
+    head_dim, whose results are sliced back."""
+    d = ts[0].shape[-1]
+    align = 4 if ts[0].dtype == torch.float32 else 8
+    pad = (-d) % align
+    return ts if pad == 0 else tuple(torch.nn.functional.pad(t, (0, pad)) for t in ts)
 
 
 def _cuda_sdpa_bwd(do, q, k, v, lse, delta, scale, causal, mask):
@@ -328,13 +342,15 @@ def _cuda_sdpa_bwd(do, q, k, v, lse, delta, scale, causal, mask):
         bias = bias.expand(b, h, sq, sk)
     pad = (-sq) % _EFF_LSE_ROWS
     lse_p = torch.nn.functional.pad(lse.float(), (0, pad)).contiguous()
+    d = q.shape[-1]
+    dop, qp, kp, vp, outp = _pad_head_dim(do, q, ke, ve, out)
     res = _aten(
-        "_scaled_dot_product_efficient_attention_backward", grad_out_=do.transpose(1, 2),
-        query=q.transpose(1, 2), key=ke.transpose(1, 2), value=ve.transpose(1, 2),
-        attn_bias=bias, out=out.transpose(1, 2), logsumexp=lse_p, philox_seed=zero,
+        "_scaled_dot_product_efficient_attention_backward", grad_out_=dop.transpose(1, 2),
+        query=qp.transpose(1, 2), key=kp.transpose(1, 2), value=vp.transpose(1, 2),
+        attn_bias=bias, out=outp.transpose(1, 2), logsumexp=lse_p, philox_seed=zero,
         philox_offset=zero, dropout_p=0.0, grad_input_mask=[True, True, True, False],
         is_causal=causal and mask is None, scale=scale)
-    dq, dk, dv = (t.transpose(1, 2) for t in res[:3])
+    dq, dk, dv = (t.transpose(1, 2)[..., :d] for t in res[:3])
     dk, dv = _sum_groups(dk, dv, hk)
     return dq, dk, dv
 

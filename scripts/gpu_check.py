@@ -19,6 +19,7 @@ Sections, each with its own time budget, skipped (a row says so) when the global
   maxseq  the longest sequence that fits for each checkpointing mode: a linear fit of the
           engine section's peak memory predicts it, one step there checks it (retry 0.8x on OOM,
           capped by the time left: then the row says "fits at least").
+Sections run in the order tests, ring, engine, maxseq, kernel (``SECTIONS``: why kernel last).
 Every number is a ``results.schema`` row appended (and flushed) to <out>/rows.jsonl and
 <out>/rows.csv as soon as it exists, so a kill loses nothing; OOM is a row with status oom. A
 watchdog ends the process at the hard deadline after writing a timeout row. A short table is
@@ -43,6 +44,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
+T_START = time.monotonic()  # the budget counts from here: torch's import and CUDA start-up
+# take seconds, and gpu_check.sh's timeout counts them too
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -56,8 +59,10 @@ from burst.memory import cuda_peak, reset_cuda_peak  # noqa: E402
 from burst.timing import repeat, time_call, time_calls  # noqa: E402
 from results.schema import COLUMNS, empty_row  # noqa: E402
 
-PEAK_TFLOPS = 989.0  # H100/H200 SXM dense bf16 (DESIGN.md 4)
-SECTIONS = ("tests", "kernel", "ring", "engine", "maxseq")
+# the kernel section runs last: it calls torch's cuDNN and flash SDPA at up to 128K tokens, and
+# a fault inside a library kernel is sticky (every later CUDA call of the process fails), so it
+# must not cost the ring, engine and max-length rows of a run that cannot be repeated
+SECTIONS = ("tests", "ring", "engine", "maxseq", "kernel")
 MODES = ("none", "full", "selective", "selective_half")
 
 
@@ -88,8 +93,8 @@ DRY = Sizes("cpu", torch.float32, 40.0,
 
 
 class Budget:
-    def __init__(self, total_s: float):
-        self.t0 = time.monotonic()
+    def __init__(self, total_s: float, t0: float | None = None):
+        self.t0 = time.monotonic() if t0 is None else t0
         self.end = self.t0 + total_s
         self.section_end = self.end
         self.section = "start"
@@ -145,12 +150,19 @@ class Rows:
         return row
 
 
+def _peak(sz: Sizes) -> float | None:
+    """Dense bf16 peak of this GPU by its name (the engine section runs in bf16)."""
+    if sz.device != "cuda" or not torch.cuda.is_available():
+        return None
+    return flops.peak_tflops(torch.cuda.get_device_name())
+
+
 def _provenance(sz: Sizes) -> dict:
     from suites.provenance import code_provenance, host_provenance
 
     base = dict(sweep="gpu_check", source="measured", executor="inline", device=sz.device,
                 device_count=1, world=1, nodes=1, run_id=time.strftime("%Y%m%d-%H%M%S"),
-                peak_tflops=PEAK_TFLOPS if sz.device == "cuda" else None)
+                peak_tflops=_peak(sz))
     base.update(code_provenance())
     base.update(host_provenance(sz.device))
     base["device_name"] = (torch.cuda.get_device_name() if sz.device == "cuda" else "cpu")
@@ -165,7 +177,9 @@ def _guard(fn):
         return "ok", fn(), None
     except torch.cuda.OutOfMemoryError as e:
         return "oom", None, str(e).splitlines()[0][:300]
-    except Exception:
+    except Exception as e:  # an OOM some libraries report as a plain RuntimeError
+        if any(s in str(e) for s in ("out of memory", "ALLOC_FAILED")):
+            return "oom", None, str(e).splitlines()[0][:300]
         return "error", None, traceback.format_exc(limit=4)[-1500:]
     finally:
         gc.collect()
@@ -277,7 +291,7 @@ def _kernel_impls(sz: Sizes):
         return fwd, fb
 
     impls = {"torch_sdpa": sdpa(None), "burst.kernel": (ours_fwd, ours_fb)}
-    if sz.device == "cuda":
+    if sz.device == "cuda":  # cuDNN last: the least mature SDPA backend
         impls["torch_sdpa[flash]"] = sdpa("FLASH_ATTENTION")
         impls["torch_sdpa[cudnn]"] = sdpa("CUDNN_ATTENTION")
     return impls
@@ -529,7 +543,8 @@ def _engine_row(rows: Rows, sz: Sizes, cfg, n, mode, fused, status, res, err, wo
     for conv in flops.CONVENTIONS:
         tf = flops.model_flops(cfg, 1, n, conv, checkpointing=mode) / t / 1e12
         cols[f"tflops_{conv}"] = tf
-        cols[f"mfu_{conv}"] = tf / PEAK_TFLOPS if sz.device == "cuda" else None
+        peak_tf = _peak(sz)  # None off a GPU, or on a GPU whose peak is not known
+        cols[f"mfu_{conv}"] = tf / peak_tf if peak_tf else None
     return rows.write(status="ok", spec=spec, **cols, **common)
 
 
@@ -690,7 +705,7 @@ def main(argv=None) -> int:
         ap.error(f"unknown sections {bad}; valid: {', '.join(SECTIONS)}")
     if sz.device == "cpu":
         torch.set_num_threads(min(2, torch.get_num_threads()))
-    budget = Budget(sz.budget_s)
+    budget = Budget(sz.budget_s, T_START)
     rows = Rows(args.out, _provenance(sz))
     print(f"gpu_check: {rows.base['device_name']}, torch {torch.__version__}, budget "
           f"{sz.budget_s:.0f} s, rows -> {args.out}", flush=True)
@@ -701,7 +716,7 @@ def main(argv=None) -> int:
         print(_table(rows.written), flush=True)
         os._exit(0)
 
-    watchdog = threading.Timer(sz.budget_s + 10.0, bail)
+    watchdog = threading.Timer(max(1.0, budget.global_left() + 10.0), bail)
     watchdog.daemon = True
     watchdog.start()
     state: dict = {}

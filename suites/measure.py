@@ -36,23 +36,10 @@ from suites.cells import Cell
 
 __all__ = ["PEAK_TFLOPS", "device_name", "measure", "peak_tflops"]
 
+PEAK_TFLOPS, MFU_DTYPES, peak_tflops = flops.PEAK_TFLOPS, flops.MFU_DTYPES, flops.peak_tflops
+
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
-
-# dense bf16 peak per device (DESIGN.md 4), matched as a substring of the device name, the
-# first match in this order: the PCIe and NVL parts are slower than the SXM ones (NVIDIA H100 and
-# H200 datasheets: 1513 (PCIe) and 1671 (NVL) TFLOP/s bf16 with sparsity, half of it dense)
-PEAK_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H800 PCIe": 756.0, "H200 NVL": 835.0,
-               "A100": 312.0, "A800": 312.0, "H100": 989.0, "H800": 989.0, "H200": 989.0}
-MFU_DTYPES = ("bfloat16", "float16")  # the peak is the bf16/fp16 tensor-core one
-
-
-def peak_tflops(name: str) -> float | None:
-    for key, val in PEAK_TFLOPS.items():
-        if key in name:
-            return val
-    return None
-
 
 def device_name(device: str) -> str:
     if device == "cuda" and torch.cuda.is_available():

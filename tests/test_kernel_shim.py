@@ -92,8 +92,9 @@ def test_backend_choice_and_errors():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("hk", [4, 2])
 @pytest.mark.parametrize(("kind", "mask", "sq", "sk"), CASES)
-def test_cuda_sdpa_plumbing_on_meta(dtype, hk, kind, mask, sq, sk):
-    q, k, v, do = _qkvd(sq, sk, hk=hk, d=64, dtype=dtype, device="meta")
+@pytest.mark.parametrize("d", [64, 10])  # 10: padded to the efficient kernel's alignment
+def test_cuda_sdpa_plumbing_on_meta(dtype, hk, kind, mask, sq, sk, d):
+    q, k, v, do = _qkvd(sq, sk, hk=hk, d=d, dtype=dtype, device="meta")
     out, lse = block_forward(q, k, v, kind=kind, mask=mask, backend="cuda_sdpa")
     assert out.shape == q.shape and out.dtype == dtype
     assert lse.shape == (2, 4, sq) and lse.dtype == torch.float32
