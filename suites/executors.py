@@ -48,8 +48,8 @@ from suites.provenance import code_provenance
 from suites.rows import RunContext, failure_row, make_row
 from suites.spec import SlurmSpec
 
-__all__ = ["EXECUTORS", "Run", "cell_job", "dry_run", "master_port", "run_inline",
-           "slurm_parameters", "submit_cells"]
+__all__ = ["EXECUTORS", "Run", "cell_job", "dry_run", "master_port", "pending_jobs",
+           "run_inline", "slurm_parameters", "submit_cells"]
 
 EXECUTORS = ("inline", "local", "slurm", "dry-run")
 
@@ -325,6 +325,14 @@ def _record_jobs(run: Run, kind: str, folder: Path, pairs) -> None:
             "pid": proc.pid if proc is not None else None})
 
 
+def pending_jobs(run_dir: Path, kind: str) -> set[str]:
+    """Cells whose last logged job (of this executor kind) was submitted but not collected."""
+    rows = {r.get("job_id") for r in read_rows(run_dir / "rows.jsonl")}
+    last = {r["cell_id"]: r for r in read_rows(run_dir / "jobs.jsonl")}
+    return {c for c, r in last.items()
+            if not r.get("collected") and r.get("kind") == kind and r["job_id"] not in rows}
+
+
 def _local_job_alive(pid: int | None) -> bool:
     """The recorded process still runs and is still submitit's (not a reused pid)."""
     if not pid:
@@ -344,11 +352,11 @@ def _adopt(cells: list[Cell], run: Run, kind: str, ctx: RunContext, poll_s: floa
     import submitit
 
     last = {r["cell_id"]: r for r in read_rows(run.dir / "jobs.jsonl")}  # submitted, collected
-    in_rows = {r.get("job_id") for r in read_rows(run.rows)}  # collected, record not written
+    uncollected = pending_jobs(run.dir, kind)  # (a job already in rows.jsonl is collected)
     pending, left = {}, []
     for cell in cells:
         rec = last.get(cell.cell_id)
-        if rec is None or rec.get("collected") or rec["kind"] != kind or rec["job_id"] in in_rows:
+        if cell.cell_id not in uncollected:
             left.append(cell)
             continue
         job_cls = submitit.SlurmJob if kind == "slurm" else submitit.LocalJob

@@ -31,7 +31,7 @@ from results import store
 from results.schema import FAILED
 from results.tables import METRICS, render, summary
 from suites.cells import Cell, cell_problem, expand
-from suites.executors import EXECUTORS, Run, dry_run, run_inline, submit_cells
+from suites.executors import EXECUTORS, Run, dry_run, pending_jobs, run_inline, submit_cells
 from suites.provenance import code_provenance
 from suites.rows import RunContext, failure_row
 from suites.spec import SlurmSpec, SweepSpec, load_spec
@@ -176,9 +176,11 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
         resumed = select_run(spec, Path(out), run_id, new)
         skip = _done(store.read_rows(resumed / "rows.jsonl"), retry_failed) if resumed.exists() \
             else set()
-        todo = [c for c in cells if cell_problem(c) is None and c.cell_id not in skip]
-        if skip:
-            print(f"{len(skip)} cells already done in {resumed}", file=stream)
+        queued = pending_jobs(resumed, "slurm") - skip  # a dead driver's: collected, not rerun
+        todo = [c for c in cells if cell_problem(c) is None and c.cell_id not in skip | queued]
+        if skip or queued:
+            print(f"{len(skip)} cells already done, {len(queued)} with jobs of an earlier driver "
+                  f"to collect, in {resumed}", file=stream)
         dry_run(todo, slurm=slurm, sweep=spec.name, folder=str(folder), stream=stream)
         return RunResult(None, None, 0)
 

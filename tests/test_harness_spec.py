@@ -199,6 +199,13 @@ def test_dry_run_of_a_resumed_sweep_counts_only_what_is_left(tmp_path):
         buf = io.StringIO()
         run_sweep(spec, executor="dry-run", out=tmp_path, retry_failed=retry, stream=buf)
         assert f"at most {left * 32 * 30 / 60:.1f} GPU-hours" in buf.getvalue(), retry
+    # a dead driver's job for cell 5: collected or waited for by the next run, not priced
+    cell5 = expand(spec)[5].cell_id
+    store.append_row(run / "jobs.jsonl", {"cell_id": cell5, "job_id": "77_5", "kind": "slurm"})
+    buf = io.StringIO()
+    run_sweep(spec, executor="dry-run", out=tmp_path, stream=buf)
+    assert "1 with jobs of an earlier driver" in buf.getvalue()
+    assert f"at most {11 * 32 * 30 / 60:.1f} GPU-hours" in buf.getvalue()
 
 
 def test_store_atomic_rows_and_torn_tail(tmp_path):
