@@ -76,11 +76,13 @@ def _attention_buffers(shape: AttnShape, plan: Plan, world: int, acc_elem: int) 
     h, hk = shape.heads, shape.kv_heads
     kv = 2 * b * n * hk * d * e
     if plan.kind == "ring":
+        # the travelling gradient accumulators: fp32, or the input dtype (grad_acc="input")
+        travel = e if (plan.options or {}).get("grad_acc") == "input" else None
         if plan.backward == "burst":  # Q, dO, D, LSE travel + fp32 dQ; dK, dV accumulate locally
-            pay = 2 * b * n * h * d * e + 2 * b * n * h * FP32 + b * n * h * d * FP32
+            pay = 2 * b * n * h * d * e + 2 * b * n * h * FP32 + b * n * h * d * (travel or FP32)
             local = 2 * b * n * hk * d * FP32
         else:  # K, V + dK, dV travel; dQ accumulates locally
-            pay = kv + 2 * b * n * hk * d * acc_elem
+            pay = kv + 2 * b * n * hk * d * (travel or acc_elem)
             local = b * n * h * d * FP32
         bufs = 3 if plan.ring_local else 2  # double ring: one more block in flight across nodes
         return bufs * pay + local

@@ -203,8 +203,9 @@ def _vol_kw(shape: AttnShape, world: int, seq_local: int, heads: int | None = No
 
 
 # options of each byte formula in burst.volume.method_bytes (the rest change no byte)
-_BYTE_OPTIONS = {"burst": ("layout", "backward", "ranks_per_node"), "ring": ("layout",),
-                 "zigzag_ring": ("layout",), "striped_ring": ("layout",),
+_BYTE_OPTIONS = {"burst": ("layout", "backward", "ranks_per_node", "grad_acc"),
+                 "ring": ("layout", "grad_acc"), "zigzag_ring": ("layout", "grad_acc"),
+                 "striped_ring": ("layout", "grad_acc"),
                  "double_ring": ("layout", "ranks_per_node"), "allgather": ("layout",),
                  "ulysses": ("layout",), "tp": ("hidden",)}
 

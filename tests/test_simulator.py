@@ -598,3 +598,22 @@ def test_windowed_ulysses_counts_its_fp32_gradient_accumulators():
     n = MHA.seq_len // 8
     extra = MHA.batch * n * (MHA.heads + 2 * MHA.kv_heads) * MHA.head_dim * FP32
     assert win.allocated - plain.allocated == extra
+
+
+def test_grad_acc_input_moves_and_holds_input_dtype_gradients():
+    """grad_acc='input' (TransformerEngine's dK/dV in bf16) changes the prediction as the byte
+    formula says: fewer backward bytes, no slower, smaller buffers; the option reached neither
+    before (the simulator dropped it)."""
+    from baselines import registry
+
+    rows = {ga: simulate_cell(dict(workload="attention", method="zigzag_ring",
+                                   options={"grad_acc": ga}, seq_len=131072, world=32,
+                                   ranks_per_node=8, heads=32, head_dim=128, dtype="bfloat16"),
+                              "a800") for ga in ("fp32", "input")}
+    kw = dict(world=32, batch=1, seq_local=4096, heads=32, kv_heads=32, head_dim=128, elem=2)
+    for ga, row in rows.items():
+        want = registry.get("zigzag_ring").bytes(**kw, grad_acc=ga, node_size=8)
+        assert row["bytes_sent_backward"] == want.sent("backward"), ga
+    fp32, bf16 = rows["fp32"], rows["input"]
+    assert bf16["bytes_sent_backward"] < 0.7 * fp32["bytes_sent_backward"]
+    assert bf16["time_s"] <= fp32["time_s"] and bf16["mem_peak_bytes"] < fp32["mem_peak_bytes"]
