@@ -163,9 +163,14 @@ def option_problems(i: int, m: MethodSpec, window: bool = False) -> list[str]:
                 "times attention cores (q, k, v -> out) and the engine's attention; use its "
                 "block_fn directly"]
     out = []
+    for k in ("window", "cu_seqlens"):  # the sweep passes the window to every call itself
+        if k in m.options:
+            out.append(f"{where}.options.{k}: not a method option in a sweep; give a sliding "
+                       "window as [shape] window = [left, right] (packed documents are not a "
+                       "sweep dimension)")
     accepted = _accepted_options(method.fn)
     if accepted is not None:
-        given = set(m.options) | ({"window"} if window else set())
+        given = (set(m.options) - {"window", "cu_seqlens"}) | ({"window"} if window else set())
         for k in sorted(given - accepted):
             out.append(f"{where}.options.{k}: {m.name!r} has no option {k!r}; valid options: "
                        f"{', '.join(sorted(accepted)) or '(none)'}")
@@ -197,6 +202,10 @@ def cell_problem(cell: Cell) -> str | None:
             check_mode(cell.checkpointing, layout)
         except ValueError as e:
             return str(e)
+        if cell.checkpointing == "selective_half" and cell.method in ("ulysses", "usp"):
+            return (f"checkpointing 'selective_half' caches per-row tensors, but {cell.method!r} "
+                    "also saves its all-to-all's index tensors (burst.engine.checkpointing); "
+                    "use 'selective'")
         limit = get_config(cell.model).max_seq_len
         if cell.seq_len > limit:
             return f"seq_len {cell.seq_len} exceeds model {cell.model!r}'s max_seq_len {limit}"

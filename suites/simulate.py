@@ -52,6 +52,9 @@ class Prediction:
     checkpointing: str | None = None
     """The checkpointing mode priced (train_step): a system whose 'selective' does not cache
     the attention output is priced as 'full'."""
+    recompute: AttnTiming | None = None
+    """The attention forward that backward runs again (full: the whole; selective_half: the
+    first half of every rank's rows), whose bytes the row counts too."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,12 +137,19 @@ def _impl(cell) -> Implementation:
 
 
 def _options(cell, impl: Implementation) -> dict:
+    """The cell's options, with the system profile's layout and usp ring backward where the
+    spec sets none (a spec that sets them asks what the system would do with them)."""
     opts = dict(cell.options)
     if impl.layout is not None:
-        opts["layout"] = impl.layout
-    if impl.ring_backward is not None and cell.method == "usp":
+        opts.setdefault("layout", impl.layout)
+    if impl.ring_backward is not None and cell.method == "usp" and "backward" not in opts:
         opts["ring"] = impl.ring_backward
     return opts
+
+
+def _acc_elem(cell, impl: Implementation) -> int:
+    """Bytes per accumulator element: float64 inputs accumulate in float64 (burst.kernel)."""
+    return 8 if cell.dtype == "float64" else impl.acc_elem
 
 
 def _shape(cell) -> AttnShape:
@@ -193,10 +203,12 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
     topo = Topo(cell.world, cell.ranks_per_node)
     try:
         plan = plan_for(cell.method, opts, topo, shape)
-        attn = attention_timing(hw, cell.method, opts, shape, topo, acc_elem=impl.acc_elem,
+        attn = attention_timing(hw, cell.method, opts, shape, topo,
+                                acc_elem=_acc_elem(cell, impl),
                                 efficiency=impl.attention_efficiency)
     except (ValueError, NotImplementedError) as e:
         return Prediction("error", error=str(e))
+    half = None
     if cell.workload == "attention":
         mem = attention_memory(hw, shape, plan, cell.world, impl)
         time_s = attn.total_s
@@ -209,11 +221,11 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
         mem = train_memory(hw, cfg, shape=shape, plan=plan, world=cell.world,
                            checkpointing=ckpt, fused_head=cell.fused_head, impl=impl,
                            params=params, offload=offload)
-        half = None
         if ckpt == "selective_half":
             half_shape = dataclasses.replace(shape, seq_len=shape.seq_len // 2)
             half = attention_timing(hw, cell.method, opts, half_shape, topo,
-                                    acc_elem=impl.acc_elem, efficiency=impl.attention_efficiency)
+                                    acc_elem=_acc_elem(cell, impl),
+                                    efficiency=impl.attention_efficiency)
         step = train_step_timing(hw, cfg, shape=shape, topo=topo, attn=attn,
                                  checkpointing=ckpt, params=params, half_attn=half,
                                  offload=offload)
@@ -222,8 +234,10 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
         return Prediction("oom", attn=attn, memory=mem, parts=parts, checkpointing=ckpt,
                           error=f"predicted OOM: {mem.reserved_gib:.1f} GiB reserved > "
                                 f"{mem.usable / 2**30:.1f} GiB usable on {hw.name}")
+    again = attn if ckpt == "full" else half if ckpt == "selective_half" else None
     return Prediction("ok", time_s=time_s, attn=attn, memory=mem, parts=parts,
-                      checkpointing=ckpt)
+                      checkpointing=ckpt, recompute=again if cell.workload == "train_step"
+                      else None)
 
 
 def _metrics(cell, hw: Hardware, p: Prediction) -> dict:
@@ -237,13 +251,11 @@ def _metrics(cell, hw: Hardware, p: Prediction) -> dict:
         if cell.workload == "train_step":
             cfg = _model_config(cell.model)
             reps = cfg.num_layers
-        fwd_again = 2 if cell.workload == "train_step" and ckpt == "full" else 1
-
-        def sent(phase=None, link=None) -> int:  # every layer, the forward again if recomputed;
-            def one(vol):                        # the busiest rank, as measured rows report
-                again = vol.sent("forward", link) if phase in (None, "forward") else 0
-                return reps * (vol.sent(phase, link) + (fwd_again - 1) * again)
-            return max(one(v) for v in p.attn.volumes)
+        def sent(phase=None, link=None) -> int:  # every layer, plus the forward that backward
+            extra = 0                            # runs again; the busiest rank, as measured
+            if p.recompute is not None and phase in (None, "forward"):
+                extra = max(v.sent("forward", link) for v in p.recompute.volumes)
+            return max(reps * (v.sent(phase, link) + extra) for v in p.attn.volumes)
 
         m.update(bytes_sent_forward=sent("forward"), bytes_sent_backward=sent("backward"),
                  bytes_sent_intra=sent(link="intra"), bytes_sent_inter=sent(link="inter"))

@@ -385,6 +385,9 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
         if "shape" in data:
             r.add("shape", "only applies to workload = 'attention' (train_step takes the "
                   "shape from the model config)")
+        if dtype == "float16":
+            r.add("dtype", "'float16': the engine trains in float32, bfloat16 or float64 "
+                  "(float16 would need loss scaling; burst.engine.trainer)")
 
     methods, positions = [], []
     raw = r.get(data, "methods", "", list)

@@ -96,6 +96,25 @@ def test_bad_spec_lists_every_problem(tmp_path):
     assert str(ei.value).count("\n  - ") == len(probs)
 
 
+def test_sweep_options_a_run_would_not_honour_are_refused(tmp_path):
+    """A window belongs to [shape] (it was taken as a method option, passed twice at run time
+    and dropped by the simulator); the engine trains in no float16; ulysses cannot cache half
+    its rows (its saved index tensors are not per row)."""
+    text = GOOD.replace('[[methods]]\nname = "burst"\n',
+                        '[[methods]]\nname = "burst"\noptions = { window = [8, 0] }\n', 1)
+    with pytest.raises(SpecError, match="options.window: not a method option in a sweep"):
+        load_spec(_write(tmp_path, text, "win"))
+    train = ('workload = "train_step"\nmodel = "tiny"\ndtype = "float16"\nseq_lens = [64]\n'
+             'world = 2\n[[methods]]\nname = "burst"\n')
+    with pytest.raises(SpecError, match="'float16': the engine trains in"):
+        load_spec(_write(tmp_path, train, "fp16"))
+    uly = train.replace('"float16"', '"float32"').replace('name = "burst"\n', (
+        'name = "ulysses"\noptions = { layout = "striped" }\ncheckpointing = '
+        '"selective_half"\n'))
+    with pytest.raises(SpecError, match="ulysses' also saves its all-to-all's index tensors"):
+        load_spec(_write(tmp_path, uly, "uly"))
+
+
 def test_cell_problems_are_listed_together(tmp_path):
     text = GOOD.replace("[64, 128]", "[64, 100]").replace('[[methods]]\nname = "burst"\n',
                                                           '[[methods]]\nname = "burst"\n'

@@ -617,3 +617,33 @@ def test_grad_acc_input_moves_and_holds_input_dtype_gradients():
     fp32, bf16 = rows["fp32"], rows["input"]
     assert bf16["bytes_sent_backward"] < 0.7 * fp32["bytes_sent_backward"]
     assert bf16["time_s"] <= fp32["time_s"] and bf16["mem_peak_bytes"] < fp32["mem_peak_bytes"]
+
+
+def test_rows_count_every_option_the_cell_sets():
+    """The simulator follows what a run of the cell would do: float64 accumulates in float64
+    (bytes as the formula with 8-byte accumulators), selective_half's recomputed half forward
+    moves bytes too, and a spec's layout is honoured for a paper system (its profile's layout
+    is the default, not an override)."""
+    from baselines import registry
+
+    base = dict(workload="attention", method="burst", seq_len=4096, world=8, ranks_per_node=4,
+                heads=8, head_dim=64, options={"backward": "burst", "layout": "zigzag"})
+    row = simulate_cell(dict(base, dtype="float64"), "a800")
+    want = registry.get("burst").bytes(world=8, batch=1, seq_local=512, heads=8, kv_heads=8,
+                                       head_dim=64, elem=8, acc_elem=8, backward="burst",
+                                       layout="zigzag", node_size=4, causal=True)
+    assert row["bytes_sent_backward"] == want.sent("backward")
+    train = dict(workload="train_step", method="burst", model="7b", seq_len=1 << 18, world=32,
+                 ranks_per_node=8, dtype="bfloat16",
+                 options={"layout": "striped", "backward": "burst", "ranks_per_node": 8})
+    sel, half = (simulate_cell(dict(train, checkpointing=c), "a800")
+                 for c in ("selective", "selective_half"))
+    attn_half = simulate_cell(dict(train, workload="attention", seq_len=1 << 17, heads=32,
+                                   head_dim=128, checkpointing="none"), "a800")
+    layers = 32  # 7b
+    assert half["bytes_sent_forward"] == sel["bytes_sent_forward"] + layers * attn_half[
+        "bytes_sent_forward"]
+    paper = dict(train, paper="burstengine", checkpointing="selective", fused_head=True)
+    zig, stri = (simulate_cell(dict(paper, options=dict(paper["options"], layout=lay)), "a800")
+                 for lay in ("zigzag", "striped"))
+    assert zig["time_s"] != stri["time_s"]
