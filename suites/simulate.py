@@ -230,14 +230,16 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
                                  checkpointing=ckpt, params=params, half_attn=half,
                                  offload=offload)
         time_s, parts = step.total_s, step.parts
+    again = None  # the attention forward backward runs again (its bytes count too)
+    if cell.workload == "train_step":
+        again = attn if ckpt == "full" else half if ckpt == "selective_half" else None
     if not mem.fits:
         return Prediction("oom", attn=attn, memory=mem, parts=parts, checkpointing=ckpt,
+                          recompute=again,
                           error=f"predicted OOM: {mem.reserved_gib:.1f} GiB reserved > "
                                 f"{mem.usable / 2**30:.1f} GiB usable on {hw.name}")
-    again = attn if ckpt == "full" else half if ckpt == "selective_half" else None
     return Prediction("ok", time_s=time_s, attn=attn, memory=mem, parts=parts,
-                      checkpointing=ckpt, recompute=again if cell.workload == "train_step"
-                      else None)
+                      checkpointing=ckpt, recompute=again)
 
 
 def _metrics(cell, hw: Hardware, p: Prediction) -> dict:
