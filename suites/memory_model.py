@@ -31,8 +31,10 @@ The peak is the larger of the head moment (all checkpoints + head) and the last 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
+from burst import volume
 from suites.hardware import GIB, Hardware
 from suites.implementations import Implementation
 from suites.schedule import AttnShape, Plan
@@ -87,14 +89,19 @@ def _attention_buffers(shape: AttnShape, plan: Plan, world: int, acc_elem: int) 
         bufs = 3 if plan.ring_local else 2  # double ring: one more block in flight across nodes
         return bufs * pay + local
     if plan.kind == "usp":
-        # heads gathered by the all-to-all (same bytes as the local q, k, v, o) + the ring's
-        # buffers on U*n tokens x H/U heads (the same bytes as n tokens x H heads)
+        # heads gathered by the all-to-all (same bytes as the local q, k, v, o; kv heads fewer
+        # than the degree are replicated up to it) + the ring's buffers on U*n tokens x H/U
+        # heads (the same bytes as n tokens x H heads)
+        hk = volume.ulysses_kv_heads(hk, plan.ulysses)
         gathered = b * n * (2 * h + 2 * hk) * d * e
         sub = Plan("ring", layout=plan.layout, backward=plan.backward)
-        return gathered + _attention_buffers(shape, sub, world, acc_elem)
+        return gathered + _attention_buffers(dataclasses.replace(shape, kv_heads=hk), sub, world,
+                                             acc_elem)
     # ulysses / tp / allgather: the gathered inputs and their gradients
     if plan.kind == "allgather":
         return 2 * (shape.seq_len * b * hk * d * e) + shape.seq_len * b * hk * d * 2 * e
+    if plan.kind == "ulysses":  # kv heads fewer than the degree are replicated up to it
+        hk = volume.ulysses_kv_heads(hk, plan.ulysses or world)
     gathered = 2 * b * n * (2 * h + 2 * hk) * d * e
     if shape.window is None:
         return gathered

@@ -647,3 +647,19 @@ def test_rows_count_every_option_the_cell_sets():
     zig, stri = (simulate_cell(dict(paper, options=dict(paper["options"], layout=lay)), "a800")
                  for lay in ("zigzag", "striped"))
     assert zig["time_s"] != stri["time_s"]
+
+
+def test_ulysses_buffers_hold_replicated_kv_heads():
+    """Kv heads fewer than the Ulysses degree are replicated up to it before the all-to-all
+    (burst.volume.ulysses_kv_heads), so the gathered buffers hold as many as with MHA."""
+    from suites.memory_model import _attention_buffers
+    from suites.schedule import plan_for
+
+    topo = Topo(32, 8)
+    for method, opts, degree in (("ulysses", {}, 32), ("usp", {"ulysses_degree": 8}, 8)):
+        bufs = {}
+        for kv in (1, degree):
+            shape = AttnShape(batch=1, seq_len=1 << 17, heads=32, kv_heads=kv, head_dim=128)
+            bufs[kv] = _attention_buffers(shape, plan_for(method, opts, topo, shape),
+                                          topo.world, 4)
+        assert bufs[1] == bufs[degree], method
