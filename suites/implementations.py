@@ -47,6 +47,9 @@ class Implementation:
     selective_caches_attention: bool = True
     """Whether its 'selective' checkpointing keeps the attention output (else it recomputes the
     whole layer, attention included, like 'full')."""
+    selective_caches_gathered_qkv: bool = False
+    """Whether its 'selective' cache of Ulysses / USP also keeps the q, k, v they hold after
+    the all-to-all (this project's engine does: burst/engine/checkpointing.py)."""
     replicated_bytes_per_param: float = 0.0
     """Bytes per parameter every rank holds whole in training (Megatron's distributed optimizer
     shards only the fp32 optimizer state: bf16 weights 2 + fp32 main grads 4 = 6); 0: ZeRO-3,
@@ -80,7 +83,8 @@ class Implementation:
         return replace(self, **values)
 
 
-OURS = Implementation(name="burst-bench", label="this project's engine")
+OURS = Implementation(name="burst-bench", label="this project's engine",
+                      selective_caches_gathered_qkv=True)
 _FIELDS = {f.name for f in fields(Implementation)} - {"name", "sources"}
 
 

@@ -14,7 +14,8 @@ Training step (ZeRO-3 over all G ranks unless the system profile says otherwise)
   gathered       the current and the prefetched layer's full bf16 parameters + one layer's bf16
                  gradients before their reduce-scatter
   checkpoints    per layer: the layer input (full, selective, selective_half); plus the cached
-                 attention output and lse (selective; half of them for selective_half); no
+                 attention output and lse (selective; half of them for selective_half), and
+                 for this project's Ulysses / USP their q, k, v after the all-to-all; no
                  checkpointing keeps every activation of every layer
   layer peak     backward of one layer: its activations again (recomputed, unless nothing is
                  checkpointed: then they are among the checkpoints) + the gradients of
@@ -175,6 +176,10 @@ def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
         states = impl.replicated_bytes_per_param * params + optimizer
         gathered = 0.0
     checkpoints = cfg.num_layers * checkpoint_bytes(cfg, tokens, checkpointing)
+    if (checkpointing == "selective" and impl.selective_caches_gathered_qkv
+            and plan.kind in ("ulysses", "usp")):  # q, k, v after the all-to-all, every layer
+        hk = volume.ulysses_kv_heads(shape.kv_heads, plan.ulysses or world)
+        checkpoints += cfg.num_layers * tokens * (shape.heads + 2 * hk) * shape.head_dim * BF16
     # the layer's activations again, recomputed; without checkpointing they are already among
     # the checkpoints (every activation of every layer)
     act = sum(layer_activation_bytes(cfg, tokens).values()) if checkpointing != "none" else 0.0

@@ -663,3 +663,16 @@ def test_ulysses_buffers_hold_replicated_kv_heads():
             bufs[kv] = _attention_buffers(shape, plan_for(method, opts, topo, shape),
                                           topo.world, 4)
         assert bufs[1] == bufs[degree], method
+
+
+def test_ulysses_selective_cache_holds_its_gathered_qkv():
+    """This project's engine keeps Ulysses' post-all-to-all q, k, v in the selective cache
+    (burst/engine/checkpointing.py); a system that keeps out and lse only does not."""
+    cell = dict(workload="train_step", method="ulysses", model="7b", seq_len=1 << 18,
+                world=32, ranks_per_node=8, dtype="bfloat16", checkpointing="selective",
+                options={"layout": "contiguous"})
+    lean = dataclasses.replace(OURS, selective_caches_gathered_qkv=False)
+    ours, other = (predict(as_cell(cell), HW, impl).memory.parts["checkpoints"]
+                   for impl in (OURS, lean))
+    tokens, layers, heads, head_dim = (1 << 18) // 32, 32, 32, 128  # 7b: MHA
+    assert ours - other == layers * tokens * 3 * heads * head_dim * 2

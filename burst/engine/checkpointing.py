@@ -32,7 +32,8 @@ hold after their all-to-all (new tensors, not the layer's q, k, v), so their cac
 well as out and lse, about 3x to 3.7x a ring method's cache at the same shapes (4 ranks, the
 tiny model: 67,584 and 55,296 bytes against 18,432 for burst, ring and allgather). A Ulysses
 cache that keeps only out and lse would have to re-run the q/k/v all-to-alls in backward; it is
-not implemented, so compare their selective memory with this in mind.
+not implemented, so compare their selective memory with this in mind (the simulator counts it:
+``Implementation.selective_caches_gathered_qkv``).
 
 Entries are keyed by the layer's run in one forward (weakly: a forward whose graph is dropped
 without backward frees its entries with it), and freed when that run's backward has used them.
