@@ -46,8 +46,10 @@ RING_METHODS = {
     "zigzag_ring": ("zigzag", "ring", False),
     "striped_ring": ("striped", "ring", False),
     "double_ring": ("zigzag", "ring", True),
+    "ring_flash_attn": ("zigzag", "ring", False),  # the package's flat ring (no window)
 }
-OTHER_KINDS = {"ulysses": "ulysses", "usp": "usp", "allgather": "allgather", "tp": "tp"}
+OTHER_KINDS = {"ulysses": "ulysses", "usp": "usp", "allgather": "allgather", "tp": "tp",
+               "yunchang": "usp"}  # yunchang: Ulysses x a classic ring, as our usp
 
 
 @dataclass(frozen=True)
@@ -207,7 +209,7 @@ _BYTE_OPTIONS = {"burst": ("layout", "backward", "ranks_per_node", "grad_acc"),
                  "ring": ("layout", "grad_acc"), "zigzag_ring": ("layout", "grad_acc"),
                  "striped_ring": ("layout", "grad_acc"),
                  "double_ring": ("layout", "ranks_per_node"), "allgather": ("layout",),
-                 "ulysses": ("layout",), "tp": ("hidden",)}
+                 "ulysses": ("layout",), "tp": ("hidden",), "ring_flash_attn": ("layout",)}
 
 
 def _method_bytes(method: str, opts: dict, shape: AttnShape, world: int, seq_local: int,

@@ -676,3 +676,24 @@ def test_ulysses_selective_cache_holds_its_gathered_qkv():
                    for impl in (OURS, lean))
     tokens, layers, heads, head_dim = (1 << 18) // 32, 32, 32, 128  # 7b: MHA
     assert ours - other == layers * tokens * 3 * heads * head_dim * 2
+
+
+def test_gpu_packages_simulate_as_the_algorithms_they_run():
+    """ring-flash-attn and yunchang (GPU-only packages) are simulated as the rings they run
+    (they gave error rows: no schedule model), bytes as their own formulas."""
+    from baselines import registry
+
+    def row(method, opts):
+        return simulate_cell(dict(workload="attention", method=method, options=opts,
+                                  seq_len=131072, world=32, ranks_per_node=8, heads=32,
+                                  head_dim=128, dtype="bfloat16"), "a800")
+
+    for pkg, popts, ours, oopts in (("ring_flash_attn", {"layout": "zigzag"}, "zigzag_ring", {}),
+                                    ("yunchang", {"ulysses_degree": 8}, "usp",
+                                     {"ulysses_degree": 8, "layout": "contiguous"})):
+        a, b = row(pkg, popts), row(ours, oopts)
+        assert a["status"] == "ok", a["error"]
+        want = registry.get(pkg).bytes(world=32, batch=1, seq_local=4096, heads=32, kv_heads=32,
+                                       head_dim=128, elem=2, node_size=8, causal=True, **popts)
+        assert a["bytes_sent_backward"] == want.sent("backward")
+        assert (a["time_s"], a["mem_peak_bytes"]) == (b["time_s"], b["mem_peak_bytes"]), pkg
