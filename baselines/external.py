@@ -77,7 +77,7 @@ def _dtype_problems(q) -> list[str]:
 _REFUSED = ("window", "cu_seqlens", "backend")
 
 
-def _mask_problems(name: str, window, cu_seqlens, backend) -> None:
+def _refuse_unsupported(name: str, window, cu_seqlens, backend) -> None:
     """The packages' entry points take no window, documents or kernel choice: say so by name
     (the engine and windowed sweeps pass these to every method)."""
     unsupported = [f"{k}={v!r}" for k, v in (("window", window), ("cu_seqlens", cu_seqlens))
@@ -92,7 +92,7 @@ def ring_flash_attn_adapter(q, k, v, *, causal: bool = False, softmax_scale: flo
                             group=None, layout: str = "zigzag", window=None, cu_seqlens=None,
                             backend: str = "auto"):
     """ring-flash-attention's ring (contiguous), zigzag or stripe function over ``group``."""
-    _mask_problems("ring_flash_attn", window, cu_seqlens, backend)
+    _refuse_unsupported("ring_flash_attn", window, cu_seqlens, backend)
     check_call(RING_FLASH_ATTN, q, k, v, causal=causal, group=group, options=dict(layout=layout))
     if _dtype_problems(q):
         raise ValueError("method 'ring_flash_attn': " + _dtype_problems(q)[0])
@@ -142,7 +142,7 @@ def yunchang_adapter(q, k, v, *, causal: bool = False, softmax_scale: float | No
                      group=None, ulysses_degree: int = 2, layout: str = "contiguous",
                      window=None, cu_seqlens=None, backend: str = "auto"):
     """yunchang's LongContextAttention (USP) with Ulysses degree U over ``group``."""
-    _mask_problems("yunchang", window, cu_seqlens, backend)
+    _refuse_unsupported("yunchang", window, cu_seqlens, backend)
     check_call(YUNCHANG, q, k, v, causal=causal, group=group,
                options=dict(layout=layout, ulysses_degree=ulysses_degree))
     if _dtype_problems(q):

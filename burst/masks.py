@@ -230,8 +230,8 @@ def _split(s: slice, sizes: tuple[int, int], starts: list[int]) -> tuple[slice, 
     mid = (s.start + s.stop) // 2
     first, end = bisect_right(starts, s.start), bisect_left(starts, s.stop)
     if first < end and s.stop - s.start > doc_cut_min:
-        j = min(max(bisect_left(starts, mid, first, end), first + 1), end - 1)  # nearest: j-1 or j
-        cut = min(starts[max(j - 1, first):j + 1], key=lambda i: abs(i - mid))
+        j = bisect_left(starts, mid, first, end)  # the nearest is starts[j - 1] or starts[j]
+        cut = min(starts[max(j - 1, first):min(j + 1, end)], key=lambda i: abs(i - mid))
     elif s.stop - s.start > tile:
         cut = mid
     else:

@@ -51,7 +51,8 @@ from dataclasses import dataclass, field
 
 from burst.comm import ranks_per_node_ok, ring_shape
 
-__all__ = ["METHODS", "Volume", "method_bytes", "ring_attention_bytes", "ulysses_kv_heads"]
+__all__ = ["METHODS", "Volume", "formula_options", "method_bytes", "ring_attention_bytes",
+           "ulysses_kv_heads"]
 
 
 @dataclass
@@ -332,6 +333,13 @@ _CASE_OPTIONS = ("rank", "node_size", "causal", "window", "cu_seqlens")
 _NO_BYTES = ("backend",)  # options that change no byte
 
 
+def formula_options(method: str) -> tuple[str, ...]:
+    """The options that change ``method``'s bytes (its formula's keyword arguments)."""
+    if method not in _FORMULAS:
+        raise ValueError(f"no byte formula for method {method!r}; valid: {', '.join(METHODS)}")
+    return tuple(p for p in inspect.signature(_FORMULAS[method]).parameters if p != "c")
+
+
 def method_bytes(method: str, *, world: int, batch: int, seq_local: int, heads: int,
                  kv_heads: int, head_dim: int, elem: int, acc_elem: int = 4,
                  **options) -> Volume:
@@ -342,10 +350,8 @@ def method_bytes(method: str, *, world: int, batch: int, seq_local: int, heads: 
     (ranks per physical node, labels links intra/inter; default one node), ``causal``,
     ``window`` and ``cu_seqlens`` (only windows and documents change a ring's span).
     """
-    if method not in _FORMULAS:
-        raise ValueError(f"no byte formula for method {method!r}; valid: {', '.join(METHODS)}")
+    own = list(formula_options(method))
     fn = _FORMULAS[method]
-    own = [p for p in inspect.signature(fn).parameters if p != "c"]
     bad = sorted(set(options) - set(own) - set(_CASE_OPTIONS) - set(_NO_BYTES))
     if bad:
         raise ValueError(f"method {method!r} has no option(s) {', '.join(bad)}; valid: "

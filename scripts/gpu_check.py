@@ -540,10 +540,10 @@ def _engine_row(rows: Rows, sz: Sizes, cfg, n, mode, fused, status, res, err, wo
     t, peak = res
     cols = dict(time_s=t, tokens_per_s=n / t, mem_peak_bytes=peak["allocated"],
                 mem_reserved_bytes=peak["reserved"])
+    peak_tf = _peak(sz)  # None off a GPU, or on a GPU whose peak is not known
     for conv in flops.CONVENTIONS:
         tf = flops.model_flops(cfg, 1, n, conv, checkpointing=mode) / t / 1e12
         cols[f"tflops_{conv}"] = tf
-        peak_tf = _peak(sz)  # None off a GPU, or on a GPU whose peak is not known
         cols[f"mfu_{conv}"] = tf / peak_tf if peak_tf else None
     return rows.write(status="ok", spec=spec, **cols, **common)
 

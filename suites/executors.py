@@ -325,11 +325,12 @@ def _record_jobs(run: Run, kind: str, folder: Path, pairs) -> None:
             "pid": proc.pid if proc is not None else None})
 
 
-def pending_jobs(run_dir: Path, kind: str) -> set[str]:
-    """Cells whose last logged job (of this executor kind) was submitted but not collected."""
+def pending_jobs(run_dir: Path, kind: str) -> dict[str, dict]:
+    """{cell id: job record} of the cells whose last logged job (of this executor kind) was
+    submitted but not collected (a job whose row is in rows.jsonl counts as collected)."""
     rows = {r.get("job_id") for r in read_rows(run_dir / "rows.jsonl")}
     last = {r["cell_id"]: r for r in read_rows(run_dir / "jobs.jsonl")}
-    return {c for c, r in last.items()
+    return {c: r for c, r in last.items()
             if not r.get("collected") and r.get("kind") == kind and r["job_id"] not in rows}
 
 
@@ -351,12 +352,11 @@ def _adopt(cells: list[Cell], run: Run, kind: str, ctx: RunContext, poll_s: floa
     to submit."""
     import submitit
 
-    last = {r["cell_id"]: r for r in read_rows(run.dir / "jobs.jsonl")}  # submitted, collected
-    uncollected = pending_jobs(run.dir, kind)  # (a job already in rows.jsonl is collected)
+    uncollected = pending_jobs(run.dir, kind)
     pending, left = {}, []
     for cell in cells:
-        rec = last.get(cell.cell_id)
-        if cell.cell_id not in uncollected:
+        rec = uncollected.get(cell.cell_id)
+        if rec is None:
             left.append(cell)
             continue
         job_cls = submitit.SlurmJob if kind == "slurm" else submitit.LocalJob

@@ -30,13 +30,12 @@ import torch
 
 from baselines import registry
 from burst import comm, flops
+from burst.flops import MFU_DTYPES, PEAK_TFLOPS, peak_tflops
 from burst.layout import local_index, shard
 from burst.memory import ProfilerPeak, SavedBytes, cuda_peak, reset_cuda_peak
 from suites.cells import Cell
 
 __all__ = ["PEAK_TFLOPS", "device_name", "measure", "peak_tflops"]
-
-PEAK_TFLOPS, MFU_DTYPES, peak_tflops = flops.PEAK_TFLOPS, flops.MFU_DTYPES, flops.peak_tflops
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}

@@ -176,8 +176,9 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
         resumed = select_run(spec, Path(out), run_id, new)
         skip = _done(store.read_rows(resumed / "rows.jsonl"), retry_failed) if resumed.exists() \
             else set()
-        queued = pending_jobs(resumed, "slurm") - skip  # a dead driver's: collected, not rerun
-        todo = [c for c in cells if cell_problem(c) is None and c.cell_id not in skip | queued]
+        queued = set(pending_jobs(resumed, "slurm")) - skip  # a dead driver's: not rerun
+        ignore = skip | queued
+        todo = [c for c in cells if cell_problem(c) is None and c.cell_id not in ignore]
         if skip or queued:
             print(f"{len(skip)} cells already done, {len(queued)} with jobs of an earlier driver "
                   f"to collect, in {resumed}", file=stream)

@@ -204,18 +204,10 @@ def _vol_kw(shape: AttnShape, world: int, seq_local: int, heads: int | None = No
                 acc_elem=acc_elem)
 
 
-# options of each byte formula in burst.volume.method_bytes (the rest change no byte)
-_BYTE_OPTIONS = {"burst": ("layout", "backward", "ranks_per_node", "grad_acc"),
-                 "ring": ("layout", "grad_acc"), "zigzag_ring": ("layout", "grad_acc"),
-                 "striped_ring": ("layout", "grad_acc"),
-                 "double_ring": ("layout", "ranks_per_node"), "allgather": ("layout",),
-                 "ulysses": ("layout",), "tp": ("hidden",), "ring_flash_attn": ("layout",)}
-
-
 def _method_bytes(method: str, opts: dict, shape: AttnShape, world: int, seq_local: int,
                   node_size: int, acc_elem: int, heads: int | None = None,
                   kv_heads: int | None = None, rank: int = 0) -> volume.Volume:
-    kw = {k: opts[k] for k in _BYTE_OPTIONS[method] if k in opts}
+    kw = {k: opts[k] for k in volume.formula_options(method) if k in opts}
     return volume.method_bytes(method, **_vol_kw(shape, world, seq_local, heads, kv_heads,
                                                  acc_elem),
                                node_size=node_size, causal=shape.causal, window=shape.window,

@@ -253,6 +253,7 @@ def _metrics(cell, hw: Hardware, p: Prediction) -> dict:
         if cell.workload == "train_step":
             cfg = _model_config(cell.model)
             reps = cfg.num_layers
+
         def sent(phase=None, link=None) -> int:  # every layer, plus the forward that backward
             extra = 0                            # runs again; the busiest rank, as measured
             if p.recompute is not None and phase in (None, "forward"):
