@@ -28,6 +28,8 @@ Training step (ZeRO-3 over all G ranks unless the system profile says otherwise)
   implementation what a system's training framework holds for the whole sequence
                  (``global_token_bytes`` per token); an attention layer alone has none
 The peak is the larger of the head moment (all checkpoints + head) and the last layer's backward.
+"bf16" above is the model's dtype (``AttnShape.dtype``): float32 and float64 models hold their
+weights, gradients and activations in it and keep no master copy.
 """
 
 from __future__ import annotations
@@ -41,11 +43,17 @@ from suites.implementations import Implementation
 from suites.schedule import AttnShape, Plan
 
 __all__ = ["MemoryEstimate", "attention_memory", "checkpoint_bytes", "head_bytes",
-           "layer_activation_bytes", "train_memory"]
+           "layer_activation_bytes", "train_memory", "zero_bytes_per_param"]
 
 BF16, FP32 = 2, 4
-ZERO_BYTES_PER_PARAM = 16  # ZeRO (arXiv 1910.02054) 3.1: 2 + 2 + 12, mixed-precision Adam
 FUSED_CHUNK = 1024  # burst.engine.model: loss_chunk tokens per fused head chunk
+
+
+def zero_bytes_per_param(elem: int = BF16) -> int:
+    """Model states per parameter under Adam: weight and gradient in the model's dtype, two
+    moments in at least fp32, and an fp32 master copy of 16-bit weights (ZeRO, arXiv 1910.02054,
+    3.1: 2 + 2 + 12 = 16 for mixed precision)."""
+    return 2 * elem + 2 * max(elem, FP32) + (FP32 if elem < FP32 else 0)
 
 
 @dataclass
@@ -141,51 +149,53 @@ def layer_activation_bytes(cfg, tokens: int, elem: int = BF16) -> dict[str, floa
     }
 
 
-def checkpoint_bytes(cfg, tokens: int, mode: str) -> float:
+def checkpoint_bytes(cfg, tokens: int, mode: str, elem: int = BF16) -> float:
     """Bytes kept per layer between forward and backward, by checkpointing mode."""
-    act = layer_activation_bytes(cfg, tokens)
-    layer_input = tokens * cfg.hidden_size * BF16
+    act = layer_activation_bytes(cfg, tokens, elem)
+    layer_input = tokens * cfg.hidden_size * elem
     cached = act["attention_out"] + act["lse"]
     return {"none": sum(act.values()), "full": layer_input,
             "selective": layer_input + cached,
             "selective_half": layer_input + cached / 2}[mode]
 
 
-def head_bytes(cfg, tokens: int, fused: bool, logits_bytes: float = 8.0) -> float:
+def head_bytes(cfg, tokens: int, fused: bool, logits_bytes: float = 8.0,
+               elem: int = BF16) -> float:
     """Peak bytes of the LM head + loss for ``tokens`` local tokens (module docstring)."""
     h, v = cfg.hidden_size, cfg.vocab_size
     if fused:
-        out = min(tokens, FUSED_CHUNK) * v * (BF16 + 2 * FP32) + v * h * FP32 + tokens * h * BF16
+        out = min(tokens, FUSED_CHUNK) * v * (elem + 2 * FP32) + v * h * FP32 + tokens * h * elem
     else:
-        out = tokens * v * logits_bytes + tokens * h * BF16
-    return out + 2 * v * h * BF16  # the gathered head weight and its gradient
+        out = tokens * v * logits_bytes + tokens * h * elem
+    return out + 2 * v * h * elem  # the gathered head weight and its gradient
 
 
 def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
                  checkpointing: str, fused_head: bool, impl: Implementation,
                  params: int, offload: bool = False) -> MemoryEstimate:
     """Peak bytes per rank of one training step (see the module docstring)."""
-    b, n = shape.batch, shape.seq_len // world
+    b, n, e = shape.batch, shape.seq_len // world, shape.elem  # e: the model's dtype
     tokens = b * n
     h, v = cfg.hidden_size, cfg.vocab_size
     layer_params = (params - 2 * v * h) / cfg.num_layers
-    states = (2 * BF16 if offload else ZERO_BYTES_PER_PARAM) * params / world
-    gathered = 2 * layer_params * BF16 + layer_params * BF16
+    states = (2 * e if offload else zero_bytes_per_param(e)) * params / world
+    gathered = 2 * layer_params * e + layer_params * e
     if impl.replicated_bytes_per_param:  # weights + grads whole, only the optimizer sharded
-        optimizer = 0 if offload else (ZERO_BYTES_PER_PARAM - 2 * BF16) * params / world
+        optimizer = 0 if offload else (zero_bytes_per_param(e) - 2 * e) * params / world
         states = impl.replicated_bytes_per_param * params + optimizer
         gathered = 0.0
-    checkpoints = cfg.num_layers * checkpoint_bytes(cfg, tokens, checkpointing)
+    checkpoints = cfg.num_layers * checkpoint_bytes(cfg, tokens, checkpointing, e)
     if (checkpointing == "selective" and impl.selective_caches_gathered_qkv
             and plan.kind in ("ulysses", "usp")):  # q, k, v after the all-to-all, every layer
         hk = volume.ulysses_kv_heads(shape.kv_heads, plan.ulysses or world)
-        checkpoints += cfg.num_layers * tokens * (shape.heads + 2 * hk) * shape.head_dim * BF16
+        checkpoints += cfg.num_layers * tokens * (shape.heads + 2 * hk) * shape.head_dim * e
     # the layer's activations again, recomputed; without checkpointing they are already among
     # the checkpoints (every activation of every layer)
-    act = sum(layer_activation_bytes(cfg, tokens).values()) if checkpointing != "none" else 0.0
-    mlp_grads = 2 * tokens * cfg.ffn_size * BF16
+    act = (sum(layer_activation_bytes(cfg, tokens, e).values()) if checkpointing != "none"
+           else 0.0)
+    mlp_grads = 2 * tokens * cfg.ffn_size * e
     layer_peak = act + mlp_grads + _attention_buffers(shape, plan, world, impl.acc_elem)
-    head = head_bytes(cfg, tokens, fused_head, impl.logits_bytes)
+    head = head_bytes(cfg, tokens, fused_head, impl.logits_bytes, e)
     extra = impl.global_token_bytes * shape.seq_len
     base = {"model_states": states, "checkpoints": checkpoints, "implementation": extra}
     at_head = {**base, "head": head}

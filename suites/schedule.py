@@ -28,6 +28,7 @@ Names: G ranks, N global tokens, n = N/G local, H heads, Hk kv heads, d head dim
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from burst import flops as F
@@ -38,6 +39,8 @@ from suites.hardware import Hardware
 
 __all__ = ["AttnShape", "AttnTiming", "Plan", "Topo", "attention_timing", "collective_seconds",
            "method_volume", "plan_for", "step_compute"]
+
+ELEM = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}  # bytes per element
 
 RING_METHODS = {
     # registry name -> (layout, backward, double ring?) defaults; options override them
@@ -62,18 +65,24 @@ class AttnShape:
     kv_heads: int
     head_dim: int
     causal: bool = True
-    elem: int = 2
-    """Bytes per element of q/k/v (bf16: 2)."""
+    dtype: str = "bfloat16"
+    """Of q/k/v: their bytes per element (``elem``) and the peak the kernels run at."""
     window: tuple[int, int] | None = None
 
     def __post_init__(self):
         bad = [f"{k}={getattr(self, k)!r} must be a positive int" for k in
-               ("batch", "seq_len", "heads", "kv_heads", "head_dim", "elem")
+               ("batch", "seq_len", "heads", "kv_heads", "head_dim")
                if not isinstance(getattr(self, k), int) or getattr(self, k) <= 0]
+        if self.dtype not in ELEM:
+            bad.append(f"dtype={self.dtype!r}; valid: {', '.join(ELEM)}")
         if not bad and self.heads % self.kv_heads:
             bad.append(f"heads={self.heads} is not divisible by kv_heads={self.kv_heads}")
         if bad:
             raise ValueError("attention shape: " + "; ".join(bad))
+
+    @property
+    def elem(self) -> int:
+        return ELEM[self.dtype]
 
     @property
     def mask(self) -> MaskSpec:
@@ -262,7 +271,8 @@ def _pair_seconds(hw: Hardware, shape: AttnShape, layout: str, g: int, q_rank: i
     scale = shape.pair_flops(heads) * (F.BACKWARD_OVER_FORWARD if pass_ == "backward" else 1)
     return sum(hw.attn_seconds(c.visible_pairs * scale,
                                min(c.q.stop - c.q.start, c.k.stop - c.k.start), pass_,
-                               causal=c.kind in (CAUSAL, STRICT)) for c in calls), bool(calls)
+                               causal=c.kind in (CAUSAL, STRICT), dtype=shape.dtype)
+               for c in calls), bool(calls)
 
 
 def _ranks_bounding(g: int) -> list[int]:
@@ -402,8 +412,7 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
         vol, a2a, ring = _usp_volume(plan, shape, topo, acc_elem)
         hu = shape.heads // u
         hku = max(1, volume.ulysses_kv_heads(shape.kv_heads, u) // u)
-        sub = AttnShape(shape.batch, shape.seq_len, hu, hku, shape.head_dim, shape.causal,
-                        shape.elem, shape.window)
+        sub = dataclasses.replace(shape, heads=hu, kv_heads=hku)
         inner = Plan("ring", layout=plan.layout, backward=plan.backward)
         # every rank of a Ulysses group runs its own ring: U GPUs of a node cross at once
         senders = min(u, topo.local) if crosses else 0

@@ -38,7 +38,6 @@ from suites.step_model import train_step_timing
 
 __all__ = ["Prediction", "as_cell", "predict", "simulate_cell", "simulate_spec"]
 
-ELEM = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 
 
 @dataclass
@@ -155,7 +154,7 @@ def _acc_elem(cell, impl: Implementation) -> int:
 def _shape(cell) -> AttnShape:
     return AttnShape(batch=cell.batch, seq_len=cell.seq_len, heads=cell.heads,
                      kv_heads=cell.kv_heads, head_dim=cell.head_dim, causal=cell.causal,
-                     elem=ELEM.get(cell.dtype, 2),
+                     dtype=cell.dtype,
                      window=tuple(cell.window) if cell.window else None)
 
 
@@ -243,7 +242,9 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
 
 
 def _metrics(cell, hw: Hardware, p: Prediction) -> dict:
-    m = {"status": p.status, "error": p.error, "peak_tflops": hw.peak_tflops}
+    # MFU as the harness reports it: against the bf16 peak, for 16-bit cells only
+    mfu_peak = hw.peak_tflops if cell.dtype in F.MFU_DTYPES else None
+    m = {"status": p.status, "error": p.error, "peak_tflops": mfu_peak}
     if p.memory is not None:
         m.update(mem_peak_bytes=int(p.memory.allocated), mem_reserved_bytes=int(p.memory.reserved))
     # the mode the system really ran (a "selective" that caches no attention is full)
@@ -279,7 +280,8 @@ def _metrics(cell, hw: Hardware, p: Prediction) -> dict:
             tf = F.model_flops(cfg, cell.batch, cell.seq_len, conv,
                                checkpointing=ckpt) / t / cell.world / 1e12
             m[f"tflops_{conv}"] = tf
-            m[f"mfu_{conv}"] = tf / hw.peak_tflops
+            if mfu_peak:
+                m[f"mfu_{conv}"] = tf / mfu_peak
     return m
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from burst import flops as F
 from suites.hardware import Hardware
+from suites.memory_model import zero_bytes_per_param
 from suites.schedule import AttnShape, AttnTiming, Topo, collective_seconds
 
 __all__ = ["StepTiming", "train_step_timing"]
@@ -40,11 +41,11 @@ class StepTiming:
     parts: dict[str, float] = field(default_factory=dict)
 
 
-def _elementwise_bytes(cfg, tokens: int) -> float:
+def _elementwise_bytes(cfg, tokens: int, elem: int = BF16) -> float:
     h, d = cfg.hidden_size, cfg.hidden_size // cfg.num_heads
     kvd = cfg.num_kv_heads * d
     per_token = 2 * 2 * h + 2 * (h + kvd) + 2 * 3 * h + 3 * cfg.ffn_size
-    return tokens * per_token * BF16
+    return tokens * per_token * elem
 
 
 def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: AttnTiming,
@@ -63,8 +64,9 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
     dense_layers = F.recompute_flops(cfg, b, seq, "selective") / g
     dense_attn = F.recompute_flops(cfg, b, seq, "full") / g - dense_layers
     head = F.model_flops(cfg, b, seq) / 3 / g - dense_layers - dense_attn
-    dense = hw.gemm_seconds(dense_layers / layers)
-    elem = hw.hbm_seconds(_elementwise_bytes(cfg, tokens))
+    e, dtype = shape.elem, shape.dtype  # the model's dtype: weights, activations, GEMMs
+    dense = hw.gemm_seconds(dense_layers / layers, dtype)
+    elem = hw.hbm_seconds(_elementwise_bytes(cfg, tokens, e))
     a_fwd, a_bwd = attn.forward_s, attn.backward_s
     recompute = {
         "none": 0.0,
@@ -74,17 +76,17 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
             half_attn.forward_s if half_attn else 0.25 * a_fwd),
     }[checkpointing]
     layer_params = (params - 2 * cfg.vocab_size * cfg.hidden_size) / layers
-    gather = collective_seconds(hw, layer_params * BF16 * (g - 1) / g, g, topo)
+    gather = collective_seconds(hw, layer_params * e * (g - 1) / g, g, topo)
     fwd = max(dense + elem + a_fwd, gather)
     bwd = max(2 * dense + 2 * elem + a_bwd + recompute, 2 * gather)
     # head + loss: 3 passes of the head GEMM, the loss reads/writes the logits a few times
-    logits_bytes = tokens * cfg.vocab_size * (BF16 + 4 + 4)
-    head_s = hw.gemm_seconds(3 * head) + hw.hbm_seconds(2 * logits_bytes)
+    logits_bytes = tokens * cfg.vocab_size * (e + 4 + 4)
+    head_s = hw.gemm_seconds(3 * head, dtype) + hw.hbm_seconds(2 * logits_bytes)
     shard = params / g
     if offload:
-        opt = 2 * shard * BF16 / (PCIE_GBPS * 1e9) + shard / CPU_ADAM_PARAMS_PER_S
-    else:
-        opt = hw.hbm_seconds(shard * 16 * 2)  # read and write params, grads, master, m, v
+        opt = 2 * shard * e / (PCIE_GBPS * 1e9) + shard / CPU_ADAM_PARAMS_PER_S
+    else:  # read and write params, grads, (master,) m, v
+        opt = hw.hbm_seconds(shard * zero_bytes_per_param(e) * 2)
     parts = {"layers_forward": layers * fwd, "layers_backward": layers * bwd,
              "head": head_s, "optimizer": opt,
              "attention": layers * (a_fwd + a_bwd + (a_fwd if checkpointing == "full" else 0)),

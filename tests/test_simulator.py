@@ -412,6 +412,35 @@ def test_hardware_profiles_give_every_value_a_source(tmp_path):
         load(bad)
 
 
+
+def test_each_dtype_runs_at_its_own_peak():
+    """A float32 or float64 cell is not priced at the bf16 tensor-core rate: float32 attention
+    runs torch's memory-efficient kernel as three TF32 products, float32 GEMMs on the CUDA
+    cores, float64 at the FP64 peak; MFU (a bf16 figure) is left out, as a run leaves it out."""
+    assert HW.peak("float32", "attention") == pytest.approx(156 / 3)
+    assert HW.peak("float32", "gemm") == 19.5 and HW.peak("float64") == 19.5
+    assert HW.peak("float16") == HW.peak("bfloat16") == 312
+    with pytest.raises(ValueError, match="dtype"):
+        HW.peak("int8")
+    cell = dict(workload="attention", method="burst", seq_len=1 << 20, world=32,
+                ranks_per_node=8, heads=32, head_dim=128, options={"ranks_per_node": 8})
+    rows = {dt: simulate_cell({**cell, "dtype": dt}, HW) for dt in ("bfloat16", "float32")}
+    # kernel-bound at 32K tokens per GPU: the time follows the attention peak
+    assert rows["float32"]["time_s"] / rows["bfloat16"]["time_s"] == pytest.approx(6, rel=0.05)
+    assert rows["float32"]["bytes_sent_forward"] == 2 * rows["bfloat16"]["bytes_sent_forward"]
+    train = dict(workload="train_step", method="burst", model="7b", seq_len=1 << 17, world=8,
+                 checkpointing="selective", fused_head=True)
+    bf16, fp32 = (predict({**train, "dtype": dt}, HW) for dt in ("bfloat16", "float32"))
+    assert fp32.parts["layers_forward"] > 5 * bf16.parts["layers_forward"]
+    # float32 weights, gradients and activations, no master copy: same states, twice the
+    # activations (the cached lse is fp32 in both)
+    assert fp32.memory.parts["model_states"] == bf16.memory.parts["model_states"]
+    assert 1.95 < fp32.memory.parts["checkpoints"] / bf16.memory.parts["checkpoints"] < 2
+    row = simulate_cell({**train, "dtype": "float32"}, HW)
+    assert row["peak_tflops"] is None and row.get("mfu_model_flops_causal") is None
+    assert simulate_cell({**train, "dtype": "bfloat16"}, HW)["mfu_model_flops_causal"] > 0
+
+
 # ---------------------------------------------------------------------------------------------
 # Bytes per rank: simulator == byte counter on real gloo ranks
 

@@ -10,10 +10,12 @@ datasheet number, a measured range (DESIGN.md 4), an assumption, or calibrated a
 published numbers (``python -m suites.calibrate`` fits and can rewrite the calibrated ones).
 
 Model of the attention kernel (DESIGN.md 4, issue 6): a call whose smaller side has t tokens runs
-at eta(t) = fwd_eta_max * t / (t + t_half_tokens) of the dense bf16 peak in forward and
+at eta(t) = fwd_eta_max * t / (t + t_half_tokens) of the dense peak in forward and
 bwd_over_fwd times that in backward. Small blocks lose to per-call prologue/epilogue and tail
 effects; t_half_tokens is where half the peak efficiency is reached. A causal call (the diagonal
 block) also loses its diagonal tiles' masked half: x (t + 1) / (t + causal_tile_tokens).
+The dense peak is the one of the work's dtype (``Hardware.peak``); the efficiencies are
+calibrated on 16-bit kernels and assumed to carry over to float32 and float64.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ _DIR = Path(__file__).resolve().parent
 # (section.key, attribute, type): the keys every profile must give
 FIELDS: tuple[tuple[str, str, type], ...] = (
     ("gpu.peak_bf16_tflops", "peak_tflops", float),
+    ("gpu.peak_tf32_tflops", "peak_tf32_tflops", float),
+    ("gpu.peak_fp32_tflops", "peak_fp32_tflops", float),
+    ("gpu.peak_fp64_tflops", "peak_fp64_tflops", float),
     ("gpu.memory_gib", "memory_gib", float),
     ("gpu.hbm_gbps", "hbm_gbps", float),
     ("gpu.gemm_efficiency", "gemm_efficiency", float),
@@ -64,6 +69,10 @@ class Hardware:
     description: str
     peak_tflops: float
     """Dense bf16 peak per GPU, also the MFU denominator (DESIGN.md 4)."""
+    peak_tf32_tflops: float
+    peak_fp32_tflops: float
+    """FP32 on the CUDA cores (no tensor cores)."""
+    peak_fp64_tflops: float
     memory_gib: float
     hbm_gbps: float
     gemm_efficiency: float
@@ -101,7 +110,8 @@ class Hardware:
                 bad.append(f"{f.name}={v!r} must be a number >= 0")
             elif f.name in _FRACTIONS and not 0 < v <= 1:
                 bad.append(f"{f.name}={v!r} must be a fraction in (0, 1]")
-        for f in ("peak_tflops", "hbm_gbps", "nvlink_gbps", "nic_gbps", "gpus_per_node",
+        for f in ("peak_tflops", "peak_tf32_tflops", "peak_fp32_tflops", "peak_fp64_tflops",
+                  "hbm_gbps", "nvlink_gbps", "nic_gbps", "gpus_per_node",
                   "nics_per_node"):
             if getattr(self, f) == 0:
                 bad.append(f"{f}=0 must be positive")
@@ -111,6 +121,26 @@ class Hardware:
             raise ValueError(f"hardware profile {self.name!r}: " + "; ".join(bad))
 
     # -- compute --------------------------------------------------------------------------
+    def peak(self, dtype: str = "bfloat16", work: str = "gemm") -> float:
+        """Dense peak TFLOP/s per GPU for ``work`` ("gemm" or "attention") in ``dtype``.
+
+        The efficiencies of the profile are fractions of these peaks. 16-bit: the tensor-core
+        peak, both kinds of work. float32: GEMMs on the CUDA cores (torch keeps TF32 off for
+        matmuls unless asked); attention in torch's memory-efficient SDPA kernel (the kernel shim
+        sends float32 there), which on sm80+ runs float32 on the tensor cores as three TF32
+        products (OpMultiplyAddFastF32: pytorch aten/src/ATen/native/transformers/cuda/
+        mem_eff_attention/gemm_kernel_utils.h), a third of the TF32 peak. float64: the shim's
+        ``torch`` backend, matmuls at the FP64 tensor-core peak."""
+        if work not in ("gemm", "attention"):
+            raise ValueError(f"work={work!r}; valid: gemm, attention")
+        if dtype in ("bfloat16", "float16"):
+            return self.peak_tflops
+        if dtype == "float32":
+            return self.peak_tf32_tflops / 3 if work == "attention" else self.peak_fp32_tflops
+        if dtype == "float64":
+            return self.peak_fp64_tflops
+        raise ValueError(f"dtype={dtype!r}; valid: bfloat16, float16, float32, float64")
+
     def attn_efficiency(self, t: float, pass_: str = "forward", causal: bool = False) -> float:
         """Fraction of peak (useful FLOPs) of an attention call whose smaller side has ``t``
         tokens. A causal (diagonal) call also computes its diagonal tiles whole: t(t+b)/2
@@ -123,14 +153,15 @@ class Hardware:
         return eta * (self.bwd_over_fwd if pass_ == "backward" else 1.0)
 
     def attn_seconds(self, flops: float, t: float, pass_: str = "forward",
-                     causal: bool = False) -> float:
+                     causal: bool = False, dtype: str = "bfloat16") -> float:
         """Time of attention kernel work of ``flops`` in calls of block size ``t`` tokens."""
         if flops <= 0:
             return 0.0
-        return flops / (self.peak_tflops * 1e12 * self.attn_efficiency(t, pass_, causal))
+        return flops / (self.peak(dtype, "attention") * 1e12
+                        * self.attn_efficiency(t, pass_, causal))
 
-    def gemm_seconds(self, flops: float) -> float:
-        return flops / (self.peak_tflops * 1e12 * self.gemm_efficiency)
+    def gemm_seconds(self, flops: float, dtype: str = "bfloat16") -> float:
+        return flops / (self.peak(dtype, "gemm") * 1e12 * self.gemm_efficiency)
 
     def hbm_seconds(self, nbytes: float) -> float:
         """Time of a memory-bound kernel that moves ``nbytes`` through HBM."""
