@@ -259,6 +259,12 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
         "overlap the kernel, whose calls come from the same plans (all-gather: every rank's "
         "queries against all key blocks, timed on its busiest rank; Ulysses / TP: one rank "
         "holding the whole sequence).",
+        "- **dtype**: work runs at the peak of its dtype (`Hardware.peak`): 16-bit at the "
+        "tensor-core peak; float32 attention at a third of the TF32 peak (torch's "
+        "memory-efficient kernel, where the kernel shim sends float32, computes it as three "
+        "TF32 products on sm80+), float32 GEMMs on the CUDA cores; float64 at the FP64 peak. "
+        "The efficiencies are calibrated on 16-bit kernels only and assumed to carry over; "
+        "MFU is reported for 16-bit cells only, as in measured rows.",
         "- **training step** (`suites.step_model`): per layer dense GEMMs, memory-bound "
         "elementwise work, the attention layer, recomputation per checkpointing mode, ZeRO-3 "
         "all-gathers and reduce-scatter overlapped with compute; LM head and optimizer.",
