@@ -8,15 +8,26 @@ import seaborn as sns
 
 from paper_figures.palette import ORDER, SOURCE_MARKERS, color
 
-__all__ = ["label_order", "panel_bars", "rows_for"]
+__all__ = ["FAILED_MARKERS", "label_order", "line_labels", "panel_bars", "panel_rows",
+           "rows_for"]
+
+# where a line has no number: out of memory, and every other way a cell can fail
+FAILED_MARKERS = {"oom": "x", "skipped": "o", "error": "^", "timeout": "v", "missing": "s"}
 
 KEEP = ["source", "workload", "model", "world", "seq_len", "label", "system", "checkpointing",
         "status", "hardware", "tokens_per_s", "mfu_model_flops_causal", "attn_tflops",
         "mem_reserved_bytes", "time_s", "sweep"]
 
 
+def _on(d: pd.DataFrame, hardware: str) -> pd.Series:
+    """Rows measured on ``hardware`` (a profile name, e.g. a800, in the device's name)."""
+    names = d.get("hardware", pd.Series("", index=d.index)).fillna("").astype(str)
+    return names.str.lower().str.contains(hardware.lower(), regex=False)
+
+
 def rows_for(tables, workload: str, hardware: str = "a800") -> pd.DataFrame:
-    """Simulated (on ``hardware``), measured and published rows of a workload, one frame."""
+    """Simulated (on ``hardware``), measured (on GPUs of that kind: numbers from another GPU
+    are not comparable with the published ones) and published rows of a workload."""
     parts = []
     for src, df in (("simulated", tables.simulated), ("measured", tables.measured),
                     ("paper", tables.paper)):
@@ -26,12 +37,34 @@ def rows_for(tables, workload: str, hardware: str = "a800") -> pd.DataFrame:
         if src == "simulated" and "hardware" in d:
             d = d[d["hardware"] == hardware]
         if src == "measured":
-            d = d[d["device"] == "cuda"] if "device" in d else d.iloc[0:0]
+            d = d[(d["device"] == "cuda") & _on(d, hardware)] if "device" in d else d.iloc[0:0]
         d["source"] = src
         parts.append(d.reindex(columns=KEEP))
     if not parts:
         return pd.DataFrame(columns=KEEP)
     return pd.concat(parts, ignore_index=True)
+
+
+def panel_rows(df: pd.DataFrame, model: str, world: int) -> pd.DataFrame:
+    """The rows of one (model, GPUs) panel at its one sequence length: the published one, else
+    the longest simulated one (a sweep with more lengths must not put two cells in a bar)."""
+    sub = df[(df["model"] == model) & (df["world"] == world)]
+    if not len(sub):
+        return sub
+    paper = sub[sub["source"] == "paper"]
+    seq = (paper if len(paper) else sub)["seq_len"].max()
+    return sub[sub["seq_len"] == seq]
+
+
+def line_labels(df: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """(label, system, line style) per line, in ``label_order``: one line per label (two
+    labels of one system share its colour; the one without selective checkpointing dashes)."""
+    out = []
+    for lab in label_order(df):
+        d = df[df["label"] == lab]
+        full = (d["checkpointing"] == "full").any() if "checkpointing" in d else False
+        out.append((lab, d["system"].iloc[0], "--" if full else "-"))
+    return out
 
 
 def label_order(df: pd.DataFrame) -> list[str]:
@@ -43,23 +76,30 @@ def label_order(df: pd.DataFrame) -> list[str]:
     return [r["label"] for r in keys]
 
 
+def _status(r, metric: str) -> str:
+    """A row's status for this metric: an ok row without the value is 'no value', not 0."""
+    st = str(r["status"])
+    return "no value" if st == "ok" and pd.isna(r[metric]) else st
+
+
 def panel_bars(ax, df: pd.DataFrame, metric: str, labels: list[str], *, scale: float = 1.0,
-               oom_height: float | None = None) -> pd.DataFrame:
+               oom_height: float | None = None, clip: float | None = None) -> pd.DataFrame:
     """Simulated bars (hatched = w/o selective checkpointing), published / measured markers,
-    'OOM' where a source says so. Returns the plotted values (one row per label x source)."""
+    the status (OOM, ERROR, TIMEOUT, ...) where a source has no number. Returns the plotted
+    values, unclipped (one row per label x source); ``clip`` caps only the drawn height."""
     x = np.arange(len(labels))
     out = []
     sim = df[df["source"] == "simulated"].drop_duplicates("label", keep="last").set_index("label")
     heights, colors = [], []
     for lab in labels:
         r = sim.loc[lab] if lab in sim.index else None
-        ok = r is not None and r["status"] == "ok" and pd.notna(r[metric])
-        v = float(r[metric]) * scale if ok else 0.0
-        heights.append(v)
+        st = None if r is None else _status(r, metric)
+        v = float(r[metric]) * scale if st == "ok" else None
+        heights.append(0.0 if v is None else v if clip is None else min(v, clip))
         sys_ = r["system"] if r is not None else df[df["label"] == lab]["system"].iloc[0]
         colors.append(color(sys_))
-        out.append({"label": lab, "system": sys_, "source": "simulated",
-                    "status": None if r is None else r["status"], "value": v if ok else None})
+        out.append({"label": lab, "system": sys_, "source": "simulated", "status": st,
+                    "value": v})
     bars = sns.barplot(x=x, y=heights, hue=x, palette=colors, legend=False, ax=ax,
                        saturation=1.0)
     for lab, patch in zip(labels, bars.patches, strict=False):
@@ -73,24 +113,23 @@ def panel_bars(ax, df: pd.DataFrame, metric: str, labels: list[str], *, scale: f
             if lab not in d.index:
                 continue
             r = d.loc[lab]
-            if r["status"] == "ok" and pd.notna(r[metric]):
-                v = float(r[metric]) * scale
-                ax.scatter([i], [v], marker=SOURCE_MARKERS[src], s=28, zorder=5,
+            st = _status(r, metric)
+            v = float(r[metric]) * scale if st == "ok" else None
+            if v is not None:
+                shown = v if clip is None else min(v, clip)
+                ax.scatter([i], [shown], marker=SOURCE_MARKERS[src], s=28, zorder=5,
                            color="black" if src == "paper" else "white", edgecolor="black")
-                ymax = max(ymax, v)
-                out.append({"label": lab, "system": r["system"], "source": src,
-                            "status": "ok", "value": v})
-            elif r["status"] in ("oom", "missing", "skipped", "error"):
-                out.append({"label": lab, "system": r["system"], "source": src,
-                            "status": r["status"], "value": None})
+                ymax = max(ymax, shown)
+            out.append({"label": lab, "system": r["system"], "source": src, "status": st,
+                        "value": v})
     for i, (lab, h) in enumerate(zip(labels, heights, strict=True)):
-        sim_status = out[i]["status"]
-        paper = [o for o in out if o["label"] == lab and o["source"] == "paper"]
-        tags = []
-        if sim_status not in (None, "ok"):
-            tags.append(f"sim {sim_status.upper()}")
-        if paper and paper[0]["status"] not in ("ok", None):
-            tags.append(f"paper {paper[0]['status'].upper()}")
+        # a source without a number says why (a published row that gives no value for this
+        # metric, e.g. memory, is only absent)
+        tags = [f"{short} {o['status'].upper()}"
+                for src, short in (("simulated", "sim"), ("paper", "paper"), ("measured", "meas"))
+                for o in out if o["label"] == lab and o["source"] == src
+                if o["status"] not in (None, "ok") and (src == "simulated"
+                                                         or o["status"] != "no value")]
         if tags and h and h > 0.5 * ymax:  # a tall bar holds its tags (no room above it)
             ax.text(i, 0.97 * h, "\n".join(tags), ha="center", va="top", fontsize=6,
                     rotation=90, color="white")

@@ -42,10 +42,11 @@ def make(tables):
             ax = axes[i][j]
             vals = [v if st == "ok" else float("nan") for v, st in zip(sub[metric], status,
                                                                       strict=True)]
+            why = ["no value" if st == "ok" else st for st in status]  # where vals is NaN
             sns.barplot(x=steps, y=[0.0 if pd.isna(v) else v for v in vals], hue=steps,
                         palette=colors, legend=False, ax=ax, saturation=1.0)
             base = next((v for v in vals if not pd.isna(v)), None)  # the first step that ran
-            for k, (v, st) in enumerate(zip(vals, status, strict=True)):
+            for k, (v, st) in enumerate(zip(vals, why, strict=True)):
                 if pd.isna(v):
                     ax.text(k, 0, st.upper(), ha="center", va="bottom", fontsize=6,
                             rotation=90, color="0.25")
@@ -57,8 +58,9 @@ def make(tables):
             if i == 0:
                 ax.set_title(f"{where}, {seq_label(n)} tokens", fontsize=9)
             rows += [{"seq_len": n, "step": s, "metric": metric,
-                      "value": None if pd.isna(v) else v, "status": st}
-                     for s, v, st in zip(steps, vals, status, strict=True)]
+                      "value": None if pd.isna(v) else v,
+                      "status": st if pd.isna(v) else "ok"}
+                     for s, v, st in zip(steps, vals, why, strict=True)]
     fig.suptitle("BurstEngine options added one at a time (simulated, A800)", fontsize=10)
     fig.tight_layout()
     return fig, pd.DataFrame(rows)

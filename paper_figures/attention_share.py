@@ -6,6 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from paper_figures.common import fmt_tokens, new_figure, note_empty
+from paper_figures.palette import MODEL_COLORS
 
 NAME = "attention_share"
 STYLE = {"model_flops_causal": "-", "model_flops_dense": "--"}
@@ -19,10 +20,9 @@ def make(tables):
     if not len(df):
         note_empty(ax)
         return fig, pd.DataFrame()
-    models = list(dict.fromkeys(df["model"]))
-    colors = dict(zip(models, ["#2e86c1", "#c0392b", "#17a589", "#8e44ad"], strict=False))
     for (model, conv), d in df.groupby(["model", "series"], sort=False):
-        ax.plot(d["seq_len"], 100 * d["value"], STYLE.get(conv, "-"), color=colors[model],
+        ax.plot(d["seq_len"], 100 * d["value"], STYLE.get(conv, "-"),
+                color=MODEL_COLORS.get(model, "0.4"),
                 label=f"{model.upper()} ({'causal' if 'causal' in conv else 'dense'})")
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(fmt_tokens)

@@ -1,17 +1,19 @@
 """Activations kept per GPU between forward and backward vs sequence length (32 GPUs), per
 checkpointing mode: none, full (layer input only), selective (+ attention output and lse),
-selective_half (half of that cache). One panel per model; dashed: the A800's 80 GiB."""
+selective_half (half of that cache). One panel per model; dashed: the memory usable on an A800
+(78.5 of 80 GiB, the simulator's OOM line)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from paper_figures.common import fmt_tokens, new_figure, note_empty
+from paper_figures.palette import MODE_COLORS
+from suites.hardware import load
 
 NAME = "checkpoint_memory"
 GIB = 2**30
-COLORS = {"none": "#7f8c8d", "full": "#2e86c1", "selective": "#c0392b",
-          "selective_half": "#e67e22"}
+USABLE_GIB = load("a800").usable_gib  # the simulator's OOM line, as memory_bars
 
 
 def make(tables):
@@ -26,9 +28,10 @@ def make(tables):
     for j, model in enumerate(models):
         ax = axes[0][j]
         for mode, d in df[df["model"] == model].groupby("series", sort=False):
-            ax.plot(d["seq_len"], d["GiB"], marker="o", ms=3, color=COLORS.get(mode, "0.5"),
+            ax.plot(d["seq_len"], d["GiB"], marker="o", ms=3, color=MODE_COLORS.get(mode, "0.5"),
                     label=mode)
-        ax.axhline(80, color="black", lw=0.8, ls="--")
+        ax.axhline(USABLE_GIB, color="black", lw=0.8, ls="--",
+                   label=f"usable on an A800 ({USABLE_GIB:g} GiB)")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.xaxis.set_major_formatter(fmt_tokens)

@@ -11,6 +11,7 @@ from paper_figures.palette import ORDER, SOURCE_MARKERS, color
 
 NAME = "cpu_sweep"
 SWEEP = "cpu_scaling"
+HARDWARE = "a800"  # the profile the simulated lines come from
 
 
 def _rows(tables) -> pd.DataFrame:
@@ -19,6 +20,8 @@ def _rows(tables) -> pd.DataFrame:
         if df is None or not len(df):
             continue
         d = df[(df["sweep"] == SWEEP) & (df["workload"] == "attention")].copy()
+        if src == "simulated":  # bytes do not depend on the profile: one line per label
+            d = d[d["hardware"] == HARDWARE]
         d["source"] = src
         parts.append(d)
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
@@ -33,7 +36,8 @@ def make(tables):
         return fig, pd.DataFrame()
     n = int(df[df["source"] == "measured"]["seq_len"].max())
     df = df[df["seq_len"] == n].copy()
-    df["bytes"] = df["bytes_sent_forward"].fillna(0) + df["bytes_sent_backward"].fillna(0)
+    # a row without a byte count is missing, not zero (results/README.md)
+    df["bytes"] = df["bytes_sent_forward"] + df["bytes_sent_backward"]
     rank = {s: i for i, s in enumerate(ORDER)}
     rows = []
     ax = axes[0][0]
@@ -46,7 +50,8 @@ def make(tables):
         ax.scatter(mea["world"], mea["bytes"] / 2**20, color=color(label), edgecolor="black",
                    marker=SOURCE_MARKERS["measured"], s=26, zorder=5)
         rows += [{"label": label, "system": system, "source": r["source"], "world": r["world"],
-                  "seq_len": n, "metric": "bytes_sent", "value": r["bytes"]}
+                  "seq_len": n, "metric": "bytes_sent", "value": r["bytes"],
+                  "unit": "bytes"}
                  for r in pd.concat([sim, mea]).to_dict("records")]
     ax.set_xscale("log", base=2)
     ax.set_xlabel("ranks")
@@ -63,7 +68,8 @@ def make(tables):
                                                             strict=True)]
         ax.plot(d["world"], sp, marker="s", ms=4, color=color(label), label=label)
         rows += [{"label": label, "system": d["system"].iloc[0], "source": "measured",
-                  "world": w, "seq_len": n, "metric": f"speedup_vs_{base_label}", "value": s}
+                  "world": w, "seq_len": n, "metric": f"speedup_vs_{base_label}",
+                  "value": s, "unit": "x"}
                  for w, s in zip(d["world"], sp, strict=True)]
     ax.axhline(1.0, color="black", lw=0.7)
     ax.set_xscale("log", base=2)

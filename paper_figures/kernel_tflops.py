@@ -1,15 +1,16 @@
 """Attention alone: TFLOP/s per GPU of one causal layer (forward + backward, flash-attention
 convention) on 32 A800s at 128K-1M tokens. Lines: simulated; diamonds: published; squares:
-measured on GPUs (if any); a cross at the bottom: out of memory."""
+measured on GPUs (if any); at the bottom, a mark per cell without a number (x: out of memory;
+the other failures have their own marks, ``_bars.FAILED_MARKERS``)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from paper_figures._bars import rows_for
+from paper_figures._bars import FAILED_MARKERS, line_labels, rows_for
 from paper_figures.common import fmt_tokens, new_figure, note_empty
-from paper_figures.palette import ORDER, SOURCE_MARKERS, color
+from paper_figures.palette import SOURCE_MARKERS, color
 
 NAME = "kernel_tflops"
 SWEEP = "paper_kernel_32gpu"  # suites/specs: the kernel table
@@ -23,25 +24,28 @@ def make(tables):
     if not len(df):
         note_empty(ax)
         return fig, pd.DataFrame()
-    rank = {s: i for i, s in enumerate(ORDER)}
     rows = []
-    for system in sorted(df["system"].unique(), key=lambda s: rank.get(s, 99)):
-        d = df[df["system"] == system].sort_values("seq_len")
-        label = d["label"].iloc[0]
+    for k, (label, system, ls) in enumerate(line_labels(df)):
+        d = df[df["label"] == label].sort_values("seq_len")
         for src in ("simulated", "paper", "measured"):
-            s = d[d["source"] == src]
-            ok = s[(s["status"] == "ok") & s["attn_tflops"].notna()]
-            if src == "simulated" and len(ok):
-                ax.plot(ok["seq_len"], ok["attn_tflops"], color=color(system), lw=1.8,
-                        label=label)
-            elif len(ok):
-                ax.scatter(ok["seq_len"], ok["attn_tflops"], color=color(system), s=30,
-                           marker=SOURCE_MARKERS[src], edgecolor="black", zorder=5)
-            fail = s[s["status"] == "oom"]
-            if len(fail):  # published OOM: x; predicted OOM: + (a little higher)
-                ax.scatter(fail["seq_len"], np.full(len(fail), 0.04 if src == "paper" else 0.1),
-                           marker="x" if src == "paper" else "+", color=color(system), s=36,
-                           clip_on=False, transform=ax.get_xaxis_transform())
+            s = d[d["source"] == src].drop_duplicates("seq_len", keep="last")
+            ok = (s["status"] == "ok") & s["attn_tflops"].notna()
+            if src == "simulated" and ok.any():  # the line breaks where a cell has no number
+                ax.plot(s["seq_len"], s["attn_tflops"].where(ok), color=color(system), lw=1.8,
+                        ls=ls, label=label)
+            elif ok.any():
+                ax.scatter(s.loc[ok, "seq_len"], s.loc[ok, "attn_tflops"], color=color(system),
+                           s=30, marker=SOURCE_MARKERS[src], edgecolor="black", zorder=5)
+            # cells without a number at the axis floor: published lowest, then simulated,
+            # then measured, each line a little apart
+            y = {"paper": 0.03, "simulated": 0.09, "measured": 0.15}[src] + 0.012 * k
+            for status, marker in FAILED_MARKERS.items():
+                bad = s[s["status"] == status]
+                if len(bad):
+                    ax.scatter(bad["seq_len"], np.full(len(bad), y), marker=marker, s=30,
+                               facecolors="none" if marker not in "x+" else color(system),
+                               color=color(system), clip_on=False,
+                               transform=ax.get_xaxis_transform())
             rows += [{"system": system, "label": label, "source": src, "seq_len": r["seq_len"],
                       "status": r["status"], "attn_tflops": r["attn_tflops"]}
                      for r in s.to_dict("records")]
@@ -51,7 +55,7 @@ def make(tables):
     ax.set_ylabel("attention TFLOP/s per GPU")
     ax.set_ylim(0, None)
     ax.legend(fontsize=7, loc="center right")
-    ax.set_title("Attention forward+backward: simulated (lines; + = predicted OOM), "
-                 "published (\u25c6; \u00d7 = OOM)", fontsize=9)
+    ax.set_title("Attention forward+backward: simulated (lines), published (\u25c6); at the "
+                 "floor: \u00d7 OOM, \u25cb skipped, \u25b3 error, \u25bd timeout", fontsize=8)
     fig.tight_layout()
     return fig, pd.DataFrame(rows)

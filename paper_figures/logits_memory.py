@@ -6,9 +6,12 @@ from __future__ import annotations
 import pandas as pd
 
 from paper_figures.common import fmt_tokens, new_figure, note_empty
+from paper_figures.palette import MODEL_COLORS
+from suites.hardware import load
 
 NAME = "logits_memory"
 GIB = 2**30
+USABLE_GIB = load("a800").usable_gib  # the simulator's OOM line, as memory_bars
 
 
 def make(tables):
@@ -20,12 +23,11 @@ def make(tables):
         note_empty(ax)
         return fig, pd.DataFrame()
     df["GiB"] = df["value"] / GIB
-    models = list(dict.fromkeys(df["model"]))
-    colors = dict(zip(models, ["#2e86c1", "#c0392b", "#17a589"], strict=False))
     for (model, series), d in df.groupby(["model", "series"], sort=False):
         ax.plot(d["seq_len"], d["GiB"], "-" if series == "plain head" else ":", marker="o",
-                ms=3, color=colors[model], label=f"{model.upper()} {series}")
-    ax.axhline(80, color="black", lw=0.8, ls="--")
+                ms=3, color=MODEL_COLORS.get(model, "0.4"), label=f"{model.upper()} {series}")
+    ax.axhline(USABLE_GIB, color="black", lw=0.8, ls="--",
+               label=f"usable on an A800 ({USABLE_GIB:g} GiB)")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.xaxis.set_major_formatter(fmt_tokens)

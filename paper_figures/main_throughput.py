@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from paper_figures._bars import label_order, panel_bars, rows_for
+from paper_figures._bars import label_order, panel_bars, panel_rows, rows_for
 from paper_figures.common import new_figure, note_empty, seq_label
 
 NAME = "main_throughput"
@@ -21,7 +21,7 @@ def make(tables):
     fig, axes = new_figure(len(PANELS), len(METRICS), width=3.6, height=3.4)
     plotted = []
     for j, (model, world) in enumerate(PANELS):
-        sub = df[(df["model"] == model) & (df["world"] == world)]
+        sub = panel_rows(df, model, world)
         for i, (metric, ylabel, scale) in enumerate(METRICS):
             ax = axes[i][j]
             if not len(sub):

@@ -10,6 +10,7 @@ whose tables are absent is still drawn, with a note, so the set is always comple
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from paper_figures import (
@@ -54,7 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     bad = sorted(set(a.only or []) - set(names))
     if bad:
         ap.error(f"unknown figure(s) {bad}; valid: {', '.join(names)}")
-    done = render_all(load_tables(a.results), a.out, a.only)
+    if not Path(a.results).is_dir():
+        ap.error(f"--results {a.results}: no such folder")
+    tables = load_tables(a.results)
+    for note in tables.notes:
+        print(f"note: {note}", file=sys.stderr)
+    done = render_all(tables, a.out, a.only)
     for name, paths in done.items():
         print(f"{name}: {', '.join(str(p) for p in paths)}")
     return 0

@@ -1,12 +1,13 @@
 """Memory per GPU (max_memory_reserved, GiB) of the main runs: simulated bars (predicted peak,
-also for cells predicted OOM), published diamonds, the simulator's OOM threshold (the A800
+also for cells predicted OOM; drawn up to twice the capacity, the CSV has the whole value),
+published diamonds, the simulator's OOM threshold (the A800
 profile's usable memory) as a line."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from paper_figures._bars import label_order, panel_bars, rows_for
+from paper_figures._bars import label_order, panel_bars, panel_rows, rows_for
 from paper_figures.common import new_figure, note_empty, seq_label
 from suites.hardware import load
 
@@ -23,17 +24,17 @@ def make(tables):
     # a predicted OOM still has a predicted peak: draw it (clipped) so the excess shows
     sim_oom = (df["source"] == "simulated") & (df["status"] == "oom")
     df.loc[sim_oom, "status"] = "ok"
-    df["mem_gib"] = df["mem_reserved_bytes"].clip(upper=2 * CAPACITY_GIB * GIB) / GIB
+    df["mem_gib"] = df["mem_reserved_bytes"] / GIB
     usable = load("a800").usable_gib  # a predicted peak above it is an oom row
     fig, axes = new_figure(len(PANELS), 1, width=3.6, height=3.6)
     plotted = []
     for j, (model, world) in enumerate(PANELS):
         ax = axes[0][j]
-        sub = df[(df["model"] == model) & (df["world"] == world)]
+        sub = panel_rows(df, model, world)
         if not len(sub):
             note_empty(ax)
             continue
-        d = panel_bars(ax, sub, "mem_gib", label_order(sub))
+        d = panel_bars(ax, sub, "mem_gib", label_order(sub), clip=2 * CAPACITY_GIB)
         predicted_oom = set(sub.loc[sim_oom.loc[sub.index], "label"])
         d.loc[(d["source"] == "simulated") & d["label"].isin(predicted_oom), "status"] = "oom"
         d["model"], d["world"], d["metric"] = model, world, "mem_reserved_gib"

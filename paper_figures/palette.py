@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import hashlib
 
-__all__ = ["COLORS", "ORDER", "SOURCE_MARKERS", "color", "palette"]
+__all__ = ["COLORS", "MODE_COLORS", "MODEL_COLORS", "ORDER", "SOURCE_MARKERS", "color",
+           "palette"]
 
 COLORS: dict[str, str] = {
     # the paper's systems
@@ -38,6 +39,12 @@ COLORS: dict[str, str] = {
 ORDER = ("megatron_cp", "deepspeed_ulysses", "loongtrain_double_ring", "loongtrain_usp",
          "burst", "burstengine", "burstengine_usp", "ring", "zigzag_ring", "striped_ring",
          "allgather", "ulysses", "tp", "double_ring", "usp")
+
+# figures whose lines are models or checkpointing modes, not methods, take their colours from
+# viridis, which no method uses, so that no line reads as a method's
+MODEL_COLORS = {"7b": "#440154", "14b": "#21918c", "70b": "#fde725"}
+MODE_COLORS = {"none": "#440154", "full": "#31688e", "selective": "#35b779",
+               "selective_half": "#b5de2b"}
 
 # how each source of a number is drawn where several share an axis
 SOURCE_MARKERS = {"simulated": "o", "paper": "D", "measured": "s"}

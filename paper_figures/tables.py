@@ -36,6 +36,8 @@ class Tables:
     simulated: pd.DataFrame = field(default_factory=_empty)
     measured: pd.DataFrame = field(default_factory=_empty)
     breakdowns: pd.DataFrame = field(default_factory=pd.DataFrame)
+    notes: list[str] = field(default_factory=list)
+    """What loading left out that a reader should know (older runs with more rows)."""
 
 
 def _system(row) -> str:
@@ -66,27 +68,54 @@ def _frames(runs: list[Path]) -> pd.DataFrame:
     return add_system(pd.concat(parts, ignore_index=True))
 
 
-def _latest_tables(root: Path) -> list[Path]:
-    """The latest run folder of every sweep folder under ``root``: the one
-    ``results.store.latest_run`` picks (by creation time, not name), so a figure never shows
-    an older run than ``burst-bench show``."""
+def _row_count(run: Path) -> int:
+    from results import store
+
+    try:
+        with open(run / store.ROWS, "rb") as f:
+            return sum(1 for line in f if line.strip())
+    except OSError:
+        return 0
+
+
+def _latest_tables(root: Path, notes: list[str]) -> list[Path]:
+    """The latest run folder of every sweep folder under ``root``, per hardware (a run's
+    run.json ``hardware``: a simulation on another profile does not hide the A800 one): the
+    run ``results.store.latest_run`` picks (by creation time, not name), so a figure never shows
+    an older run than ``burst-bench show``. Runs are never mixed; an older run with more rows
+    than the one shown is named in ``notes``."""
     from results import store
 
     if not root.is_dir():
         return []
-    runs = (store.latest_run(sweep) for sweep in sorted(p for p in root.iterdir()
-                                                        if p.is_dir() and p.name not in SKIP))
-    return [r for r in runs if r is not None]
+    out = []
+    for sweep in sorted(p for p in root.iterdir() if p.is_dir() and p.name not in SKIP):
+        by_hw: dict[str, list[Path]] = {}
+        for run in store.runs_by_time(sweep):
+            by_hw.setdefault(str(store.read_meta(run).get("hardware") or ""), []).append(run)
+        for runs in by_hw.values():
+            shown, n = runs[-1], _row_count(runs[-1])
+            out.append(shown)
+            fuller = [f"{r.name} ({_row_count(r)} rows)" for r in runs[:-1]
+                      if _row_count(r) > n]
+            if fuller:
+                notes.append(f"{sweep}: showing the latest run {shown.name} ({n} rows); older "
+                             f"runs with more rows are not shown: {', '.join(fuller)}")
+    return out
 
 
 def load_tables(results: Path | str = RESULTS) -> Tables:
     from results.paper import paper_rows
 
     results = Path(results)
+    if not results.is_dir():
+        raise FileNotFoundError(f"no results folder {results}")
     breakdowns = results / SIMULATED / "breakdowns.csv"
+    notes: list[str] = []
     return Tables(
         paper=add_system(pd.DataFrame(paper_rows())),
-        simulated=_frames(_latest_tables(results / SIMULATED)),
-        measured=_frames(_latest_tables(results)),
+        simulated=_frames(_latest_tables(results / SIMULATED, notes)),
+        measured=_frames(_latest_tables(results, notes)),
         breakdowns=pd.read_csv(breakdowns) if breakdowns.exists() else pd.DataFrame(),
+        notes=notes,
     )

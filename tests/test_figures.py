@@ -105,3 +105,149 @@ def test_failed_cells_keep_their_status_in_the_plotted_data(fixture_tables, tmp_
     assert "oom" in set(mem.loc[mem["source"] == "simulated", "status"])
     weak = pd.read_csv(done["weak_scaling"][2])
     assert "oom" in set(weak["status"])
+
+
+def _csv(done, name) -> pd.DataFrame:
+    return pd.read_csv(done[name][2])
+
+
+def test_plotted_values_equal_their_sources_in_the_axis_units(fixture_tables, tmp_path):
+    """One value per figure, recomputed from its source here: a unit, scale or formula slip in
+    a figure (or in the breakdowns behind the analytic ones) changes it."""
+    from burst import flops as F
+    from burst.engine.configs import get_config
+
+    done = render_all(fixture_tables, tmp_path)
+    sim = fixture_tables.simulated
+    main = _csv(done, "main_throughput")
+    src = sim[(sim["label"] == "Burst-Ring") & (sim["model"] == "7b") & (sim["world"] == 32)]
+    got = main[(main["label"] == "Burst-Ring") & (main["model"] == "7b") & (main["world"] == 32)
+               & (main["source"] == "simulated")].set_index("metric")["value"]
+    assert got["mfu_model_flops_causal"] == pytest.approx(100 * src["mfu_model_flops_causal"]
+                                                          .iloc[0])
+    mem = _csv(done, "memory_bars")
+    m = mem[(mem["model"] == "14b") & (mem["world"] == 32) & (mem["label"] == "LoongTrain-Ring")]
+    assert m.set_index("source")["value"]["paper"] == pytest.approx(71.2193)  # GiB, published
+    assert m.set_index("source")["value"]["simulated"] == pytest.approx(0.9 * 71.2193)
+    abl = _csv(done, "ablation").set_index(["step", "metric"])["value"]
+    assert abl[("+ fused head", "tokens_per_s")] == pytest.approx(140.0)
+    assert abl[("+ fused head", "mem_gib")] == pytest.approx(40.0)
+    weak = _csv(done, "weak_scaling")
+    w4 = weak[(weak["label"] == "burstengine") & (weak["world"] == 4)].set_index("metric")
+    assert w4["value"]["tokens_per_s"] == pytest.approx(250.0)
+    assert w4["value"]["mfu_model_flops_causal"] == pytest.approx(50.0)
+    kern = _csv(done, "kernel_tflops")
+    k = kern[(kern["label"] == "BurstAttention") & (kern["seq_len"] == 1 << 20)]
+    assert k.set_index("source")["attn_tflops"]["simulated"] == pytest.approx(0.9 * 187.7,
+                                                                              rel=1e-3)
+    # the analytic figures against their formulas, written out here
+    cfg, n, g = get_config("7b"), 1 << 20, 32
+    share = _csv(done, "attention_share").set_index(["model", "series", "seq_len"])["value"]
+    attn_fwd = cfg.num_layers * 4 * n * n * cfg.hidden_size / 2  # QK^T and PV, causal half
+    assert share[("7b", "model_flops_causal", n)] == pytest.approx(
+        attn_fwd / (F.model_flops(cfg, 1, n, "model_flops_causal") / 3))
+    assert share[("7b", "model_flops_dense", n)] == pytest.approx(
+        2 * attn_fwd / (F.model_flops(cfg, 1, n, "model_flops_dense") / 3))
+    t, v, h = n // g, cfg.vocab_size, cfg.hidden_size
+    logits = _csv(done, "logits_memory").set_index(["model", "series", "seq_len"])["GiB"]
+    # fp32 logits and their gradient, the bf16 hidden input, the bf16 head weight and gradient
+    assert logits[("7b", "plain head", n)] == pytest.approx((t * v * 8 + t * h * 2 + 2 * v * h * 2)
+                                                            / 2**30)
+    ckpt = _csv(done, "checkpoint_memory").set_index(["model", "series", "seq_len"])["GiB"]
+    assert ckpt[("7b", "full", n)] == pytest.approx(cfg.num_layers * t * h * 2 / 2**30)
+    cpu = _csv(done, "cpu_sweep")
+    b = cpu[(cpu["metric"] == "bytes_sent") & (cpu["source"] == "measured")
+            & (cpu["label"] == "burst") & (cpu["world"] == 4)]
+    assert b["value"].tolist() == [12e6] and b["unit"].tolist() == ["bytes"]
+    sp = cpu[(cpu["metric"] == "speedup_vs_ring") & (cpu["label"] == "burst")]
+    assert sp["value"].tolist() == pytest.approx([2.0 / 1.5, 2.0 / 1.5])
+
+
+def _with(fixture_tables, simulated=None, measured=None) -> Tables:
+    return Tables(paper=fixture_tables.paper,
+                  simulated=fixture_tables.simulated if simulated is None else simulated,
+                  measured=fixture_tables.measured if measured is None else measured,
+                  breakdowns=fixture_tables.breakdowns)
+
+
+def test_panels_hold_one_cell_per_bar_on_the_figures_hardware(fixture_tables, tmp_path):
+    """A sweep with another length, rows simulated on another profile, and rows measured on
+    another GPU do not land in (or replace) the A800 panel's bars."""
+    sim = fixture_tables.simulated
+    main7 = sim[(sim["sweep"] == "paper_main_7b") & (sim["world"] == 32)]
+    longer = main7.assign(seq_len=1 << 22, tokens_per_s=1.0)
+    h100 = main7.assign(hardware="h100", tokens_per_s=2.0)
+    h200 = main7.assign(source="measured", device="cuda", hardware="NVIDIA H200",
+                        tokens_per_s=3.0)
+    a800 = main7.assign(source="measured", device="cuda", hardware="NVIDIA A800-SXM4-80GB",
+                        tokens_per_s=4.0)
+    tables = _with(fixture_tables, simulated=pd.concat([sim, longer, h100]),
+                   measured=pd.concat([fixture_tables.measured, h200, a800]))
+    main = _csv(render_all(tables, tmp_path, only=["main_throughput"]), "main_throughput")
+    burst = main[(main["label"] == "Burst-Ring") & (main["model"] == "7b")
+                 & (main["world"] == 32) & (main["metric"] == "tokens_per_s")]
+    values = burst.set_index("source")["value"]
+    assert values["simulated"] == pytest.approx(main7.set_index("label")["tokens_per_s"]
+                                                ["Burst-Ring"])
+    assert values["measured"] == 4.0 and len(burst) == 3
+
+
+def test_a_cell_without_a_number_is_never_drawn_as_zero_or_dropped(fixture_tables, tmp_path):
+    sim = fixture_tables.simulated.copy()
+    main = sim.index[(sim["label"] == "Burst-USP") & (sim["model"] == "7b")
+                     & (sim["world"] == 32)][0]
+    sim.loc[main, "tokens_per_s"] = float("nan")  # ok, but no number
+    kern = sim.index[(sim["sweep"] == "paper_kernel_32gpu") & (sim["label"] == "BurstAttention")
+                     & (sim["seq_len"] == 1 << 18)][0]
+    sim.loc[kern, "status"] = "error"
+    measured = fixture_tables.measured.copy()
+    measured.loc[(measured["label"] == "ring") & (measured["world"] == 4),
+                 "bytes_sent_backward"] = float("nan")
+    timeout = sim.loc[[main]].assign(source="measured", device="cuda", status="timeout",
+                                     hardware="NVIDIA A800-SXM4-80GB")
+    tables = _with(fixture_tables, simulated=sim, measured=pd.concat([measured, timeout]))
+    done = render_all(tables, tmp_path, only=["main_throughput", "kernel_tflops", "cpu_sweep"])
+    m = _csv(done, "main_throughput")
+    m = m[(m["label"] == "Burst-USP") & (m["model"] == "7b") & (m["world"] == 32)
+          & (m["metric"] == "tokens_per_s")].set_index("source")
+    assert m.loc["simulated", "status"] == "no value" and pd.isna(m.loc["simulated", "value"])
+    assert m.loc["measured", "status"] == "timeout"
+    k = _csv(done, "kernel_tflops")
+    assert k[(k["label"] == "BurstAttention") & (k["seq_len"] == 1 << 18)
+             & (k["source"] == "simulated")]["status"].tolist() == ["error"]
+    c = _csv(done, "cpu_sweep")
+    ring4 = c[(c["label"] == "ring") & (c["world"] == 4) & (c["source"] == "measured")
+              & (c["metric"] == "bytes_sent")]
+    assert ring4["value"].isna().all() and len(ring4) == 1
+
+
+def test_two_labels_of_one_system_are_two_lines(fixture_tables):
+    from paper_figures import weak_scaling
+
+    sim = fixture_tables.simulated
+    weak = sim[(sim["sweep"] == "paper_weak_scaling") & (sim["label"] == "burstengine")]
+    full = weak.assign(label="burstengine w/o sele-ckpt", checkpointing="full",
+                       tokens_per_s=weak["tokens_per_s"] / 2)
+    fig, _ = weak_scaling.make(_with(fixture_tables, simulated=pd.concat([sim, full])))
+    lines = {ln.get_label(): ln for ln in fig.axes[0].lines}
+    assert list(lines["burstengine"].get_ydata()) == pytest.approx([1000, 500, 250])
+    assert list(lines["burstengine w/o sele-ckpt"].get_ydata()) == pytest.approx([500, 250, 125])
+    assert lines["burstengine w/o sele-ckpt"].get_linestyle() == "--"
+
+
+def test_loading_keeps_each_profiles_latest_run_and_refuses_a_missing_folder(tmp_path):
+    from paper_figures.make import main
+    from paper_figures.tables import load_tables
+    from suites.simulate import simulate_spec
+
+    spec = tmp_path / "tiny.toml"
+    spec.write_text('description = "t"\nworkload = "attention"\ndevice = "cuda"\n'
+                    'dtype = "bfloat16"\nseq_lens = [65536]\nworld = 8\n'
+                    '[shape]\nheads = 8\nhead_dim = 128\n[[methods]]\nname = "burst"\n')
+    for hw in ("a800", "h100"):
+        simulate_spec(spec, hw, out_dir=tmp_path / "results" / "simulated")
+    tables = load_tables(tmp_path / "results")
+    assert sorted(tables.simulated["hardware"]) == ["a800", "h100"]
+    with pytest.raises(SystemExit) as e:
+        main(["--results", str(tmp_path / "no_such_folder"), "--out", str(tmp_path / "o")])
+    assert e.value.code == 2 and not (tmp_path / "o").exists()
