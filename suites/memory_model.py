@@ -86,15 +86,16 @@ def _attention_buffers(shape: AttnShape, plan: Plan, world: int, acc_elem: int) 
     b, n, d, e = shape.batch, shape.seq_len // world, shape.head_dim, shape.elem
     h, hk = shape.heads, shape.kv_heads
     kv = 2 * b * n * hk * d * e
+    acc = max(FP32, e)  # D, LSE and the local accumulators: fp32, float64 for float64 inputs
     if plan.kind == "ring":
         # the travelling gradient accumulators: fp32, or the input dtype (grad_acc="input")
         travel = e if (plan.options or {}).get("grad_acc") == "input" else None
         if plan.backward == "burst":  # Q, dO, D, LSE travel + fp32 dQ; dK, dV accumulate locally
-            pay = 2 * b * n * h * d * e + 2 * b * n * h * FP32 + b * n * h * d * (travel or FP32)
-            local = 2 * b * n * hk * d * FP32
+            pay = 2 * b * n * h * d * e + 2 * b * n * h * acc + b * n * h * d * (travel or acc)
+            local = 2 * b * n * hk * d * acc
         else:  # K, V + dK, dV travel; dQ accumulates locally
             pay = kv + 2 * b * n * hk * d * (travel or acc_elem)
-            local = b * n * h * d * FP32
+            local = b * n * h * d * acc
         bufs = 3 if plan.ring_local else 2  # double ring: one more block in flight across nodes
         return bufs * pay + local
     if plan.kind == "usp":

@@ -12,6 +12,8 @@ expect_error (substring: the call must raise ValueError containing it).
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 import torch
 
 from baselines import registry
@@ -147,6 +149,16 @@ def check(cases: list[dict], per_rank: list[list[dict]], world: int, expected_by
                 failures.append(f"rank {rank} {_label(c)}: bytes sent {got} != formula {want}")
             if sum(r["recv"].values()) != sum(r["bytes"].values()):
                 failures.append(f"rank {rank} {_label(c)}: received {r['recv']} != sent")
+        if c["expect_error"] is None:  # every byte sent on a (phase, link) arrives on it
+            sent, recv = defaultdict(int), defaultdict(int)
+            for rank in range(world):
+                for key, v in per_rank[rank][i]["bytes"].items():
+                    sent[key] += v
+                for key, v in per_rank[rank][i]["recv"].items():
+                    recv[key] += v
+            if {k: v for k, v in sent.items() if v} != {k: v for k, v in recv.items() if v}:
+                failures.append(f"{_label(c)}: received per phase and link {dict(recv)} != "
+                                f"sent {dict(sent)}")
         if c["naive"]:  # low precision: at most twice the naive same-dtype error, whole tensor
             for k in ("out", "dq", "dk", "dv"):
                 ours = max(per_rank[r][i][k] for r in range(world))

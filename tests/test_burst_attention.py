@@ -172,6 +172,21 @@ def _lse_on_some_ranks(rank: int, world: int):
         loss.backward()  # hung: rank 0 in the flag all-reduce, the others in the ring
         errs[backward] = max(float((m.grad - shard(f.grad, layout="zigzag")).abs().max())
                              for m, f in zip(mine, full, strict=True))
+    # rows with dO = 0 and dlse != 0 on rank 0 only: its queries travel to the other ranks,
+    # which must compute their part with the same (fallback) kernel
+    w_zero = torch.ones(1, n, 2, 16, dtype=torch.float64)
+    w_zero[:, mask[1::3]] = 0
+    for f in full:
+        f.grad = None
+    out, lse = reference_attention(*full, causal=True)
+    ((out * w_zero).sum() + (lse * w_lse).sum()).backward()
+    mine = [shard(t, layout="zigzag").requires_grad_() for t in (q, k, v)]
+    o, l_ = burst_attn(*mine, causal=True, backward="burst", return_lse=True)
+    ((o * shard(w_zero, layout="zigzag")).sum()
+     + (l_ * shard(w_lse, layout="zigzag", dim=2)).sum()).backward()
+    errs["dO = 0 on rank 0 only"] = max(float((m.grad - shard(f.grad, layout="zigzag"))
+                                              .abs().max()) for m, f in zip(mine, full,
+                                                                            strict=True))
     w_out = torch.randn(1, n, 2, 16, generator=g, dtype=torch.float64)
     w_out[:, 1::3] *= 1e-6
     for f in full:
@@ -205,6 +220,7 @@ def test_lse_is_differentiable():
     for errs, partial in spawn(_lse_flat_ring, 2, timeout_s=120):
         assert max(errs.values()) < 1e-10, errs
         assert partial["burst"] < 1e-10 and partial["ring"] < 1e-10, partial
+        assert partial["dO = 0 on rank 0 only"] < 1e-10, partial
         assert partial["fp16 tiny dO"] < 1e-2 and partial["warned"], partial
     for errs in spawn(_lse_grads, 4, args=("zigzag", 2), timeout_s=120):  # double ring 2 x 2
         assert max(errs.values()) < 1e-10, errs

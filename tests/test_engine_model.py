@@ -315,3 +315,27 @@ def test_micro_batches_accumulate_gradients_synchronised_once():
     from burst.spawn import spawn
 
     assert max(spawn(_accumulate, 2, timeout_s=180)) < 1e-12
+
+
+def test_local_batch_targets_and_positions_by_hand():
+    """Zigzag on 2 ranks, 8 tokens, documents [0, 3) and [3, 8): rank 0 holds tokens 0, 1, 6, 7,
+    rank 1 tokens 2, 3, 4, 5. Positions restart at each document; the last token of each
+    document (2 and 7) has no target. Written out here, because the single-process reference
+    builds its batch with the same function."""
+    from burst.engine.data import local_batch, synthetic_tokens
+
+    full = synthetic_tokens(torch.tensor([0]), torch.arange(8), vocab=97, seed=3)[0]
+    want = {0: ([0, 1, 6, 7], [0, 1, 3, 4], [1, 2, 7, None]),
+            1: ([2, 3, 4, 5], [2, 0, 1, 2], [None, 4, 5, 6])}
+    for rank, (idx, pos, nxt) in want.items():
+        tokens, targets, positions = local_batch(seq_len=8, batch=1, seed=3, vocab=97,
+                                                 layout="zigzag", world=2, rank=rank,
+                                                 cu_seqlens=(0, 3, 8))
+        assert tokens[0].tolist() == full[idx].tolist()
+        assert positions[0].tolist() == pos
+        assert targets[0].tolist() == [-100 if j is None else int(full[j]) for j in nxt]
+    # one sequence: only its last token (7, on rank 0) lacks a target
+    _, targets, positions = local_batch(seq_len=8, batch=1, seed=3, vocab=97, layout="zigzag",
+                                        world=2, rank=0)
+    assert positions[0].tolist() == [0, 1, 6, 7]
+    assert targets[0].tolist() == [int(full[1]), int(full[2]), int(full[7]), -100]

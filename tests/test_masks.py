@@ -19,6 +19,8 @@ SPECS = [
     M.MaskSpec(causal=False),
     M.MaskSpec(causal=True, window=(5, 0)),
     M.MaskSpec(causal=False, window=(3, 2)),
+    M.MaskSpec(causal=False, window=(0, 1)),  # key blocks starting exactly at q_hi + right
+    M.MaskSpec(causal=False, window=(2, 9)),
     M.MaskSpec(causal=False, window=(9, 0)),  # causal in effect on the diagonal: CAUSAL tiles
     M.MaskSpec(causal=True, cu_seqlens=(0, 5, 17, 18, 32)),
     M.MaskSpec(causal=False, window=(6, 6), cu_seqlens=(0, 11, 32)),

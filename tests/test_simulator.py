@@ -726,3 +726,23 @@ def test_gpu_packages_simulate_as_the_algorithms_they_run():
                                        head_dim=128, elem=2, node_size=8, causal=True, **popts)
         assert a["bytes_sent_backward"] == want.sent("backward")
         assert (a["time_s"], a["mem_peak_bytes"]) == (b["time_s"], b["mem_peak_bytes"]), pkg
+
+
+def test_ring_buffers_follow_the_heads_that_accumulate_locally():
+    """The burst backward keeps dK, dV (kv heads) at home in fp32 and circulates Q-sized
+    payloads; the ring backward keeps dQ (query heads) and circulates K/V-sized ones; float64
+    accumulates in float64."""
+    def buffers(method_opts, kv, dtype="bfloat16"):
+        cell = dict(workload="attention", method="burst", seq_len=1 << 16, world=8, heads=32,
+                    kv_heads=kv, head_dim=128, options=method_opts, dtype=dtype)
+        return predict(cell, HW).memory.parts["comm_buffers"]
+
+    b, n, d = 1, (1 << 16) // 8, 128
+    burst = {"backward": "burst"}
+    assert buffers(burst, 32) - buffers(burst, 8) == 2 * b * n * (32 - 8) * d * 4
+    ring = {"backward": "ring"}
+    # two buffers in flight of K, V (bf16) + fp32 dK, dV per kv head
+    assert buffers(ring, 32) - buffers(ring, 8) == 2 * 2 * b * n * (32 - 8) * d * (2 + 4)
+    # float64: the local dK, dV are float64 too
+    assert buffers(burst, 32, "float64") - buffers(burst, 8, "float64") == \
+        2 * b * n * (32 - 8) * d * 8
