@@ -56,19 +56,21 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             lse = top + sumexp.log()
             total += torch.where(valid, lse - picked, torch.zeros_like(lse)).sum()
             if not (want_h or want_w):  # evaluation: the loss only
+                del buf  # before the next chunk allocates its own
                 continue
             weight_row = valid.to(acc) * scale
             buf.mul_((weight_row / sumexp)[:, None])
             rows = torch.arange(len(tgt), device=tgt.device)
             buf[rows, safe] -= weight_row
             g = buf.to(h.dtype)  # no copy when they agree
-            del buf  # before the next chunk allocates its own
+            del buf
             if want_h:
                 grad_h[s:s + chunk] = g @ w
             if want_w and g.dtype == acc:
                 grad_w.addmm_(g.t(), h)
             elif want_w:  # the chunk's product in bf16 (a V x E temporary), summed in fp32
                 grad_w += g.t() @ h
+            del g  # (the same tensor as buf when the dtypes agree) before the next chunk's
         ctx.save_for_backward(grad_h, None if grad_w is None else grad_w.to(weight_VE.dtype))
         return total * scale
 
