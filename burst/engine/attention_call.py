@@ -1,6 +1,6 @@
 """The engine's one path to an attention method, and the counter of the attention FLOPs it runs.
 
-The engine never imports ``baselines`` (DESIGN.md principle 10): the caller hands it a method
+The engine never imports ``baselines`` (STYLE.md principle 10, dependency direction): the caller hands it a method
 object with the registry's call signature
 
     out = method(q_BSHD, k_BSHD, v_BSHD, *, causal, softmax_scale, group, **options)
