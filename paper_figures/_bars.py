@@ -47,7 +47,7 @@ def rows_for(tables, workload: str, hardware: str = "a800") -> pd.DataFrame:
 
 def panel_rows(df: pd.DataFrame, model: str, world: int) -> pd.DataFrame:
     """The rows of one (model, GPUs) panel at its one sequence length: the published one, else
-    the longest simulated one (a sweep with more lengths must not put two cells in a bar)."""
+    the longest of any source (a sweep with more lengths must not put two cells in a bar)."""
     sub = df[(df["model"] == model) & (df["world"] == world)]
     if not len(sub):
         return sub

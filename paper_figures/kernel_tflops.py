@@ -32,7 +32,7 @@ def make(tables):
             ok = (s["status"] == "ok") & s["attn_tflops"].notna()
             if src == "simulated" and ok.any():  # the line breaks where a cell has no number
                 ax.plot(s["seq_len"], s["attn_tflops"].where(ok), color=color(system), lw=1.8,
-                        ls=ls, label=label)
+                        ls=ls, marker=SOURCE_MARKERS[src], ms=3, label=label)  # a lone point shows
             elif ok.any():
                 ax.scatter(s.loc[ok, "seq_len"], s.loc[ok, "attn_tflops"], color=color(system),
                            s=30, marker=SOURCE_MARKERS[src], edgecolor="black", zorder=5)

@@ -78,9 +78,27 @@ def _row_count(run: Path) -> int:
         return 0
 
 
+def _run_hardware(run: Path) -> str:
+    """A run's hardware: run.json's (simulated runs), else its first row's (measured runs
+    record the device per row)."""
+    from results import store
+
+    hw = store.read_meta(run).get("hardware")
+    if hw:
+        return str(hw)
+    try:
+        with open(run / store.ROWS) as f:
+            for line in f:
+                if line.strip():
+                    return str(json.loads(line).get("hardware") or "")
+    except (OSError, ValueError):
+        pass
+    return ""
+
+
 def _latest_tables(root: Path, notes: list[str]) -> list[Path]:
-    """The latest run folder of every sweep folder under ``root``, per hardware (a run's
-    run.json ``hardware``: a simulation on another profile does not hide the A800 one): the
+    """The latest run folder of every sweep folder under ``root``, per hardware
+    (``_run_hardware``: a run on another profile or GPU does not hide the A800 one): the
     run ``results.store.latest_run`` picks (by creation time, not name), so a figure never shows
     an older run than ``burst-bench show``. Runs are never mixed; an older run with more rows
     than the one shown is named in ``notes``."""
@@ -92,7 +110,7 @@ def _latest_tables(root: Path, notes: list[str]) -> list[Path]:
     for sweep in sorted(p for p in root.iterdir() if p.is_dir() and p.name not in SKIP):
         by_hw: dict[str, list[Path]] = {}
         for run in store.runs_by_time(sweep):
-            by_hw.setdefault(str(store.read_meta(run).get("hardware") or ""), []).append(run)
+            by_hw.setdefault(_run_hardware(run), []).append(run)
         for runs in by_hw.values():
             shown, n = runs[-1], _row_count(runs[-1])
             out.append(shown)

@@ -59,6 +59,9 @@ def make(tables):
         ax.set_ylabel(ylabel)
         if metric == "tokens_per_s":
             ax.set_yscale("log")
+            low = df.loc[(df["status"] == "ok"), metric].min()
+            if pd.notna(low):  # an empty band at the floor for the failure marks
+                ax.set_ylim(bottom=low / 2.5)
         else:
             ax.set_ylim(0, None)
     axes[0][0].legend(fontsize=7)

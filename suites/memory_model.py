@@ -81,12 +81,33 @@ def _finish(parts: dict[str, float], hw: Hardware) -> MemoryEstimate:
                           usable=hw.usable_bytes)
 
 
+def _float64_scores(shape: AttnShape, plan: Plan, world: int) -> float:
+    """float64 attention runs this project's ``torch`` kernel backend (burst.kernel: no fused
+    kernel takes float64), which materialises a call's scores: s, p, dp and ds of the largest
+    call are live at once in backward. An upper bound: a call plan may split the block."""
+    if shape.elem != 8:
+        return 0.0
+    b, n, big, h = shape.batch, shape.seq_len // world, shape.seq_len, shape.heads
+    if plan.kind == "ring":  # local queries against one local key block
+        q, k, heads = n, n, h
+    elif plan.kind == "usp":  # the ring over U x n tokens, H / U heads
+        q = k = plan.ulysses * n
+        heads = -(-h // plan.ulysses)
+    elif plan.kind == "allgather":  # local queries against the gathered keys
+        q, k, heads = n, big, h
+    else:  # ulysses / tp: the whole sequence for H / G heads
+        q = k = big
+        heads = -(-h // (plan.ulysses or world))
+    return 4 * b * heads * q * k * 8
+
+
 def _attention_buffers(shape: AttnShape, plan: Plan, world: int, acc_elem: int) -> float:
     """Communication buffers and fp32 accumulators of one attention backward (its peak)."""
     b, n, d, e = shape.batch, shape.seq_len // world, shape.head_dim, shape.elem
     h, hk = shape.heads, shape.kv_heads
     kv = 2 * b * n * hk * d * e
     acc = max(FP32, e)  # D, LSE and the local accumulators: fp32, float64 for float64 inputs
+    acc_elem = max(acc_elem, e)  # travelling ones: the system's, never fewer than the input's
     if plan.kind == "ring":
         # the travelling gradient accumulators: fp32, or the input dtype (grad_acc="input")
         travel = e if (plan.options or {}).get("grad_acc") == "input" else None
@@ -117,7 +138,7 @@ def _attention_buffers(shape: AttnShape, plan: Plan, world: int, acc_elem: int) 
         return gathered
     # a window tiles the whole-sequence attention (burst.masks.plan_pair): its calls merge into
     # fp32 dq, dk, dv (baselines/local_attention.py), the same elements as the local q, k, v
-    return gathered + b * n * (h + 2 * hk) * d * FP32
+    return gathered + b * n * (h + 2 * hk) * d * acc
 
 
 def attention_memory(hw: Hardware, shape: AttnShape, plan: Plan, world: int,
@@ -128,9 +149,11 @@ def attention_memory(hw: Hardware, shape: AttnShape, plan: Plan, world: int,
     parts = {
         "inputs_outputs": b * n * (2 * h + 2 * hk) * d * e,  # q, k, v, out
         "grads": b * n * (2 * h + 2 * hk) * d * e,  # dout, dq, dk, dv
-        "lse_delta": 2 * b * h * n * FP32,
+        "lse_delta": 2 * b * h * n * max(FP32, e),
         "comm_buffers": _attention_buffers(shape, plan, world, impl.acc_elem),
     }
+    if shape.elem == 8:
+        parts["float64_scores"] = _float64_scores(shape, plan, world)
     return _finish(parts, hw)
 
 
@@ -145,7 +168,7 @@ def layer_activation_bytes(cfg, tokens: int, elem: int = BF16) -> dict[str, floa
         "norms": tokens * 4 * h * elem,
         "qkv": tokens * (h + 2 * kvd) * elem,
         "attention_out": tokens * h * elem,
-        "lse": tokens * cfg.num_heads * FP32,
+        "lse": tokens * cfg.num_heads * max(FP32, elem),
         "mlp": tokens * 4 * cfg.ffn_size * elem,
     }
 
@@ -165,7 +188,8 @@ def head_bytes(cfg, tokens: int, fused: bool, logits_bytes: float = 8.0,
     """Peak bytes of the LM head + loss for ``tokens`` local tokens (module docstring)."""
     h, v = cfg.hidden_size, cfg.vocab_size
     if fused:
-        out = min(tokens, FUSED_CHUNK) * v * (elem + 2 * FP32) + v * h * FP32 + tokens * h * elem
+        acc = max(FP32, elem)  # softmax and the weight gradient's sum (burst.engine.fused_loss)
+        out = min(tokens, FUSED_CHUNK) * v * (elem + 2 * acc) + v * h * acc + tokens * h * elem
     else:
         out = tokens * v * logits_bytes + tokens * h * elem
     return out + 2 * v * h * elem  # the gathered head weight and its gradient
@@ -195,7 +219,8 @@ def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
     act = (sum(layer_activation_bytes(cfg, tokens, e).values()) if checkpointing != "none"
            else 0.0)
     mlp_grads = 2 * tokens * cfg.ffn_size * e
-    layer_peak = act + mlp_grads + _attention_buffers(shape, plan, world, impl.acc_elem)
+    layer_peak = (act + mlp_grads + _attention_buffers(shape, plan, world, impl.acc_elem)
+                  + _float64_scores(shape, plan, world))
     head = head_bytes(cfg, tokens, fused_head, impl.logits_bytes, e)
     extra = impl.global_token_bytes * shape.seq_len
     base = {"model_states": states, "checkpoints": checkpoints, "implementation": extra}

@@ -284,10 +284,11 @@ def _merge_seconds(hw: Hardware, shape: AttnShape, m: int, heads: int, kv_heads:
                    pass_: str) -> float:
     """Memory-bound accumulator traffic of one step (fp32 partial results, DESIGN.md 3)."""
     bm, d = shape.batch * m, shape.head_dim
-    if pass_ == "forward":  # read o_r, read+write O (fp32), lse
-        nbytes = bm * heads * (d * (shape.elem + 8) + 12)
-    else:  # read+write the fp32 dq and dk/dv partial sums
-        nbytes = bm * (heads + 2 * kv_heads) * d * 8
+    acc = max(4, shape.elem)  # fp32 accumulators, float64 for float64 inputs
+    if pass_ == "forward":  # read o_r, read+write O, lse
+        nbytes = bm * heads * (d * (shape.elem + 2 * acc) + 3 * acc)
+    else:  # read+write the dq and dk/dv partial sums
+        nbytes = bm * (heads + 2 * kv_heads) * d * 2 * acc
     return hw.hbm_seconds(nbytes)
 
 

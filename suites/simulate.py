@@ -33,7 +33,7 @@ from burst import flops as F
 from suites.hardware import Hardware, load
 from suites.implementations import OURS, Implementation, implementation
 from suites.memory_model import MemoryEstimate, attention_memory, train_memory
-from suites.schedule import AttnShape, AttnTiming, Topo, attention_timing, plan_for
+from suites.schedule import ELEM, AttnShape, AttnTiming, Topo, attention_timing, plan_for
 from suites.step_model import train_step_timing
 
 __all__ = ["Prediction", "as_cell", "predict", "simulate_cell", "simulate_spec"]
@@ -147,8 +147,9 @@ def _options(cell, impl: Implementation) -> dict:
 
 
 def _acc_elem(cell, impl: Implementation) -> int:
-    """Bytes per accumulator element: float64 inputs accumulate in float64 (burst.kernel)."""
-    return 8 if cell.dtype == "float64" else impl.acc_elem
+    """Bytes per travelling accumulator element: the system's (fp32, or the input dtype where
+    it says 2), never fewer than the input's (float32 inputs: 4, float64: 8, burst.kernel)."""
+    return max(impl.acc_elem, ELEM[cell.dtype])
 
 
 def _shape(cell) -> AttnShape:
@@ -359,10 +360,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         for r in rows:
             val = r["status"]
-            if val == "ok":
-                val = (f"{r['attn_tflops']:.1f} TFLOP/s per GPU" if r["workload"] == "attention"
-                       else f"{r['tokens_per_s']:.1f} tokens/s per GPU, MFU "
-                            f"{100 * r['mfu_model_flops_causal']:.1f}%")
+            if val == "ok" and r["workload"] == "attention":
+                val = f"{r['attn_tflops']:.1f} TFLOP/s per GPU"
+            elif val == "ok":
+                mfu = r.get("mfu_model_flops_causal")  # 16-bit cells only
+                val = f"{r['tokens_per_s']:.1f} tokens/s per GPU" + (
+                    f", MFU {100 * mfu:.1f}%" if mfu is not None else "")
             print(f"{r['label']:28s} seq={r['seq_len']:>8d} world={r['world']:>3d} {val}")
         print(json.dumps({"spec": s, "rows": len(rows)}))
     return 0

@@ -246,8 +246,20 @@ def test_loading_keeps_each_profiles_latest_run_and_refuses_a_missing_folder(tmp
                     '[shape]\nheads = 8\nhead_dim = 128\n[[methods]]\nname = "burst"\n')
     for hw in ("a800", "h100"):
         simulate_spec(spec, hw, out_dir=tmp_path / "results" / "simulated")
+    # measured runs name their GPU per row, not in run.json: an older A800 run of a sweep
+    # stays next to a newer run on another GPU
+    from results import store
+
+    row = simulate_spec(spec, "a800")[0]
+    for i, gpu in enumerate(("NVIDIA A800-SXM4-80GB", "NVIDIA H100 80GB HBM3")):
+        run = tmp_path / "results" / "tiny" / f"run{i}"
+        run.mkdir(parents=True)
+        store.write_meta(run, {"created": f"2026-01-0{i + 1}T00:00:00Z"})
+        store.append_row(run / store.ROWS, dict(row, source="measured", hardware=gpu))
     tables = load_tables(tmp_path / "results")
     assert sorted(tables.simulated["hardware"]) == ["a800", "h100"]
+    assert sorted(tables.measured["hardware"]) == ["NVIDIA A800-SXM4-80GB",
+                                                   "NVIDIA H100 80GB HBM3"]
     with pytest.raises(SystemExit) as e:
         main(["--results", str(tmp_path / "no_such_folder"), "--out", str(tmp_path / "o")])
     assert e.value.code == 2 and not (tmp_path / "o").exists()

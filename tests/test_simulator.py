@@ -746,3 +746,26 @@ def test_ring_buffers_follow_the_heads_that_accumulate_locally():
     # float64: the local dK, dV are float64 too
     assert buffers(burst, 32, "float64") - buffers(burst, 8, "float64") == \
         2 * b * n * (32 - 8) * d * 8
+
+
+def test_input_dtype_accumulators_and_float64_scores_follow_the_dtype(tmp_path, capsys):
+    """Megatron-CP's dK/dV travel in the input dtype: twice the bytes in float32, not the
+    bf16 count; float64 runs the torch kernel backend, whose score matrices are memory; the
+    CLI prints a float32 training row (it has no MFU)."""
+    from suites.simulate import main
+
+    cell = dict(workload="attention", method="zigzag_ring", seq_len=1 << 15, world=8,
+                heads=8, head_dim=64, paper="megatron_cp")
+    rows = {dt: simulate_cell({**cell, "dtype": dt}, HW) for dt in ("bfloat16", "float32")}
+    assert rows["float32"]["bytes_sent_backward"] == 2 * rows["bfloat16"]["bytes_sent_backward"]
+    ring = dict(cell, method="burst", paper=None, options={"backward": "burst"})
+    p64 = predict({**ring, "dtype": "float64"}, HW)
+    n = (1 << 15) // 8
+    assert p64.memory.parts["float64_scores"] == 4 * 8 * n * n * 8
+    assert "float64_scores" not in predict({**ring, "dtype": "float32"}, HW).memory.parts
+    spec = tmp_path / "fp32_train.toml"
+    spec.write_text('description = "t"\nworkload = "train_step"\nmodel = "tiny"\n'
+                    'device = "cuda"\ndtype = "float32"\nseq_lens = [4096]\nworld = 4\n'
+                    '[[methods]]\nname = "burst"\n')
+    assert main([str(spec), "--hardware", "a100", "--out", str(tmp_path / "out")]) == 0
+    assert "tokens/s per GPU" in capsys.readouterr().out

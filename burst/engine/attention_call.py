@@ -1,7 +1,7 @@
 """The engine's one path to an attention method, and the counter of the attention FLOPs it runs.
 
-The engine never imports ``baselines`` (STYLE.md principle 10, dependency direction): the caller hands it a method
-object with the registry's call signature
+The engine never imports ``baselines`` (STYLE.md principle 10, dependency direction): the
+caller hands it a method object with the registry's call signature
 
     out = method(q_BSHD, k_BSHD, v_BSHD, *, causal, softmax_scale, group, **options)
 
