@@ -120,8 +120,10 @@ def summary(df, metric: str = "time_s", *, baseline: str | None = None):
 
 
 def compare(a, b, metric: str = "time_s", *, names: tuple[str, str] = ("a", "b")):
-    """Cells present in both tables (MATCH_KEYS + label), with the metric of each, ``ratio``
-    = b / a and ``speedup`` = how many times better b is (a/b for times, b/a for rates)."""
+    """Cells of table a (MATCH_KEYS + label) with the metric of each table, ``ratio`` = b / a
+    and ``speedup`` = how many times better b is (a/b for times, b/a for rates). A cell of a
+    that b lacks is a row with b's status ``missing`` (a gate must not pass a cell that
+    vanished); cells only in b are new, not compared."""
     import pandas as pd
 
     if metric not in METRICS:
@@ -133,9 +135,7 @@ def compare(a, b, metric: str = "time_s", *, names: tuple[str, str] = ("a", "b")
     index_b = {k: i for i, k in enumerate(_keys(b, cols))}
     rows = []
     for ka, (_, ra) in zip(_keys(a, cols), a.iterrows(), strict=True):
-        if ka not in index_b:
-            continue
-        rb = b.iloc[index_b[ka]]
+        rb = b.iloc[index_b[ka]] if ka in index_b else pd.Series({"status": "missing"})
         va, vb = ra.get(metric), rb.get(metric)
         ok = (ra.get("status") == "ok" and rb.get("status") == "ok" and not _missing(va)
               and not _missing(vb) and float(va) != 0)

@@ -93,7 +93,7 @@ def _cmd_compare(args) -> int:
     a, b = store.load(args.a), store.load(args.b)
     names = tuple(args.names.split(",")) if args.names else ("a", "b")
     df = compare(a, b, args.metric, names=names)
-    if df.empty:
+    if df.empty or (df[f"status_{names[1]}"] == "missing").all():
         print("no matching cells (cells match on workload, shape, length, world and label)")
         return 1
     varying = [c for c in ("label", "model", "seq_len", "world", "nodes", "dtype", "device")

@@ -66,12 +66,13 @@ def run_one(c: dict, rank: int, world: int) -> dict:
     mask_kw = dict(causal=c["causal"], window=c["window"], cu_seqlens=c["cu_seqlens"])
     q, k, v, do = _full_inputs(c, world)
     dtype = DTYPES[c["dtype"]]
+    extra = {key: c[key] for key in ("window", "cu_seqlens") if c[key] is not None}
     if c["expect_error"] is not None:
         try:
             method.check(world=world, heads=c["heads"], kv_heads=c["kv_heads"],
                          seq_local=c["seq_local"], causal=c["causal"], **opts)
             sh = [shard(t.to(dtype), layout=layout) for t in (q, k, v)]
-            method(*sh, causal=c["causal"], **opts)
+            method(*sh, causal=c["causal"], **extra, **opts)
         except ValueError as e:
             return {"raised": str(e)}
         return {"raised": None}
@@ -81,11 +82,6 @@ def run_one(c: dict, rank: int, world: int) -> dict:
     ref_lse = shard(ref[1].detach(), layout=layout, dim=2)
 
     def dist_fn(a, b_, c_):
-        extra = {}
-        if c["window"] is not None:
-            extra["window"] = c["window"]
-        if c["cu_seqlens"] is not None:
-            extra["cu_seqlens"] = c["cu_seqlens"]
         return method(a, b_, c_, causal=c["causal"], **extra, **opts)
 
     method.check(world=world, heads=c["heads"], kv_heads=c["kv_heads"],

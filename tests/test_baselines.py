@@ -83,6 +83,8 @@ def _core_cases(world: int) -> list[dict]:
         add("usp", options=dict(ulysses_degree=3), expect_error="ulysses_degree=3")
         add("usp", options=dict(layout="striped"), expect_error="layout 'striped'")
         add("double_ring", options=dict(ranks_per_node=3), expect_error="ranks_per_node=3")
+        add("double_ring", options=dict(ranks_per_node=1), expect_error="ranks_per_node=1")
+        add("allgather", seq_local=8, cu_seqlens=(0, 3, 6), expect_error="cu_seqlens")
         add("allgather", seq_local=7, expect_error="not divisible by 2")
         add("zigzag_ring", causal=True, options=dict(grad_acc="bf16"),
             expect_error="grad_acc='bf16'; valid: fp32, input")
@@ -92,6 +94,11 @@ def _core_cases(world: int) -> list[dict]:
     if world == 8:
         add("double_ring", causal=True, options=dict(ranks_per_node=4), ranks_per_node=4)
         add("usp", causal=True, options=dict(ulysses_degree=4), ranks_per_node=4)
+        # inner rings of 2 inside nodes of 4: its outer hops cross a node boundary or not
+        add("double_ring", causal=True, options=dict(ranks_per_node=2), ranks_per_node=4)
+        # a window truncates USP's ring over U x n tokens, not n
+        add("usp", causal=True, window=(12, 0), options=dict(ulysses_degree=2,
+                                                               layout="contiguous"))
     return cs
 
 

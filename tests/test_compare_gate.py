@@ -47,3 +47,26 @@ def test_a_cell_that_stops_succeeding_fails(tmp_path, baseline):
     broken.to_csv(b, index=False)
     assert main(["compare", str(a), str(b), "--fail-above", "5"]) == 1
     assert main(["compare", str(a), str(b)]) == 0  # without a threshold it only reports
+
+
+def test_a_cell_missing_from_b_fails(tmp_path, baseline, capsys):
+    """A cell that vanished (its job never wrote a row) must not pass the gate."""
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    baseline.to_csv(a, index=False)
+    baseline.iloc[1:].to_csv(b, index=False)
+    assert main(["compare", str(a), str(b), "--fail-above", "5"]) == 1
+    assert "missing" in capsys.readouterr().out
+
+
+def test_rates_are_better_when_higher(tmp_path, baseline, capsys):
+    faster = baseline.copy()
+    faster["tokens_per_s"] = faster["tokens_per_s"] * 2
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    baseline.to_csv(a, index=False)
+    faster.to_csv(b, index=False)
+    out_csv = tmp_path / "cmp.csv"
+    assert main(["compare", str(a), str(b), "--metric", "tokens_per_s", "--fail-above", "5",
+                 "--out", str(out_csv)]) == 0
+    assert pd.read_csv(out_csv)["speedup"].tolist() == pytest.approx([2.0] * len(baseline))
+    assert main(["compare", str(b), str(a), "--metric", "tokens_per_s", "--fail-above",
+                 "5"]) == 1

@@ -332,3 +332,27 @@ def test_a_rank_that_dies_silently_makes_an_error_row_not_a_timeout(tmp_path):
     (row,) = store.read_rows(run.rows)
     assert row["status"] == "error" and "rank(s) 1 ended without a result" in row["error"]
     assert row["job_id"] == "7" and row["hostname"] is None  # not the driver's host
+
+
+def _fake_clock(rank: int, world: int):
+    from suites import measure as M
+    from suites.simulate import as_cell
+
+    times = iter([1.0, 2.0, 10.0] if rank == 0 else [0.5, 1.0, 9.0])  # rank 0 is the slowest
+    M._timed = lambda step, dev: next(times)
+    cell = as_cell(dict(method="ring", seq_len=16, world=world, heads=2, head_dim=8,
+                        device="cpu", dtype="float32", repeats=3, profile_memory=False))
+    return M.measure(cell)
+
+
+def test_measured_time_is_the_median_of_the_slowest_rank_per_repeat():
+    """time_s: the median over repeats of the slowest rank's time; tokens/s per GPU; min and
+    max; attention TFLOP/s per GPU (a fake clock: 1, 2, 10 s on the slowest rank)."""
+    from burst import flops
+    from burst.spawn import spawn
+
+    for r in spawn(_fake_clock, 2, timeout_s=120):
+        assert (r["time_s"], r["time_s_min"], r["time_s_max"]) == (2.0, 1.0, 10.0)
+        assert r["tokens_per_s"] == 16 / 2.0 / 2
+        assert r["attn_tflops"] == pytest.approx(
+            flops.attention_kernel_flops(1, 16, 2, 8, True, None) / 2.0 / 2 / 1e12)

@@ -39,6 +39,7 @@ name = "../escaped"
 workload = "attention"
 dtype = "float33"
 repeat = 3
+repeats = 0
 warmup = -1
 seq_lens = [64, 100]
 world = 4
@@ -77,6 +78,7 @@ def test_bad_spec_lists_every_problem(tmp_path):
         ("dtype", "'float33' is not valid", "float32"),  # bad value with the valid choices
         ("repeat", "unknown key", "did you mean 'repeats'"),
         ("warmup", "must be >= 0"),
+        ("repeats", "must be >= 1"),
         ("nodes", "3 does not divide world=4", "valid: 1, 2, 4"),
         ("baseline", "'nobody' is not a method label"),
         ("shape.kv_heads", "4 does not divide heads=6", "valid: 1, 2, 3, 6"),
@@ -104,6 +106,11 @@ def test_sweep_options_a_run_would_not_honour_are_refused(tmp_path):
                         '[[methods]]\nname = "burst"\noptions = { window = [8, 0] }\n', 1)
     with pytest.raises(SpecError, match="options.window: not a method option in a sweep"):
         load_spec(_write(tmp_path, text, "win"))
+    # a [shape] window goes to every call: a method that cannot take one is refused up front
+    shaped = GOOD.replace("[shape]\n", "[shape]\nwindow = [8, 0]\n", 1) + (
+        '[[methods]]\nname = "ring_flash_attn"\n')
+    with pytest.raises(SpecError, match="ring_flash_attn"):
+        load_spec(_write(tmp_path, shaped, "ext"))
     train = ('workload = "train_step"\nmodel = "tiny"\ndtype = "float16"\nseq_lens = [64]\n'
              'world = 2\n[[methods]]\nname = "burst"\n')
     with pytest.raises(SpecError, match="'float16': the engine trains in"):
@@ -192,12 +199,14 @@ def test_shipped_specs_are_valid():
 def test_dry_run_prints_sbatch_and_gpu_hours():
     spec = load_spec("paper_kernel_32gpu")
     buf = io.StringIO()
-    slurm = dataclasses.replace(spec.slurm, partition="gpu-a800", account="proj")
+    slurm = dataclasses.replace(spec.slurm, partition="gpu-a800", account="proj", qos="high",
+                                constraint="a800", mem_gb=200)
     hours = dry_run(expand(spec), slurm=slurm, sweep=spec.name, stream=buf)
     out = buf.getvalue()
     for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
                  "#SBATCH --array=0-15%16", "#SBATCH --partition=gpu-a800",
-                 "#SBATCH --account=proj", "#SBATCH --time=30", "submitit.core._submit"):
+                 "#SBATCH --account=proj", "#SBATCH --qos=high", "#SBATCH --constraint=a800",
+                 "#SBATCH --mem=200G", "#SBATCH --time=30", "submitit.core._submit"):
         assert line in out, line
     assert hours == pytest.approx(16 * 32 * 30 / 60)
     assert "at most 256.0 GPU-hours" in out and "nothing was submitted" in out
@@ -286,9 +295,10 @@ def test_tables_summary_speedup_compare(tmp_path):
     rows2 = _rows([("ring", 64, 2.0, "ok"), ("burst", 64, 0.5, "ok")])
     d2 = _run_dir(tmp_path, "20250102T000000Z-1", rows2)
     c = compare(store.load(d), store.load(d2), "time_s")
-    got = {r.label: (r.ratio, r.speedup) for r in c.itertuples()}
-    assert got["burst"] == (pytest.approx(0.5), pytest.approx(2.0))
-    assert got["ring"] == (pytest.approx(1.0), pytest.approx(1.0))
+    got = {(r.label, r.seq_len): (r.ratio, r.speedup, r.status_b) for r in c.itertuples()}
+    assert got[("burst", 64)] == (pytest.approx(0.5), pytest.approx(2.0), "ok")
+    assert got[("ring", 64)] == (pytest.approx(1.0), pytest.approx(1.0), "ok")
+    assert got[("ring", 128)][2] == "missing"  # a cell of a that b lacks is a row, not a gap
     assert store.latest_run(tmp_path / "sweep") == d2
     assert add_speedup(df, None)["speedup"].equals(df["speedup"])
     both = pd.concat([store.load(d), store.load(d2)], ignore_index=True)
@@ -434,3 +444,15 @@ def test_rewritten_results_do_not_make_the_code_dirty(tmp_path, monkeypatch):
         git("checkout", "-q", "--", ".")
         git("clean", "-qfx", "--", "code.py", "results/tables.py", "new_method.py")
     assert provenance.code_provenance()["git_dirty"] is False
+
+
+def test_resume_skips_by_each_cells_last_row():
+    """A resumed run skips the cells done; with --retry-failed it runs again those whose last
+    row failed or was skipped (a retried oom that succeeded is done)."""
+    from suites.run import _done
+
+    rows = [{"cell_id": "a", "status": "skipped"}, {"cell_id": "b", "status": "oom"},
+            {"cell_id": "b", "status": "ok"}, {"cell_id": "c", "status": "ok"},
+            {"cell_id": "d", "status": "ok"}, {"cell_id": "d", "status": "error"}]
+    assert _done(rows, retry_failed=False) == {"a", "b", "c", "d"}
+    assert _done(rows, retry_failed=True) == {"b", "c"}

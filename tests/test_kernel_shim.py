@@ -87,6 +87,10 @@ def test_backend_choice_and_errors():
     assert kernel_name("cuda_sdpa", meta, DENSE) == "cuda_sdpa/efficient"
     assert kernel_name("cuda_sdpa", meta.float(), CAUSAL) == "cuda_sdpa/efficient"
     assert kernel_name("cuda_sdpa", meta[..., :12], FULL) == "cuda_sdpa/efficient"
+    wide = torch.zeros(1, 4, 2, 256, dtype=torch.bfloat16, device="meta")  # flash's widest
+    assert kernel_name("cuda_sdpa", wide, CAUSAL) == "cuda_sdpa/flash"
+    # no CUDA SDPA kernel takes float64: the explicit CUDA backend sends it to the oracle
+    assert kernel_name("cuda_sdpa", meta.double(), CAUSAL) == "torch"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])

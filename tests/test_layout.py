@@ -33,6 +33,8 @@ def test_bad_layout_and_length():
         local_index(8, 2, 0, "spiral")
     with pytest.raises(ValueError, match="not divisible by 8"):
         local_index(12, 4, 0, "zigzag")
+    # striped deals single tokens round-robin: any multiple of the ranks (zigzag needs 2G)
+    assert local_index(6, 2, 0, "striped").tolist() == [0, 2, 4]
 
 
 def _roundtrip(rank: int, world: int) -> list[str]:

@@ -769,3 +769,15 @@ def test_input_dtype_accumulators_and_float64_scores_follow_the_dtype(tmp_path, 
                     '[[methods]]\nname = "burst"\n')
     assert main([str(spec), "--hardware", "a100", "--out", str(tmp_path / "out")]) == 0
     assert "tokens/s per GPU" in capsys.readouterr().out
+
+
+def test_holdout_summary_is_the_median_and_worst_absolute_error():
+    from suites.calibrate import BURSTENGINE, holdout_summary
+
+    ours = sorted(BURSTENGINE)[0]
+    evals = [dict(method=m, rel_error=e) for m, e in
+             ((ours, -0.1), ("megatron_cp", 0.2), (ours, 0.3), ("x", -0.4), ("x", None))]
+    s = holdout_summary(evals)
+    assert s["all"] == {"rows": 4, "median": pytest.approx(0.25), "worst": pytest.approx(0.4)}
+    assert s["burstengine"] == {"rows": 2, "median": pytest.approx(0.2),
+                                "worst": pytest.approx(0.3)}
