@@ -52,6 +52,7 @@ def _core_cases(world: int) -> list[dict]:
     add("allgather", causal=True, options=dict(layout="striped"), kv_heads=1)
     add("ulysses", causal=True, kv_heads=2 if world > 2 else 1,  # kv heads replicated to G
         options=dict(layout="zigzag"))
+    add("ulysses", causal=True, options=dict(layout="striped"))  # its reorder under a mask
     if world == 2:
         add("usp", causal=True, options=dict(ulysses_degree=1))  # pure ring
         add("usp", causal=True, options=dict(ulysses_degree=2, layout="zigzag"))  # pure Ulysses
@@ -310,3 +311,16 @@ def test_collectives_on_subgroups():
     for ok, detail, inter_sent, inter_recv in spawn(_subgroup_collectives, 4, timeout_s=120):
         assert ok, detail
         assert inter_sent == inter_recv == 0
+
+
+
+def test_links_come_from_the_counter_or_local_world_size(monkeypatch):
+    """Under torchrun / submitit the node size is $LOCAL_WORLD_SIZE; the counter's own
+    ranks_per_node wins; without either every rank is on one node."""
+    from burst.comm import ByteCount
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert ByteCount()._link(0, 3) == "intra"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert ByteCount()._link(0, 3) == "inter" and ByteCount()._link(0, 1) == "intra"
+    assert ByteCount(ranks_per_node=4)._link(0, 3) == "intra"

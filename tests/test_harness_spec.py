@@ -429,12 +429,14 @@ def test_rewritten_results_do_not_make_the_code_dirty(tmp_path, monkeypatch):
 
     git("init", "-q")
     (tmp_path / "results").mkdir()
-    for f in ("code.py", "results/table.csv"):
+    (tmp_path / "paper_figures" / "out").mkdir(parents=True)
+    for f in ("code.py", "results/table.csv", "paper_figures/out/fig.csv"):
         (tmp_path / f).write_text("a\n")
     git("add", ".")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
     monkeypatch.setattr(provenance, "REPO", tmp_path)
     (tmp_path / "results" / "table.csv").write_text("b\n")
+    (tmp_path / "paper_figures" / "out" / "fig.csv").write_text("b\n")  # a redrawn figure
     (tmp_path / "results" / "sweep" / "run1").mkdir(parents=True)
     (tmp_path / "results" / "sweep" / "run1" / "rows.jsonl").write_text("{}\n")  # untracked
     assert provenance.code_provenance()["git_dirty"] is False
@@ -456,3 +458,48 @@ def test_resume_skips_by_each_cells_last_row():
             {"cell_id": "d", "status": "ok"}, {"cell_id": "d", "status": "error"}]
     assert _done(rows, retry_failed=False) == {"a", "b", "c", "d"}
     assert _done(rows, retry_failed=True) == {"b", "c"}
+
+
+
+def test_job_id_names_the_array_task(monkeypatch):
+    from suites import provenance
+
+    for k in ("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_JOB_ID",
+              "SUBMITIT_LOCAL_JOB_ID"):
+        monkeypatch.delenv(k, raising=False)
+    assert provenance.job_id() is None
+    monkeypatch.setenv("SUBMITIT_LOCAL_JOB_ID", "7")
+    assert provenance.job_id() == "7"
+    monkeypatch.setenv("SLURM_JOB_ID", "104")
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "100")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    assert provenance.job_id() == "100_3"  # sacct's name of the task, not its own job id
+
+
+def test_local_executor_runs_every_rank_of_a_multinode_cell(tmp_path):
+    """The local executor puts all ranks of a cell on this machine (nodes only label links):
+    a world-4 cell over 2 'nodes' needs 4 tasks, or its group waits for ever."""
+    from suites.executors import _executor
+    from suites.simulate import as_cell
+    from suites.spec import SlurmSpec
+
+    cell = as_cell(dict(method="ring", seq_len=64, world=4, nodes=2, heads=2, head_dim=8,
+                        device="cpu", dtype="float32"))
+    ex = _executor("local", tmp_path, [cell], SlurmSpec(), "t")
+    assert ex._executor.parameters["tasks_per_node"] == 4
+    assert ex._executor.parameters["nodes"] == 1
+
+
+def test_timegate_threshold_and_check(monkeypatch, tmp_path):
+    """threshold = median * (1 + max(3 * spread, 5%)); check fails above it, passes below."""
+    from suites import timegate
+
+    ratios = iter([1.0, 1.01, 1.0])
+    monkeypatch.setattr(timegate, "GATES", {"g": lambda: (None, None)})
+    monkeypatch.setattr(timegate, "STORE", tmp_path / "gates.json")
+    monkeypatch.setattr(timegate, "measure_ratio", lambda a, b, repeats=7: next(ratios))
+    out = timegate.record(trials=3)
+    assert out["g"]["threshold"] == pytest.approx(1.0 * (1 + max(3 * 0.01, 0.05)))
+    for r, code in ((1.06, 1), (1.04, 0)):
+        monkeypatch.setattr(timegate, "measure_ratio", lambda a, b, repeats=7, r=r: r)
+        assert timegate.check() == code

@@ -781,3 +781,17 @@ def test_holdout_summary_is_the_median_and_worst_absolute_error():
     assert s["all"] == {"rows": 4, "median": pytest.approx(0.25), "worst": pytest.approx(0.4)}
     assert s["burstengine"] == {"rows": 2, "median": pytest.approx(0.2),
                                 "worst": pytest.approx(0.3)}
+
+
+def test_published_rows_time_and_fused_head_follow_the_table():
+    """A published row's time is the step of one GPU's tokens (tokens/s is per GPU), so its
+    MFU is a fraction near the paper's; BurstEngine's rows, ring and USP, use the fused head."""
+    from results.paper import main_rows
+
+    rows = [r for r in main_rows() if r.get("tokens_per_s")]
+    assert rows
+    for r in rows:
+        assert r["time_s"] == pytest.approx(r["seq_len"] / (r["tokens_per_s"] * r["world"]))
+        assert 0.1 < r["mfu_model_flops_causal"] < 0.8, r  # the paper: 19% to 60%
+        assert r["fused_head"] == r["method"].startswith("burstengine"), r
+    assert any(r["method"] == "burstengine_usp" and r["fused_head"] for r in rows)
