@@ -189,6 +189,10 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
         return Prediction("error", error=f"{cell.ranks_per_node} ranks per node, but the "
                                          f"{hw.name} profile has {hw.gpus_per_node} GPUs per "
                                          "node (set nodes or ranks_per_node)")
+    try:  # a profile that gives no peak for this dtype cannot price it
+        hw.peak(cell.dtype, "attention"), hw.peak(cell.dtype, "gemm")
+    except ValueError as e:
+        return Prediction("error", error=str(e))
     if cell.seq_len % cell.world:
         return Prediction(invalid, error=f"seq_len {cell.seq_len} is not divisible by world "
                                          f"{cell.world}")

@@ -76,7 +76,9 @@ def _fmt(v) -> str:
 
 def _constants_table(hw, fitted: set[str]) -> list[str]:
     lines = ["| value | | source |", "|---|---|---|"]
-    for key, attr, _ in hwmod.FIELDS:
+    for key, attr, _ in (*hwmod.FIELDS[:1], *hwmod.OPTIONAL_FIELDS, *hwmod.FIELDS[1:]):
+        if getattr(hw, attr) is None:
+            continue
         mark = " **(fitted)**" if f"{hw.name}.{attr}" in fitted else ""
         src = hw.sources.get(key, "").replace("|", "/")
         lines.append(f"| `{key}` | {_fmt(getattr(hw, attr))}{mark} | {src} |")

@@ -400,12 +400,12 @@ def test_spec_simulates_like_a_run(tmp_path):
 
 
 def test_hardware_profiles_give_every_value_a_source(tmp_path):
-    from suites.hardware import FIELDS, names
+    from suites.hardware import FIELDS, OPTIONAL_FIELDS, names
 
     assert {"a800", "a100", "h100", "h200"} <= set(names())
     for n in names():
         hw = load(n)
-        assert all(hw.sources.get(key) for key, _, _ in FIELDS), n
+        assert all(hw.sources.get(key) for key, _, _ in (*FIELDS, *OPTIONAL_FIELDS)), n
     bad = tmp_path / "bad.toml"
     bad.write_text('name = "bad"\n[gpu]\npeak_bf16_tflops = 3\n')
     with pytest.raises(ValueError, match="peak_bf16_tflops"):
@@ -795,3 +795,21 @@ def test_published_rows_time_and_fused_head_follow_the_table():
         assert 0.1 < r["mfu_model_flops_causal"] < 0.8, r  # the paper: 19% to 60%
         assert r["fused_head"] == r["method"].startswith("burstengine"), r
     assert any(r["method"] == "burstengine_usp" and r["fused_head"] for r in rows)
+
+
+
+def test_a_profile_without_the_other_dtypes_peaks_still_prices_16_bit_cells(tmp_path):
+    """A user's profile written before the float32/float64 peaks existed loads; its bf16 cells
+    are priced as before, its float32 cells are error rows that name the missing value."""
+    from suites.hardware import profile_path
+
+    text = profile_path("a800").read_text()
+    lines = [ln for ln in text.splitlines() if not ln.startswith(("peak_tf32", "peak_fp32",
+                                                                   "peak_fp64"))]
+    old = tmp_path / "old.toml"
+    old.write_text("\n".join(lines) + "\n")
+    cell = dict(workload="attention", method="burst", seq_len=1 << 16, world=8, heads=8,
+                head_dim=128)
+    assert simulate_cell(cell, load(old))["time_s"] == simulate_cell(cell, HW)["time_s"]
+    row = simulate_cell({**cell, "dtype": "float32"}, load(old))
+    assert row["status"] == "error" and "gpu.peak_tf32_tflops" in row["error"]

@@ -28,16 +28,13 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib
 
-__all__ = ["FIELDS", "Hardware", "load", "names", "profile_path"]
+__all__ = ["FIELDS", "OPTIONAL_FIELDS", "Hardware", "load", "names", "profile_path"]
 
 _DIR = Path(__file__).resolve().parent
 
 # (section.key, attribute, type): the keys every profile must give
 FIELDS: tuple[tuple[str, str, type], ...] = (
     ("gpu.peak_bf16_tflops", "peak_tflops", float),
-    ("gpu.peak_tf32_tflops", "peak_tf32_tflops", float),
-    ("gpu.peak_fp32_tflops", "peak_fp32_tflops", float),
-    ("gpu.peak_fp64_tflops", "peak_fp64_tflops", float),
     ("gpu.memory_gib", "memory_gib", float),
     ("gpu.hbm_gbps", "hbm_gbps", float),
     ("gpu.gemm_efficiency", "gemm_efficiency", float),
@@ -56,6 +53,13 @@ FIELDS: tuple[tuple[str, str, type], ...] = (
     ("memory.usable_gib", "usable_gib", float),
     ("memory.allocator_overhead", "allocator_overhead", float),
 )
+# the peaks of the other dtypes: a profile without them still prices 16-bit cells; a float32 or
+# float64 cell on it is an error row that names the missing value
+OPTIONAL_FIELDS: tuple[tuple[str, str, type], ...] = (
+    ("gpu.peak_tf32_tflops", "peak_tf32_tflops", float),
+    ("gpu.peak_fp32_tflops", "peak_fp32_tflops", float),
+    ("gpu.peak_fp64_tflops", "peak_fp64_tflops", float),
+)
 _FRACTIONS = ("gemm_efficiency", "elementwise_efficiency", "fwd_eta_max", "bwd_over_fwd",
               "nic_efficiency")
 GIB = 2**30
@@ -69,10 +73,6 @@ class Hardware:
     description: str
     peak_tflops: float
     """Dense bf16 peak per GPU, also the MFU denominator (DESIGN.md 4)."""
-    peak_tf32_tflops: float
-    peak_fp32_tflops: float
-    """FP32 on the CUDA cores (no tensor cores)."""
-    peak_fp64_tflops: float
     memory_gib: float
     hbm_gbps: float
     gemm_efficiency: float
@@ -98,13 +98,18 @@ class Hardware:
     """Memory a process can allocate (capacity minus context and library workspaces)."""
     allocator_overhead: float
     """Reserved / allocated - 1 of the caching allocator (fragmentation, rounding)."""
+    peak_tf32_tflops: float | None = None
+    peak_fp32_tflops: float | None = None
+    """FP32 on the CUDA cores (no tensor cores)."""
+    peak_fp64_tflops: float | None = None
     sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self):
         bad = []
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name in ("name", "description", "sources"):
+            if f.name in ("name", "description", "sources") or v is None and f.name in {
+                    attr for _, attr, _ in OPTIONAL_FIELDS}:
                 continue
             if not isinstance(v, int | float) or v < 0:
                 bad.append(f"{f.name}={v!r} must be a number >= 0")
@@ -136,10 +141,17 @@ class Hardware:
         if dtype in ("bfloat16", "float16"):
             return self.peak_tflops
         if dtype == "float32":
-            return self.peak_tf32_tflops / 3 if work == "attention" else self.peak_fp32_tflops
-        if dtype == "float64":
-            return self.peak_fp64_tflops
-        raise ValueError(f"dtype={dtype!r}; valid: bfloat16, float16, float32, float64")
+            attr = "peak_tf32_tflops" if work == "attention" else "peak_fp32_tflops"
+        elif dtype == "float64":
+            attr = "peak_fp64_tflops"
+        else:
+            raise ValueError(f"dtype={dtype!r}; valid: bfloat16, float16, float32, float64")
+        v = getattr(self, attr)
+        if v is None:
+            key = next(k for k, a, _ in OPTIONAL_FIELDS if a == attr)
+            raise ValueError(f"hardware profile {self.name!r} gives no {key}, which prices "
+                             f"{dtype} {work}; add it as {{value = ..., source = \"...\"}}")
+        return v / 3 if attr == "peak_tf32_tflops" else v
 
     def attn_efficiency(self, t: float, pass_: str = "forward", causal: bool = False) -> float:
         """Fraction of peak (useful FLOPs) of an attention call whose smaller side has ``t``
@@ -218,14 +230,18 @@ def profile_path(name_or_path: str | Path) -> Path:
 
 
 def load(name_or_path: str | Path) -> Hardware:
-    """Read a profile, check every required value is present with a source."""
+    """Read a profile, check every required value (and each optional one it gives) is present
+    with a source."""
     path = profile_path(name_or_path)
     with open(path, "rb") as f:
         raw = tomllib.load(f)
     kw, sources, problems = {}, {}, []
-    for key, attr, typ in FIELDS:
+    optional = {key for key, _, _ in OPTIONAL_FIELDS}
+    for key, attr, typ in (*FIELDS, *OPTIONAL_FIELDS):
         section, _, leaf = key.partition(".")
         entry = raw.get(section, {}).get(leaf)
+        if entry is None and key in optional:
+            continue
         if not isinstance(entry, dict) or "value" not in entry or "source" not in entry:
             problems.append(f"{key} must be a table {{value = ..., source = \"...\"}}")
             continue
