@@ -8,8 +8,8 @@ import seaborn as sns
 
 from paper_figures.palette import ORDER, SOURCE_MARKERS, color
 
-__all__ = ["FAILED_MARKERS", "label_order", "line_labels", "panel_bars", "panel_rows",
-           "rows_for"]
+__all__ = ["FAILED_MARKERS", "label_order", "line_labels", "mark_failures", "panel_bars",
+           "panel_rows", "rows_for"]
 
 # where a line has no number: out of memory, and every other way a cell can fail
 FAILED_MARKERS = {"oom": "x", "skipped": "o", "error": "^", "timeout": "v", "missing": "s"}
@@ -54,6 +54,17 @@ def panel_rows(df: pd.DataFrame, model: str, world: int) -> pd.DataFrame:
     paper = sub[sub["source"] == "paper"]
     seq = (paper if len(paper) else sub)["seq_len"].max()
     return sub[sub["seq_len"] == seq]
+
+
+def mark_failures(ax, rows: pd.DataFrame, x: str, y: float, colour: str, size: float = 30):
+    """Cells of a line without a number, marked by status at height ``y`` (axes fraction: a
+    log axis has no 0) below the line's x positions."""
+    for status, marker in FAILED_MARKERS.items():
+        bad = rows[rows["status"] == status]
+        if len(bad):
+            ax.scatter(bad[x], np.full(len(bad), y), marker=marker, s=size, color=colour,
+                       facecolors=colour if marker in "x+" else "none", clip_on=False,
+                       transform=ax.get_xaxis_transform())
 
 
 def line_labels(df: pd.DataFrame) -> list[tuple[str, str, str]]:

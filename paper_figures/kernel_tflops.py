@@ -5,10 +5,9 @@ the other failures have their own marks, ``_bars.FAILED_MARKERS``)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
-from paper_figures._bars import FAILED_MARKERS, line_labels, rows_for
+from paper_figures._bars import line_labels, mark_failures, rows_for
 from paper_figures.common import fmt_tokens, new_figure, note_empty
 from paper_figures.palette import SOURCE_MARKERS, color
 
@@ -39,13 +38,7 @@ def make(tables):
             # cells without a number at the axis floor: published lowest, then simulated,
             # then measured, each line a little apart
             y = {"paper": 0.03, "simulated": 0.09, "measured": 0.15}[src] + 0.012 * k
-            for status, marker in FAILED_MARKERS.items():
-                bad = s[s["status"] == status]
-                if len(bad):
-                    ax.scatter(bad["seq_len"], np.full(len(bad), y), marker=marker, s=30,
-                               facecolors="none" if marker not in "x+" else color(system),
-                               color=color(system), clip_on=False,
-                               transform=ax.get_xaxis_transform())
+            mark_failures(ax, s, "seq_len", y, color(system))
             rows += [{"system": system, "label": label, "source": src, "seq_len": r["seq_len"],
                       "status": r["status"], "attn_tflops": r["attn_tflops"]}
                      for r in s.to_dict("records")]

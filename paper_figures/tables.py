@@ -112,10 +112,10 @@ def _latest_tables(root: Path, notes: list[str]) -> list[Path]:
         for run in store.runs_by_time(sweep):
             by_hw.setdefault(_run_hardware(run), []).append(run)
         for runs in by_hw.values():
-            shown, n = runs[-1], _row_count(runs[-1])
+            counts = {r: _row_count(r) for r in runs}
+            shown, n = runs[-1], counts[runs[-1]]
             out.append(shown)
-            fuller = [f"{r.name} ({_row_count(r)} rows)" for r in runs[:-1]
-                      if _row_count(r) > n]
+            fuller = [f"{r.name} ({counts[r]} rows)" for r in runs[:-1] if counts[r] > n]
             if fuller:
                 notes.append(f"{sweep}: showing the latest run {shown.name} ({n} rows); older "
                              f"runs with more rows are not shown: {', '.join(fuller)}")

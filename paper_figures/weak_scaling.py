@@ -4,10 +4,9 @@ selective checkpointing); cells without a number are marked at the floor by stat
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
-from paper_figures._bars import FAILED_MARKERS, line_labels, rows_for
+from paper_figures._bars import line_labels, mark_failures, rows_for
 from paper_figures.common import new_figure, note_empty
 from paper_figures.palette import SOURCE_MARKERS, color
 
@@ -42,13 +41,7 @@ def make(tables):
                 # cells without a number at the axis floor (axes coordinates: the log axis
                 # has no 0), each line a little apart so that none hides another
                 dy = 0.03 + 0.025 * k
-                for status, marker in FAILED_MARKERS.items():
-                    bad = s[s["status"] == status]
-                    if len(bad):
-                        ax.scatter(bad["world"], np.full(len(bad), dy), marker=marker,
-                                   facecolors="none" if marker not in "x+" else color(system),
-                                   color=color(system), s=24, clip_on=False,
-                                   transform=ax.get_xaxis_transform())
+                mark_failures(ax, s, "world", dy, color(system), size=24)
                 rows += [{"system": system, "label": label, "source": src,
                           "world": r["world"], "seq_len": r["seq_len"], "status": r["status"],
                           "metric": metric, "value": r[metric] * scale if pd.notna(r[metric])

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from burst import volume
 from suites.hardware import GIB, Hardware
 from suites.implementations import Implementation
-from suites.schedule import AttnShape, Plan
+from suites.schedule import AttnShape, Plan, acc_bytes
 
 __all__ = ["MemoryEstimate", "attention_memory", "checkpoint_bytes", "head_bytes",
            "layer_activation_bytes", "train_memory", "zero_bytes_per_param"]
@@ -53,7 +53,7 @@ def zero_bytes_per_param(elem: int = BF16) -> int:
     """Model states per parameter under Adam: weight and gradient in the model's dtype, two
     moments in at least fp32, and an fp32 master copy of 16-bit weights (ZeRO, arXiv 1910.02054,
     3.1: 2 + 2 + 12 = 16 for mixed precision)."""
-    return 2 * elem + 2 * max(elem, FP32) + (FP32 if elem < FP32 else 0)
+    return 2 * elem + 2 * acc_bytes(elem) + (FP32 if elem < FP32 else 0)
 
 
 @dataclass
@@ -106,8 +106,7 @@ def _attention_buffers(shape: AttnShape, plan: Plan, world: int, acc_elem: int) 
     b, n, d, e = shape.batch, shape.seq_len // world, shape.head_dim, shape.elem
     h, hk = shape.heads, shape.kv_heads
     kv = 2 * b * n * hk * d * e
-    acc = max(FP32, e)  # D, LSE and the local accumulators: fp32, float64 for float64 inputs
-    acc_elem = max(acc_elem, e)  # travelling ones: the system's, never fewer than the input's
+    acc, acc_elem = acc_bytes(e), acc_bytes(e, acc_elem)  # local ones; the travelling ones
     if plan.kind == "ring":
         # the travelling gradient accumulators: fp32, or the input dtype (grad_acc="input")
         travel = e if (plan.options or {}).get("grad_acc") == "input" else None
@@ -149,7 +148,7 @@ def attention_memory(hw: Hardware, shape: AttnShape, plan: Plan, world: int,
     parts = {
         "inputs_outputs": b * n * (2 * h + 2 * hk) * d * e,  # q, k, v, out
         "grads": b * n * (2 * h + 2 * hk) * d * e,  # dout, dq, dk, dv
-        "lse_delta": 2 * b * h * n * max(FP32, e),
+        "lse_delta": 2 * b * h * n * acc_bytes(e),
         "comm_buffers": _attention_buffers(shape, plan, world, impl.acc_elem),
     }
     if shape.elem == 8:
@@ -168,7 +167,7 @@ def layer_activation_bytes(cfg, tokens: int, elem: int = BF16) -> dict[str, floa
         "norms": tokens * 4 * h * elem,
         "qkv": tokens * (h + 2 * kvd) * elem,
         "attention_out": tokens * h * elem,
-        "lse": tokens * cfg.num_heads * max(FP32, elem),
+        "lse": tokens * cfg.num_heads * acc_bytes(elem),
         "mlp": tokens * 4 * cfg.ffn_size * elem,
     }
 
@@ -188,7 +187,7 @@ def head_bytes(cfg, tokens: int, fused: bool, logits_bytes: float = 8.0,
     """Peak bytes of the LM head + loss for ``tokens`` local tokens (module docstring)."""
     h, v = cfg.hidden_size, cfg.vocab_size
     if fused:
-        acc = max(FP32, elem)  # softmax and the weight gradient's sum (burst.engine.fused_loss)
+        acc = acc_bytes(elem)  # softmax and the weight gradient's sum (burst.engine.fused_loss)
         out = min(tokens, FUSED_CHUNK) * v * (elem + 2 * acc) + v * h * acc + tokens * h * elem
     else:
         out = tokens * v * logits_bytes + tokens * h * elem

@@ -37,10 +37,17 @@ from burst.comm import ranks_per_node_ok, ring_shape
 from burst.masks import CAUSAL, STRICT, MaskSpec, plan_pair, ring_span
 from suites.hardware import Hardware
 
-__all__ = ["AttnShape", "AttnTiming", "Plan", "Topo", "attention_timing", "collective_seconds",
-           "method_volume", "plan_for", "step_compute"]
+__all__ = ["ELEM", "AttnShape", "AttnTiming", "Plan", "Topo", "acc_bytes", "attention_timing",
+           "collective_seconds", "method_volume", "plan_for", "step_compute"]
 
 ELEM = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}  # bytes per element
+
+
+def acc_bytes(elem: int, system: int = 4) -> int:
+    """Bytes per accumulator element (O, LSE, D, gradient sums) for inputs of ``elem`` bytes:
+    fp32, or what a system uses (2: TransformerEngine's dK/dV in the input dtype), never
+    narrower than the input (float64 accumulates in float64: burst.kernel.acc_dtype)."""
+    return max(system, elem)
 
 RING_METHODS = {
     # registry name -> (layout, backward, double ring?) defaults; options override them
@@ -284,7 +291,7 @@ def _merge_seconds(hw: Hardware, shape: AttnShape, m: int, heads: int, kv_heads:
                    pass_: str) -> float:
     """Memory-bound accumulator traffic of one step (fp32 partial results, DESIGN.md 3)."""
     bm, d = shape.batch * m, shape.head_dim
-    acc = max(4, shape.elem)  # fp32 accumulators, float64 for float64 inputs
+    acc = acc_bytes(shape.elem)
     if pass_ == "forward":  # read o_r, read+write O, lse
         nbytes = bm * heads * (d * (shape.elem + 2 * acc) + 3 * acc)
     else:  # read+write the dq and dk/dv partial sums

@@ -33,7 +33,7 @@ from burst import flops as F
 from suites.hardware import Hardware, load
 from suites.implementations import OURS, Implementation, implementation
 from suites.memory_model import MemoryEstimate, attention_memory, train_memory
-from suites.schedule import ELEM, AttnShape, AttnTiming, Topo, attention_timing, plan_for
+from suites.schedule import AttnShape, AttnTiming, Topo, acc_bytes, attention_timing, plan_for
 from suites.step_model import train_step_timing
 
 __all__ = ["Prediction", "as_cell", "predict", "simulate_cell", "simulate_spec"]
@@ -146,12 +146,6 @@ def _options(cell, impl: Implementation) -> dict:
     return opts
 
 
-def _acc_elem(cell, impl: Implementation) -> int:
-    """Bytes per travelling accumulator element: the system's (fp32, or the input dtype where
-    it says 2), never fewer than the input's (float32 inputs: 4, float64: 8, burst.kernel)."""
-    return max(impl.acc_elem, ELEM[cell.dtype])
-
-
 def _shape(cell) -> AttnShape:
     return AttnShape(batch=cell.batch, seq_len=cell.seq_len, heads=cell.heads,
                      kv_heads=cell.kv_heads, head_dim=cell.head_dim, causal=cell.causal,
@@ -208,7 +202,7 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
     try:
         plan = plan_for(cell.method, opts, topo, shape)
         attn = attention_timing(hw, cell.method, opts, shape, topo,
-                                acc_elem=_acc_elem(cell, impl),
+                                acc_elem=acc_bytes(shape.elem, impl.acc_elem),
                                 efficiency=impl.attention_efficiency)
     except (ValueError, NotImplementedError) as e:
         return Prediction("error", error=str(e))
@@ -228,7 +222,7 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
         if ckpt == "selective_half":
             half_shape = dataclasses.replace(shape, seq_len=shape.seq_len // 2)
             half = attention_timing(hw, cell.method, opts, half_shape, topo,
-                                    acc_elem=_acc_elem(cell, impl),
+                                    acc_elem=acc_bytes(shape.elem, impl.acc_elem),
                                     efficiency=impl.attention_efficiency)
         step = train_step_timing(hw, cfg, shape=shape, topo=topo, attn=attn,
                                  checkpointing=ckpt, params=params, half_attn=half,

@@ -152,7 +152,8 @@ def _run_block(c: dict, rank: int, world: int) -> dict:
 
 def run_world(rank: int, world: int, cases: list[dict], block_cases: list[dict]):
     torch.manual_seed(0)
-    return run_cases(rank, world, cases), [_run_block(c, rank, world) for c in block_cases]
+    return (run_cases(rank, world, cases), [_run_block(c, rank, world) for c in block_cases],
+            _subgroup_collectives(rank, world) if world == 4 else None)
 
 
 _RESULTS: dict = {}
@@ -162,7 +163,8 @@ def _results(world: int):
     if world not in _RESULTS:
         cs, bs = _core_cases(world), _block_cases(world)
         out = spawn(run_world, world, args=(cs, bs), timeout_s=240)
-        _RESULTS[world] = (cs, bs, [r[0] for r in out], [r[1] for r in out])
+        _RESULTS[world] = (cs, bs, [r[0] for r in out], [r[1] for r in out],
+                           [r[2] for r in out])
     return _RESULTS[world]
 
 
@@ -183,14 +185,14 @@ def _nonzero(d: dict) -> dict:
 
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_core_parity_and_bytes(world):
-    cases, _, per_rank, _ = _results(world)
+    cases, _, per_rank, _, _ = _results(world)
     failures = check(cases, per_rank, world, _expected, F32_TOL)
     assert not failures, "\n".join(failures[:20])
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_tp_block_parity_and_bytes(world):
-    _, cases, _, per_rank = _results(world)
+    _, cases, _, per_rank, _ = _results(world)
     failures = []
     for i, c in enumerate(cases):
         for rank in range(world):
@@ -308,10 +310,9 @@ def test_collectives_on_subgroups():
     """Collectives inside a group that is not the world (USP's and the engine's sub-groups):
     gloo's stand-in reduce-scatter reduces to each piece's global rank; nothing crosses the
     node boundary when the group sits inside one node."""
-    for ok, detail, inter_sent, inter_recv in spawn(_subgroup_collectives, 4, timeout_s=120):
+    for ok, detail, inter_sent, inter_recv in _results(4)[4]:  # inside the world-4 spawn
         assert ok, detail
         assert inter_sent == inter_recv == 0
-
 
 
 def test_links_come_from_the_counter_or_local_world_size(monkeypatch):
