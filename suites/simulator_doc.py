@@ -54,10 +54,8 @@ MISSES = {
     "internevo_memory": (
         "InternEvo's 14B runs hold more than the counted model: published {pub} GiB against "
         "{sim} GiB simulated for LoongTrain at 14B on 32 GPUs, while its 7B rows are within "
-        "{seven}. The counted model uses InternEvo's own vocabulary (32000, its "
-        "configs/model_size_utils.py); with the 120000 of paper_reference/README.md the 14B "
-        "rows would fit, but the code the paper ran builds 32000. What InternEvo keeps that "
-        "grows with the model is not in the published configs.{fits}"),
+        "{seven}. What InternEvo keeps that grows with the model is not in the counted "
+        "model.{fits}"),
     "cannot_run": (
         "{cells}: published as OOM, but the code the paper ran stops before any memory is "
         "allocated. Megatron-DeepSpeed asserts that the Ulysses degree divides the "
