@@ -32,7 +32,6 @@ KNOWN_MISSES = {("main", "14b", 32, "loongtrain_double_ring", "selective"),
 KNOWN_OOM_MISSES = {("7b", 32, "loongtrain_double_ring", "full"),
                     ("14b", 64, "loongtrain_usp", "full"),
                     ("14b", 64, "loongtrain_double_ring", "full"),
-                    ("14b", 64, "loongtrain_double_ring", "selective"),
                     ("kernel", 32, "megatron_cp", "")}
 # the paper's Megatron-DeepSpeed asserts heads % Ulysses degree == 0 (degree = GPUs)
 CANNOT_RUN = {("7b", 64, "deepspeed_ulysses", "selective"),
@@ -59,6 +58,13 @@ def test_calibration_targets(evals):
     assert s["max_abs_error"] <= 0.75  # the two known misses (LoongTrain-Ring 14B training)
 
 
+def test_published_memory_within_15_percent(evals):
+    """Every published memory_gb within 15% (InternEvo's 14B rows only with the paper's
+    vocabulary of 120000: its repository config's 32000 leaves them 24-29% short)."""
+    mem = [abs(e["mem_rel_error"]) for e in evals if e["mem_rel_error"] is not None]
+    assert len(mem) == 9 and max(mem) <= 0.15
+
+
 def test_published_oom_cells_predicted_oom(evals):
     oom = [e for e in evals if e["status_paper"] == "oom"]
     def key(e):
@@ -69,7 +75,7 @@ def test_published_oom_cells_predicted_oom(evals):
     assert all("does not divide" in why and "heads" in why for why in skipped.values())
     missed = {key(e) for e in oom if e["status_sim"] not in ("oom", "skipped")}
     assert missed <= KNOWN_OOM_MISSES, missed - KNOWN_OOM_MISSES
-    assert len(oom) - len(missed) - len(skipped) >= 8
+    assert len(oom) - len(missed) - len(skipped) >= 9
     # every Megatron training cell: its distributed optimizer keeps weights and fp32 grads whole
     assert all(e["status_sim"] == "oom" for e in oom
                if e["method"] == "megatron_cp" and e["table"] == "main")
