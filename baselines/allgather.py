@@ -28,7 +28,7 @@ from torch.autograd.function import once_differentiable
 from baselines.checks import check_call, layout_problems
 from baselines.registry import Method, register
 from burst import comm
-from burst.kernel import acc_dtype, block_backward, block_forward
+from burst.kernel import acc_dtype, block_backward, block_forward, resolve_scale
 from burst.layout import LAYOUTS
 from burst.masks import MaskSpec, plan_pair
 from burst.merge import merge_into, new_accumulators, row_delta
@@ -105,7 +105,7 @@ def allgather_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None
     spec = MaskSpec(causal=causal, window=window,
                     cu_seqlens=cu_seqlens)
     spec.check_length(q.shape[1] * comm.world_size(group))
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    scale = resolve_scale(q.shape[-1], softmax_scale)
     return _AllGatherAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), spec,
                                      layout, group, scale, backend)
 

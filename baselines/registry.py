@@ -26,6 +26,7 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from burst.kernel import resolve_scale
 from burst.layout import LAYOUTS
 
 __all__ = ["LEVELS", "Method", "get", "names", "register"]
@@ -102,6 +103,7 @@ class Method:
 
     def __call__(self, q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
                  group=None, **options):
+        resolve_scale(q.shape[-1], softmax_scale)  # a clear error for every method, packages too
         return self.fn(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group,
                        **{**self.options, **options})
 

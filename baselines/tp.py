@@ -34,7 +34,7 @@ from baselines.checks import degree_problems
 from baselines.local_attention import local_attention
 from baselines.registry import Method, register
 from burst import comm
-from burst.kernel import BACKENDS
+from burst.kernel import BACKENDS, resolve_scale
 from burst.masks import MaskSpec
 from burst.reference import reference_attention
 from burst.volume import method_bytes
@@ -219,7 +219,7 @@ def tp_attention_block(x_BSE, weights: AttentionBlockWeights | None, *, causal: 
     problems = _block_problems(x_BSE, weights, backend)
     if problems:
         raise ValueError("tp: " + "; ".join(problems))
-    scale = weights.head_dim ** -0.5 if softmax_scale is None else float(softmax_scale)
+    scale = resolve_scale(weights.head_dim, softmax_scale)
     w_qkv = torch.cat([weights.wq, weights.wk, weights.wv], dim=1)
     q, k, v = _split_qkv(_GatherLinear.apply(x_BSE.contiguous(), w_qkv, group), weights)
     out = local_attention(q, k, v, spec=MaskSpec(causal=causal), scale=scale, backend=backend)

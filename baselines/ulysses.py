@@ -33,6 +33,7 @@ from baselines.checks import check_call, degree_problems, layout_problems
 from baselines.local_attention import local_attention
 from baselines.registry import Method, register
 from burst import comm
+from burst.kernel import resolve_scale
 from burst.layout import LAYOUTS, global_positions
 from burst.masks import MaskSpec
 from burst.volume import method_bytes, ulysses_kv_heads
@@ -105,7 +106,7 @@ def ulysses_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None =
     spec = MaskSpec(causal=causal, window=window,
                     cu_seqlens=cu_seqlens)
     spec.check_length(n * g)
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    scale = resolve_scale(q.shape[-1], softmax_scale)
     qh, kh, vh = (seq_to_heads(t, group) for t in (q, replicate_kv(k, g), replicate_kv(v, g)))
     pos = _gathered_positions(n, g, layout, q.device)
     if layout != "contiguous":  # rank order -> global order, so masks see true positions

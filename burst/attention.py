@@ -22,7 +22,14 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from burst import comm, volume
-from burst.kernel import BACKENDS, acc_dtype, block_backward, block_forward, resolve_backend
+from burst.kernel import (
+    BACKENDS,
+    acc_dtype,
+    block_backward,
+    block_forward,
+    resolve_backend,
+    resolve_scale,
+)
 from burst.layout import check_layout, chunks_per_rank, divisors
 from burst.masks import MaskSpec, plan_pair, ring_span
 from burst.merge import merge_into, new_accumulators, row_delta
@@ -287,7 +294,7 @@ def burst_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = N
     scheme = backward
     if scheme == "auto":
         scheme = choose_backward(q, k, world=g, ranks_per_node=ranks_per_node)
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    scale = resolve_scale(q.shape[-1], softmax_scale)
     out, lse = _RingAttention.apply(q, k, v, spec, layout, rg, scale, scheme, backend,
                                     grad_acc, return_lse)
     return (out, lse) if return_lse else out

@@ -30,7 +30,7 @@ from torch.autograd.function import once_differentiable
 
 from burst.attention import BACKWARD_SCHEMES, BlockSteps, qkv_problems
 from burst.comm import ranks_per_node_ok, ring_shape
-from burst.kernel import BACKENDS, acc_dtype
+from burst.kernel import BACKENDS, acc_dtype, resolve_scale
 from burst.layout import check_layout, chunks_per_rank, divisors, local_index
 from burst.masks import MaskSpec, ring_span
 from burst.merge import new_accumulators, row_delta
@@ -55,7 +55,7 @@ class RingEmulator:
         self.nodes = ring_shape(world, ranks_per_node)[0]
         self.spec = MaskSpec(causal=causal, window=window, cu_seqlens=cu_seqlens)
         self.spec.check_length(self.seq_len)
-        scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+        scale = resolve_scale(q.shape[-1], softmax_scale)
         self.steps = BlockSteps(self.spec, layout, world, scale, backend)
         # the distributed forward truncates only a flat ring (burst.attention)
         self.span = ring_span(self.spec, layout, world, self.n) if self.nodes == 1 else None

@@ -60,6 +60,7 @@ __all__ = [
     "block_forward",
     "kernel_name",
     "resolve_backend",
+    "resolve_scale",
 ]
 
 BACKENDS = ("auto", "torch", "cpu_flash", "cuda_sdpa", "flash_attn")
@@ -69,6 +70,23 @@ _HALF = (torch.float16, torch.bfloat16)
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     """Accumulation dtype for O, LSE and travelling gradients: fp32, or float64 for float64."""
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def resolve_scale(head_dim: int, scale: float | None = None) -> float:
+    """The attention scale: ``head_dim ** -0.5`` by default, else ``scale``, which must be a
+    positive finite number (torch's CPU flash kernel returns NaN for causal blocks at scale <= 0,
+    and no method of this project needs one)."""
+    if head_dim < 1:
+        raise ValueError(f"head_dim must be >= 1, got {head_dim}")
+    if scale is None:
+        return head_dim ** -0.5
+    try:
+        value = float(scale)
+    except (TypeError, ValueError):
+        raise ValueError(f"softmax_scale={scale!r} must be a positive finite number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"softmax_scale={scale!r} must be a positive finite number")
+    return value
 
 
 @functools.cache
@@ -461,7 +479,7 @@ def block_forward(q_BSHD, k_BSHD, v_BSHD, *, scale: float | None = None, kind: s
     ``bounds`` (host int tensors lo, hi (Sq,): query i sees keys lo[i] <= j < hi[i]; what
     ``burst.masks.Call`` carries). Rows that see no key get out 0 and lse -inf.
     """
-    scale = q_BSHD.shape[-1] ** -0.5 if scale is None else scale
+    scale = resolve_scale(q_BSHD.shape[-1], scale)
     _check_square(kind, q_BSHD, k_BSHD)
     fwd = _FWD[resolve_backend(backend, q_BSHD, kind)]
     if kind == STRICT:
@@ -490,7 +508,7 @@ def block_backward(do_BSHD, q_BSHD, k_BSHD, v_BSHD, lse_BHS, delta_BHS, *,
                    bounds=None, backend: str = "auto"):
     """Gradients (dq, dk, dv) of one block, given the *global* lse and delta of the query rows
     (a DENSE block by ``mask`` or ``bounds``, as in ``block_forward``)."""
-    scale = q_BSHD.shape[-1] ** -0.5 if scale is None else scale
+    scale = resolve_scale(q_BSHD.shape[-1], scale)
     _check_square(kind, q_BSHD, k_BSHD)
     bwd = _BWD[resolve_backend(backend, q_BSHD, kind)]
     if kind == STRICT:

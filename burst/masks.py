@@ -25,6 +25,8 @@ Positions are global token indices (``burst.layout``). A query at position p see
 
 from __future__ import annotations
 
+import math
+import numbers
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -52,6 +54,43 @@ dense tiles, about 60% when cut only in halves; much shorter documents want a va
 kernel, which the shim does not have)."""
 
 
+def _whole(x) -> int | None:
+    """``x`` as an int if it is a whole number (not a bool), else None."""
+    if isinstance(x, torch.Tensor) and x.dim() == 0:
+        x = x.item()
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        return None
+    if isinstance(x, numbers.Integral):
+        return int(x)
+    return int(x) if math.isfinite(x) and float(x).is_integer() else None
+
+
+def _whole_numbers(xs) -> tuple[int, ...] | None:
+    try:
+        out = tuple(_whole(x) for x in xs)
+    except TypeError:  # not iterable
+        return None
+    return None if None in out else out
+
+
+def _window_sides(window) -> tuple[int, int] | None:
+    """(left, right) as ints clamped to 2**40 (no sequence is longer: a larger side, or inf,
+    means unbounded, and clamping keeps p - left and p + right inside int64); None if malformed."""
+    try:
+        sides = list(window)
+    except TypeError:
+        return None
+    if len(sides) != 2:
+        return None
+    out = []
+    for x in sides:
+        n = (1 << 40) if isinstance(x, (float, int)) and x == math.inf else _whole(x)
+        if n is None or n < 0:
+            return None
+        out.append(min(n, 1 << 40))
+    return out[0], out[1]
+
+
 @dataclass(frozen=True)
 class MaskSpec:
     """What each query may attend to, in global positions."""
@@ -66,20 +105,24 @@ class MaskSpec:
 
     def __post_init__(self):
         if self.window is not None:
-            if len(self.window) != 2 or min(self.window) < 0:
+            sides = _window_sides(self.window)
+            if sides is None:
                 raise ValueError(
-                    f"window={self.window!r}: expected (left, right) with both >= 0 tokens"
+                    f"window={self.window!r}: expected (left, right), two whole numbers of "
+                    "tokens >= 0 (math.inf or >= 2**40: unbounded)"
                 )
-            # no sequence is longer than 2**40 tokens: a larger side means "unbounded", and
-            # clamping keeps p - left and p + right inside int64
-            object.__setattr__(self, "window", tuple(min(int(x), 1 << 40) for x in self.window))
+            object.__setattr__(self, "window", sides)
         if self.cu_seqlens is not None:
             raw = self.cu_seqlens  # a device tensor crosses to the host once, not per element
-            cu = tuple(int(x) for x in (raw.tolist() if isinstance(raw, torch.Tensor) else raw))
-            if len(cu) < 2 or cu[0] != 0 or any(b <= a for a, b in zip(cu, cu[1:], strict=False)):
+            if isinstance(raw, torch.Tensor):
+                raw = raw.tolist() if raw.dim() == 1 else None
+            cu = None if raw is None or isinstance(raw, (str, bytes)) else _whole_numbers(raw)
+            if (cu is None or len(cu) < 2 or cu[0] != 0
+                    or any(b <= a for a, b in zip(cu, cu[1:], strict=False))):
                 raise ValueError(
-                    f"cu_seqlens={self.cu_seqlens!r}: expected strictly increasing boundaries "
-                    "starting at 0 and ending at the global sequence length"
+                    f"cu_seqlens={self.cu_seqlens!r}: expected one dimension of strictly "
+                    "increasing whole-number boundaries starting at 0 and ending at the global "
+                    "sequence length"
                 )
             object.__setattr__(self, "cu_seqlens", cu)
 

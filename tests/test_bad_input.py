@@ -27,11 +27,48 @@ def _qkv(s=8, h=4, hk=4, d=8, dtype=torch.float32):
         ({"cu_seqlens": (0, 3, 9), "causal": True}, {}, "cu_seqlens ends at 9"),
         ({"cu_seqlens": (0, 5, 3, 8)}, {}, "strictly increasing"),
         ({"causal": True, "layout": "zigzag"}, dict(s=0), "local sequence length 0"),  # SIGFPE
+        # malformed masks were TypeErrors, or silently truncated (1.7 -> 1, 5.5 -> 5)
+        ({"window": 3}, {}, "window=3: expected"),
+        ({"window": (None, 0)}, {}, r"window=\(None, 0\)"),
+        ({"window": (1.7, 0)}, {}, "two whole numbers of tokens"),
+        ({"window": (True, 0)}, {}, "two whole numbers of tokens"),
+        ({"cu_seqlens": torch.tensor([[0, 5, 8]])}, {}, "one dimension of strictly increasing"),
+        ({"cu_seqlens": (0, 5.5, 8)}, {}, "whole-number boundaries"),
+        # torch's CPU flash kernel returns NaN for causal blocks at scale <= 0
+        ({"softmax_scale": 0.0, "causal": True}, {}, "softmax_scale=0.0 must be a positive"),
+        ({"softmax_scale": -0.5}, {}, "must be a positive finite number"),
+        ({"softmax_scale": float("nan")}, {}, "must be a positive finite number"),
+        ({}, dict(d=0), "head_dim must be >= 1"),
     ],
 )
 def test_bad_arguments(kwargs, qkv, match):
     with pytest.raises(ValueError, match=match):
         burst_attn(*_qkv(**qkv), **kwargs)
+
+
+def test_whole_number_masks_in_any_spelling_are_accepted():
+    """inf (or >= 2**40) is an unbounded side; integral floats, numpy and 0-dim tensor ints and a
+    1-D tensor of boundaries mean what they say."""
+    import numpy as np
+
+    from burst.masks import MaskSpec
+
+    assert MaskSpec(window=(float("inf"), 2.0)).window == (1 << 40, 2)
+    assert MaskSpec(window=(np.int64(3), torch.tensor(1))).window == (3, 1)
+    assert MaskSpec(cu_seqlens=torch.tensor([0, 5, 8])).cu_seqlens == (0, 5, 8)
+    assert MaskSpec(cu_seqlens=[0, 5.0, np.int32(8)]).cu_seqlens == (0, 5, 8)
+    q, k, v = _qkv()
+    assert torch.equal(burst_attn(q, k, v, causal=True, window=(float("inf"), 0)),
+                       burst_attn(q, k, v, causal=True))
+
+
+def test_every_registry_method_rejects_a_bad_scale():
+    from baselines import registry
+
+    q, k, v = _qkv()
+    for name in registry.names():
+        with pytest.raises(ValueError, match="softmax_scale=-1.0 must be a positive"):
+            registry.get(name)(q, k, v, causal=True, softmax_scale=-1.0)
 
 
 def test_mismatched_tensors():
