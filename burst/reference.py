@@ -3,7 +3,10 @@
 ``reference_attention`` is the test oracle (run it in float64). ``naive_attention`` is the plain
 PyTorch implementation in the inputs' dtype (matmuls and softmax in that dtype); its error against
 the oracle sets the tolerance for low-precision kernels (flash-attention's rule: a kernel passes
-when its error is at most twice the naive implementation's in the same dtype).
+when its max error is at most twice the naive implementation's in the same dtype). A whole ring
+rounds every block's partial result to the input dtype before its fp32 merge, so its max error
+can exceed that (up to 2.9x, scripts/bench_precision.py) while its RMS error does not grow: its
+rule is RMS within 1.25x and max within 3x (tests/test_emulate.py).
 
 Shapes: q (B, N, H, D), k/v (B, N, Hk, D), full global sequences in natural order.
 """
