@@ -29,6 +29,8 @@ Names: G ranks, N global tokens, n = N/G local, H heads, Hk kv heads, d head dim
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from burst import flops as F
@@ -147,10 +149,17 @@ class AttnTiming:
     compute_forward_s: float
     compute_backward_s: float
     plan: Plan | None = None
-    volumes: tuple = ()
-    """Bytes sent by phase and link (``burst.volume``): rank 0's first, then those of the ranks
-    at node and inner-ring edges, whose links differ (result rows take the maximum over ranks
-    of each byte column, as measured rows do)."""
+    rank_volume: Callable[[int], volume.Volume] | None = field(default=None, repr=False,
+                                                               compare=False)
+    """Bytes ``rank`` sends, by phase and link (``burst.volume``)."""
+    world: int = 1
+
+    @functools.cached_property
+    def volumes(self) -> tuple:
+        """Every rank's bytes, rank 0's first (result rows take the maximum over ranks of each
+        byte column, as measured rows do). Computed when asked for, so fits that only need
+        times do not pay for it."""
+        return tuple(self.rank_volume(r) for r in range(self.world)) if self.rank_volume else ()
 
     @property
     def volume(self):
@@ -440,10 +449,10 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
         bwd = (cb + collective_seconds(hw, vol.sent("backward"), g, topo), cb)
     else:  # pragma: no cover - plan_for rejects unknown kinds
         raise AssertionError(plan.kind)
-    edges = {1, topo.local - 1, topo.local, topo.world - 1}  # where links change
-    if plan.ring_local:
-        edges |= {plan.ring_local - 1, plan.ring_local, topo.local - plan.ring_local}
-    others = (method_volume(method, options, shape, topo, acc_elem=acc_elem, rank=r)
-              for r in sorted(edges) if 0 < r < topo.world)
+
+    def rank_volume(rank: int) -> volume.Volume:
+        return vol if rank == 0 else method_volume(method, options, shape, topo,
+                                                   acc_elem=acc_elem, rank=rank)
+
     return AttnTiming(forward_s=fwd[0], backward_s=bwd[0], compute_forward_s=fwd[1],
-                      compute_backward_s=bwd[1], plan=plan, volumes=(vol, *others))
+                      compute_backward_s=bwd[1], plan=plan, rank_volume=rank_volume, world=g)

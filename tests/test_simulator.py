@@ -503,6 +503,28 @@ def test_simulated_bytes_equal_counted_bytes():
         assert got == want, (name, opts, got, want)
 
 
+@pytest.mark.parametrize(("method", "options", "world", "window"), [
+    ("ring", {}, 8, (300, 0)),  # a truncated ring: a mid-node rank's home hop stays on NVLink
+    ("usp", {"ulysses_degree": 2, "backward": "burst"}, 16, None),  # ring members = rank // U
+])
+def test_byte_columns_are_the_busiest_rank_of_all(method, options, world, window):
+    """Each byte column is the maximum over every rank of the method's formula (it was taken
+    over the ranks at node edges only, and missed mid-node ranks by up to a third)."""
+    from baselines import registry
+
+    seq, heads = 256 * world, 8
+    row = simulate_cell(dict(workload="attention", method=method, options=options, seq_len=seq,
+                             world=world, ranks_per_node=4 if world == 8 else 8, heads=heads,
+                             head_dim=16, causal=True, window=window, dtype="bfloat16"), "a800")
+    vols = [registry.get(method).bytes(
+        world=world, batch=1, seq_local=seq // world, heads=heads, kv_heads=heads, head_dim=16,
+        elem=2, acc_elem=4, node_size=4 if world == 8 else 8, causal=True, window=window,
+        rank=r, **options) for r in range(world)]
+    for col, (phase, link) in {"forward": ("forward", None), "backward": ("backward", None),
+                               "intra": (None, "intra"), "inter": (None, "inter")}.items():
+        assert row[f"bytes_sent_{col}"] == max(v.sent(phase, link) for v in vols), col
+
+
 def test_system_sharding_and_vocabulary_change_memory():
     """Megatron's distributed optimizer keeps bf16 weights and fp32 main grads whole on every
     rank (6 bytes / parameter) and shards only the optimizer (12 / G); a system's own
