@@ -43,7 +43,6 @@ __all__ = ["ring_flash_attn_adapter", "yunchang_adapter"]
 
 _RFA_FUNCS = {"contiguous": "ring_flash_attn_func", "zigzag": "zigzag_ring_flash_attn_func",
               "striped": "stripe_flash_attn_func"}
-_HALF = (torch.float16, torch.bfloat16)
 
 
 @cache
@@ -68,8 +67,11 @@ def _unavailable(name: str, modules: tuple[str, ...], install: str) -> str | Non
         "CUDA machine"
 
 
+FLASH_DTYPES = ("float16", "bfloat16")
+
+
 def _dtype_problems(q) -> list[str]:
-    if q.dtype not in _HALF:
+    if str(q.dtype).removeprefix("torch.") not in FLASH_DTYPES:
         return [f"flash-attn kernels take float16/bfloat16, got {q.dtype}; cast the inputs"]
     return []
 
@@ -122,6 +124,7 @@ RING_FLASH_ATTN = register(Method(
     unavailable=partial(_unavailable, "ring_flash_attn", ("flash_attn", "ring_flash_attn"),
                         "pip install ring-flash-attn flash-attn"),
     volume=partial(method_bytes, "ring_flash_attn"),
+    dtypes=FLASH_DTYPES,
 ))
 
 
@@ -172,4 +175,5 @@ YUNCHANG = register(Method(
     unavailable=partial(_unavailable, "yunchang", ("flash_attn", "yunchang"),
                         "pip install yunchang flash-attn"),
     volume=partial(method_bytes, "yunchang"),
+    dtypes=FLASH_DTYPES,
 ))

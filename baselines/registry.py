@@ -57,6 +57,8 @@ class Method:
     """``core`` (q, k, v -> out) or ``block`` (hidden states + weights -> hidden states)."""
     block_fn: Callable | None = None
     """The block-level entry point of a ``block`` method (its signature is the method's own)."""
+    dtypes: tuple[str, ...] | None = None
+    """Input dtypes the method computes in (torch names, e.g. "bfloat16"); None: any float."""
 
     def __post_init__(self):
         if self.level not in LEVELS:

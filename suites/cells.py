@@ -188,6 +188,20 @@ def cell_problem(cell: Cell) -> str | None:
     from burst.layout import LAYOUTS, chunks_per_rank
 
     method = registry.get(cell.method)
+    if method.level == "block":
+        return (f"{cell.method!r} is block-level ({method.description}); the harness times "
+                "attention cores (q, k, v -> out)")
+    if method.dtypes is not None and cell.dtype not in method.dtypes:
+        return (f"{cell.method!r} computes in {' or '.join(method.dtypes)}, not {cell.dtype}")
+    accepted = _accepted_options(method.fn)
+    given = set(cell.options) | ({"window"} if cell.window is not None else set())
+    refused = set(getattr(method.fn, "refuses", ())) & given
+    if refused:
+        return (f"{cell.method!r} does not support {', '.join(sorted(refused))} (the package's "
+                "function has no such argument)")
+    if accepted is not None and given - {"window"} - accepted:
+        return (f"{cell.method!r} has no option {', '.join(sorted(given - {'window'} - accepted))};"
+                f" valid options: {', '.join(sorted(accepted)) or '(none)'}")
     layout = method.layout(cell.options)
     if layout in LAYOUTS and cell.seq_len % (cell.world * chunks_per_rank(layout)):
         parts = cell.world * chunks_per_rank(layout)

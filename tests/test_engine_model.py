@@ -272,7 +272,7 @@ def test_bad_input_errors():
     tok, tgt, pos = tr.local_batch(8)
     with pytest.raises(ValueError, match="must have the same shape"):
         tr.step(tok, tgt[:, :4], pos)
-    with pytest.raises(ValueError, match="window=.*both >= 0"):
+    with pytest.raises(ValueError, match="window=.*whole numbers of tokens >= 0"):
         Trainer("tiny", window=(-1, 0))
     with pytest.raises(ValueError, match="loss_chunk=0"):
         Trainer("tiny", loss_chunk=0)

@@ -525,6 +525,23 @@ def test_byte_columns_are_the_busiest_rank_of_all(method, options, world, window
         assert row[f"bytes_sent_{col}"] == max(v.sent(phase, link) for v in vols), col
 
 
+@pytest.mark.parametrize(("change", "why"), [
+    (dict(method="ring_flash_attn", dtype="float32"), "computes in float16 or bfloat16"),
+    (dict(method="yunchang", dtype="float64"), "computes in float16 or bfloat16"),
+    (dict(method="yunchang", window=(1024, 0)), "does not support window"),
+    (dict(method="burst", options={"foo": 1}), "has no option foo"),
+    (dict(method="tp"), "is block-level"),
+])
+def test_cells_the_code_refuses_get_no_numbers(change, why):
+    """What the method itself would refuse (flash-attn's dtypes, a package's missing window, an
+    unknown option, a block-level method) is an error row, not a priced one."""
+    cell = dict(workload="attention", method="ring", seq_len=1 << 16, world=8, heads=8,
+                head_dim=128, causal=True, dtype="bfloat16") | change
+    row = simulate_cell(cell, "a800")
+    assert row["status"] == "error" and why in row["error"], row["error"]
+    assert row["time_s"] is None and row["bytes_sent_forward"] is None
+
+
 def test_system_sharding_and_vocabulary_change_memory():
     """Megatron's distributed optimizer keeps bf16 weights and fp32 main grads whole on every
     rank (6 bytes / parameter) and shards only the optimizer (12 / G); a system's own
