@@ -101,38 +101,49 @@ def _float64_scores(shape: AttnShape, plan: Plan, world: int) -> float:
     return 4 * b * heads * q * k * 8
 
 
-def _attention_buffers(shape: AttnShape, plan: Plan, world: int, acc_elem: int) -> float:
-    """Communication buffers and fp32 accumulators of one attention backward (its peak)."""
+def _attention_buffers(shape: AttnShape, plan: Plan, world: int, acc_elem: int,
+                       members: int | None = None) -> float:
+    """Communication buffers and fp32 accumulators of one attention backward (its peak).
+
+    ``members``: ranks of the ring (default ``world``). A group of one sends nothing: a ring of
+    one keeps only its accumulators (``burst.ring`` allocates receive buffers for the steps
+    before the last), and a collective over one rank returns its input (``burst.comm``)."""
     b, n, d, e = shape.batch, shape.seq_len // world, shape.head_dim, shape.elem
     h, hk = shape.heads, shape.kv_heads
     kv = 2 * b * n * hk * d * e
     acc, acc_elem = acc_bytes(e), acc_bytes(e, acc_elem)  # local ones; the travelling ones
+    members = world if members is None else members
     if plan.kind == "ring":
         # the travelling gradient accumulators: fp32, or the input dtype (grad_acc="input")
         travel = e if (plan.options or {}).get("grad_acc") == "input" else None
         if plan.backward == "burst":  # Q, dO, D, LSE travel + fp32 dQ; dK, dV accumulate locally
-            pay = 2 * b * n * h * d * e + 2 * b * n * h * acc + b * n * h * d * (travel or acc)
+            data = 2 * b * n * h * d * e + 2 * b * n * h * acc
+            grads = b * n * h * d * (travel or acc)
             local = 2 * b * n * hk * d * acc
         else:  # K, V + dK, dV travel; dQ accumulates locally
-            pay = kv + 2 * b * n * hk * d * (travel or acc_elem)
+            data, grads = kv, 2 * b * n * hk * d * (travel or acc_elem)
             local = b * n * h * d * acc
+        if members == 1:
+            return grads + local
         bufs = 3 if plan.ring_local else 2  # double ring: one more block in flight across nodes
-        return bufs * pay + local
+        return bufs * (data + grads) + local
     if plan.kind == "usp":
         # heads gathered by the all-to-all (same bytes as the local q, k, v, o; kv heads fewer
         # than the degree are replicated up to it) + the ring's buffers on U*n tokens x H/U
-        # heads (the same bytes as n tokens x H heads)
+        # heads (the same bytes as n tokens x H heads), a ring of G/U ranks
         hk = volume.ulysses_kv_heads(hk, plan.ulysses)
-        gathered = b * n * (2 * h + 2 * hk) * d * e
+        gathered = b * n * (2 * h + 2 * hk) * d * e if plan.ulysses > 1 else 0
         sub = Plan("ring", layout=plan.layout, backward=plan.backward)
         return gathered + _attention_buffers(dataclasses.replace(shape, kv_heads=hk), sub, world,
-                                             acc_elem)
+                                             acc_elem, members=world // plan.ulysses)
     # ulysses / tp / allgather: the gathered inputs and their gradients
+    degree = world if plan.kind == "allgather" else (plan.ulysses or world)
     if plan.kind == "allgather":
-        return 2 * (shape.seq_len * b * hk * d * e) + shape.seq_len * b * hk * d * 2 * e
+        gathered = 2 * (shape.seq_len * b * hk * d * e) + shape.seq_len * b * hk * d * 2 * e
+        return gathered if degree > 1 else 0
     if plan.kind == "ulysses":  # kv heads fewer than the degree are replicated up to it
-        hk = volume.ulysses_kv_heads(hk, plan.ulysses or world)
-    gathered = 2 * b * n * (2 * h + 2 * hk) * d * e
+        hk = volume.ulysses_kv_heads(hk, degree)
+    gathered = 2 * b * n * (2 * h + 2 * hk) * d * e if degree > 1 else 0
     if shape.window is None:
         return gathered
     # a window tiles the whole-sequence attention (burst.masks.plan_pair): its calls merge into

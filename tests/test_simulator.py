@@ -542,6 +542,25 @@ def test_cells_the_code_refuses_get_no_numbers(change, why):
     assert row["time_s"] is None and row["bytes_sent_forward"] is None
 
 
+def test_a_group_of_one_holds_no_transfer_buffers():
+    """One rank sends nothing: its ring keeps only its fp32 gradient accumulators and its
+    collectives return their input (they were charged 4-18 GiB of buffers at 128K tokens)."""
+    n, h, d = 1 << 17, 32, 128
+    base = dict(workload="attention", seq_len=n, world=1, heads=h, head_dim=d, causal=True,
+                dtype="bfloat16")
+    parts = {m: predict(as_cell(dict(base, method=m, options=o)), HW).memory.parts["comm_buffers"]
+             for m, o in (("allgather", {}), ("ulysses", {}), ("burst", {}),
+                          ("usp", {"ulysses_degree": 1}))}
+    fp32_grads = 3 * n * h * d * 4  # dq, dk, dv
+    assert parts == {"allgather": 0, "ulysses": 0, "burst": fp32_grads, "usp": fp32_grads}
+    # usp over one node's 8 ranks (a ring of one) = Ulysses + its ring's fp32 accumulators
+    eight = dict(base, world=8)
+    ulysses = predict(as_cell(dict(eight, method="ulysses")), HW).memory.parts["comm_buffers"]
+    usp = predict(as_cell(dict(eight, method="usp", options={"ulysses_degree": 8})),
+                  HW).memory.parts["comm_buffers"]
+    assert usp - ulysses / 2 == fp32_grads / 8
+
+
 def test_system_sharding_and_vocabulary_change_memory():
     """Megatron's distributed optimizer keeps bf16 weights and fp32 main grads whole on every
     rank (6 bytes / parameter) and shards only the optimizer (12 / G); a system's own
