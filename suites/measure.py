@@ -20,6 +20,7 @@ Memory and bytes are the maximum over ranks (the busiest rank bounds what fits a
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import platform
 import statistics
@@ -119,7 +120,8 @@ def _max_err(cell: Cell, full, result, layout: str) -> float:
         out.backward(do[:, :, sl].to(dev))
         for a, w in ((got[0][:, :, sl], out.detach()), (got[1][:, :, sl], qh.grad),
                      (got[2][:, :, kv:kv + 1], kh.grad), (got[3][:, :, kv:kv + 1], vh.grad)):
-            err = max(err, float((a.double() - w.cpu()).abs().max()))
+            e = float((a.double() - w.cpu()).abs().max())
+            err = math.inf if math.isnan(e) else max(err, e)  # max(x, nan) would drop the NaN
     return err
 
 
@@ -246,6 +248,9 @@ def measure(cell: Cell) -> dict:
         "bytes_sent_intra": int(mx[5]), "bytes_sent_inter": int(mx[6]),
         "bytes_sent_other": int(mx[7]), "max_err": mx[8] if err is not None else None,
     }
+    if err is not None and not math.isfinite(mx[8]):
+        out.update(status="error", error="output or gradients are not finite (NaN or inf) "
+                                         "where the float64 reference is")
     name = device_name(cell.device)
     # MFU only where the peak applies: a GPU cell in bf16/fp16 (fp32 has no such peak)
     peak_tf = peak_tflops(name) if cell.device == "cuda" and cell.dtype in MFU_DTYPES else None

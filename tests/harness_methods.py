@@ -31,6 +31,12 @@ def fail_on_rank1(q, k, v, *, causal, softmax_scale=None, group=None):
     return user_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group)
 
 
+def nan_on_rank1(q, k, v, *, causal, softmax_scale=None, group=None):
+    """Runs, but rank 1's output is NaN (a broken kernel on one GPU)."""
+    out = user_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group)
+    return out * float("nan") if comm.rank() == 1 else out
+
+
 def die_on_rank1(q, k, v, *, causal, softmax_scale=None, group=None):
     if comm.rank() == 1:
         os._exit(7)  # the process vanishes without a traceback, like a killed rank

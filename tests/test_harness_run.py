@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -58,6 +59,9 @@ label = "oom"
 [[methods]]
 name = "{M}:hang"
 label = "hangs"
+[[methods]]
+name = "{M}:nan_on_rank1"
+label = "nan"
 """
 
 
@@ -97,6 +101,9 @@ def test_inline_sweep_failures_are_rows_and_resume_skips(tmp_path):
             in by["dies"]["error"] or "rank 0 raised" in by["dies"]["error"])
     assert by["oom"]["status"] == "oom" and "out of memory" in by["oom"]["error"]
     assert by["hangs"]["status"] == "timeout" and "time limit" in by["hangs"]["error"]
+    # NaN on one rank was an ok row with max_err 0.0 (max(x, nan) drops the NaN)
+    assert by["nan"]["status"] == "error" and "not finite" in by["nan"]["error"]
+    assert by["nan"]["max_err"] == math.inf
     for label in ("burst", "user", "burst-ringbwd"):
         r = by[label]
         assert r["status"] == "ok" and r["error"] is None, r["error"]
