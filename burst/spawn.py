@@ -86,6 +86,19 @@ def _how_it_ended(code: int | None, stopped: bool, first_dead: int | None) -> st
     return f"exit code {code}"
 
 
+def _kill(processes) -> set[int]:
+    """Kill the ranks still alive and reap every one (no rank may still write or hold memory
+    once ``spawn`` returns or raises); returns the ranks it killed."""
+    killed = set()
+    for r, p in enumerate(processes):
+        if p.is_alive():
+            killed.add(r)
+            p.kill()
+    for p in processes:
+        p.join(timeout=30)
+    return killed
+
+
 def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
           threads: int = 1, timeout_s: float = 300.0) -> list:
     """Run ``fn(rank, world, *args)`` on ``world`` fresh processes; return their results."""
@@ -98,26 +111,25 @@ def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
             nprocs=world, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout_s + 30
         failed_at, first_dead, stopped = None, None, set()
-        while True:
-            try:
-                if ctx.join(timeout=0.2):
+        try:
+            while True:
+                try:
+                    if ctx.join(timeout=0.2):
+                        break
+                except mp.ProcessExitedException as e:
+                    failed_at = failed_at or time.monotonic()
+                    first_dead = e.error_index if first_dead is None else first_dead
+                if failed_at is None and _any_error(out_dir, world):
+                    failed_at = time.monotonic()  # the others may now wait forever on that rank
+                now = time.monotonic()
+                if now > deadline or (failed_at is not None and now - failed_at > 3):
+                    stopped = _kill(ctx.processes)
+                    if now > deadline and failed_at is None:
+                        raise SpawnError(f"spawned ranks did not finish within {timeout_s:.0f} s")
                     break
-            except mp.ProcessExitedException as e:
-                failed_at = failed_at or time.monotonic()
-                first_dead = e.error_index if first_dead is None else first_dead
-            if failed_at is None and _any_error(out_dir, world):
-                failed_at = time.monotonic()  # the others may now wait forever on that rank
-            now = time.monotonic()
-            if now > deadline or (failed_at is not None and now - failed_at > 3):
-                for r, p in enumerate(ctx.processes):
-                    if p.is_alive():
-                        stopped.add(r)
-                        p.kill()
-                for p in ctx.processes:  # reap them: no rank may still write (or hold memory)
-                    p.join(timeout=30)
-                if now > deadline and failed_at is None:
-                    raise SpawnError(f"spawned ranks did not finish within {timeout_s:.0f} s")
-                break
+        except BaseException:  # KeyboardInterrupt, a signal turned exception: ranks die first
+            _kill(ctx.processes)
+            raise
         results, errors = [], []
         for r in range(world):
             path = os.path.join(out_dir, f"rank{r}.pkl")

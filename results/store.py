@@ -60,7 +60,8 @@ def new_run_id(now: _dt.datetime | None = None) -> str:
 
 
 def repair(path: str | os.PathLike) -> int:
-    """Cut a torn last line (no trailing newline) off ``path``; return the bytes removed."""
+    """Cut a torn last line off ``path`` (no trailing newline, or, as an editor leaves it, not
+    valid JSON: what ``read_rows`` ignores); return the bytes removed."""
     path = Path(path)
     if not path.exists():
         return 0
@@ -69,23 +70,33 @@ def repair(path: str | os.PathLike) -> int:
         if size == 0:
             return 0
         f.seek(size - 1)
-        if f.read(1) == b"\n":
-            return 0
-        # scan back for the last newline; rows are small, read the tail in blocks
-        pos, keep = size, 0
+        content_end = size - 1 if f.read(1) == b"\n" else size
+        # scan back for the newline before the last line; rows are small, read in blocks
+        pos, start = content_end, 0
         while pos > 0:
             step = min(65536, pos)
             pos -= step
             f.seek(pos)
-            block = f.read(step)
-            i = block.rfind(b"\n")
+            i = f.read(min(step, content_end - pos)).rfind(b"\n")
             if i >= 0:
-                keep = pos + i + 1
+                start = pos + i + 1
                 break
-        f.truncate(keep)
+        f.seek(start)
+        last = f.read()
+        if last.endswith(b"\n") and (not last.strip() or _valid_json(last)):
+            return 0
+        f.truncate(start)
         f.flush()
         os.fsync(f.fileno())
-        return size - keep
+        return size - start
+
+
+def _valid_json(line: bytes) -> bool:
+    try:
+        json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return True
 
 
 def append_row(path: str | os.PathLike, row: dict) -> None:

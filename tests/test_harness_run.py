@@ -152,7 +152,11 @@ label = "slow"
 """
 
 
-def test_killed_sweep_resumes_with_one_row_per_cell(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
+def test_killed_sweep_resumes_with_one_row_per_cell(tmp_path, sig):
+    """The driver alone is killed (SIGKILL), or interrupted (SIGINT to its pid, as `kill -INT`
+    or a notebook's interrupt sends it: the ranks kept measuring after the run lock was
+    released, and a rerun measured their cells again)."""
     spec_file = tmp_path / "killme.toml"
     spec_file.write_text(KILL)
     out, rows = tmp_path / "out", tmp_path / "out" / "killme" / "r1" / "rows.jsonl"
@@ -167,9 +171,10 @@ def test_killed_sweep_resumes_with_one_row_per_cell(tmp_path):
             assert time.monotonic() < deadline, "no row within 120 s"
             time.sleep(0.1)
         # kill the driver only: its ranks must die with it (they would write more rows)
-        os.kill(proc.pid, signal.SIGKILL)
+        os.kill(proc.pid, sig)
         proc.wait(timeout=30)
-        time.sleep(2.0)
+        if sig == signal.SIGKILL:
+            time.sleep(2.0)  # orphaned ranks notice their dead parent
         first = store.read_rows(rows)
         assert 1 <= len(first) < 4
         time.sleep(1.5)

@@ -246,6 +246,13 @@ def test_store_atomic_rows_and_torn_tail(tmp_path):
     assert store.repair(rows) > 0 and store.repair(rows) == 0
     store.append_row(rows, {"cell_id": "c3", "status": "ok"})
     assert [r["cell_id"] for r in store.read_rows(rows)] == ["c0", "c1", "c2", "c3"]
+    # torn, then given a newline (an editor): read_rows ignores it, so repair must cut it, or
+    # the next appended row makes it a middle line and the run unreadable
+    with open(rows, "ab") as f:
+        f.write(b'{"cell_id": "c4", "sta\n')
+    assert store.repair(rows) > 0 and store.repair(rows) == 0
+    store.append_row(rows, {"cell_id": "c4", "status": "ok"})
+    assert [r["cell_id"] for r in store.read_rows(rows)] == ["c0", "c1", "c2", "c3", "c4"]
     rows.write_text(rows.read_text() + "not json\n" + json.dumps({"cell_id": "c4"}) + "\n")
     with pytest.raises(ValueError, match="not a torn write"):
         store.read_rows(rows)
