@@ -32,11 +32,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import math
 import os
 import signal
 import sys
 import threading
 import time
+import uuid
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -250,7 +252,7 @@ def _executor(kind: str, folder: Path, cells: list[Cell], slurm: SlurmSpec, swee
     else:  # one machine: every rank a task on it (nodes > 1 only labels links)
         c = cells[0]
         ex.update_parameters(name=f"burst-{sweep}", nodes=1, tasks_per_node=c.world,
-                             timeout_min=max(1, int(round(c.timeout_min))),
+                             timeout_min=max(1, math.ceil(c.timeout_min)),  # never shorter
                              gpus_per_node=c.world if c.device == "cuda" else 0)
     return ex
 
@@ -401,20 +403,23 @@ def submit_cells(cells: list[Cell], *, kind: str, run: Run, ctx: RunContext,
     if kind not in ("local", "slurm"):
         raise ValueError(f"submit_cells runs kind 'local' or 'slurm', not {kind!r}")
     slurm = slurm or SlurmSpec()
-    folder = Path(folder or run.dir / "jobs") / "%j"
+    base = Path(folder or run.dir / "jobs")
+    folder = base / "%j"  # SLURM job ids are unique; local ones are PIDs, which get reused
     done = run.done()
     adopted, left = _adopt([c for c in cells if c.cell_id not in done], run, kind, ctx, poll_s)
     _wait(adopted, run, ctx, poll_s)
     for group in _group_by_scale(left):
-        ex = _executor(kind, folder, group, slurm, group[0].sweep)
         if kind == "local":
-            for cell in group:
-                job = ex.submit(cell_job, cell.to_json(), ctx)
-                _record_jobs(run, kind, folder, [(cell, job)])
+            for cell in group:  # a folder per submission: an old PID's results are not ours
+                mine = base / f"local-{uuid.uuid4().hex[:12]}" / "%j"
+                job = _executor(kind, mine, [cell], slurm, cell.sweep).submit(
+                    cell_job, cell.to_json(), ctx)
+                _record_jobs(run, kind, mine, [(cell, job)])
                 if on_submit:
                     on_submit([job])
                 _wait({job: cell}, run, ctx, poll_s)
             continue
+        ex = _executor(kind, folder, group, slurm, group[0].sweep)
         jobs = ex.map_array(cell_job, [c.to_json() for c in group], [ctx] * len(group))
         _record_jobs(run, kind, folder, zip(group, jobs, strict=True))
         if on_submit:

@@ -216,6 +216,11 @@ def test_local_executor_two_tasks_gloo(tmp_path):
     rows = store.read_rows(res.run_dir / "rows.jsonl")
     assert [r["label"] for r in rows] == ["fails", "burst", "fails"]
     assert len(again.table) == 2 and again.table["date"].tolist()[0] == rows[2]["date"]
+    # every submission has a folder of its own: local job ids are PIDs, and a reused PID's
+    # folder held an old job's results, collected as the new job's row
+    jobs = store.read_rows(res.run_dir / "jobs.jsonl")
+    folders = [j["folder"] for j in jobs if "folder" in j]
+    assert len(folders) == 3 and len(set(folders)) == 3, folders
 
 
 def test_local_jobs_outlive_a_dead_driver(tmp_path):
