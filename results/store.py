@@ -34,6 +34,7 @@ __all__ = [
     "append_row",
     "consolidate",
     "latest_run",
+    "RunLockedError",
     "load",
     "new_run_id",
     "read_meta",
@@ -149,6 +150,10 @@ def _json_default(x):
 # Run folders
 
 
+class RunLockedError(RuntimeError):
+    """Another driver holds the run folder (the CLI reports it as a user error)."""
+
+
 class RunLock:
     """Exclusive lock on a run folder for the lifetime of one sweep driver."""
 
@@ -163,7 +168,7 @@ class RunLock:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(self._fd)
-            raise RuntimeError(f"{self.path.parent} is being written by another running sweep; "
+            raise RunLockedError(f"{self.path.parent} is being written by another running sweep; "
                                "wait for it or pass --new for a separate run") from None
         return self
 
@@ -200,9 +205,12 @@ def runs_by_time(sweep_dir: str | os.PathLike) -> list[Path]:
                    if (p / META).exists() or (p / ROWS).exists()), key=when)
 
 
-def latest_run(sweep_dir: str | os.PathLike) -> Path | None:
-    """The most recent run folder of a sweep folder (``runs_by_time``), or None."""
-    runs = runs_by_time(sweep_dir)
+def latest_run(sweep_dir: str | os.PathLike, *, with_rows: bool = False) -> Path | None:
+    """The most recent run folder of a sweep folder (``runs_by_time``), or None; ``with_rows``:
+    the most recent that has rows (the newest may still be on its first cell, or have died
+    before one)."""
+    runs = [r for r in runs_by_time(sweep_dir)
+            if not with_rows or (r / ROWS).exists() or (r / TABLE).exists()]
     return runs[-1] if runs else None
 
 
@@ -251,9 +259,10 @@ def load(path: str | os.PathLike):
     path = Path(path)
     if path.is_dir():
         if not (path / ROWS).exists() and not (path / TABLE).exists():
-            run = latest_run(path)
+            run = latest_run(path, with_rows=True)
             if run is None:
-                raise ValueError(f"{path} holds no sweep run (no {ROWS} in it or its subfolders)")
+                raise ValueError(f"{path} holds no sweep run with rows (no {ROWS} in it or its "
+                                 "subfolders)")
             path = run
         if (path / ROWS).exists():
             return consolidate(path, write=False)

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import signal
 import sys
 from pathlib import Path
+
+from results.store import RunLockedError
 
 __all__ = ["main"]
 
@@ -73,22 +76,43 @@ def _cmd_show(args) -> int:
     df = store.load(args.results)
     if args.raw:
         cols = [c for c in args.columns.split(",") if c in df.columns]
+        unknown = [c for c in args.columns.split(",") if c not in df.columns]
+        if unknown:
+            raise ValueError(f"--columns: no column {', '.join(map(repr, unknown))}; the row "
+                             "schema is in results/README.md")
         print(render(df[cols]))
         return 0
     baseline = args.baseline
     if baseline is None:
         path = Path(args.results)
         run = path if (path / store.META).exists() else (
-            store.latest_run(path) if path.is_dir() else None)
+            store.latest_run(path, with_rows=True) if path.is_dir() else None)
         baseline = store.read_meta(run).get("baseline") if run else None
     metrics = tuple(args.metric) if args.metric else None
+    _check_metrics(metrics or ())
+    if baseline is not None and args.baseline and baseline not in set(df["label"]):
+        raise ValueError(f"--baseline {baseline!r} is not a label of these rows; labels: "
+                         f"{', '.join(sorted(map(str, set(df['label']))))}")
     print(summary_text(df, baseline=baseline, metrics=metrics))
     return 0
+
+
+def _check_metrics(metrics) -> None:
+    from results.tables import METRICS
+
+    unknown = [m for m in metrics if m not in METRICS]
+    if unknown:
+        raise ValueError(f"--metric: unknown {', '.join(map(repr, unknown))}; valid: "
+                         f"{', '.join(METRICS)}")
 
 
 def _cmd_compare(args) -> int:
     from results import store
     from results.tables import METRICS, compare, regressions, render
+
+    _check_metrics((args.metric,))
+    if args.fail_above is not None and not (args.fail_above >= 0 and args.fail_above < math.inf):
+        raise ValueError(f"--fail-above {args.fail_above:g}: give a percentage >= 0")
 
     a, b = store.load(args.a), store.load(args.b)
     names = tuple(args.names.split(",")) if args.names else ("a", "b")
@@ -220,8 +244,6 @@ def _minutes(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if hasattr(signal, "SIGPIPE"):  # `burst-bench show ... | head` ends quietly
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     # methods given as import paths (package.module:function) resolve from the current
     # directory, as with `python -m` (a console script's path starts at its own folder)
     if os.getcwd() not in sys.path:
@@ -232,11 +254,17 @@ def main(argv: list[str] | None = None) -> int:
         args.rest = argv[1:]
     else:
         args = p.parse_args(argv)
+    if args.cmd in ("list", "show", "compare") and hasattr(signal, "SIGPIPE"):
+        # `burst-bench show ... | head` ends quietly (not `run`: a sweep must not die with it)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
         return args.fn(args)
     except ValueError as e:  # user errors (spec problems, bad paths): the message, no traceback
         print(f"burst-bench {args.cmd}: {e}", file=sys.stderr)
         return 2
+    except RunLockedError as e:  # another driver runs this sweep: nothing to do here
+        print(f"burst-bench {args.cmd}: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

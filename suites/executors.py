@@ -173,7 +173,8 @@ def run_inline(cells: list[Cell], run: Run, ctx: RunContext) -> None:
                 todo = left
 
 
-def _skip_if_too_few_gpus(cells: list[Cell], run: Run, ctx: RunContext) -> list[Cell]:
+def _skip_if_too_few_gpus(cells: list[Cell], run: Run, ctx: RunContext,
+                          executor: str = "inline") -> list[Cell]:
     import torch
 
     have = torch.cuda.device_count()
@@ -181,8 +182,8 @@ def _skip_if_too_few_gpus(cells: list[Cell], run: Run, ctx: RunContext) -> list[
         return cells
     for c in cells:
         append_row(run.rows, failure_row(
-            c, f"needs {c.world} GPUs on this machine (inline executor), found {have}; run it "
-               "with --executor slurm --retry-failed", ctx, "skipped"))
+            c, f"needs {c.world} GPUs on this machine ({executor} executor), found {have}; run "
+               "it with --executor slurm --retry-failed", ctx, "skipped"))
     return []
 
 
@@ -203,7 +204,7 @@ def cell_job(cell_json: str, ctx: RunContext) -> dict | None:
     env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False,
                                                                 overwrite=True)
     if env.rank == 0:  # the code this job imports: a shared checkout may have moved since the
-        prov = code_provenance()  # driver submitted (hours in a queue)
+        prov = code_provenance(ctx.data_dir)  # driver submitted (hours in a queue)
         if prov["git_commit"]:
             ctx = dataclasses.replace(ctx, **prov)
     if cell.device == "cuda":
@@ -402,6 +403,8 @@ def submit_cells(cells: list[Cell], *, kind: str, run: Run, ctx: RunContext,
     """
     if kind not in ("local", "slurm"):
         raise ValueError(f"submit_cells runs kind 'local' or 'slurm', not {kind!r}")
+    from submitit.core.utils import FailedJobError
+
     slurm = slurm or SlurmSpec()
     base = Path(folder or run.dir / "jobs")
     folder = base / "%j"  # SLURM job ids are unique; local ones are PIDs, which get reused
@@ -410,6 +413,8 @@ def submit_cells(cells: list[Cell], *, kind: str, run: Run, ctx: RunContext,
     _wait(adopted, run, ctx, poll_s)
     for group in _group_by_scale(left):
         if kind == "local":
+            if group[0].device == "cuda":  # one machine: its GPUs must be enough
+                group = _skip_if_too_few_gpus(group, run, ctx, "local")
             for cell in group:  # a folder per submission: an old PID's results are not ours
                 mine = base / f"local-{uuid.uuid4().hex[:12]}" / "%j"
                 job = _executor(kind, mine, [cell], slurm, cell.sweep).submit(
@@ -420,7 +425,10 @@ def submit_cells(cells: list[Cell], *, kind: str, run: Run, ctx: RunContext,
                 _wait({job: cell}, run, ctx, poll_s)
             continue
         ex = _executor(kind, folder, group, slurm, group[0].sweep)
-        jobs = ex.map_array(cell_job, [c.to_json() for c in group], [ctx] * len(group))
+        try:
+            jobs = ex.map_array(cell_job, [c.to_json() for c in group], [ctx] * len(group))
+        except FailedJobError as e:  # no controller, a bad partition or account: say so
+            raise ValueError(f"SLURM refused the job array: {str(e).strip()}") from None
         _record_jobs(run, kind, folder, zip(group, jobs, strict=True))
         if on_submit:
             on_submit(jobs)

@@ -9,6 +9,7 @@ fails or times out gives ``git_dirty`` None (unknown), not False.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import importlib.metadata
 import os
@@ -37,18 +38,26 @@ _DATA = (":(exclude,glob)results/*/**", ":(exclude,glob)results/*.csv",
          ":(exclude,glob)results/*.txt", ":(exclude,glob)paper_figures/out/**")
 
 
-def code_provenance() -> dict:
+def code_provenance(data_dir: str | os.PathLike | None = None) -> dict:
     """git commit and dirty flag of the code: any change to tracked files, or a new untracked
     file, outside the result data (``results/`` subfolders and tables, not the ``results``
     package) and the rendered figures. Results being written, new or rewritten, do not make the
     code dirty (several sweeps simulated in one command rewrite committed tables); an edited
     ``results/tables.py`` or a new method file does. A copy of the tree without .git (a lent GPU
-    machine) takes the commit from ``BURST_GIT_COMMIT``, set by whoever copied it; else None."""
+    machine) takes the commit from ``BURST_GIT_COMMIT``, set by whoever copied it; else None.
+    ``data_dir``: where the run writes (an ``--out`` inside the checkout but not under
+    ``results/``), data too."""
     commit = _git("rev-parse", "HEAD")
     if commit is None:
         given = os.environ.get("BURST_GIT_COMMIT") or None
         return {"git_commit": given, "git_dirty": None}
-    dirty = _git("status", "--porcelain", "--untracked-files=all", "--", ".", *_DATA)
+    data = list(_DATA)
+    if data_dir is not None:
+        with contextlib.suppress(ValueError):  # outside the checkout: nothing to exclude
+            rel = Path(data_dir).resolve().relative_to(REPO.resolve()).as_posix()
+            if rel != ".":
+                data.append(f":(exclude){rel}")
+    dirty = _git("status", "--porcelain", "--untracked-files=all", "--", ".", *data)
     return {"git_commit": commit, "git_dirty": None if dirty is None else bool(dirty)}
 
 

@@ -29,6 +29,8 @@ class RunContext:
     """JSON of the whole sweep spec."""
     git_commit: str | None
     git_dirty: bool | None
+    data_dir: str | None = None
+    """Where the run writes (its ``--out``): data, not code, for the dirty flag of a job."""
 
 
 _OOM = ("OutOfMemoryError", "CUDA out of memory", "out of memory", "can't allocate memory",

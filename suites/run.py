@@ -207,7 +207,7 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
         run = Run(run.dir, start=run.rows.stat().st_size if run.rows.exists() else 0,
                   skip=frozenset(skip))
         ctx = RunContext(run_id=run.dir.name, executor=executor, sweep_spec=spec.to_json(),
-                         **code_provenance())
+                         data_dir=str(Path(out).resolve()), **code_provenance(out))
         with _Progress(run.rows, cells, len(cells) - len(todo), stream):
             todo = _skip_invalid(todo, run, ctx)
             if todo and executor == "inline":

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 import sys
 from dataclasses import asdict, dataclass, field
@@ -233,7 +234,8 @@ class _Reader:
         self.problems: list[str] = []
 
     def add(self, where: str, msg: str) -> None:
-        self.problems.append(f"{where}: {msg}")
+        if f"{where}: {msg}" not in self.problems:  # a value read twice is reported once
+            self.problems.append(f"{where}: {msg}")
 
     def keys(self, table: dict, valid: set[str], where: str) -> None:
         for k in table:
@@ -244,7 +246,7 @@ class _Reader:
                          f"{', '.join(sorted(valid))}")
 
     def get(self, table: dict, key: str, where: str, kind, default=_MISSING, *,
-            choices=None, minimum=None):
+            choices=None, minimum=None, maximum=None):
         name = f"{where}{key}"
         if key not in table:
             if default is _MISSING:
@@ -263,8 +265,14 @@ class _Reader:
             hint = f" (did you mean {near[0]!r}?)" if near else ""
             self.add(name, f"{v!r} is not valid{hint}; valid: {', '.join(map(str, choices))}")
             return None
+        if isinstance(v, float) and not math.isfinite(v):
+            self.add(name, f"{v!r} must be a finite number")
+            return None
         if minimum is not None and v < minimum:
             self.add(name, f"{v!r} must be >= {minimum}")
+            return None
+        if maximum is not None and v > maximum:
+            self.add(name, f"{v!r} must be <= {maximum}")
             return None
         return v
 
@@ -293,7 +301,8 @@ def _scale(r: _Reader, t: dict, where: str, seq_lens) -> Scale | None:
         return None
     if rpn is None:
         if world is None:
-            r.add(f"{where}world", "give world, or nodes and gpus_per_node")
+            if "world" not in t:  # (a bad world has its own problem)
+                r.add(f"{where}world", "give world, or nodes and gpus_per_node")
             return None
         if world % nodes:
             r.add(f"{where}nodes", f"{nodes} does not divide world={world}; valid: "
@@ -349,9 +358,9 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
     workload = r.get(data, "workload", "", str, choices=WORKLOADS)
     device = r.get(data, "device", "", str, "cpu", choices=DEVICES)
     dtype = r.get(data, "dtype", "", str, "float32", choices=DTYPES)
-    kw = {k: r.get(data, k, "", int, d, minimum=m) for k, d, m in
-          (("batch", 1, 1), ("warmup", 1, 0), ("repeats", 3, 1), ("seed", 0, 0),
-           ("error_max_tokens", 4096, 0))}
+    kw = {k: r.get(data, k, "", int, d, minimum=m, maximum=mx) for k, d, m, mx in
+          (("batch", 1, 1, 2**31), ("warmup", 1, 0, 2**31), ("repeats", 3, 1, 2**31),
+           ("seed", 0, 0, 2**32 - 1), ("error_max_tokens", 4096, 0, 2**62))}  # int64 inside
     kw["timeout_min"] = r.get(data, "timeout_min", "", (int, float), 20.0, minimum=0.01)
     kw["profile_memory"] = r.get(data, "profile_memory", "", bool, True)
     kw["description"] = r.get(data, "description", "", str, "")
@@ -466,7 +475,7 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
 
         try:
             more = cell_problems(spec)
-        except (TypeError, ValueError, KeyError) as e:
+        except (TypeError, ValueError, KeyError, AttributeError) as e:  # a broken [shape]
             more = [] if r.problems else [f"cells: {e}"]
         r.problems += [p for p in more if p not in r.problems]
     if r.problems:

@@ -64,6 +64,17 @@ setup = ["module load cuda", 2]
 """
 
 
+GOOD_TINY = """workload = "attention"
+seq_lens = [32]
+world = 2
+[shape]
+heads = 2
+head_dim = 8
+[[methods]]
+name = "ring"
+"""
+
+
 def _write(tmp_path, text, name="sweep"):
     p = tmp_path / f"{name}.toml"
     p.write_text(text)
@@ -346,6 +357,39 @@ def test_cli_read_only_commands(tmp_path, capsys):
     assert ei.value.code == 0 and "simulate" in capsys.readouterr().out
 
 
+def test_cli_user_errors_are_messages_not_tracebacks(tmp_path, capsys):
+    """Each was a traceback (or a silent wrong answer) before (found by a harness audit)."""
+    rows = _rows([("ring", 64, 2.0, "ok"), ("burst", 64, 1.0, "ok")])
+    d = _run_dir(tmp_path, "20250101T000000Z-1", rows)
+    (tmp_path / "sweep" / "20250102T000000Z-1").mkdir()  # a newer run, no row yet
+    assert cli.main(["show", str(tmp_path / "sweep")]) == 0  # the latest run with rows
+    assert "1000.0 (2.00x)" in capsys.readouterr().out
+    for argv, msg in (
+            (["show", str(d), "--metric", "nosuch"], "--metric: unknown 'nosuch'"),
+            (["show", str(d), "--raw", "--columns", "label,nosuch"], "no column 'nosuch'"),
+            (["show", str(d), "--baseline", "nosuch"], "not a label of these rows"),
+            (["compare", str(d), str(d), "--fail-above", "nan"], "give a percentage >= 0"),
+            (["compare", str(d), str(d), "--metric", "nosuch"], "--metric: unknown")):
+        assert cli.main(argv) == 2, argv
+        assert msg in capsys.readouterr().err, argv
+    held = tmp_path / "o" / "sweep" / "r1"
+    held.mkdir(parents=True)
+    with store.RunLock(held):  # another driver writes this run
+        assert cli.main(["run", str(_write(tmp_path, GOOD_TINY)), "--out", str(tmp_path / "o"),
+                         "--run-id", "r1"]) == 1
+    assert "being written by another running sweep" in capsys.readouterr().err
+    for text, want in (
+            (GOOD_TINY.replace("heads = 2", "heads = 0"), "shape.heads: 0 must be >= 1"),
+            (GOOD_TINY.replace("[shape]\nheads = 2\nhead_dim = 8", 'shape = "big"'),
+             "shape: 'big' is a str"),
+            ("seed = 99999999999999999999\n" + GOOD_TINY, "seed: 99999999999999999999 must be"),
+            (GOOD_TINY.replace("world = 2", "world = 0"), "world: 0 must be >= 1")):
+        with pytest.raises(SpecError) as ei:
+            load_spec(_write(tmp_path, text, "bad"))
+        assert any(want in p for p in ei.value.problems), (want, ei.value.problems)
+        assert len(ei.value.problems) == 1, ei.value.problems  # once, no follow-on noise
+
+
 def test_classify_and_schema_readme():
     assert classify("torch.OutOfMemoryError: CUDA out of memory. Tried") == "oom"
     assert classify("spawned ranks did not finish within 60 s") == "timeout"
@@ -453,6 +497,12 @@ def test_rewritten_results_do_not_make_the_code_dirty(tmp_path, monkeypatch):
         git("checkout", "-q", "--", ".")
         git("clean", "-qfx", "--", "code.py", "results/tables.py", "new_method.py")
     assert provenance.code_provenance()["git_dirty"] is False
+    # a run's --out inside the checkout but not under results/ is data for that run
+    (tmp_path / "my_runs" / "sweep" / "run1").mkdir(parents=True)
+    (tmp_path / "my_runs" / "sweep" / "run1" / "rows.jsonl").write_text("{}\n")
+    assert provenance.code_provenance()["git_dirty"] is True
+    assert provenance.code_provenance(tmp_path / "my_runs")["git_dirty"] is False
+    assert provenance.code_provenance("/elsewhere")["git_dirty"] is True
 
 
 def test_resume_skips_by_each_cells_last_row():
