@@ -243,8 +243,10 @@ def cell_problems(spec: SweepSpec) -> list[str]:
     cells = expand(spec)
     out: list[str] = []
     seen: set[str] = set()
+    labels = [m.label for m in spec.methods]
+    unique_labels = len(set(labels)) == len(labels)  # else parse_spec names the labels
     for c in cells:
-        if c.cell_id in seen:
+        if c.cell_id in seen and unique_labels:
             msg = (f"seq_len@world {c.seq_len}@{c.world} appears more than once (repeated "
                    "seq_lens or scales): each cell would be measured twice under one id")
             if msg not in out:

@@ -34,13 +34,17 @@ def _cmd_list(args) -> int:
     from suites.spec import SPEC_DIR, SpecError, load_spec
 
     folder = Path(args.dir) if args.dir else SPEC_DIR
-    print(f"sweeps in {folder} (burst-bench run <name>):")
+    if not folder.is_dir():
+        raise ValueError(f"--dir {folder}: no such folder")
+    ref = "<name>" if folder == SPEC_DIR else f"{folder}/<name>.toml"  # how `run` finds it
+    print(f"sweeps in {folder} (burst-bench run {ref}):")
     for path in sorted(folder.glob("*.toml")):
+        name = path.stem if folder == SPEC_DIR else str(path)
         try:
             spec = load_spec(path)
         except SpecError as e:
             print(f"  {path.stem:<22} INVALID: {len(e.problems)} problem(s); "
-                  f"`burst-bench run {path.stem} --executor dry-run` lists them")
+                  f"`burst-bench run {name} --executor dry-run` lists them")
             continue
         cells = expand(spec)
         worlds = sorted({s.world for s in spec.scales})

@@ -336,6 +336,10 @@ def _method(r: _Reader, t: dict, where: str, workload: str) -> MethodSpec | None
         return None
     opts = {**(base.options if base else {}), **options}
     label = r.get(t, "label", where, str, None)
+    if label is not None and not label.strip():
+        r.add(f"{where}label", f"{label!r} is empty; give a name, or leave it out for the "
+              "default")
+        label = None
     if label is None:
         label = base.label if base else default_label(name, options)
     return MethodSpec(name=name, label=label, options=opts, checkpointing=ckpt, fused_head=fused,

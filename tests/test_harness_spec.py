@@ -372,6 +372,10 @@ def test_cli_user_errors_are_messages_not_tracebacks(tmp_path, capsys):
             (["compare", str(d), str(d), "--metric", "nosuch"], "--metric: unknown")):
         assert cli.main(argv) == 2, argv
         assert msg in capsys.readouterr().err, argv
+    (tmp_path / "specs").mkdir()
+    _write(tmp_path / "specs", GOOD_TINY.replace("world = 2", "world = 0"), "broken")
+    assert cli.main(["list", "--dir", str(tmp_path / "specs")]) == 0  # `run` finds it by path
+    assert f"run {tmp_path / 'specs' / 'broken.toml'} --executor dry-run" in capsys.readouterr().out
     held = tmp_path / "o" / "sweep" / "r1"
     held.mkdir(parents=True)
     with store.RunLock(held):  # another driver writes this run
@@ -383,7 +387,9 @@ def test_cli_user_errors_are_messages_not_tracebacks(tmp_path, capsys):
             (GOOD_TINY.replace("[shape]\nheads = 2\nhead_dim = 8", 'shape = "big"'),
              "shape: 'big' is a str"),
             ("seed = 99999999999999999999\n" + GOOD_TINY, "seed: 99999999999999999999 must be"),
-            (GOOD_TINY.replace("world = 2", "world = 0"), "world: 0 must be >= 1")):
+            (GOOD_TINY.replace("world = 2", "world = 0"), "world: 0 must be >= 1"),
+            (GOOD_TINY + 'label = " "\n', "label: ' ' is empty"),
+            (GOOD_TINY + '[[methods]]\nname = "ring"\n', "label 'ring' is used by 2")):
         with pytest.raises(SpecError) as ei:
             load_spec(_write(tmp_path, text, "bad"))
         assert any(want in p for p in ei.value.problems), (want, ei.value.problems)
