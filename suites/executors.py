@@ -305,10 +305,28 @@ def _collect(job, cell: Cell, run: Run, ctx: RunContext) -> None:
         job.cancel(check=False)
 
 
-def _wait(pending: dict, run: Run, ctx: RunContext, poll_s: float) -> None:
+LOCAL_GRACE_S = 15.0
+
+
+def _wait(pending: dict, run: Run, ctx: RunContext, poll_s: float,
+          deadline: float | None = None) -> None:
+    """Collect each job as it gets an outcome. ``deadline`` (time.monotonic(); local jobs): a
+    job still without one then is cancelled and its cell is a ``timeout`` row (submitit's own
+    limit ends a job that heeds its warning signal, but one stuck deaf to it ran on and ended
+    as an ``error``)."""
     while pending:
         for job in [j for j in pending if _ready(j)]:
             _collect(job, pending.pop(job), run, ctx)
+        if pending and deadline is not None and time.monotonic() > deadline:
+            for job, cell in pending.items():
+                job.cancel(check=False)
+                append_row(run.rows, failure_row(
+                    cell, f"the job exceeded its time limit of {cell.timeout_min * 60:.0f} s "
+                          f"(timeout_min={cell.timeout_min}) without a result and was cancelled",
+                    ctx, "timeout", job_id=str(job.job_id)))
+                append_row(run.dir / "jobs.jsonl", {"cell_id": cell.cell_id,
+                                                    "job_id": str(job.job_id), "collected": True})
+            return
         if pending:
             time.sleep(poll_s)
 
@@ -422,7 +440,9 @@ def submit_cells(cells: list[Cell], *, kind: str, run: Run, ctx: RunContext,
                 _record_jobs(run, kind, mine, [(cell, job)])
                 if on_submit:
                     on_submit([job])
-                _wait({job: cell}, run, ctx, poll_s)
+                # submitit's limit (whole minutes) and its grace for the warning signal first
+                limit = max(1, math.ceil(cell.timeout_min)) * 60 + LOCAL_GRACE_S
+                _wait({job: cell}, run, ctx, poll_s, deadline=time.monotonic() + limit)
             continue
         ex = _executor(kind, folder, group, slurm, group[0].sweep)
         try:

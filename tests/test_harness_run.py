@@ -223,6 +223,30 @@ def test_local_executor_two_tasks_gloo(tmp_path):
     assert len(folders) == 3 and len(set(folders)) == 3, folders
 
 
+def test_a_local_job_deaf_to_its_time_limit_is_a_timeout_row(tmp_path, monkeypatch):
+    """A rank stuck where submitit's warning signal cannot reach it (tests.slurm_support:
+    stuck_attention ignores it) ran past the limit and ended as an 'error'; the driver now
+    cancels the job at the limit and writes a 'timeout' row, and no process is left."""
+    pytest.importorskip("submitit")
+    from suites import executors
+
+    monkeypatch.setattr(executors, "LOCAL_GRACE_S", -50.0)  # the limit: 60 - 50 = 10 s
+    text = KILL.replace("seq_lens = [32, 64, 96, 128]", "seq_lens = [32]").replace(
+        f'name = "{M}:slow_attention"\noptions = {{ delay = 0.4 }}\nlabel = "slow"',
+        'name = "tests.slurm_support:stuck_attention"\nlabel = "stuck"')
+    text = "timeout_min = 0.1\n" + text + '[[methods]]\nname = "ring"\n'
+    res = run_sweep(_spec(tmp_path, text, "deaf"), executor="local", out=tmp_path / "out",
+                    stream=_quiet())
+    rows = {r["label"]: r for r in store.read_rows(res.run_dir / "rows.jsonl")}
+    assert rows["stuck"]["status"] == "timeout", rows["stuck"]["error"]
+    assert "exceeded its time limit" in rows["stuck"]["error"]
+    assert rows["ring"]["status"] == "ok"  # the next cell runs as usual
+    time.sleep(2.0)
+    left = subprocess.run(["pgrep", "-f", "stuck_attention|submitit.local._local"],
+                          capture_output=True, text=True).stdout.split()
+    assert not left, left
+
+
 def test_local_jobs_outlive_a_dead_driver(tmp_path):
     """The driver dies after submitting (ssh drop, killed login-node process): its jobs run on.
     The next driver collects the job's row (waiting while its process runs) instead of running
