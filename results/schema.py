@@ -71,7 +71,8 @@ COLUMNS: dict[str, str] = {
                         "nodes",
     "bytes_sent_other": "bytes sent per rank outside the attention layers: a train step's "
                         "gradient synchronisation and loss all-reduces (measured rows)",
-    "max_err": "max abs error against the float64 reference, where computed",
+    "max_err": "max abs error against the float64 reference, where computed (inf: the output "
+                "or gradients were not finite, and the row is an error)",
     "speedup": "time of the spec's baseline / time of this row (filled when a run's table is "
                "consolidated, by results.tables.add_speedup)",
     # provenance
