@@ -276,6 +276,12 @@ def test_bad_input_errors():
         Trainer("tiny", window=(-1, 0))
     with pytest.raises(ValueError, match="loss_chunk=0"):
         Trainer("tiny", loss_chunk=0)
+    tr = Trainer("tiny")
+    batch = tr.local_batch(16, batch=1, seed=0)
+    for bad in (1, 0, 2.5, True):  # fewer than this call's own targets, or not an int
+        with pytest.raises(ValueError, match=f"num_targets={bad!r}: expected an int >= "
+                                             "this call's 15"):
+            tr.forward_backward(*batch, num_targets=bad)
 
 
 def test_each_backward_replays_its_own_forward():
@@ -311,14 +317,27 @@ def _accumulate(rank, world):
     tr.optimizer.zero_grad(set_to_none=True)
     tr.forward_backward(*b1)
     tr.forward_backward(*b2)
-    return max(float((p.grad - sep[0][n] - sep[1][n]).abs().max())
-               for n, p in tr.model.named_parameters())
+    summed = max(float((p.grad - sep[0][n] - sep[1][n]).abs().max())
+                 for n, p in tr.model.named_parameters())
+    # token-weighted: micro-batches with uneven target counts (most of b1's ignored), each
+    # scaled by the total count, equal one call on both (a mean of means would not)
+    b1[1][:, : b1[1].shape[1] - 2] = tr.ignore_index
+    total = tr.global_targets(b1[1]) + tr.global_targets(b2[1])
+    tr.optimizer.zero_grad(set_to_none=True)
+    loss = tr.forward_backward(*b1, num_targets=total) + tr.forward_backward(*b2,
+                                                                             num_targets=total)
+    parts = {n: p.grad.clone() for n, p in tr.model.named_parameters()}
+    tr.optimizer.zero_grad(set_to_none=True)
+    whole = tr.forward_backward(*(torch.cat([a, b]) for a, b in zip(b1, b2, strict=True)))
+    weighted = max(float((p.grad - parts[n]).abs().max()) for n, p in tr.model.named_parameters())
+    return max(summed, weighted, abs(loss - whole))
 
 
 def test_micro_batches_accumulate_gradients_synchronised_once():
     """forward_backward twice = the sum of the two micro-batches' gradients, on 2 context-
     parallel ranks too (the earlier micro-batch, already summed over the CP group, is not
-    summed again)."""
+    summed again); with ``num_targets`` = their total target count, the mean over all their
+    tokens: the gradients and loss of one call on both."""
     from burst.spawn import spawn
 
     assert max(spawn(_accumulate, 2, timeout_s=180)) < 1e-12

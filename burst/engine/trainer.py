@@ -207,20 +207,39 @@ class Trainer:
         self.model.attention.check(heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
                                    seq_local=tokens.shape[1])
 
-    def forward_backward(self, tokens, targets, positions, *, cu_seqlens=None) -> float:
+    def global_targets(self, targets) -> int:
+        """Target tokens (not ``ignore_index``) of this batch on every rank of the world (CP x
+        DP): sum it over micro-batches for ``forward_backward``'s ``num_targets``."""
+        count = (targets != self.ignore_index).sum().to(torch.float64).reshape(1)
+        with comm.phase("loss"):
+            comm.all_reduce(count)
+        return int(count.item())
+
+    def forward_backward(self, tokens, targets, positions, *, cu_seqlens=None,
+                         num_targets: int | None = None) -> float:
         """Forward, backward and gradient synchronisation (no optimizer step); returns the
         global mean loss. Gradients are added to those already in ``model.parameters()``
-        (micro-batch accumulation: each call's gradients are synchronised once)."""
+        (micro-batch accumulation: each call's gradients are synchronised once).
+
+        ``num_targets``: the number of target tokens the loss is averaged over, when it is more
+        than this call's (every micro-batch of an accumulated step, on every rank): the call
+        then returns, and back-propagates, its share of that mean, so that the shares of the
+        micro-batches add up to the mean over all their tokens, however unevenly the ignored
+        targets fall. Default: this call's own global count (each call's own mean)."""
         self._check_batch(tokens, targets, positions)
         if cu_seqlens is not None:
             MaskSpec(causal=True, cu_seqlens=cu_seqlens).check_length(
                 tokens.shape[1] * self.cp_size)
         acc = torch.float64
-        count = (targets != self.ignore_index).sum().to(acc).reshape(1)
-        with comm.phase("loss"):
-            comm.all_reduce(count)  # every rank of the world: CP x DP
-        if count.item() == 0:
+        count = self.global_targets(targets)
+        if num_targets is None and count == 0:
             raise ValueError("Trainer.step: the global batch has no target token (all ignored)")
+        if num_targets is not None:
+            if isinstance(num_targets, bool) or not isinstance(num_targets, int) or (
+                    num_targets < max(1, count)):
+                raise ValueError(f"num_targets={num_targets!r}: expected an int >= this call's "
+                                 f"{count} target tokens (and >= 1)")
+            count = num_targets
         self.model.cache.clear()
         # gradients accumulated by earlier calls are already summed over the CP group: set
         # them aside so that only this call's partial sums are reduced, then add them back
@@ -229,7 +248,7 @@ class Trainer:
         for p in params:
             p.grad = None
         try:
-            loss = self._forward(tokens, positions, targets, loss_scale=1.0 / count.item(),
+            loss = self._forward(tokens, positions, targets, loss_scale=1.0 / count,
                                  cu_seqlens=cu_seqlens, ignore_index=self.ignore_index)
             # DP wrappers average over the DP group; the loss is already the global mean's share
             (loss * self.dp_size).backward()
