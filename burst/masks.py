@@ -84,7 +84,10 @@ def _window_sides(window) -> tuple[int, int] | None:
         return None
     out = []
     for x in sides:
-        n = (1 << 40) if isinstance(x, (float, int)) and x == math.inf else _whole(x)
+        if isinstance(x, torch.Tensor) and x.dim() == 0:
+            x = x.item()
+        unbounded = isinstance(x, numbers.Real) and not isinstance(x, bool) and x == math.inf
+        n = (1 << 40) if unbounded else _whole(x)
         if n is None or n < 0:
             return None
         out.append(min(n, 1 << 40))

@@ -148,6 +148,27 @@ def _accepted_options(fn) -> set[str] | None:
             and p.name not in common} - {"q", "k", "v"} - refused
 
 
+def _block_level(name: str, method) -> str:
+    return (f"{name!r} is block-level ({method.description}); the harness times attention cores "
+            "(q, k, v -> out) and the engine's attention; use its block_fn directly")
+
+
+def _unknown_options(name: str, method, given: set[str]) -> list[tuple[str, str]]:
+    """(option, why) for each of ``given`` (option names; ``window`` when a window is passed)
+    that ``method`` does not take: one a package refuses, or one not in its signature."""
+    refused = set(getattr(method.fn, "refuses", ()))
+    accepted = _accepted_options(method.fn)
+    out = []
+    for k in sorted(given):
+        if k in refused:
+            out.append((k, f"{name!r} does not support {k} (the package's function has no "
+                           "such argument)"))
+        elif accepted is not None and k not in accepted:
+            out.append((k, f"{name!r} has no option {k!r}; valid options: "
+                           f"{', '.join(sorted(accepted)) or '(none)'}"))
+    return out
+
+
 def option_problems(i: int, m: MethodSpec, window: bool = False) -> list[str]:
     """Problems of a method entry itself: unknown method, option names it does not take
     (``window``: the sweep passes a sliding window to every call)."""
@@ -159,21 +180,15 @@ def option_problems(i: int, m: MethodSpec, window: bool = False) -> list[str]:
     except ValueError as e:
         return [f"{where}.name: {e}"]
     if method.level == "block":
-        return [f"{where}.name: {m.name!r} is block-level ({method.description}); the harness "
-                "times attention cores (q, k, v -> out) and the engine's attention; use its "
-                "block_fn directly"]
+        return [f"{where}.name: {_block_level(m.name, method)}"]
     out = []
     for k in ("window", "cu_seqlens"):  # the sweep passes the window to every call itself
         if k in m.options:
             out.append(f"{where}.options.{k}: not a method option in a sweep; give a sliding "
                        "window as [shape] window = [left, right] (packed documents are not a "
                        "sweep dimension)")
-    accepted = _accepted_options(method.fn)
-    if accepted is not None:
-        given = (set(m.options) - {"window", "cu_seqlens"}) | ({"window"} if window else set())
-        for k in sorted(given - accepted):
-            out.append(f"{where}.options.{k}: {m.name!r} has no option {k!r}; valid options: "
-                       f"{', '.join(sorted(accepted)) or '(none)'}")
+    given = (set(m.options) - {"window", "cu_seqlens"}) | ({"window"} if window else set())
+    out += [f"{where}.options.{k}: {msg}" for k, msg in _unknown_options(m.name, method, given)]
     for k, v in m.options.items():
         if isinstance(v, str) and v.startswith("@") and v not in ("@node", "@world"):
             out.append(f"{where}.options.{k}: {v!r} is not a known placeholder; valid: "
@@ -189,19 +204,13 @@ def cell_problem(cell: Cell) -> str | None:
 
     method = registry.get(cell.method)
     if method.level == "block":
-        return (f"{cell.method!r} is block-level ({method.description}); the harness times "
-                "attention cores (q, k, v -> out)")
+        return _block_level(cell.method, method)
     if method.dtypes is not None and cell.dtype not in method.dtypes:
         return (f"{cell.method!r} computes in {' or '.join(method.dtypes)}, not {cell.dtype}")
-    accepted = _accepted_options(method.fn)
     given = set(cell.options) | ({"window"} if cell.window is not None else set())
-    refused = set(getattr(method.fn, "refuses", ())) & given
-    if refused:
-        return (f"{cell.method!r} does not support {', '.join(sorted(refused))} (the package's "
-                "function has no such argument)")
-    if accepted is not None and given - {"window"} - accepted:
-        return (f"{cell.method!r} has no option {', '.join(sorted(given - {'window'} - accepted))};"
-                f" valid options: {', '.join(sorted(accepted)) or '(none)'}")
+    unknown = _unknown_options(cell.method, method, given)
+    if unknown:
+        return unknown[0][1]
     layout = method.layout(cell.options)
     if layout in LAYOUTS and cell.seq_len % (cell.world * chunks_per_rank(layout)):
         parts = cell.world * chunks_per_rank(layout)

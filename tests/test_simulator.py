@@ -529,7 +529,7 @@ def test_byte_columns_are_the_busiest_rank_of_all(method, options, world, window
     (dict(method="ring_flash_attn", dtype="float32"), "computes in float16 or bfloat16"),
     (dict(method="yunchang", dtype="float64"), "computes in float16 or bfloat16"),
     (dict(method="yunchang", window=(1024, 0)), "does not support window"),
-    (dict(method="burst", options={"foo": 1}), "has no option foo"),
+    (dict(method="burst", options={"foo": 1}), "has no option 'foo'"),
     (dict(method="tp"), "is block-level"),
 ])
 def test_cells_the_code_refuses_get_no_numbers(change, why):
