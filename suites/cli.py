@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import math
 import os
@@ -54,7 +55,39 @@ def _cmd_list(args) -> int:
     return 0
 
 
+class _PipeSafe:
+    """stdout for a sweep: a reader that goes away (`burst-bench run ... | head`) silences the
+    output, never the sweep (its rows are the point)."""
+
+    def __init__(self, stream):
+        self.stream, self.gone = stream, False
+
+    def _guard(self, fn, *a):
+        if not self.gone:
+            try:
+                return fn(*a)
+            except BrokenPipeError:
+                self.gone = True  # and the interpreter's final flush must not fail either
+                os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
+        return None
+
+    def write(self, text: str) -> int:
+        self._guard(self.stream.write, text)
+        return len(text)
+
+    def flush(self) -> None:
+        self._guard(self.stream.flush)
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+
 def _cmd_run(args) -> int:
+    with contextlib.redirect_stdout(_PipeSafe(sys.stdout)):
+        return _run(args)
+
+
+def _run(args) -> int:
     from suites.run import replace_slurm, run_sweep
     from suites.spec import load_spec
 
@@ -63,7 +96,7 @@ def _cmd_run(args) -> int:
                           time_min=args.time, constraint=args.constraint, qos=args.qos)
     res = run_sweep(spec, executor=args.executor, out=args.out, run_id=args.run_id,
                     new=args.new, retry_failed=args.retry_failed, slurm=slurm,
-                    job_folder=args.job_folder)
+                    job_folder=args.job_folder, stream=sys.stdout)
     if res.run_dir is not None:
         print(f"rows: {res.run_dir / 'rows.jsonl'}\ntable: {res.run_dir / 'table.parquet'} "
               f"(and table.csv)")

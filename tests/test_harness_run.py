@@ -193,6 +193,23 @@ def test_killed_sweep_resumes_with_one_row_per_cell(tmp_path, sig):
     assert res.ran == 4 - len(first)
 
 
+def test_a_run_piped_into_head_finishes(tmp_path):
+    """`burst-bench run ... | head -1`: the reader leaves after one line; the sweep must still
+    write every row and its table, and exit 0 (SIGPIPE killed it after 2 of 8 cells; then
+    BrokenPipeError tracebacks made it exit 1)."""
+    spec_file = tmp_path / "piped.toml"
+    spec_file.write_text(KILL.replace(f'name = "{M}:slow_attention"\noptions = {{ delay = 0.4 }}',
+                                      f'name = "{M}:slow_attention"\noptions = {{ delay = 0.1 }}'))
+    cmd = (f"{sys.executable} -m suites.cli run {spec_file} --out {tmp_path / 'out'} | head -1;"
+           " exit ${PIPESTATUS[0]}")
+    res = subprocess.run(["bash", "-c", cmd], cwd=REPO, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr, res.stderr[-2000:]
+    (run,) = (tmp_path / "out" / "piped").iterdir()
+    assert len(store.read_rows(run / "rows.jsonl")) == 4 and (run / "table.csv").exists()
+
+
 def test_local_executor_two_tasks_gloo(tmp_path):
     pytest.importorskip("submitit")
     text = SWEEP.split("[[methods]]")[0]

@@ -361,7 +361,10 @@ def test_cli_user_errors_are_messages_not_tracebacks(tmp_path, capsys):
     """Each was a traceback (or a silent wrong answer) before (found by a harness audit)."""
     rows = _rows([("ring", 64, 2.0, "ok"), ("burst", 64, 1.0, "ok")])
     d = _run_dir(tmp_path, "20250101T000000Z-1", rows)
-    (tmp_path / "sweep" / "20250102T000000Z-1").mkdir()  # a newer run, no row yet
+    newer = tmp_path / "sweep" / "20250102T000000Z-1"  # a newer run, on its first cell
+    newer.mkdir()
+    store.write_meta(newer, {"baseline": "ring", "created": "2999-01-01T00:00:00Z"})
+    assert store.latest_run(tmp_path / "sweep") == newer
     assert cli.main(["show", str(tmp_path / "sweep")]) == 0  # the latest run with rows
     assert "1000.0 (2.00x)" in capsys.readouterr().out
     for argv, msg in (
