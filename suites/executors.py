@@ -308,6 +308,24 @@ def _collect(job, cell: Cell, run: Run, ctx: RunContext) -> None:
 LOCAL_GRACE_S = 15.0
 
 
+def local_limit_s(cell: Cell) -> float:
+    """How long a local job may run: submitit's limit (whole minutes, never below the spec's)
+    and a grace for its warning signal to end the job first."""
+    return max(1, math.ceil(cell.timeout_min)) * 60 + LOCAL_GRACE_S
+
+
+def _time_out(job, cell: Cell, run: Run, ctx: RunContext) -> None:
+    """Cancel a job past its limit; its cell is a ``timeout`` row."""
+    job.cancel(check=False)
+    append_row(run.rows, failure_row(
+        cell, f"the job exceeded its time limit of {local_limit_s(cell):.0f} s (timeout_min="
+              f"{cell.timeout_min}, in whole minutes, plus {LOCAL_GRACE_S:.0f} s for the "
+              "warning signal) without a result and was cancelled", ctx, "timeout",
+        job_id=str(job.job_id)))
+    append_row(run.dir / "jobs.jsonl", {"cell_id": cell.cell_id, "job_id": str(job.job_id),
+                                        "collected": True})
+
+
 def _wait(pending: dict, run: Run, ctx: RunContext, poll_s: float,
           deadline: float | None = None) -> None:
     """Collect each job as it gets an outcome. ``deadline`` (time.monotonic(); local jobs): a
@@ -319,13 +337,7 @@ def _wait(pending: dict, run: Run, ctx: RunContext, poll_s: float,
             _collect(job, pending.pop(job), run, ctx)
         if pending and deadline is not None and time.monotonic() > deadline:
             for job, cell in pending.items():
-                job.cancel(check=False)
-                append_row(run.rows, failure_row(
-                    cell, f"the job exceeded its time limit of {cell.timeout_min * 60:.0f} s "
-                          f"(timeout_min={cell.timeout_min}) without a result and was cancelled",
-                    ctx, "timeout", job_id=str(job.job_id)))
-                append_row(run.dir / "jobs.jsonl", {"cell_id": cell.cell_id,
-                                                    "job_id": str(job.job_id), "collected": True})
+                _time_out(job, cell, run, ctx)
             return
         if pending:
             time.sleep(poll_s)
@@ -388,14 +400,16 @@ def _adopt(cells: list[Cell], run: Run, kind: str, ctx: RunContext, poll_s: floa
             else:
                 pending[job] = cell
             continue
-        # wait no longer than the cell's time limit from its submission (with a minute's slack)
-        deadline = rec.get("submitted", 0) + cell.timeout_min * 60 + 60
+        # wait no longer than the limit the submitting driver would have enforced
+        deadline = rec.get("submitted", 0) + local_limit_s(cell)
         pid = rec.get("pid")
         while _local_job_alive(pid) and not _has_outcome(job) and time.time() < deadline:
             time.sleep(poll_s)
         if _has_outcome(job):
             _collect(job, cell, run, ctx)
-        else:
+        elif _local_job_alive(pid):  # running past its limit: a timeout, as it would have been
+            _time_out(job, cell, run, ctx)
+        else:  # it died without a result (with the driver, say): run the cell again
             left.append(cell)
         if _local_job_alive(pid):  # ranks left waiting on a failed one, or past the limit:
             os.kill(pid, signal.SIGINT)  # stop them (submitit's LocalJob.cancel) before timing
@@ -440,9 +454,8 @@ def submit_cells(cells: list[Cell], *, kind: str, run: Run, ctx: RunContext,
                 _record_jobs(run, kind, mine, [(cell, job)])
                 if on_submit:
                     on_submit([job])
-                # submitit's limit (whole minutes) and its grace for the warning signal first
-                limit = max(1, math.ceil(cell.timeout_min)) * 60 + LOCAL_GRACE_S
-                _wait({job: cell}, run, ctx, poll_s, deadline=time.monotonic() + limit)
+                _wait({job: cell}, run, ctx, poll_s,
+                      deadline=time.monotonic() + local_limit_s(cell))
             continue
         ex = _executor(kind, folder, group, slurm, group[0].sweep)
         try:

@@ -256,8 +256,27 @@ def test_a_local_job_deaf_to_its_time_limit_is_a_timeout_row(tmp_path, monkeypat
                     stream=_quiet())
     rows = {r["label"]: r for r in store.read_rows(res.run_dir / "rows.jsonl")}
     assert rows["stuck"]["status"] == "timeout", rows["stuck"]["error"]
-    assert "exceeded its time limit" in rows["stuck"]["error"]
+    assert "exceeded its time limit of 10 s (timeout_min=0.1" in rows["stuck"]["error"]
     assert rows["ring"]["status"] == "ok"  # the next cell runs as usual
+    time.sleep(2.0)
+    left = subprocess.run(["pgrep", "-f", "stuck_attention|submitit.local._local"],
+                          capture_output=True, text=True).stdout.split()
+    assert not left, left
+    # the same, adopted by a later driver (the submitting one died): a timeout row at the same
+    # limit, not a rerun of the cell
+    class DriverDied(Exception):
+        pass
+
+    def die(jobs):
+        raise DriverDied
+
+    spec = _spec(tmp_path, text.replace('[[methods]]\nname = "ring"\n', ""), "deaf2")
+    kw = dict(executor="local", out=tmp_path / "out2", stream=_quiet())
+    with pytest.raises(DriverDied):
+        run_sweep(spec, on_submit=die, **kw)
+    res = run_sweep(spec, on_submit=lambda jobs: pytest.fail("the cell ran again"), **kw)
+    (row,) = store.read_rows(res.run_dir / "rows.jsonl")
+    assert row["status"] == "timeout" and "time limit of 10 s" in row["error"], row["error"]
     time.sleep(2.0)
     left = subprocess.run(["pgrep", "-f", "stuck_attention|submitit.local._local"],
                           capture_output=True, text=True).stdout.split()
