@@ -12,6 +12,7 @@ expect_error (substring: the call must raise ValueError containing it).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import torch
@@ -53,10 +54,21 @@ def _grads(fn, q, k, v, do):
     return out.detach(), lse, q.grad, k.grad, v.grad
 
 
+# low precision, whole rings (burst/reference.py): RMS error within RING_RMS x and max error
+# within RING_MAX x a plain same-dtype implementation's (a ring rounds each block's partial
+# result to the input dtype, so its max error exceeds flash-attention's single-kernel 2x)
+RING_RMS, RING_MAX = 1.25, 3.0
+
+
 def _err(a, b):
     a, b = a.double(), b.double()
     both_inf = torch.isinf(a) & torch.isinf(b) & (a.sign() == b.sign())
     return float(torch.where(both_inf, torch.zeros_like(a), (a - b).abs()).max())
+
+
+def _sq(a, b) -> tuple[float, int]:
+    """Sum of squared errors and the element count (for an RMS over every rank's shard)."""
+    return float((a.double() - b.double()).pow(2).sum()), a.numel()
 
 
 def run_one(c: dict, rank: int, world: int) -> dict:
@@ -93,6 +105,8 @@ def run_one(c: dict, rank: int, world: int) -> dict:
         "out": _err(out, ref_sh[0]), "dq": _err(dq, ref_sh[1]), "dk": _err(dk, ref_sh[2]),
         "dv": _err(dv, ref_sh[3]), "bytes": dict(cnt._sent), "recv": dict(cnt._recv),
         "layout": layout,
+        "sq": {name: _sq(a, b) for name, a, b in
+               zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), ref_sh, strict=True)},
     }
     if method.name == "burst":  # lse is part of burst_attn's public contract
         from burst import burst_attn
@@ -107,12 +121,18 @@ def run_one(c: dict, rank: int, world: int) -> dict:
         nv_sh = [shard(t, layout=layout) for t in (nv[0], nv[2], nv[3], nv[4])]
         res["naive"] = {name: _err(a, b) for name, a, b in
                         zip(("out", "dq", "dk", "dv"), nv_sh, ref_sh, strict=True)}
+        res["naive_sq"] = {name: _sq(a, b) for name, a, b in
+                           zip(("out", "dq", "dk", "dv"), nv_sh, ref_sh, strict=True)}
     return res
 
 
 def run_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
     torch.manual_seed(0)
     return [run_one(c, rank, world) for c in cases]
+
+
+def _rms(parts: list[tuple[float, int]]) -> float:
+    return math.sqrt(sum(sq for sq, _ in parts) / sum(n for _, n in parts))
 
 
 def _label(c: dict) -> str:
@@ -124,7 +144,8 @@ def check(cases: list[dict], per_rank: list[list[dict]], world: int, expected_by
           f32_tol: float) -> list[str]:
     """Every failure of a spawn's results: expected errors raised, float32 errors under
     ``f32_tol``, bytes sent == ``expected_bytes(case, world, rank).by`` (and received == sent),
-    low precision within twice the naive same-dtype error over the whole tensor."""
+    low precision within the whole-ring rule (``RING_RMS``, ``RING_MAX``) of the naive
+    same-dtype error over the whole tensor."""
     failures = []
     for i, c in enumerate(cases):
         for rank in range(world):
@@ -155,10 +176,13 @@ def check(cases: list[dict], per_rank: list[list[dict]], world: int, expected_by
             if {k: v for k, v in sent.items() if v} != {k: v for k, v in recv.items() if v}:
                 failures.append(f"{_label(c)}: received per phase and link {dict(recv)} != "
                                 f"sent {dict(sent)}")
-        if c["naive"]:  # low precision: at most twice the naive same-dtype error, whole tensor
+        if c["naive"]:  # low precision: the whole-ring rule against the naive same-dtype error
             for k in ("out", "dq", "dk", "dv"):
                 ours = max(per_rank[r][i][k] for r in range(world))
                 naive = max(per_rank[r][i]["naive"][k] for r in range(world))
-                if not ours <= 2 * naive:
-                    failures.append(f"{_label(c)}: {k} error {ours:.3g} > 2 x naive {naive:.3g}")
+                rms, rms_naive = (_rms([per_rank[r][i][key][k] for r in range(world)])
+                                  for key in ("sq", "naive_sq"))
+                if not (ours <= RING_MAX * naive and rms <= RING_RMS * rms_naive):
+                    failures.append(f"{_label(c)}: {k} error max {ours:.3g}, RMS {rms:.3g}; "
+                                    f"naive max {naive:.3g}, RMS {rms_naive:.3g}")
     return failures

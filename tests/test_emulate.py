@@ -16,6 +16,7 @@ from burst.emulate import RingEmulator, emulate_attn
 from burst.layout import LAYOUTS
 from burst.reference import naive_attention, reference_attention
 from burst.ring import visit_order
+from tests.parity import RING_MAX, RING_RMS
 
 F64_TOL = 1e-10
 F32_TOL = 2e-5
@@ -123,7 +124,7 @@ def test_half_precision_matches_a_plain_implementation(dtype):
                     eo, ep = ours[i].double() - ref[i], plain[i].double() - ref[i]
                     rms = float(eo.pow(2).mean().sqrt() / ep.pow(2).mean().sqrt())
                     peak = float(eo.abs().max() / ep.abs().max())
-                    if not (rms <= 1.25 and peak <= 3.0):
+                    if not (rms <= RING_RMS and peak <= RING_MAX):
                         failures.append(f"G={world} seed={seed} {layout} {name}: rms {rms:.2f}x,"
                                         f" max {peak:.2f}x")
     assert not failures, failures

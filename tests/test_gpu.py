@@ -6,8 +6,10 @@
   window and documents, both backward schemes, the double ring;
 - ``burst_attn`` itself on CUDA (one rank, autograd) and the absence of host syncs in ring steps;
 - the engine's tiny model on CUDA: same loss as on CPU, every checkpointing mode.
-Tolerances follow flash-attention's rule (DESIGN/STYLE): at most twice the error of a plain
-PyTorch implementation in the same dtype, plus a small floor for fp32 kernels that may use TF32.
+Tolerances follow flash-attention's rule (DESIGN/STYLE) for single kernels: at most twice the
+max error of a plain PyTorch implementation in the same dtype, plus a small floor for fp32
+kernels that may use TF32. Whole rings round each block's partial result to the input dtype, so
+their max error is held to ``RING_MAX`` x the plain one's (burst/reference.py, tests/parity.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from burst.kernel import available_backends, block_backward, block_forward, kern
 from burst.layout import LAYOUTS
 from burst.masks import CAUSAL, DENSE, FULL, STRICT
 from burst.reference import naive_attention, reference_attention
+from tests.parity import RING_MAX
 
 pytestmark = pytest.mark.gpu
 
@@ -155,7 +158,8 @@ def test_emulated_burst_attention_every_layout_and_mask():
                 for backward in ("burst", "ring"):
                     errs = _emulated_case(4, dtype, mask_kw, layout=layout, backward=backward)
                     for name, (e, n) in errs.items():
-                        tol = LSE_TOL[dtype] if name == "lse" else 2 * n + 4 * FLOOR[dtype]
+                        tol = (LSE_TOL[dtype] if name == "lse"
+                               else RING_MAX * n + 4 * FLOOR[dtype])
                         if not e <= tol:
                             failures.append(f"{dtype} {layout} {mname} {backward} {name}: "
                                             f"{e:.3g} (naive {n:.3g})")
@@ -178,7 +182,8 @@ def test_emulated_tiled_plans(monkeypatch):
             for mname, mask_kw in masks.items():
                 errs = _emulated_case(4, dtype, mask_kw, layout=layout, backward="burst")
                 for name, (e, n) in errs.items():
-                    tol = LSE_TOL[dtype] if name == "lse" else 2 * n + 4 * FLOOR[dtype]
+                    tol = (LSE_TOL[dtype] if name == "lse"
+                           else RING_MAX * n + 4 * FLOOR[dtype])
                     if not e <= tol:
                         failures.append(f"{dtype} {layout} {mname} {name}: {e:.3g} (naive {n:.3g})")
     assert not failures, "\n".join(failures[:30])
@@ -190,7 +195,8 @@ def test_emulated_double_ring(world, rpn):
         errs = _emulated_case(world, torch.bfloat16, dict(causal=True), layout="zigzag",
                               backward=backward, ranks_per_node=rpn)
         for name, (e, n) in errs.items():
-            tol = LSE_TOL[torch.bfloat16] if name == "lse" else 2 * n + 4 * FLOOR[torch.bfloat16]
+            tol = (LSE_TOL[torch.bfloat16] if name == "lse"
+                   else RING_MAX * n + 4 * FLOOR[torch.bfloat16])
             assert e <= tol, (backward, name, e, n)
 
 
