@@ -56,7 +56,8 @@ COLUMNS: dict[str, str] = {
     "tflops_model_flops_dense": "TFLOP/s per device under model_flops_dense",
     "tflops_hardware_flops": "TFLOP/s per device under hardware_flops",
     "mfu_model_flops_causal": "MFU under model_flops_causal (the papers' MFU)",
-    "mfu_model_flops_dense": "MFU under model_flops_dense",
+    "mfu_model_flops_dense": "MFU under model_flops_dense (counts the masked half of causal "
+                             "attention, so it can exceed 1 at long sequences)",
     "mfu_hardware_flops": "MFU under hardware_flops",
     "peak_tflops": "dense bf16 peak used for MFU (TFLOP/s)",
     "mem_peak_bytes": "GPU: max_memory_allocated; CPU: profiler transient peak",
