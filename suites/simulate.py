@@ -226,7 +226,8 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
                                     efficiency=impl.attention_efficiency)
         step = train_step_timing(hw, cfg, shape=shape, topo=topo, attn=attn,
                                  checkpointing=ckpt, params=params, half_attn=half,
-                                 offload=offload)
+                                 offload=offload,
+                                 sharded_params=not impl.replicated_bytes_per_param)
         time_s, parts = step.total_s, step.parts
     again = None  # the attention forward backward runs again (its bytes count too)
     if cell.workload == "train_step":

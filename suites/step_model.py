@@ -10,7 +10,8 @@ Per decoder layer (FLOPs from ``burst.flops``; attention from ``suites.schedule`
                selective_half  as selective + the attention of the first half of the sequence
   ZeRO-3     all-gather the layer's bf16 parameters before forward and again before backward,
              reduce-scatter its gradients after; prefetched, so a layer takes
-             max(compute, collectives)
+             max(compute, collectives). Weights whole on every rank (Megatron's distributed
+             optimizer): one gradient reduce-scatter and one weight all-gather per step instead
 The LM head (plain or fused: the same FLOPs and logits traffic, in chunks for the fused one,
 whose gain is memory, ``suites.memory_model``), the loss and the optimizer (memory-bound Adam on
 the 1/G shard, or on the CPU with offload) are added once.
@@ -51,11 +52,14 @@ def _elementwise_bytes(cfg, tokens: int, elem: int = BF16) -> float:
 def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: AttnTiming,
                       checkpointing: str, params: int,
                       half_attn: AttnTiming | None = None,
-                      offload: bool = False) -> StepTiming:
+                      offload: bool = False, sharded_params: bool = True) -> StepTiming:
     """Seconds of one training step on the slowest rank.
 
     ``attn`` times one attention layer of this shape; ``half_attn`` (selective_half only) the
-    forward of the same method on the first half of the sequence.
+    forward of the same method on the first half of the sequence. ``sharded_params`` False: the
+    weights stay whole on every rank (Megatron's distributed optimizer): no per-layer
+    all-gathers, but one reduce-scatter of the gradients and one all-gather of the updated
+    weights per step, after the backward (not overlapped).
     """
     g, b, seq = topo.world, shape.batch, shape.seq_len
     layers = cfg.num_layers
@@ -77,6 +81,10 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
     }[checkpointing]
     layer_params = (params - 2 * cfg.vocab_size * cfg.hidden_size) / layers
     gather = collective_seconds(hw, layer_params * e * (g - 1) / g, g, topo)
+    per_step = 0.0
+    if not sharded_params:
+        per_step = 2 * collective_seconds(hw, params * e * (g - 1) / g, g, topo)
+        gather = 0.0
     fwd = max(dense + elem + a_fwd, gather)
     bwd = max(2 * dense + 2 * elem + a_bwd + recompute, 2 * gather)
     # head + loss: 3 passes of the head GEMM, the loss reads/writes the logits a few times
@@ -90,6 +98,6 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
     parts = {"layers_forward": layers * fwd, "layers_backward": layers * bwd,
              "head": head_s, "optimizer": opt,
              "attention": layers * (a_fwd + a_bwd + (a_fwd if checkpointing == "full" else 0)),
-             "zero_collectives": layers * 3 * gather}
-    return StepTiming(total_s=parts["layers_forward"] + parts["layers_backward"] + head_s + opt,
-                      parts=parts)
+             "zero_collectives": layers * 3 * gather + per_step}
+    return StepTiming(total_s=parts["layers_forward"] + parts["layers_backward"] + head_s + opt
+                      + per_step, parts=parts)

@@ -542,6 +542,29 @@ def test_cells_the_code_refuses_get_no_numbers(change, why):
     assert row["time_s"] is None and row["bytes_sent_forward"] is None
 
 
+def test_replicated_weights_gather_once_per_step_not_per_layer():
+    """Megatron's distributed optimizer keeps the weights whole (its memory model): its step
+    pays one gradient reduce-scatter and one weight all-gather of the whole model, not ZeRO-3's
+    three collectives of every layer."""
+    from burst.engine.configs import get_config
+    from suites.schedule import collective_seconds
+    from suites.simulate import _param_count
+
+    cell = as_cell(dict(workload="train_step", method="burst", model="7b", seq_len=1 << 18,
+                        world=32, ranks_per_node=8, options={"ranks_per_node": 8},
+                        checkpointing="full", fused_head=False))
+    zero3 = implementations()["burstengine"]
+    mega = zero3.with_values(replicated_bytes_per_param=6.0)
+    params = _param_count(get_config("7b"))
+    once = 2 * collective_seconds(HW, params * 2 * 31 / 32, 32, Topo(32, 8))
+    z, m = predict(cell, HW, zero3), predict(cell, HW, mega)
+    assert m.parts["zero_collectives"] == pytest.approx(once)
+    assert z.parts["zero_collectives"] != pytest.approx(once)
+    assert m.time_s == pytest.approx(z.time_s - z.parts["layers_forward"]
+                                     - z.parts["layers_backward"] + m.parts["layers_forward"]
+                                     + m.parts["layers_backward"] + once)
+
+
 def test_a_group_of_one_holds_no_transfer_buffers():
     """One rank sends nothing: its ring keeps only its fp32 gradient accumulators and its
     collectives return their input (they were charged 4-18 GiB of buffers at 128K tokens)."""
