@@ -78,8 +78,8 @@ class _PipeSafe:
     def flush(self) -> None:
         self._guard(self.stream.flush)
 
-    def isatty(self) -> bool:
-        return self.stream.isatty()
+    def __getattr__(self, name):  # encoding, fileno, isatty, ...: tqdm sizes its bar by them
+        return getattr(self.stream, name)
 
 
 def _cmd_run(args) -> int:

@@ -267,7 +267,9 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
         "MFU is reported for 16-bit cells only, as in measured rows.",
         "- **training step** (`suites.step_model`): per layer dense GEMMs, memory-bound "
         "elementwise work, the attention layer, recomputation per checkpointing mode, ZeRO-3 "
-        "all-gathers and reduce-scatter overlapped with compute; LM head and optimizer.",
+        "all-gathers and reduce-scatter overlapped with compute (a system that keeps its "
+        "weights whole, Megatron's distributed optimizer: one fp32 gradient reduce-scatter and "
+        "one weight all-gather per step, not overlapped); LM head and optimizer.",
         "- **memory** (`suites.memory_model`): ZeRO-3 states (or the system's own sharding), "
         "checkpoints per mode, one "
         "layer's backward peak with the method's buffers, the plain or fused head, and what "

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from burst import flops as F
 from suites.hardware import Hardware
 from suites.memory_model import zero_bytes_per_param
-from suites.schedule import AttnShape, AttnTiming, Topo, collective_seconds
+from suites.schedule import AttnShape, AttnTiming, Topo, acc_bytes, collective_seconds
 
 __all__ = ["StepTiming", "train_step_timing"]
 
@@ -58,8 +58,8 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
     ``attn`` times one attention layer of this shape; ``half_attn`` (selective_half only) the
     forward of the same method on the first half of the sequence. ``sharded_params`` False: the
     weights stay whole on every rank (Megatron's distributed optimizer): no per-layer
-    all-gathers, but one reduce-scatter of the gradients and one all-gather of the updated
-    weights per step, after the backward (not overlapped).
+    all-gathers, but one reduce-scatter of the fp32 main gradients and one all-gather of the
+    updated weights per step, after the backward (not overlapped).
     """
     g, b, seq = topo.world, shape.batch, shape.seq_len
     layers = cfg.num_layers
@@ -82,8 +82,9 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
     layer_params = (params - 2 * cfg.vocab_size * cfg.hidden_size) / layers
     gather = collective_seconds(hw, layer_params * e * (g - 1) / g, g, topo)
     per_step = 0.0
-    if not sharded_params:
-        per_step = 2 * collective_seconds(hw, params * e * (g - 1) / g, g, topo)
+    if not sharded_params:  # fp32 main gradients reduce-scattered, the new weights gathered
+        per_step = (collective_seconds(hw, params * acc_bytes(e) * (g - 1) / g, g, topo)
+                    + collective_seconds(hw, params * e * (g - 1) / g, g, topo))
         gather = 0.0
     fwd = max(dense + elem + a_fwd, gather)
     bwd = max(2 * dense + 2 * elem + a_bwd + recompute, 2 * gather)

@@ -58,6 +58,8 @@ def _grads(fn, q, k, v, do):
 # within RING_MAX x a plain same-dtype implementation's (a ring rounds each block's partial
 # result to the input dtype, so its max error exceeds flash-attention's single-kernel 2x)
 RING_RMS, RING_MAX = 1.25, 3.0
+# methods whose low-precision result is one attention call per rank: flash-attention's 2x
+ONE_CALL = ("ulysses", "allgather")
 
 
 def _err(a, b):
@@ -176,13 +178,16 @@ def check(cases: list[dict], per_rank: list[list[dict]], world: int, expected_by
             if {k: v for k, v in sent.items() if v} != {k: v for k, v in recv.items() if v}:
                 failures.append(f"{_label(c)}: received per phase and link {dict(recv)} != "
                                 f"sent {dict(sent)}")
-        if c["naive"]:  # low precision: the whole-ring rule against the naive same-dtype error
+        if c["naive"]:  # low precision against the naive same-dtype error: the whole-ring
+            ring = c["method"] not in ONE_CALL  # rule, or the single-kernel 2x
             for k in ("out", "dq", "dk", "dv"):
                 ours = max(per_rank[r][i][k] for r in range(world))
                 naive = max(per_rank[r][i]["naive"][k] for r in range(world))
                 rms, rms_naive = (_rms([per_rank[r][i][key][k] for r in range(world)])
                                   for key in ("sq", "naive_sq"))
-                if not (ours <= RING_MAX * naive and rms <= RING_RMS * rms_naive):
+                ok = (ours <= RING_MAX * naive and rms <= RING_RMS * rms_naive if ring
+                      else ours <= 2 * naive)
+                if not ok:
                     failures.append(f"{_label(c)}: {k} error max {ours:.3g}, RMS {rms:.3g}; "
                                     f"naive max {naive:.3g}, RMS {rms_naive:.3g}")
     return failures

@@ -56,7 +56,7 @@ def _core_cases(world: int) -> list[dict]:
     if world == 2:
         add("usp", causal=True, options=dict(ulysses_degree=1))  # pure ring
         add("usp", causal=True, options=dict(ulysses_degree=2, layout="zigzag"))  # pure Ulysses
-        for m in ("ring", "allgather", "ulysses", "usp"):  # low precision: twice-naive rule
+        for m in ("ring", "allgather", "ulysses", "usp"):  # low precision: the naive-error rule
             add(m, causal=True, dtype="bfloat16", naive=True, seq_local=32, head_dim=32)
     if world == 4:
         # per-link counts: two "nodes" of 2 ranks each
@@ -74,7 +74,7 @@ def _core_cases(world: int) -> list[dict]:
             add(m, causal=True, window=(5, 0), options=dict(layout="contiguous"))
         add("zigzag_ring", causal=True, cu_seqlens=(0, 5, 21, 32))  # documents
         for m, opts in (("zigzag_ring", {}), ("burst", dict(backward="burst"))):
-            # gradients travel in bf16 (TransformerEngine's dK/dV): bytes and twice-naive rule
+            # gradients travel in bf16 (TransformerEngine's dK/dV): bytes and the naive-error rule
             add(m, causal=True, dtype="bfloat16", naive=True, seq_local=32, head_dim=32,
                 options=dict(opts, grad_acc="input"))
         # bad inputs: each must raise a ValueError naming the rule before any communication

@@ -146,6 +146,12 @@ def _emulated_case(world, dtype, mask_kw, **kw):
     return out
 
 
+def _ring_factor(dtype) -> float:
+    """Max-error factor of a whole ring: RING_MAX where block results are rounded to a 16-bit
+    dtype, flash-attention's 2 in float32 (these GPU checks compare max errors only)."""
+    return RING_MAX if dtype in (torch.bfloat16, torch.float16) else 2.0
+
+
 def test_emulated_burst_attention_every_layout_and_mask():
     docs = (0, 100, 333, 512)
     masks = {"causal": dict(causal=True), "full": dict(causal=False),
@@ -159,7 +165,7 @@ def test_emulated_burst_attention_every_layout_and_mask():
                     errs = _emulated_case(4, dtype, mask_kw, layout=layout, backward=backward)
                     for name, (e, n) in errs.items():
                         tol = (LSE_TOL[dtype] if name == "lse"
-                               else RING_MAX * n + 4 * FLOOR[dtype])
+                               else _ring_factor(dtype) * n + 4 * FLOOR[dtype])
                         if not e <= tol:
                             failures.append(f"{dtype} {layout} {mname} {backward} {name}: "
                                             f"{e:.3g} (naive {n:.3g})")
@@ -183,7 +189,7 @@ def test_emulated_tiled_plans(monkeypatch):
                 errs = _emulated_case(4, dtype, mask_kw, layout=layout, backward="burst")
                 for name, (e, n) in errs.items():
                     tol = (LSE_TOL[dtype] if name == "lse"
-                           else RING_MAX * n + 4 * FLOOR[dtype])
+                           else _ring_factor(dtype) * n + 4 * FLOOR[dtype])
                     if not e <= tol:
                         failures.append(f"{dtype} {layout} {mname} {name}: {e:.3g} (naive {n:.3g})")
     assert not failures, "\n".join(failures[:30])
