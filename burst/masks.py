@@ -54,10 +54,14 @@ dense tiles, about 60% when cut only in halves; much shorter documents want a va
 kernel, which the shim does not have)."""
 
 
+def _scalar(x):
+    """A 0-dim tensor or array as its Python number; anything else as it is."""
+    return x.item() if getattr(x, "ndim", None) == 0 and hasattr(x, "item") else x
+
+
 def _whole(x) -> int | None:
     """``x`` as an int if it is a whole number (not a bool), else None."""
-    if isinstance(x, torch.Tensor) and x.dim() == 0:
-        x = x.item()
+    x = _scalar(x)
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         return None
     if isinstance(x, numbers.Integral):
@@ -84,8 +88,7 @@ def _window_sides(window) -> tuple[int, int] | None:
         return None
     out = []
     for x in sides:
-        if isinstance(x, torch.Tensor) and x.dim() == 0:
-            x = x.item()
+        x = _scalar(x)
         unbounded = isinstance(x, numbers.Real) and not isinstance(x, bool) and x == math.inf
         n = (1 << 40) if unbounded else _whole(x)
         if n is None or n < 0:

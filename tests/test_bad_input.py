@@ -56,6 +56,7 @@ def test_whole_number_masks_in_any_spelling_are_accepted():
     assert MaskSpec(window=(float("inf"), 2.0)).window == (1 << 40, 2)
     assert MaskSpec(window=(np.float32("inf"), torch.tensor(float("inf")))).window == (1 << 40,
                                                                                        1 << 40)
+    assert MaskSpec(window=(np.array(np.inf), np.array(3))).window == (1 << 40, 3)
     assert MaskSpec(window=(np.int64(3), torch.tensor(1))).window == (3, 1)
     assert MaskSpec(cu_seqlens=torch.tensor([0, 5, 8])).cu_seqlens == (0, 5, 8)
     assert MaskSpec(cu_seqlens=[0, 5.0, np.int32(8)]).cu_seqlens == (0, 5, 8)
