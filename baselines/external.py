@@ -67,13 +67,7 @@ def _unavailable(name: str, modules: tuple[str, ...], install: str) -> str | Non
         "CUDA machine"
 
 
-FLASH_DTYPES = ("float16", "bfloat16")
-
-
-def _dtype_problems(q) -> list[str]:
-    if str(q.dtype).removeprefix("torch.") not in FLASH_DTYPES:
-        return [f"flash-attn kernels take float16/bfloat16, got {q.dtype}; cast the inputs"]
-    return []
+FLASH_DTYPES = ("float16", "bfloat16")  # flash-attn's kernels (checks.check_call refuses others)
 
 
 _REFUSED = ("window", "cu_seqlens", "backend")
@@ -96,8 +90,6 @@ def ring_flash_attn_adapter(q, k, v, *, causal: bool = False, softmax_scale: flo
     """ring-flash-attention's ring (contiguous), zigzag or stripe function over ``group``."""
     _refuse_unsupported("ring_flash_attn", window, cu_seqlens, backend)
     check_call(RING_FLASH_ATTN, q, k, v, causal=causal, group=group, options=dict(layout=layout))
-    if _dtype_problems(q):
-        raise ValueError("method 'ring_flash_attn': " + _dtype_problems(q)[0])
     fn = getattr(importlib.import_module("ring_flash_attn"), _RFA_FUNCS[layout])
     return fn(q, k, v, softmax_scale=softmax_scale, causal=causal, group=group)
 
@@ -148,8 +140,6 @@ def yunchang_adapter(q, k, v, *, causal: bool = False, softmax_scale: float | No
     _refuse_unsupported("yunchang", window, cu_seqlens, backend)
     check_call(YUNCHANG, q, k, v, causal=causal, group=group,
                options=dict(layout=layout, ulysses_degree=ulysses_degree))
-    if _dtype_problems(q):
-        raise ValueError("method 'yunchang': " + _dtype_problems(q)[0])
     uly, ring, _ = usp_groups(group, ulysses_degree)
     attn = _long_context_attention(tuple(comm.group_ranks(group)), ulysses_degree, uly, ring)
     return attn(q, k, v, softmax_scale=softmax_scale, causal=causal)

@@ -137,10 +137,9 @@ def _attention_buffers(shape: AttnShape, plan: Plan, world: int, acc_elem: int,
         return gathered + _attention_buffers(dataclasses.replace(shape, kv_heads=hk), sub, world,
                                              acc_elem, members=world // plan.ulysses)
     # ulysses / tp / allgather: the gathered inputs and their gradients
-    degree = world if plan.kind == "allgather" else (plan.ulysses or world)
-    if plan.kind == "allgather":
-        gathered = 2 * (shape.seq_len * b * hk * d * e) + shape.seq_len * b * hk * d * 2 * e
-        return gathered if degree > 1 else 0
+    if plan.kind == "allgather":  # K, V and their gradients over the whole sequence
+        return 4 * shape.seq_len * b * hk * d * e if world > 1 else 0
+    degree = plan.ulysses or world
     if plan.kind == "ulysses":  # kv heads fewer than the degree are replicated up to it
         hk = volume.ulysses_kv_heads(hk, degree)
     gathered = 2 * b * n * (2 * h + 2 * hk) * d * e if degree > 1 else 0

@@ -206,8 +206,9 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
         # a retried cell keeps its old failure row (history); the table keeps the newest row
         run = Run(run.dir, start=run.rows.stat().st_size if run.rows.exists() else 0,
                   skip=frozenset(skip))
+        data_dir = str(Path(out).resolve())  # an --out inside the checkout is data, not code
         ctx = RunContext(run_id=run.dir.name, executor=executor, sweep_spec=spec.to_json(),
-                         data_dir=str(Path(out).resolve()), **code_provenance(out))
+                         data_dir=data_dir, **code_provenance(data_dir))
         with _Progress(run.rows, cells, len(cells) - len(todo), stream):
             todo = _skip_invalid(todo, run, ctx)
             if todo and executor == "inline":

@@ -74,6 +74,18 @@ def test_every_registry_method_rejects_a_bad_scale():
             registry.get(name)(q, k, v, causal=True, softmax_scale=-1.0)
 
 
+def test_a_method_refuses_dtypes_it_does_not_compute_in():
+    """The registry entry's dtypes (flash-attn packages: 16-bit) are checked by the one shared
+    call check, here and on a GPU alike, and by the harness's cell check."""
+    from baselines import registry
+    from baselines.checks import check_call
+
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="computes in float16 or bfloat16, got float32"):
+        check_call(registry.get("ring_flash_attn"), q, k, v, causal=True, group=None,
+                   options={"layout": "zigzag"})
+
+
 def test_mismatched_tensors():
     q, k, v = _qkv()
     with pytest.raises(ValueError, match="dtypes differ"):
