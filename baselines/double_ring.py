@@ -29,7 +29,8 @@ Where BurstAttention's double ring (``burst`` with ``ranks_per_node``) differs f
   parallel part alone, on any layout, causal or not.
 
 Option ``ranks_per_node``: the inner ring size w (LoongTrain's window size); set it to the GPUs
-per node. Its default (2) only lets loops over the registry run anywhere with G even.
+per node. w = 1 or w >= G is one flat ring (LoongTrain's window of cp/4 is 1 on 4 GPUs). Its
+default (2) only lets loops over the registry run anywhere with G even.
 """
 
 from __future__ import annotations
@@ -70,13 +71,12 @@ def double_ring_attn(q, k, v, *, causal: bool = False, softmax_scale: float | No
 
 def _requires(*, world, seq_local, layout, ranks_per_node, **_):
     out = layout_problems(layout, seq_local)
-    # a group that fits in one node (ranks_per_node >= world) is a plain ring
-    ok = ranks_per_node is not None and ranks_per_node_ok(world, ranks_per_node) and (
-        ranks_per_node >= 2)
-    if not ok:
-        out.append(f"ranks_per_node={ranks_per_node!r} (the inner ring size) must be >= 2 and "
-                   f"divide the group of {world} ranks (or hold it whole); valid: "
-                   f"{', '.join(map(str, divisors(world, at_least=2))) or 'none (one rank)'}")
+    # inner rings of one rank, or one holding the whole group, make a flat ring
+    # (burst.comm.ring_shape): InternEvo's window of cp/4 is 1 on 4 GPUs
+    if ranks_per_node is None or not ranks_per_node_ok(world, ranks_per_node):
+        out.append(f"ranks_per_node={ranks_per_node!r} (the inner ring size) must divide the "
+                   f"group of {world} ranks (or hold it whole); valid: "
+                   f"{', '.join(map(str, divisors(world, at_least=1)))}")
     return out
 
 

@@ -16,12 +16,13 @@ import dataclasses
 import hashlib
 import inspect
 import json
+import re
 from dataclasses import dataclass, field
 
 from suites.spec import MethodSpec, Scale, SweepSpec
 
 __all__ = ["Cell", "cell_problem", "cell_problems", "expand", "option_problems",
-           "resolve_options"]
+           "placeholder_value", "resolve_options"]
 
 
 @dataclass(frozen=True)
@@ -89,10 +90,27 @@ class Cell:
                 f"{f' ({self.nodes} nodes)' if self.nodes > 1 else ''}")
 
 
+PLACEHOLDERS = "@node (ranks per node), @world (world size), either over K (@world/4: world // 4)"
+_PLACEHOLDER = re.compile(r"@(node|world)(?:/([1-9][0-9]*))?")
+
+
+def placeholder_value(value, ranks_per_node: int, world: int):
+    """``value`` with a placeholder replaced by its number for this machine ("@node", "@world",
+    or either over K, floored: "@world/4" is InternEvo's inner ring of cp/4); any other value
+    unchanged. An unknown "@..." string raises ValueError."""
+    if not (isinstance(value, str) and value.startswith("@")):
+        return value
+    m = _PLACEHOLDER.fullmatch(value)
+    if m is None:
+        raise ValueError(f"{value!r} is not a known placeholder; valid: {PLACEHOLDERS}")
+    base = ranks_per_node if m[1] == "node" else world
+    return base // int(m[2] or 1)
+
+
 def resolve_options(options: dict, scale: Scale) -> dict:
-    """Replace "@node" / "@world" by the scale's ranks per node / world size."""
-    tokens = {"@node": scale.ranks_per_node, "@world": scale.world}
-    return {k: tokens.get(v, v) if isinstance(v, str) else v for k, v in options.items()}
+    """Replace the placeholders ("@node", "@world", "@world/K") by this scale's numbers."""
+    return {k: placeholder_value(v, scale.ranks_per_node, scale.world)
+            for k, v in options.items()}
 
 
 def _model_shape(model: str | None) -> tuple[int | None, int | None, int | None]:
@@ -190,9 +208,10 @@ def option_problems(i: int, m: MethodSpec, window: bool = False) -> list[str]:
     given = (set(m.options) - {"window", "cu_seqlens"}) | ({"window"} if window else set())
     out += [f"{where}.options.{k}: {msg}" for k, msg in _unknown_options(m.name, method, given)]
     for k, v in m.options.items():
-        if isinstance(v, str) and v.startswith("@") and v not in ("@node", "@world"):
-            out.append(f"{where}.options.{k}: {v!r} is not a known placeholder; valid: "
-                       "@node (ranks per node), @world (world size)")
+        try:
+            placeholder_value(v, 1, 1)
+        except ValueError as e:
+            out.append(f"{where}.options.{k}: {e}")
     return out
 
 

@@ -8,7 +8,7 @@ algorithms; each maps to the registry entry that implements the same algorithm h
                                                   -> zigzag_ring, grad_acc = input
   deepspeed_ulysses      head-parallel all-to-all                   -> ulysses
   loongtrain_double_ring InternEvo's two-level ring (context parallel only)
-                                                                    -> double_ring, L = node
+                                                                    -> double_ring, L = G/4
   loongtrain_usp         InternEvo's head x context parallel: Ulysses inside a node
                                                                     -> usp, degree = node
   burst                  BurstAttention alone (the kernel table)    -> burst, double ring
@@ -22,15 +22,20 @@ attention output and LSE (our ``selective``); its ``none`` ("w/o sele-ckpt") is 
 recomputation (our ``full``): ``PAPER_CHECKPOINTING``.
 
 Checked against the paper's own scripts (thunlp/BurstEngine ``evaluation/``): InternEvo's inner
-ring is one node (window = cp/4 = 8 GPUs in training, = the local size in the kernel benchmark),
-as modelled. One known deviation: InternEvo's USP training runs use head parallel = number of
-nodes with a context ring of 8 (``baselines/InternEvo/exp.sh``: cp 8, hp = 8 x nodes / 8), so
+ring in training is its window of cp/4 GPUs (``baselines/InternEvo/configs/7B_llama2.py``:
+``window_size = cp_size // 4`` without head parallelism), as modelled ("@world/4"): one node on
+32 GPUs, two on 64 (each window's inner ring then crosses a NIC), a flat ring on 4, no window
+below 4 (those cells are skipped). The kernel benchmark's inner ring is the node
+(``kernel_bench/benchmark_doublering.py``), the same 8 GPUs on its 32.
+
+One known deviation: InternEvo's USP training runs use head parallel = number of nodes with a
+context ring of 8 (``baselines/InternEvo/exp.sh``: cp 8, hp = 8 x nodes / 8), so
 U = 4 on 32 GPUs, while the kernel benchmark uses U = 8 (``kernel_bench/bench_usp.sh``). Priced
 with U = 4, the 32-GPU training rows move by under 0.5% and their memory not at all, so both
 tables use U = node here.
 
-"@node" in an option stands for the cell's ranks per node (``suites.cells``), so one entry serves
-32 and 64 GPU runs alike.
+"@node" in an option stands for the cell's ranks per node, "@world/4" for its world size over 4
+(``suites.cells.placeholder_value``), so one entry serves 32 and 64 GPU runs alike.
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ PAPER_METHODS: dict[str, PaperMethod] = {
     "megatron_cp": PaperMethod("zigzag_ring", "Megatron", {"grad_acc": "input"}),
     "deepspeed_ulysses": PaperMethod("ulysses", "Deepspeed-Ulysses"),
     "loongtrain_double_ring": PaperMethod("double_ring", "LoongTrain-Ring",
-                                          {"ranks_per_node": "@node"}),
+                                          {"ranks_per_node": "@world/4"}),
     "loongtrain_usp": PaperMethod("usp", "LoongTrain-USP",
                                   {"ulysses_degree": "@node", "layout": "zigzag"}),
     "burst": PaperMethod("burst", "BurstAttention",

@@ -89,7 +89,8 @@ class MethodSpec:
     """Display label; unique in the sweep; the spec's ``baseline`` names one."""
     options: dict = field(default_factory=dict)
     """Method options (layout, backward, ranks_per_node, ulysses_degree, ...). The strings
-    "@node" and "@world" stand for this cell's ranks per node and world size."""
+    "@node" and "@world" stand for this cell's ranks per node and world size, "@world/4" for
+    world // 4 (``suites.cells.placeholder_value``)."""
     checkpointing: str = "none"
     """train_step: none | full | selective | selective_half (``burst.flops.CHECKPOINTING``)."""
     fused_head: bool = False

@@ -66,6 +66,8 @@ def _core_cases(world: int) -> list[dict]:
             add(m, causal=True, options=opts, kv_heads=2, ranks_per_node=2)
         add("usp", causal=True, kv_heads=1, options=dict(ulysses_degree=2))  # kv replicated
         add("burst", causal=True, kv_heads=1)  # registry defaults (backward=burst) under GQA
+        # inner rings of one rank: a flat ring (InternEvo's window of cp/4 on 4 GPUs)
+        add("double_ring", causal=True, options=dict(ranks_per_node=1), ranks_per_node=2)
         for node in (None, 2):  # Burst-USP: Ulysses inside a node, burst backward across
             add("usp", causal=True, ranks_per_node=node,
                 options=dict(ulysses_degree=2, layout="zigzag", backward="burst"))
@@ -84,7 +86,7 @@ def _core_cases(world: int) -> list[dict]:
         add("usp", options=dict(ulysses_degree=3), expect_error="ulysses_degree=3")
         add("usp", options=dict(layout="striped"), expect_error="layout 'striped'")
         add("double_ring", options=dict(ranks_per_node=3), expect_error="ranks_per_node=3")
-        add("double_ring", options=dict(ranks_per_node=1), expect_error="ranks_per_node=1")
+        add("double_ring", options=dict(ranks_per_node=0), expect_error="ranks_per_node=0")
         add("allgather", seq_local=8, cu_seqlens=(0, 3, 6), expect_error="cu_seqlens")
         add("allgather", seq_local=7, expect_error="not divisible by 2")
         add("zigzag_ring", causal=True, options=dict(grad_acc="bf16"),

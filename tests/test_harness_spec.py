@@ -569,3 +569,18 @@ def test_timegate_threshold_and_check(monkeypatch, tmp_path):
     for r, code in ((1.06, 1), (1.04, 0)):
         monkeypatch.setattr(timegate, "measure_ratio", lambda a, b, repeats=7, r=r: r)
         assert timegate.check() == code
+
+
+def test_option_placeholders_resolve_per_scale(tmp_path):
+    """"@world/K" is world // K on each scale (InternEvo's inner ring of cp/4); one that forms
+    no group is a cell the method refuses; an unknown placeholder is a spec problem."""
+    text = GOOD_TINY.replace("world = 2", "world = 8").replace(
+        'name = "ring"', 'name = "double_ring"\noptions = { ranks_per_node = "@world/4" }')
+    (cell,) = expand(load_spec(_write(tmp_path, text)))
+    assert cell.options["ranks_per_node"] == 2
+    small = text.replace("world = 8", "world = 2")
+    with pytest.raises(SpecError, match="ranks_per_node=0"):
+        load_spec(_write(tmp_path, small, "small"))
+    for bad in ("@world/0", "@nodes", "@world/x"):
+        with pytest.raises(SpecError, match="not a known placeholder"):
+            load_spec(_write(tmp_path, text.replace("@world/4", bad), "bad"))
