@@ -293,7 +293,7 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
         "",
         "One choice is also made on the published memory rows (not fitted, but not independent "
         "of them either): InternEvo's 14B vocabulary is the paper's 120000 "
-        "(paper_reference/README.md), not the 32000 of its repository config, because only "
+        "(results/paper_reference/README.md), not the 32000 of its repository config, because only "
         "120000 reaches the published 14B memory (`suites/implementations.toml`, "
         "`loongtrain_double_ring.vocab_size`).",
         "",
