@@ -302,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     except RunLockedError as e:  # another driver runs this sweep: nothing to do here
         print(f"burst-bench {args.cmd}: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: what was written stays (run says where), no traceback
+        print(f"burst-bench {args.cmd}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -209,13 +209,25 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
         data_dir = str(Path(out).resolve())  # an --out inside the checkout is data, not code
         ctx = RunContext(run_id=run.dir.name, executor=executor, sweep_spec=spec.to_json(),
                          data_dir=data_dir, **code_provenance(data_dir))
-        with _Progress(run.rows, cells, len(cells) - len(todo), stream):
-            todo = _skip_invalid(todo, run, ctx)
-            if todo and executor == "inline":
-                run_inline(todo, run, ctx)
-            elif todo:
-                submit_cells(todo, kind=executor, run=run, ctx=ctx, slurm=slurm,
-                             folder=job_folder, on_submit=on_submit)
+        try:
+            with _Progress(run.rows, cells, len(cells) - len(todo), stream):
+                todo = _skip_invalid(todo, run, ctx)
+                if todo and executor == "inline":
+                    run_inline(todo, run, ctx)
+                elif todo:
+                    submit_cells(todo, kind=executor, run=run, ctx=ctx, slurm=slurm,
+                                 folder=job_folder, on_submit=on_submit)
+        except KeyboardInterrupt:  # Ctrl-C: the table of what ran, and how to go on
+            store.consolidate(run.dir)
+            kept = len(_done(store.read_rows(run.rows), False) & set(ids))
+            jobs = {"slurm": "; its SLURM jobs keep running (scancel stops them) and are "
+                             "collected when it resumes",
+                    "local": "; a local job still running is waited for when it resumes, one "
+                             "that died runs again"}.get(executor, "")
+            again = "the same command" + (" without --new" if new else "")
+            print(f"\ninterrupted: {kept} of {len(cells)} cells have a row in {run.dir}; "
+                  f"{again} resumes this run{jobs}", file=stream, flush=True)
+            raise
         table = store.consolidate(run.dir)
     print(summary_text(table, spec), file=stream, flush=True)
     return RunResult(run.dir, table, len(todo))

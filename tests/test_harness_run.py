@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from baselines import registry
@@ -156,14 +157,16 @@ label = "slow"
 def test_killed_sweep_resumes_with_one_row_per_cell(tmp_path, sig):
     """The driver alone is killed (SIGKILL), or interrupted (SIGINT to its pid, as `kill -INT`
     or a notebook's interrupt sends it: the ranks kept measuring after the run lock was
-    released, and a rerun measured their cells again)."""
+    released, and a rerun measured their cells again). Interrupted, it says where its rows are
+    and how to resume, with exit status 130 and no traceback."""
     spec_file = tmp_path / "killme.toml"
     spec_file.write_text(KILL)
     out, rows = tmp_path / "out", tmp_path / "out" / "killme" / "r1" / "rows.jsonl"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "suites.cli", "run", str(spec_file), "--out", str(out),
-         "--run-id", "r1"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True)
+    log, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with open(log, "w") as o, open(err, "w") as e:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "suites.cli", "run", str(spec_file), "--out", str(out),
+             "--run-id", "r1"], cwd=REPO, stdout=o, stderr=e, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while not store.read_rows(rows):
@@ -179,6 +182,11 @@ def test_killed_sweep_resumes_with_one_row_per_cell(tmp_path, sig):
         assert 1 <= len(first) < 4
         time.sleep(1.5)
         assert store.read_rows(rows) == first, "a rank outlived the killed driver"
+        if sig == signal.SIGINT:
+            assert proc.returncode == 130 and "Traceback" not in err.read_text(), err.read_text()
+            assert (f"interrupted: {len(first)} of 4 cells have a row in {rows.parent}; the "
+                    "same command resumes this run") in log.read_text(), log.read_text()
+            assert len(pd.read_csv(rows.parent / "table.csv")) == len(first)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
