@@ -2,13 +2,14 @@
 
 LoongTrain (Gu et al., arXiv 2406.18485, "Double-Ring-Attention"; code: InternEvo,
 ``internlm/model/ops/ring_flash_attn/zigzag_ring_flash_attn_with_sliding_window.py``) cuts the
-context-parallel group into windows of ``w`` consecutive ranks (the inner ring, placed inside a
-node). Per outer step the K/V block a rank holds goes once around its inner ring (w-1 hops over
-NVLink) while the next outer block is fetched from the same local rank of the previous window
-(one inter-node hop, hidden behind the w-1 inner steps). The backward repeats the same K/V
-schedule and sends the fp32 dK/dV accumulators around the inner ring (w hops: they come back to
-the outer block's holder) and then on to the next window (one hop), on process groups of their
-own. After the last window the accumulated dK/dV land at their owner.
+context-parallel group into windows of ``w`` consecutive ranks (the inner ring, usually one
+node; the BurstEngine paper's InternEvo runs use w = cp/4, two nodes on 64 GPUs). Per outer
+step the K/V block a rank holds goes once around its inner ring (w-1 hops, over NVLink when the
+window is inside a node) while the next outer block is fetched from the same local rank of the
+previous window (one inter-node hop, hidden behind the w-1 inner steps). The backward repeats
+the same K/V schedule and sends the fp32 dK/dV accumulators around the inner ring (w hops: they
+come back to the outer block's holder) and then on to the next window (one hop), on process
+groups of their own. After the last window the accumulated dK/dV land at their owner.
 
 That is exactly ``burst_attn(..., backward="ring", ranks_per_node=w)`` (``burst.ring``'s double
 ring with the classic K/V/dK/dV backward), so this adapter is that call. Per rank and layer:
@@ -28,7 +29,7 @@ Where BurstAttention's double ring (``burst`` with ``ranks_per_node``) differs f
   the role ``usp`` plays here) and supports zigzag + causal only; this adapter is the context
   parallel part alone, on any layout, causal or not.
 
-Option ``ranks_per_node``: the inner ring size w (LoongTrain's window size); set it to the GPUs
+Option ``ranks_per_node``: the inner ring size w (LoongTrain's window size), usually the GPUs
 per node. w = 1 or w >= G is one flat ring (LoongTrain's window of cp/4 is 1 on 4 GPUs). Its
 default (2) only lets loops over the registry run anywhere with G even.
 """
@@ -74,8 +75,9 @@ def _requires(*, world, seq_local, layout, ranks_per_node, **_):
     # inner rings of one rank, or one holding the whole group, make a flat ring
     # (burst.comm.ring_shape): InternEvo's window of cp/4 is 1 on 4 GPUs
     if ranks_per_node is None or not ranks_per_node_ok(world, ranks_per_node):
-        out.append(f"ranks_per_node={ranks_per_node!r} (the inner ring size) must divide the "
-                   f"group of {world} ranks (or hold it whole); valid: "
+        out.append(f"ranks_per_node={ranks_per_node!r} (the inner ring size) must be a whole "
+                   f"number >= 1 that divides the group of {world} ranks (or holds it whole; "
+                   f"'@world/4' gives 0 below 4 ranks); valid: "
                    f"{', '.join(map(str, divisors(world, at_least=1)))}")
     return out
 

@@ -383,7 +383,8 @@ def ranks_per_node_ok(world: int, ranks_per_node) -> bool:
     """``ring_shape``'s valid inputs: None, or a positive int that divides the group or holds it
     whole (one node's worth or more is a flat ring)."""
     return ranks_per_node is None or (
-        isinstance(ranks_per_node, int) and ranks_per_node >= 1
+        isinstance(ranks_per_node, int) and not isinstance(ranks_per_node, bool)
+        and ranks_per_node >= 1
         and (ranks_per_node >= world or world % ranks_per_node == 0))
 
 

@@ -280,6 +280,15 @@ def _minutes(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as e:  # Ctrl-C: what was written stays (run says where and how
+        if not getattr(e, "reported", False):  # to resume), no traceback
+            print("burst-bench: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # methods given as import paths (package.module:function) resolve from the current
     # directory, as with `python -m` (a console script's path starts at its own folder)
@@ -302,9 +311,6 @@ def main(argv: list[str] | None = None) -> int:
     except RunLockedError as e:  # another driver runs this sweep: nothing to do here
         print(f"burst-bench {args.cmd}: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # Ctrl-C: what was written stays (run says where), no traceback
-        print(f"burst-bench {args.cmd}: interrupted", file=sys.stderr)
-        return 130
 
 
 if __name__ == "__main__":

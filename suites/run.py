@@ -18,9 +18,11 @@ otherwise; both follow rows.jsonl, whoever writes it (ranks, the driver).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
+import signal
 import sys
 import threading
 import time
@@ -217,8 +219,7 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
                 elif todo:
                     submit_cells(todo, kind=executor, run=run, ctx=ctx, slurm=slurm,
                                  folder=job_folder, on_submit=on_submit)
-        except KeyboardInterrupt:  # Ctrl-C: the table of what ran, and how to go on
-            store.consolidate(run.dir)
+        except KeyboardInterrupt as e:  # Ctrl-C: how to go on, and the table of what ran
             kept = len(_done(store.read_rows(run.rows), False) & set(ids))
             jobs = {"slurm": "; its SLURM jobs keep running (scancel stops them) and are "
                              "collected when it resumes",
@@ -227,10 +228,27 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
             again = "the same command" + (" without --new" if new else "")
             print(f"\ninterrupted: {kept} of {len(cells)} cells have a row in {run.dir}; "
                   f"{again} resumes this run{jobs}", file=stream, flush=True)
+            e.reported = True  # the CLI adds no second message
+            with _no_sigint():  # a second Ctrl-C must not leave the table half written
+                store.consolidate(run.dir)
             raise
         table = store.consolidate(run.dir)
     print(summary_text(table, spec), file=stream, flush=True)
     return RunResult(run.dir, table, len(todo))
+
+
+@contextlib.contextmanager
+def _no_sigint():
+    """SIGINT ignored inside (where a handler can be set: the main thread)."""
+    try:
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: nothing to hold off
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def _done(rows: list[dict], retry_failed: bool) -> set[str]:

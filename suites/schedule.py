@@ -364,9 +364,10 @@ def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, vol, bounda
             n_intra, n_inter = nodes * (local - 1), nodes - 1
             b_intra, b_inter = vol.sent(pass_, "intra"), vol.sent(pass_, "inter")
             # hops run in lockstep, so the slowest link prices each: an inner ring longer than
-            # a node crosses a NIC (one hop per node); outer hops leave the node for
-            # min(L, node) of its GPUs at once (all of them when L >= node)
-            inner = "inter" if local > topo.local else "intra"
+            # a node, or one whose windows straddle node boundaries (L = 6 on nodes of 8),
+            # crosses a NIC; outer hops leave the node for min(L, node) of its GPUs at once
+            # (all of them when L >= node)
+            inner = "inter" if local > topo.local or topo.local % local else "intra"
             outer = "inter" if topo.world > topo.local else "intra"
             hop_intra = hw.link_seconds(b_intra / max(n_intra, 1), inner)
             hop_inter = hw.link_seconds(b_inter / max(n_inter, 1), outer,

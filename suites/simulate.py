@@ -87,7 +87,7 @@ def as_cell(obj, gpus_per_node: int | None = None):
     (the other follows from ``world``; with neither, nodes of ``gpus_per_node`` GPUs, or one
     node); train_step cells take heads and head_dim from the model.
     """
-    from suites.cells import Cell
+    from suites.cells import Cell, placeholder_value
 
     if isinstance(obj, Cell):
         return obj
@@ -116,6 +116,8 @@ def as_cell(obj, gpus_per_node: int | None = None):
     if d["ranks_per_node"] < 1 or world % d["ranks_per_node"]:
         raise ValueError(f"ranks_per_node={d['ranks_per_node']} does not divide world={world}")
     d["nodes"] = world // d["ranks_per_node"]
+    d["options"] = {k: placeholder_value(v, d["ranks_per_node"], world)
+                    for k, v in d["options"].items()}
     if d["workload"] == "train_step":
         if d["model"] is None:
             raise ValueError("a train_step cell needs model (burst.engine.configs name)")

@@ -23,6 +23,7 @@ def _qkv(s=8, h=4, hk=4, d=8, dtype=torch.float32):
         ({"backward": "reverse"}, {}, "unknown backward 'reverse'; valid: auto, burst, ring"),
         ({"backend": "triton"}, {}, "unknown kernel backend 'triton'; valid"),
         ({"ranks_per_node": 0}, {}, "not divisible by ranks_per_node=0; valid values: 1"),
+        ({"ranks_per_node": True}, {}, "ranks_per_node=True"),  # a bool is not a ring size
         ({"window": (-1, 0), "causal": True}, {}, r"window=\(-1, 0\)"),
         ({"cu_seqlens": (0, 3, 9), "causal": True}, {}, "cu_seqlens ends at 9"),
         ({"cu_seqlens": (0, 5, 3, 8)}, {}, "strictly increasing"),
