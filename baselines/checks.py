@@ -45,10 +45,9 @@ def check_call(method, q, k, v, *, causal: bool, group, options: dict,
                backend: str = "auto") -> None:
     """Raise one ValueError naming every problem of this call of registry entry ``method``."""
     problems = qkv_problems(q, k, v)
-    dtype = str(q.dtype).removeprefix("torch.")
-    if method.dtypes is not None and dtype not in method.dtypes:
-        problems.append(f"it computes in {' or '.join(method.dtypes)}, got {dtype}; cast the "
-                        "inputs")
+    dtype, dtypes = str(q.dtype).removeprefix("torch."), method.dtypes_for(options)
+    if dtypes is not None and dtype not in dtypes:
+        problems.append(f"it computes in {' or '.join(dtypes)}, got {dtype}; cast the inputs")
     if backend not in BACKENDS:
         problems.append(f"unknown kernel backend {backend!r}; valid: {_join(BACKENDS)}")
     if problems:

@@ -9,8 +9,9 @@ is missing and how to install it. The suite's own CPU implementations of the sam
   contiguous -> ring_flash_attn_func, zigzag -> zigzag_ring_flash_attn_func,
   striped -> stripe_flash_attn_func;
 each called as ``fn(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, ..., group=None)``
-on (batch, seq_local, heads, head_dim) fp16/bf16 shards. The zigzag and stripe functions are
-causal-only (they assert it). Its striped layout is ours (token t on rank t mod G).
+on (batch, seq_local, heads, head_dim) fp16/bf16 shards (bf16 only for the contiguous ring, whose
+backward rounds dq to bf16). The zigzag and stripe functions are causal-only (they assert it).
+Its striped layout is ours (token t on rank t mod G).
 
 ``yunchang`` (feifeibear/long-context-attention): ``LongContextAttention(ring_impl_type="basic")``
 called as ``attn(q, k, v, softmax_scale=..., causal=...)``. It reads its Ulysses and ring process
@@ -70,6 +71,13 @@ def _unavailable(name: str, modules: tuple[str, ...], install: str) -> str | Non
 FLASH_DTYPES = ("float16", "bfloat16")  # flash-attn's kernels (checks.check_call refuses others)
 
 
+def _rfa_dtypes(*, layout: str = "zigzag", **_) -> tuple[str, ...]:
+    """ring_flash_attn_func's backward returns ``dq.to(torch.bfloat16)`` whatever the input
+    dtype (zhuzilin/ring-flash-attention ring_flash_attn/ring_flash_attn.py; its zigzag and
+    stripe functions return q's dtype): an fp16 run would get bf16-rounded dq, silently."""
+    return ("bfloat16",) if layout == "contiguous" else FLASH_DTYPES
+
+
 _REFUSED = ("window", "cu_seqlens", "backend")
 
 
@@ -116,7 +124,7 @@ RING_FLASH_ATTN = register(Method(
     unavailable=partial(_unavailable, "ring_flash_attn", ("flash_attn", "ring_flash_attn"),
                         "pip install ring-flash-attn flash-attn"),
     volume=partial(method_bytes, "ring_flash_attn"),
-    dtypes=FLASH_DTYPES,
+    dtypes=_rfa_dtypes,
 ))
 
 
@@ -165,5 +173,7 @@ YUNCHANG = register(Method(
     unavailable=partial(_unavailable, "yunchang", ("flash_attn", "yunchang"),
                         "pip install yunchang flash-attn"),
     volume=partial(method_bytes, "yunchang"),
-    dtypes=FLASH_DTYPES,
+    # its "basic" ring is ring-flash-attn's, dq rounded to bf16 likewise (yunchang/ring/
+    # ring_flash_attn.py): bf16 only
+    dtypes=("bfloat16",),
 ))

@@ -57,8 +57,9 @@ class Method:
     """``core`` (q, k, v -> out) or ``block`` (hidden states + weights -> hidden states)."""
     block_fn: Callable | None = None
     """The block-level entry point of a ``block`` method (its signature is the method's own)."""
-    dtypes: tuple[str, ...] | None = None
-    """Input dtypes the method computes in (torch names, e.g. "bfloat16"); None: any float."""
+    dtypes: tuple[str, ...] | Callable[..., tuple[str, ...]] | None = None
+    """Input dtypes the method computes in (torch names, e.g. "bfloat16"), or a function of the
+    call's options giving them (``dtypes_for``); None: any float."""
 
     def __post_init__(self):
         if self.level not in LEVELS:
@@ -66,6 +67,12 @@ class Method:
                              f"{', '.join(LEVELS)}")
         if self.level == "block" and self.block_fn is None:
             raise ValueError(f"method {self.name!r}: a block-level method needs block_fn")
+
+    def dtypes_for(self, options: dict | None = None) -> tuple[str, ...] | None:
+        """The input dtypes of a call with these options (the defaults filled in)."""
+        if callable(self.dtypes):
+            return tuple(self.dtypes(**{**self.options, **(options or {})}))
+        return self.dtypes
 
     def layout(self, options: dict | None = None) -> str:
         return {**self.options, **(options or {})}.get("layout", self.default_layout)

@@ -10,10 +10,12 @@ Shapes (suffix legend): B batch, Sq/Sk query/key length, H query heads, Hk key/v
   delta_BHS = rowsum(dO * O) (same dtype as lse).
 
 Contract, identical on every backend (tests/test_kernel_shim.py, tests/test_gpu.py):
-  - ``kind`` CAUSAL and STRICT need square blocks (Sq == Sk) and are top-left aligned. torch's
-    SDPA ops are top-left when Sq != Sk but flash-attn is bottom-right (DESIGN.md 5), so the shim
-    never passes ``causal`` for a non-square block: the mask plans of ``burst.masks`` only emit
-    CAUSAL/STRICT on square blocks, and this module asserts it.
+  - ``kind`` CAUSAL and STRICT need square blocks (Sq == Sk) and are top-left aligned. When
+    Sq != Sk, torch's CPU flash op and CUDA memory-efficient op are top-left (DESIGN.md 5) but
+    its CUDA flash op and flash-attn are bottom-right (FlashAttention-2's rule; torch's
+    dispatcher refuses that case: sdp_utils.cpp, check_flash_causal_non_square_seqlens), so
+    the shim never passes ``causal`` for a non-square block: the mask plans of ``burst.masks``
+    only emit CAUSAL/STRICT on square blocks, and this module asserts it.
   - a row that sees no key gets out 0 and lse -inf (the CPU flash op returns lse 0 there, and the
     memory-efficient CUDA op may return NaN; both are fixed here).
   - Backward takes ``delta`` instead of ``out``: BurstAttention's backward circulates D, never O
@@ -146,7 +148,16 @@ def kernel_name(backend: str, q: torch.Tensor, kind: str = FULL) -> str:
 
 
 def _head_dim_ok(q: torch.Tensor) -> bool:
-    return q.shape[-1] % 8 == 0 and q.shape[-1] <= 256
+    """Head dims the flash kernels run forward and backward: multiples of 8 up to 256, but not
+    192 < D <= 224 on sm86/sm89, whose flash backward exists only on sm80/sm90 (flash-attn's
+    mha_bwd checks it; torch's dispatcher, which the shim bypasses by calling the op, turns
+    flash off there: sdp_utils.cpp,
+    check_requires_grad_and_head_dim_gt192_constraints_on_sm86_89)."""
+    d = q.shape[-1]
+    if d % 8 or d > 256:
+        return False
+    return not (192 < d <= 224 and q.device.type == "cuda"
+                and torch.cuda.get_device_capability(q.device) in ((8, 6), (8, 9)))
 
 
 def _ampere_or_newer(q: torch.Tensor) -> bool:

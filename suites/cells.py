@@ -224,8 +224,9 @@ def cell_problem(cell: Cell) -> str | None:
     method = registry.get(cell.method)
     if method.level == "block":
         return _block_level(cell.method, method)
-    if method.dtypes is not None and cell.dtype not in method.dtypes:
-        return (f"{cell.method!r} computes in {' or '.join(method.dtypes)}, not {cell.dtype}")
+    dtypes = method.dtypes_for(cell.options)
+    if dtypes is not None and cell.dtype not in dtypes:
+        return f"{cell.method!r} computes in {' or '.join(dtypes)}, not {cell.dtype}"
     given = set(cell.options) | ({"window"} if cell.window is not None else set())
     unknown = _unknown_options(cell.method, method, given)
     if unknown:

@@ -85,6 +85,11 @@ def test_a_method_refuses_dtypes_it_does_not_compute_in():
     with pytest.raises(ValueError, match="computes in float16 or bfloat16, got float32"):
         check_call(registry.get("ring_flash_attn"), q, k, v, causal=True, group=None,
                    options={"layout": "zigzag"})
+    # ring-flash-attn's contiguous ring (and yunchang's, the same code) returns dq in bf16
+    half = [t.half() for t in (q, k, v)]
+    for name, opts in (("ring_flash_attn", {"layout": "contiguous"}), ("yunchang", {})):
+        with pytest.raises(ValueError, match="computes in bfloat16, got float16"):
+            check_call(registry.get(name), *half, causal=True, group=None, options=opts)
 
 
 def test_mismatched_tensors():

@@ -537,7 +537,10 @@ def test_byte_columns_are_the_busiest_rank_of_all(method, options, world, window
 
 @pytest.mark.parametrize(("change", "why"), [
     (dict(method="ring_flash_attn", dtype="float32"), "computes in float16 or bfloat16"),
-    (dict(method="yunchang", dtype="float64"), "computes in float16 or bfloat16"),
+    (dict(method="yunchang", dtype="float64"), "computes in bfloat16"),
+    # ring_flash_attn_func's backward returns dq in bf16: fp16 only where q's dtype comes back
+    (dict(method="ring_flash_attn", dtype="float16", options={"layout": "contiguous"},
+          causal=False), "computes in bfloat16, not float16"),
     (dict(method="yunchang", window=(1024, 0)), "does not support window"),
     (dict(method="burst", options={"foo": 1}), "has no option 'foo'"),
     (dict(method="tp"), "is block-level"),
