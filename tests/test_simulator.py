@@ -513,6 +513,31 @@ def test_simulated_bytes_equal_counted_bytes():
         assert got == want, (name, opts, got, want)
 
 
+@pytest.mark.parametrize("sweep", ["cpu_scaling", "cpu_long"])
+def test_committed_cpu_runs_send_the_simulated_bytes(sweep):
+    """The measured CPU sweeps kept in results/ (up to 1M tokens over 8 ranks, windowed) sent
+    exactly what the simulator predicts for the same cells, column by column."""
+    import pandas as pd
+
+    from results import store
+    from suites.cells import expand
+    from suites.spec import load_spec
+
+    run = store.latest_run(calibrate.REPO / "results" / sweep, with_rows=True)
+    measured = pd.read_csv(run / "table.csv").set_index("cell_id")
+    cols = [f"bytes_sent_{c}" for c in ("forward", "backward", "intra", "inter")]
+    checked = 0
+    for cell in expand(load_spec(sweep)):
+        row = simulate_cell(cell, "a800", invalid="skip")
+        if row["status"] != "ok":
+            continue
+        assert measured.loc[cell.cell_id, "status"] == "ok", cell.describe()
+        assert [measured.loc[cell.cell_id, c] for c in cols] == [row[c] for c in cols], \
+            cell.describe()
+        checked += 1
+    assert checked >= 6
+
+
 @pytest.mark.parametrize(("method", "options", "world", "window"), [
     ("ring", {}, 8, (300, 0)),  # a truncated ring: a mid-node rank's home hop stays on NVLink
     ("usp", {"ulysses_degree": 2, "backward": "burst"}, 16, None),  # ring members = rank // U
