@@ -70,9 +70,10 @@ class Method:
 
     def dtypes_for(self, options: dict | None = None) -> tuple[str, ...] | None:
         """The input dtypes of a call with these options (the defaults filled in)."""
-        if callable(self.dtypes):
-            return tuple(self.dtypes(**{**self.options, **(options or {})}))
-        return self.dtypes
+        d = self.dtypes
+        if callable(d):
+            d = d(**{**self.options, **(options or {})})
+        return None if d is None else (d,) if isinstance(d, str) else tuple(d)
 
     def layout(self, options: dict | None = None) -> str:
         return {**self.options, **(options or {})}.get("layout", self.default_layout)

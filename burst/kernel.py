@@ -11,7 +11,7 @@ Shapes (suffix legend): B batch, Sq/Sk query/key length, H query heads, Hk key/v
 
 Contract, identical on every backend (tests/test_kernel_shim.py, tests/test_gpu.py):
   - ``kind`` CAUSAL and STRICT need square blocks (Sq == Sk) and are top-left aligned. When
-    Sq != Sk, torch's CPU flash op and CUDA memory-efficient op are top-left (DESIGN.md 5) but
+    Sq != Sk, torch's CPU flash op (DESIGN.md 5) and CUDA memory-efficient op are top-left but
     its CUDA flash op and flash-attn are bottom-right (FlashAttention-2's rule; torch's
     dispatcher refuses that case: sdp_utils.cpp, check_flash_causal_non_square_seqlens), so
     the shim never passes ``causal`` for a non-square block: the mask plans of ``burst.masks``
@@ -149,15 +149,16 @@ def kernel_name(backend: str, q: torch.Tensor, kind: str = FULL) -> str:
 
 def _head_dim_ok(q: torch.Tensor) -> bool:
     """Head dims the flash kernels run forward and backward: multiples of 8 up to 256, but not
-    192 < D <= 224 on sm86/sm89, whose flash backward exists only on sm80/sm90 (flash-attn's
-    mha_bwd checks it; torch's dispatcher, which the shim bypasses by calling the op, turns
-    flash off there: sdp_utils.cpp,
-    check_requires_grad_and_head_dim_gt192_constraints_on_sm86_89)."""
+    192 < D <= 224 on sm86-sm89 and sm120-sm121, which have no flash backward there (flash-attn's
+    mha_bwd; torch's dispatcher, which the shim bypasses by calling the ops, turns flash off
+    there: sdp_utils.cpp, check_requires_grad_and_head_dim_gt192_constraints_on_sm86_89...)."""
     d = q.shape[-1]
     if d % 8 or d > 256:
         return False
-    return not (192 < d <= 224 and q.device.type == "cuda"
-                and torch.cuda.get_device_capability(q.device) in ((8, 6), (8, 9)))
+    if not (192 < d <= 224 and q.device.type == "cuda"):
+        return True
+    cap = torch.cuda.get_device_capability(q.device)
+    return not ((8, 6) <= cap <= (8, 9) or (12, 0) <= cap <= (12, 1))
 
 
 def _ampere_or_newer(q: torch.Tensor) -> bool:

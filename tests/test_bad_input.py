@@ -85,6 +85,12 @@ def test_a_method_refuses_dtypes_it_does_not_compute_in():
     with pytest.raises(ValueError, match="computes in float16 or bfloat16, got float32"):
         check_call(registry.get("ring_flash_attn"), q, k, v, causal=True, group=None,
                    options={"layout": "zigzag"})
+    # a dtypes rule may answer None (any float) or one name
+    import dataclasses
+
+    ring = registry.get("ring")
+    assert dataclasses.replace(ring, dtypes=lambda **_: None).dtypes_for({}) is None
+    assert dataclasses.replace(ring, dtypes=lambda **_: "bfloat16").dtypes_for() == ("bfloat16",)
     # ring-flash-attn's contiguous ring (and yunchang's, the same code) returns dq in bf16
     half = [t.half() for t in (q, k, v)]
     for name, opts in (("ring_flash_attn", {"layout": "contiguous"}), ("yunchang", {})):

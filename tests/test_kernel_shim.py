@@ -93,7 +93,7 @@ def test_backend_choice_and_errors():
     assert kernel_name("cuda_sdpa", meta.double(), CAUSAL) == "torch"
 
 
-def test_no_flash_backward_for_head_dims_193_to_224_on_sm86_sm89(monkeypatch):
+def test_no_flash_backward_for_head_dims_193_to_224_on_sm86_89_and_sm120(monkeypatch):
     """flash-attn's mha_bwd runs 192 < D <= 224 on sm80/sm90 only (torch's dispatcher turns
     flash off there, but the shim calls the ops itself): those blocks take the other kernel."""
     import types
@@ -102,7 +102,8 @@ def test_no_flash_backward_for_head_dims_193_to_224_on_sm86_sm89(monkeypatch):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap)
         return kernel._head_dim_ok(types.SimpleNamespace(shape=(1, 4, 2, d),
                                                          device=torch.device("cuda", 0)))
-    assert not on((8, 6), 200) and not on((8, 9), 224)
+    assert not any(on(cap, 200) for cap in ((8, 6), (8, 7), (8, 9), (12, 0), (12, 1)))
+    assert not on((8, 9), 224)
     assert on((8, 0), 200) and on((9, 0), 224) and on((8, 6), 192) and on((8, 9), 256)
 
 
