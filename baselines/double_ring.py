@@ -78,7 +78,7 @@ def _requires(*, world, seq_local, layout, ranks_per_node, **_):
         out.append(f"ranks_per_node={ranks_per_node!r} (the inner ring size) must be a whole "
                    f"number >= 1 that divides the group of {world} ranks (or holds it whole; "
                    f"'@world/4' gives 0 below 4 ranks); valid: "
-                   f"{', '.join(map(str, divisors(world, at_least=1)))}")
+                   f"{', '.join(map(str, divisors(world)))}")
     return out
 
 

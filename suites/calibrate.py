@@ -35,7 +35,6 @@ import numpy as np
 from burst.flops import BACKWARD_OVER_FORWARD, attention_flops, attention_kernel_flops
 from results.paper import paper_rows
 from suites import hardware as hwmod
-from suites.cells import placeholder_value
 from suites.implementations import PATH as IMPL_PATH
 from suites.implementations import Implementation, implementations
 from suites.simulate import as_cell, predict
@@ -103,11 +102,9 @@ def paper_cells() -> list[tuple[dict, object]]:
 
     out = []
     for r in paper_rows():
-        pm = paper_method(r["method"])
-        opts = {k: placeholder_value(v, r["ranks_per_node"], r["world"])
-                for k, v in pm.options.items()}
+        pm = paper_method(r["method"])  # as_cell resolves its "@node", "@world/4"
         d = dict(sweep=f"paper_{r['workload']}", workload=r["workload"], method=pm.name,
-                 label=r["label"], options=opts, seq_len=r["seq_len"], world=r["world"],
+                 label=r["label"], options=pm.options, seq_len=r["seq_len"], world=r["world"],
                  ranks_per_node=r["ranks_per_node"], paper=r["method"], dtype="bfloat16",
                  batch=r["batch"] or 1)
         if r["workload"] == "attention":
