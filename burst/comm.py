@@ -187,15 +187,21 @@ def _record(peer: int, t: torch.Tensor, direction: str) -> None:
 
 
 class Pending:
-    """Handles of posted transfers; ``wait()`` blocks (on GPU: orders the current stream)."""
+    """Handles of posted transfers; ``wait()`` blocks (on GPU: orders the current stream).
 
-    def __init__(self, works):
+    It also holds the transfers' tensors until then: a send buffer the caller drops (a ring
+    step's block, rebound to the received one) must not return to the allocator while the
+    backend may still read it, whatever the backend itself keeps alive."""
+
+    def __init__(self, works, tensors=()):
         self._works = works
+        self._tensors = list(tensors)
 
     def wait(self) -> None:
         for w in self._works:
             w.wait()
         self._works = []
+        self._tensors = []
 
 
 def exchange(sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]],
@@ -210,7 +216,7 @@ def exchange(sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tens
         ops.append(dist.P2POp(dist.irecv, t, peer, group))
     if not ops:
         return Pending([])
-    return Pending(dist.batch_isend_irecv(ops))
+    return Pending(dist.batch_isend_irecv(ops), [op.tensor for op in ops])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -267,3 +267,35 @@ def test_registry_accepts_a_node_bigger_than_the_group():
     for name in ("burst", "double_ring"):
         registry.get(name).check(world=4, heads=4, kv_heads=4, seq_local=8, causal=True,
                                  ranks_per_node=8)
+
+
+
+def test_posted_transfers_hold_their_buffers_until_wait(monkeypatch):
+    """A backend's work handle need not keep the tensors alive (gloo's does; what NCCL's does
+    depends on TORCH_NCCL_AVOID_RECORD_STREAMS): ``comm.exchange`` holds them until wait()."""
+    import gc
+    import weakref
+
+    import torch.distributed as dist
+
+    from burst import comm
+
+    class Work:  # a handle that keeps nothing
+        def wait(self):
+            return True
+
+    class Op:
+        def __init__(self, op, tensor, peer, group):
+            self.tensor = tensor
+
+    monkeypatch.setattr(dist, "P2POp", Op)
+    monkeypatch.setattr(dist, "batch_isend_irecv", lambda ops: [Work() for _ in ops])
+    send, recv = torch.ones(4), torch.empty(4)
+    alive = weakref.ref(send)
+    pending = comm.exchange([(send, 1)], [(recv, 1)], None)
+    del send  # the caller drops its block, as a ring step rebinds it to the received one
+    gc.collect()
+    assert alive() is not None
+    pending.wait()
+    gc.collect()
+    assert alive() is None
