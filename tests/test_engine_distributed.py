@@ -253,3 +253,30 @@ def test_four_rank_training_learns_and_matches_one_process():
         assert abs(four[s] - one[s]) <= F32_TOL * one[s], (s, four[:MATCH_STEPS],
                                                            one[:MATCH_STEPS])
     assert sum(four[-5:]) / 5 < 0.9 * four[0], f"loss did not go down: {four}"
+
+
+def _one_bad_rank(rank: int, world: int) -> list[str]:
+    """Inputs valid on each rank alone but not together: every rank must raise the same
+    ValueError (before, the ring hung or gloo aborted while one rank failed)."""
+    out = []
+    for what in ("token", "target", "shape"):
+        tr = Trainer("tiny", dtype=torch.float64)
+        tok, tgt, pos = tr.local_batch(32 if what != "shape" or rank == 0 else 64, batch=1)
+        if rank == 1 and what == "token":
+            tok[0, 0] = tr.config.vocab_size
+        if rank == 1 and what == "target":
+            tgt[0, 0] = -1
+        try:
+            tr.forward_backward(tok, tgt, pos)
+            out.append("no error")
+        except ValueError as e:
+            out.append(str(e))
+    return out
+
+
+def test_one_rank_with_bad_data_fails_every_rank():
+    for msgs in spawn(_one_bad_rank, 2, timeout_s=120):
+        token, target, shape = msgs
+        assert "1 token ids outside [0, 256)" in token, token
+        assert "1 target ids outside [0, 256)" in target, target
+        assert "must have one shape" in shape and "batch 1-1 x 16-32 tokens" in shape, shape

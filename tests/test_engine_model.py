@@ -284,6 +284,33 @@ def test_bad_input_errors():
             tr.forward_backward(*batch, num_targets=bad)
 
 
+def test_checkpointing_with_frozen_parameters_and_a_second_backward():
+    """Frozen parameters (fine-tuning) get no gradient and the rest the gradients of mode
+    'none'; a second backward through a checkpointed layer is refused by name."""
+    grads = {}
+    for mode in ("none", "full", "selective"):
+        tr = Trainer("tiny", dtype=torch.float64, checkpointing=mode)
+        for n, p in tr.model.named_parameters():
+            if "norm" in n:
+                p.requires_grad_(False)
+        tr.forward_backward(*tr.local_batch(16, seed=0))
+        grads[mode] = {n: p.grad for n, p in tr.model.named_parameters()}
+    for mode in ("full", "selective"):
+        for n, g in grads["none"].items():
+            assert (g is None) == (grads[mode][n] is None) == ("norm" in n), (mode, n)
+            if g is not None:
+                torch.testing.assert_close(grads[mode][n], g, rtol=1e-12, atol=1e-14)
+    tr = Trainer("tiny", dtype=torch.float64, checkpointing="selective")
+    tok, tgt, pos = tr.local_batch(16, seed=0)
+    loss = tr.model(tok, pos, tgt, loss_scale=1 / 15)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward ran twice: retain_graph=True is not "
+                                           "supported"):
+        loss.backward()
+    with pytest.raises(ValueError, match=r"attention_options \['window'\]: the engine sets"):
+        Trainer("tiny", attention_options={"window": (4, 0)})
+
+
 def test_each_backward_replays_its_own_forward():
     """Two forwards before the first backward (interleaved micro-batches, a loss logged with
     grad on): the selective caches are per forward, so the first backward gets its own

@@ -59,6 +59,10 @@ class BurstMethod:
                           **{**self.options, **options})
 
 
+RESERVED = {"causal", "softmax_scale", "group", "window", "cu_seqlens"}
+"""Keyword arguments of a method call that the engine passes itself (``AttentionCall``)."""
+
+
 def resolve_attention(attention, options: dict | None) -> tuple[Callable, str]:
     """(method, layout) for the Trainer's ``attention`` argument; errors name the fix."""
     if attention is None or attention == "burst":
@@ -75,6 +79,11 @@ def resolve_attention(attention, options: dict | None) -> tuple[Callable, str]:
     else:
         method = attention
     opts = dict(options or {})
+    taken = sorted(set(opts) & RESERVED)
+    if taken:
+        raise ValueError(f"attention_options {taken}: the engine sets these itself (causal "
+                         "always, the group from cp_group/cp_degree, window and documents from "
+                         "Trainer(window=...) and the batch's cu_seqlens); remove them")
     if hasattr(method, "layout") and callable(method.layout):
         layout = method.layout(opts)
     else:  # a plain function: contiguous unless the options name a layout (registry rule)

@@ -305,12 +305,17 @@ class _Recompute(torch.autograd.Function):
     def backward(ctx, dy):
         (x,) = ctx.saved_tensors
         run, ctx.run = ctx.run, None
+        if run is None:
+            raise RuntimeError("a checkpointed layer's backward ran twice: retain_graph=True is "
+                               "not supported with checkpointing other than 'none'")
         params = list(run.layer.parameters())
+        live = [p for p in params if p.requires_grad]  # frozen ones (fine-tuning) get None
         with torch.enable_grad():
             x_ = x.detach().requires_grad_()
             y = run.again(x_)
-        grads = torch.autograd.grad(y, [x_, *params], dy, allow_unused=True)
-        return (None, *grads)
+        dx, *dlive = torch.autograd.grad(y, [x_, *live], dy, allow_unused=True)
+        got = iter(dlive)
+        return (None, dx, *(next(got) if p.requires_grad else None for p in params))
 
 
 def run_layer(layer, index: int, x, rope, *, attention: AttentionCall, mode: str,

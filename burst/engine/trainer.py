@@ -206,14 +206,39 @@ class Trainer:
         cfg = self.config
         self.model.attention.check(heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
                                    seq_local=tokens.shape[1])
+        if self.cp_size > 1:  # each shard is valid alone; the ring needs them all alike
+            b, n = tokens.shape
+            shapes = torch.tensor([b, n, -b, -n], dtype=torch.float64, device=tokens.device)
+            with comm.phase("check"):
+                comm.all_reduce(shapes, group=self.cp_group, op="max")
+            hi_b, hi_n, lo_b, lo_n = (int(x) for x in shapes.tolist())
+            if (hi_b, hi_n) != (-lo_b, -lo_n):
+                raise ValueError(f"Trainer.step: the shards of one context-parallel group must "
+                                 f"have one shape; this rank has batch {b} x {n} local tokens, the "
+                                 f"group's shards batch {-lo_b}-{hi_b} x {-lo_n}-{hi_n} tokens")
 
-    def global_targets(self, targets) -> int:
+    def global_targets(self, targets, tokens=None) -> int:
         """Target tokens (not ``ignore_index``) of this batch on every rank of the world (CP x
-        DP): sum it over micro-batches for ``forward_backward``'s ``num_targets``."""
-        count = (targets != self.ignore_index).sum().to(torch.float64).reshape(1)
+        DP): sum it over micro-batches for ``forward_backward``'s ``num_targets``.
+
+        The same reduction counts target ids (and, given ``tokens``, token ids) outside the
+        vocabulary on any rank, so that every rank raises, instead of the one rank whose
+        embedding or loss fails while its peers wait in the ring."""
+        vocab = self.config.vocab_size
+        valid = targets != self.ignore_index
+        stats = [valid.sum(), (((targets < 0) | (targets >= vocab)) & valid).sum()]
+        if tokens is not None:
+            stats.append(((tokens < 0) | (tokens >= vocab)).sum())
+        stats = torch.stack(stats).to(torch.float64)
         with comm.phase("loss"):
-            comm.all_reduce(count)
-        return int(count.item())
+            comm.all_reduce(stats)
+        counts = stats[1:].tolist()
+        bad = [f"{int(x)} {what}" for x, what in zip(counts, ("target ids", "token ids")[
+            :len(counts)], strict=True) if x]
+        if bad:
+            raise ValueError(f"Trainer.step: {' and '.join(bad)} outside [0, {vocab}) on the "
+                             f"ranks of this step (targets may also be {self.ignore_index})")
+        return int(stats[0].item())
 
     def forward_backward(self, tokens, targets, positions, *, cu_seqlens=None,
                          num_targets: int | None = None) -> float:
@@ -231,7 +256,7 @@ class Trainer:
             MaskSpec(causal=True, cu_seqlens=cu_seqlens).check_length(
                 tokens.shape[1] * self.cp_size)
         acc = torch.float64
-        count = self.global_targets(targets)
+        count = self.global_targets(targets, tokens)
         if num_targets is None and count == 0:
             raise ValueError("Trainer.step: the global batch has no target token (all ignored)")
         if num_targets is not None:
