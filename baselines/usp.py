@@ -34,7 +34,9 @@ from baselines.checks import check_call, degree_problems, layout_problems
 from baselines.registry import Method, register
 from baselines.ulysses import heads_to_seq, replicate_kv, seq_to_heads
 from burst import burst_attn, comm
+from burst.kernel import resolve_scale
 from burst.layout import global_positions
+from burst.masks import MaskSpec
 from burst.volume import method_bytes
 
 __all__ = ["usp_attn", "usp_groups"]
@@ -88,6 +90,10 @@ def usp_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = Non
                options=dict(layout=layout, ulysses_degree=ulysses_degree, backward=backward),
                backend=backend)
     g, n = comm.world_size(group), q.shape[1]
+    # the mask and scale are checked again inside burst_attn, after the all-to-alls: check
+    # them here, before any communication, so a bad one fails every rank at once
+    MaskSpec(causal=causal, window=window, cu_seqlens=cu_seqlens).check_length(n * g)
+    resolve_scale(q.shape[-1], softmax_scale)
     uly, ring, ring_pos = usp_groups(group, ulysses_degree)
     qh, kh, vh = (seq_to_heads(t, uly) for t in (q, replicate_kv(k, ulysses_degree),
                                                   replicate_kv(v, ulysses_degree)))

@@ -15,6 +15,8 @@ Shapes: q_BSHD (local shard), k_BSHD/v_BSHD with H % Hk == 0, lse_BHS.
 
 from __future__ import annotations
 
+import contextlib
+import operator
 import warnings
 from dataclasses import dataclass
 
@@ -235,7 +237,11 @@ def _validate(q, k, v, *, layout, group, ranks_per_node, backward, backend, grad
     if grad_acc not in volume.GRAD_ACC:
         problems.append(f"unknown grad_acc {grad_acc!r}; valid: {', '.join(volume.GRAD_ACC)}")
     g = comm.world_size(group)
-    if not comm.ranks_per_node_ok(g, ranks_per_node):
+    if ranks_per_node is not None and (isinstance(ranks_per_node, bool) or not isinstance(
+            ranks_per_node, int) or ranks_per_node < 1):
+        problems.append(f"ranks_per_node must be a whole number >= 1 (or None), got "
+                        f"{ranks_per_node!r}")
+    elif not comm.ranks_per_node_ok(g, ranks_per_node):
         problems.append(f"group of {g} ranks is not divisible by ranks_per_node="
                         f"{ranks_per_node}; valid values: {', '.join(map(str, divisors(g)))}")
     if problems:
@@ -263,7 +269,10 @@ def burst_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = N
     Args:
         q: (batch, seq_local, heads, head_dim), this rank's shard in ``layout``.
         k, v: (batch, seq_local, kv_heads, head_dim); heads % kv_heads == 0 (GQA travels
-            un-replicated).
+            un-replicated). Every rank of the group passes the same shapes: a call does not
+            compare them across ranks (that would cost a collective per layer; the engine's
+            ``Trainer`` checks its shards once per step), and mismatched ones fail in the
+            transport (gloo aborts; NCCL may hang).
         causal: mask keys after the query (global positions).
         softmax_scale: default head_dim ** -0.5.
         layout: ``contiguous``, ``zigzag`` or ``striped`` (see ``burst.layout``).
@@ -284,17 +293,20 @@ def burst_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = N
     Returns:
         out (batch, seq_local, heads, head_dim) in q's dtype [, lse].
     """
+    if ranks_per_node is not None and not isinstance(ranks_per_node, bool):
+        with contextlib.suppress(TypeError):  # a numpy integer is the same count; _validate
+            ranks_per_node = operator.index(ranks_per_node)  # names anything else
     _validate(q, k, v, layout=layout, group=group, ranks_per_node=ranks_per_node,
               backward=backward, backend=backend, grad_acc=grad_acc)
     spec = MaskSpec(causal=causal, window=window,
                     cu_seqlens=cu_seqlens)
     g = comm.world_size(group)
     spec.check_length(q.shape[1] * g)
+    scale = resolve_scale(q.shape[-1], softmax_scale)  # every check before the first collective
     rg = comm.ring_groups(group, ranks_per_node)
     scheme = backward
     if scheme == "auto":
         scheme = choose_backward(q, k, world=g, ranks_per_node=ranks_per_node)
-    scale = resolve_scale(q.shape[-1], softmax_scale)
     out, lse = _RingAttention.apply(q, k, v, spec, layout, rg, scale, scheme, backend,
                                     grad_acc, return_lse)
     return (out, lse) if return_lse else out

@@ -81,14 +81,15 @@ def run_one(c: dict, rank: int, world: int) -> dict:
     q, k, v, do = _full_inputs(c, world)
     dtype = DTYPES[c["dtype"]]
     extra = {key: c[key] for key in ("window", "cu_seqlens") if c[key] is not None}
-    if c["expect_error"] is not None:
-        try:
-            method.check(world=world, heads=c["heads"], kv_heads=c["kv_heads"],
-                         seq_local=c["seq_local"], causal=c["causal"], **opts)
-            sh = [shard(t.to(dtype), layout=layout) for t in (q, k, v)]
-            method(*sh, causal=c["causal"], **extra, **opts)
-        except ValueError as e:
-            return {"raised": str(e)}
+    if c["expect_error"] is not None:  # raised before any communication: nothing sent
+        with comm.count_bytes() as cnt:
+            try:
+                method.check(world=world, heads=c["heads"], kv_heads=c["kv_heads"],
+                             seq_local=c["seq_local"], causal=c["causal"], **opts)
+                sh = [shard(t.to(dtype), layout=layout) for t in (q, k, v)]
+                method(*sh, causal=c["causal"], **extra, **opts)
+            except ValueError as e:
+                return {"raised": str(e), "sent": cnt.sent()}
         return {"raised": None}
 
     ref = _grads(lambda a, b_, c_: reference_attention(a, b_, c_, **mask_kw), q, k, v, do)
@@ -156,6 +157,8 @@ def check(cases: list[dict], per_rank: list[list[dict]], world: int, expected_by
                 if not r["raised"] or c["expect_error"] not in r["raised"]:
                     failures.append(f"{_label(c)}: expected ValueError with "
                                     f"{c['expect_error']!r}, got {r['raised']!r}")
+                elif r["sent"]:
+                    failures.append(f"{_label(c)}: sent {r['sent']} bytes before raising")
                 continue
             if c["dtype"] == "float32":
                 bad = {k: r[k] for k in ("out", "lse", "dq", "dk", "dv")

@@ -22,8 +22,10 @@ def _qkv(s=8, h=4, hk=4, d=8, dtype=torch.float32):
         ({"layout": "diagonal"}, {}, "unknown layout 'diagonal'; valid layouts"),
         ({"backward": "reverse"}, {}, "unknown backward 'reverse'; valid: auto, burst, ring"),
         ({"backend": "triton"}, {}, "unknown kernel backend 'triton'; valid"),
-        ({"ranks_per_node": 0}, {}, "not divisible by ranks_per_node=0; valid values: 1"),
-        ({"ranks_per_node": True}, {}, "ranks_per_node=True"),  # a bool is not a ring size
+        ({"ranks_per_node": 0}, {}, r"ranks_per_node must be a whole number >= 1 \(or None\), "
+                                   "got 0"),
+        ({"ranks_per_node": True}, {}, "got True"),  # a bool is not a ring size
+        ({"ranks_per_node": 2.0}, {}, "got 2.0"),
         ({"window": (-1, 0), "causal": True}, {}, r"window=\(-1, 0\)"),
         ({"cu_seqlens": (0, 3, 9), "causal": True}, {}, "cu_seqlens ends at 9"),
         ({"cu_seqlens": (0, 5, 3, 8)}, {}, "strictly increasing"),
@@ -45,6 +47,14 @@ def _qkv(s=8, h=4, hk=4, d=8, dtype=torch.float32):
 def test_bad_arguments(kwargs, qkv, match):
     with pytest.raises(ValueError, match=match):
         burst_attn(*_qkv(**qkv), **kwargs)
+
+
+def test_a_numpy_ranks_per_node_is_a_ring_size():
+    import numpy as np
+
+    q, k, v = _qkv()
+    assert torch.equal(burst_attn(q, k, v, causal=True, ranks_per_node=np.int64(1)),
+                       burst_attn(q, k, v, causal=True))
 
 
 def test_whole_number_masks_in_any_spelling_are_accepted():

@@ -88,6 +88,9 @@ def _core_cases(world: int) -> list[dict]:
         add("double_ring", options=dict(ranks_per_node=3), expect_error="ranks_per_node=3")
         add("double_ring", options=dict(ranks_per_node=0), expect_error="ranks_per_node=0")
         add("allgather", seq_local=8, cu_seqlens=(0, 3, 6), expect_error="cu_seqlens")
+        for m in ("usp", "ulysses", "double_ring"):  # masks are checked before any transfer
+            add(m, seq_local=8, cu_seqlens=(0, 3, 6), expect_error="cu_seqlens")
+            add(m, causal=True, window=(-1, 0), expect_error="window=(-1, 0)")
         add("allgather", seq_local=7, expect_error="not divisible by 2")
         add("zigzag_ring", causal=True, options=dict(grad_acc="bf16"),
             expect_error="grad_acc='bf16'; valid: fp32, input")
