@@ -227,6 +227,10 @@ def cell_problem(cell: Cell) -> str | None:
     dtypes = method.dtypes_for(cell.options)
     if dtypes is not None and cell.dtype not in dtypes:
         return f"{cell.method!r} computes in {' or '.join(dtypes)}, not {cell.dtype}"
+    for k in ("window", "cu_seqlens"):  # as option_problems: not method options in a cell
+        if k in cell.options:
+            return (f"option {k!r}: not a method option in a sweep cell; give a sliding window "
+                    "as the cell's window (packed documents are not a sweep dimension)")
     given = set(cell.options) | ({"window"} if cell.window is not None else set())
     unknown = _unknown_options(cell.method, method, given)
     if unknown:

@@ -104,7 +104,7 @@ def as_cell(obj, gpus_per_node: int | None = None):
         raise ValueError(f"a cell needs {', '.join(missing)}")
     d = {**_CELL_DEFAULTS, **{k: v for k, v in d.items() if v is not None}}
     d["options"] = dict(d["options"] or {})
-    world = d["world"]
+    world, given_rpn = d["world"], d["ranks_per_node"]
     if d["ranks_per_node"] is None:
         if d["nodes"] is None and gpus_per_node:
             d["ranks_per_node"] = min(world, gpus_per_node)
@@ -114,6 +114,9 @@ def as_cell(obj, gpus_per_node: int | None = None):
                 raise ValueError(f"world={world} does not split over nodes={nodes}")
             d["ranks_per_node"] = world // nodes
     if d["ranks_per_node"] < 1 or world % d["ranks_per_node"]:
+        if given_rpn is None and d["nodes"] is None:  # filled in from the profile
+            raise ValueError(f"world={world} does not fill nodes of {d['ranks_per_node']} GPUs "
+                             "(the hardware profile's); give nodes or ranks_per_node")
         raise ValueError(f"ranks_per_node={d['ranks_per_node']} does not divide world={world}")
     d["nodes"] = world // d["ranks_per_node"]
     d["options"] = {k: placeholder_value(v, d["ranks_per_node"], world)
@@ -131,6 +134,10 @@ def as_cell(obj, gpus_per_node: int | None = None):
     if d["window"] is not None:
         d["window"] = tuple(d["window"])
     return Cell(**d)
+
+
+MODELLED_BACKENDS = ("auto", "cuda_sdpa", "flash_attn")
+"""Kernel backends (``burst.kernel.BACKENDS``) the simulator prices: the fused GPU ones."""
 
 
 def _impl(cell) -> Implementation:
@@ -195,6 +202,13 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
     problem = _cell_problem(cell)
     if problem:
         return Prediction(invalid, error=problem)
+    backend = cell.options.get("backend", "auto")
+    if backend not in MODELLED_BACKENDS:
+        return Prediction("error", error=f"backend {backend!r} is not modelled: the simulator "
+                                         "prices fused GPU attention kernels (backend "
+                                         f"{', '.join(map(repr, MODELLED_BACKENDS))}); 'torch' "
+                                         "materialises every block's scores, 'cpu_flash' runs "
+                                         "on the CPU")
     shape = _shape(cell)
     offload = offload or impl.optimizer_offload
     ckpt = cell.checkpointing

@@ -72,13 +72,10 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
     dense = hw.gemm_seconds(dense_layers / layers, dtype)
     elem = hw.hbm_seconds(_elementwise_bytes(cfg, tokens, e))
     a_fwd, a_bwd = attn.forward_s, attn.backward_s
-    recompute = {
-        "none": 0.0,
-        "full": dense + elem + a_fwd,
-        "selective": dense + elem,
-        "selective_half": dense + elem + (
-            half_attn.forward_s if half_attn else 0.25 * a_fwd),
-    }[checkpointing]
+    a_again = {"none": 0.0, "full": a_fwd, "selective": 0.0,  # attention forward run again
+               "selective_half": half_attn.forward_s if half_attn else 0.25 * a_fwd
+               }[checkpointing]
+    recompute = 0.0 if checkpointing == "none" else dense + elem + a_again
     layer_params = (params - 2 * cfg.vocab_size * cfg.hidden_size) / layers
     gather = collective_seconds(hw, layer_params * e * (g - 1) / g, g, topo)
     per_step = 0.0
@@ -98,7 +95,7 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
         opt = hw.hbm_seconds(shard * zero_bytes_per_param(e) * 2)
     parts = {"layers_forward": layers * fwd, "layers_backward": layers * bwd,
              "head": head_s, "optimizer": opt,
-             "attention": layers * (a_fwd + a_bwd + (a_fwd if checkpointing == "full" else 0)),
+             "attention": layers * (a_fwd + a_bwd + a_again),
              "zero_collectives": layers * 3 * gather + per_step}
     return StepTiming(total_s=parts["layers_forward"] + parts["layers_backward"] + head_s + opt
                       + per_step, parts=parts)

@@ -938,3 +938,34 @@ def test_a_profile_without_the_other_dtypes_peaks_still_prices_16_bit_cells(tmp_
     assert simulate_cell(cell, load(old))["time_s"] == simulate_cell(cell, HW)["time_s"]
     row = simulate_cell({**cell, "dtype": "float32"}, load(old))
     assert row["status"] == "error" and "gpu.peak_tf32_tflops" in row["error"]
+
+
+def test_what_the_simulator_does_not_model_is_an_error_not_a_guess():
+    """Packed documents and the non-fused kernel backends were accepted and priced as if absent
+    (the same time with 64 documents as with one; 'torch' backend scores never counted)."""
+    big = 1 << 18
+    base = dict(method="ring", seq_len=big, world=16, heads=32, head_dim=128)
+    docs = simulate_cell(dict(base, options={"cu_seqlens": tuple(range(0, big + 1, big // 64))}),
+                         "a800")
+    assert docs["status"] == "error" and "packed documents are not a sweep" in docs["error"]
+    for backend in ("torch", "cpu_flash"):
+        row = simulate_cell(dict(base, options={"backend": backend}), "a800")
+        assert row["status"] == "error" and f"backend {backend!r} is not modelled" in row["error"]
+    for backend in ("auto", "cuda_sdpa", "flash_attn"):
+        assert simulate_cell(dict(base, options={"backend": backend}), "a800")["status"] == "ok"
+    with pytest.raises(ValueError, match="world=12 does not fill nodes of 8 GPUs"):
+        as_cell(dict(base, world=12, seq_len=12288), 8)
+
+
+def test_step_breakdown_counts_the_recomputed_half_attention():
+    hw = load("a800")
+    cell = dict(workload="train_step", model="7b", method="burst", seq_len=1 << 17, world=32,
+                options={"layout": "striped"})
+    half = predict(dict(cell, checkpointing="selective_half"), hw)
+    sel = predict(dict(cell, checkpointing="selective"), hw)
+    assert half.status == sel.status == "ok"
+    layers = 32
+    again = half.parts["attention"] - sel.parts["attention"]
+    assert again > 0
+    assert again == pytest.approx(half.time_s - sel.time_s, rel=1e-9)  # all the extra time
+    assert again / layers < sel.parts["attention"] / layers / 2
