@@ -51,7 +51,7 @@ gates: setup
 	$(BIN)/python -m suites.gates
 
 # the one-GPU check (issue 8): GPU tests, kernel and ring efficiency, engine steps, longest fit
-gpu-check: setup
+gpu-check:  # the GPU machine's own torch: no venv, no install (no internet there)
 	bash scripts/gpu_check.sh --out results/gpu
 
 lint: setup

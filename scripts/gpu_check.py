@@ -32,6 +32,7 @@ import argparse
 import contextlib
 import csv
 import gc
+import importlib.util
 import json
 import os
 import statistics
@@ -99,9 +100,11 @@ class Budget:
         self.section_end = self.end
         self.section = "start"
 
-    def enter(self, name: str, seconds: float) -> None:
+    def enter(self, name: str, seconds: float, reserve: float = 0.0) -> None:
+        """``reserve``: seconds kept for the sections still to come (an overrun here must not
+        eat the last section's time)."""
         self.section = name
-        self.section_end = min(time.monotonic() + seconds, self.end)
+        self.section_end = min(time.monotonic() + seconds, self.end - reserve)
 
     def left(self) -> float:
         return self.section_end - time.monotonic()
@@ -170,21 +173,54 @@ def _provenance(sz: Sizes) -> dict:
     return base
 
 
+# A fault inside a CUDA kernel (illegal address, device-side assert) poisons the process: every
+# later CUDA call fails. The first one is kept here; later CUDA work is skipped with its text.
+STICKY: list[str] = []
+_STICKY_MARKS = ("illegal memory access", "device-side assert", "unspecified launch failure",
+                 "CUDA error: an illegal", "misaligned address")
+
+
+def _broken() -> str | None:
+    return f"the CUDA context broke earlier: {STICKY[0]}" if STICKY else None
+
+
+def _write_env(out: Path, sz: Sizes) -> None:
+    """<out>/env.json: what the rows' columns do not hold (driver, cuDNN, the allocator's
+    settings, the GPU as nvidia-smi names it)."""
+    env = {"python": sys.executable, "torch": torch.__version__, "cuda": torch.version.cuda,
+           "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available()
+           else None, "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+           "device": sz.device}
+    with contextlib.suppress(Exception):
+        env["nvidia_smi"] = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv"],
+            capture_output=True, text=True, timeout=20).stdout.strip()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "env.json").write_text(json.dumps(env, indent=1) + "\n")
+
+
 def _guard(fn):
     """Run ``fn``; (status, value, error text). OOM and errors become statuses, never crashes;
-    the allocator is emptied afterwards so the next try starts clean."""
+    the allocator is emptied afterwards so the next try starts clean (a cleanup that fails after
+    a sticky CUDA fault is ignored: the fault is the row)."""
+    if STICKY:
+        return "skipped", None, _broken()
     try:
         return "ok", fn(), None
     except torch.cuda.OutOfMemoryError as e:
         return "oom", None, str(e).splitlines()[0][:300]
     except Exception as e:  # an OOM some libraries report as a plain RuntimeError
-        if any(s in str(e) for s in ("out of memory", "ALLOC_FAILED")):
-            return "oom", None, str(e).splitlines()[0][:300]
+        text = str(e)
+        if any(s in text for s in ("out of memory", "ALLOC_FAILED")):
+            return "oom", None, text.splitlines()[0][:300]
+        if any(s in text for s in _STICKY_MARKS):
+            STICKY.append((text.splitlines() or [""])[0][:300])
         return "error", None, traceback.format_exc(limit=4)[-1500:]
     finally:
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        with contextlib.suppress(Exception):
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
 
 
 def _skip(rows: Rows, workload: str, label: str, why: str, **cols) -> None:
@@ -202,6 +238,8 @@ def section_tests(rows: Rows, sz: Sizes, budget: Budget, out: Path, dry: bool) -
     junit = out / "junit_gpu.xml"
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/test_gpu.py", "-v", "-rs",
            "-o", "addopts=", "-p", "no:cacheprovider", f"--junitxml={junit}"]
+    if importlib.util.find_spec("pytest_timeout") is not None:  # a hung test fails alone
+        cmd.append("--timeout=60")
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if dry:
         env["CUDA_VISIBLE_DEVICES"] = ""  # the dry run checks the plumbing: every test skips
@@ -301,12 +339,16 @@ def section_kernel(rows: Rows, sz: Sizes, budget: Budget) -> None:
     impls = _kernel_impls(sz)
     last: dict = {}  # (impl, pass) -> (seq, seconds) for the time estimate of the next size
     base_time: dict = {}
-    for n in sz.kernel_seqs:
+    # cuDNN, the least mature SDPA backend, after every other kernel at every length: a sticky
+    # fault in it then costs no other kernel's rows
+    late = [name for name in impls if "cudnn" in name]
+    rounds = [[name for name in impls if name not in late], late]
+    for n, names in ((n, names) for names in rounds if names for n in sz.kernel_seqs):
         q, k, v, do = _qkv(n, sz)
         reps = 3 if n < 131072 else 2
         fl_fb = flops.attention_kernel_flops(1, n, sz.heads, sz.head_dim, causal=True)
         fl_f = fl_fb / (1 + flops.BACKWARD_OVER_FORWARD)
-        for name, (fwd, fb) in impls.items():
+        for name, (fwd, fb) in ((name, impls[name]) for name in names):
             for pas, fn, fl in (("fwd", fwd, fl_f), ("fwd+bwd", fb, fl_fb)):
                 label = f"{name} {pas}"
                 common = dict(workload="kernel", method=name, label=label, seq_len=n, batch=1,
@@ -651,7 +693,7 @@ def section_maxseq(rows: Rows, sz: Sizes, budget: Budget, state: dict) -> None:
         else:
             kind = "predicted maximum"
         for n in (first, max(quantum, int(0.8 * first) // quantum * quantum)):
-            if n <= n_ref:
+            if n <= n_ref or (n != first and est(n) > budget.left()):
                 break
             status, res, err = _guard(lambda n=n, mode=mode: _engine_step(tr, sz, n, mode, True))
             _engine_row(rows, sz, cfg, n, mode, True, status, res, err, "max_seq",
@@ -693,8 +735,9 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=None, help="global time budget (s)")
     args = ap.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
-        print("gpu_check: no CUDA device here (torch.cuda.is_available() is False); nothing to "
-              "do (use --dry-run to check the script on CPU)")
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        print(f"gpu_check: no CUDA device here (torch {torch.__version__}, {build}, python "
+              f"{sys.executable}); nothing to do (use --dry-run to check the script on CPU)")
         return 0
     sz = DRY if args.dry_run else FULL
     if args.budget_s:
@@ -707,6 +750,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(min(2, torch.get_num_threads()))
     budget = Budget(sz.budget_s, T_START)
     rows = Rows(args.out, _provenance(sz))
+    _write_env(args.out, sz)
     print(f"gpu_check: {rows.base['device_name']}, torch {torch.__version__}, budget "
           f"{sz.budget_s:.0f} s, rows -> {args.out}", flush=True)
 
@@ -727,13 +771,16 @@ def main(argv=None) -> int:
         "engine": lambda: section_engine(rows, sz, budget, state),
         "maxseq": lambda: section_maxseq(rows, sz, budget, state),
     }
-    for name in SECTIONS:
-        if name not in wanted:
-            continue
+    order = [name for name in SECTIONS if name in wanted]
+    for i, name in enumerate(order):
         if budget.global_left() < 0.1 * sz.section_s[name]:
             _skip(rows, name, f"section {name}", "global deadline near")
             continue
-        budget.enter(name, sz.section_s[name])
+        if STICKY and sz.device == "cuda":
+            _skip(rows, name, f"section {name}", _broken())
+            continue
+        later = sum(sz.section_s[s] for s in order[i + 1:])
+        budget.enter(name, sz.section_s[name], reserve=min(later, 0.5 * budget.global_left()))
         t0 = time.monotonic()
         print(f"[{time.monotonic() - budget.t0:6.1f}s] {name} (budget {budget.left():.0f} s)",
               flush=True)

@@ -12,6 +12,18 @@ if [ -z "$PY" ]; then
   if python3 -c "import torch" >/dev/null 2>&1; then PY=python3; else PY=.venv/bin/python; fi
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-# fewer fragmentation OOMs near the memory limit (the engine steps at 64K-128K tokens)
-export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+# fewer fragmentation OOMs near the memory limit (the engine steps at 64K-128K tokens), where
+# the driver maps virtual memory (a VM's may not: every allocation would fail); probed in a
+# throwaway process of a few seconds, unset if it fails
+if [ -z "${PYTORCH_CUDA_ALLOC_CONF:-}" ]; then
+  if PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 60 "$PY" -c "
+import torch
+if torch.cuda.is_available():
+    torch.empty(1 << 30, dtype=torch.uint8, device='cuda').fill_(1)
+    torch.cuda.synchronize()" >/dev/null 2>&1; then
+    export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+  else
+    echo "gpu_check.sh: expandable_segments probe failed; the default CUDA allocator is used"
+  fi
+fi
 exec timeout -k 5 470 "$PY" scripts/gpu_check.py "$@"

@@ -20,16 +20,71 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "gpu_check.py"
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of GPU-less machines")
-def test_without_a_gpu_it_says_so_in_one_line(tmp_path, capsys, monkeypatch):
+def _module(monkeypatch):
     spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "gpu_check", mod)  # dataclasses look their module up
     spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of GPU-less machines")
+def test_without_a_gpu_it_says_so_in_one_line(tmp_path, capsys, monkeypatch):
+    mod = _module(monkeypatch)
     assert mod.main(["--out", str(tmp_path / "x")]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and "no CUDA device" in out[0]
+    assert f"torch {torch.__version__}" in out[0] and sys.executable in out[0]  # which one
     assert not (tmp_path / "x").exists()
+
+
+def test_a_broken_cuda_context_ends_the_cuda_work_with_rows(monkeypatch):
+    """After a sticky CUDA fault every later guarded call is a skipped row naming it, and the
+    allocator cleanup that would raise then cannot end the run."""
+    mod = _module(monkeypatch)
+
+    def fault():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore")
+
+    def cleanup():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", cleanup)
+    status, _, err = mod._guard(fault)
+    assert status == "error" and "illegal memory access" in err
+    status, value, err = mod._guard(lambda: 1)
+    assert (status, value) == ("skipped", None)
+    assert err == "the CUDA context broke earlier: CUDA error: an illegal memory access was " \
+                  "encountered"
+
+
+def test_cudnn_kernels_run_after_every_other_kernel_at_every_length(tmp_path, monkeypatch):
+    mod = _module(monkeypatch)
+
+    def nothing(*_):
+        return None
+
+    monkeypatch.setattr(mod, "_kernel_impls", lambda sz: {
+        "a": (nothing, nothing), "a[cudnn]": (nothing, nothing), "b": (nothing, nothing)})
+    rows = mod.Rows(tmp_path, {})
+    mod.section_kernel(rows, mod.DRY, mod.Budget(60.0))
+    order = [(r["method"], r["seq_len"]) for r in rows.written if r["label"].endswith(" fwd")]
+    n1, n2 = mod.DRY.kernel_seqs
+    assert order == [("a", n1), ("b", n1), ("a", n2), ("b", n2), ("a[cudnn]", n1),
+                     ("a[cudnn]", n2)]
+
+
+def test_a_section_keeps_the_time_of_the_sections_after_it(monkeypatch):
+    mod = _module(monkeypatch)
+    b = mod.Budget(100.0, t0=0.0)
+    monkeypatch.setattr(mod.time, "monotonic", lambda: 10.0)
+    b.enter("engine", 80.0, reserve=30.0)  # 90 s left globally, the kernel section keeps 30
+    assert b.section_end == 70.0 and b.left() == 60.0
+    b.enter("kernel", 80.0)
+    assert b.section_end == 90.0
+
+
 
 
 def test_dry_run_writes_rows_for_every_section(tmp_path):
