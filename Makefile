@@ -26,7 +26,7 @@ test: setup
 # analytic breakdowns, then every figure (paper_figures/out/: PNG, PDF, CSV); measured sweeps
 # already under results/ appear where they apply
 PAPER_SWEEPS := paper_kernel_32gpu paper_main_7b paper_main_14b paper_ablation paper_weak_scaling \
-	cpu_scaling
+	cpu_scaling cpu_long
 figures: setup
 	$(BIN)/python -m suites.simulate $(PAPER_SWEEPS) --hardware a800 --out results/simulated
 	$(BIN)/python -m suites.breakdowns

@@ -94,10 +94,13 @@ def _status(r, metric: str) -> str:
 
 
 def panel_bars(ax, df: pd.DataFrame, metric: str, labels: list[str], *, scale: float = 1.0,
-               oom_height: float | None = None, clip: float | None = None) -> pd.DataFrame:
+               oom_height: float | None = None, clip: float | None = None,
+               drawn_oom: frozenset[str] = frozenset()) -> pd.DataFrame:
     """Simulated bars (hatched = w/o selective checkpointing), published / measured markers,
     the status (OOM, ERROR, TIMEOUT, ...) where a source has no number. Returns the plotted
-    values, unclipped (one row per label x source); ``clip`` caps only the drawn height."""
+    values, unclipped (one row per label x source); ``clip`` caps only the drawn height.
+    ``drawn_oom``: labels whose simulated value is drawn although the cell is predicted OOM
+    (a memory peak): tagged "sim OOM" like a bar without a number."""
     x = np.arange(len(labels))
     out = []
     sim = df[df["source"] == "simulated"].drop_duplicates("label", keep="last").set_index("label")
@@ -136,11 +139,12 @@ def panel_bars(ax, df: pd.DataFrame, metric: str, labels: list[str], *, scale: f
     for i, (lab, h) in enumerate(zip(labels, heights, strict=True)):
         # a source without a number says why (a published row that gives no value for this
         # metric, e.g. memory, is only absent)
-        tags = [f"{short} {o['status'].upper()}"
-                for src, short in (("simulated", "sim"), ("paper", "paper"), ("measured", "meas"))
-                for o in out if o["label"] == lab and o["source"] == src
-                if o["status"] not in (None, "ok") and (src == "simulated"
-                                                         or o["status"] != "no value")]
+        tags = ["sim OOM"] if lab in drawn_oom else []
+        tags += [f"{short} {o['status'].upper()}"
+                 for src, short in (("simulated", "sim"), ("paper", "paper"), ("measured", "meas"))
+                 for o in out if o["label"] == lab and o["source"] == src
+                 if o["status"] not in (None, "ok") and (src == "simulated"
+                                                          or o["status"] != "no value")]
         if tags and h and h > 0.5 * ymax:  # a tall bar holds its tags (no room above it)
             ax.text(i, 0.97 * h, "\n".join(tags), ha="center", va="top", fontsize=6,
                     rotation=90, color="white")

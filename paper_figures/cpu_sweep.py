@@ -1,80 +1,142 @@
-"""Measured on local CPU ranks (the harness's CPU sweeps, gloo), next to the simulator: bytes
-sent per rank per attention layer (measured by the byte counter: markers; the simulator's
-formula for the same cells: lines) and the measured speedup over the sweep's baseline."""
+"""Measured on local CPU ranks (the harness's CPU sweeps, gloo), next to the simulator.
+
+Top (``cpu_scaling``, 2-8 ranks): bytes sent per rank per attention layer (counted by the byte
+counter: markers; the simulator's formula for the same cells: lines) and the measured speedup
+over the sweep's baseline. Bottom (``cpu_long``, 256K and 1M tokens on 8 ranks, sliding window):
+bytes per rank against the formula, and the measured transient peak memory per rank. Cells
+without a number (skipped, oom, error, timeout) are marked at the bottom of their panel and kept
+in the CSV with their status and an empty value."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from paper_figures.common import new_figure, note_empty
+from paper_figures._bars import mark_failures
+from paper_figures.common import new_figure, note_empty, seq_label
 from paper_figures.palette import ORDER, SOURCE_MARKERS, color
 
 NAME = "cpu_sweep"
-SWEEP = "cpu_scaling"
-HARDWARE = "a800"  # the profile the simulated lines come from
+SWEEP, LONG = "cpu_scaling", "cpu_long"
+HARDWARE = "a800"  # the profile the simulated lines come from (bytes do not depend on it)
+FLOOR = 0.03  # axes fraction where cells without a number are marked
 
 
-def _rows(tables) -> pd.DataFrame:
+def _rows(tables, sweep: str) -> pd.DataFrame:
     parts = []
     for src, df in (("measured", tables.measured), ("simulated", tables.simulated)):
         if df is None or not len(df):
             continue
-        d = df[(df["sweep"] == SWEEP) & (df["workload"] == "attention")].copy()
-        if src == "simulated":  # bytes do not depend on the profile: one line per label
+        d = df[(df["sweep"] == sweep) & (df["workload"] == "attention")].copy()
+        if src == "simulated":  # one line per label
             d = d[d["hardware"] == HARDWARE]
         d["source"] = src
         parts.append(d)
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-
-
-def make(tables):
-    df = _rows(tables)
-    fig, axes = new_figure(2, 1, width=4.4, height=3.4)
-    if not len(df) or not (df["source"] == "measured").any():
-        for ax in axes[0]:
-            note_empty(ax, "no measured CPU sweep in results/ yet\n(burst-bench run cpu_scaling)")
-        return fig, pd.DataFrame()
-    n = int(df[df["source"] == "measured"]["seq_len"].max())
-    df = df[df["seq_len"] == n].copy()
+    if not parts:
+        return pd.DataFrame()
+    df = pd.concat(parts, ignore_index=True)
     # a row without a byte count is missing, not zero (results/README.md)
     df["bytes"] = df["bytes_sent_forward"] + df["bytes_sent_backward"]
+    return df
+
+
+def _by_label(df: pd.DataFrame):
     rank = {s: i for i, s in enumerate(ORDER)}
+    return sorted(df.groupby("label"), key=lambda kv: rank.get(kv[1]["system"].iloc[0], 99))
+
+
+def _record(d: pd.DataFrame, x: str, metric: str, column: str, unit: str, **extra) -> list[dict]:
+    """CSV rows of ``d``: the value where the cell is ok, else empty with its status."""
+    return [{"label": r["label"], "system": r["system"], "source": r["source"],
+             "world": r["world"], "seq_len": r["seq_len"], "metric": metric,
+             "value": r[column] if r["status"] == "ok" else None, "unit": unit,
+             "status": r["status"], **extra}
+            for r in d.sort_values(x).to_dict("records")]
+
+
+def _bytes_panel(ax, df: pd.DataFrame, x: str) -> list[dict]:
     rows = []
-    ax = axes[0][0]
-    for label, d in sorted(df.groupby("label"), key=lambda kv: rank.get(kv[1]["system"].iloc[0],
-                                                                        99)):
-        system = d["system"].iloc[0]
-        sim = d[(d["source"] == "simulated") & (d["status"] == "ok")].sort_values("world")
-        mea = d[(d["source"] == "measured") & (d["status"] == "ok")].sort_values("world")
-        ax.plot(sim["world"], sim["bytes"] / 2**20, color=color(label), lw=1.4, label=label)
-        ax.scatter(mea["world"], mea["bytes"] / 2**20, color=color(label), edgecolor="black",
+    for label, d in _by_label(df):
+        sim = d[(d["source"] == "simulated") & (d["status"] == "ok")].sort_values(x)
+        mea = d[d["source"] == "measured"]
+        ok = mea[mea["status"] == "ok"]
+        ax.plot(sim[x], sim["bytes"] / 2**20, color=color(label), lw=1.4, label=label)
+        ax.scatter(ok[x], ok["bytes"] / 2**20, color=color(label), edgecolor="black",
                    marker=SOURCE_MARKERS["measured"], s=26, zorder=5)
-        rows += [{"label": label, "system": system, "source": r["source"], "world": r["world"],
-                  "seq_len": n, "metric": "bytes_sent", "value": r["bytes"],
-                  "unit": "bytes"}
-                 for r in pd.concat([sim, mea]).to_dict("records")]
+        mark_failures(ax, mea, x, FLOOR, color(label))
+        rows += _record(d[d["source"] == "simulated"], x, "bytes_sent", "bytes", "bytes")
+        rows += _record(mea, x, "bytes_sent", "bytes", "bytes")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("ranks")
     ax.set_ylabel("MiB sent per rank (fwd + bwd)")
-    ax.set_title(f"bytes per rank at {n} tokens: formula (lines), counted (\u25a0)", fontsize=8)
     ax.legend(fontsize=6)
-    ax = axes[0][1]
-    mea = df[(df["source"] == "measured") & (df["status"] == "ok")]
-    base_label = "ring" if (mea["label"] == "ring").any() else mea["label"].iloc[0]
-    base = mea[mea["label"] == base_label].set_index("world")["time_s"]
-    for label, d in mea.groupby("label"):
-        d = d.sort_values("world")
-        sp = [base.get(w, float("nan")) / t for w, t in zip(d["world"], d["time_s"],
-                                                            strict=True)]
-        ax.plot(d["world"], sp, marker="s", ms=4, color=color(label), label=label)
-        rows += [{"label": label, "system": d["system"].iloc[0], "source": "measured",
-                  "world": w, "seq_len": n, "metric": f"speedup_vs_{base_label}",
-                  "value": s, "unit": "x"}
-                 for w, s in zip(d["world"], sp, strict=True)]
+    return rows
+
+
+def _scaling(axes, df: pd.DataFrame) -> list[dict]:
+    n = int(df[df["source"] == "measured"]["seq_len"].max())
+    df = df[df["seq_len"] == n]
+    rows = _bytes_panel(axes[0], df, "world")
+    axes[0].set_xlabel("ranks")
+    axes[0].set_title(f"{SWEEP}: bytes per rank at {n} tokens: formula (lines), counted "
+                      "(\u25a0)", fontsize=8)
+    ax = axes[1]
+    mea = df[df["source"] == "measured"]
+    ok = mea[mea["status"] == "ok"]
+    base_label = "ring" if (ok["label"] == "ring").any() else ok["label"].iloc[0]
+    base = ok[ok["label"] == base_label].set_index("world")["time_s"]
+    for label, d in _by_label(mea):
+        good = d[d["status"] == "ok"].sort_values("world")
+        sp = good["world"].map(base) / good["time_s"]
+        ax.plot(good["world"], sp, marker="s", ms=4, color=color(label), label=label)
+        mark_failures(ax, d, "world", FLOOR, color(label))
+        rows += _record(d.assign(speedup=d["world"].map(base) / d["time_s"]), "world",
+                        f"speedup_vs_{base_label}", "speedup", "x")
     ax.axhline(1.0, color="black", lw=0.7)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("ranks")
     ax.set_ylabel(f"measured speedup over {base_label}")
     ax.set_title("CPU (gloo) time per layer: overheads, not GPU speed", fontsize=8)
+    return rows
+
+
+def _long(axes, df: pd.DataFrame) -> list[dict]:
+    rows = _bytes_panel(axes[0], df, "seq_len")
+    ticks = sorted(df["seq_len"].unique())
+    world = int(df["world"].max())
+    axes[0].set_xlabel(f"tokens ({world} ranks)")
+    axes[0].set_title(f"{LONG}: bytes per rank, sliding window (burst[bwd=ring] = ring)",
+                      fontsize=8)
+    ax = axes[1]
+    mea = df[df["source"] == "measured"]
+    for label, d in _by_label(mea):
+        good = d[d["status"] == "ok"].sort_values("seq_len")
+        ax.plot(good["seq_len"], good["mem_peak_bytes"] / 2**30, marker="s", ms=4,
+                color=color(label), label=label)
+        mark_failures(ax, d, "seq_len", FLOOR, color(label))
+        rows += _record(d, "seq_len", "mem_peak", "mem_peak_bytes", "bytes")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(f"tokens ({world} ranks)")
+    ax.set_ylabel("measured peak memory per rank (GiB)")
+    ax.set_title(f"{LONG}: transient peak per rank (CPU allocator)", fontsize=8)
+    ax.legend(fontsize=6)
+    for a in axes:
+        a.set_xticks(ticks, [seq_label(t) for t in ticks])
+        a.minorticks_off()
+    return rows
+
+
+def make(tables):
+    fig, axes = new_figure(2, 2, width=4.4, height=3.4)
+    rows = []
+    for ax_row, sweep, draw in ((axes[0], SWEEP, _scaling), (axes[1], LONG, _long)):
+        df = _rows(tables, sweep)
+        if not len(df) or not (df["source"] == "measured").any():
+            for ax in ax_row:
+                note_empty(ax, f"no measured CPU sweep {sweep} in results/ yet\n"
+                               f"(burst-bench run {sweep})")
+            continue
+        rows += [dict(r, sweep=sweep) for r in draw(ax_row, df)]
+    fig.suptitle("Measured on local CPU ranks (gloo), next to the simulator's byte formula (at "
+                 "the floor: \u00d7 out of memory, \u25cb cannot run, \u25b3 error, \u25bd "
+                 "timeout)", fontsize=10)
     fig.tight_layout()
     return fig, pd.DataFrame(rows)

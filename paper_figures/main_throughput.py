@@ -1,5 +1,7 @@
 """Main result (BurstEngine paper): training tokens/s per GPU and MFU, 7B and 14B on 32 and 64
-A800s. Bars: simulated; black diamonds: published; white squares: measured on GPUs (if any)."""
+A800s. Bars: simulated; black diamonds: published (MFU: the published tokens/s under
+``burst.flops``' model-FLOPs convention, as for every other row); white squares: measured on GPUs
+(if any)."""
 
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ def make(tables):
             seq = seq_label(sub["seq_len"].iloc[0])
             ax.set_title(f"{model.upper()}, {world} GPUs, {seq} tokens", fontsize=9)
             ax.set_ylabel(ylabel if j == 0 else "")
-    fig.suptitle("Training throughput: simulated (bars), published (\u25c6), measured (\u25a0)",
-                 fontsize=10)
+    fig.suptitle("Training throughput: simulated (bars), published (\u25c6), measured on GPUs "
+                 "(\u25a1); the published MFU is their tokens/s under burst.flops' convention "
+                 "(the paper's own MFU is not in the reference tables)", fontsize=10)
     fig.tight_layout()
     return fig, pd.concat(plotted, ignore_index=True) if plotted else pd.DataFrame()

@@ -34,8 +34,9 @@ def make(tables):
         if not len(sub):
             note_empty(ax)
             continue
-        d = panel_bars(ax, sub, "mem_gib", label_order(sub), clip=2 * CAPACITY_GIB)
-        predicted_oom = set(sub.loc[sim_oom.loc[sub.index], "label"])
+        predicted_oom = frozenset(sub.loc[sim_oom.loc[sub.index], "label"])
+        d = panel_bars(ax, sub, "mem_gib", label_order(sub), clip=2 * CAPACITY_GIB,
+                       drawn_oom=predicted_oom)
         d.loc[(d["source"] == "simulated") & d["label"].isin(predicted_oom), "status"] = "oom"
         d["model"], d["world"], d["metric"] = model, world, "mem_reserved_gib"
         plotted.append(d)

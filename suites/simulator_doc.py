@@ -373,7 +373,8 @@ def update_readme(s: dict, evals: list[dict], path: Path, held: dict | None = No
         return False
     head, rest = text.split(README_START, 1)
     _, tail = rest.split(README_END, 1)
-    rows = [e for e in evals if e["published"] is not None or e["status_paper"] == "oom"]
+    rows = [e for e in evals if e["published"] is not None
+            or e["status_paper"] in ("oom", "missing")]
     lines = summary_lines(s)
     if held:
         from suites.calibrate import holdout_summary

@@ -54,6 +54,20 @@ def fixture_tables() -> Tables:
                                 label=label, world=w, seq_len=2048, status="ok", source=src,
                                 device="cpu", time_s=t * w, bytes_sent_forward=1e6 * w,
                                 bytes_sent_backward=2e6 * w, hardware="a800"))
+        for w, status in ((2, "ok"), (4, "skipped")):  # a cell that cannot run stays a row
+            cpu.append(dict(sweep="cpu_scaling", workload="attention", method="ulysses",
+                            label="ulysses", world=w, seq_len=2048, status=status, source=src,
+                            device="cpu", time_s=1.0 if status == "ok" else None,
+                            bytes_sent_forward=5e5 if status == "ok" else None,
+                            bytes_sent_backward=5e5 if status == "ok" else None,
+                            hardware="a800"))
+        for n in (1 << 18, 1 << 20):  # the long sweep: bytes and peak memory vs tokens
+            for label, scale in (("ring", 1.0), ("burst", 0.75)):
+                cpu.append(dict(sweep="cpu_long", workload="attention", method=label,
+                                label=label, world=8, seq_len=n, status="ok", source=src,
+                                device="cpu", time_s=n / 1e4, bytes_sent_forward=n,
+                                bytes_sent_backward=3 * n * scale,
+                                mem_peak_bytes=1500 * n * scale, hardware="a800"))
     sim += [r for r in cpu if r["source"] == "simulated"]
     measured = [r for r in cpu if r["source"] == "measured"]
     return Tables(paper=add_system(pd.DataFrame(paper)), simulated=add_system(pd.DataFrame(sim)),
@@ -263,3 +277,41 @@ def test_loading_keeps_each_profiles_latest_run_and_refuses_a_missing_folder(tmp
     with pytest.raises(SystemExit) as e:
         main(["--results", str(tmp_path / "no_such_folder"), "--out", str(tmp_path / "o")])
     assert e.value.code == 2 and not (tmp_path / "o").exists()
+
+
+def test_cpu_figure_keeps_cells_without_a_number_and_draws_the_long_sweep(fixture_tables,
+                                                                          tmp_path):
+    done = render_all(fixture_tables, tmp_path, only=["cpu_sweep"])
+    cpu = _csv(done, "cpu_sweep")
+    uly = cpu[(cpu["label"] == "ulysses") & (cpu["world"] == 4) & (cpu["source"] == "measured")]
+    assert set(uly["metric"]) == {"bytes_sent", "speedup_vs_ring"}
+    assert (uly["status"] == "skipped").all() and uly["value"].isna().all()
+    long = cpu[cpu["sweep"] == "cpu_long"].set_index(["source", "label", "metric", "seq_len"])
+    n = 1 << 20
+    assert long.loc[("measured", "burst", "bytes_sent", n), "value"] == n + 2.25 * n
+    assert long.loc[("simulated", "ring", "bytes_sent", n), "value"] == 4 * n
+    assert long.loc[("measured", "burst", "mem_peak", n), "value"] == 1125 * n
+    from paper_figures import cpu_sweep
+
+    fig, _ = cpu_sweep.make(fixture_tables)
+    marks = [c for ax in fig.axes[:2] for c in ax.collections
+             if len(c.get_offsets()) and c.get_transform() != ax.transData]
+    assert marks  # the skipped cell is marked at the floor of both top panels
+
+
+def test_memory_bars_tag_the_peaks_predicted_oom(fixture_tables):
+    from paper_figures import memory_bars
+
+    sim = fixture_tables.simulated.copy()
+    pick = ((sim["sweep"] == "paper_main_7b") & (sim["world"] == 64)
+            & (sim["label"] == "Burst-Ring"))
+    sim.loc[pick, ["status", "mem_reserved_bytes"]] = ["oom", 90 * 2**30]
+    fig, d = memory_bars.make(_with(fixture_tables, simulated=sim))
+    row = d[(d["model"] == "7b") & (d["world"] == 64) & (d["label"] == "Burst-Ring")
+            & (d["source"] == "simulated")]
+    assert row["status"].tolist() == ["oom"] and row["value"].tolist() == [90.0]
+    ax = fig.axes[1]  # 7B on 64 GPUs
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    i = labels.index("Burst-Ring")
+    tags = [t.get_text() for t in ax.texts if abs(t.get_position()[0] - i) < 1e-9]
+    assert any("sim OOM" in t for t in tags), tags
