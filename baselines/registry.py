@@ -23,6 +23,7 @@ entry point. Loops over cores use ``names(level="core")``.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -152,9 +153,30 @@ def get(name: str) -> Method:
             raise ValueError(f"cannot import method {name!r}: {e}") from e
         if isinstance(fn, Method):
             return fn
+        problem = _call_problem(fn)
+        if problem:
+            raise ValueError(f"method {name!r} {problem}: a method is called as "
+                             "method(q, k, v, *, causal, softmax_scale, group, **options)")
         return Method(name=name, fn=fn, description=f"user method {name}", layouts=LAYOUTS)
     raise ValueError(f"unknown method {name!r}; registered: {', '.join(_REGISTRY)} "
                      "(or give an import path package.module:function)")
+
+
+def _call_problem(fn) -> str | None:
+    """Why ``fn`` cannot be called as a method (not callable, or fewer than three positional
+    parameters for q, k, v), else None; a signature Python cannot read is given the benefit."""
+    if not callable(fn):
+        return f"is a {type(fn).__name__}, not a function"
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return None
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) < 3:
+        return f"takes {len(positional)} positional parameters, not q, k, v"
+    return None
 
 
 _LOADED = False

@@ -120,8 +120,10 @@ def _cmd_show(args) -> int:
         print(render(df[cols]))
         return 0
     baseline = args.baseline
-    if baseline is None:
+    if baseline is None:  # the spec's: from the run folder, or the folder of a run's file
         path = Path(args.results)
+        if path.is_file():
+            path = path.parent
         run = path if (path / store.META).exists() else (
             store.latest_run(path, with_rows=True) if path.is_dir() else None)
         baseline = store.read_meta(run).get("baseline") if run else None
@@ -153,6 +155,8 @@ def _cmd_compare(args) -> int:
 
     a, b = store.load(args.a), store.load(args.b)
     names = tuple(args.names.split(",")) if args.names else ("a", "b")
+    if len(names) != 2 or not all(names) or names[0] == names[1]:
+        raise ValueError(f"--names {args.names!r}: give two different names, e.g. cpu,gpu")
     df = compare(a, b, args.metric, names=names)
     if df.empty or (df[f"status_{names[1]}"] == "missing").all():
         print("no matching cells (cells match on workload, shape, length, world and label)")

@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import re
 import signal
 import sys
 import threading
@@ -74,7 +75,13 @@ def select_run(spec: SweepSpec, out: Path, run_id: str | None = None, new: bool 
     one (a fresh measurement of a finished sweep)."""
     sweep_dir = Path(out) / spec.name
     if run_id:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", run_id) or set(run_id) == {"."}:
+            raise ValueError(f"--run-id {run_id!r}: a run id is one folder under "
+                             f"{sweep_dir} (letters, digits, _ . -, not starting with . or -)")
         named = sweep_dir / run_id
+        if new and named.exists():
+            raise ValueError(f"--new with --run-id {run_id!r}: {named} exists; name a new run "
+                             "id, or drop --new to resume it")
         if named.exists() and not _same_spec(store.read_meta(named), spec):
             raise ValueError(f"run {named} holds another spec's cells (a changed method, "
                              "length, warmup, repeats, seed, ...): its rows would mix; drop "

@@ -503,6 +503,8 @@ def _model_problems(name: str) -> list[str]:
 def spec_path(spec: str | Path) -> Path:
     """A spec file from a path, or from a name in suites/specs (``smoke`` -> smoke.toml)."""
     p = Path(spec)
+    if p.is_dir():
+        raise ValueError(f"spec {spec!r} is a folder, not a spec file (TOML)")
     if p.exists():
         return p
     cand = SPEC_DIR / f"{spec}.toml"

@@ -372,9 +372,32 @@ def test_cli_user_errors_are_messages_not_tracebacks(tmp_path, capsys):
             (["show", str(d), "--raw", "--columns", "label,nosuch"], "no column 'nosuch'"),
             (["show", str(d), "--baseline", "nosuch"], "not a label of these rows"),
             (["compare", str(d), str(d), "--fail-above", "nan"], "give a percentage >= 0"),
-            (["compare", str(d), str(d), "--metric", "nosuch"], "--metric: unknown")):
+            (["compare", str(d), str(d), "--metric", "nosuch"], "--metric: unknown"),
+            (["compare", str(d), str(d), "--names", "x"], "give two different names"),
+            (["compare", str(d), str(d), "--names", "a,b,c"], "give two different names"),
+            (["run", str(tmp_path), "--executor", "dry-run"], "is a folder, not a spec file"),
+            (["run", str(_write(tmp_path, GOOD_TINY)), "--executor", "dry-run", "--out",
+              str(tmp_path / "o"), "--run-id", "../escaped"], "a run id is one folder"),
+            (["run", str(_write(tmp_path, GOOD_TINY)), "--executor", "dry-run", "--out",
+              str(tmp_path / "o"), "--run-id", str(tmp_path / "abs")], "a run id is one folder")):
         assert cli.main(argv) == 2, argv
         assert msg in capsys.readouterr().err, argv
+    assert not (tmp_path / "escaped").exists() and not (tmp_path / "abs").exists()
+    # a run's own table file shows the spec's speedups, as its folder does
+    assert cli.main(["show", str(d / "rows.jsonl")]) == 0
+    assert "1000.0 (2.00x)" in capsys.readouterr().out
+    # --new with the id of an existing run would resume it: refused
+    first = tmp_path / "o2"
+    spec = str(_write(tmp_path, GOOD_TINY))
+    (first / "sweep" / "kept").mkdir(parents=True)
+    assert cli.main(["run", spec, "--executor", "dry-run", "--out", str(first), "--run-id",
+                     "kept", "--new"]) == 2
+    assert "--new with --run-id 'kept'" in capsys.readouterr().err
+    # an import path that cannot be a method is refused when the spec is read
+    with pytest.raises(SpecError) as ei:
+        load_spec(_write(tmp_path, GOOD_TINY.replace('name = "ring"', 'name = "os:getcwd"'),
+                         "notamethod"))
+    assert any("takes 0 positional parameters, not q, k, v" in p for p in ei.value.problems)
     (tmp_path / "specs").mkdir()
     _write(tmp_path / "specs", GOOD_TINY.replace("world = 2", "world = 0"), "broken")
     assert cli.main(["list", "--dir", str(tmp_path / "specs")]) == 0  # `run` finds it by path
