@@ -42,7 +42,7 @@ bench: setup
 	$(BIN)/python -m pytest benchmarks --benchmark-enable --benchmark-autosave \
 		--benchmark-storage=.benchmarks/$$(BENCH_THREADS=$${BENCH_THREADS:-1} $(BIN)/python -c \
 		"import os, torch; torch.set_num_threads(int(os.environ['BENCH_THREADS'])); \
-		from suites.timegate import machine_class as m; print(m())")
+		from suites.timegate import machine_class as m; print(m())")/$${BENCH_DEVICE:-cpu}-x$${BENCH_SCALE:-1}
 
 perf-gate: setup
 	$(BIN)/python -m suites.timegate

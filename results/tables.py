@@ -160,13 +160,19 @@ def _spread(row, metric: str):
     return (float(hi) - float(lo)) / float(med)
 
 
-def regressions(cmp, threshold: float):
-    """Rows of a ``compare`` table where b is worse than a by more than ``threshold`` (0.05 =
-    5%), or where a cell that succeeded in a fails in b."""
+def regressions(cmp, threshold: float, metric: str = "time_s"):
+    """Rows of a ``compare`` table (of ``metric``) where b is worse than a by more than
+    ``threshold`` (0.05 = 5%), where a cell that succeeded in a fails in b, or where b lost a's
+    value (an ok row without it). A table in which no cell has the metric on both sides
+    compares nothing: ValueError, not a pass."""
     names = [c[len("status_"):] for c in cmp.columns if c.startswith("status_")]
+    va, vb = (cmp[f"{metric}_{n}"].map(_missing) for n in names)  # True where missing
     slower = cmp["speedup"].map(lambda s: not _missing(s) and float(s) < 1 / (1 + threshold))
     broke = (cmp[f"status_{names[0]}"] == "ok") & (cmp[f"status_{names[1]}"] != "ok")
-    return cmp[slower | broke]
+    lost = (cmp[f"status_{names[1]}"] == "ok") & ~va & vb
+    if len(cmp) and not (~va & ~vb).any() and not broke.any():
+        raise ValueError(f"no cell has {metric!r} in both tables: nothing to compare")
+    return cmp[slower | broke | lost]
 
 
 def render(df, *, title: str | None = None, floatfmt: str = "{:.3g}") -> str:

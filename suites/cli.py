@@ -181,12 +181,12 @@ def _cmd_compare(args) -> int:
         print(f"written {args.out}")
     if args.fail_above is None:
         return 0
-    bad = regressions(df, args.fail_above / 100)
+    bad = regressions(df, args.fail_above / 100, args.metric)
     if bad.empty:
         print(f"no cell regressed by more than {args.fail_above:g}% in {args.metric}")
         return 0
     print(f"{len(bad)} cell(s) regressed by more than {args.fail_above:g}% in {args.metric} "
-          "(or stopped succeeding):")
+          "(or stopped succeeding, or lost the value):")
     print(render(bad[[*varying, "speedup", f"status_{names[0]}", f"status_{names[1]}"]]))
     return 1
 

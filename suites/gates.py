@@ -178,12 +178,15 @@ def compare(expected: dict, got: dict) -> list[tuple[str, object, object]]:
 
 
 def format_diff(diff: list[tuple[str, object, object]]) -> str:
-    lines = [f"{'gate':<90}{'expected':>16}{'got':>16}{'change':>10}"]
+    """One line per differing gate; values in full (repr), the change to three significant
+    digits (a move far below 0.01% still shows)."""
+    wide = max([24, *(len(repr(v)) + 2 for _, a, b in diff for v in (a, b))])
+    lines = [f"{'gate':<90}{'expected':>{wide}}{'got':>{wide}}{'change':>12}"]
     for k, a, b in diff:
         change = ""
         if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a:
-            change = f"{(b - a) / abs(a):+.2%}"
-        lines.append(f"{k:<90}{a!s:>16}{b!s:>16}{change:>10}")
+            change = f"{100 * (b - a) / abs(a):+.3g}%"
+        lines.append(f"{k:<90}{a!r:>{wide}}{b!r:>{wide}}{change:>12}")
     return "\n".join(lines)
 
 

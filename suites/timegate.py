@@ -139,6 +139,11 @@ def check(repeats: int = 7) -> int:
         print(f"no recorded baseline for machine class {machine_class()!r} in {STORE}; "
               "run `python -m suites.timegate --record` on this machine class first")
         return 2
+    missing = [name for name in GATES if name not in base]
+    if missing:
+        print(f"no recorded baseline for gate(s) {', '.join(missing)} on machine class "
+              f"{machine_class()!r} in {STORE}; run `python -m suites.timegate --record`")
+        return 2
     failed = 0
     for name, make in GATES.items():
         a, b = make()

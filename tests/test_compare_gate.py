@@ -70,3 +70,20 @@ def test_rates_are_better_when_higher(tmp_path, baseline, capsys):
     assert pd.read_csv(out_csv)["speedup"].tolist() == pytest.approx([2.0] * len(baseline))
     assert main(["compare", str(b), str(a), "--metric", "tokens_per_s", "--fail-above",
                  "5"]) == 1
+
+
+def test_a_gate_without_values_fails_instead_of_passing(tmp_path, baseline, capsys):
+    """b lost the metric (ok rows without it) or no cell has it: both passed the gate before."""
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    baseline.to_csv(a, index=False)
+    lost = baseline.copy()
+    lost.loc[0, "time_s"] = float("nan")
+    lost.to_csv(b, index=False)
+    assert main(["compare", str(a), str(b), "--fail-above", "5"]) == 1
+    assert "1 cell(s) regressed" in capsys.readouterr().out
+    # a metric neither side has (GPU memory of CPU runs): nothing compared is an error
+    baseline.assign(mem_reserved_bytes=float("nan")).to_csv(a, index=False)
+    baseline.assign(mem_reserved_bytes=float("nan")).to_csv(b, index=False)
+    assert main(["compare", str(a), str(b), "--metric", "mem_reserved_bytes",
+                 "--fail-above", "5"]) == 2
+    assert "nothing to compare" in capsys.readouterr().err

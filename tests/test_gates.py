@@ -34,7 +34,10 @@ def test_gates_cover_every_family(values):
 def test_compare_reports_a_moved_value():
     diff = gates.compare({"a": 100, "b": 1.0, "c": "ok"}, {"a": 110, "b": 1.0, "d": 3})
     assert [d[0] for d in diff] == ["a", "c", "d"]
-    assert "+10.00%" in gates.format_diff(diff)
+    assert "+10%" in gates.format_diff(diff)
+    # full values stay apart and a tiny move still shows (they ran together as "...948173...")
+    text = gates.format_diff([("t", 173.89891143490948, 173.89920405456562)])
+    assert " 173.89891143490948 " in text and "+0.000168%" in text
 
 
 def test_selective_half_keeps_half_the_cache_of_selective(values):

@@ -592,6 +592,9 @@ def test_timegate_threshold_and_check(monkeypatch, tmp_path):
     for r, code in ((1.06, 1), (1.04, 0)):
         monkeypatch.setattr(timegate, "measure_ratio", lambda a, b, repeats=7, r=r: r)
         assert timegate.check() == code
+    # a gate added after the baseline was recorded: a message and exit 2 (was a KeyError)
+    monkeypatch.setattr(timegate, "GATES", {"g": lambda: (None, None), "new": lambda: (0, 0)})
+    assert timegate.check() == 2
 
 
 def test_option_placeholders_resolve_per_scale(tmp_path):
