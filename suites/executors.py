@@ -275,8 +275,36 @@ def _outcomes(job) -> dict[int, tuple[str, object]]:
 def _ready(job) -> bool:
     """The cell's outcome is known: rank 0 has its result (its row needs every rank, through
     the final all-reduce), or a rank has failed (the others may now wait on it for ever), or
-    the job ended."""
-    return _has_outcome(job) or job.done()
+    the job ended (and SLURM did not put it back in its queue)."""
+    return _has_outcome(job) or (job.done() and not _requeued(job))
+
+
+# SLURM states of a job that will run (again): after a node failure or a preemption SLURM
+# requeues it by default, while submitit counts NODE_FAIL / PREEMPTED as finished
+REQUEUED_STATES = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "CONFIGURING",
+                   "RUNNING", "COMPLETING", "RESIZING", "SUSPENDED")
+
+
+def _requeued(job) -> bool:
+    """A SLURM job that ended without a result but runs again: a fresh sacct answer (submitit
+    caches a finished state for good, so its cache is cleared first) says it is queued or
+    running. Asked only of jobs that ended without an outcome, which are few."""
+    import submitit
+
+    if not isinstance(job, submitit.SlurmJob):
+        return False
+    job.watcher.clear()
+    return _state(job, mode="force") in REQUEUED_STATES
+
+
+def _state(job, mode: str = "standard") -> str:
+    """The job's state word ("CANCELLED by 0" -> "CANCELLED"; a SLURM job that accounting
+    does not report is UNKNOWN); ``mode`` is submitit's sacct mode (force, standard, cache)."""
+    import submitit
+
+    raw = (job.watcher.get_state(job.job_id, mode=mode) if isinstance(job, submitit.SlurmJob)
+           else job.state)
+    return (str(raw or "UNKNOWN").split() or ["UNKNOWN"])[0]
 
 
 def _collect(job, cell: Cell, run: Run, ctx: RunContext) -> None:
@@ -292,10 +320,23 @@ def _collect(job, cell: Cell, run: Run, ctx: RunContext) -> None:
         i = failed[0]
         row = failure_row(cell, f"rank {i} raised:\n{got[i][1]}", ctx, job_id=str(job.job_id))
     else:
+        from submitit.core.utils import UncompletedJobError
+
         try:
             row = job.task(0).result()
             if row is None:
                 raise RuntimeError("rank 0 returned no row")
+            if (row.get("cell_id"), row.get("run_id")) != (cell.cell_id, ctx.run_id):
+                # a job id reused after SLURM's state was reset met an old job's result file
+                row = failure_row(cell, f"the result file of job {job.job_id} holds the row "
+                                  f"of cell {row.get('cell_id')} of run {row.get('run_id')}, "
+                                  "not this cell's (a job id reused after SLURM's state was "
+                                  "reset?): the cell was not measured", ctx,
+                                  "error", job_id=str(job.job_id))
+        except UncompletedJobError as e:  # its last line says how the job ended
+            row = failure_row(cell, f"{type(e).__name__}: {e}\njob {job.job_id} ended "
+                              f"{_state(job, mode='cache')} without a result", ctx,
+                              job_id=str(job.job_id))
         except Exception as e:  # noqa: BLE001 - every failure becomes the cell's row
             row = failure_row(cell, f"{type(e).__name__}: {e}", ctx, job_id=str(job.job_id))
     append_row(run.rows, row)
@@ -326,12 +367,19 @@ def _time_out(job, cell: Cell, run: Run, ctx: RunContext) -> None:
                                         "collected": True})
 
 
+UNKNOWN_LIMIT_S = 600.0
+"""How long a SLURM job may stay unknown to accounting before the driver stops waiting."""
+
+
 def _wait(pending: dict, run: Run, ctx: RunContext, poll_s: float,
           deadline: float | None = None) -> None:
     """Collect each job as it gets an outcome. ``deadline`` (time.monotonic(); local jobs): a
     job still without one then is cancelled and its cell is a ``timeout`` row (submitit's own
     limit ends a job that heeds its warning signal, but one stuck deaf to it ran on and ended
-    as an ``error``)."""
+    as an ``error``). SLURM jobs have no deadline, but one that accounting does not report for
+    ``UNKNOWN_LIMIT_S`` (purged, another cluster, slurmdbd down) ends the wait with an error
+    that says how to go on: submitit waits on such a job for ever."""
+    unknown_since: dict = {}
     while pending:
         for job in [j for j in pending if _ready(j)]:
             _collect(job, pending.pop(job), run, ctx)
@@ -339,6 +387,23 @@ def _wait(pending: dict, run: Run, ctx: RunContext, poll_s: float,
             for job, cell in pending.items():
                 _time_out(job, cell, run, ctx)
             return
+        if pending and deadline is None:
+            now = time.monotonic()
+            for job in pending:
+                if _state(job) == "UNKNOWN":
+                    unknown_since.setdefault(job, now)
+                else:
+                    unknown_since.pop(job, None)
+            lost = sorted(str(j.job_id) for j, t in unknown_since.items()
+                          if j in pending and now - t > UNKNOWN_LIMIT_S)
+            if lost:
+                raise ValueError(
+                    f"SLURM accounting has not reported job(s) {', '.join(lost)} for "
+                    f"{UNKNOWN_LIMIT_S / 60:.0f} min (sacct fails or slurmdbd is down, the job "
+                    "was purged, or SLURM_CONF names another cluster); their cells have no "
+                    "row. Run the same command again once `sacct -j <id>` reports them, or "
+                    f"delete their lines from {run.dir / 'jobs.jsonl'} to run those cells "
+                    "again")
         if pending:
             time.sleep(poll_s)
 
@@ -438,7 +503,9 @@ def submit_cells(cells: list[Cell], *, kind: str, run: Run, ctx: RunContext,
     from submitit.core.utils import FailedJobError
 
     slurm = slurm or SlurmSpec()
-    base = Path(folder or run.dir / "jobs")
+    # a shared --job-folder gets a folder per run: job ids start again at 1 when SLURM's state
+    # is reset, and an old job's result file must not pass for a new job's
+    base = Path(folder) / f"{run.dir.parent.name}-{run.dir.name}" if folder else run.dir / "jobs"
     folder = base / "%j"  # SLURM job ids are unique; local ones are PIDs, which get reused
     done = run.done()
     adopted, left = _adopt([c for c in cells if c.cell_id not in done], run, kind, ctx, poll_s)

@@ -441,3 +441,90 @@ def test_measured_time_is_the_median_of_the_slowest_rank_per_repeat():
         assert r["tokens_per_s"] == 16 / 2.0 / 2
         assert r["attn_tflops"] == pytest.approx(
             flops.attention_kernel_flops(1, 16, 2, 8, True, None) / 2.0 / 2 / 1e12)
+
+
+# ---------------------------------------------------------------------------------------------
+# SLURM job bookkeeping without a cluster (found by a review on the local SLURM): submitit job
+# objects with their sacct answers faked
+
+
+class _Task:
+    def __init__(self, folder: Path, i: int, row=None):
+        self.paths = type("P", (), {"result_pickle": folder / f"{i}_result.pkl"})()
+        self._row = row
+
+    def result(self):
+        return self._row
+
+    def done(self):
+        return True
+
+
+class _FakeJob:
+    """A job that ended (or not) with no result files; ``state`` as sacct would say it."""
+
+    def __init__(self, folder: Path, state: str, done: bool, row=None, job_id="7_1"):
+        self.job_id, self.num_tasks, self.state, self._done = job_id, 1, state, done
+        self._task = _Task(folder, 0, row)
+
+    def task(self, i):
+        return self._task
+
+    def done(self):
+        return self._done
+
+    def cancel(self, check=False):
+        self._done = True
+
+
+def _cell_and_ctx(tmp_path):
+    from suites.cells import expand
+    from suites.rows import RunContext
+
+    text = SWEEP.split("[[methods]]")[0].replace("burst-ringbwd", "burst")
+    cell = expand(_spec(tmp_path, text + '[[methods]]\nname = "burst"\n'))[0]
+    ctx = RunContext(run_id="r1", executor="slurm", sweep_spec="{}", git_commit=None,
+                     git_dirty=None)
+    return cell, ctx
+
+
+def test_a_requeued_slurm_job_is_waited_for_not_collected(tmp_path, monkeypatch):
+    """A node failure: SLURM requeues the job, submitit calls NODE_FAIL finished; the driver
+    wrote an error row and cancelled the re-run."""
+    import submitit
+
+    from suites import executors
+
+    job = submitit.SlurmJob(folder=tmp_path, job_id="826_1", tasks=(0,))
+    monkeypatch.setattr(submitit.SlurmJob, "done", lambda self, force_check=False: True)
+    for state, ready in (("PENDING", False), ("RUNNING", False), ("NODE_FAIL", True),
+                         ("CANCELLED by 0", True)):
+        monkeypatch.setattr(job.watcher, "get_state", lambda job_id, mode="standard", s=state: s)
+        assert executors._ready(job) is ready, state
+
+
+def test_a_job_accounting_never_reports_ends_the_wait_with_a_message(tmp_path, monkeypatch):
+    from suites import executors
+
+    monkeypatch.setattr(executors, "UNKNOWN_LIMIT_S", 0.05)
+    run = executors.Run(tmp_path)
+    lost = _FakeJob(tmp_path, "UNKNOWN", done=False, job_id="99999_1")
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match=r"has not reported job\(s\) 99999_1 .* delete their "
+                                         r"lines from .*jobs.jsonl"):
+        executors._wait({lost: None}, run, None, poll_s=0.01)
+    assert time.monotonic() - t0 < 10
+
+
+def test_a_stale_result_file_is_not_taken_for_this_cells_row(tmp_path):
+    """A job id reused after SLURM's state was reset met an old job's result file."""
+    from results.store import read_rows
+    from suites import executors
+
+    cell, ctx = _cell_and_ctx(tmp_path)
+    run = executors.Run(tmp_path)
+    old = {"cell_id": "someone-else", "run_id": "2024-old", "status": "ok", "time_s": 999.0}
+    executors._collect(_FakeJob(tmp_path, "COMPLETED", done=True, row=old), cell, run, ctx)
+    (row,) = read_rows(run.rows)
+    assert row["cell_id"] == cell.cell_id and row["status"] == "error"
+    assert "holds the row of cell someone-else of run 2024-old" in row["error"]
