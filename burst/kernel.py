@@ -264,10 +264,14 @@ def _torch_fwd(q, k, v, scale, causal, mask):
     vis = _visible(q.shape[1], k.shape[1], causal, mask, q.device)
     if vis is not None:
         s = s.masked_fill(~vis, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)  # B H Sq, -inf on fully masked rows
-    # a fully masked row: exp(-inf - finite) = 0, no NaN; a NaN in q/k/v stays NaN (as in SDPA)
-    p = torch.exp(s - lse.unsqueeze(-1).clamp_min(torch.finfo(acc).min))
-    out = (p @ vf).transpose(1, 2).to(q.dtype)
+    # normalised by the row max, not by exp(s - lse): lse's rounding (eps * |lse|) would reach
+    # every p at large logits; a fully masked row (max -inf) gets e = 0, l = 0, out 0, lse -inf
+    # and no NaN; a NaN in q/k/v stays NaN (as in SDPA)
+    m = s.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(acc).min)
+    e = torch.exp(s - m)
+    l = e.sum(-1, keepdim=True)  # noqa: E741 - the softmax denominator
+    out = ((e @ vf) / l.clamp_min(torch.finfo(acc).tiny)).transpose(1, 2).to(q.dtype)
+    lse = (m + torch.log(l)).squeeze(-1)  # B H Sq
     return out, lse
 
 
@@ -482,6 +486,12 @@ def _empty_rows(mask, bounds) -> torch.Tensor | None:
     return empty if bool(empty.any()) else None
 
 
+def _unit_stride(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each tensor with its last dimension dense: the fused ops, called here without torch's
+    dispatcher, assume it and read a strided head_dim (``qkv.unbind(-1)``) silently wrong."""
+    return tuple(t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous() for t in ts)
+
+
 def block_forward(q_BSHD, k_BSHD, v_BSHD, *, scale: float | None = None, kind: str = FULL,
                   mask: torch.Tensor | None = None, bounds=None, backend: str = "auto"):
     """Attention of q against k/v under ``kind`` -> (out_BSHD, lse_BHS).
@@ -494,6 +504,11 @@ def block_forward(q_BSHD, k_BSHD, v_BSHD, *, scale: float | None = None, kind: s
     scale = resolve_scale(q_BSHD.shape[-1], scale)
     _check_square(kind, q_BSHD, k_BSHD)
     fwd = _FWD[resolve_backend(backend, q_BSHD, kind)]
+    if not q_BSHD.shape[1] or not k_BSHD.shape[1]:  # the fused CPU op dies (SIGFPE) on these
+        b, s, h, _ = q_BSHD.shape
+        return torch.zeros_like(q_BSHD), torch.full(
+            (b, h, s), -math.inf, dtype=acc_dtype(q_BSHD.dtype), device=q_BSHD.device)
+    q_BSHD, k_BSHD, v_BSHD = _unit_stride(q_BSHD, k_BSHD, v_BSHD)
     if kind == STRICT:
         b, s, h, d = q_BSHD.shape
         out = torch.zeros_like(q_BSHD)
@@ -523,6 +538,9 @@ def block_backward(do_BSHD, q_BSHD, k_BSHD, v_BSHD, lse_BHS, delta_BHS, *,
     scale = resolve_scale(q_BSHD.shape[-1], scale)
     _check_square(kind, q_BSHD, k_BSHD)
     bwd = _BWD[resolve_backend(backend, q_BSHD, kind)]
+    if not q_BSHD.shape[1] or not k_BSHD.shape[1]:  # nothing attends: no gradient
+        return tuple(torch.zeros_like(x) for x in (q_BSHD, k_BSHD, v_BSHD))
+    do_BSHD, q_BSHD, k_BSHD, v_BSHD = _unit_stride(do_BSHD, q_BSHD, k_BSHD, v_BSHD)
     if kind == STRICT:
         dq, dk, dv = (torch.zeros_like(x) for x in (q_BSHD, k_BSHD, v_BSHD))
         if q_BSHD.shape[1] > 1:

@@ -67,6 +67,62 @@ def test_cpu_backends_follow_the_contract(backend, kind, mask, sq, sk):
         assert (a - leaf.grad).abs().max() < 1e-12
 
 
+@pytest.mark.parametrize("backend", ["torch", "cpu_flash"])
+def test_a_strided_head_dim_is_read_as_the_values_it_holds(backend):
+    """q, k, v unbound from a packed qkv (stride 3 on head_dim): the fused CPU op, called
+    without torch's dispatcher, read them wrongly (error 2.4 forward, 19 backward)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(2, 8, 2, 8, 3, generator=g, dtype=torch.float32).unbind(-1)
+    do = torch.randn(2, 8, 2, 8, 2, generator=g, dtype=torch.float32).unbind(-1)[0]
+    dense = [t.contiguous() for t in (q, k, v, do)]
+    for kind in (FULL, CAUSAL):
+        out, lse = block_forward(q, k, v, kind=kind, backend=backend)
+        ref_o, ref_l = block_forward(*dense[:3], kind=kind, backend=backend)
+        assert (out - ref_o).abs().max() < 1e-6 and (lse - ref_l).abs().max() < 1e-6
+        delta = (dense[3] * ref_o).sum(-1).transpose(1, 2)
+        got = block_backward(do, q, k, v, ref_l, delta, kind=kind, backend=backend)
+        want = block_backward(dense[3], *dense[:3], ref_l, delta, kind=kind, backend=backend)
+        for a, b in zip(got, want, strict=True):
+            assert (a - b).abs().max() < 1e-5
+
+
+def test_empty_blocks_attend_to_nothing_in_every_cpu_backend():
+    """A zero-length q or k made the fused CPU op raise SIGFPE and end the process; run in a
+    child so that a regression is a failure, not a dead test run."""
+    import subprocess
+    import sys
+
+    code = """
+import math, torch
+from burst.kernel import block_backward, block_forward
+for backend in ("torch", "cpu_flash"):
+    for sq, sk in ((4, 0), (0, 4), (0, 0)):
+        q, do = torch.randn(1, sq, 2, 8), torch.randn(1, sq, 2, 8)
+        k = v = torch.randn(1, sk, 2, 8)
+        out, lse = block_forward(q, k, v, backend=backend)
+        assert out.shape == q.shape and (out == 0).all() and torch.isneginf(lse).all()
+        grads = block_backward(do, q, k, v, lse, torch.zeros(1, 2, sq), backend=backend)
+        assert all(g.shape == t.shape and (g == 0).all() for g, t in zip(grads, (q, k, v)))
+print("ok")
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", (res.returncode, res.stderr)
+
+
+def test_the_oracle_backend_keeps_float32_precision_at_large_logits():
+    """exp(s - lse) carried lse's rounding (eps * |lse|) into every probability: 10x the error
+    of a plain float32 softmax here (logits exact in float32: integer q, k; |lse| ~ 74)."""
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randint(-1, 2, (1, 64, 2, 256), generator=g).double() for _ in range(2))
+    v = torch.randn(1, 64, 2, 256, generator=g, dtype=torch.float64)
+    ref, _ = block_forward(q, k, v, scale=2.0, backend="torch")
+    plain = torch.softmax(2.0 * torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()), -1)
+    naive = (torch.einsum("bhqk,bkhd->bqhd", plain, v.float()).double() - ref).abs().max()
+    out, _ = block_forward(q.float(), k.float(), v.float(), scale=2.0, backend="torch")
+    assert (out.double() - ref).abs().max() < 2 * naive
+
+
 def test_causal_needs_square_blocks():
     q, k, v, _ = _qkvd(8, 12)
     for kind in (CAUSAL, STRICT):
