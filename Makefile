@@ -32,7 +32,8 @@ figures: setup
 	$(BIN)/python -m suites.breakdowns
 	$(BIN)/python -m paper_figures
 
-# refit the simulator on the paper's tables: results/simulator_fit.csv + docs/simulator.md
+# refit the simulator on the paper's tables: results/simulator_fit.csv, docs/simulator.md and
+# the README's fit table (`python -m suites.calibrate --write` also stores the constants)
 calibrate: setup
 	$(BIN)/python -m suites.calibrate --write
 

@@ -258,8 +258,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--names", help="names of the two sets, e.g. before,after")
     s.add_argument("--out", help="also write the comparison as CSV")
     s.add_argument("--fail-above", type=float, metavar="PCT",
-                   help="exit 1 when a matched cell is worse in b by more than PCT percent "
-                   "(choose PCT above the measured run-to-run spread; see docs/regressions.md)")
+                   help="exit 1 when a matched cell is worse in b by more than PCT percent, "
+                   "failed, is missing or lost its value (exit 2 when no cell has the metric in "
+                   "both); choose PCT above the measured run-to-run spread (docs/regressions.md)")
     s.set_defaults(fn=_cmd_compare)
 
     s = sub.add_parser("figures", help="regenerate the papers' figures (paper_figures)",

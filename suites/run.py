@@ -181,7 +181,8 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
     slurm = slurm or spec.slurm
     cells = expand(spec)
     if executor == "dry-run":  # what a run would submit now: the cells its run has not done
-        folder = job_folder or Path(out).resolve() / spec.name / "<run_id>" / "jobs"
+        folder = (Path(job_folder) / f"{spec.name}-<run_id>" if job_folder  # as submit_cells
+                  else Path(out).resolve() / spec.name / "<run_id>" / "jobs")
         resumed = select_run(spec, Path(out), run_id, new)
         skip = _done(store.read_rows(resumed / "rows.jsonl"), retry_failed) if resumed.exists() \
             else set()

@@ -242,7 +242,9 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
         "## What it predicts, and from what",
         "",
         "`suites.simulate` turns any harness cell (attention layer or engine training step, "
-        "any registry method and options, any scale) into a result row with "
+        "any registry method and options, any scale; packed documents and the non-fused "
+        "kernel backends 'torch' and 'cpu_flash' are `error` rows, not modelled) into a result "
+        "row with "
         "`source=simulated` for a hardware profile (`suites/hardware/*.toml`; a cell without "
         "`nodes` or `ranks_per_node` is placed on nodes of the profile's GPUs, and one that "
         "puts more ranks on a node than the profile has GPUs is an `error` row):",

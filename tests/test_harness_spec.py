@@ -223,6 +223,15 @@ def test_dry_run_prints_sbatch_and_gpu_hours():
     assert "at most 256.0 GPU-hours" in out and "nothing was submitted" in out
 
 
+def test_dry_run_shows_the_per_run_job_folder(tmp_path, capsys):
+    """A shared --job-folder gets <sweep>-<run_id>/ per run (executors.submit_cells); the dry
+    run's sbatch lines showed the folder without it."""
+    assert cli.main(["run", "paper_kernel_32gpu", "--executor", "dry-run", "--out",
+                     str(tmp_path), "--job-folder", "/shared/me/jobs"]) == 0
+    assert "#SBATCH --output='/shared/me/jobs/paper_kernel_32gpu-<run_id>/%A_%a/" in (
+        capsys.readouterr().out)
+
+
 def test_dry_run_of_a_resumed_sweep_counts_only_what_is_left(tmp_path):
     """The GPU-hours a dry run prints are those of the cells the resumed run has not done."""
     from suites.run import _spec_hash, run_sweep
