@@ -58,9 +58,13 @@ COLUMNS: dict[str, str] = {
     "mfu_model_flops_causal": "MFU under model_flops_causal (the papers' MFU)",
     "mfu_model_flops_dense": "MFU under model_flops_dense (counts the masked half of causal "
                              "attention, so it can exceed 1 at long sequences)",
-    "mfu_hardware_flops": "MFU under hardware_flops",
+    "mfu_hardware_flops": "MFU under hardware_flops (model FLOPs + checkpoint recompute, "
+                          "attention backward at 2x forward as Megatron counts it; flash "
+                          "kernels execute 2.5x: not a PaLM-style hardware utilisation)",
     "peak_tflops": "dense bf16 peak used for MFU (TFLOP/s)",
-    "mem_peak_bytes": "GPU: max_memory_allocated; CPU: profiler transient peak",
+    "mem_peak_bytes": "GPU: max_memory_allocated (absolute); CPU: transient peak above the "
+                      "step's entry (profiler allocation events; a free of a block allocated "
+                      "before the step is not seen): not comparable across devices",
     "mem_reserved_bytes": "GPU: max_memory_reserved (the paper's memory figure)",
     "saved_bytes": "bytes the forward keeps for backward (saved_tensors_hooks, without "
                    "parameters, + a train step's attention cache), exact on every device",

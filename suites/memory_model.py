@@ -38,6 +38,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from burst import volume
+from burst.engine.configs import vocab_params
 from suites.hardware import GIB, Hardware
 from suites.implementations import Implementation
 from suites.schedule import AttnShape, Plan, acc_bytes
@@ -210,8 +211,7 @@ def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
     """Peak bytes per rank of one training step (see the module docstring)."""
     b, n, e = shape.batch, shape.seq_len // world, shape.elem  # e: the model's dtype
     tokens = b * n
-    h, v = cfg.hidden_size, cfg.vocab_size
-    layer_params = (params - 2 * v * h) / cfg.num_layers
+    layer_params = (params - vocab_params(cfg)) / cfg.num_layers
     states = (2 * e if offload else zero_bytes_per_param(e)) * params / world
     gathered = 2 * layer_params * e + layer_params * e
     if impl.replicated_bytes_per_param:  # weights + grads whole, only the optimizer sharded

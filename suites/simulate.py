@@ -289,8 +289,8 @@ def _metrics(cell, hw: Hardware, p: Prediction) -> dict:
                                       cell.causal, cell.window)
         m["attn_tflops"] = fl / t / cell.world / 1e12
     else:
-        # the model as the spec (and the paper's MFU, plot_code/burst_attn/convert_csv.py)
-        # defines it, whatever vocabulary a system's time was priced with
+        # the model as the spec defines it (results/paper_reference/README.md: the paper's
+        # MFU convention), whatever vocabulary a system's time was priced with
         cfg = _model_config(cell.model)
         for conv in F.CONVENTIONS:
             tf = F.model_flops(cfg, cell.batch, cell.seq_len, conv,

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from burst import flops as F
+from burst.engine.configs import vocab_params
 from suites.hardware import Hardware
 from suites.memory_model import zero_bytes_per_param
 from suites.schedule import AttnShape, AttnTiming, Topo, acc_bytes, collective_seconds
@@ -76,7 +77,7 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
                "selective_half": half_attn.forward_s if half_attn else 0.25 * a_fwd
                }[checkpointing]
     recompute = 0.0 if checkpointing == "none" else dense + elem + a_again
-    layer_params = (params - 2 * cfg.vocab_size * cfg.hidden_size) / layers
+    layer_params = (params - vocab_params(cfg)) / layers
     gather = collective_seconds(hw, layer_params * e * (g - 1) / g, g, topo)
     per_step = 0.0
     if not sharded_params:  # fp32 main gradients reduce-scattered, the new weights gathered

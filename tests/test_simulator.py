@@ -994,3 +994,20 @@ def test_a_published_cell_the_model_cannot_give_breaks_its_panel_and_the_check()
     # a failing cell that is also last in the published order keeps the ranking
     (panel,) = calibrate.rankings([row("fast", 100.0, 99.0), row("slow", 50.0, None, "oom")])
     assert panel["preserved"]
+
+
+def test_tied_embeddings_are_one_matrix_not_two_in_the_layers_share(monkeypatch):
+    """The per-layer parameter count took 2 x V x h off the total even when the head is tied to
+    the embedding (one matrix), so a tied model's layers gathered V x h / L fewer weights."""
+    from burst.engine import configs
+    from suites import simulate
+
+    cell = dict(workload="train_step", model="7b", method="burst", seq_len=1 << 17, world=8,
+                options={"layout": "zigzag"}, checkpointing="selective")
+    untied = predict(cell, HW)
+    tied_cfg = dataclasses.replace(configs.get_config("7b"), tie_embeddings=True)
+    monkeypatch.setattr(simulate, "_model_config", lambda name: tied_cfg)
+    tied = predict(cell, HW)
+    assert tied.parts["zero_collectives"] == pytest.approx(untied.parts["zero_collectives"])
+    assert tied.memory.parts["gathered_params"] == pytest.approx(
+        untied.memory.parts["gathered_params"])

@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 
 from burst.layout import divisors
 
-__all__ = ["CONFIGS", "ModelConfig", "get_config", "param_count"]
+__all__ = ["CONFIGS", "ModelConfig", "get_config", "param_count", "vocab_params"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,11 @@ def get_config(name: str) -> ModelConfig:
     if name not in CONFIGS:
         raise ValueError(f"unknown model config {name!r}; valid names: {', '.join(CONFIGS)}")
     return CONFIGS[name]
+
+
+def vocab_params(cfg: ModelConfig) -> int:
+    """Parameters of the embedding and the LM head (one matrix when they are tied)."""
+    return (1 if getattr(cfg, "tie_embeddings", False) else 2) * cfg.vocab_size * cfg.hidden_size
 
 
 def param_count(cfg: ModelConfig) -> int:
