@@ -77,7 +77,8 @@ COLUMNS: dict[str, str] = {
     "bytes_sent_other": "bytes sent per rank outside the attention layers: a train step's "
                         "gradient synchronisation and loss all-reduces (measured rows)",
     "max_err": "max abs error against the float64 reference, where computed (inf: the output "
-                "or gradients were not finite, and the row is an error)",
+                "or gradients were not finite; above suites.measure.WRONG_ABOVE for its dtype: "
+                "a wrong result; either makes the row an error)",
     "speedup": "time of the spec's baseline / time of this row (filled when a run's table is "
                "consolidated, by results.tables.add_speedup)",
     # provenance

@@ -40,6 +40,10 @@ __all__ = ["PEAK_TFLOPS", "device_name", "measure", "peak_tflops"]
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
+# a max abs error (out, dq, dk, dv; unit-normal inputs) above these is a wrong result, not
+# rounding: the tests hold float32 to 2e-5 and 16-bit to 2x a plain implementation in the same
+# dtype (a few 1e-2); a method that ignores the causal mask is off by ~5
+WRONG_ABOVE = {"float64": 1e-6, "float32": 1e-2, "bfloat16": 0.5, "float16": 0.5}
 
 def device_name(device: str) -> str:
     if device == "cuda" and torch.cuda.is_available():
@@ -251,6 +255,11 @@ def measure(cell: Cell) -> dict:
     if err is not None and not math.isfinite(mx[8]):
         out.update(status="error", error="output or gradients are not finite (NaN or inf) "
                                          "where the float64 reference is")
+    elif err is not None and mx[8] > WRONG_ABOVE[cell.dtype]:
+        out.update(status="error", error=f"wrong results: max abs error {mx[8]:.3g} against the "
+                                         f"float64 reference, above {WRONG_ABOVE[cell.dtype]:g} "
+                                         f"(far beyond {cell.dtype} rounding on unit-normal "
+                                         "inputs)")
     name = device_name(cell.device)
     # MFU only where the peak applies: a GPU cell in bf16/fp16 (fp32 has no such peak)
     peak_tf = peak_tflops(name) if cell.device == "cuda" and cell.dtype in MFU_DTYPES else None

@@ -63,6 +63,9 @@ label = "hangs"
 [[methods]]
 name = "{M}:nan_on_rank1"
 label = "nan"
+[[methods]]
+name = "{M}:ignores_causal"
+label = "wrong"
 """
 
 
@@ -105,6 +108,9 @@ def test_inline_sweep_failures_are_rows_and_resume_skips(tmp_path):
     # NaN on one rank was an ok row with max_err 0.0 (max(x, nan) drops the NaN)
     assert by["nan"]["status"] == "error" and "not finite" in by["nan"]["error"]
     assert by["nan"]["max_err"] == math.inf
+    # finite but wrong (the causal mask dropped) was an ok row, with a speedup
+    assert by["wrong"]["status"] == "error" and "wrong results" in by["wrong"]["error"]
+    assert by["wrong"]["max_err"] > 1.0 and by["wrong"]["time_s"] > 0
     for label in ("burst", "user", "burst-ringbwd"):
         r = by[label]
         assert r["status"] == "ok" and r["error"] is None, r["error"]
@@ -127,6 +133,7 @@ def test_inline_sweep_failures_are_rows_and_resume_skips(tmp_path):
     assert by["burst"]["bytes_sent_backward"] < by["burst-ringbwd"]["bytes_sent_backward"]
     t = res.table.set_index("label")
     assert t.loc["burst-ringbwd", "speedup"] == 1.0 and t.loc["burst", "speedup"] > 0
+    assert pd.isna(t.loc["wrong", "speedup"])
     assert (res.run_dir / "table.parquet").exists() and (res.run_dir / "table.csv").exists()
 
     # re-running resumes the same folder, skips every cell, adds no row
