@@ -362,8 +362,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m suites.simulate", description=__doc__.split(
         "\n")[0])
     ap.add_argument("specs", nargs="+", help="spec files or names in suites/specs")
-    ap.add_argument("--hardware", default="a800", help="profile name or .toml path")
+    ap.add_argument("--hardware", default="a800",
+                    help="profile name or .toml path (one; run again for another profile)")
     ap.add_argument("--out", default=None, help="results folder to write run folders into")
+    raw = list(sys.argv[1:] if argv is None else argv)
+    if sum(x == "--hardware" or x.startswith("--hardware=") for x in raw) > 1:
+        ap.error("--hardware given more than once: one profile per run (the last one would "
+                 "silently win); run again for another profile")
     a = ap.parse_args(argv)
     from suites.spec import SpecError
 
@@ -381,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
                 mfu = r.get("mfu_model_flops_causal")  # 16-bit cells only
                 val = f"{r['tokens_per_s']:.1f} tokens/s per GPU" + (
                     f", MFU {100 * mfu:.1f}%" if mfu is not None else "")
+            elif r.get("error"):  # why it was not priced, on the console too (not only --out)
+                val = f"{val}: {r['error'].splitlines()[0][:160]}"
             print(f"{r['label']:28s} seq={r['seq_len']:>8d} world={r['world']:>3d} {val}")
         print(json.dumps({"spec": s, "rows": len(rows)}))
     return 0

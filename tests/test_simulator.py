@@ -1011,3 +1011,17 @@ def test_tied_embeddings_are_one_matrix_not_two_in_the_layers_share(monkeypatch)
     assert tied.parts["zero_collectives"] == pytest.approx(untied.parts["zero_collectives"])
     assert tied.memory.parts["gathered_params"] == pytest.approx(
         untied.memory.parts["gathered_params"])
+
+
+def test_simulate_console_says_why_and_takes_one_profile(capsys):
+    """A cell the simulator cannot price printed only its status (the reason was in rows.jsonl,
+    written only with --out); a repeated --hardware silently kept the last profile."""
+    from suites.simulate import main
+
+    assert main(["paper_main_7b", "--hardware", "a800"]) == 0
+    out = capsys.readouterr().out
+    skipped = [line for line in out.splitlines() if " skipped" in line]
+    assert skipped and all("skipped: " in line and "ulysses" in line for line in skipped)
+    with pytest.raises(SystemExit) as ei:
+        main(["paper_main_7b", "--hardware", "a800", "--hardware", "h100"])
+    assert ei.value.code == 2 and "--hardware given more than once" in capsys.readouterr().err
