@@ -237,13 +237,13 @@ def _validate(q, k, v, *, layout, group, ranks_per_node, backward, backend, grad
     if grad_acc not in volume.GRAD_ACC:
         problems.append(f"unknown grad_acc {grad_acc!r}; valid: {', '.join(volume.GRAD_ACC)}")
     g = comm.world_size(group)
-    if ranks_per_node is not None and (isinstance(ranks_per_node, bool) or not isinstance(
-            ranks_per_node, int) or ranks_per_node < 1):
-        problems.append(f"ranks_per_node must be a whole number >= 1 (or None), got "
-                        f"{ranks_per_node!r}")
-    elif not comm.ranks_per_node_ok(g, ranks_per_node):
-        problems.append(f"group of {g} ranks is not divisible by ranks_per_node="
-                        f"{ranks_per_node}; valid values: {', '.join(map(str, divisors(g)))}")
+    if not comm.ranks_per_node_ok(g, ranks_per_node):
+        if comm.ranks_per_node_ok(1, ranks_per_node):  # a whole number >= 1, the wrong one
+            problems.append(f"group of {g} ranks is not divisible by ranks_per_node="
+                            f"{ranks_per_node}; valid values: {', '.join(map(str, divisors(g)))}")
+        else:
+            problems.append(f"ranks_per_node must be a whole number >= 1 (or None), got "
+                            f"{ranks_per_node!r}")
     if problems:
         raise ValueError("burst_attn: " + "; ".join(problems))
 

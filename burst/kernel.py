@@ -492,6 +492,13 @@ def _unit_stride(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return tuple(t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous() for t in ts)
 
 
+def _attends_nothing(q_BSHD):
+    """(out, lse) of query rows that see no key: out 0, lse -inf."""
+    b, s, h, _ = q_BSHD.shape
+    return torch.zeros_like(q_BSHD), torch.full(
+        (b, h, s), -math.inf, dtype=acc_dtype(q_BSHD.dtype), device=q_BSHD.device)
+
+
 def block_forward(q_BSHD, k_BSHD, v_BSHD, *, scale: float | None = None, kind: str = FULL,
                   mask: torch.Tensor | None = None, bounds=None, backend: str = "auto"):
     """Attention of q against k/v under ``kind`` -> (out_BSHD, lse_BHS).
@@ -505,15 +512,11 @@ def block_forward(q_BSHD, k_BSHD, v_BSHD, *, scale: float | None = None, kind: s
     _check_square(kind, q_BSHD, k_BSHD)
     fwd = _FWD[resolve_backend(backend, q_BSHD, kind)]
     if not q_BSHD.shape[1] or not k_BSHD.shape[1]:  # the fused CPU op dies (SIGFPE) on these
-        b, s, h, _ = q_BSHD.shape
-        return torch.zeros_like(q_BSHD), torch.full(
-            (b, h, s), -math.inf, dtype=acc_dtype(q_BSHD.dtype), device=q_BSHD.device)
+        return _attends_nothing(q_BSHD)
     q_BSHD, k_BSHD, v_BSHD = _unit_stride(q_BSHD, k_BSHD, v_BSHD)
     if kind == STRICT:
-        b, s, h, d = q_BSHD.shape
-        out = torch.zeros_like(q_BSHD)
-        lse = torch.full((b, h, s), -math.inf, dtype=acc_dtype(q_BSHD.dtype), device=q_BSHD.device)
-        if s > 1:
+        out, lse = _attends_nothing(q_BSHD)
+        if q_BSHD.shape[1] > 1:
             o1, l1 = fwd(q_BSHD[:, 1:], k_BSHD[:, :-1], v_BSHD[:, :-1], scale, True, None)
             out[:, 1:] = o1
             lse[:, :, 1:] = l1

@@ -187,6 +187,14 @@ def _unknown_options(name: str, method, given: set[str]) -> list[tuple[str, str]
     return out
 
 
+def mask_option_problems(options: dict) -> list[str]:
+    """A sweep passes the mask to every call itself: a window or documents among a method's
+    options would be a second, conflicting one."""
+    return [f"{k}: not a method option in a sweep; give a sliding window as [shape] window = "
+            "[left, right] (packed documents are not a sweep dimension)"
+            for k in ("window", "cu_seqlens") if k in options]
+
+
 def option_problems(i: int, m: MethodSpec, window: bool = False) -> list[str]:
     """Problems of a method entry itself: unknown method, option names it does not take
     (``window``: the sweep passes a sliding window to every call)."""
@@ -200,11 +208,7 @@ def option_problems(i: int, m: MethodSpec, window: bool = False) -> list[str]:
     if method.level == "block":
         return [f"{where}.name: {_block_level(m.name, method)}"]
     out = []
-    for k in ("window", "cu_seqlens"):  # the sweep passes the window to every call itself
-        if k in m.options:
-            out.append(f"{where}.options.{k}: not a method option in a sweep; give a sliding "
-                       "window as [shape] window = [left, right] (packed documents are not a "
-                       "sweep dimension)")
+    out += [f"{where}.options.{p}" for p in mask_option_problems(m.options)]
     given = (set(m.options) - {"window", "cu_seqlens"}) | ({"window"} if window else set())
     out += [f"{where}.options.{k}: {msg}" for k, msg in _unknown_options(m.name, method, given)]
     for k, v in m.options.items():
@@ -227,10 +231,9 @@ def cell_problem(cell: Cell) -> str | None:
     dtypes = method.dtypes_for(cell.options)
     if dtypes is not None and cell.dtype not in dtypes:
         return f"{cell.method!r} computes in {' or '.join(dtypes)}, not {cell.dtype}"
-    for k in ("window", "cu_seqlens"):  # as option_problems: not method options in a cell
-        if k in cell.options:
-            return (f"option {k!r}: not a method option in a sweep cell; give a sliding window "
-                    "as the cell's window (packed documents are not a sweep dimension)")
+    masks = mask_option_problems(cell.options)
+    if masks:
+        return f"option {masks[0]}"
     given = set(cell.options) | ({"window"} if cell.window is not None else set())
     unknown = _unknown_options(cell.method, method, given)
     if unknown:

@@ -488,6 +488,12 @@ def _has_outcome(job) -> bool:
     return 0 in got or any(o == "error" for o, _ in got.values())
 
 
+def job_base(job_folder, sweep: str, run_id: str) -> Path:
+    """A run's folder under a shared ``--job-folder``: job ids start again at 1 when SLURM's
+    state is reset, and an old job's result file must not pass for a new job's."""
+    return Path(job_folder) / f"{sweep}-{run_id}"
+
+
 def submit_cells(cells: list[Cell], *, kind: str, run: Run, ctx: RunContext,
                  slurm: SlurmSpec | None = None, folder: Path | None = None,
                  poll_s: float = 1.0, on_submit: Callable | None = None) -> None:
@@ -503,9 +509,7 @@ def submit_cells(cells: list[Cell], *, kind: str, run: Run, ctx: RunContext,
     from submitit.core.utils import FailedJobError
 
     slurm = slurm or SlurmSpec()
-    # a shared --job-folder gets a folder per run: job ids start again at 1 when SLURM's state
-    # is reset, and an old job's result file must not pass for a new job's
-    base = Path(folder) / f"{run.dir.parent.name}-{run.dir.name}" if folder else run.dir / "jobs"
+    base = job_base(folder, run.dir.parent.name, run.dir.name) if folder else run.dir / "jobs"
     folder = base / "%j"  # SLURM job ids are unique; local ones are PIDs, which get reused
     done = run.done()
     adopted, left = _adopt([c for c in cells if c.cell_id not in done], run, kind, ctx, poll_s)

@@ -22,7 +22,6 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import re
 import signal
 import sys
 import threading
@@ -34,10 +33,18 @@ from results import store
 from results.schema import FAILED
 from results.tables import METRICS, render, summary
 from suites.cells import Cell, cell_problem, expand
-from suites.executors import EXECUTORS, Run, dry_run, pending_jobs, run_inline, submit_cells
+from suites.executors import (
+    EXECUTORS,
+    Run,
+    dry_run,
+    job_base,
+    pending_jobs,
+    run_inline,
+    submit_cells,
+)
 from suites.provenance import code_provenance
 from suites.rows import RunContext, failure_row
-from suites.spec import SlurmSpec, SweepSpec, load_spec
+from suites.spec import SlurmSpec, SweepSpec, is_folder_name, load_spec
 
 __all__ = ["RunResult", "run_sweep", "select_run", "summary_text"]
 
@@ -75,7 +82,7 @@ def select_run(spec: SweepSpec, out: Path, run_id: str | None = None, new: bool 
     one (a fresh measurement of a finished sweep)."""
     sweep_dir = Path(out) / spec.name
     if run_id:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", run_id) or set(run_id) == {"."}:
+        if not is_folder_name(run_id):
             raise ValueError(f"--run-id {run_id!r}: a run id is one folder under "
                              f"{sweep_dir} (letters, digits, _ . -, not starting with . or -)")
         named = sweep_dir / run_id
@@ -181,7 +188,7 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
     slurm = slurm or spec.slurm
     cells = expand(spec)
     if executor == "dry-run":  # what a run would submit now: the cells its run has not done
-        folder = (Path(job_folder) / f"{spec.name}-<run_id>" if job_folder  # as submit_cells
+        folder = (job_base(job_folder, spec.name, "<run_id>") if job_folder
                   else Path(out).resolve() / spec.name / "<run_id>" / "jobs")
         resumed = select_run(spec, Path(out), run_id, new)
         skip = _done(store.read_rows(resumed / "rows.jsonl"), retry_failed) if resumed.exists() \

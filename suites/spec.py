@@ -370,7 +370,7 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
     kw["profile_memory"] = r.get(data, "profile_memory", "", bool, True)
     kw["description"] = r.get(data, "description", "", str, "")
     name = r.get(data, "name", "", str, name)
-    if isinstance(name, str) and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+    if isinstance(name, str) and not is_folder_name(name):
         r.add("name", f"{name!r}: a sweep name is one folder under results/ (letters, digits, "
                       "'_', '.', '-'; not starting with '.' or '-')")
 
@@ -498,6 +498,12 @@ def _model_problems(name: str) -> list[str]:
     except (KeyError, ValueError) as e:
         return [f"model: {e}"]
     return []
+
+
+def is_folder_name(name: str) -> bool:
+    """One folder under results/ (a sweep name, a run id): letters, digits, '_', '.', '-',
+    not starting with '.' or '-'."""
+    return re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name) is not None
 
 
 def spec_path(spec: str | Path) -> Path:

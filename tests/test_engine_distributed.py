@@ -131,6 +131,8 @@ def _train(options: dict, checkpointing: str) -> list[float]:
 def _run_all(rank: int, world: int, cases: list[dict]) -> dict:
     torch.manual_seed(0)
     out = {"cases": [_run_case(c, world) for c in cases]}
+    if world == 2:
+        out["bad"] = _one_bad_rank(rank, world)
     if world == 4:
         out["train"] = _train({"layout": "zigzag", "backward": "burst"}, "selective")
     return out
@@ -167,7 +169,8 @@ def _results(world: int):
     if world not in _RESULTS:
         cs = _cases(world)
         res = spawn(_run_all, world, args=(cs,), timeout_s=300)
-        _RESULTS[world] = (cs, [r["cases"] for r in res], [r.get("train") for r in res])
+        _RESULTS[world] = (cs, [r["cases"] for r in res], [r.get("train") for r in res],
+                           [r.get("bad") for r in res])
     return _RESULTS[world]
 
 
@@ -183,7 +186,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_loss_and_grads_match_single_process_float64(world):
-    cases, per_rank, _ = _results(world)
+    cases, per_rank, *_ = _results(world)
     cfg = get_config("tiny")
     failures = []
     for i, c in enumerate(cases):
@@ -227,7 +230,7 @@ def test_loss_and_grads_match_single_process_float64(world):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_half_cache_holds_half_the_bytes(world):
-    cases, per_rank, _ = _results(world)
+    cases, per_rank, *_ = _results(world)
     by = {(c["method"], c["checkpointing"], c["dtype"]): i for i, c in enumerate(cases)
           if c["options"].get("layout") == "striped" and c["window"] is None
           and c["cu_seqlens"] is None and c["cp_degree"] is None and not c["expect_error"]
@@ -239,7 +242,7 @@ def test_half_cache_holds_half_the_bytes(world):
 
 
 def test_four_rank_training_learns_and_matches_one_process():
-    _, _, train = _results(4)
+    _, _, train, _ = _results(4)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -275,7 +278,7 @@ def _one_bad_rank(rank: int, world: int) -> list[str]:
 
 
 def test_one_rank_with_bad_data_fails_every_rank():
-    for msgs in spawn(_one_bad_rank, 2, timeout_s=120):
+    for msgs in _results(2)[3]:  # run by the world-2 spawn of the parity cases
         token, target, shape = msgs
         assert "1 token ids outside [0, 256)" in token, token
         assert "1 target ids outside [0, 256)" in target, target
