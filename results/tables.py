@@ -88,7 +88,10 @@ def _fmt(metric: str, value, status) -> str:
         return str(status)
     if _missing(value):
         return "-"
-    return METRICS[metric][2].format(float(value) * METRICS[metric][1])
+    x = float(value) * METRICS[metric][1]
+    text = METRICS[metric][2].format(x)
+    # a small nonzero value (a simulated 20 us step) keeps two digits instead of reading 0.0
+    return f"{x:.2g}" if x and float(text) == 0 else text
 
 
 def summary(df, metric: str = "time_s", *, baseline: str | None = None):

@@ -163,12 +163,13 @@ def _cmd_compare(args) -> int:
         return 1
     varying = [c for c in ("label", "model", "seq_len", "world", "nodes", "dtype", "device")
                if c in df.columns and (c == "label" or df[c].astype(str).nunique() > 1)]
-    scale = METRICS[args.metric][1]
+    heading, scale = METRICS[args.metric][:2]
+    unit = heading[heading.rfind("(") + 1:-1] if heading.endswith(")") and scale != 1 else ""
     show = df[[*varying]].copy()
-    for n in names:
-        show[f"{args.metric} {n}"] = [None if v is None or v != v else float(v) * scale
-                                      for v in df[f"{args.metric}_{n}"]]
-    show["ratio b/a"] = df["ratio"]
+    for n in names:  # the values as the title's unit says (time_s in ms), and the heading too
+        show[f"{args.metric} ({unit}) {n}" if unit else f"{args.metric} {n}"] = [
+            None if v is None or v != v else float(v) * scale for v in df[f"{args.metric}_{n}"]]
+    show[f"ratio {names[1]}/{names[0]}"] = df["ratio"]
     show["speedup"] = df["speedup"]
     for n in names:
         if df[f"spread_{n}"].notna().any():

@@ -35,6 +35,7 @@ def test_threshold_on_a_uniform_slowdown(tmp_path, baseline, factor, code, capsy
     assert main(["compare", str(a), str(b), "--fail-above", "5"]) == code
     out = capsys.readouterr().out
     assert "spread a" in out  # the spread of each side is shown next to the ratio
+    assert "time_s (ms) a" in out and "ratio b/a" in out  # the values are ms, headed so
     if code:
         assert f"{len(baseline)} cell(s) regressed by more than 5%" in out
 

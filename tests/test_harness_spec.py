@@ -318,6 +318,8 @@ def test_tables_summary_speedup_compare(tmp_path):
     s = summary(df, "time_s", baseline="ring")
     assert list(s.columns) == ["seq_len", "ring", "burst"]
     assert s.iloc[0]["burst"] == "1000.0 (2.00x)" and s.iloc[1]["burst"] == "oom"
+    tiny = df.assign(time_s=df["time_s"] * 1e-5)  # simulated microsecond steps are not "0.0"
+    assert summary(tiny, "time_s").iloc[0]["burst"] == "0.01"
     # a second run, burst twice as fast at 64
     rows2 = _rows([("ring", 64, 2.0, "ok"), ("burst", 64, 0.5, "ok")])
     d2 = _run_dir(tmp_path, "20250102T000000Z-1", rows2)
