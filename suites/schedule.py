@@ -395,15 +395,31 @@ def _whole_sequence_seconds(hw: Hardware, shape: AttnShape, layout: str, g: int,
                    for k in range(g)) for r in _ranks_bounding(g))
 
 
-def collective_seconds(hw: Hardware, nbytes: float, group: int, topo: Topo) -> float:
-    """All-to-all (or all-gather / reduce-scatter) of ``nbytes`` sent per rank over a group of
-    consecutive ranks: the off-node share crosses NICs while every GPU of the node sends."""
+COLLECTIVES = ("all_to_all", "gather")
+
+
+def collective_seconds(hw: Hardware, nbytes: float, group: int, topo: Topo,
+                       kind: str = "all_to_all") -> float:
+    """A collective over a group of consecutive ranks, ``nbytes`` sent per rank (burst.comm's
+    convention: the group's other members' shares).
+
+    ``all_to_all``: every rank's off-node share is its own data, so it all crosses the NICs
+    while every GPU of the node sends. ``gather`` (all-gather, reduce-scatter): the off-node
+    shards enter (or leave) a node once, through all its NICs, and NVLink carries them to the
+    node's other GPUs (NCCL's ring: bus bandwidth = the node's NICs; DESIGN.md 4)."""
+    if kind not in COLLECTIVES:
+        raise ValueError(f"kind={kind!r}; valid: {', '.join(COLLECTIVES)}")
     if group <= 1 or nbytes <= 0:
         return 0.0
     on_node = min(group, topo.local)
     frac_inter = (group - on_node) / (group - 1)
-    intra = hw.link_seconds(nbytes * (1 - frac_inter), "intra") if frac_inter < 1 else 0.0
-    inter = hw.link_seconds(nbytes * frac_inter, "inter", topo.local) if frac_inter > 0 else 0.0
+    off_node = nbytes * frac_inter  # what one rank receives from other nodes
+    if kind == "gather":  # each of the node's GPUs takes 1/on_node of it off the NICs
+        nic_bytes, nvlink_bytes = off_node / on_node, nbytes - off_node / on_node
+    else:
+        nic_bytes, nvlink_bytes = off_node, nbytes - off_node
+    intra = hw.link_seconds(nvlink_bytes, "intra") if nvlink_bytes > 0 else 0.0
+    inter = hw.link_seconds(nic_bytes, "inter", on_node) if nic_bytes > 0 else 0.0
     return max(intra, inter) + (group - 1) * 1e-6 * (
         hw.nic_latency_us if frac_inter else hw.nvlink_latency_us) / 4
 
@@ -446,8 +462,9 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
             layout, ranks, heads = "contiguous", 1, -(-shape.heads // plan.ulysses)
         cf, cb = (_whole_sequence_seconds(hw, shape, layout, ranks, heads, p) / efficiency
                   for p in ("forward", "backward"))
-        fwd = (cf + collective_seconds(hw, vol.sent("forward"), g, topo), cf)
-        bwd = (cb + collective_seconds(hw, vol.sent("backward"), g, topo), cb)
+        kind = "all_to_all" if plan.kind == "ulysses" else "gather"
+        fwd = (cf + collective_seconds(hw, vol.sent("forward"), g, topo, kind), cf)
+        bwd = (cb + collective_seconds(hw, vol.sent("backward"), g, topo, kind), cb)
     else:  # pragma: no cover - plan_for rejects unknown kinds
         raise AssertionError(plan.kind)
 

@@ -78,11 +78,11 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
                }[checkpointing]
     recompute = 0.0 if checkpointing == "none" else dense + elem + a_again
     layer_params = (params - vocab_params(cfg)) / layers
-    gather = collective_seconds(hw, layer_params * e * (g - 1) / g, g, topo)
+    gather = collective_seconds(hw, layer_params * e * (g - 1) / g, g, topo, "gather")
     per_step = 0.0
     if not sharded_params:  # fp32 main gradients reduce-scattered, the new weights gathered
-        per_step = (collective_seconds(hw, params * acc_bytes(e) * (g - 1) / g, g, topo)
-                    + collective_seconds(hw, params * e * (g - 1) / g, g, topo))
+        per_step = (collective_seconds(hw, params * acc_bytes(e) * (g - 1) / g, g, topo, "gather")
+                    + collective_seconds(hw, params * e * (g - 1) / g, g, topo, "gather"))
         gather = 0.0
     fwd = max(dense + elem + a_fwd, gather)
     bwd = max(2 * dense + 2 * elem + a_bwd + recompute, 2 * gather)

@@ -586,6 +586,27 @@ def test_cells_the_code_refuses_get_no_numbers(change, why):
     assert row["time_s"] is None and row["bytes_sent_forward"] is None
 
 
+def test_gathers_cross_each_node_once_all_to_alls_once_per_gpu():
+    """An all-gather's off-node shards enter a node once, through all its NICs (bus bandwidth =
+    the node's NICs, DESIGN.md 4); an all-to-all's off-node share is every GPU's own data. They
+    were priced alike: all-gathers and ZeRO-3 collectives ~6x too slow across nodes."""
+    from suites.schedule import collective_seconds
+
+    shard = 64 << 20
+    nbytes = 31 * shard  # an all-gather over 32 ranks (4 nodes of 8): 31 shards to receive
+    node_nics = HW.nics_per_node * HW.nic_gbps * HW.nic_efficiency * 1e9
+    latency = 31 * 1e-6 * HW.nic_latency_us / 4 + 1e-6 * HW.nic_latency_us
+    gather = collective_seconds(HW, nbytes, 32, Topo(32, 8), "gather")
+    assert gather == pytest.approx(24 * shard / node_nics + latency)  # 24 off-node shards, once
+    a2a = collective_seconds(HW, nbytes, 32, Topo(32, 8))
+    assert a2a == pytest.approx(24 * shard * 8 / node_nics + latency)  # 8 GPUs' own shares
+    one_node = [collective_seconds(HW, 7 * shard, 8, Topo(8, 8), k) for k in ("gather",
+                                                                             "all_to_all")]
+    assert one_node[0] == one_node[1]  # inside a node both are NVLink-bound alike
+    with pytest.raises(ValueError, match="kind='broadcast'; valid: all_to_all, gather"):
+        collective_seconds(HW, nbytes, 32, Topo(32, 8), "broadcast")
+
+
 def test_replicated_weights_gather_once_per_step_not_per_layer():
     """Megatron's distributed optimizer keeps the weights whole (its memory model): its step
     pays one reduce-scatter of the fp32 main gradients and one all-gather of the bf16 weights of
@@ -600,7 +621,7 @@ def test_replicated_weights_gather_once_per_step_not_per_layer():
     zero3 = implementations()["burstengine"]
     mega = zero3.with_values(replicated_bytes_per_param=6.0)
     params = _param_count(get_config("7b"))
-    once = sum(collective_seconds(HW, params * b * 31 / 32, 32, Topo(32, 8))
+    once = sum(collective_seconds(HW, params * b * 31 / 32, 32, Topo(32, 8), "gather")
                for b in (4, 2))  # fp32 main gradients reduce-scattered, bf16 weights gathered
     z, m = predict(cell, HW, zero3), predict(cell, HW, mega)
     assert m.parts["zero_collectives"] == pytest.approx(once)
