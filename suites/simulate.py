@@ -192,8 +192,11 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
         return Prediction("error", error=f"{cell.ranks_per_node} ranks per node, but the "
                                          f"{hw.name} profile has {hw.gpus_per_node} GPUs per "
                                          "node (set nodes or ranks_per_node)")
-    try:  # a profile that gives no peak for this dtype cannot price it
+    offload = (offload or impl.optimizer_offload) and cell.workload == "train_step"
+    try:  # a profile that gives no peak for this dtype (or no host link) cannot price it
         hw.peak(cell.dtype, "attention"), hw.peak(cell.dtype, "gemm")
+        if offload:
+            hw.offload_seconds(1.0, 2)
     except ValueError as e:
         return Prediction("error", error=str(e))
     if cell.seq_len % cell.world:
@@ -210,7 +213,6 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
                                          "materialises every block's scores, 'cpu_flash' runs "
                                          "on the CPU")
     shape = _shape(cell)
-    offload = offload or impl.optimizer_offload
     ckpt = cell.checkpointing
     if ckpt == "selective" and not impl.selective_caches_attention:
         ckpt = "full"

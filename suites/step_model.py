@@ -33,8 +33,6 @@ from suites.schedule import AttnShape, AttnTiming, Topo, acc_bytes, collective_s
 __all__ = ["StepTiming", "train_step_timing"]
 
 BF16 = 2
-CPU_ADAM_PARAMS_PER_S = 1.0e9  # assumed: DeepSpeed CPU-Adam per GPU's share of host cores
-PCIE_GBPS = 20.0  # assumed: achievable host <-> GPU bandwidth per GPU (PCIe 4.0 x16)
 
 
 @dataclass
@@ -91,7 +89,7 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
     head_s = hw.gemm_seconds(3 * head, dtype) + hw.hbm_seconds(2 * logits_bytes)
     shard = params / g
     if offload:
-        opt = 2 * shard * e / (PCIE_GBPS * 1e9) + shard / CPU_ADAM_PARAMS_PER_S
+        opt = hw.offload_seconds(shard, e)
     else:  # read and write params, grads, (master,) m, v
         opt = hw.hbm_seconds(shard * zero_bytes_per_param(e) * 2)
     parts = {"layers_forward": layers * fwd, "layers_backward": layers * bwd,

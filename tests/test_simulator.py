@@ -979,6 +979,20 @@ def test_a_profile_without_the_other_dtypes_peaks_still_prices_16_bit_cells(tmp_
     assert simulate_cell(cell, load(old))["time_s"] == simulate_cell(cell, HW)["time_s"]
     row = simulate_cell({**cell, "dtype": "float32"}, load(old))
     assert row["status"] == "error" and "gpu.peak_tf32_tflops" in row["error"]
+    # nor the host link of optimizer offload (it was a constant of the step model, PCIe 4.0
+    # for every profile): only a cell that offloads needs it
+    no_host = tmp_path / "no_host.toml"
+    no_host.write_text("\n".join(ln for ln in lines if not ln.startswith(
+        ("pcie_gbps", "cpu_adam_params_per_s"))) + "\n")
+    step = dict(workload="train_step", model="7b", seq_len=1 << 18, world=32, ranks_per_node=8)
+    plain = {**step, "method": "burst", "options": {"ranks_per_node": 8}}
+    assert simulate_cell(plain, load(no_host))["time_s"] == simulate_cell(plain, HW)["time_s"]
+    offload = {**step, "method": "double_ring", "options": {"ranks_per_node": 8},
+               "paper": "loongtrain_double_ring"}
+    assert simulate_cell(offload, HW)["status"] == "ok"
+    row = simulate_cell(offload, load(no_host))
+    assert row["status"] == "error" and "host.pcie_gbps" in row["error"], row["error"]
+    assert load("h100").offload_seconds(1e9, 2) < HW.offload_seconds(1e9, 2)  # PCIe 5.0
 
 
 def test_what_the_simulator_does_not_model_is_an_error_not_a_guess():

@@ -59,6 +59,9 @@ OPTIONAL_FIELDS: tuple[tuple[str, str, type], ...] = (
     ("gpu.peak_tf32_tflops", "peak_tf32_tflops", float),
     ("gpu.peak_fp32_tflops", "peak_fp32_tflops", float),
     ("gpu.peak_fp64_tflops", "peak_fp64_tflops", float),
+    # the host side of optimizer offload (a cell without offload never needs them)
+    ("host.pcie_gbps", "pcie_gbps", float),
+    ("host.cpu_adam_params_per_s", "cpu_adam_params_per_s", float),
 )
 _FRACTIONS = ("gemm_efficiency", "elementwise_efficiency", "fwd_eta_max", "bwd_over_fwd",
               "nic_efficiency")
@@ -102,6 +105,10 @@ class Hardware:
     peak_fp32_tflops: float | None = None
     """FP32 on the CUDA cores (no tensor cores)."""
     peak_fp64_tflops: float | None = None
+    pcie_gbps: float | None = None
+    """Achievable host <-> GPU bandwidth per GPU, per direction (optimizer offload)."""
+    cpu_adam_params_per_s: float | None = None
+    """Parameters per second the host's Adam updates for one GPU's shard (optimizer offload)."""
     sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self):
@@ -116,8 +123,8 @@ class Hardware:
             elif f.name in _FRACTIONS and not 0 < v <= 1:
                 bad.append(f"{f.name}={v!r} must be a fraction in (0, 1]")
         for f in ("peak_tflops", "peak_tf32_tflops", "peak_fp32_tflops", "peak_fp64_tflops",
-                  "hbm_gbps", "nvlink_gbps", "nic_gbps", "gpus_per_node",
-                  "nics_per_node"):
+                  "pcie_gbps", "cpu_adam_params_per_s", "hbm_gbps", "nvlink_gbps", "nic_gbps",
+                  "gpus_per_node", "nics_per_node"):
             if getattr(self, f) == 0:
                 bad.append(f"{f}=0 must be positive")
         if self.usable_gib > self.memory_gib:
@@ -146,11 +153,7 @@ class Hardware:
             attr = "peak_fp64_tflops"
         else:
             raise ValueError(f"dtype={dtype!r}; valid: bfloat16, float16, float32, float64")
-        v = getattr(self, attr)
-        if v is None:
-            key = next(k for k, a, _ in OPTIONAL_FIELDS if a == attr)
-            raise ValueError(f"hardware profile {self.name!r} gives no {key}, which prices "
-                             f"{dtype} {work}; add it as {{value = ..., source = \"...\"}}")
+        v = self._optional(attr, f"{dtype} {work}")
         return v / 3 if attr == "peak_tf32_tflops" else v
 
     def attn_efficiency(self, t: float, pass_: str = "forward", causal: bool = False) -> float:
@@ -178,6 +181,20 @@ class Hardware:
     def hbm_seconds(self, nbytes: float) -> float:
         """Time of a memory-bound kernel that moves ``nbytes`` through HBM."""
         return nbytes / (self.hbm_gbps * 1e9 * self.elementwise_efficiency)
+
+    def _optional(self, attr: str, what: str) -> float:
+        v = getattr(self, attr)
+        if v is None:
+            key = next(k for k, a, _ in OPTIONAL_FIELDS if a == attr)
+            raise ValueError(f"hardware profile {self.name!r} gives no {key}, which prices "
+                             f"{what}; add it as {{value = ..., source = \"...\"}}")
+        return v
+
+    def offload_seconds(self, params: float, elem: int) -> float:
+        """Optimizer step of ``params`` parameters on the host: their 16-bit gradients down and
+        weights up over PCIe, and the host's Adam on them."""
+        return (2 * params * elem / (self._optional("pcie_gbps", "optimizer offload") * 1e9)
+                + params / self._optional("cpu_adam_params_per_s", "optimizer offload"))
 
     # -- links ----------------------------------------------------------------------------
     def inter_gbps(self, senders_per_node: int = 1) -> float:
