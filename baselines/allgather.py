@@ -23,11 +23,11 @@ from __future__ import annotations
 from functools import partial
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from baselines.checks import check_call, layout_problems
 from baselines.registry import Method, register
 from burst import comm
+from burst.first_order import first_order
 from burst.kernel import acc_dtype, block_backward, block_forward, resolve_scale
 from burst.layout import LAYOUTS
 from burst.masks import MaskSpec, plan_pair
@@ -57,7 +57,7 @@ class _AllGatherAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable  # a second derivative would silently be wrong
+    @first_order  # a second derivative would silently be wrong
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         spec, layout, group, scale, backend = ctx.args

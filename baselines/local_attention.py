@@ -13,9 +13,9 @@ order. Saved for backward: q, k, v, out, lse (fp32), exactly what a flash kernel
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from burst.attention import BlockSteps
+from burst.first_order import first_order
 from burst.kernel import acc_dtype, block_backward, block_forward
 from burst.masks import CAUSAL, FULL, MaskSpec
 from burst.merge import new_accumulators, row_delta
@@ -46,7 +46,7 @@ class _LocalAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable  # a second derivative would silently be wrong
+    @first_order  # a second derivative would silently be wrong
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         spec, scale, backend = ctx.args

@@ -21,9 +21,9 @@ import warnings
 from dataclasses import dataclass
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from burst import comm, volume
+from burst.first_order import first_order
 from burst.kernel import (
     BACKENDS,
     acc_dtype,
@@ -101,7 +101,7 @@ class _RingAttention(torch.autograd.Function):
         return out, lse
 
     @staticmethod
-    @once_differentiable  # a second derivative would silently be wrong
+    @first_order  # a second derivative would silently be wrong
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
         spec, layout, rg, scale, scheme, backend, span, grad_acc, lse_out = ctx.args
@@ -216,7 +216,10 @@ def _validate(q, k, v, *, layout, group, ranks_per_node, backward, backend, grad
     problems = qkv_problems(q, k, v)
     if any("expected 4 dims" in p for p in problems):
         raise ValueError("burst_attn: " + "; ".join(problems))
-    if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
+    if q.shape[2] == 0 or k.shape[2] == 0:
+        problems.append(f"{q.shape[2]} query heads and {k.shape[2]} kv heads: need at least one "
+                        "of each")
+    elif q.shape[2] % k.shape[2]:
         problems.append(f"{q.shape[2]} query heads are not divisible by {k.shape[2]} kv heads; "
                         f"valid kv head counts: {', '.join(map(str, divisors(q.shape[2])))}")
     if q.shape[1] == 0:

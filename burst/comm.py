@@ -85,18 +85,34 @@ def destroy() -> None:
         dist.destroy_process_group()
 
 
+def _member(group) -> None:
+    """A rank outside ``group`` gets torch's placeholder from new_group (size -1 and rank -1):
+    refuse it by name instead of failing later on a -1."""
+    if group is not None and group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError(f"rank {dist.get_rank()} is not a member of the process group it was "
+                         "given (torch.distributed.new_group returns a placeholder to the ranks "
+                         "it leaves out): call it on the group's members only")
+
+
 def world_size(group=None) -> int:
-    return dist.get_world_size(group) if is_initialized() else 1
+    if not is_initialized():
+        return 1
+    _member(group)
+    return dist.get_world_size(group)
 
 
 def rank(group=None) -> int:
-    return dist.get_rank(group) if is_initialized() else 0
+    if not is_initialized():
+        return 0
+    _member(group)
+    return dist.get_rank(group)
 
 
 def group_ranks(group=None) -> list[int]:
     """Global ranks of a group's members, in group-rank order."""
     if not is_initialized():
         return [0]
+    _member(group)
     if group is None or group is dist.group.WORLD:
         return list(range(dist.get_world_size()))
     return list(dist.get_process_group_ranks(group))
@@ -327,10 +343,26 @@ def _new_group(ranks: list[int], local_sync: bool):
     return dist.new_group(ranks)
 
 
+_CACHED_UNDER: list = [None]  # the default group the cached groups were created under
+
+
+def _fresh_caches() -> None:
+    """Forget cached groups made under an earlier default group: after
+    torch.distributed.destroy_process_group() + init_process_group() (without ``destroy``
+    above) they are dead, and using one failed in the next backward, then hung."""
+    world = dist.group.WORLD if is_initialized() else None
+    if _CACHED_UNDER[0] is not world:
+        _RING_CACHE.clear()
+        _SUB_CACHE.clear()
+        _CACHED_UNDER[0] = world
+
+
 def subgroup(rank_lists: list[list[int]], *, parent=None, purpose: str = ""):
     """The group (among ``rank_lists``, a partition of ``parent``'s global ranks) holding this
-    rank. Created once and cached. With parent = the world every rank creates every group in the
-    same order; inside a smaller parent only the members synchronise."""
+    rank. Created once (per default process group) and cached. With parent = the world every
+    rank creates every group in the same order; inside a smaller parent only the members
+    synchronise."""
+    _fresh_caches()
     key = (tuple(map(tuple, rank_lists)), purpose)
     if key in _SUB_CACHE:
         return _SUB_CACHE[key]
@@ -395,10 +427,13 @@ def ranks_per_node_ok(world: int, ranks_per_node) -> bool:
 
 
 def ring_groups(group=None, ranks_per_node: int | None = None) -> RingGroups:
+    _fresh_caches()
     ranks = tuple(group_ranks(group))
     g = len(ranks)
     _, local = ring_shape(g, ranks_per_node)
-    key = (ranks, local)
+    # the group object is part of the key: a flat ring reads through the caller's group, and a
+    # new group over the same ranks (the old one destroyed) must not get the old one back
+    key = (ranks, local, None if group is None or group is dist.group.WORLD else group)
     if key in _RING_CACHE:
         return _RING_CACHE[key]
     me = ranks.index(rank())

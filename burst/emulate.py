@@ -26,10 +26,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from burst.attention import BACKWARD_SCHEMES, BlockSteps, qkv_problems
 from burst.comm import ranks_per_node_ok, ring_shape
+from burst.first_order import first_order
 from burst.kernel import BACKENDS, acc_dtype, resolve_scale
 from burst.layout import check_layout, chunks_per_rank, divisors, local_index
 from burst.masks import MaskSpec, ring_span
@@ -196,7 +196,7 @@ class _Emulated(torch.autograd.Function):
         return out, lse
 
     @staticmethod
-    @once_differentiable  # a second derivative would silently be wrong
+    @first_order  # a second derivative would silently be wrong
     def backward(ctx, dout, dlse):
         if dlse is not None and bool(dlse.ne(0).any()):
             raise NotImplementedError("the ring emulator does not differentiate lse; use "

@@ -18,6 +18,8 @@ Names: G = number of ranks (``world``), N = global length, n = N/G local length.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 __all__ = [
@@ -51,6 +53,8 @@ def chunks_per_rank(layout: str) -> int:
 
 
 def _check_global_len(seq_len: int, world: int, layout: str) -> None:
+    if isinstance(world, bool) or not isinstance(world, numbers.Integral) or world < 1:
+        raise ValueError(f"world={world!r} must be a whole number of ranks >= 1")
     parts = world * chunks_per_rank(layout)
     if seq_len % parts:
         raise ValueError(
@@ -63,8 +67,9 @@ def _check_global_len(seq_len: int, world: int, layout: str) -> None:
 def local_index(seq_len: int, world: int, rank: int, layout: str) -> torch.Tensor:
     """Global token indices held by ``rank``, in local order (int64, length N/G)."""
     _check_global_len(seq_len, world, layout)
-    if not 0 <= rank < world:
-        raise ValueError(f"rank {rank} is outside the group of {world} ranks")
+    if isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or not 0 <= rank < world:
+        raise ValueError(f"rank={rank!r} must be a whole number in 0..{world - 1} (a group of "
+                         f"{world} ranks)")
     n = seq_len // world
     if layout == "contiguous":
         return torch.arange(rank * n, (rank + 1) * n)

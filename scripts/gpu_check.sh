@@ -11,6 +11,13 @@ PY=${PYTHON:-}
 if [ -z "$PY" ]; then
   if python3 -c "import torch" >/dev/null 2>&1; then PY=python3; else PY=.venv/bin/python; fi
 fi
+if ! "$PY" -c "import torch" >/dev/null 2>&1; then  # nothing to run the check with: say so
+  tried="python3 and $PWD/.venv/bin/python"
+  [ -n "${PYTHON:-}" ] && tried="PYTHON=$PYTHON"
+  echo "gpu_check.sh: no Python with torch (tried $tried); set PYTHON=<an interpreter with" \
+       "torch>, or run make setup" >&2
+  exit 2
+fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # fewer fragmentation OOMs near the memory limit (the engine steps at 64K-128K tokens), where
 # the driver maps virtual memory (a VM's may not: every allocation would fail); probed in a

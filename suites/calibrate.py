@@ -540,6 +540,30 @@ def kernel_memory_table(evals: list[dict]) -> str:
     return "\n".join(lines)
 
 
+VOCAB_SYSTEMS = ("loongtrain_double_ring", "loongtrain_usp")
+
+
+def vocab_choice(result: Fit, alternative: int = 32000) -> dict:
+    """InternEvo's 14B vocabulary (a choice made on the memory rows): the fit's evaluation next
+    to the same constants with ``alternative``, the vocabulary of the repository config."""
+    impls = {**result.impls, **{m: result.impls[m].with_values(vocab_size=alternative)
+                                for m in VOCAB_SYSTEMS}}
+    other = evaluate(result.hw, impls)
+    rows = [(a, b) for a, b in zip(result.evals, other, strict=True)
+            if a["method"] in VOCAB_SYSTEMS and a["model"] == "14b"]
+    return {
+        "alternative": alternative,
+        "memory": [(a["label"], a["world"], a["checkpointing"], a["mem_paper_gib"],
+                    a["mem_sim_gib"], b["mem_sim_gib"]) for a, b in rows
+                   if a["mem_paper_gib"] is not None],
+        "status_changes": [(a["label"], a["world"], a["checkpointing"], a["status_paper"],
+                            a["status_sim"], b["status_sim"]) for a, b in rows
+                           if a["status_sim"] != b["status_sim"]],
+        "worst_memory_error": (summary(result.evals)["memory_max_abs_error"],
+                               summary(other)["memory_max_abs_error"]),
+    }
+
+
 def kernel_repeats(evals: list[dict]) -> list[dict]:
     """Kernel-table cells with the paper's second measurement of them (its benchmark log)."""
     out = []

@@ -167,3 +167,42 @@ def test_emulation_and_shard_reject_what_burst_attn_rejects():
     with pytest.raises(ValueError, match="give world and rank together"):
         shard(q, layout="zigzag", world=4)
     assert shard(q, layout="zigzag", world=4, rank=1).shape[1] == 4
+    for world, rank in ((0, 0), (2.0, 0), (True, 0)):  # ZeroDivisionError, index_select error
+        with pytest.raises(ValueError, match=f"world={world!r} must be a whole number"):
+            shard(q, layout="zigzag", world=world, rank=rank)
+    with pytest.raises(ValueError, match=r"rank=1.0 must be a whole number in 0..1"):
+        shard(q, layout="zigzag", world=2, rank=1.0)
+    import numpy as np
+
+    assert shard(q, layout="zigzag", world=np.int64(4), rank=np.int64(1)).shape[1] == 4
+    with pytest.raises(ValueError, match="0 query heads and 0 kv heads: need at least one"):
+        burst_attn(*_qkv(h=0, hk=0))  # said "valid kv head counts: " (an empty list)
+
+
+def test_no_method_drops_a_second_derivative_silently():
+    """A gradient penalty through attention (create_graph=True) on a loss linear in the output
+    hands backward a constant gradient, so torch's once_differentiable let the second-order
+    term drop without a word (q.grad off by 1.4 against float64). Every hand-written backward
+    (ring, all-gather, local attention, emulation, fused loss) refuses it by name; a plain
+    backward is unchanged."""
+    from baselines import registry
+    from burst.emulate import emulate_attn
+    from burst.engine.fused_loss import fused_linear_cross_entropy
+
+    q, k, v = (t.double().requires_grad_() for t in _qkv())
+    calls = {name: (lambda n=name: registry.get(n)(q, k, v, causal=True))
+             for name in ("burst", "ring", "zigzag_ring", "striped_ring", "double_ring",
+                          "allgather", "ulysses")}
+    calls["emulate"] = lambda: emulate_attn(q, k, v, world=2, causal=True)
+    for name, call in calls.items():
+        out = call()
+        w = torch.randn_like(out)
+        with pytest.raises(RuntimeError, match="no second derivative"):
+            torch.autograd.grad((out * w).sum(), q, create_graph=True)
+        (dq,) = torch.autograd.grad((call() * w).sum(), q)
+        assert torch.isfinite(dq).all() and dq.abs().sum() > 0, name
+    hidden = torch.randn(6, 8, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(11, 8, dtype=torch.float64)
+    loss = fused_linear_cross_entropy(hidden, weight, torch.randint(0, 11, (6,)))
+    with pytest.raises(RuntimeError, match="no second derivative"):
+        torch.autograd.grad(loss, hidden, create_graph=True)

@@ -226,7 +226,7 @@ def test_lse_is_differentiable():
         assert max(errs.values()) < 1e-10, errs
 
 
-def _edges(rank: int, world: int):
+def _edges(rank: int, world: int, store: str):
     import sys
 
     from burst import burst_attn
@@ -238,27 +238,74 @@ def _edges(rank: int, world: int):
                for _ in range(3))
     ref, _ = reference_attention(q, k, v, causal=False)
     mine = [shard(t, layout="zigzag").requires_grad_() for t in (q, k, v)]
+    groups = _groups(rank, world, mine, shard(ref, layout="zigzag"), store)  # before any ring
     # an unbounded side is unbounded (p + right overflowed int64 and hid every key)
     out = burst_attn(*mine, causal=False, layout="zigzag", window=(sys.maxsize, sys.maxsize))
-    err = float((out - shard(ref, layout="zigzag")).abs().max())
+    err = float((out - shard(ref, layout="zigzag")).abs().max().detach())
     after, _ = reference_attention(q, k, v, causal=False, window=(0, 10**6))
     out = burst_attn(*mine, causal=False, layout="zigzag", window=(0, sys.maxsize))
-    err = max(err, float((out - shard(after, layout="zigzag")).abs().max()))
+    err = max(err, float((out - shard(after, layout="zigzag")).abs().max().detach()))
     # a node bigger than the group is one flat ring
     flat = burst_attn(*mine, causal=False, layout="zigzag", ranks_per_node=8 * world)
     err = max(err, float((flat - shard(ref, layout="zigzag")).abs().max()))
-    (gq,) = torch.autograd.grad(flat.square().sum(), mine[0], create_graph=True)
+    refused = []
     try:  # a second derivative is refused, not silently wrong
-        gq.sum().backward()
-        refused = False
-    except RuntimeError:
-        refused = True
-    return err, refused
+        torch.autograd.grad(flat.square().sum(), mine[0], create_graph=True)
+    except RuntimeError as e:
+        refused.append(str(e))
+    # a loss linear in out hands backward a constant gradient: once_differentiable let the
+    # second-order term of a gradient penalty drop silently (q.grad off by 1.4)
+    w = torch.randn_like(flat)
+    for backward in ("burst", "ring"):
+        out = burst_attn(*mine, causal=True, layout="zigzag", backward=backward)
+        try:
+            torch.autograd.grad((out * w).sum(), mine[0], create_graph=True)
+        except RuntimeError as e:
+            refused.append(str(e))
+    return err, refused, groups
 
 
-def test_unbounded_windows_big_nodes_and_double_backward():
-    for err, refused in spawn(_edges, 2, timeout_s=120):
-        assert err < 1e-12 and refused
+def _groups(rank: int, world: int, mine, want, store: str) -> dict:
+    """Groups made, destroyed and made again over the same ranks, a rank outside one, and the
+    default group destroyed and initialised again (torch.distributed's own calls)."""
+    import torch.distributed as dist
+
+    from burst import burst_attn
+
+    def err(group):
+        for t in mine:
+            t.grad = None
+        out = burst_attn(*mine, causal=False, layout="zigzag", group=group)
+        out.sum().backward()  # the accumulators' groups are used in backward
+        return float((out - want).abs().max())
+
+    got = {}
+    g1 = dist.new_group(list(range(world)))
+    got["first group"] = err(g1)
+    dist.destroy_process_group(g1)
+    g2 = dist.new_group(list(range(world)))  # the cached ring kept g1: "not registered"
+    got["same ranks, new group"] = err(g2)
+    alone = dist.new_group([0])  # rank 1 gets torch's non-member placeholder
+    if rank == 1:
+        try:
+            burst_attn(*mine, causal=False, layout="zigzag", group=alone)
+            got["non-member"] = "ran"
+        except ValueError as e:  # was "tuple.index(x): x not in tuple"
+            got["non-member"] = str(e)
+    dist.destroy_process_group()  # the cached ring-accumulator group dies with it
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    got["default group again"] = err(None)  # backward used the dead group: "not registered"
+    return got
+
+
+def test_unbounded_windows_big_nodes_and_double_backward(tmp_path):
+    ranks = spawn(_edges, 2, args=(str(tmp_path / "store"),), timeout_s=120)
+    for err, refused, groups in ranks:
+        assert err < 1e-12 and len(refused) == 3, refused
+        assert all("no second derivative" in r for r in refused), refused
+        assert max(groups[k] for k in ("first group", "same ranks, new group",
+                                       "default group again")) < 1e-12, groups
+    assert "rank 1 is not a member of the process group" in ranks[1][2]["non-member"]
 
 
 def test_registry_accepts_a_node_bigger_than_the_group():

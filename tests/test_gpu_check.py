@@ -38,6 +38,17 @@ def test_without_a_gpu_it_says_so_in_one_line(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "x").exists()
 
 
+def test_the_shell_entry_names_the_interpreters_it_tried_when_none_has_torch(tmp_path):
+    """It said "expandable_segments probe failed", then "timeout: failed to run command
+    '.venv/bin/python'" and exit 127, in a checkout without .venv and a python3 without torch."""
+    r = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--out",
+                        str(tmp_path / "x")], env={"PATH": "/usr/bin:/bin",
+                                                   "PYTHON": str(tmp_path / "no-python")},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout)
+    assert f"no Python with torch (tried PYTHON={tmp_path / 'no-python'})" in r.stderr
+
+
 def test_a_broken_cuda_context_ends_the_cuda_work_with_rows(monkeypatch):
     """After a sticky CUDA fault every later guarded call is a skipped row naming it, and the
     allocator cleanup that would raise then cannot end the run."""

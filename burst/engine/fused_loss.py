@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
 
+from burst.first_order import first_order
 from burst.kernel import acc_dtype
 
 __all__ = ["IGNORE_INDEX", "fused_linear_cross_entropy", "plain_cross_entropy"]
@@ -75,7 +75,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         return total * scale
 
     @staticmethod
-    @once_differentiable  # the saved gradients are constants: a second derivative would be wrong
+    @first_order  # the saved gradients are constants: a second derivative would be wrong
     def backward(ctx, grad_out):
         grad_h, grad_w = ctx.saved_tensors
         return (None if grad_h is None else grad_h * grad_out.to(grad_h.dtype),
