@@ -25,6 +25,7 @@ import datetime as _dt
 import fcntl
 import json
 import os
+import sys
 from pathlib import Path
 
 from results.schema import COLUMNS
@@ -114,9 +115,13 @@ def append_row(path: str | os.PathLike, row: dict) -> None:
         os.close(fd)
 
 
-def read_rows(path: str | os.PathLike, offset: int = 0) -> list[dict]:
+ROW_KEYS = ("cell_id", "status")
+
+
+def read_rows(path: str | os.PathLike, offset: int = 0, *,
+              keys: tuple[str, ...] = ROW_KEYS) -> list[dict]:
     """Every complete row of a rows.jsonl file (from byte ``offset``, a line start); a torn
-    last line is ignored."""
+    last line is ignored; a line that is not an object with ``keys`` is an error naming it."""
     path = Path(path)
     if not path.exists():
         return []
@@ -129,12 +134,16 @@ def read_rows(path: str | os.PathLike, offset: int = 0) -> list[dict]:
         if not line.strip():
             continue
         try:
-            out.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
             if i >= len(lines) - 2:  # the last line (with or without its newline): torn write
                 continue
             raise ValueError(f"{path}: line {i + 1} is not valid JSON (not the last line, so "
                              "not a torn write); fix or remove it") from None
+        if not isinstance(row, dict) or not all(row.get(k) for k in keys):
+            raise ValueError(f"{path}: line {i + 1} is not a record of this file (an object "
+                             f"with {' and '.join(keys)}, results/README.md); fix or remove it")
+        out.append(row)
     return out
 
 
@@ -179,15 +188,29 @@ class RunLock:
 
 
 def write_meta(run_dir: str | os.PathLike, meta: dict) -> None:
+    """run.json, replaced whole and durably (a crash leaves the old file or the new one)."""
     path = Path(run_dir) / META
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(meta, indent=1, default=_json_default) + "\n")
+    with open(tmp, "w") as f:
+        f.write(json.dumps(meta, indent=1, default=_json_default) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
 def read_meta(run_dir: str | os.PathLike) -> dict:
     path = Path(run_dir) / META
-    return json.loads(path.read_text()) if path.exists() else {}
+    if not path.exists():
+        return {}
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a run's metadata ({e}); fix or remove it (or its run "
+                         "folder)") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: not a run's metadata (a JSON {type(meta).__name__}, not an "
+                         "object); fix or remove it (or its run folder)")
+    return meta
 
 
 def runs_by_time(sweep_dir: str | os.PathLike) -> list[Path]:
@@ -201,8 +224,15 @@ def runs_by_time(sweep_dir: str | os.PathLike) -> list[Path]:
             created = f"{mtime:%Y-%m-%dT%H:%M:%SZ}"
         return created, p.name
 
-    return sorted((p for p in Path(sweep_dir).iterdir()
-                   if (p / META).exists() or (p / ROWS).exists()), key=when)
+    runs = []
+    for p in Path(sweep_dir).iterdir():
+        if not ((p / META).exists() or (p / ROWS).exists()):
+            continue
+        try:  # one broken run.json must not block every run of the sweep: named, left out
+            runs.append((when(p), p))
+        except ValueError as e:
+            print(f"warning: skipped run {p.name}: {e}", file=sys.stderr)
+    return [p for _, p in sorted(runs)]
 
 
 def latest_run(sweep_dir: str | os.PathLike, *, with_rows: bool = False) -> Path | None:
@@ -246,8 +276,12 @@ def consolidate(run_dir: str | os.PathLike, *, write: bool = True):
     if write:
         for name, writer in ((TABLE, df.to_parquet), (CSV, df.to_csv)):
             tmp = run_dir / (name + ".tmp")
-            writer(tmp, index=False)
-            os.replace(tmp, run_dir / name)
+            try:
+                writer(tmp, index=False)
+                os.replace(tmp, run_dir / name)
+            except BaseException:  # a full disk: no half-written table left behind
+                tmp.unlink(missing_ok=True)
+                raise
     return df
 
 

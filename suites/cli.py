@@ -100,7 +100,8 @@ def _run(args) -> int:
     if res.run_dir is not None:
         print(f"rows: {res.run_dir / 'rows.jsonl'}\ntable: {res.run_dir / 'table.parquet'} "
               f"(and table.csv)")
-        bad = res.table[res.table["status"].isin(("error",))]
+        # a cell that failed or hung is not a result (oom and skipped are: the cell cannot run)
+        bad = res.table[res.table["status"].isin(("error", "timeout"))]
         return 1 if len(bad) else 0
     return 0
 
@@ -119,20 +120,26 @@ def _cmd_show(args) -> int:
                              "schema is in results/README.md")
         print(render(df[cols]))
         return 0
+    path = Path(args.results)  # the run folder, or the folder of a run's file
+    if path.is_file():
+        path = path.parent
+    run = path if (path / store.META).exists() else (
+        store.latest_run(path, with_rows=True) if path.is_dir() else None)
+    meta = store.read_meta(run) if run else {}
     baseline = args.baseline
-    if baseline is None:  # the spec's: from the run folder, or the folder of a run's file
-        path = Path(args.results)
-        if path.is_file():
-            path = path.parent
-        run = path if (path / store.META).exists() else (
-            store.latest_run(path, with_rows=True) if path.is_dir() else None)
-        baseline = store.read_meta(run).get("baseline") if run else None
+    if baseline is None:  # the spec's
+        baseline = meta.get("baseline")
     metrics = tuple(args.metric) if args.metric else None
     _check_metrics(metrics or ())
     if baseline is not None and args.baseline and baseline not in set(df["label"]):
         raise ValueError(f"--baseline {baseline!r} is not a label of these rows; labels: "
                          f"{', '.join(sorted(map(str, set(df['label']))))}")
     print(summary_text(df, baseline=baseline, metrics=metrics))
+    missing = set(meta.get("cells", [])) - set(df["cell_id"]) if "cell_id" in df else set()
+    if missing:  # an interrupted run looked complete
+        print(f"{len(missing)} of {len(meta['cells'])} cells of run {run.name} have no row "
+              "(interrupted, or still running): `burst-bench run <its spec> --out <its "
+              f"folder> --run-id {run.name}` resumes it")
     return 0
 
 
@@ -166,9 +173,11 @@ def _cmd_compare(args) -> int:
     heading, scale = METRICS[args.metric][:2]
     unit = heading[heading.rfind("(") + 1:-1] if heading.endswith(")") and scale != 1 else ""
     show = df[[*varying]].copy()
-    for n in names:  # the values as the title's unit says (time_s in ms), and the heading too
+    for n in names:  # the values as the title's unit says (time_s in ms), and the heading too;
+        # a side that did not succeed shows its status, not the time of a failed (or wrong) run
         show[f"{args.metric} ({unit}) {n}" if unit else f"{args.metric} {n}"] = [
-            None if v is None or v != v else float(v) * scale for v in df[f"{args.metric}_{n}"]]
+            st if st != "ok" else None if v is None or v != v else float(v) * scale
+            for v, st in zip(df[f"{args.metric}_{n}"], df[f"status_{n}"], strict=True)]
     show[f"ratio {names[1]}/{names[0]}"] = df["ratio"]
     show["speedup"] = df["speedup"]
     for n in names:
@@ -285,13 +294,23 @@ def _minutes(text: str) -> int:
     return value
 
 
+def _terminate(signum, frame):
+    """SIGTERM (timeout, SLURM's end of a job, systemd) and SIGHUP (a dropped ssh session) end
+    a run as Ctrl-C does: what was written stays, and the run says how to resume."""
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: list[str] | None = None) -> int:
+    previous = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         return _main(argv)
     except KeyboardInterrupt as e:  # Ctrl-C: what was written stays (run says where and how
         if not getattr(e, "reported", False):  # to resume), no traceback
-            print("burst-bench: interrupted", file=sys.stderr)
+            print(f"burst-bench: interrupted{f' ({e})' if str(e) else ''}", file=sys.stderr)
         return 130
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _main(argv: list[str] | None) -> int:
@@ -316,6 +335,11 @@ def _main(argv: list[str] | None) -> int:
         return 2
     except RunLockedError as e:  # another driver runs this sweep: nothing to do here
         print(f"burst-bench {args.cmd}: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # a full or read-only disk: what, where; rows already written stay
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"burst-bench {args.cmd}: {e.strerror or e}{where}; rows written before it are "
+              "kept and a rerun resumes", file=sys.stderr)
         return 1
 
 

@@ -253,7 +253,7 @@ def _executor(kind: str, folder: Path, cells: list[Cell], slurm: SlurmSpec, swee
     else:  # one machine: every rank a task on it (nodes > 1 only labels links)
         c = cells[0]
         ex.update_parameters(name=f"burst-{sweep}", nodes=1, tasks_per_node=c.world,
-                             timeout_min=max(1, math.ceil(c.timeout_min)),  # never shorter
+                             timeout_min=local_timeout_min(c),
                              gpus_per_node=c.world if c.device == "cuda" else 0)
     return ex
 
@@ -334,9 +334,7 @@ def _collect(job, cell: Cell, run: Run, ctx: RunContext) -> None:
                                   "reset?): the cell was not measured", ctx,
                                   "error", job_id=str(job.job_id))
         except UncompletedJobError as e:  # its last line says how the job ended
-            row = failure_row(cell, f"{type(e).__name__}: {e}\njob {job.job_id} ended "
-                              f"{_state(job, mode='cache')} without a result", ctx,
-                              job_id=str(job.job_id))
+            row = _uncompleted_row(job, cell, ctx, e, silent)
         except Exception as e:  # noqa: BLE001 - every failure becomes the cell's row
             row = failure_row(cell, f"{type(e).__name__}: {e}", ctx, job_id=str(job.job_id))
     append_row(run.rows, row)
@@ -346,13 +344,46 @@ def _collect(job, cell: Cell, run: Run, ctx: RunContext) -> None:
         job.cancel(check=False)
 
 
+def _task_log(job, i: int) -> str:
+    with contextlib.suppress(Exception):  # a log not written (yet), or a job without logs
+        return (job.task(i).stdout() or "") + (job.task(i).stderr() or "")
+    return ""
+
+
+def _uncompleted_row(job, cell: Cell, ctx: RunContext, e: Exception, silent: list[int]) -> dict:
+    """The row of a job that ended without rank 0's result: a time-out when a task's log has
+    submitit's time-out line (rank 0's own log often does not: another task got the signal),
+    else the ranks that ended without a result are named."""
+    state = _state(job, mode="cache")
+    timed = [i for i in range(job.num_tasks) if "Job has timed out" in _task_log(job, i)]
+    if timed:
+        return failure_row(cell, f"the job reached its time limit (timeout_min="
+                           f"{cell.timeout_min}): submitit's time-out signal ended rank(s) "
+                           f"{', '.join(map(str, timed))}; job {job.job_id} ended {state} "
+                           "without a result", ctx, "timeout", job_id=str(job.job_id))
+    who = (f"rank(s) {', '.join(map(str, silent))} ended without a result (killed or crashed)"
+           if silent else "no rank left a result")
+    return failure_row(cell, f"{who}; {type(e).__name__}: {e}\njob {job.job_id} ended {state} "
+                       "without a result", ctx, job_id=str(job.job_id))
+
+
 LOCAL_GRACE_S = 15.0
+# submitit's LocalExecutor sends its time-out signal this long before its limit (its default,
+# submitit/local/local.py; AutoExecutor does not expose it): a cell's job gets its limit plus
+# this, or a 60 s spec was cut at 30 s (and the same cell ran to the end inline)
+SUBMITIT_SIGNAL_DELAY_S = 30
+
+
+def local_timeout_min(cell: Cell) -> int:
+    """submitit's limit for a local job, in the whole minutes it takes, such that its time-out
+    signal comes no earlier than the spec's ``timeout_min``."""
+    return max(1, math.ceil((cell.timeout_min * 60 + SUBMITIT_SIGNAL_DELAY_S) / 60))
 
 
 def local_limit_s(cell: Cell) -> float:
-    """How long a local job may run: submitit's limit (whole minutes, never below the spec's)
-    and a grace for its warning signal to end the job first."""
-    return max(1, math.ceil(cell.timeout_min)) * 60 + LOCAL_GRACE_S
+    """How long the driver waits for a local job: submitit's limit and a grace for its signal
+    to end the job first."""
+    return local_timeout_min(cell) * 60 + LOCAL_GRACE_S
 
 
 def _time_out(job, cell: Cell, run: Run, ctx: RunContext) -> None:
@@ -360,8 +391,9 @@ def _time_out(job, cell: Cell, run: Run, ctx: RunContext) -> None:
     job.cancel(check=False)
     append_row(run.rows, failure_row(
         cell, f"the job exceeded its time limit of {local_limit_s(cell):.0f} s (timeout_min="
-              f"{cell.timeout_min}, in whole minutes, plus {LOCAL_GRACE_S:.0f} s for the "
-              "warning signal) without a result and was cancelled", ctx, "timeout",
+              f"{cell.timeout_min}, in whole minutes after submitit's "
+              f"{SUBMITIT_SIGNAL_DELAY_S} s warning, plus {LOCAL_GRACE_S:.0f} s grace) without "
+              "a result and was cancelled", ctx, "timeout",
         job_id=str(job.job_id)))
     append_row(run.dir / "jobs.jsonl", {"cell_id": cell.cell_id, "job_id": str(job.job_id),
                                         "collected": True})
@@ -427,7 +459,7 @@ def pending_jobs(run_dir: Path, kind: str) -> dict[str, dict]:
     """{cell id: job record} of the cells whose last logged job (of this executor kind) was
     submitted but not collected (a job whose row is in rows.jsonl counts as collected)."""
     rows = {r.get("job_id") for r in read_rows(run_dir / "rows.jsonl")}
-    last = {r["cell_id"]: r for r in read_rows(run_dir / "jobs.jsonl")}
+    last = {r["cell_id"]: r for r in read_rows(run_dir / "jobs.jsonl", keys=("cell_id",))}
     return {c: r for c, r in last.items()
             if not r.get("collected") and r.get("kind") == kind and r["job_id"] not in rows}
 

@@ -205,6 +205,15 @@ def _quiet_stderr():
         os.close(devnull)
 
 
+def _finite(result) -> bool:
+    """Whether a step's result (attention: out, dq, dk, dv; training: the loss) is finite."""
+    if isinstance(result, torch.Tensor):
+        return bool(torch.isfinite(result).all())
+    if isinstance(result, tuple | list):
+        return all(_finite(r) for r in result)
+    return result is None or math.isfinite(float(result))
+
+
 def measure(cell: Cell) -> dict:
     """Metrics of one cell (schema column names), identical on every rank."""
     method = registry.get(cell.method)
@@ -228,6 +237,8 @@ def measure(cell: Cell) -> dict:
             result = step()
     _sync(dev)
     err = error(result)
+    # every cell, checked against the reference or not (too long for it): NaN is not a timing
+    nonfinite = 0.0 if _finite(result) else 1.0
     del result
 
     if dev.type == "cuda":  # a CPU cell must not create a CUDA context on a GPU host
@@ -239,7 +250,8 @@ def measure(cell: Cell) -> dict:
     fwd, bwd = cnt.sent("forward"), cnt.sent("backward")
     by_link = {lk: cnt.sent("forward", lk) + cnt.sent("backward", lk) for lk in ("intra", "inter")}
     per_rank = [kept, peak["allocated"], peak["reserved"], fwd, bwd, by_link["intra"],
-                by_link["inter"], cnt.sent() - fwd - bwd, err if err is not None else -1.0]
+                by_link["inter"], cnt.sent() - fwd - bwd, err if err is not None else -1.0,
+                nonfinite]
     mx = _max_over_ranks(per_rank, dev)
     t = statistics.median(times)
     out = {
@@ -252,9 +264,11 @@ def measure(cell: Cell) -> dict:
         "bytes_sent_intra": int(mx[5]), "bytes_sent_inter": int(mx[6]),
         "bytes_sent_other": int(mx[7]), "max_err": mx[8] if err is not None else None,
     }
-    if err is not None and not math.isfinite(mx[8]):
-        out.update(status="error", error="output or gradients are not finite (NaN or inf) "
-                                         "where the float64 reference is")
+    if mx[9] or err is not None and not math.isfinite(mx[8]):
+        what = "output or gradients" if cell.workload == "attention" else "the loss"
+        out.update(status="error", error=f"{what} not finite (NaN or inf) on some rank, where "
+                                         "the float64 reference is finite" if err is not None
+                   else f"{what} not finite (NaN or inf) on some rank (inputs are unit-normal)")
     elif err is not None and mx[8] > WRONG_ABOVE[cell.dtype]:
         out.update(status="error", error=f"wrong results: max abs error {mx[8]:.3g} against the "
                                          f"float64 reference, above {WRONG_ABOVE[cell.dtype]:g} "

@@ -254,16 +254,19 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
 
 @contextlib.contextmanager
 def _no_sigint():
-    """SIGINT ignored inside (where a handler can be set: the main thread)."""
+    """SIGINT, SIGTERM and SIGHUP ignored inside (where a handler can be set: the main
+    thread), so a second one cannot leave the table half written."""
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     try:
-        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in sigs}
     except ValueError:  # not the main thread: nothing to hold off
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def _done(rows: list[dict], retry_failed: bool) -> set[str]:

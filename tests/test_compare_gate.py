@@ -40,14 +40,19 @@ def test_threshold_on_a_uniform_slowdown(tmp_path, baseline, factor, code, capsy
         assert f"{len(baseline)} cell(s) regressed by more than 5%" in out
 
 
-def test_a_cell_that_stops_succeeding_fails(tmp_path, baseline):
+def test_a_cell_that_stops_succeeding_fails(tmp_path, baseline, capsys):
     broken = baseline.copy()
-    broken.loc[0, "status"] = "oom"
+    broken.loc[0, "status"] = "error"  # a 'wrong results' row keeps its (fast) time
+    broken.loc[0, "time_s"] = baseline.loc[0, "time_s"] / 2
     a, b = tmp_path / "a.csv", tmp_path / "b.csv"
     baseline.to_csv(a, index=False)
     broken.to_csv(b, index=False)
     assert main(["compare", str(a), str(b), "--fail-above", "5"]) == 1
+    capsys.readouterr()
     assert main(["compare", str(a), str(b)]) == 0  # without a threshold it only reports
+    first = capsys.readouterr().out.splitlines()[3]  # title, header, rule, the broken cell
+    # its status stands where its time would read as a 2x improvement
+    assert " error " in f" {first} " and f"{baseline.loc[0, 'time_s'] * 500:.3g}" not in first
 
 
 def test_a_cell_missing_from_b_fails(tmp_path, baseline, capsys):

@@ -26,6 +26,7 @@ from suites.spec import load_spec
 
 REPO = Path(__file__).resolve().parent.parent
 M = "tests.harness_methods"
+M_METHODS = M
 
 SWEEP = f"""
 workload = "attention"
@@ -250,7 +251,7 @@ def test_local_executor_two_tasks_gloo(tmp_path):
     assert len(again.table) == 2 and again.table["date"].tolist()[0] == rows[2]["date"]
     # every submission has a folder of its own: local job ids are PIDs, and a reused PID's
     # folder held an old job's results, collected as the new job's row
-    jobs = store.read_rows(res.run_dir / "jobs.jsonl")
+    jobs = store.read_rows(res.run_dir / "jobs.jsonl", keys=("cell_id",))
     folders = [j["folder"] for j in jobs if "folder" in j]
     assert len(folders) == 3 and len(set(folders)) == 3, folders
 
@@ -426,17 +427,87 @@ def test_a_rank_that_dies_silently_makes_an_error_row_not_a_timeout(tmp_path):
     assert row["job_id"] == "7" and row["hostname"] is None  # not the driver's host
 
 
+@pytest.mark.parametrize(("log", "status", "says"), [
+    ("Job has timed out. Ran 0 minutes out of requested 1 minutes.", "timeout",
+     "submitit's time-out signal ended rank(s) 1"),
+    ("", "error", "rank(s) 0, 1 ended without a result (killed or crashed)")])
+def test_a_local_job_without_results_says_why(tmp_path, log, status, says):
+    """A local job that ended with no result file: the time-out line sits in another task's
+    log (a hung rank) or a rank was killed; both were 'error: job N ended FINISHED without a
+    result', naming neither the time-out nor the rank."""
+    from submitit.core.utils import UncompletedJobError
+
+    from suites.cells import expand
+    from suites.executors import Run, _collect
+    from suites.rows import RunContext
+
+    class Task:
+        def __init__(self, i):
+            self.i = i
+            self.paths = type("P", (), {"result_pickle": tmp_path / f"{i}_result.pkl"})
+
+        def done(self):
+            return True
+
+        def result(self):
+            raise UncompletedJobError("job 8 (task: 0) with path ... has not produced any output")
+
+        def stdout(self):
+            return log if self.i == 1 else "rank 0 waiting\n"
+
+        def stderr(self):
+            return None
+
+    class Job:
+        job_id, num_tasks, state = "8", 2, "FINISHED"
+
+        def task(self, i):
+            return Task(i)
+
+        def done(self):
+            return True
+
+    spec = _spec(tmp_path, 'workload = "attention"\nseq_lens = [64]\nworld = 2\n'
+                 '[shape]\nheads = 2\nhead_dim = 8\n[[methods]]\nname = "ring"\n')
+    run = Run(tmp_path / "run")
+    run.dir.mkdir()
+    _collect(Job(), expand(spec)[0], run, RunContext("r", "local", "{}", None, None))
+    (row,) = store.read_rows(run.rows)
+    assert row["status"] == status and says in row["error"], row["error"]
+
+
+def test_a_local_job_gets_the_specs_time_before_submitits_signal():
+    """submitit's LocalExecutor signals 30 s before its limit: a 1-minute spec was cut at 30 s
+    (the same cell ran to the end inline)."""
+    import dataclasses
+
+    from suites.executors import SUBMITIT_SIGNAL_DELAY_S, local_limit_s, local_timeout_min
+    from suites.simulate import as_cell
+
+    for minutes in (0.25, 1, 1.5, 30):
+        cell = dataclasses.replace(as_cell(dict(method="ring", seq_len=64, world=2, heads=2,
+                                                head_dim=8)),
+                                   timeout_min=minutes)
+        assert local_timeout_min(cell) * 60 - SUBMITIT_SIGNAL_DELAY_S >= minutes * 60
+        assert local_limit_s(cell) > local_timeout_min(cell) * 60
+
+
 def _fake_clock(rank: int, world: int):
     from suites import measure as M
     from suites.simulate import as_cell
 
     # the slowest rank changes from repeat to repeat: per repeat 10, 10, 2 -> median 10 (each
     # rank's own median is 2: the max of medians would say 2)
+    # a cell too long for the reference check (compute_error off) that returns NaN on rank 1
+    # was an ok row with a time and a speedup: the finiteness check runs on every cell
+    nan = M.measure(as_cell(dict(method=f"{M_METHODS}:nan_on_rank1", seq_len=16, world=world,
+                                 heads=2, head_dim=8, device="cpu", dtype="float32",
+                                 repeats=1, profile_memory=False)))
     times = iter([1.0, 10.0, 2.0] if rank == 0 else [10.0, 1.0, 2.0])
     M._timed = lambda step, dev: next(times)
     cell = as_cell(dict(method="ring", seq_len=16, world=world, heads=2, head_dim=8,
                         device="cpu", dtype="float32", repeats=3, profile_memory=False))
-    return M.measure(cell)
+    return M.measure(cell), nan
 
 
 def test_measured_time_is_the_median_of_the_slowest_rank_per_repeat():
@@ -445,7 +516,9 @@ def test_measured_time_is_the_median_of_the_slowest_rank_per_repeat():
     from burst import flops
     from burst.spawn import spawn
 
-    for r in spawn(_fake_clock, 2, timeout_s=120):
+    for r, nan in spawn(_fake_clock, 2, timeout_s=120):
+        assert nan["max_err"] is None and nan["status"] == "error", nan  # not checked, not ok
+        assert "not finite (NaN or inf) on some rank" in nan["error"]
         assert (r["time_s"], r["time_s_min"], r["time_s_max"]) == (10.0, 2.0, 10.0)
         assert r["tokens_per_s"] == 16 / 10.0 / 2
         assert r["attn_tflops"] == pytest.approx(

@@ -621,3 +621,70 @@ def test_option_placeholders_resolve_per_scale(tmp_path):
     for bad in ("@world/0", "@nodes", "@world/x"):
         with pytest.raises(SpecError, match="not a known placeholder"):
             load_spec(_write(tmp_path, text.replace("@world/4", bad), "bad"))
+
+
+def test_a_broken_run_file_is_named_and_does_not_block_the_sweep(tmp_path, capsys):
+    """One empty or torn run.json blocked run, dry-run and show of the whole sweep folder
+    with "Expecting value: line 1 column 1" (no file named); a foreign line in rows.jsonl was
+    a raw TypeError / KeyError."""
+    good = _run_dir(tmp_path, "20250101T000000Z-1", _rows([("ring", 64, 2.0, "ok")]))
+    bad = tmp_path / "sweep" / "crashed"
+    bad.mkdir()
+    (bad / store.META).write_text("")
+    with pytest.raises(ValueError, match=r"crashed/run.json: not a run's metadata"):
+        store.read_meta(bad)
+    assert store.runs_by_time(tmp_path / "sweep") == [good]
+    assert "skipped run crashed" in capsys.readouterr().err
+    assert cli.main(["show", str(tmp_path / "sweep")]) == 0
+    with open(good / store.ROWS, "a") as f:
+        f.write('{"note": "hand-added"}\n{"cell_id": "x", "status": "ok"}\n')
+    with pytest.raises(ValueError, match="line 2 is not a record of this file"):
+        store.read_rows(good / store.ROWS)
+    assert cli.main(["show", str(good)]) == 2
+    assert "line 2 is not a record" in capsys.readouterr().err
+
+
+def test_show_says_which_cells_of_an_interrupted_run_have_no_row(tmp_path, capsys):
+    """A run stopped by SIGTERM showed a clean table of the cells it reached, exit 0."""
+    d = _run_dir(tmp_path, "20250101T000000Z-1", _rows([("ring", 64, 2.0, "ok")]))
+    store.write_meta(d, {"baseline": "ring", "cells": ["ring-64", "burst-64", "ring-128"]})
+    assert cli.main(["show", str(d)]) == 0
+    assert "2 of 3 cells of run 20250101T000000Z-1 have no row" in capsys.readouterr().out
+
+
+def test_run_exit_code_signals_and_disk_errors(tmp_path, monkeypatch, capsys):
+    """A run whose cells timed out exited 0; SIGTERM and SIGHUP end a run as Ctrl-C does;
+    a full disk is a message with the path, not a traceback; no half-written table stays."""
+    import errno
+    import signal
+
+    import pandas as pd
+
+    from suites import run as run_mod
+
+    class Res:
+        run_dir = tmp_path
+        table = pd.DataFrame({"status": ["ok", "timeout"]})
+
+    monkeypatch.setattr(run_mod, "run_sweep", lambda *a, **k: Res())
+    assert cli.main(["run", str(SPEC_DIR / "smoke.toml")]) == 1
+    monkeypatch.setattr(cli, "_main", lambda argv: signal.getsignal(signal.SIGTERM))
+    assert cli.main([]) is cli._terminate and signal.getsignal(signal.SIGTERM) is not \
+        cli._terminate  # installed while it runs, restored after
+    with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+        cli._terminate(signal.SIGTERM, None)
+    monkeypatch.undo()
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", "/results/x/rows.jsonl")
+
+    monkeypatch.setattr(store, "load", full)
+    assert cli.main(["show", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "No space left on device (/results/x/rows.jsonl)" in err and "Traceback" not in err
+    monkeypatch.undo()
+    d = _run_dir(tmp_path, "20250101T000000Z-1", _rows([("ring", 64, 2.0, "ok")]))
+    monkeypatch.setattr(pd.DataFrame, "to_csv", full)
+    with pytest.raises(OSError):
+        store.consolidate(d)
+    assert not list(d.glob("*.tmp"))
