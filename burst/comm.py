@@ -76,11 +76,19 @@ def init(backend: str = "gloo", *, rank: int | None = None, world_size: int | No
     kw = {k: v for k, v in given.items() if v is not None}
     dist.init_process_group(backend, init_method=init_method,
                             timeout=timedelta(seconds=timeout_s), **kw)
+    _TIMEOUT[0] = timedelta(seconds=timeout_s)
+
+
+# the timeout ``init`` was given, for the sub-groups too (``dist.new_group`` without one gives
+# torch's default, 30 minutes: a rank that died left its peers waiting that long in a ring's
+# accumulator group, whatever init said); a process group made outside ``init`` keeps torch's
+_TIMEOUT: list = [None]
 
 
 def destroy() -> None:
     _RING_CACHE.clear()
     _SUB_CACHE.clear()
+    _TIMEOUT[0] = None
     if is_initialized():
         dist.destroy_process_group()
 
@@ -338,9 +346,10 @@ _SUB_CACHE: dict = {}
 
 
 def _new_group(ranks: list[int], local_sync: bool):
+    kw = {"timeout": _TIMEOUT[0]} if _TIMEOUT[0] is not None else {}
     if local_sync:
-        return dist.new_group(ranks, use_local_synchronization=True)
-    return dist.new_group(ranks)
+        return dist.new_group(ranks, use_local_synchronization=True, **kw)
+    return dist.new_group(ranks, **kw)
 
 
 _CACHED_UNDER: list = [None]  # the default group the cached groups were created under

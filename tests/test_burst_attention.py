@@ -346,3 +346,29 @@ def test_posted_transfers_hold_their_buffers_until_wait(monkeypatch):
     pending.wait()
     gc.collect()
     assert alive() is None
+
+
+def _waits_on_a_dead_peer(rank: int, world: int):
+    import time
+
+    from burst import comm
+
+    acc = comm.ring_groups(None).acc_intra  # a sub-group: the ring's accumulators travel here
+    if rank == 1:
+        time.sleep(60)  # never joins (a rank that hangs or died)
+    comm.barrier(acc)
+
+
+def test_sub_groups_time_out_as_the_process_group_does():
+    """comm.init's timeout covers the groups made from it: the ring's accumulator group (and
+    every double-ring, USP and engine group) took torch's default, 30 minutes, so a peer that
+    died left the others waiting that long whatever init said."""
+    import time
+
+    from burst.spawn import SpawnError
+
+    t0 = time.monotonic()
+    with pytest.raises(SpawnError, match="rank 0 raised") as e:
+        spawn(_waits_on_a_dead_peer, 2, timeout_s=8)  # the ranks' init timeout, then +30 s
+    assert time.monotonic() - t0 < 30, "rank 0 waited past its timeout"
+    assert "imed out" in str(e.value) or "timeout" in str(e.value).lower()

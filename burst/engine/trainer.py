@@ -18,6 +18,9 @@ Every rank builds identical weights from ``seed`` without communication.
 
 from __future__ import annotations
 
+import json
+import zlib
+
 import torch
 
 from burst import comm
@@ -110,6 +113,16 @@ class Trainer:
         model.checkpointing, model.fused_head, model.loss_chunk = (checkpointing, fused_head,
                                                                    loss_chunk)
         self.model = model
+        # what every rank of a context-parallel group must run alike: a rank with another
+        # causal window, layout, scale, backward or checkpointing mode ran without an error
+        # and gave wrong losses and gradients on every rank, or hung in the ring (_check_batch)
+        name = getattr(method, "name", None) or (  # a function: its import path (no address)
+            f"{getattr(method, '__module__', '')}.{getattr(method, '__qualname__', '')}")
+        self._setup = json.dumps([name, layout, window,
+                                  sorted((k, repr(v)) for k, v in (attention_options or
+                                                                   {}).items()),
+                                  checkpointing, fused_head, loss_chunk, str(dtype),
+                                  repr(cfg), ignore_index], default=repr)
         self._forward = wrap_data_parallel(model, self.dp_group, data_parallel)
         params = list(model.parameters())
         if optimizer == "adamw":
@@ -190,7 +203,8 @@ class Trainer:
 
     # -- step -----------------------------------------------------------------------------------
 
-    def _check_batch(self, tokens, targets, positions) -> None:
+    def _check_batch(self, tokens, targets, positions, cu_seqlens=None,
+                     num_targets=None) -> None:
         problems = []
         for name, t in (("tokens", tokens), ("targets", targets), ("positions", positions)):
             if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.dtype != torch.int64:
@@ -208,14 +222,26 @@ class Trainer:
                                    seq_local=tokens.shape[1])
         if self.cp_size > 1:  # each shard is valid alone; the ring needs them all alike
             b, n = tokens.shape
-            shapes = torch.tensor([b, n, -b, -n], dtype=torch.float64, device=tokens.device)
+            # the setup, the documents and the loss's denominator, as a 32-bit checksum (exact
+            # in float64): one max all-reduce of 6 numbers compares shapes and all of them
+            call = json.dumps([self._setup, None if cu_seqlens is None else
+                               [int(x) for x in cu_seqlens], num_targets])
+            f = zlib.crc32(call.encode())
+            shapes = torch.tensor([b, n, f, -b, -n, -f], dtype=torch.float64,
+                                  device=tokens.device)
             with comm.phase("check"):
                 comm.all_reduce(shapes, group=self.cp_group, op="max")
-            hi_b, hi_n, lo_b, lo_n = (int(x) for x in shapes.tolist())
+            hi_b, hi_n, hi_f, lo_b, lo_n, lo_f = (int(x) for x in shapes.tolist())
             if (hi_b, hi_n) != (-lo_b, -lo_n):
                 raise ValueError(f"Trainer.step: the shards of one context-parallel group must "
                                  f"have one shape; this rank has batch {b} x {n} local tokens, the "
                                  f"group's shards batch {-lo_b}-{hi_b} x {-lo_n}-{hi_n} tokens")
+            if hi_f != -lo_f:
+                raise ValueError("Trainer.step: the ranks of one context-parallel group differ "
+                                 "in their setup (attention method, options, layout, window, "
+                                 "checkpointing, head, dtype, model), their cu_seqlens or their "
+                                 "num_targets; each must be the same on every rank of the group "
+                                 f"(this rank: {call[:300]})")
 
     def global_targets(self, targets, tokens=None) -> int:
         """Target tokens (not ``ignore_index``) of this batch on every rank of the world (CP x
@@ -251,7 +277,7 @@ class Trainer:
         then returns, and back-propagates, its share of that mean, so that the shares of the
         micro-batches add up to the mean over all their tokens, however unevenly the ignored
         targets fall. Default: this call's own global count (each call's own mean)."""
-        self._check_batch(tokens, targets, positions)
+        self._check_batch(tokens, targets, positions, cu_seqlens, num_targets)
         if cu_seqlens is not None:
             MaskSpec(causal=True, cu_seqlens=cu_seqlens).check_length(
                 tokens.shape[1] * self.cp_size)
