@@ -10,6 +10,10 @@ benchmarks and sweeps loop over ``names()`` without special cases. A method in a
 be an import path ``package.module:function`` with this signature (contiguous layout unless the
 options name another).
 
+Every rank of the group calls with the same shapes, dtype and arguments; a call does not compare
+them across ranks (``burst.burst_attn`` says what a mismatch does: wrong results or a wait until
+the process group's timeout; the engine's ``Trainer`` compares them once per step).
+
 Each entry declares what it requires; ``Method.check`` raises a ValueError naming the problem and
 the valid choices before any communication starts, and ``Method.unavailable`` says in one line
 why an entry cannot run here (missing package, no GPU) without breaking any import.

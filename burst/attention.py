@@ -272,10 +272,14 @@ def burst_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = N
     Args:
         q: (batch, seq_local, heads, head_dim), this rank's shard in ``layout``.
         k, v: (batch, seq_local, kv_heads, head_dim); heads % kv_heads == 0 (GQA travels
-            un-replicated). Every rank of the group passes the same shapes: a call does not
-            compare them across ranks (that would cost a collective per layer; the engine's
-            ``Trainer`` checks its shards once per step), and mismatched ones fail in the
-            transport (gloo aborts; NCCL may hang).
+            un-replicated). Every rank of the group passes the same shapes, dtype and
+            arguments (causal, softmax_scale, layout, window, cu_seqlens, backward,
+            ranks_per_node, grad_acc): a call does not compare them across ranks (that would
+            cost a collective per layer; the engine's ``Trainer`` checks its shards and its
+            setup once per step). Mismatched shapes fail in the transport (gloo aborts; NCCL
+            may hang); a mismatched mask, layout or scale runs and returns wrong results on
+            every rank; a mismatched schedule (backward, ranks_per_node, a window that
+            shortens the ring) waits until the process group's timeout.
         causal: mask keys after the query (global positions).
         softmax_scale: default head_dim ** -0.5.
         layout: ``contiguous``, ``zigzag`` or ``striped`` (see ``burst.layout``).

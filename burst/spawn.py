@@ -21,6 +21,7 @@ import os
 import pickle
 import signal
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -49,6 +50,12 @@ def _entry(rank, world, port, fn, args, out_dir, backend, threads, timeout_s):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     path = os.path.join(out_dir, f"rank{rank}.pkl")
+    # the rank's stderr goes to a file that spawn echoes when the ranks are done, and quotes
+    # for a rank that died without a result: what gloo or CUDA printed before an abort
+    # ("Received data size doesn't match ...") was on the console only, not in SpawnError
+    err = os.open(os.path.join(out_dir, f"rank{rank}.err"), os.O_WRONLY | os.O_CREAT, 0o644)
+    os.dup2(err, 2)
+    os.close(err)
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank % max(torch.cuda.device_count(), 1))
@@ -90,6 +97,25 @@ def _how_it_ended(code: int | None, stopped: bool, first_dead: int | None) -> st
     return f"exit code {code}"
 
 
+STDERR_LINES = 15  # of a rank that died, quoted in SpawnError
+
+
+def _echo_stderr(out_dir: str, world: int) -> list[str]:
+    """Each rank's stderr, written to this process's stderr (rank by rank) and returned."""
+    logs = []
+    for r in range(world):
+        try:
+            with open(os.path.join(out_dir, f"rank{r}.err"), errors="replace") as f:
+                text = f.read()
+        except OSError:  # the rank died before it opened its file
+            text = ""
+        if text:
+            sys.stderr.write(text if text.endswith("\n") else text + "\n")
+        logs.append(text)
+    sys.stderr.flush()
+    return logs
+
+
 def _kill(processes) -> set[int]:
     """Kill the ranks still alive and reap every one (no rank may still write or hold memory
     once ``spawn`` returns or raises); returns the ranks it killed."""
@@ -129,20 +155,27 @@ def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
                 if now > deadline or (failed_at is not None and now - failed_at > 3):
                     stopped = _kill(ctx.processes)
                     if now > deadline and failed_at is None:
-                        raise SpawnError(f"spawned ranks did not finish within {timeout_s:.0f} s")
+                        _echo_stderr(out_dir, world)
+                        raise SpawnError(f"spawned ranks did not finish within {timeout_s:.0f} s"
+                                         f" (+30 s); rank(s) {', '.join(map(str, sorted(stopped)))}"
+                                         " were still running and were killed")
                     break
         except BaseException:  # KeyboardInterrupt, a signal turned exception: ranks die first
             _kill(ctx.processes)
             raise
         results, errors = [], []
+        logs = _echo_stderr(out_dir, world)
         for r in range(world):
             path = os.path.join(out_dir, f"rank{r}.pkl")
             if not os.path.exists(path):
                 code = ctx.processes[r].exitcode
                 # torch's join terminates (SIGTERM) the other ranks when one dies
                 signalled_after = first_dead not in (None, r) and code == -signal.SIGTERM
+                stopped_here = r in stopped or signalled_after
+                tail = "" if stopped_here or not logs[r] else (
+                    "; its last stderr lines:\n" + "\n".join(logs[r].splitlines()[-STDERR_LINES:]))
                 errors.append(f"rank {r} exited without a result: " + _how_it_ended(
-                    code, r in stopped or signalled_after, first_dead))
+                    code, stopped_here, first_dead) + tail)
                 results.append(None)
                 continue
             with open(path, "rb") as f:

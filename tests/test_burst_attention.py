@@ -372,3 +372,22 @@ def test_sub_groups_time_out_as_the_process_group_does():
         spawn(_waits_on_a_dead_peer, 2, timeout_s=8)  # the ranks' init timeout, then +30 s
     assert time.monotonic() - t0 < 30, "rank 0 waited past its timeout"
     assert "imed out" in str(e.value) or "timeout" in str(e.value).lower()
+
+
+def _aborts_on_rank1(rank: int, world: int):
+    import os
+
+    if rank == 1:  # what gloo does on a collective mismatch: a message on stderr, then abort
+        os.write(2, b"Received data size doesn't match expected size (a test's abort)\n")
+        os.abort()
+    return rank
+
+
+def test_a_rank_that_aborts_is_quoted_in_the_error():
+    """A rank killed by an abort left only "killed by SIGABRT" in SpawnError (and so in a
+    harness row); the reason gloo printed was on the console only."""
+    from burst.spawn import SpawnError
+
+    with pytest.raises(SpawnError, match="killed by SIGABRT") as e:
+        spawn(_aborts_on_rank1, 2, timeout_s=60)
+    assert "Received data size doesn't match expected size (a test's abort)" in str(e.value)
