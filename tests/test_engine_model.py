@@ -247,6 +247,21 @@ def test_failed_call_keeps_accumulated_gradients():
         assert p.grad is not None and torch.equal(p.grad, before[n]), n
 
 
+def test_a_non_finite_loss_does_not_update_the_weights():
+    """A NaN from the attention made every weight NaN through the update, without an error."""
+    from burst.reference import reference_attention
+
+    def attn(q, k, v, *, causal, softmax_scale=None, group=None, layout="contiguous", **_):
+        return reference_attention(q, k, v, causal=causal, scale=softmax_scale)[0] * float("nan")
+
+    tr = Trainer("tiny", attention=attn, dtype=torch.float64)
+    before = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
+    with pytest.raises(FloatingPointError, match="the loss is nan.*weights are as before"):
+        tr.step(*tr.local_batch(16, batch=1))
+    for n, p in tr.model.named_parameters():
+        assert torch.equal(p, before[n]) and p.grad is None, n
+
+
 # ---------------------------------------------------------------------------------------------
 # bad input
 

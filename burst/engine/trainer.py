@@ -19,6 +19,7 @@ Every rank builds identical weights from ``seed`` without communication.
 from __future__ import annotations
 
 import json
+import math
 import zlib
 
 import torch
@@ -276,7 +277,12 @@ class Trainer:
         than this call's (every micro-batch of an accumulated step, on every rank): the call
         then returns, and back-propagates, its share of that mean, so that the shares of the
         micro-batches add up to the mean over all their tokens, however unevenly the ignored
-        targets fall. Default: this call's own global count (each call's own mean)."""
+        targets fall. Default: this call's own global count (each call's own mean).
+
+        Every rank makes the same calls: the same number per step (it is not compared: a rank
+        with fewer calls waits in the next collective until the process group's timeout), with
+        one setup, cu_seqlens and num_targets per context-parallel group (compared, with the
+        shard shapes, in one small all-reduce: a difference raises on every rank)."""
         self._check_batch(tokens, targets, positions, cu_seqlens, num_targets)
         if cu_seqlens is not None:
             MaskSpec(causal=True, cu_seqlens=cu_seqlens).check_length(
@@ -323,8 +329,14 @@ class Trainer:
 
     def step(self, tokens, targets, positions, *, cu_seqlens=None) -> float:
         """One training step on this rank's shard; returns the global mean loss (before the
-        update)."""
+        update). A loss that is not finite (the global one: every rank sees it) raises
+        FloatingPointError on every rank before the update, with the weights unchanged (the
+        update made every weight NaN, silently)."""
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.forward_backward(tokens, targets, positions, cu_seqlens=cu_seqlens)
+        if not math.isfinite(loss):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(f"Trainer.step: the loss is {loss} (a NaN or inf on some "
+                                     "rank); the step was not applied, the weights are as before")
         self.optimizer.step()
         return loss
