@@ -57,10 +57,12 @@ def _entry(rank, world, port, fn, args, out_dir, backend, threads, timeout_s):
     os.dup2(err, 2)
     os.close(err)
     try:
-        if backend == "nccl":
-            torch.cuda.set_device(rank % max(torch.cuda.device_count(), 1))
+        device = None
+        if backend == "nccl":  # one GPU per rank (spawn checked there are enough), bound at
+            device = torch.device("cuda", rank)  # init: NCCL needs it for p2p and barriers
+            torch.cuda.set_device(device)
         comm.init(backend, rank=rank, world_size=world,
-                  init_method=f"tcp://127.0.0.1:{port}", timeout_s=timeout_s)
+                  init_method=f"tcp://127.0.0.1:{port}", timeout_s=timeout_s, device_id=device)
         result = ("ok", fn(rank, world, *args))
     except BaseException:  # noqa: BLE001 - reported to the parent with the traceback
         result = ("error", traceback.format_exc())
@@ -134,6 +136,10 @@ def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
     """Run ``fn(rank, world, *args)`` on ``world`` fresh processes; return their results."""
     if world < 1:
         raise ValueError(f"world={world}: need at least one rank")
+    if backend == "nccl" and world > torch.cuda.device_count():
+        # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), at the first collective
+        raise ValueError(f"backend='nccl' needs one GPU per rank: world={world}, "
+                         f"{torch.cuda.device_count()} GPU(s) visible; use fewer ranks, or gloo")
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="burst-spawn-") as out_dir:
         ctx = mp.start_processes(

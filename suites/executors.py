@@ -207,13 +207,17 @@ def cell_job(cell_json: str, ctx: RunContext) -> dict | None:
         prov = code_provenance(ctx.data_dir)  # driver submitted (hours in a queue)
         if prov["git_commit"]:
             ctx = dataclasses.replace(ctx, **prov)
+    device = None
     if cell.device == "cuda":
-        torch.cuda.set_device(env.local_rank % max(torch.cuda.device_count(), 1))
+        # all the node's GPUs visible: the task's own; a cluster that binds one GPU per task
+        # shows each task its GPU alone, as cuda:0 (the modulo); bound at init for NCCL
+        device = torch.device("cuda", env.local_rank % max(torch.cuda.device_count(), 1))
+        torch.cuda.set_device(device)
     else:
         torch.set_num_threads(int(os.environ.get("SLURM_CPUS_PER_TASK", 1)))
     # a rank that dies without a word (killed, segfault) is noticed by its peers only through
     # this timeout: keep it well under the job's time limit
-    comm.init(_backend(cell), timeout_s=min(cell.timeout_min * 60, 600))
+    comm.init(_backend(cell), timeout_s=min(cell.timeout_min * 60, 600), device_id=device)
     torch.manual_seed(cell.seed)
     metrics = measure(cell)  # on failure: no destroy, it would wait for peers that may hang
     comm.destroy()

@@ -194,3 +194,37 @@ def check(cases: list[dict], per_rank: list[list[dict]], world: int, expected_by
                     failures.append(f"{_label(c)}: {k} error max {ours:.3g}, RMS {rms:.3g}; "
                                     f"naive max {naive:.3g}, RMS {rms_naive:.3g}")
     return failures
+
+
+def transport_check(rank: int, world: int, device: str) -> dict:
+    """Every ring and collective method over the process group's own transport (gloo on CPU,
+    NCCL on GPUs): float32 on ``device``, out and dq/dk/dv against the float64 reference;
+    {label: max abs error}. The GPU check runs it with NCCL on every GPU of the machine (its
+    other GPU tests run one process, so they never send a byte)."""
+    dev = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
+    g = torch.Generator().manual_seed(3)
+    n, h, d = 32 * world, 4, 64
+    full = [torch.randn(1, n, h, d, generator=g, dtype=torch.float64) for _ in range(4)]
+    leaves = [t.clone().requires_grad_() for t in full[:3]]
+    out, _ = reference_attention(*leaves, causal=True)
+    out.backward(full[3])
+    ref = [out.detach(), *(t.grad for t in leaves)]
+    cases = {"burst": ("burst", {"backward": "burst"}), "burst-ring": ("burst",
+                                                                       {"backward": "ring"}),
+             "zigzag_ring": ("zigzag_ring", {}), "allgather": ("allgather", {}),
+             "ulysses": ("ulysses", {})}
+    if world % 2 == 0 and world >= 4:
+        cases["burst-double"] = ("burst", {"ranks_per_node": 2})
+        cases["usp"] = ("usp", {"ulysses_degree": 2})
+    errs = {}
+    for label, (name, opts) in cases.items():
+        method = registry.get(name)
+        layout = method.layout(opts)
+        q, k, v, do = (shard(t, layout=layout).to(dev, torch.float32) for t in full)
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        got = method(q, k, v, causal=True, **opts)
+        got.backward(do)
+        errs[label] = max(float((a.detach().cpu().double() - shard(w, layout=layout)).abs().max())
+                          for a, w in zip((got, q.grad, k.grad, v.grad), ref, strict=True))
+    comm.barrier()
+    return errs

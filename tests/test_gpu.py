@@ -273,3 +273,17 @@ def test_engine_tiny_model_on_cuda():
     for _ in range(5):
         last = tr.step(*batch)
     assert torch.isfinite(torch.tensor(last)) and last < first, (first, last)
+
+
+def test_every_method_over_nccl():
+    """The only GPU test with more than one process: the ring and collective methods over
+    NCCL between GPUs (every other test here runs one process and sends nothing)."""
+    from burst.spawn import spawn
+    from tests.parity import transport_check
+
+    gpus = torch.cuda.device_count()
+    if gpus < 2:
+        pytest.skip(f"NCCL between ranks needs 2 or more GPUs; this machine has {gpus}")
+    world = 4 if gpus >= 4 else 2
+    for errs in spawn(transport_check, world, args=("cuda",), backend="nccl", timeout_s=300):
+        assert max(errs.values()) < 1e-2, errs  # fp32 kernels may round through TF32
