@@ -168,6 +168,8 @@ def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
                     break
         except BaseException:  # KeyboardInterrupt, a signal turned exception: ranks die first
             _kill(ctx.processes)
+            with contextlib.suppress(Exception):  # what they said about a hang, if anything
+                _echo_stderr(out_dir, world)
             raise
         results, errors = [], []
         logs = _echo_stderr(out_dir, world)

@@ -19,6 +19,7 @@ import math
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 from results.store import RunLockedError
@@ -301,12 +302,16 @@ def _terminate(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> int:
-    previous = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {}  # handlers can only be set from the main thread (main() in a thread: none)
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGTERM,
+                                                                    signal.SIGHUP)}
     try:
         return _main(argv)
     except KeyboardInterrupt as e:  # Ctrl-C: what was written stays (run says where and how
         if not getattr(e, "reported", False):  # to resume), no traceback
-            print(f"burst-bench: interrupted{f' ({e})' if str(e) else ''}", file=sys.stderr)
+            with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
+                print(f"burst-bench: interrupted{f' ({e})' if str(e) else ''}", file=sys.stderr)
         return 130
     finally:
         for sig, handler in previous.items():
@@ -325,7 +330,8 @@ def _main(argv: list[str] | None) -> int:
         args.rest = argv[1:]
     else:
         args = p.parse_args(argv)
-    if args.cmd in ("list", "show", "compare") and hasattr(signal, "SIGPIPE"):
+    if (args.cmd in ("list", "show", "compare") and hasattr(signal, "SIGPIPE")
+            and threading.current_thread() is threading.main_thread()):
         # `burst-bench show ... | head` ends quietly (not `run`: a sweep must not die with it)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:

@@ -234,18 +234,19 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
                 elif todo:
                     submit_cells(todo, kind=executor, run=run, ctx=ctx, slurm=slurm,
                                  folder=job_folder, on_submit=on_submit)
-        except KeyboardInterrupt as e:  # Ctrl-C: how to go on, and the table of what ran
+        except KeyboardInterrupt as e:  # Ctrl-C: the table of what ran, and how to go on
+            with _no_sigint():  # a second Ctrl-C must not leave the table half written
+                store.consolidate(run.dir)  # first: a hung-up terminal fails the print below
             kept = len(_done(store.read_rows(run.rows), False) & set(ids))
             jobs = {"slurm": "; its SLURM jobs keep running (scancel stops them) and are "
                              "collected when it resumes",
                     "local": "; a local job still running is waited for when it resumes, one "
                              "that died runs again"}.get(executor, "")
             again = "the same command" + (" without --new" if new else "")
-            print(f"\ninterrupted: {kept} of {len(cells)} cells have a row in {run.dir}; "
-                  f"{again} resumes this run{jobs}", file=stream, flush=True)
+            with contextlib.suppress(OSError):  # SIGHUP: the terminal is gone (EIO)
+                print(f"\ninterrupted: {kept} of {len(cells)} cells have a row in {run.dir}; "
+                      f"{again} resumes this run{jobs}", file=stream, flush=True)
             e.reported = True  # the CLI adds no second message
-            with _no_sigint():  # a second Ctrl-C must not leave the table half written
-                store.consolidate(run.dir)
             raise
         table = store.consolidate(run.dir)
     print(summary_text(table, spec), file=stream, flush=True)

@@ -201,6 +201,15 @@ def test_no_method_drops_a_second_derivative_silently():
             torch.autograd.grad((out * w).sum(), q, create_graph=True)
         (dq,) = torch.autograd.grad((call() * w).sum(), q)
         assert torch.isfinite(dq).all() and dq.abs().sum() > 0, name
+    from burst.engine.trainer import Trainer
+
+    for ck in ("full", "selective"):  # the checkpointed layer's own backward ran with grad off
+        tr = Trainer("tiny", dtype=torch.float64, checkpointing=ck, fused_head=False)
+        tok, tgt, pos = tr.local_batch(16, batch=1)
+        loss = torch.nn.functional.cross_entropy(tr.model(tok, pos).flatten(0, 1),
+                                                 tgt.flatten())
+        with pytest.raises(RuntimeError, match="no second derivative"):
+            torch.autograd.grad(loss, next(tr.model.parameters()), create_graph=True)
     hidden = torch.randn(6, 8, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(11, 8, dtype=torch.float64)
     loss = fused_linear_cross_entropy(hidden, weight, torch.randint(0, 11, (6,)))

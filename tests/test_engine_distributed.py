@@ -264,16 +264,24 @@ def _one_bad_rank(rank: int, world: int) -> list[str]:
     out = []
     # a rank with another window, checkpointing mode or num_targets: no error, and wrong
     # losses and gradients on every rank (or a hang in the ring until the timeout)
+    import numpy as np
+
     odd = {"window": dict(window=(4, 0)), "checkpointing": dict(checkpointing="full"),
            "layout": dict(attention_options={"layout": "contiguous"})}
-    for what in ("token", "target", "shape", *odd, "num_targets"):
-        tr = Trainer("tiny", dtype=torch.float64, **(odd.get(what, {}) if rank == 1 else {}))
+    # spelled differently, run alike: no error (the checksum took the spelling)
+    alike = {"same layout": ({}, dict(attention_options={"layout": "zigzag"})),
+             "same window": (dict(window=(4, 0)), dict(window=[np.int64(4), 0]))}
+    for what in ("token", "target", "shape", *odd, "num_targets", *alike, "num_targets np"):
+        kw = odd.get(what, {}) if rank == 1 else {}
+        if what in alike:
+            kw = alike[what][rank]
+        tr = Trainer("tiny", dtype=torch.float64, **kw)
         tok, tgt, pos = tr.local_batch(32 if what != "shape" or rank == 0 else 64, batch=1)
         if rank == 1 and what == "token":
             tok[0, 0] = tr.config.vocab_size
         if rank == 1 and what == "target":
             tgt[0, 0] = -1
-        n = 10**4 * (1 + rank) if what == "num_targets" else None
+        n = {"num_targets": 10**4 * (1 + rank), "num_targets np": np.int64(10**4)}.get(what)
         try:
             tr.forward_backward(tok, tgt, pos, num_targets=n)
             out.append("no error")
@@ -284,8 +292,10 @@ def _one_bad_rank(rank: int, world: int) -> list[str]:
 
 def test_one_rank_with_bad_data_fails_every_rank():
     for msgs in _results(2)[3]:  # run by the world-2 spawn of the parity cases
-        token, target, shape, *setup = msgs
+        token, target, shape, *setup, layout, window, np_targets = msgs
         assert "1 token ids outside [0, 256)" in token, token
         assert "1 target ids outside [0, 256)" in target, target
         assert "must have one shape" in shape and "batch 1-1 x 16-32 tokens" in shape, shape
         assert len(setup) == 4 and all("differ in their setup" in m for m in setup), setup
+        assert layout == window == "no error", (layout, window)
+        assert np_targets.startswith("num_targets=np.int64(10000): expected an int"), np_targets

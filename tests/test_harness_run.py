@@ -7,6 +7,7 @@ Each test is one or two process groups (spawning costs seconds on this machine).
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import math
 import os
@@ -611,3 +612,63 @@ def test_a_stale_result_file_is_not_taken_for_this_cells_row(tmp_path):
     (row,) = read_rows(run.rows)
     assert row["cell_id"] == cell.cell_id and row["status"] == "error"
     assert "holds the row of cell someone-else of run 2024-old" in row["error"]
+
+
+def test_a_hung_up_terminal_still_gets_the_table_written(tmp_path, monkeypatch):
+    """SIGHUP (a dropped ssh session) interrupts a run whose terminal is gone: the "interrupted"
+    message failed with EIO before the table was written, and the run exited as a disk error."""
+    import errno
+
+    from suites import run as run_mod
+
+    class Gone(io.StringIO):
+        hung_up = False
+
+        def write(self, text):
+            if self.hung_up:
+                raise OSError(errno.EIO, "Input/output error")
+            return super().write(text)
+
+    stream = Gone()
+
+    def hang_up(cells, run, ctx):
+        stream.hung_up = True
+        raise KeyboardInterrupt("SIGHUP")
+
+    monkeypatch.setattr(run_mod, "run_inline", hang_up)
+    spec = _spec(tmp_path, 'workload = "attention"\nseq_lens = [64]\nworld = 2\n'
+                 '[shape]\nheads = 2\nhead_dim = 8\n[[methods]]\nname = "ring"\n')
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(spec, out=tmp_path / "out", stream=stream)
+    (run,) = (tmp_path / "out" / "tiny").iterdir()
+    assert (run / "table.csv").exists() and (run / "table.parquet").exists()
+
+
+def _speaks_then_hangs(rank: int, world: int):
+    import sys
+    import time
+
+    print(f"rank {rank}: a diagnostic about the hang", file=sys.stderr, flush=True)
+    time.sleep(120)
+
+
+def test_an_interrupted_spawn_keeps_what_the_ranks_said(capfd):
+    """Ctrl-C (or SIGTERM turned KeyboardInterrupt) during a spawn dropped every rank's stderr
+    (kept in files that the interrupted spawn deleted unread)."""
+    import signal
+
+    from burst.spawn import spawn
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    signal.alarm(8)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            spawn(_speaks_then_hangs, 2, timeout_s=60)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    err = capfd.readouterr().err
+    assert "rank 0: a diagnostic about the hang" in err and "rank 1: a diagnostic" in err

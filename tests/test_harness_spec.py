@@ -688,3 +688,15 @@ def test_run_exit_code_signals_and_disk_errors(tmp_path, monkeypatch, capsys):
     with pytest.raises(OSError):
         store.consolidate(d)
     assert not list(d.glob("*.tmp"))
+
+
+def test_the_cli_runs_outside_the_main_thread(capsys):
+    """main() set its SIGTERM/SIGHUP handlers unconditionally: from a thread it raised
+    'signal only works in main thread'."""
+    import threading
+
+    got = []
+    t = threading.Thread(target=lambda: got.append(cli.main(["list"])))
+    t.start()
+    t.join(60)
+    assert got == [0]

@@ -101,9 +101,13 @@ def test_burstengine_wins_every_main_panel(evals):
 
 def test_doc_matches_shipped_constants(evals):
     """docs/simulator.md was regenerated with the constants the data files ship."""
+    from suites.simulator_doc import _impl_table
+
     doc = (calibrate.DOC).read_text()
     for line in calibrate.summary_lines(calibrate.summary(evals)):
         assert line in doc
+    for line in _impl_table(implementations()):  # the systems and their sources, as shipped
+        assert line in doc, line
 
 
 # ---------------------------------------------------------------------------------------------

@@ -50,6 +50,7 @@ from torch.autograd.graph import get_gradient_edge, saved_tensors_hooks
 
 from burst import comm
 from burst.engine.attention_call import AttentionCall, recompute_phase
+from burst.first_order import first_order
 from burst.flops import CHECKPOINTING
 
 __all__ = ["CHECKPOINTING", "ActivationCache", "CacheEntry", "check_mode", "run_layer"]
@@ -257,6 +258,7 @@ class _Replay(torch.autograd.Function):
             return entry.replay_output(q, k, v, anchor)
 
     @staticmethod
+    @first_order  # a gradient penalty through a checkpointed layer: refused, not dropped
     def backward(ctx, dout):
         q, k, v = ctx.saved_tensors
         entry, ctx.entry = ctx.entry, None
@@ -302,6 +304,7 @@ class _Recompute(torch.autograd.Function):
         return run.first(x)
 
     @staticmethod
+    @first_order  # a gradient penalty through a checkpointed layer: refused, not dropped
     def backward(ctx, dy):
         (x,) = ctx.saved_tensors
         run, ctx.run = ctx.run, None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import zlib
 
 import torch
@@ -45,6 +46,25 @@ __all__ = ["DTYPES", "OPTIMIZERS", "Trainer"]
 # float16 is left out: without loss scaling and fp32 master weights its optimizer step underflows
 DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 OPTIMIZERS = ("adamw", "sgd")
+
+
+def _canonical(x) -> str:
+    """One text for values that run alike on every rank: numpy and torch scalars as Python
+    numbers, tuples as lists, dicts by key (the setup checksum of ``_check_batch``)."""
+    def norm(v):
+        if isinstance(v, bool) or v is None or isinstance(v, str):
+            return v
+        if isinstance(v, numbers.Integral):
+            return int(v)
+        if isinstance(v, numbers.Real):
+            return float(v)
+        if isinstance(v, dict):
+            return {str(k): norm(w) for k, w in sorted(v.items(), key=lambda kv: str(kv[0]))}
+        if isinstance(v, tuple | list):
+            return [norm(w) for w in v]
+        return repr(v)
+
+    return json.dumps(norm(x))
 
 
 class Trainer:
@@ -119,11 +139,9 @@ class Trainer:
         # and gave wrong losses and gradients on every rank, or hung in the ring (_check_batch)
         name = getattr(method, "name", None) or (  # a function: its import path (no address)
             f"{getattr(method, '__module__', '')}.{getattr(method, '__qualname__', '')}")
-        self._setup = json.dumps([name, layout, window,
-                                  sorted((k, repr(v)) for k, v in (attention_options or
-                                                                   {}).items()),
-                                  checkpointing, fused_head, loss_chunk, str(dtype),
-                                  repr(cfg), ignore_index], default=repr)
+        effective = {**getattr(method, "options", {}), **(attention_options or {})}
+        self._setup = _canonical([name, layout, window, effective, checkpointing, fused_head,
+                                  loss_chunk, str(dtype), repr(cfg), ignore_index])
         self._forward = wrap_data_parallel(model, self.dp_group, data_parallel)
         params = list(model.parameters())
         if optimizer == "adamw":
@@ -225,7 +243,7 @@ class Trainer:
             b, n = tokens.shape
             # the setup, the documents and the loss's denominator, as a 32-bit checksum (exact
             # in float64): one max all-reduce of 6 numbers compares shapes and all of them
-            call = json.dumps([self._setup, None if cu_seqlens is None else
+            call = _canonical([self._setup, None if cu_seqlens is None else
                                [int(x) for x in cu_seqlens], num_targets])
             f = zlib.crc32(call.encode())
             shapes = torch.tensor([b, n, f, -b, -n, -f], dtype=torch.float64,
