@@ -28,7 +28,8 @@ def _requires(*, world, seq_local, layout="zigzag", ranks_per_node=None, backwar
         out.append(f"backward={backward!r}; valid: auto, burst, ring")
     if not ranks_per_node_ok(world, ranks_per_node):
         out.append(f"world {world} is not divisible by ranks_per_node={ranks_per_node!r}; "
-                   f"valid: {', '.join(map(str, divisors(world)))}")
+                   f"valid: {', '.join(map(str, divisors(world)))}, or any number >= {world} "
+                    "(one node: a flat ring)")
     return out
 
 

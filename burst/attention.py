@@ -243,7 +243,9 @@ def _validate(q, k, v, *, layout, group, ranks_per_node, backward, backend, grad
     if not comm.ranks_per_node_ok(g, ranks_per_node):
         if comm.ranks_per_node_ok(1, ranks_per_node):  # a whole number >= 1, the wrong one
             problems.append(f"group of {g} ranks is not divisible by ranks_per_node="
-                            f"{ranks_per_node}; valid values: {', '.join(map(str, divisors(g)))}")
+                            f"{ranks_per_node}; valid values: "
+                            f"{', '.join(map(str, divisors(g)))}, or any number >= {g} (one "
+                            "node: a flat ring)")
         else:
             problems.append(f"ranks_per_node must be a whole number >= 1 (or None), got "
                             f"{ranks_per_node!r}")

@@ -175,7 +175,8 @@ def _validate(q, k, v, *, world, layout, ranks_per_node, backend) -> None:
                             f"({layout} layout over {world} ranks)")
         if not ranks_per_node_ok(world, ranks_per_node):
             problems.append(f"world {world} is not divisible by ranks_per_node={ranks_per_node}; "
-                            f"valid values: {', '.join(map(str, divisors(world)))}")
+                            f"valid values: {', '.join(map(str, divisors(world)))}, or any number "
+                            f">= {world} (one node: a flat ring)")
     shape_problems = qkv_problems(q, k, v)  # burst_attn's own checks: dims, dtypes, lengths
     problems += shape_problems
     if not shape_problems and (k.shape[2] == 0 or q.shape[2] % k.shape[2] or q.shape[1] == 0):

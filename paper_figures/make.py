@@ -45,8 +45,8 @@ def render_all(tables: Tables, out: Path | str = OUT, only: list[str] | None = N
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m paper_figures", description=__doc__.split(
-        "\n")[0])
+    ap = argparse.ArgumentParser(prog="burst-bench figures", description=__doc__.split(
+        "\n")[0] + " (also: python -m paper_figures)")
     ap.add_argument("--results", default=str(RESULTS), help="results folder to read")
     ap.add_argument("--out", default=str(OUT), help="where the figures go")
     ap.add_argument("--only", nargs="*", help="figure names (default: all)")

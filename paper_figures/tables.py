@@ -122,6 +122,9 @@ def _latest_tables(root: Path, notes: list[str]) -> list[Path]:
     return out
 
 
+PAPER_PROFILE = "a800"  # the paper's cluster: the profile its figures draw
+
+
 def load_tables(results: Path | str = RESULTS) -> Tables:
     from results.paper import paper_rows
 
@@ -130,9 +133,16 @@ def load_tables(results: Path | str = RESULTS) -> Tables:
         raise FileNotFoundError(f"no results folder {results}")
     breakdowns = results / SIMULATED / "breakdowns.csv"
     notes: list[str] = []
+    simulated = _frames(_latest_tables(results / SIMULATED, notes))
+    if len(simulated) and "hardware" in simulated:
+        profiles = sorted(set(simulated["hardware"].dropna().astype(str)))
+        if PAPER_PROFILE not in profiles:  # the figures drew empty, with no word why
+            notes.append(f"the paper's figures draw the {PAPER_PROFILE} simulation (the "
+                         f"paper's cluster); {results / SIMULATED} holds only "
+                         f"{', '.join(profiles)}: simulate --hardware {PAPER_PROFILE} there")
     return Tables(
         paper=add_system(pd.DataFrame(paper_rows())),
-        simulated=_frames(_latest_tables(results / SIMULATED, notes)),
+        simulated=simulated,
         measured=_frames(_latest_tables(results, notes)),
         breakdowns=pd.read_csv(breakdowns) if breakdowns.exists() else pd.DataFrame(),
         notes=notes,

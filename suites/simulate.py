@@ -1,6 +1,6 @@
 """The paper-scale simulator: a cell (or a whole spec) on a hardware profile -> result rows.
 
-    rows = simulate_spec("suites/specs/paper_main.toml", "a800", out_dir="results/simulated")
+    rows = simulate_spec("suites/specs/paper_main_7b.toml", "a800", out_dir="results/simulated")
     row = simulate_cell({"workload": "attention", "method": "burst", "seq_len": 1 << 20,
                          "world": 32, "ranks_per_node": 8, "heads": 40, "head_dim": 128,
                          "options": {"ranks_per_node": 8}}, "a800")
@@ -361,8 +361,8 @@ def write_rows(rows: list[dict], run_dir: Path, meta: dict | None = None) -> Pat
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m suites.simulate", description=__doc__.split(
-        "\n")[0])
+    ap = argparse.ArgumentParser(prog="burst-bench simulate", description=__doc__.split(
+        "\n")[0] + " (also: python -m suites.simulate). Exit 1 when a cell is an error row.")
     ap.add_argument("specs", nargs="+", help="spec files or names in suites/specs")
     ap.add_argument("--hardware", default="a800",
                     help="profile name or .toml path (one; run again for another profile)")
@@ -372,14 +372,27 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--hardware given more than once: one profile per run (the last one would "
                  "silently win); run again for another profile")
     a = ap.parse_args(argv)
-    from suites.spec import SpecError
+    from suites.spec import SpecError, load_spec
 
+    errors = 0
+    try:
+        hw = load(a.hardware)
+    except (OSError, ValueError) as e:
+        print(f"simulate: {e}", file=sys.stderr)
+        return 2
+    if hw.sources.get("attention_kernel.fwd_eta_max", "").startswith("assumed"):
+        print(f"note: the {hw.name} profile's attention-kernel efficiency is assumed, not "
+              "calibrated on measurements (its sources: suites/hardware/"
+              f"{hw.name}.toml); read its numbers as estimates")
     for s in a.specs:
         try:
-            rows = simulate_spec(s, a.hardware, a.out)
+            spec = load_spec(s)
+            rows = simulate_spec(spec, hw, a.out)
         except (SpecError, ValueError) as e:
             print(f"simulate {s}: {e}", file=sys.stderr)
             return 2
+        if spec.device != "cuda":
+            print(f"note: {spec.name} is a {spec.device} spec; priced on {hw.name} GPUs")
         for r in rows:
             val = r["status"]
             if val == "ok" and r["workload"] == "attention":
@@ -391,8 +404,11 @@ def main(argv: list[str] | None = None) -> int:
             elif r.get("error"):  # why it was not priced, on the console too (not only --out)
                 val = f"{val}: {r['error'].splitlines()[0][:160]}"
             print(f"{r['label']:28s} seq={r['seq_len']:>8d} world={r['world']:>3d} {val}")
-        print(json.dumps({"spec": s, "rows": len(rows)}))
-    return 0
+            errors += r["status"] == "error"
+        where = (str(Path(a.out) / spec.name / f"simulated-{hw.name}") if a.out is not None
+                 else "nothing written (--out keeps the rows)")
+        print(json.dumps({"spec": s, "rows": len(rows), "written": where}))
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

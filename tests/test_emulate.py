@@ -176,7 +176,8 @@ def test_bad_input_names_the_problem():
     q, k, v, _ = _inputs(4, dtype=torch.float32)
     with pytest.raises(ValueError, match="not divisible by 24"):
         RingEmulator(q, k, v, world=12, causal=True, layout="zigzag")
-    with pytest.raises(ValueError, match="ranks_per_node=3"):
+    with pytest.raises(ValueError, match=r"ranks_per_node=3; valid values: 1, 2, 4, or any "
+                                         r"number >= 4 \(one node"):
         RingEmulator(q, k, v, world=4, ranks_per_node=3)
     with pytest.raises(ValueError, match="unknown backward"):
         emulate_attn(q, k, v, world=4, backward="auto")

@@ -315,3 +315,13 @@ def test_memory_bars_tag_the_peaks_predicted_oom(fixture_tables):
     i = labels.index("Burst-Ring")
     tags = [t.get_text() for t in ax.texts if abs(t.get_position()[0] - i) < 1e-9]
     assert any("sim OOM" in t for t in tags), tags
+
+
+def test_figures_say_when_the_simulation_is_on_another_profile(tmp_path):
+    """Simulated on h100 only, every paper figure drew empty without a word."""
+    from paper_figures.tables import load_tables
+    from suites.simulate import simulate_spec
+
+    simulate_spec("paper_kernel_32gpu", "h100", tmp_path / "simulated")
+    (note,) = load_tables(tmp_path).notes
+    assert "draw the a800 simulation" in note and "holds only h100" in note

@@ -504,11 +504,14 @@ def _fake_clock(rank: int, world: int):
     nan = M.measure(as_cell(dict(method=f"{M_METHODS}:nan_on_rank1", seq_len=16, world=world,
                                  heads=2, head_dim=8, device="cpu", dtype="float32",
                                  repeats=1, profile_memory=False)))
+    own = M.measure(as_cell(dict(method=f"{M_METHODS}:talks_to_torch_distributed", seq_len=16,
+                                 world=world, heads=2, head_dim=8, device="cpu",
+                                 dtype="float32", repeats=1, profile_memory=False)))
     times = iter([1.0, 10.0, 2.0] if rank == 0 else [10.0, 1.0, 2.0])
     M._timed = lambda step, dev: next(times)
     cell = as_cell(dict(method="ring", seq_len=16, world=world, heads=2, head_dim=8,
                         device="cpu", dtype="float32", repeats=3, profile_memory=False))
-    return M.measure(cell), nan
+    return M.measure(cell), nan, own
 
 
 def test_measured_time_is_the_median_of_the_slowest_rank_per_repeat():
@@ -517,7 +520,10 @@ def test_measured_time_is_the_median_of_the_slowest_rank_per_repeat():
     from burst import flops
     from burst.spawn import spawn
 
-    for r, nan in spawn(_fake_clock, 2, timeout_s=120):
+    for r, nan, own in spawn(_fake_clock, 2, timeout_s=120):
+        # a user's method that talks through torch.distributed: bytes unknown, not 0
+        assert own["status"] == "ok" and own["bytes_sent_forward"] is None, own
+        assert r["bytes_sent_forward"] > 0
         assert nan["max_err"] is None and nan["status"] == "error", nan  # not checked, not ok
         assert "not finite (NaN or inf) on some rank" in nan["error"]
         assert (r["time_s"], r["time_s_min"], r["time_s_max"]) == (10.0, 2.0, 10.0)

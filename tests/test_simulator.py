@@ -1079,7 +1079,7 @@ def test_tied_embeddings_are_one_matrix_not_two_in_the_layers_share(monkeypatch)
         untied.memory.parts["gathered_params"])
 
 
-def test_simulate_console_says_why_and_takes_one_profile(capsys):
+def test_simulate_console_says_why_and_takes_one_profile(capsys, tmp_path):
     """A cell the simulator cannot price printed only its status (the reason was in rows.jsonl,
     written only with --out); a repeated --hardware silently kept the last profile."""
     from suites.simulate import main
@@ -1088,6 +1088,21 @@ def test_simulate_console_says_why_and_takes_one_profile(capsys):
     out = capsys.readouterr().out
     skipped = [line for line in out.splitlines() if " skipped" in line]
     assert skipped and all("skipped: " in line and "ulysses" in line for line in skipped)
+    assert '"written": "nothing written (--out keeps the rows)"' in out  # it said nothing
     with pytest.raises(SystemExit) as ei:
         main(["paper_main_7b", "--hardware", "a800", "--hardware", "h100"])
     assert ei.value.code == 2 and "--hardware given more than once" in capsys.readouterr().err
+    # an unmodelled method (a user's own) is an error row: the command now fails (it exited 0);
+    # a CPU spec and an uncalibrated profile are said, not silently priced as measured ones
+    assert main(["smoke", "--hardware", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert "h100 profile's attention-kernel efficiency is assumed" in out
+    assert "note: smoke is a cpu spec; priced on h100 GPUs" in out
+    assert main(["smoke", "--hardware", "a800"]) == 0
+    assert "is assumed" not in capsys.readouterr().out  # a800 is calibrated
+    mine = tmp_path / "mine.toml"
+    mine.write_text('workload = "attention"\nseq_lens = [4096]\nworld = 4\ndevice = "cuda"\n'
+                    '[shape]\nheads = 4\nhead_dim = 64\n[[methods]]\n'
+                    'name = "tests.harness_methods:user_attention"\n')
+    assert main([str(mine), "--hardware", "a800"]) == 1
+    assert "has no schedule model" in capsys.readouterr().out
