@@ -150,6 +150,18 @@ class Trainer:
         else:
             self.optimizer = torch.optim.SGD(params, lr=lr, weight_decay=weight_decay)
 
+    def model_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model's weights as plain CPU tensors with the engine's names (FSDP's
+        sharded parameters gathered): what ``Trainer(state_dict=...)`` loads, on any layout of
+        ranks. A collective under FSDP: every rank calls it. The optimizer's state is not in
+        it (``self.optimizer.state_dict()`` is, per rank)."""
+        out = {}
+        for name, t in self.model.state_dict().items():
+            if hasattr(t, "full_tensor"):  # a DTensor: the DP group's shards, gathered
+                t = t.full_tensor()
+            out[name] = t.detach().to("cpu", copy=True)
+        return out
+
     # -- groups ---------------------------------------------------------------------------------
 
     @staticmethod
