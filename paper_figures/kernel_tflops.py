@@ -1,7 +1,8 @@
 """Attention alone: TFLOP/s per GPU of one causal layer (forward + backward, flash-attention
 convention) on 32 A800s at 128K-1M tokens. Lines: simulated; diamonds: published; squares:
 measured on GPUs (if any); at the bottom, a mark per cell without a number (x: out of memory;
-the other failures have their own marks, ``_bars.FAILED_MARKERS``)."""
+the other failures have their own marks, ``_bars.FAILED_MARKERS``); a red ring: a simulated
+number where the paper reports OOM."""
 
 from __future__ import annotations
 
@@ -23,9 +24,18 @@ def make(tables):
     if not len(df):
         note_empty(ax)
         return fig, pd.DataFrame()
-    rows = []
+    rows, flagged = [], False
     for k, (label, system, ls) in enumerate(line_labels(df)):
         d = df[df["label"] == label].sort_values("seq_len")
+        # a simulated number where the paper has OOM (Megatron-CP at 512K, 1M: docs/simulator.md
+        # says why) is ringed in red, so the line does not read as agreeing with the paper
+        oom = set(d.loc[(d["source"] == "paper") & (d["status"] == "oom"), "seq_len"])
+        sim = d[(d["source"] == "simulated") & (d["status"] == "ok") & d["seq_len"].isin(oom)]
+        if len(sim):
+            ax.scatter(sim["seq_len"], sim["attn_tflops"], s=90, facecolors="none",
+                       edgecolors="red", lw=1.2, zorder=6,
+                       label=None if flagged else "simulated, but OOM in the paper")
+            flagged = True
         for src in ("simulated", "paper", "measured"):
             s = d[d["source"] == src].drop_duplicates("seq_len", keep="last")
             ok = (s["status"] == "ok") & s["attn_tflops"].notna()
@@ -40,8 +50,9 @@ def make(tables):
             y = {"paper": 0.03, "simulated": 0.09, "measured": 0.15}[src] + 0.012 * k
             mark_failures(ax, s, "seq_len", y, color(system))
             rows += [{"system": system, "label": label, "source": src, "seq_len": r["seq_len"],
-                      "status": r["status"], "attn_tflops": r["attn_tflops"]}
-                     for r in s.to_dict("records")]
+                      "status": r["status"], "attn_tflops": r["attn_tflops"],
+                      "ringed": src == "simulated" and r["status"] == "ok"
+                      and r["seq_len"] in oom} for r in s.to_dict("records")]
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(fmt_tokens)
     ax.set_xlabel("sequence length (tokens), 32 GPUs")

@@ -271,7 +271,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--fail-above", type=float, metavar="PCT",
                    help="exit 1 when a matched cell is worse in b by more than PCT percent, "
                    "failed, is missing or lost its value (exit 2 when no cell has the metric in "
-                   "both); choose PCT above the measured run-to-run spread (docs/regressions.md)")
+                   "both); choose PCT above the measured run-to-run spread (docs/regressions.md). "
+                   "With or without it, two sets without a matching cell exit 1")
     s.set_defaults(fn=_cmd_compare)
 
     s = sub.add_parser("figures", help="regenerate the papers' figures (paper_figures)",

@@ -325,3 +325,20 @@ def test_figures_say_when_the_simulation_is_on_another_profile(tmp_path):
     simulate_spec("paper_kernel_32gpu", "h100", tmp_path / "simulated")
     (note,) = load_tables(tmp_path).notes
     assert "draw the a800 simulation" in note and "holds only h100" in note
+
+
+def test_a_simulated_number_where_the_paper_ran_out_of_memory_is_ringed(fixture_tables):
+    """Megatron-CP's simulated line at 512K-1M read as agreeing with the paper, which reports
+    OOM there (the x marks at the floor were easy to miss)."""
+    import dataclasses
+
+    from paper_figures import kernel_tflops
+
+    sim = fixture_tables.simulated.copy()
+    at = (sim["sweep"] == "paper_kernel_32gpu") & (sim["system"] == "megatron_cp") & (
+        sim["seq_len"] == 1 << 19)
+    assert at.sum() == 1
+    sim.loc[at, ["status", "attn_tflops"]] = ["ok", 170.0]
+    _, data = kernel_tflops.make(dataclasses.replace(fixture_tables, simulated=sim))
+    ringed = data[data["ringed"]]
+    assert list(zip(ringed["system"], ringed["seq_len"], strict=True)) == [("megatron_cp", 1 << 19)]
