@@ -363,14 +363,13 @@ def test_sub_groups_time_out_as_the_process_group_does():
     """comm.init's timeout covers the groups made from it: the ring's accumulator group (and
     every double-ring, USP and engine group) took torch's default, 30 minutes, so a peer that
     died left the others waiting that long whatever init said."""
-    import time
-
     from burst.spawn import SpawnError
 
-    t0 = time.monotonic()
+    # rank 0's own timeout error, not spawn's deadline ("did not finish within 8 s", +30 s):
+    # without the sub-group's timeout rank 0 waits 30 minutes in the barrier
     with pytest.raises(SpawnError, match="rank 0 raised") as e:
         spawn(_waits_on_a_dead_peer, 2, timeout_s=8)  # the ranks' init timeout, then +30 s
-    assert time.monotonic() - t0 < 30, "rank 0 waited past its timeout"
+    assert "did not finish within" not in str(e.value)
     assert "imed out" in str(e.value) or "timeout" in str(e.value).lower()
 
 

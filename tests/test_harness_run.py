@@ -650,31 +650,39 @@ def test_a_hung_up_terminal_still_gets_the_table_written(tmp_path, monkeypatch):
     assert (run / "table.csv").exists() and (run / "table.parquet").exists()
 
 
-def _speaks_then_hangs(rank: int, world: int):
+def _speaks_then_hangs(rank: int, world: int, ready: str):
     import sys
     import time
+    from pathlib import Path
 
     print(f"rank {rank}: a diagnostic about the hang", file=sys.stderr, flush=True)
+    Path(ready, f"rank{rank}").touch()
     time.sleep(120)
 
 
-def test_an_interrupted_spawn_keeps_what_the_ranks_said(capfd):
+def test_an_interrupted_spawn_keeps_what_the_ranks_said(capfd, tmp_path):
     """Ctrl-C (or SIGTERM turned KeyboardInterrupt) during a spawn dropped every rank's stderr
     (kept in files that the interrupted spawn deleted unread)."""
     import signal
+    import threading
 
     from burst.spawn import spawn
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
+    def when_both_spoke():  # then interrupt the spawn, however long the ranks took to start
+        deadline = time.monotonic() + 240
+        while len(list(tmp_path.glob("rank*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGALRM)
+
     old = signal.signal(signal.SIGALRM, interrupt)
-    signal.alarm(8)
+    threading.Thread(target=when_both_spoke, daemon=True).start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            spawn(_speaks_then_hangs, 2, timeout_s=60)
+            spawn(_speaks_then_hangs, 2, args=(str(tmp_path),), timeout_s=60)
     finally:
-        signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
     err = capfd.readouterr().err
     assert "rank 0: a diagnostic about the hang" in err and "rank 1: a diagnostic" in err
