@@ -391,14 +391,26 @@ def test_submitit_jobs_rendezvous_below_the_ephemeral_ports():
     assert master_port("42_3") == master_port("42_3") and len(ports) > 40
 
 
+def _collected(job, tmp_path) -> dict:
+    """The row ``executors._collect`` writes for a (fake) job of a 2-rank ring cell."""
+    from suites.cells import expand
+    from suites.executors import Run, _collect
+    from suites.rows import RunContext
+
+    spec = _spec(tmp_path, 'workload = "attention"\nseq_lens = [64]\nworld = 2\n'
+                 '[shape]\nheads = 2\nhead_dim = 8\n[[methods]]\nname = "ring"\n')
+    run = Run(tmp_path / "run")
+    run.dir.mkdir()
+    _collect(job, expand(spec)[0], run, RunContext("r", "local", "{}", None, None))
+    (row,) = store.read_rows(run.rows)
+    return row
+
+
 def test_a_rank_that_dies_silently_makes_an_error_row_not_a_timeout(tmp_path):
     """Rank 1 ends without a result (killed, crashed) and rank 0 then times out waiting for
     it: the cell's row says so and is an error, not the cell's own timeout."""
     from submitit.core.utils import cloudpickle_dump as pickle_dump
 
-    from suites.cells import expand
-    from suites.executors import Run, _collect
-    from suites.rows import RunContext
 
     class Task:
         def __init__(self, i):
@@ -418,12 +430,7 @@ def test_a_rank_that_dies_silently_makes_an_error_row_not_a_timeout(tmp_path):
 
     pickle_dump(("error", "RuntimeError: Connection timed out waiting for rank 1"),
                 tmp_path / "0_result.pkl")
-    spec = _spec(tmp_path, 'workload = "attention"\nseq_lens = [64]\nworld = 2\n'
-                 '[shape]\nheads = 2\nhead_dim = 8\n[[methods]]\nname = "ring"\n')
-    run = Run(tmp_path / "run")
-    run.dir.mkdir()
-    _collect(Job(), expand(spec)[0], run, RunContext("r", "local", "{}", None, None))
-    (row,) = store.read_rows(run.rows)
+    row = _collected(Job(), tmp_path)
     assert row["status"] == "error" and "rank(s) 1 ended without a result" in row["error"]
     assert row["job_id"] == "7" and row["hostname"] is None  # not the driver's host
 
@@ -438,9 +445,6 @@ def test_a_local_job_without_results_says_why(tmp_path, log, status, says):
     result', naming neither the time-out nor the rank."""
     from submitit.core.utils import UncompletedJobError
 
-    from suites.cells import expand
-    from suites.executors import Run, _collect
-    from suites.rows import RunContext
 
     class Task:
         def __init__(self, i):
@@ -468,12 +472,7 @@ def test_a_local_job_without_results_says_why(tmp_path, log, status, says):
         def done(self):
             return True
 
-    spec = _spec(tmp_path, 'workload = "attention"\nseq_lens = [64]\nworld = 2\n'
-                 '[shape]\nheads = 2\nhead_dim = 8\n[[methods]]\nname = "ring"\n')
-    run = Run(tmp_path / "run")
-    run.dir.mkdir()
-    _collect(Job(), expand(spec)[0], run, RunContext("r", "local", "{}", None, None))
-    (row,) = store.read_rows(run.rows)
+    row = _collected(Job(), tmp_path)
     assert row["status"] == status and says in row["error"], row["error"]
 
 
