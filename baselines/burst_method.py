@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from functools import partial
 
-from baselines.checks import divisors, grad_acc_problems, layout_problems
+from baselines.checks import grad_acc_problems, layout_problems
 from baselines.registry import Method, register
 from burst import burst_attn
-from burst.comm import ranks_per_node_ok
+from burst.comm import ranks_per_node_problem
 from burst.layout import LAYOUTS
 from burst.volume import method_bytes
 
@@ -26,11 +26,8 @@ def _requires(*, world, seq_local, layout="zigzag", ranks_per_node=None, backwar
     out = layout_problems(layout, seq_local) + grad_acc_problems(grad_acc)
     if backward not in ("auto", "burst", "ring"):
         out.append(f"backward={backward!r}; valid: auto, burst, ring")
-    if not ranks_per_node_ok(world, ranks_per_node):
-        out.append(f"world {world} is not divisible by ranks_per_node={ranks_per_node!r}; "
-                   f"valid: {', '.join(map(str, divisors(world)))}, or any number >= {world} "
-                    "(one node: a flat ring)")
-    return out
+    why = ranks_per_node_problem(world, ranks_per_node)
+    return out + [why] if why else out
 
 
 burst_method = register(Method(

@@ -239,16 +239,9 @@ def _validate(q, k, v, *, layout, group, ranks_per_node, backward, backend, grad
         problems.append(f"unknown kernel backend {backend!r}; valid: {', '.join(BACKENDS)}")
     if grad_acc not in volume.GRAD_ACC:
         problems.append(f"unknown grad_acc {grad_acc!r}; valid: {', '.join(volume.GRAD_ACC)}")
-    g = comm.world_size(group)
-    if not comm.ranks_per_node_ok(g, ranks_per_node):
-        if comm.ranks_per_node_ok(1, ranks_per_node):  # a whole number >= 1, the wrong one
-            problems.append(f"group of {g} ranks is not divisible by ranks_per_node="
-                            f"{ranks_per_node}; valid values: "
-                            f"{', '.join(map(str, divisors(g)))}, or any number >= {g} (one "
-                            "node: a flat ring)")
-        else:
-            problems.append(f"ranks_per_node must be a whole number >= 1 (or None), got "
-                            f"{ranks_per_node!r}")
+    why = comm.ranks_per_node_problem(comm.world_size(group), ranks_per_node)
+    if why:
+        problems.append(why)
     if problems:
         raise ValueError("burst_attn: " + "; ".join(problems))
 

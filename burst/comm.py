@@ -435,6 +435,19 @@ def ranks_per_node_ok(world: int, ranks_per_node) -> bool:
         and (ranks_per_node >= world or world % ranks_per_node == 0))
 
 
+def ranks_per_node_problem(world: int, ranks_per_node) -> str | None:
+    """Why ``ranks_per_node`` cannot shape a ring of ``world`` ranks (None: it can); the one
+    message of burst_attn, the registry's burst entry and the emulation."""
+    if ranks_per_node_ok(world, ranks_per_node):
+        return None
+    if not ranks_per_node_ok(1, ranks_per_node):  # not a whole number >= 1 at all
+        return f"ranks_per_node must be a whole number >= 1 (or None), got {ranks_per_node!r}"
+    valid = [d for d in range(1, world + 1) if world % d == 0]
+    return (f"a group of {world} ranks is not divisible by ranks_per_node={ranks_per_node}; "
+            f"valid values: {', '.join(map(str, valid))}, or any number >= {world} (one node: "
+            "a flat ring)")
+
+
 def ring_groups(group=None, ranks_per_node: int | None = None) -> RingGroups:
     _fresh_caches()
     ranks = tuple(group_ranks(group))

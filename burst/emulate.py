@@ -28,10 +28,10 @@ from collections.abc import Callable
 import torch
 
 from burst.attention import BACKWARD_SCHEMES, BlockSteps, qkv_problems
-from burst.comm import ranks_per_node_ok, ring_shape
+from burst.comm import ranks_per_node_problem, ring_shape
 from burst.first_order import first_order
 from burst.kernel import BACKENDS, acc_dtype, resolve_scale
-from burst.layout import check_layout, chunks_per_rank, divisors, local_index
+from burst.layout import check_layout, chunks_per_rank, local_index
 from burst.masks import MaskSpec, ring_span
 from burst.merge import new_accumulators, row_delta
 from burst.ring import visit_order
@@ -173,10 +173,9 @@ def _validate(q, k, v, *, world, layout, ranks_per_node, backend) -> None:
         if q.shape[1] % parts:
             problems.append(f"sequence length {q.shape[1]} is not divisible by {parts} "
                             f"({layout} layout over {world} ranks)")
-        if not ranks_per_node_ok(world, ranks_per_node):
-            problems.append(f"world {world} is not divisible by ranks_per_node={ranks_per_node}; "
-                            f"valid values: {', '.join(map(str, divisors(world)))}, or any number "
-                            f">= {world} (one node: a flat ring)")
+        why = ranks_per_node_problem(world, ranks_per_node)
+        if why:
+            problems.append(why)
     shape_problems = qkv_problems(q, k, v)  # burst_attn's own checks: dims, dtypes, lengths
     problems += shape_problems
     if not shape_problems and (k.shape[2] == 0 or q.shape[2] % k.shape[2] or q.shape[1] == 0):

@@ -197,10 +197,11 @@ def check(cases: list[dict], per_rank: list[list[dict]], world: int, expected_by
 
 
 def transport_check(rank: int, world: int, device: str) -> dict:
-    """Every ring and collective method over the process group's own transport (gloo on CPU,
-    NCCL on GPUs): float32 on ``device``, out and dq/dk/dv against the float64 reference;
-    {label: max abs error}. The GPU check runs it with NCCL on every GPU of the machine (its
-    other GPU tests run one process, so they never send a byte)."""
+    """Every attention-core method (tp is block-level) over the process group's own transport
+    (gloo on CPU, NCCL on GPUs): float32 on ``device``, out and dq/dk/dv against the float64
+    reference; {label: max abs error}; the double rings and USP need 4 ranks or more (their
+    sub-groups). The GPU check runs it with NCCL on up to 4 GPUs (its other GPU tests run one
+    process, so they never send a byte)."""
     dev = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
     g = torch.Generator().manual_seed(3)
     n, h, d = 32 * world, 4, 64
@@ -211,10 +212,12 @@ def transport_check(rank: int, world: int, device: str) -> dict:
     ref = [out.detach(), *(t.grad for t in leaves)]
     cases = {"burst": ("burst", {"backward": "burst"}), "burst-ring": ("burst",
                                                                        {"backward": "ring"}),
-             "zigzag_ring": ("zigzag_ring", {}), "allgather": ("allgather", {}),
+             "ring": ("ring", {}), "zigzag_ring": ("zigzag_ring", {}),
+             "striped_ring": ("striped_ring", {}), "allgather": ("allgather", {}),
              "ulysses": ("ulysses", {})}
-    if world % 2 == 0 and world >= 4:
+    if world % 2 == 0 and world >= 4:  # the sub-group paths: two rings, Ulysses x ring
         cases["burst-double"] = ("burst", {"ranks_per_node": 2})
+        cases["double_ring"] = ("double_ring", {"ranks_per_node": 2})
         cases["usp"] = ("usp", {"ulysses_degree": 2})
     errs = {}
     for label, (name, opts) in cases.items():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -215,3 +217,23 @@ def test_no_method_drops_a_second_derivative_silently():
     loss = fused_linear_cross_entropy(hidden, weight, torch.randint(0, 11, (6,)))
     with pytest.raises(RuntimeError, match="no second derivative"):
         torch.autograd.grad(loss, hidden, create_graph=True)
+
+
+def test_one_ranks_per_node_message_everywhere():
+    """The registry's burst entry and the emulation said '4 is not divisible by
+    ranks_per_node=2.0; valid: 1, 2, 4' (4 is divisible by 2.0) for a value that is not a ring
+    size at all; burst_attn's wording is the one now."""
+    from baselines import registry
+    from burst.emulate import RingEmulator
+
+    q, k, v = _qkv(s=16)
+    for bad in (2.0, 0, True, -1):
+        want = f"ranks_per_node must be a whole number >= 1 (or None), got {bad!r}"
+        with pytest.raises(ValueError, match=re.escape(want)):
+            registry.get("burst").check(world=4, heads=4, kv_heads=4, seq_local=8, causal=True,
+                                        ranks_per_node=bad)
+        with pytest.raises(ValueError, match=re.escape(want)):
+            RingEmulator(q, k, v, world=4, ranks_per_node=bad)
+    with pytest.raises(ValueError, match=r"valid values: 1, 2, 4, or any number >= 4"):
+        registry.get("burst").check(world=4, heads=4, kv_heads=4, seq_local=8, causal=True,
+                                    ranks_per_node=3)

@@ -506,11 +506,15 @@ def _fake_clock(rank: int, world: int):
     own = M.measure(as_cell(dict(method=f"{M_METHODS}:talks_to_torch_distributed", seq_len=16,
                                  world=world, heads=2, head_dim=8, device="cpu",
                                  dtype="float32", repeats=1, profile_memory=False)))
+    own_step = M.measure(as_cell(dict(workload="train_step", model="tiny", seq_len=64,
+                                      method=f"{M_METHODS}:talks_to_torch_distributed",
+                                      world=world, device="cpu", dtype="float32", warmup=0,
+                                      repeats=1, profile_memory=False)))
     times = iter([1.0, 10.0, 2.0] if rank == 0 else [10.0, 1.0, 2.0])
     M._timed = lambda step, dev: next(times)
     cell = as_cell(dict(method="ring", seq_len=16, world=world, heads=2, head_dim=8,
                         device="cpu", dtype="float32", repeats=3, profile_memory=False))
-    return M.measure(cell), nan, own
+    return M.measure(cell), nan, own, own_step
 
 
 def test_measured_time_is_the_median_of_the_slowest_rank_per_repeat():
@@ -519,9 +523,12 @@ def test_measured_time_is_the_median_of_the_slowest_rank_per_repeat():
     from burst import flops
     from burst.spawn import spawn
 
-    for r, nan, own in spawn(_fake_clock, 2, timeout_s=120):
-        # a user's method that talks through torch.distributed: bytes unknown, not 0
+    for r, nan, own, own_step in spawn(_fake_clock, 2, timeout_s=120):
+        # a user's method that talks through torch.distributed: bytes unknown, not 0; in a
+        # training step too, whose loss and gradient reductions are still counted ("other")
         assert own["status"] == "ok" and own["bytes_sent_forward"] is None, own
+        assert own_step["status"] == "ok" and own_step["bytes_sent_backward"] is None, own_step
+        assert own_step["bytes_sent_other"] > 0
         assert r["bytes_sent_forward"] > 0
         assert nan["max_err"] is None and nan["status"] == "error", nan  # not checked, not ok
         assert "not finite (NaN or inf) on some rank" in nan["error"]
@@ -670,10 +677,12 @@ def test_an_interrupted_spawn_keeps_what_the_ranks_said(capfd, tmp_path):
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
+    done = threading.Event()
+
     def when_both_spoke():  # then interrupt the spawn, however long the ranks took to start
-        deadline = time.monotonic() + 240
-        while len(list(tmp_path.glob("rank*"))) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        while len(list(tmp_path.glob("rank*"))) < 2:
+            if done.wait(0.2):  # the spawn ended without them: no signal for a later test
+                return
         os.kill(os.getpid(), signal.SIGALRM)
 
     old = signal.signal(signal.SIGALRM, interrupt)
@@ -682,6 +691,7 @@ def test_an_interrupted_spawn_keeps_what_the_ranks_said(capfd, tmp_path):
         with pytest.raises(KeyboardInterrupt):
             spawn(_speaks_then_hangs, 2, args=(str(tmp_path),), timeout_s=60)
     finally:
+        done.set()
         signal.signal(signal.SIGALRM, old)
     err = capfd.readouterr().err
     assert "rank 0: a diagnostic about the hang" in err and "rank 1: a diagnostic" in err
