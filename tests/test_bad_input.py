@@ -237,3 +237,17 @@ def test_one_ranks_per_node_message_everywhere():
     with pytest.raises(ValueError, match=r"valid values: 1, 2, 4, or any number >= 4"):
         registry.get("burst").check(world=4, heads=4, kv_heads=4, seq_local=8, causal=True,
                                     ranks_per_node=3)
+
+
+def test_the_default_scale_is_one_over_root_head_dim():
+    """The ring and the float64 oracle both took their default from resolve_scale, so a wrong
+    default moved both alike and no parity test failed."""
+    from burst.emulate import emulate_attn
+    from burst.kernel import resolve_scale
+    from burst.reference import reference_attention
+
+    assert resolve_scale(64) == 64 ** -0.5 and resolve_scale(64, 0.5) == 0.5
+    q, k, v = (t.double() for t in _qkv(s=16, d=16))
+    want, _ = reference_attention(q, k, v, causal=True, scale=16 ** -0.5)
+    for got in (burst_attn(q, k, v, causal=True), emulate_attn(q, k, v, world=2, causal=True)):
+        assert torch.allclose(got, want, atol=1e-12)

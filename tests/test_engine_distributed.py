@@ -148,7 +148,9 @@ def _resume_from_fsdp() -> float:
     batch = tr.local_batch(TRAIN_SEQ, batch=BATCH, seed=1)
     tr.step(*batch)
     again = Trainer("tiny", state_dict=tr.model_state_dict(), **kw)
-    return abs(tr.step(*batch) - again.step(*batch))
+    gap = abs(tr.step(*batch) - again.step(*batch))
+    # CP groups are consecutive ranks (the ring stays inside a node), DP groups strided
+    return gap, comm.group_ranks(tr.cp_group), comm.group_ranks(tr.dp_group)
 
 
 def _oracle(q, k, v, *, causal, softmax_scale=None, group=None, layout="contiguous",
@@ -284,7 +286,8 @@ def _one_bad_rank(rank: int, world: int) -> list[str]:
     # spelled differently, run alike: no error (the checksum took the spelling)
     alike = {"same layout": ({}, dict(attention_options={"layout": "zigzag"})),
              "same window": (dict(window=(4, 0)), dict(window=[np.int64(4), 0]))}
-    for what in ("token", "target", "shape", *odd, "num_targets", *alike, "num_targets np"):
+    for what in ("token", "target", "shape", *odd, "num_targets", "cu_seqlens", *alike,
+                 "num_targets np"):
         kw = odd.get(what, {}) if rank == 1 else {}
         if what in alike:
             kw = alike[what][rank]
@@ -295,8 +298,9 @@ def _one_bad_rank(rank: int, world: int) -> list[str]:
         if rank == 1 and what == "target":
             tgt[0, 0] = -1
         n = {"num_targets": 10**4 * (1 + rank), "num_targets np": np.int64(10**4)}.get(what)
+        docs = (0, 20 + 10 * rank, 64) if what == "cu_seqlens" else None  # other documents
         try:
-            tr.forward_backward(tok, tgt, pos, num_targets=n)
+            tr.forward_backward(tok, tgt, pos, num_targets=n, cu_seqlens=docs)
             out.append("no error")
         except ValueError as e:
             out.append(str(e))
@@ -309,11 +313,12 @@ def test_one_rank_with_bad_data_fails_every_rank():
         assert "1 token ids outside [0, 256)" in token, token
         assert "1 target ids outside [0, 256)" in target, target
         assert "must have one shape" in shape and "batch 1-1 x 16-32 tokens" in shape, shape
-        assert len(setup) == 4 and all("differ in their setup" in m for m in setup), setup
+        assert len(setup) == 5 and all("differ in their setup" in m for m in setup), setup
         assert layout == window == "no error", (layout, window)
         assert np_targets.startswith("num_targets=np.int64(10000): expected an int"), np_targets
 
 
 def test_a_model_trained_under_fsdp_saves_and_loads():
-    for gap in _results(4)[4]:  # run by the world-4 spawn of the parity cases
+    for rank, (gap, cp, dp) in enumerate(_results(4)[4]):  # run by the world-4 spawn
         assert gap < 1e-12, gap
+        assert cp == [rank // 2 * 2, rank // 2 * 2 + 1] and dp == [rank % 2, rank % 2 + 2]

@@ -700,3 +700,28 @@ def test_the_cli_runs_outside_the_main_thread(capsys):
     t.start()
     t.join(60)
     assert got == [0]
+
+
+def test_finiteness_check_catches_inf_as_well_as_nan():
+    """Only a NaN fixture existed: a check for NaN alone would let an fp16 overflow (inf) be an
+    ok row with a time."""
+    import math
+
+    import torch
+
+    from suites.measure import _finite
+
+    ok = torch.ones(3)
+    assert _finite((ok, ok, ok, ok)) and _finite(1.5) and _finite(None)
+    assert not _finite((ok, ok, torch.tensor([1.0, math.inf]), ok))  # inf in one gradient
+    assert not _finite((torch.tensor([math.nan]),)) and not _finite(math.inf)
+
+
+def test_time_gate_ratio_is_the_median_of_interleaved_pairs(monkeypatch):
+    """measure_ratio was only ever monkeypatched away in tests: a min (optimistic gate) or a
+    running aggregate went unnoticed. A fake clock gives the pairs' ratios 1, 5, 2."""
+    from suites import timegate
+
+    ticks = iter([0, 1, 2, 3, 8, 9, 10, 12, 13])  # a: 1, b: 1 | a: 5, b: 1 | a: 2, b: 1
+    monkeypatch.setattr(timegate.time, "perf_counter", lambda: next(ticks))
+    assert timegate.measure_ratio(lambda: None, lambda: None, repeats=3, warmup=0) == 2

@@ -813,6 +813,21 @@ def test_windowed_ulysses_counts_its_fp32_gradient_accumulators():
     assert win.allocated - plain.allocated == extra
 
 
+def test_attention_layer_memory_parts_by_hand():
+    """Each counted part of one attention layer, written out (a factor in one part moved no OOM
+    verdict and no ordering: only the gates' stored snapshot noticed)."""
+    from suites.implementations import OURS
+    from suites.memory_model import attention_memory
+    from suites.schedule import plan_for
+
+    shape = dataclasses.replace(MHA, kv_heads=8)  # GQA: q, out, dout, dq per query head
+    parts = attention_memory(HW, shape, plan_for("burst", {}, TOPO, shape), 32, OURS).parts
+    b, n, h, hk, d = 1, shape.seq_len // 32, 40, 8, 128
+    assert parts["inputs_outputs"] == b * n * (2 * h + 2 * hk) * d * 2  # q, out; k, v (bf16)
+    assert parts["grads"] == b * n * (2 * h + 2 * hk) * d * 2  # dout, dq; dk, dv
+    assert parts["lse_delta"] == 2 * b * h * n * 4  # lse and D = rowsum(dO * O), fp32
+
+
 def test_grad_acc_input_moves_and_holds_input_dtype_gradients():
     """grad_acc='input' (TransformerEngine's dK/dV in bf16) changes the prediction as the byte
     formula says: fewer backward bytes, no slower, smaller buffers; the option reached neither
