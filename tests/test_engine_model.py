@@ -464,3 +464,16 @@ def test_saved_bytes_count_what_forward_keeps_not_backward_recompute():
         with SavedBytes() as both:
             tr.model(tokens, positions, targets).backward()
         assert both.bytes == fwd_only.bytes > 0, mode
+
+
+def test_rope_angles_are_exact_at_a_million_tokens():
+    """fp32 angles (pos * inv_freq) are off by up to ~0.1 rad near 2^20: the tables are formed
+    in float64 (a float32 mutation survived every CPU test)."""
+    from burst.engine.model import rope_cos_sin
+
+    pos = torch.tensor([[(1 << 20) - 3, (1 << 20) + 77]])
+    rope = rope_cos_sin(pos, 128, 10000.0, torch.float32)
+    inv = 1.0 / (10000.0 ** (torch.arange(0, 128, 2, dtype=torch.float64) / 128))
+    ang = pos.double()[..., None] * inv
+    want = torch.cat([ang, ang], -1).cos().unsqueeze(2).float()
+    assert (rope.cos - want).abs().max() < 1e-6

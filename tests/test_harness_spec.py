@@ -725,3 +725,56 @@ def test_time_gate_ratio_is_the_median_of_interleaved_pairs(monkeypatch):
     ticks = iter([0, 1, 2, 3, 8, 9, 10, 12, 13])  # a: 1, b: 1 | a: 5, b: 1 | a: 2, b: 1
     monkeypatch.setattr(timegate.time, "perf_counter", lambda: next(ticks))
     assert timegate.measure_ratio(lambda: None, lambda: None, repeats=3, warmup=0) == 2
+
+
+def test_failure_texts_classify_as_documented():
+    """Each documented pattern of suites.rows (the second audit removed four without a test
+    failing): SLURM's OUT_OF_MEMORY, a C++ bad_alloc, a gloo 'timed out', the local executor's
+    'exceeded its time limit'."""
+    assert classify("slurmstepd: error: State: OUT_OF_MEMORY") == "oom"
+    assert classify("terminate called after throwing an instance of 'std::bad_alloc'") == "oom"
+    assert classify("RuntimeError: [gloo] Connection timed out waiting for rank 1") == "timeout"
+    assert classify("the job exceeded its time limit of 75 s without a result") == "timeout"
+    assert classify("ValueError: bad input") == "error"
+
+
+def test_labels_and_scales_do_not_depend_on_spelling():
+    """A label must not depend on the order options are written in; a scale given as world and
+    nodes puts world / nodes ranks on each node (both survived a mutation)."""
+    from suites.spec import default_label, parse_spec
+
+    assert default_label("burst", {"layout": "zigzag", "backward": "ring"}) == \
+        default_label("burst", {"backward": "ring", "layout": "zigzag"})
+    spec = parse_spec({"workload": "attention", "shape": {"heads": 4, "head_dim": 8},
+                       "methods": [{"name": "ring"}],
+                       "scales": [{"world": 8, "nodes": 2, "seq_lens": [64]}]}, name="s")
+    (cell,) = expand(spec)
+    assert (cell.world, cell.nodes, cell.ranks_per_node) == (8, 2, 4)
+
+
+def test_a_sweep_folder_reads_its_newest_run_with_rows(tmp_path):
+    """A run that died before its first row (run.json only) must not hide the run before it."""
+    older = _run_dir(tmp_path, "20250101T000000Z-1", _rows([("ring", 64, 2.0, "ok")]))
+    newer = tmp_path / "sweep" / "20250102T000000Z-1"
+    newer.mkdir()
+    store.write_meta(newer, {"baseline": "ring", "cells": ["ring-64"],
+                             "created": "2025-01-02T00:00:00Z"})
+    store.write_meta(older, {**store.read_meta(older), "created": "2025-01-01T00:00:00Z"})
+    assert store.latest_run(tmp_path / "sweep") == newer
+    assert store.latest_run(tmp_path / "sweep", with_rows=True) == older
+    assert list(store.load(tmp_path / "sweep")["cell_id"]) == ["ring-64"]
+
+
+def test_an_impossible_cell_of_a_skip_invalid_method_is_a_skipped_row(tmp_path):
+    from suites.executors import Run
+    from suites.rows import RunContext
+    from suites.run import _skip_invalid
+
+    spec = load_spec(_write(tmp_path, 'workload = "attention"\nseq_lens = [64]\nworld = 4\n'
+                            '[shape]\nheads = 2\nhead_dim = 8\n[[methods]]\nname = "ulysses"\n'
+                            'skip_invalid = true\n'))  # 2 heads over 4 ranks: cannot run
+    run = Run(tmp_path / "run")
+    run.dir.mkdir()
+    assert _skip_invalid(expand(spec), run, RunContext("r", "inline", "{}", None, None)) == []
+    (row,) = store.read_rows(run.rows)
+    assert row["status"] == "skipped" and "ulysses" in row["error"]

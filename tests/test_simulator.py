@@ -1121,3 +1121,26 @@ def test_simulate_console_says_why_and_takes_one_profile(capsys, tmp_path):
                     'name = "tests.harness_methods:user_attention"\n')
     assert main([str(mine), "--hardware", "a800"]) == 1
     assert "has no schedule model" in capsys.readouterr().out
+
+
+def test_a_method_without_a_simulated_number_ranks_last():
+    """The documented rule (a cell the simulator gives no number cannot keep its panel's
+    ranking by dropping out) had no test: ranking it first survived a mutation."""
+    base = dict(table="main", model="7b", world=32, seq_len=1 << 21)
+    evals = [dict(base, label="A", published=100.0, simulated=None),
+             dict(base, label="B", published=90.0, simulated=95.0)]
+    (panel,) = calibrate.rankings(evals)
+    assert panel["published"] == ["A", "B"] and panel["simulated"] == ["B", "A"]
+    assert panel["preserved"] is False
+
+
+def test_yunchang_rings_are_not_truncated_by_a_window():
+    """yunchang's ring (ring-flash-attn) runs every step whatever the window; our usp stops
+    where the window ends. A window must not shorten yunchang's formula (it survived)."""
+    from burst import volume
+
+    kw = dict(world=8, batch=1, seq_local=4096, heads=8, kv_heads=8, head_dim=64, elem=2,
+              ulysses_degree=2, layout="contiguous", causal=True, window=(1024, 0))
+    full = dict(kw, window=None)
+    yun, usp = (volume.method_bytes(m, **kw).sent() for m in ("yunchang", "usp"))
+    assert yun == volume.method_bytes("yunchang", **full).sent() > usp
