@@ -105,6 +105,10 @@ def _core_cases(world: int) -> list[dict]:
         # a window truncates USP's ring over U x n tokens, not n
         add("usp", causal=True, window=(12, 0), options=dict(ulysses_degree=2,
                                                                layout="contiguous"))
+        # Burst-USP over nodes of 4: a ring of 4 whose accumulators' last hop home crosses a
+        # node where the next hop would not (at world 4 both peers are one rank: untested)
+        add("usp", causal=True, ranks_per_node=4,
+            options=dict(ulysses_degree=2, layout="zigzag", backward="burst"))
     return cs
 
 
