@@ -442,10 +442,11 @@ def ranks_per_node_problem(world: int, ranks_per_node) -> str | None:
         return None
     if not ranks_per_node_ok(1, ranks_per_node):  # not a whole number >= 1 at all
         return f"ranks_per_node must be a whole number >= 1 (or None), got {ranks_per_node!r}"
-    valid = [d for d in range(1, world + 1) if world % d == 0]
+    from burst.layout import divisors
+
     return (f"a group of {world} ranks is not divisible by ranks_per_node={ranks_per_node}; "
-            f"valid values: {', '.join(map(str, valid))}, or any number >= {world} (one node: "
-            "a flat ring)")
+            f"valid values: {', '.join(map(str, divisors(world)))}, or any number >= {world} "
+            "(one node: a flat ring)")
 
 
 def ring_groups(group=None, ranks_per_node: int | None = None) -> RingGroups:

@@ -160,8 +160,7 @@ def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
                 now = time.monotonic()
                 if now > deadline or (failed_at is not None and now - failed_at > 3):
                     stopped = _kill(ctx.processes)
-                    if now > deadline and failed_at is None:
-                        _echo_stderr(out_dir, world)
+                    if now > deadline and failed_at is None:  # (the except below echoes)
                         raise SpawnError(f"spawned ranks did not finish within {timeout_s:.0f} s"
                                          f" (+30 s); rank(s) {', '.join(map(str, sorted(stopped)))}"
                                          " were still running and were killed")

@@ -320,6 +320,11 @@ def simulate_cell(cell, hardware: str | Hardware, *, ctx=None, invalid: str = "e
     return row
 
 
+def run_id(hw: Hardware) -> str:
+    """The run folder of a spec's simulation on ``hw`` (replaced by the next one)."""
+    return f"simulated-{hw.name}"
+
+
 def simulate_spec(spec, hardware: str | Hardware, out_dir: str | Path | None = None
                   ) -> list[dict]:
     """Rows for every cell of a spec (path, name in suites/specs, or a SweepSpec).
@@ -333,7 +338,7 @@ def simulate_spec(spec, hardware: str | Hardware, out_dir: str | Path | None = N
 
     sw = spec if isinstance(spec, SweepSpec) else load_spec(spec)
     hw = hardware if isinstance(hardware, Hardware) else load(hardware)
-    ctx = RunContext(run_id=f"simulated-{hw.name}", executor="simulate",
+    ctx = RunContext(run_id=run_id(hw), executor="simulate",
                      sweep_spec=sw.to_json(), **code_provenance())
     cells = expand(sw)
     rows = [simulate_cell(c, hw, ctx=ctx, invalid="skipped") for c in cells]
@@ -405,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
                 val = f"{val}: {r['error'].splitlines()[0][:160]}"
             print(f"{r['label']:28s} seq={r['seq_len']:>8d} world={r['world']:>3d} {val}")
             errors += r["status"] == "error"
-        where = (str(Path(a.out) / spec.name / f"simulated-{hw.name}") if a.out is not None
+        where = (str(Path(a.out) / spec.name / run_id(hw)) if a.out is not None
                  else "nothing written (--out keeps the rows)")
         print(json.dumps({"spec": s, "rows": len(rows), "written": where}))
     return 1 if errors else 0

@@ -23,7 +23,7 @@ from burst import comm
 from burst.layout import shard
 from burst.spawn import spawn
 from burst.volume import method_bytes
-from tests.parity import DTYPES, case, check, run_cases
+from tests.parity import DTYPES, case, check, run_cases, transport_check
 
 F32_TOL = 2e-5  # float32 inputs vs float64, as in tests/test_burst_attention.py
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,7 +162,8 @@ def _run_block(c: dict, rank: int, world: int) -> dict:
 def run_world(rank: int, world: int, cases: list[dict], block_cases: list[dict]):
     torch.manual_seed(0)
     return (run_cases(rank, world, cases), [_run_block(c, rank, world) for c in block_cases],
-            _subgroup_collectives(rank, world) if world == 4 else None)
+            _subgroup_collectives(rank, world) if world == 4 else None,
+            transport_check(rank, world, "cpu") if world == 4 else None)
 
 
 _RESULTS: dict = {}
@@ -173,7 +174,7 @@ def _results(world: int):
         cs, bs = _core_cases(world), _block_cases(world)
         out = spawn(run_world, world, args=(cs, bs), timeout_s=240)
         _RESULTS[world] = (cs, bs, [r[0] for r in out], [r[1] for r in out],
-                           [r[2] for r in out])
+                           [r[2] for r in out], [r[3] for r in out])
     return _RESULTS[world]
 
 
@@ -194,14 +195,14 @@ def _nonzero(d: dict) -> dict:
 
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_core_parity_and_bytes(world):
-    cases, _, per_rank, _, _ = _results(world)
+    cases, _, per_rank, *_ = _results(world)
     failures = check(cases, per_rank, world, _expected, F32_TOL)
     assert not failures, "\n".join(failures[:20])
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_tp_block_parity_and_bytes(world):
-    _, cases, _, per_rank, _ = _results(world)
+    _, cases, _, per_rank, *_ = _results(world)
     failures = []
     for i, c in enumerate(cases):
         for rank in range(world):
@@ -334,3 +335,11 @@ def test_links_come_from_the_counter_or_local_world_size(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert ByteCount()._link(0, 3) == "inter" and ByteCount()._link(0, 1) == "intra"
     assert ByteCount(ranks_per_node=4)._link(0, 3) == "intra"
+
+
+def test_every_method_over_the_transport_of_the_process_group():
+    """The worker the GPU check runs over NCCL (tests/test_gpu.py), here over gloo inside the
+    world-4 spawn: it must pass wherever the transport is sound, so a failure on GPUs is the
+    transport's."""
+    for errs in _results(4)[5]:
+        assert len(errs) == 10 and max(errs.values()) < 1e-4, errs

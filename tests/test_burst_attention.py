@@ -392,15 +392,6 @@ def test_a_rank_that_aborts_is_quoted_in_the_error():
     assert "Received data size doesn't match expected size (a test's abort)" in str(e.value)
 
 
-def test_every_method_over_the_transport_of_the_process_group():
-    """The worker the GPU check runs over NCCL (tests/test_gpu.py), here over gloo: it must
-    pass wherever the transport is sound, so a failure on GPUs is the transport's."""
-    from tests.parity import transport_check
-
-    for errs in spawn(transport_check, 4, args=("cpu",), timeout_s=120):
-        assert len(errs) == 10 and max(errs.values()) < 1e-4, errs
-
-
 def test_nccl_spawn_needs_a_gpu_per_rank():
     """NCCL refuses two ranks on one GPU ("Duplicate GPU detected") at the first collective;
     spawn put rank r on GPU r % count."""
