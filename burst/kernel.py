@@ -21,7 +21,9 @@ Contract, identical on every backend (tests/test_kernel_shim.py, tests/test_gpu.
   - Backward takes ``delta`` instead of ``out``: BurstAttention's backward circulates D, never O
     (DESIGN.md 3). Kernels that insist on ``out`` get a stand-in with the same row sums against
     dO: out' = dO * D / |dO|^2 (|out'| <= |O| by Cauchy-Schwarz, so it cannot overflow); the
-    kernels use ``out`` only to form D. Rows whose lse is -inf (no visible key) get zero grads.
+    kernels use ``out`` only to form D. In bf16/fp16, D is instead written on a row's three
+    largest |dO| entries so that the kernels' fp32 sum of exact products is D itself (rounding
+    out' moved D by 2^-8 |D|, the whole gradient where the softmax is nearly one-hot). Rows whose lse is -inf (no visible key) get zero grads.
     With an lse gradient, delta = D - dlse has no such bound (and no stand-in exists where dO
     is zero): ``burst.attention`` then runs that backward on the ``torch`` backend.
 
@@ -247,7 +249,25 @@ def _stand_in_out(do: torch.Tensor, delta_BHS: torch.Tensor) -> torch.Tensor:
     u = dof / m.clamp_min(tiny).unsqueeze(-1)
     d = delta_BHS.transpose(1, 2)  # B S H
     coef = torch.where(m > 0, d / (m * u.square().sum(-1)).clamp_min(tiny), torch.zeros_like(d))
-    return (u * coef.unsqueeze(-1)).to(do.dtype)
+    spread = (u * coef.unsqueeze(-1)).to(do.dtype)
+    if do.dtype.itemsize >= 4 or do.shape[-1] < 2:
+        return spread
+    # bf16/fp16: rounding the spread stand-in moves the kernel's D by ~2^-8 |D|, and where the
+    # softmax is nearly one-hot the true dS = P (dP - D) is ~0, so that error became the whole
+    # gradient (dq 0.11 against 3e-5 for plain bf16 attention with a strong attention sink).
+    # Instead D is written on the row's largest |dO| entries, each carrying what the previous
+    # one's rounding left: the kernels form D in fp32 from products of two 16-bit numbers, which
+    # are exact, so the sum is D to fp32 precision. Rows where a term overflows keep the spread.
+    top = dof.abs().topk(min(3, do.shape[-1]), dim=-1).indices  # B S H t
+    g = dof.gather(-1, top)
+    rest, terms = d, []
+    for t in range(top.shape[-1]):
+        gt = g[..., t]
+        st = torch.where(gt != 0, rest / torch.where(gt != 0, gt, 1), 0).to(do.dtype).to(acc)
+        terms.append(st)
+        rest = rest - gt * st
+    exact = torch.zeros_like(do).scatter(-1, top, torch.stack(terms, -1).to(do.dtype))
+    return torch.where(torch.isfinite(exact).all(-1, keepdim=True), exact, spread)
 
 
 # ---------------------------------------------------------------------------------------------
