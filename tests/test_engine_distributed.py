@@ -136,6 +136,24 @@ def _run_all(rank: int, world: int, cases: list[dict]) -> dict:
     if world == 4:
         out["train"] = _train({"layout": "zigzag", "backward": "burst"}, "selective")
         out["resume"] = _resume_from_fsdp()
+        out["dp"] = _data_parallel_checks(rank)
+    return out
+
+
+def _data_parallel_checks(rank: int) -> list:
+    """Without DP the model is not wrapped (DDP over the CP group doubled the gradient
+    all-reduce; FSDP failed in DeviceMesh); num_targets is compared across the DP groups."""
+    out = []
+    for kw in (dict(), dict(cp_degree=4), dict(data_parallel="fsdp")):
+        tr = Trainer("tiny", dtype=torch.float64, **kw)
+        tr.forward_backward(*tr.local_batch(32, batch=1))
+        out.append(tr._forward is tr.model)
+    tr = Trainer("tiny", dtype=torch.float64, cp_degree=2)
+    try:
+        tr.forward_backward(*tr.local_batch(32, batch=1), num_targets=100 + 50 * tr.dp_rank)
+        out.append("no error")
+    except ValueError as e:
+        out.append(str(e))
     return out
 
 
@@ -185,7 +203,8 @@ def _results(world: int):
         cs = _cases(world)
         res = spawn(_run_all, world, args=(cs,), timeout_s=300)
         _RESULTS[world] = (cs, [r["cases"] for r in res], [r.get("train") for r in res],
-                           [r.get("bad") for r in res], [r.get("resume") for r in res])
+                           [r.get("bad") for r in res], [r.get("resume") for r in res],
+                           [r.get("dp") for r in res])
     return _RESULTS[world]
 
 
@@ -291,16 +310,37 @@ def _one_bad_rank(rank: int, world: int) -> list[str]:
         kw = odd.get(what, {}) if rank == 1 else {}
         if what in alike:
             kw = alike[what][rank]
-        tr = Trainer("tiny", dtype=torch.float64, **kw)
+        try:  # a setup that differs is refused when the Trainer is built
+            tr = Trainer("tiny", dtype=torch.float64, **kw)
+        except ValueError as e:
+            out.append(str(e))
+            continue
         tok, tgt, pos = tr.local_batch(32 if what != "shape" or rank == 0 else 64, batch=1)
         if rank == 1 and what == "token":
             tok[0, 0] = tr.config.vocab_size
         if rank == 1 and what == "target":
             tgt[0, 0] = -1
         n = {"num_targets": 10**4 * (1 + rank), "num_targets np": np.int64(10**4)}.get(what)
-        docs = (0, 20 + 10 * rank, 64) if what == "cu_seqlens" else None  # other documents
+        docs = (0, 10 + 5 * rank, 32) if what == "cu_seqlens" else None  # other documents
         try:
             tr.forward_backward(tok, tgt, pos, num_targets=n, cu_seqlens=docs)
+            out.append("no error")
+        except ValueError as e:
+            out.append(str(e))
+    # an input that fails its own checks on one rank: every rank raises (its peers waited in
+    # the check's all-reduce, then the ring, until the timeout)
+    tr = Trainer("tiny", dtype=torch.float64)
+    tok, tgt, pos = tr.local_batch(32, batch=1)
+    try:
+        tr.forward_backward(*((t[:, :7] for t in (tok, tgt, pos)) if rank else (tok, tgt, pos)))
+        out.append("no error")
+    except ValueError as e:
+        out.append(str(e))
+    # other starting weights: another seed, or a state_dict given to one rank only
+    start = Trainer("tiny", dtype=torch.float64, seed=7).model_state_dict()
+    for kw in (dict(seed=rank), dict(state_dict=start if rank == 0 else None)):
+        try:
+            Trainer("tiny", dtype=torch.float64, **kw)
             out.append("no error")
         except ValueError as e:
             out.append(str(e))
@@ -308,17 +348,26 @@ def _one_bad_rank(rank: int, world: int) -> list[str]:
 
 
 def test_one_rank_with_bad_data_fails_every_rank():
-    for msgs in _results(2)[3]:  # run by the world-2 spawn of the parity cases
-        token, target, shape, *setup, layout, window, np_targets = msgs
+    for rank, msgs in enumerate(_results(2)[3]):  # run by the world-2 spawn of the parity cases
+        token, target, shape, *setup, layout, window, np_targets, short, seed, loaded = msgs
         assert "1 token ids outside [0, 256)" in token, token
         assert "1 target ids outside [0, 256)" in target, target
         assert "must have one shape" in shape and "batch 1-1 x 16-32 tokens" in shape, shape
         assert len(setup) == 5 and all("differ in their setup" in m for m in setup), setup
         assert layout == window == "no error", (layout, window)
         assert np_targets.startswith("num_targets=np.int64(10000): expected an int"), np_targets
+        assert ("is not divisible by 4" if rank else "another rank's input is invalid") in short
+        for msg in (seed, loaded):
+            assert "start from different weights" in msg, msg
 
 
 def test_a_model_trained_under_fsdp_saves_and_loads():
     for rank, (gap, cp, dp) in enumerate(_results(4)[4]):  # run by the world-4 spawn
         assert gap < 1e-12, gap
         assert cp == [rank // 2 * 2, rank // 2 * 2 + 1] and dp == [rank % 2, rank % 2 + 2]
+
+
+def test_no_data_parallel_wrapper_without_data_parallelism_and_one_num_targets():
+    for unwrapped_ddp, unwrapped_cp, unwrapped_fsdp, targets in _results(4)[5]:
+        assert unwrapped_ddp and unwrapped_cp and unwrapped_fsdp
+        assert "num_targets=" in targets and "differs across the data-parallel groups" in targets

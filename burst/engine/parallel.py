@@ -66,11 +66,14 @@ def all_reduce_grads(params: list[nn.Parameter], group) -> None:
 
 
 def wrap_data_parallel(module: nn.Module, dp_group, kind: str) -> nn.Module:
-    """The module that runs forward: ``module`` itself without DP, else torch's DDP or FSDP over
-    ``dp_group`` (gradients averaged over the DP group)."""
+    """The module that runs forward: ``module`` itself without DP (``dp_group`` None, as
+    ``make_groups`` returns it, or of one rank), else torch's DDP or FSDP over ``dp_group``
+    (gradients averaged over the DP group)."""
     if kind not in DATA_PARALLEL:
         raise ValueError(f"unknown data_parallel {kind!r}; valid: {', '.join(DATA_PARALLEL)}")
-    if comm.world_size(dp_group) == 1:
+    # None is no DP here, not the world: DDP over the CP group duplicated the CP gradient sum
+    # (a second all-reduce of every gradient, and a second copy of them, in every measured step)
+    if dp_group is None or comm.world_size(dp_group) == 1:
         return module
     if kind == "ddp":
         from torch.nn.parallel import DistributedDataParallel

@@ -13,7 +13,8 @@ torch's DDP/FSDP, then an optimizer step. The loss is the exact mean over every 
 token of the global batch: each rank scales its token-loss sum by 1 / (global valid count, one
 all-reduce), and DP's averaging is undone by scaling the backward by the DP size.
 
-Every rank builds identical weights from ``seed`` without communication.
+Every rank builds identical weights from ``seed`` (or ``state_dict``) without communication;
+one all-reduce at construction checks that they and the setup are the same on every rank.
 """
 
 from __future__ import annotations
@@ -142,6 +143,7 @@ class Trainer:
         effective = {**getattr(method, "options", {}), **(attention_options or {})}
         self._setup = _canonical([name, layout, window, effective, checkpointing, fused_head,
                                   loss_chunk, str(dtype), repr(cfg), ignore_index])
+        self._check_replicas()
         self._forward = wrap_data_parallel(model, self.dp_group, data_parallel)
         params = list(model.parameters())
         if optimizer == "adamw":
@@ -149,6 +151,37 @@ class Trainer:
                                                weight_decay=weight_decay)
         else:
             self.optimizer = torch.optim.SGD(params, lr=lr, weight_decay=weight_decay)
+
+    def _check_replicas(self) -> None:
+        """Every rank of the world must start from the same weights and the same setup: a rank
+        given another ``seed``, or ``state_dict`` on rank 0 only, trained without an error on a
+        mix of models (its CP peers' gradients summed into different weights; FSDP even
+        assembled one model from the shards of two). One max all-reduce of a checksum of the
+        setup and each parameter's float64 sum and norm; a difference raises on every rank."""
+        if comm.world_size() == 1:
+            return
+        names, params = zip(*self.model.named_parameters(), strict=True)
+        with torch.no_grad():
+            sums = [torch.stack([p.sum(dtype=torch.float64),
+                                 torch.linalg.vector_norm(p, dtype=torch.float64)])
+                    for p in params]
+        setup = torch.tensor([zlib.crc32(self._setup.encode())], dtype=torch.float64,
+                             device=self.device)
+        mine = torch.cat([setup, torch.stack(sums).reshape(-1).to(self.device)])
+        both = torch.cat([mine, -mine])
+        with comm.phase("check"):
+            comm.all_reduce(both, op="max")
+        hi, lo = both[:len(mine)], -both[len(mine):]
+        if hi[0] != lo[0]:
+            raise ValueError("Trainer: the ranks differ in their setup (attention method, "
+                             "options, layout, window, checkpointing, head, dtype, model); it "
+                             f"must be the same on every rank (this rank: {self._setup[:300]})")
+        differ = [n for i, n in enumerate(names)
+                  if not torch.equal(hi[1 + 2 * i:3 + 2 * i], lo[1 + 2 * i:3 + 2 * i])]
+        if differ:
+            raise ValueError(f"Trainer: the ranks start from different weights ({len(differ)} of "
+                             f"{len(names)} parameters differ, first {differ[0]!r}); give every "
+                             "rank the same seed and the same state_dict")
 
     def model_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's weights as plain CPU tensors with the engine's names (FSDP's
@@ -236,33 +269,37 @@ class Trainer:
 
     def _check_batch(self, tokens, targets, positions, cu_seqlens=None,
                      num_targets=None) -> None:
-        problems = []
-        for name, t in (("tokens", tokens), ("targets", targets), ("positions", positions)):
-            if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.dtype != torch.int64:
-                problems.append(f"{name} must be an int64 tensor (batch, local tokens), got "
-                                f"{getattr(t, 'dtype', type(t).__name__)} "
-                                f"{tuple(getattr(t, 'shape', ()))}")
-        if not problems and not (tokens.shape == targets.shape == positions.shape):
-            problems.append(f"tokens {tuple(tokens.shape)}, targets {tuple(targets.shape)} and "
-                            f"positions {tuple(positions.shape)} must have the same shape")
-        if problems:
-            raise ValueError("Trainer.step: " + "; ".join(problems))
-        self._check_seq_len(tokens.shape[1] * self.cp_size)
-        cfg = self.config
-        self.model.attention.check(heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
-                                   seq_local=tokens.shape[1])
-        if self.cp_size > 1:  # each shard is valid alone; the ring needs them all alike
-            b, n = tokens.shape
+        """Each rank's input checked alone, then compared: the shard shapes, setup, cu_seqlens
+        and num_targets across the CP group, num_targets across the DP groups. Every rank takes
+        part in both comparisons, so an input that fails on one rank raises on every rank (it
+        raised on that rank alone, and its peers waited in the ring or in DDP's all-reduce
+        until the process group's timeout)."""
+        problems = self._local_problems(tokens, targets, positions, cu_seqlens)
+        bad = float(bool(problems))
+        b, n = (0, 0) if problems else tokens.shape
+        if self.cp_size > 1:  # each shard may be valid alone; the ring needs them all alike
             # the setup, the documents and the loss's denominator, as a 32-bit checksum (exact
-            # in float64): one max all-reduce of 6 numbers compares shapes and all of them
-            call = _canonical([self._setup, None if cu_seqlens is None else
+            # in float64): one max all-reduce of 8 numbers compares shapes and all of them
+            call = _canonical([self._setup, None if cu_seqlens is None or problems else
                                [int(x) for x in cu_seqlens], num_targets])
             f = zlib.crc32(call.encode())
-            shapes = torch.tensor([b, n, f, -b, -n, -f], dtype=torch.float64,
-                                  device=tokens.device)
+            shapes = torch.tensor([b, n, f, bad, -b, -n, -f, -bad], dtype=torch.float64,
+                                  device=self.device)
             with comm.phase("check"):
                 comm.all_reduce(shapes, group=self.cp_group, op="max")
-            hi_b, hi_n, hi_f, lo_b, lo_n, lo_f = (int(x) for x in shapes.tolist())
+            hi_b, hi_n, hi_f, bad, lo_b, lo_n, lo_f, _ = (int(x) for x in shapes.tolist())
+        if self.dp_size > 1:  # the loss's denominator is the whole global batch's
+            g = zlib.crc32(_canonical(num_targets).encode())
+            across = torch.tensor([g, bad, -g], dtype=torch.float64, device=self.device)
+            with comm.phase("check"):
+                comm.all_reduce(across, group=self.dp_group, op="max")
+            hi_g, bad, lo_g = (int(x) for x in across.tolist())
+        if problems:
+            raise ValueError("Trainer.step: " + "; ".join(problems))
+        if bad:
+            raise ValueError("Trainer.step: another rank's input is invalid (its error says "
+                             "why); this rank's is valid")
+        if self.cp_size > 1:
             if (hi_b, hi_n) != (-lo_b, -lo_n):
                 raise ValueError(f"Trainer.step: the shards of one context-parallel group must "
                                  f"have one shape; this rank has batch {b} x {n} local tokens, the "
@@ -273,6 +310,34 @@ class Trainer:
                                  "checkpointing, head, dtype, model), their cu_seqlens or their "
                                  "num_targets; each must be the same on every rank of the group "
                                  f"(this rank: {call[:300]})")
+        if self.dp_size > 1 and hi_g != -lo_g:
+            raise ValueError(f"Trainer.step: num_targets={num_targets!r} differs across the "
+                             "data-parallel groups; it counts the whole global batch's targets, "
+                             "so it is the same on every rank")
+
+    def _local_problems(self, tokens, targets, positions, cu_seqlens) -> list[str]:
+        problems = []
+        for name, t in (("tokens", tokens), ("targets", targets), ("positions", positions)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.dtype != torch.int64:
+                problems.append(f"{name} must be an int64 tensor (batch, local tokens), got "
+                                f"{getattr(t, 'dtype', type(t).__name__)} "
+                                f"{tuple(getattr(t, 'shape', ()))}")
+        if not problems and not (tokens.shape == targets.shape == positions.shape):
+            problems.append(f"tokens {tuple(tokens.shape)}, targets {tuple(targets.shape)} and "
+                            f"positions {tuple(positions.shape)} must have the same shape")
+        if problems:
+            return problems
+        cfg = self.config
+        try:
+            self._check_seq_len(tokens.shape[1] * self.cp_size)
+            self.model.attention.check(heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
+                                       seq_local=tokens.shape[1])
+            if cu_seqlens is not None:
+                MaskSpec(causal=True, cu_seqlens=cu_seqlens).check_length(
+                    tokens.shape[1] * self.cp_size)
+        except ValueError as e:
+            problems.append(str(e).removeprefix("Trainer: "))
+        return problems
 
     def global_targets(self, targets, tokens=None) -> int:
         """Target tokens (not ``ignore_index``) of this batch on every rank of the world (CP x
@@ -311,12 +376,10 @@ class Trainer:
 
         Every rank makes the same calls: the same number per step (it is not compared: a rank
         with fewer calls waits in the next collective until the process group's timeout), with
-        one setup, cu_seqlens and num_targets per context-parallel group (compared, with the
-        shard shapes, in one small all-reduce: a difference raises on every rank)."""
+        one setup and cu_seqlens per context-parallel group and one num_targets everywhere
+        (compared, with the shard shapes, in small all-reduces: a difference, or an input that
+        fails its checks on one rank, raises on every rank)."""
         self._check_batch(tokens, targets, positions, cu_seqlens, num_targets)
-        if cu_seqlens is not None:
-            MaskSpec(causal=True, cu_seqlens=cu_seqlens).check_length(
-                tokens.shape[1] * self.cp_size)
         acc = torch.float64
         count = self.global_targets(targets, tokens)
         if num_targets is None and count == 0:
