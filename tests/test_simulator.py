@@ -781,6 +781,32 @@ def test_attn_tflops_counts_one_way_for_measured_and_simulated_rows():
     assert row["attn_tflops"] == pytest.approx(exact / row["time_s"] / 4 / 1e12)
 
 
+def test_windowed_train_step_mfu_counts_the_window():
+    """A windowed training step's MFU and TFLOP/s count the pairs the window computes, as its
+    time does: its MFU was 3.98 (model FLOPs of full causal attention over the windowed time).
+    A window that covers the sequence counts the causal step's FLOPs."""
+    from burst import flops as F
+    from burst.engine.configs import get_config
+
+    n = 1 << 19
+    b = dict(workload="train_step", method="burst", model="7b", world=8, ranks_per_node=8,
+             seq_len=n, checkpointing="full", fused_head=True, dtype="bfloat16")
+    win = simulate_cell({**b, "window": (4096, 0)}, HW)
+    assert win["status"] == "ok"
+    for conv in F.CONVENTIONS:  # no 16-bit work runs faster than its efficiency allows
+        assert 0 < win[f"mfu_{conv}"] <= max(HW.gemm_efficiency, HW.fwd_eta_max), conv
+    plain, whole = (simulate_cell({**b, "window": w}, HW) for w in (None, (n, 0)))
+
+    def step_flops(r, conv):
+        return r[f"tflops_{conv}"] * r["time_s"] * 8 * 1e12
+
+    cfg = get_config("7b")
+    for conv in ("model_flops_causal", "hardware_flops"):  # N(N+1)/2 against N^2/2 pairs
+        assert step_flops(whole, conv) == pytest.approx(step_flops(plain, conv), rel=1e-5)
+        assert step_flops(plain, conv) == pytest.approx(
+            F.model_flops(cfg, 1, n, conv, checkpointing="full"))
+
+
 def test_windowed_attention_is_priced_by_the_same_tiles_for_every_method():
     """On one GPU every method runs the same tiled plan of a windowed sequence: Ulysses, TP and
     all-gather price it identically, the ring adds only its accumulator merges."""
