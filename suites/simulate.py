@@ -34,6 +34,7 @@ from suites.hardware import Hardware, load
 from suites.implementations import OURS, Implementation, implementation
 from suites.memory_model import MemoryEstimate, attention_memory, train_memory
 from suites.schedule import AttnShape, AttnTiming, Topo, acc_bytes, attention_timing, plan_for
+from suites.spec import ONLY_FOR, WORKLOADS
 from suites.step_model import train_step_timing
 
 __all__ = ["Prediction", "as_cell", "predict", "simulate_cell", "simulate_spec"]
@@ -102,6 +103,23 @@ def as_cell(obj, gpus_per_node: int | None = None):
     missing = [k for k in ("method", "seq_len", "world") if d.get(k) is None]
     if missing:
         raise ValueError(f"a cell needs {', '.join(missing)}")
+    workload = d.get("workload") or _CELL_DEFAULTS["workload"]
+    if workload not in WORKLOADS:
+        raise ValueError(f"workload={workload!r} is not a workload; valid: "
+                         f"{', '.join(WORKLOADS)}")
+    # a key of the other workload would be ignored (the spec parser's rule, suites.spec.ONLY_FOR);
+    # a default value ignores nothing. One exception: the simulator prices a windowed training
+    # step (the engine's Trainer(window=)), which a spec has no key for yet
+    wrong = sorted(k for k, v in d.items() if ONLY_FOR.get(k, workload) != workload
+                   and v is not None and v != _CELL_DEFAULTS[k]
+                   and not (k == "window" and workload == "train_step"))
+    if wrong:
+        other = ONLY_FOR[wrong[0]]
+        why = ("a train_step cell takes heads, kv_heads, head_dim and causal from its model"
+               if workload == "train_step" else "an attention cell has no model, "
+               "checkpointing or LM head")
+        raise ValueError(f"{', '.join(f'{k}={d[k]!r}' for k in wrong)}: only for workload "
+                         f"{other!r}, not {workload!r} ({why})")
     d = {**_CELL_DEFAULTS, **{k: v for k, v in d.items() if v is not None}}
     d["options"] = dict(d["options"] or {})
     world, given_rpn = d["world"], d["ranks_per_node"]

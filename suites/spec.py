@@ -50,6 +50,7 @@ from burst.layout import divisors
 __all__ = [
     "DEVICES",
     "DTYPES",
+    "ONLY_FOR",
     "WORKLOADS",
     "MethodSpec",
     "Scale",
@@ -222,6 +223,10 @@ _TOP = {"name", "description", "workload", "device", "dtype", "batch", "shape", 
         "baseline", "seed", "timeout_min", "error_max_tokens", "profile_memory", "slurm"}
 _METHOD = {"name", "paper", "label", "options", "checkpointing", "fused_head", "skip_invalid"}
 _SHAPE = {"heads", "kv_heads", "head_dim", "causal", "window"}
+# the cell keys that apply to one workload only, and which: the parser rejects them on the other
+# one, and suites.simulate.as_cell does the same for a cell given in Python
+ONLY_FOR = {**dict.fromkeys(sorted(_SHAPE), "attention"),
+            **dict.fromkeys(("model", "checkpointing", "fused_head"), "train_step")}
 _SCALE = {"world", "nodes", "gpus_per_node", "seq_lens"}
 _SLURM = {"partition", "account", "time_min", "constraint", "qos", "cpus_per_task", "mem_gb",
           "array_parallelism", "setup", "additional"}
@@ -329,10 +334,8 @@ def _method(r: _Reader, t: dict, where: str, workload: str) -> MethodSpec | None
                  choices=CHECKPOINTING)
     fused = r.get(t, "fused_head", where, bool, base.fused_head if base else False)
     skip = r.get(t, "skip_invalid", where, bool, False)
-    if workload != "train_step":
-        for k in ("checkpointing", "fused_head"):
-            if k in t:
-                r.add(f"{where}{k}", "only applies to workload = 'train_step'")
+    for k in sorted(k for k in t if ONLY_FOR.get(k, workload) != workload):
+        r.add(f"{where}{k}", f"only applies to workload = {ONLY_FOR[k]!r}")
     if name is None or options is None or ckpt is None or fused is None:
         return None
     opts = {**(base.options if base else {}), **options}

@@ -807,6 +807,29 @@ def test_windowed_train_step_mfu_counts_the_window():
             F.model_flops(cfg, 1, n, conv, checkpointing="full"))
 
 
+def test_keys_of_the_other_workload_and_unknown_workloads_are_rejected():
+    """What a spec rejects (suites.spec.ONLY_FOR) the Python API rejects too, naming the key and
+    the workload: a train_step cell's causal=False or heads were silently replaced by its
+    model's, an attention cell's checkpointing or model silently ignored; an unknown workload
+    was an 'unknown model config None'. Default values ignore nothing and pass."""
+    step = dict(workload="train_step", method="burst", model="7b", world=8, seq_len=1 << 16)
+    attn = dict(workload="attention", method="burst", world=8, seq_len=1 << 16, heads=8,
+                head_dim=64)
+    for cell, key, workload in ((dict(step, causal=False), "causal", "train_step"),
+                                (dict(step, heads=8, head_dim=64), "heads", "train_step"),
+                                (dict(attn, checkpointing="full"), "checkpointing", "attention"),
+                                (dict(attn, model="7b"), "model", "attention"),
+                                (dict(attn, fused_head=True), "fused_head", "attention")):
+        with pytest.raises(ValueError, match=f"{key}=.*not '{workload}'"):
+            predict(cell, HW)
+        with pytest.raises(ValueError, match=key):
+            simulate_cell(cell, HW)
+    with pytest.raises(ValueError, match="workload='inference'.*valid: attention, train_step"):
+        predict(dict(attn, workload="inference"), HW)
+    assert predict(dict(attn, checkpointing="none", fused_head=False), HW).status == "ok"
+    assert predict(dict(step, causal=True, window=(1024, 0)), HW).status == "ok"
+
+
 def test_windowed_attention_is_priced_by_the_same_tiles_for_every_method():
     """On one GPU every method runs the same tiled plan of a windowed sequence: Ulysses, TP and
     all-gather price it identically, the ring adds only its accumulator merges."""
@@ -892,8 +915,9 @@ def test_rows_count_every_option_the_cell_sets():
                  options={"layout": "striped", "backward": "burst", "ranks_per_node": 8})
     sel, half = (simulate_cell(dict(train, checkpointing=c), "a800")
                  for c in ("selective", "selective_half"))
-    attn_half = simulate_cell(dict(train, workload="attention", seq_len=1 << 17, heads=32,
-                                   head_dim=128, checkpointing="none"), "a800")
+    attn_half = simulate_cell(dict({k: v for k, v in train.items() if k != "model"},
+                                   workload="attention", seq_len=1 << 17, heads=32,
+                                   head_dim=128), "a800")
     layers = 32  # 7b
     assert half["bytes_sent_forward"] == sel["bytes_sent_forward"] + layers * attn_half[
         "bytes_sent_forward"]
