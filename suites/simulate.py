@@ -207,9 +207,11 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
     impl = impl or _impl(cell)
     opts = _options(cell, impl)
     if cell.ranks_per_node > hw.gpus_per_node:
+        # a spec without nodes puts its whole world on one node, as a measured run would
         return Prediction("error", error=f"{cell.ranks_per_node} ranks per node, but the "
                                          f"{hw.name} profile has {hw.gpus_per_node} GPUs per "
-                                         "node (set nodes or ranks_per_node)")
+                                         "node (a spec sets nodes or gpus_per_node, a cell "
+                                         "given in Python nodes or ranks_per_node)")
     offload = (offload or impl.optimizer_offload) and cell.workload == "train_step"
     try:  # a profile that gives no peak for this dtype (or no host link) cannot price it
         hw.peak(cell.dtype, "attention"), hw.peak(cell.dtype, "gemm")

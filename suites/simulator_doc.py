@@ -294,9 +294,11 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
         "any registry method and options, any scale; packed documents and the non-fused "
         "kernel backends 'torch' and 'cpu_flash' are `error` rows, not modelled) into a result "
         "row with "
-        "`source=simulated` for a hardware profile (`suites/hardware/*.toml`; a cell without "
-        "`nodes` or `ranks_per_node` is placed on nodes of the profile's GPUs, and one that "
-        "puts more ranks on a node than the profile has GPUs is an `error` row):",
+        "`source=simulated` for a hardware profile (`suites/hardware/*.toml`; a cell given "
+        "in Python without `nodes` or `ranks_per_node` is placed on nodes of the profile's "
+        "GPUs, while a spec without `nodes` or `gpus_per_node` puts its whole `world` on one "
+        "node, as a measured run of it would; a cell that puts more ranks on a node than the "
+        "profile has GPUs is an `error` row):",
         "",
         "- **attention layer** (`suites.schedule`): the kernel calls of every ring step "
         "(`burst.masks.plan_pair`, so causal balance follows the layout), FLOPs from "

@@ -1173,6 +1173,24 @@ def test_simulate_console_says_why_and_takes_one_profile(capsys, tmp_path):
     assert "has no schedule model" in capsys.readouterr().out
 
 
+def test_a_spec_without_nodes_is_one_node_and_its_hint_names_spec_keys():
+    """A spec's world without nodes is one node (as measured), a Python cell's is placed on the
+    profile's nodes (docs/simulator.md says both); the error row of a spec's overfull node told
+    it to set ranks_per_node, a key specs reject."""
+    from suites.simulate import simulate_spec
+    from suites.spec import parse_spec
+
+    base = {"workload": "attention", "device": "cuda", "dtype": "bfloat16", "seq_lens": [1 << 16],
+            "shape": {"heads": 8, "head_dim": 64}, "methods": [{"name": "burst"}]}
+    (row,) = simulate_spec(parse_spec({**base, "world": 16}, name="w16"), HW)
+    assert row["status"] == "error" and "a spec sets nodes or gpus_per_node" in row["error"]
+    for scale in ({"world": 16, "nodes": 2}, {"nodes": 2, "gpus_per_node": 8}):  # the hint's
+        (ok,) = simulate_spec(parse_spec({**base, **scale}, name="w16"), HW)  # keys, in a spec
+        assert ok["status"] == "ok" and ok["nodes"] == 2, ok["error"]
+    api = simulate_cell(dict(method="burst", seq_len=1 << 16, world=16, heads=8, head_dim=64), HW)
+    assert api["status"] == "ok" and api["nodes"] == 2
+
+
 def test_a_method_without_a_simulated_number_ranks_last():
     """The documented rule (a cell the simulator gives no number cannot keep its panel's
     ranking by dropping out) had no test: ranking it first survived a mutation."""
