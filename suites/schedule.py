@@ -17,7 +17,9 @@ priced by the profile's link bandwidths. The schedule says how they combine (DES
   usp            Ulysses inside groups of U ranks, a flat ring across the G/U groups on blocks of
                  U*n tokens and H/U heads (all U GPUs of a group cross nodes at once).
   allgather      all-gather K/V, local queries against all keys, reduce-scatter dK/dV.
-  tp             heads split over G ranks, the sequence gathered and scattered around the layer.
+  tp             heads split over G ranks, the sequence gathered and scattered around the layer
+                 (reached by no cell: 'tp' is block-level, so the harness and the simulator
+                 make a tp cell an error row; checked against no run).
 
 Causal balance comes from the layout through ``plan_pair``: contiguous makes the slowest rank do
 a full block every step, zigzag and striped half a block. Every step also pays memory-bound

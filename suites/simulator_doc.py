@@ -308,10 +308,12 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
         "hop) per step, one NIC per node when it spans nodes. Double ring: the inter-node hop "
         "of all L GPUs of a node (sharing the node's NICs) hides behind L-1 NVLink steps "
         "(inner rings shorter than a node: min(L, node) GPUs share the NICs; longer ones cross "
-        "a NIC at every inner step). Ulysses / USP / all-gather / TP: collectives that do not "
+        "a NIC at every inner step). Ulysses / USP / all-gather: collectives that do not "
         "overlap the kernel, whose calls come from the same plans (all-gather: every rank's "
-        "queries against all key blocks, timed on its busiest rank; Ulysses / TP: one rank "
-        "holding the whole sequence).",
+        "queries against all key blocks, timed on its busiest rank; Ulysses: one rank "
+        "holding the whole sequence). TP is not modelled as a cell: `tp` is block-level (it "
+        "needs the projection weights), so a `tp` cell is an `error` row, as in the harness; "
+        "the TP formula in `suites.schedule` is reached by no cell and checked against no run.",
         "- **dtype**: work runs at the peak of its dtype (`Hardware.peak`): 16-bit at the "
         "tensor-core peak; float32 attention at a third of the TF32 peak (torch's "
         "memory-efficient kernel, where the kernel shim sends float32, computes it as three "
@@ -322,7 +324,15 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
         "elementwise work, the attention layer, recomputation per checkpointing mode, ZeRO-3 "
         "all-gathers and reduce-scatter overlapped with compute (a system that keeps its "
         "weights whole, Megatron's distributed optimizer: one fp32 gradient reduce-scatter and "
-        "one weight all-gather per step, not overlapped); LM head and optimizer.",
+        "one weight all-gather per step, not overlapped); LM head and optimizer. With a "
+        "sliding window (Python API only: a spec's train_step has no window) the MFU and "
+        "TFLOP/s count the attended pairs exactly in every FLOP convention, as the kernel "
+        "convention does.",
+        "- **no fixed costs**: no kernel launch, host or framework overhead per kernel call, "
+        "layer or step is modelled (and none is fitted), so a step is only its kernels, "
+        "transfers and memory traffic: a tiny configuration predicts what no run reaches (the "
+        "`tiny` model, 4096 tokens on one GPU: about 90 us per training step). The model is "
+        "meant for steps bound by their kernels and transfers, as at paper scale.",
         "- **memory** (`suites.memory_model`): ZeRO-3 states (or the system's own sharding), "
         "checkpoints per mode, one "
         "layer's backward peak with the method's buffers, the plain or fused head, and what "

@@ -1191,6 +1191,23 @@ def test_a_spec_without_nodes_is_one_node_and_its_hint_names_spec_keys():
     assert api["status"] == "ok" and api["nodes"] == 2
 
 
+def test_docs_list_as_modelled_only_what_a_cell_can_reach():
+    """docs/simulator.md and the README listed TP among the modelled schedules ("Ulysses / TP:
+    one rank holding the whole sequence"), while every tp cell is an error row; and stated no
+    fixed per-kernel cost while tiny steps predict ~0.1 ms."""
+    from pathlib import Path
+
+    row = simulate_cell(dict(method="tp", seq_len=1 << 16, world=8, heads=32, head_dim=128), HW)
+    assert row["status"] == "error" and "block-level" in row["error"]
+    doc = calibrate.DOC.read_text()
+    readme = (Path(calibrate.__file__).parents[1] / "README.md").read_text()
+    assert "/ TP" not in doc and "a `tp` cell is an `error` row" in doc
+    assert "all-gather, TP," not in readme and "a `tp` cell is an `error`" in readme
+    tiny = simulate_cell(dict(method="burst", workload="train_step", model="tiny",
+                              seq_len=4096, world=1), HW)
+    assert tiny["time_s"] < 1e-3 and "no kernel launch" in doc
+
+
 def test_a_method_without_a_simulated_number_ranks_last():
     """The documented rule (a cell the simulator gives no number cannot keep its panel's
     ranking by dropping out) had no test: ranking it first survived a mutation."""
