@@ -440,6 +440,35 @@ def test_hardware_profiles_give_every_value_a_source(tmp_path):
 
 
 
+def test_hardware_profiles_reject_bools_tiles_under_a_token_and_name_a_broken_file(tmp_path):
+    """A bool was read as 1.0 (true is no efficiency), causal_tile_tokens = 0 made a causal
+    call more than fully efficient, and a profile that is not TOML raised without its file."""
+    import re
+
+    from suites.hardware import profile_path
+
+    text = profile_path("a800").read_text()
+
+    def profile(name, pattern, repl):
+        new = re.sub(pattern, repl, text, count=1, flags=re.M)
+        assert new != text
+        (tmp_path / f"{name}.toml").write_text(new)
+        return tmp_path / f"{name}.toml"
+
+    for name, pattern, repl, match in (
+            ("eta", r"^(fwd_eta_max = \{ value = )[0-9.]+", r"\1true", "fwd_eta_max=True"),
+            ("gpus", r"^(gpus = \{ value = )8", r"\1true", "node.gpus=True"),
+            ("tile", r"^(causal_tile_tokens = \{ value = )[0-9.]+", r"\g<1>0",
+             "causal_tile_tokens=0.0 must be >= 1")):
+        with pytest.raises(ValueError, match=re.escape(match)) as ei:
+            load(profile(name, pattern, repl))
+        assert str(tmp_path / f"{name}.toml") in str(ei.value)
+    with pytest.raises(ValueError, match=re.escape(str(tmp_path / "broken.toml"))):
+        load(profile("broken", r"^(gpus = \{ value = 8),", r"\1"))
+    with pytest.raises(ValueError, match="fwd_eta_max=True"):
+        HW.with_values(fwd_eta_max=True)
+
+
 def test_each_dtype_runs_at_its_own_peak():
     """A float32 or float64 cell is not priced at the bf16 tensor-core rate: float32 attention
     runs torch's memory-efficient kernel as three TF32 products, float32 GEMMs on the CUDA

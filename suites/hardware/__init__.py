@@ -20,6 +20,7 @@ calibrated on 16-bit kernels and assumed to carry over to float32 and float64.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -118,8 +119,9 @@ class Hardware:
             if f.name in ("name", "description", "sources") or v is None and f.name in {
                     attr for _, attr, _ in OPTIONAL_FIELDS}:
                 continue
-            if not isinstance(v, int | float) or v < 0:
-                bad.append(f"{f.name}={v!r} must be a number >= 0")
+            # a bool is an int to Python, but true is no bandwidth: TOML says numbers as numbers
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < math.inf:
+                bad.append(f"{f.name}={v!r} must be a finite number >= 0")
             elif f.name in _FRACTIONS and not 0 < v <= 1:
                 bad.append(f"{f.name}={v!r} must be a fraction in (0, 1]")
         for f in ("peak_tflops", "peak_tf32_tflops", "peak_fp32_tflops", "peak_fp64_tflops",
@@ -127,6 +129,11 @@ class Hardware:
                   "gpus_per_node", "nics_per_node"):
             if getattr(self, f) == 0:
                 bad.append(f"{f}=0 must be positive")
+        # a tile under one token would make a causal call more than fully efficient:
+        # attn_efficiency's (t + 1) / (t + causal_tile_tokens) exceeds 1
+        if isinstance(self.causal_tile_tokens, int | float) and self.causal_tile_tokens < 1:
+            bad.append(f"causal_tile_tokens={self.causal_tile_tokens!r} must be >= 1 (tokens "
+                       "per kernel tile)")
         if self.usable_gib > self.memory_gib:
             bad.append(f"usable_gib={self.usable_gib} exceeds memory_gib={self.memory_gib}")
         if bad:
@@ -250,8 +257,11 @@ def load(name_or_path: str | Path) -> Hardware:
     """Read a profile, check every required value (and each optional one it gives) is present
     with a source."""
     path = profile_path(name_or_path)
-    with open(path, "rb") as f:
-        raw = tomllib.load(f)
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:  # which file, as a spec's error says
+        raise ValueError(f"hardware profile {path}: not valid TOML: {e}") from None
     kw, sources, problems = {}, {}, []
     optional = {key for key, _, _ in OPTIONAL_FIELDS}
     for key, attr, typ in (*FIELDS, *OPTIONAL_FIELDS):
@@ -263,12 +273,16 @@ def load(name_or_path: str | Path) -> Hardware:
             problems.append(f"{key} must be a table {{value = ..., source = \"...\"}}")
             continue
         v = entry["value"]
-        if typ is int and not isinstance(v, int) or not isinstance(v, int | float):
+        if isinstance(v, bool) or typ is int and not isinstance(v, int) or not isinstance(
+                v, int | float):
             problems.append(f"{key}={v!r} must be {typ.__name__}")
             continue
         kw[attr] = typ(v)
         sources[key] = str(entry["source"])
     if problems:
         raise ValueError(f"hardware profile {path}: " + "; ".join(problems))
-    return Hardware(name=raw.get("name", path.stem), description=raw.get("description", ""),
-                    sources=sources, **kw)
+    try:
+        return Hardware(name=raw.get("name", path.stem), description=raw.get("description", ""),
+                        sources=sources, **kw)
+    except ValueError as e:  # its values' problems, with the file they are in
+        raise ValueError(f"{path}: {e}") from None
