@@ -112,36 +112,47 @@ def _dense_per_token(cfg) -> int:
     return cfg.num_layers * (proj + mlp) + 2 * h * cfg.vocab_size
 
 
-def _attn_fwd(cfg, batch: int, seq_len: int, causal_halved: bool) -> float:
+def _attn_fwd(cfg, batch: int, seq_len: int, causal_halved: bool,
+              window: tuple[int, int] | None = None) -> float:
+    """Attention forward FLOPs of every layer; with a sliding window (causal), the exact
+    attended pairs in every convention (as ``attention_kernel_flops``): half or all of N^2
+    would count pairs the window never computes, and a windowed step's MFU would exceed 1."""
     hd = cfg.hidden_size // cfg.num_heads
+    if window is not None:
+        return cfg.num_layers * attention_flops(batch, seq_len, cfg.num_heads, hd, causal=True,
+                                                window=window)
     return cfg.num_layers * attention_flops_halved(batch, seq_len, cfg.num_heads, hd,
                                                    causal=causal_halved)
 
 
-def recompute_flops(cfg, batch: int, seq_len: int, checkpointing: str) -> float:
+def recompute_flops(cfg, batch: int, seq_len: int, checkpointing: str,
+                    window: tuple[int, int] | None = None) -> float:
     """Forward FLOPs recomputed in backward by a checkpointing mode (causal attention).
 
     none: nothing; full: the whole layer stack; selective: the layers without the attention core
     (its output and lse are cached); selective_half: as selective plus a quarter of the causal
     attention (the first half of the local queries against the first half of K/V).
+    ``window``: the model's sliding window (its attention counted as the attended pairs).
     """
     if checkpointing not in CHECKPOINTING:
         raise ValueError(f"unknown checkpointing {checkpointing!r}; "
                          f"valid: {', '.join(CHECKPOINTING)}")
     layers_dense = (_dense_per_token(cfg) - 2 * cfg.hidden_size * cfg.vocab_size) * batch * seq_len
-    attn = _attn_fwd(cfg, batch, seq_len, causal_halved=True)
+    attn = _attn_fwd(cfg, batch, seq_len, causal_halved=True, window=window)
     return {"none": 0.0, "full": layers_dense + attn, "selective": layers_dense,
             "selective_half": layers_dense + attn / 4}[checkpointing]
 
 
 def model_flops(cfg, batch: int, seq_len: int, convention: str = "model_flops_causal",
-                checkpointing: str = "none") -> float:
-    """FLOPs of one training step (forward + backward) under a named convention."""
+                checkpointing: str = "none", window: tuple[int, int] | None = None) -> float:
+    """FLOPs of one training step (forward + backward) under a named convention; ``window``:
+    the model's sliding window."""
     if convention not in CONVENTIONS:
         raise ValueError(f"unknown FLOP convention {convention!r}; valid: {', '.join(CONVENTIONS)}")
     dense = _dense_per_token(cfg) * batch * seq_len
-    attn = _attn_fwd(cfg, batch, seq_len, causal_halved=convention != "model_flops_dense")
+    attn = _attn_fwd(cfg, batch, seq_len, causal_halved=convention != "model_flops_dense",
+                     window=window)
     total = 3 * (dense + attn)
     if convention == "hardware_flops":
-        total += recompute_flops(cfg, batch, seq_len, checkpointing)
+        total += recompute_flops(cfg, batch, seq_len, checkpointing, window)
     return total

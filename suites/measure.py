@@ -146,7 +146,7 @@ def _train_step(cell: Cell, dev: torch.device):
     trainer = Trainer(get_config(cell.model), attention=method,
                       attention_options=dict(cell.options), cp_group=None,
                       checkpointing=cell.checkpointing, fused_head=cell.fused_head,
-                      dtype=DTYPES[cell.dtype], device=dev)
+                      dtype=DTYPES[cell.dtype], device=dev, window=cell.window)
     tokens, targets, positions = trainer.local_batch(cell.seq_len, cell.batch, cell.seed)
 
     def step():
@@ -294,8 +294,8 @@ def measure(cell: Cell) -> dict:
 
         cfg = get_config(cell.model)
         for conv in flops.CONVENTIONS:
-            tf = flops.model_flops(cfg, cell.batch, cell.seq_len, conv,
-                                   cell.checkpointing) / t / cell.world / 1e12
+            tf = flops.model_flops(cfg, cell.batch, cell.seq_len, conv, cell.checkpointing,
+                                   cell.window) / t / cell.world / 1e12
             out[f"tflops_{conv}"] = tf
             out[f"mfu_{conv}"] = tf / peak_tf if peak_tf else None
     return out

@@ -279,26 +279,6 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
                       checkpointing=ckpt, recompute=again)
 
 
-def _model_flops(cfg, cell, conv: str, ckpt: str) -> float:
-    """``burst.flops.model_flops`` of the cell's step; with a sliding window, its attention
-    counted as the exact attended pairs (as ``attention_kernel_flops`` does, in every
-    convention: half or all of N^2 would count pairs the window never computes, and the MFU of
-    a step timed with the window would exceed 1)."""
-    fl = F.model_flops(cfg, cell.batch, cell.seq_len, conv, checkpointing=ckpt)
-    if cell.window is None:
-        return fl
-    hd = cfg.hidden_size // cfg.num_heads
-    unmasked = F.attention_flops_halved(cell.batch, cell.seq_len, cfg.num_heads, hd,
-                                        causal=conv != "model_flops_dense")
-    windowed = F.attention_flops(cell.batch, cell.seq_len, cfg.num_heads, hd, causal=True,
-                                 window=cell.window)
-    # attention forwards per layer in the formula: 3 passes, plus what hardware_flops counts
-    # as recomputed (burst.flops.recompute_flops: full the whole, selective_half a quarter)
-    again = {"full": 1.0, "selective_half": 0.25}.get(ckpt, 0.0)
-    passes = 3 + (again if conv == "hardware_flops" else 0.0)
-    return fl - cfg.num_layers * passes * (unmasked - windowed)
-
-
 def _metrics(cell, hw: Hardware, p: Prediction) -> dict:
     # MFU as the harness reports it: against the bf16 peak, for 16-bit cells only
     mfu_peak = hw.peak_tflops if cell.dtype in F.MFU_DTYPES else None
@@ -335,7 +315,8 @@ def _metrics(cell, hw: Hardware, p: Prediction) -> dict:
         # MFU convention), whatever vocabulary a system's time was priced with
         cfg = _model_config(cell.model)
         for conv in F.CONVENTIONS:
-            tf = _model_flops(cfg, cell, conv, ckpt) / t / cell.world / 1e12
+            tf = F.model_flops(cfg, cell.batch, cell.seq_len, conv, ckpt,
+                               cell.window) / t / cell.world / 1e12
             m[f"tflops_{conv}"] = tf
             if mfu_peak:
                 m[f"mfu_{conv}"] = tf / mfu_peak

@@ -695,3 +695,32 @@ def test_an_interrupted_spawn_keeps_what_the_ranks_said(capfd, tmp_path):
         signal.signal(signal.SIGALRM, old)
     err = capfd.readouterr().err
     assert "rank 0: a diagnostic about the hang" in err and "rank 1: a diagnostic" in err
+
+
+def test_a_windowed_train_step_cell_trains_and_counts_with_its_window(monkeypatch):
+    """A train_step cell with a window (a Python cell: specs have no key for it) trained with
+    full causal attention (the Trainer never got the window) and counted full causal FLOPs;
+    the simulator priced the window. Both now use it."""
+    import burst.engine.trainer as T
+    from burst import flops
+    from burst.engine.configs import get_config
+    from suites.measure import measure
+    from suites.simulate import as_cell
+
+    seen = {}
+    build = T.Trainer.__init__
+
+    def spy(self, *a, **kw):
+        seen.update(kw)
+        build(self, *a, **kw)
+
+    monkeypatch.setattr(T.Trainer, "__init__", spy)
+    cell = as_cell(dict(workload="train_step", method="burst", model="tiny", world=1,
+                        seq_len=64, checkpointing="selective", window=(8, 0), warmup=0,
+                        repeats=1, device="cpu", dtype="float32"))
+    row = measure(cell)
+    assert row["status"] == "ok" and seen["window"] == (8, 0)
+    want = flops.model_flops(get_config("tiny"), 1, 64, "model_flops_causal", "selective",
+                             (8, 0))
+    assert want < flops.model_flops(get_config("tiny"), 1, 64, "model_flops_causal")
+    assert row["tflops_model_flops_causal"] * row["time_s"] * 1e12 == pytest.approx(want)
