@@ -125,6 +125,7 @@ RING_FLASH_ATTN = register(Method(
                         "pip install ring-flash-attn flash-attn"),
     volume=partial(method_bytes, "ring_flash_attn"),
     dtypes=_rfa_dtypes,
+    counted=False,  # the package's traffic does not go through burst.comm
 ))
 
 
@@ -176,4 +177,5 @@ YUNCHANG = register(Method(
     # its "basic" ring is ring-flash-attn's, dq rounded to bf16 likewise (yunchang/ring/
     # ring_flash_attn.py): bf16 only
     dtypes=("bfloat16",),
+    counted=False,
 ))

@@ -65,6 +65,9 @@ class Method:
     dtypes: tuple[str, ...] | Callable[..., tuple[str, ...]] | None = None
     """Input dtypes the method computes in (torch names, e.g. "bfloat16"), or a function of the
     call's options giving them (``dtypes_for``); None: any float."""
+    counted: bool = True
+    """Whether its traffic goes through ``burst.comm`` (the byte counter sees it); False for
+    the adapters of external packages, whose bytes the harness leaves empty, not 0."""
 
     def __post_init__(self):
         if self.level not in LEVELS:

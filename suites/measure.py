@@ -264,10 +264,12 @@ def measure(cell: Cell) -> dict:
         "bytes_sent_intra": int(mx[5]), "bytes_sent_inter": int(mx[6]),
         "bytes_sent_other": int(mx[7]), "max_err": mx[8] if err is not None else None,
     }
-    if cell.method not in registry.names() and cell.world > 1 and not any(mx[3:7]):
-        # a method of the user's (an import path) whose attention sent nothing through
-        # burst.comm talks through torch.distributed itself: its bytes are unknown, not 0 (0 won
-        # every bytes comparison); the rest of a training step (loss, gradients) is still ours
+    counted = cell.method in registry.names() and registry.get(cell.method).counted
+    if not counted and cell.world > 1 and not any(mx[3:7]):
+        # a method of the user's (an import path) or an external package's adapter whose
+        # attention sent nothing through burst.comm talks through torch.distributed itself: its
+        # bytes are unknown, not 0 (0 won every bytes comparison); the rest of a training step
+        # (loss, gradients) is still ours
         for k in ("bytes_sent_forward", "bytes_sent_backward", "bytes_sent_intra",
                   "bytes_sent_inter"):
             out[k] = None

@@ -510,11 +510,20 @@ def _fake_clock(rank: int, world: int):
                                       method=f"{M_METHODS}:talks_to_torch_distributed",
                                       world=world, device="cpu", dtype="float32", warmup=0,
                                       repeats=1, profile_memory=False)))
+    # a registry method whose traffic bypasses burst.comm (the external packages' adapters)
+    from baselines import registry as R
+    from tests import harness_methods
+
+    R.register(R.Method(name="uncounted_test_method", description="test", counted=False,
+                        fn=harness_methods.talks_to_torch_distributed))
+    adapter = M.measure(as_cell(dict(method="uncounted_test_method", seq_len=16, world=world,
+                                     heads=2, head_dim=8, device="cpu", dtype="float32",
+                                     repeats=1, profile_memory=False)))
     times = iter([1.0, 10.0, 2.0] if rank == 0 else [10.0, 1.0, 2.0])
     M._timed = lambda step, dev: next(times)
     cell = as_cell(dict(method="ring", seq_len=16, world=world, heads=2, head_dim=8,
                         device="cpu", dtype="float32", repeats=3, profile_memory=False))
-    return M.measure(cell), nan, own, own_step
+    return M.measure(cell), nan, own, own_step, adapter
 
 
 def test_measured_time_is_the_median_of_the_slowest_rank_per_repeat():
@@ -523,7 +532,9 @@ def test_measured_time_is_the_median_of_the_slowest_rank_per_repeat():
     from burst import flops
     from burst.spawn import spawn
 
-    for r, nan, own, own_step in spawn(_fake_clock, 2, timeout_s=120):
+    for r, nan, own, own_step, adapter in spawn(_fake_clock, 2, timeout_s=120):
+        # ring_flash_attn and yunchang recorded 0 bytes (their packages bypass burst.comm)
+        assert adapter["status"] == "ok" and adapter["bytes_sent_forward"] is None, adapter
         # a user's method that talks through torch.distributed: bytes unknown, not 0; in a
         # training step too, whose loss and gradient reductions are still counted ("other")
         assert own["status"] == "ok" and own["bytes_sent_forward"] is None, own
