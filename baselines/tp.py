@@ -62,6 +62,9 @@ class AttentionBlockWeights:
     """Query heads held here (all of them, or one rank's share after ``shard``)."""
     kv_heads: int
     """Key/value heads held here."""
+    world: int = 1
+    """The tensor-parallel degree these are one rank's share of (1: the whole weights; set by
+    ``shard``): whole weights on G ranks gave G times the output, without an error."""
 
     def __post_init__(self):
         problems = []
@@ -70,7 +73,7 @@ class AttentionBlockWeights:
             if not isinstance(t, torch.Tensor) or t.dim() != 2:
                 problems.append(f"{f} must be a 2-D tensor, got "
                                 f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t)}")
-        for f in ("heads", "kv_heads"):
+        for f in ("heads", "kv_heads", "world"):
             if not isinstance(getattr(self, f), int) or getattr(self, f) < 1:
                 problems.append(f"{f}={getattr(self, f)!r} must be a positive int")
         if problems:
@@ -116,7 +119,7 @@ class AttentionBlockWeights:
     def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> AttentionBlockWeights:
         """The same weights with ``fn`` applied to every tensor (cast, detach, requires_grad)."""
         return AttentionBlockWeights(*(fn(getattr(self, f)) for f in ("wq", "wk", "wv", "wo")),
-                                     self.heads, self.kv_heads)
+                                     self.heads, self.kv_heads, self.world)
 
     def shard(self, rank: int, world: int) -> AttentionBlockWeights:
         """Rank ``rank``'s share of ``world``-way tensor parallelism (a contiguous head range)."""
@@ -124,12 +127,15 @@ class AttentionBlockWeights:
                                    self.kv_heads, kv_replicate=False)
         if not 0 <= rank < world:
             problems.append(f"rank {rank} is outside the group of {world} ranks")
+        if self.world != 1:
+            problems.append(f"these weights are already a {self.world}-way share; shard the "
+                            "whole weights")
         if problems:
             raise ValueError("AttentionBlockWeights.shard: " + "; ".join(problems))
         d, h, hk = self.head_dim, self.heads // world, self.kv_heads // world
         cq, ckv = slice(rank * h * d, (rank + 1) * h * d), slice(rank * hk * d, (rank + 1) * hk * d)
         return AttentionBlockWeights(self.wq[:, cq], self.wk[:, ckv], self.wv[:, ckv],
-                                     self.wo[cq, :], h, hk)
+                                     self.wo[cq, :], h, hk, world)
 
 
 def _split_qkv(qkv, w: AttentionBlockWeights):
@@ -184,7 +190,7 @@ class _ReduceScatterSeq(torch.autograd.Function):
             return comm.all_gather(dy.contiguous(), dim=1, group=ctx.group), None
 
 
-def _block_problems(x, weights, backend) -> list[str]:
+def _block_problems(x, weights, backend, group) -> list[str]:
     if weights is None:
         return ["tp_attention_block needs this rank's projection weights (weights=None); pass "
                 "AttentionBlockWeights(wq, wk, wv, wo, heads, kv_heads).shard(rank, world)"]
@@ -200,6 +206,11 @@ def _block_problems(x, weights, backend) -> list[str]:
         out.append(f"x is {x.dtype} but the weights are {weights.wq.dtype}; cast one")
     if backend not in BACKENDS:
         out.append(f"unknown kernel backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    g = comm.world_size(group)
+    if weights.world != g:
+        out.append(f"the weights are a {weights.world}-way share"
+                   f"{' (the whole weights)' if weights.world == 1 else ''} but the group has "
+                   f"{g} ranks; pass whole_weights.shard(rank, {g})")
     return out
 
 
@@ -216,7 +227,7 @@ def tp_attention_block(x_BSE, weights: AttentionBlockWeights | None, *, causal: 
     Returns:
         y (batch, seq_local, hidden): this rank's shard of the block output.
     """
-    problems = _block_problems(x_BSE, weights, backend)
+    problems = _block_problems(x_BSE, weights, backend, group)
     if problems:
         raise ValueError("tp: " + "; ".join(problems))
     scale = resolve_scale(weights.head_dim, softmax_scale)

@@ -118,8 +118,9 @@ def _block_cases(world: int) -> list[dict]:
           dict(causal=False, heads=world, kv_heads=world, head_dim=8, hidden=32, seq_local=4,
                batch=1, ranks_per_node=2 if world == 4 else None, weights=True, seed=2)]
     if world == 4:
-        cs.append(dict(causal=True, heads=4, kv_heads=4, head_dim=8, hidden=32, seq_local=4,
-                       batch=1, ranks_per_node=None, weights=False, seed=3))
+        for weights in (False, "whole"):  # none, or the whole weights instead of a share
+            cs.append(dict(causal=True, heads=4, kv_heads=4, head_dim=8, hidden=32,
+                           seq_local=4, batch=1, ranks_per_node=None, weights=weights, seed=3))
     return cs
 
 
@@ -136,9 +137,10 @@ def _run_block(c: dict, rank: int, world: int) -> dict:
     x = torch.randn(c["batch"], n, c["hidden"], generator=g, dtype=torch.float64)
     dy = torch.randn(c["batch"], n, c["hidden"], generator=g, dtype=torch.float64)
     x_loc = shard(x, layout="contiguous").float().requires_grad_()
-    if not c["weights"]:
+    if c["weights"] is not True:
         try:
-            tp_attention_block(x_loc, None, causal=c["causal"])
+            tp_attention_block(x_loc, full.map(torch.Tensor.float) if c["weights"] else None,
+                               causal=c["causal"])
         except ValueError as e:
             return {"raised": str(e)}
         return {"raised": None}
@@ -207,9 +209,11 @@ def test_tp_block_parity_and_bytes(world):
     for i, c in enumerate(cases):
         for rank in range(world):
             r = per_rank[rank][i]
-            if not c["weights"]:
-                if not r["raised"] or "needs this rank's projection weights" not in r["raised"]:
-                    failures.append(f"tp without weights: got {r['raised']!r}")
+            if c["weights"] is not True:  # G x the output, silently, with the whole weights
+                want = ("needs this rank's projection weights" if not c["weights"] else
+                        "a 1-way share (the whole weights) but the group has 4 ranks")
+                if not r["raised"] or want not in r["raised"]:
+                    failures.append(f"tp with weights={c['weights']}: got {r['raised']!r}")
                 continue
             bad = {k: e for k, e in r["errs"].items() if not e < F32_TOL}
             if bad:
@@ -268,6 +272,8 @@ def test_bad_names_and_options_are_rejected():
         w.shard(0, 4)  # 2 kv heads cannot split 4 ways
     with pytest.raises(ValueError, match="wo has shape"):
         AttentionBlockWeights(w.wq, w.wk, w.wv, w.wo.T, 4, 2)
+    with pytest.raises(ValueError, match="already a 2-way share"):
+        w.shard(0, 2).shard(0, 1)
 
 
 def test_formulas_agree_where_methods_coincide():
