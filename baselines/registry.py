@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from burst.kernel import resolve_scale
 from burst.layout import LAYOUTS
 
-__all__ = ["LEVELS", "Method", "get", "names", "register"]
+__all__ = ["LEVELS", "Method", "accepted_options", "get", "names", "register"]
 
 LEVELS = ("core", "block")
 
@@ -122,6 +122,11 @@ class Method:
     def __call__(self, q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
                  group=None, **options):
         resolve_scale(q.shape[-1], softmax_scale)  # a clear error for every method, packages too
+        accepted = accepted_options(self.fn)
+        unknown = sorted(set(options) - accepted) if accepted is not None else []
+        if unknown:  # was a bare TypeError ("unexpected keyword argument")
+            raise ValueError(f"method {self.name!r} has no option {', '.join(map(repr, unknown))};"
+                             f" valid options: {', '.join(sorted(accepted)) or '(none)'}")
         return self.fn(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group,
                        **{**self.options, **options})
 
@@ -167,6 +172,19 @@ def get(name: str) -> Method:
         return Method(name=name, fn=fn, description=f"user method {name}", layouts=LAYOUTS)
     raise ValueError(f"unknown method {name!r}; registered: {', '.join(_REGISTRY)} "
                      "(or give an import path package.module:function)")
+
+
+def accepted_options(fn) -> set[str] | None:
+    """Keyword options a method function takes beyond q, k, v, causal, softmax_scale and group
+    (None: any, or a signature Python cannot read)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)} - {
+        "q", "k", "v", "causal", "softmax_scale", "group"}
 
 
 def _call_problem(fn) -> str | None:

@@ -209,6 +209,9 @@ def qkv_problems(q, k, v) -> list[str]:
     if q.shape[0] != k.shape[0] or q.shape[1] != k.shape[1] or q.shape[3] != k.shape[3]:
         problems.append(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch, "
                         "local sequence length and head_dim")
+    if q.shape[1] == 0:
+        problems.append("local sequence length 0: every rank needs at least one token per "
+                        "layout chunk")
     return problems
 
 
@@ -222,9 +225,6 @@ def _validate(q, k, v, *, layout, group, ranks_per_node, backward, backend, grad
     elif q.shape[2] % k.shape[2]:
         problems.append(f"{q.shape[2]} query heads are not divisible by {k.shape[2]} kv heads; "
                         f"valid kv head counts: {', '.join(map(str, divisors(q.shape[2])))}")
-    if q.shape[1] == 0:
-        problems.append("local sequence length 0: every rank needs at least one token per "
-                        "layout chunk")
     try:
         check_layout(layout)
         parts = chunks_per_rank(layout)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import inspect
 import json
 import re
 from dataclasses import dataclass, field
@@ -153,17 +152,12 @@ def expand(spec: SweepSpec) -> list[Cell]:
 
 
 def _accepted_options(fn) -> set[str] | None:
-    """Keyword options a method function accepts beyond the common ones (None: any)."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return None
-    common = {"causal", "softmax_scale", "group"}
-    refused = set(getattr(fn, "refuses", ()))  # taken only to be refused by name at call time
-    return {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
-            and p.name not in common} - {"q", "k", "v"} - refused
+    """Keyword options a method function accepts beyond the common ones (None: any), less those
+    it takes only to refuse them by name at call time (``fn.refuses``)."""
+    from baselines import registry
+
+    accepted = registry.accepted_options(fn)
+    return None if accepted is None else accepted - set(getattr(fn, "refuses", ()))
 
 
 def _block_level(name: str, method) -> str:

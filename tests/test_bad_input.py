@@ -87,6 +87,26 @@ def test_every_registry_method_rejects_a_bad_scale():
             registry.get(name)(q, k, v, causal=True, softmax_scale=-1.0)
 
 
+def test_every_registry_method_rejects_a_non_bool_causal_empty_shards_and_unknown_options():
+    """causal="no" ran causal, and allgather / ulysses took 0 tokens per rank, without an error;
+    a misspelt option was a bare TypeError (the one-process world; a bad value is refused
+    before any communication)."""
+    from baselines import registry
+
+    q, k, v = _qkv()
+    empty = _qkv(s=0)
+    for name in registry.names():
+        if registry.get(name).unavailable() or registry.get(name).level != "core":
+            continue
+        one = {"ulysses_degree": 1} if name == "usp" else {}  # its default needs 2 ranks
+        with pytest.raises(ValueError, match="causal='no': expected True or False"):
+            registry.get(name)(q, k, v, causal="no", **one)
+        with pytest.raises(ValueError, match="local sequence length 0"):
+            registry.get(name)(*empty, causal=True, **one)
+        with pytest.raises(ValueError, match=f"method {name!r} has no option 'lyout'; valid "):
+            registry.get(name)(q, k, v, causal=True, lyout="zigzag", **one)
+
+
 def test_a_method_refuses_dtypes_it_does_not_compute_in():
     """The registry entry's dtypes (flash-attn packages: 16-bit) are checked by the one shared
     call check, here and on a GPU alike, and by the harness's cell check."""
