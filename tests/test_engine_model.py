@@ -4,6 +4,7 @@ checkpointing cache and FLOP count, and the errors for bad input (issue 4)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -131,6 +132,15 @@ def test_bad_state_dict_names_the_key():
     biased = hf.config.to_dict() | {"attention_bias": True}
     with pytest.raises(ValueError, match="attention_bias=True is not supported"):
         from_hf(sd, biased)
+    # another architecture, Mistral's sliding window (ignored: logits off by 0.17) and a zero
+    # rope_theta (read as 10000) were loaded without an error
+    for change, match in (({"model_type": "qwen2"}, "model_type='qwen2' is not supported"),
+                          ({"model_type": "mistral", "sliding_window": 8},
+                           "sliding_window=8 is not translated"),
+                          ({"rope_theta": 0}, "rope_theta=0 must be a positive number")):
+        with pytest.raises(ValueError, match=re.escape(match)):
+            from_hf(sd, hf.config.to_dict() | change)
+    assert from_hf(sd, hf.config.to_dict() | {"model_type": "mistral", "sliding_window": None})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,6 +301,8 @@ def test_bad_input_errors():
         Trainer("tiny", window=(-1, 0))
     with pytest.raises(ValueError, match="loss_chunk=0"):
         Trainer("tiny", loss_chunk=0)
+    with pytest.raises(ValueError, match="lr='1e-3' must be positive"):  # was a TypeError
+        Trainer("tiny", lr="1e-3")
     tr = Trainer("tiny")
     batch = tr.local_batch(16, batch=1, seed=0)
     for bad in (1, 0, 2.5, True):  # fewer than this call's own targets, or not an int

@@ -21,6 +21,9 @@ from burst.engine.model import CausalLM
 
 __all__ = ["config_from_hf", "convert_hf_state_dict", "from_hf"]
 
+# architectures that are the engine's Llama (Mistral's is, without its sliding window)
+MODEL_TYPES = ("llama", "mistral")
+
 
 def _get(cfg, name, default=None):
     if isinstance(cfg, Mapping):
@@ -31,8 +34,18 @@ def _get(cfg, name, default=None):
 def config_from_hf(hf_config, *, max_seq_len: int | None = None) -> ModelConfig:
     """ModelConfig of a Hugging Face LlamaConfig; ValueError for features the engine lacks."""
     problems = []
+    kind = _get(hf_config, "model_type")
+    if kind not in (None, *MODEL_TYPES):  # e.g. a Qwen2 or Gemma checkpoint loaded silently
+        problems.append(f"model_type={kind!r} is not supported; valid: {', '.join(MODEL_TYPES)}")
+    if _get(hf_config, "sliding_window") is not None:  # Mistral's: ignored, logits off by 0.17
+        problems.append(f"sliding_window={_get(hf_config, 'sliding_window')!r} is not translated "
+                        "(give the engine's Trainer(window=(left, 0)) yourself and load a config "
+                        "without it)")
     rope = _get(hf_config, "rope_parameters") or _get(hf_config, "rope_scaling") or {}
-    theta = _get(hf_config, "rope_theta") or rope.get("rope_theta") or 10000.0
+    theta = next((t for t in (_get(hf_config, "rope_theta"), rope.get("rope_theta"))
+                  if t is not None), 10000.0)
+    if not (isinstance(theta, int | float) and not isinstance(theta, bool) and theta > 0):
+        problems.append(f"rope_theta={theta!r} must be a positive number")
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
         problems.append(f"rope type {rope_type!r} is not supported (only 'default' RoPE)")

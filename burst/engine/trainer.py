@@ -108,7 +108,7 @@ class Trainer:
                             f"{', '.join(map(str, DTYPES))} (float16 would need loss scaling)")
         if not isinstance(loss_chunk, int) or loss_chunk < 1:
             problems.append(f"loss_chunk={loss_chunk!r} must be a positive number of tokens")
-        if not lr > 0:
+        if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not lr > 0:
             problems.append(f"lr={lr!r} must be positive")
         if optimizer not in OPTIMIZERS:
             problems.append(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
