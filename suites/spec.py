@@ -418,12 +418,11 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
         if m is not None:
             methods.append(m)
             positions.append(i)
-    if shape is not None or workload == "train_step":
-        from suites.cells import option_problems
+    from suites.cells import option_problems  # unknown methods too, whatever else is wrong
 
-        window = bool(shape and shape.window)
-        for i, m in zip(positions, methods, strict=True):
-            r.problems += option_problems(i, m, window)
+    window = bool(shape and shape.window)
+    for i, m in zip(positions, methods, strict=True):
+        r.problems += option_problems(i, m, window)
     labels = [m.label for m in methods]
     for lab in sorted({x for x in labels if labels.count(x) > 1}):
         r.add("methods", f"label {lab!r} is used by {labels.count(lab)} methods; labels must be "

@@ -107,6 +107,11 @@ def test_bad_spec_lists_every_problem(tmp_path):
     assert len(probs) == len(want), probs
     # the message carries them all, one per line
     assert str(ei.value).count("\n  - ") == len(probs)
+    # an unknown method is named whatever else is wrong (it was not, with a bad workload)
+    with pytest.raises(SpecError) as ei:
+        load_spec(_write(tmp_path, 'name = "x"\nworkload = "nonsense"\nseq_lens = [64]\n'
+                                   '[[methods]]\nname = "nosuch"\n'))
+    assert any("unknown method 'nosuch'" in p for p in ei.value.problems), ei.value.problems
 
 
 def test_sweep_options_a_run_would_not_honour_are_refused(tmp_path):
