@@ -39,5 +39,5 @@ burst_method = register(Method(
     layouts=LAYOUTS,
     options={"layout": "zigzag", "backward": "burst"},
     requires=_requires,
-    volume=partial(method_bytes, "burst"),  # backward="auto" resolved as burst_attn does
+    volume=partial(method_bytes, "burst"),  # a caller's backward="auto" resolved as burst_attn does
 ))

@@ -5,8 +5,9 @@ long-context-attention, ``LongContextAttention``). Ranks are arranged as yunchan
 ``set_seq_parallel_pg(..., use_ulysses_low=True)`` does: Ulysses groups are U consecutive ranks
 (inside a node, where all-to-all is cheap), ring groups are the ranks u, U+u, 2U+u, ... (across
 nodes). A rank first all-to-alls Q, K, V inside its Ulysses group (now U*n tokens of H/U heads),
-then runs the classic ring attention (``burst_attn(backward="ring")``, which is ``burst.ring``'s
-run_ring with K/V/dK/dV travelling) over its ring group, then all-to-alls the output back.
+then runs ring attention over its ring group (``burst_attn``: by default ``backward="ring"``,
+the classic K/V/dK/dV ring as yunchang's; ``backward="burst"`` is Burst-USP), then all-to-alls
+the output back.
 U = 1 is plain ring attention, U = G is plain Ulysses.
 
 Layouts: the input is in a suite layout over all G ranks. After the Ulysses all-to-all a rank

@@ -1,7 +1,7 @@
 """A small BurstAttention-vs-reference demo on 4 local CPU ranks (``python -m burst.demo``).
 
 Prints, per layout and backward scheme, the max error of out and dq/dk/dv against the float64
-single-process reference and the bytes each rank sent, as one table.
+single-process reference and the MiB rank 0 sent, as one table.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def main() -> None:
     print(f"BurstAttention on {world} CPU ranks (gloo), causal, 1x{256 * world} tokens, "
           "8 heads x 64, float32, vs float64 reference")
     rows = spawn(_run, world)[0]
-    print(f"{'layout':<11}{'backward':<9}{'max err':>10}{'fwd MB/rank':>13}{'bwd MB/rank':>13}")
+    print(f"{'layout':<11}{'backward':<9}{'max err':>10}{'fwd MiB r0':>13}{'bwd MiB r0':>13}")
     for r in rows:
         print(f"{r['layout']:<11}{r['backward']:<9}{r['max_err']:>10.2e}{r['fwd_MB']:>13.2f}"
               f"{r['bwd_MB']:>13.2f}")

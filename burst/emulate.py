@@ -13,7 +13,8 @@ scheme, and time the per-step kernels at realistic sizes (``scripts/gpu_check.py
     em = RingEmulator(q, k, v, world=8, causal=True, layout="zigzag")   # full sequences in
     out, lse = em.forward()                  # full-sequence out (natural order), lse
     dq, dk, dv = em.backward(dout, scheme="burst")
-    for src, call in em.forward_calls(rank=0): call()   # one rank's steps, one by one
+    state = em.new_forward_state()
+    for src, call in em.forward_calls(0, state): call()  # one rank's steps, one by one
 
 ``emulate_attn`` wraps this as a differentiable function of the full q, k, v.
 

@@ -7,7 +7,8 @@ Used by the tests, the demo and the harness's ``inline`` executor. Spawning cost
     results[r]                                     # what rank r returned (picklable)
 
 A rank that raises makes ``spawn`` raise ``SpawnError`` with that rank's traceback; a rank that
-dies or hangs past ``timeout_s`` is killed and reported the same way, never a silent hang.
+dies or hangs past ``timeout_s`` (+30 s for start-up) is killed and reported the same way, never a
+silent hang.
 
 Ranks start with Python's "spawn" method: they import the caller's module, so ``fn`` must be
 defined at module level and a script must call ``spawn`` under ``if __name__ == "__main__":``

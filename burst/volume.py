@@ -284,8 +284,12 @@ def _ring_pass_into(vol: Volume, c: _Case, members: Sequence[int], span: int, pa
 
 
 def _usp(c: _Case, *, ulysses_degree: int = 2, layout: str = "contiguous",
-         backward: str = "ring", truncate: bool = True) -> Volume:
-    u = ulysses_degree
+         backward: str = "ring") -> Volume:
+    return _usp_volume(c, ulysses_degree, layout, backward, truncate=True)
+
+
+def _usp_volume(c: _Case, u: int, layout: str, backward: str, *, truncate: bool) -> Volume:
+    """USP's bytes; ``truncate``: a window shortens the ring (ours; yunchang's ring does not)."""
     if c.world % u:
         raise ValueError(f"ulysses_degree={u} does not divide the group of {c.world} ranks")
     if backward not in ("ring", "burst"):
@@ -320,7 +324,7 @@ def _ring_flash_attn(c: _Case, *, layout: str = "zigzag") -> Volume:
 
 
 def _yunchang(c: _Case, *, ulysses_degree: int = 2, layout: str = "contiguous") -> Volume:
-    return _usp(c, ulysses_degree=ulysses_degree, layout=layout, truncate=False)
+    return _usp_volume(c, ulysses_degree, layout, "ring", truncate=False)
 
 
 _FORMULAS: dict[str, Callable[..., Volume]] = {
@@ -345,10 +349,11 @@ def method_bytes(method: str, *, world: int, batch: int, seq_local: int, heads: 
                  **options) -> Volume:
     """Bytes one rank sends in one attention layer (block, for ``tp``) of registry ``method``.
 
-    ``options`` are the method's options (``layout``, ``backward``, ``ranks_per_node``,
-    ``ulysses_degree``, ``hidden``) plus the case: ``rank`` (default 0) and ``node_size``
-    (ranks per physical node, labels links intra/inter; default one node), ``causal``,
-    ``window`` and ``cu_seqlens`` (only windows and documents change a ring's span).
+    ``options`` are the method's options (``layout``, ``backward``, ``grad_acc``,
+    ``ranks_per_node``, ``ulysses_degree``, ``hidden``: ``formula_options``) plus the case:
+    ``rank`` (default 0) and ``node_size`` (ranks per physical node, labels links intra/inter;
+    default one node), ``causal``, ``window`` and ``cu_seqlens`` (only windows and documents
+    change a ring's span).
     """
     own = list(formula_options(method))
     fn = _FORMULAS[method]

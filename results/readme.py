@@ -16,6 +16,10 @@ BEGIN, END = "<!-- schema:begin (python -m results.readme) -->", "<!-- schema:en
 
 
 def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    argparse.ArgumentParser(prog="python -m results.readme",
+                            description=__doc__.splitlines()[0]).parse_args(argv)
     text = README.read_text()
     head, _, rest = text.partition(BEGIN)
     _, _, tail = rest.partition(END)

@@ -74,8 +74,9 @@ COLUMNS: dict[str, str] = {
                         "same node",
     "bytes_sent_inter": "attention bytes (forward + backward) sent per rank to peers on other "
                         "nodes",
-    "bytes_sent_other": "bytes sent per rank outside the attention layers: a train step's "
-                        "gradient synchronisation and loss all-reduces (measured rows)",
+    "bytes_sent_other": "bytes sent per rank outside the attention layers through burst.comm: "
+                        "a train step's CP gradient sum, loss and check all-reduces (measured "
+                        "rows; torch's DDP/FSDP traffic across DP groups is not counted)",
     "max_err": "max abs error against the float64 reference, where computed (inf: the output "
                 "or gradients were not finite; above suites.measure.WRONG_ABOVE for its dtype: "
                 "a wrong result; either makes the row an error)",

@@ -7,7 +7,7 @@ prediction changes. These are exact on any machine, so they are gated exactly (i
 - ``bytes.*``      bytes sent per rank by (phase, link), measured by ``burst.comm.count_bytes``
                    on 4 gloo ranks (2 "nodes" of 2) for every CPU-capable registry method;
 - ``kept.*``       bytes kept between forward and backward (saved tensors without parameters,
-                   plus the attention cache) per checkpointing mode, tiny model, 2 ranks;
+                   plus the attention cache) per checkpointing mode, tiny model, 4 ranks;
 - ``flops.*``      ``burst.flops`` for the paper's models and sequence lengths;
 - ``sim.*``        the simulator's predictions for the paper configurations (status,
                    tokens/s per GPU, TFLOP/s, memory).

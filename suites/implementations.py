@@ -43,7 +43,8 @@ class Implementation:
     buffers; an attention layer alone holds none)."""
     logits_bytes: float = 8.0
     """Bytes per (token, vocab) logit a plain (unfused) head holds at the loss: fp32 logits and
-    their fp32 gradient (DESIGN.md 3: the plain head materialises N/G x V logits in fp32)."""
+    their fp32 gradient (a plain head materialises N/G x V logits; the frameworks upcast them
+    for the loss)."""
     selective_caches_attention: bool = True
     """Whether its 'selective' checkpointing keeps the attention output (else it recomputes the
     whole layer, attention included, like 'full')."""

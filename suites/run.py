@@ -9,8 +9,8 @@ stopped, re-running a finished one only prints its table, and a spec changed onl
 limit, [slurm] table, description or baseline resumes its run); ``new`` starts a fresh run
 (``make demo`` does, so it always measures). Jobs that a dead driver submitted through submitit
 are collected or waited for, not run again (``suites.executors``). Cells with a row are skipped
-(``retry_failed`` re-runs oom/timeout/error cells; the consolidated table keeps the last row per
-cell). One driver per run folder (``results.store.RunLock``).
+(``retry_failed`` re-runs oom/timeout/error and skipped cells; the consolidated table keeps the
+last row per cell). One driver per run folder (``results.store.RunLock``).
 
 Progress: a tqdm bar over cells (with ETA) when stdout is a terminal, one log line per cell
 otherwise; both follow rows.jsonl, whoever writes it (ranks, the driver).

@@ -380,7 +380,9 @@ def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, vol, bounda
             span = _ring_span(shape, plan.layout, members, m)
             link = "inter" if boundary_senders else "intra"
             hop = hw.link_seconds(sent / max(span, 1), link, boundary_senders or 1)
-            # the accumulators' last hop home carries about half a step's message (DESIGN.md 3)
+            # the accumulators' last hop home: about half a step's message for Burst's backward
+            # (fp32 dQ of Q, dO, D, LSE + dQ), two thirds for the ring's (fp32 dK, dV of K, V,
+            # dK, dV); priced at half for both (at most a sixth of one hop too little)
             end = 0.5 * hop if pass_ == "backward" and span > 0 else 0.0
             t = _flat_ring(steps, span, hop, end)
         out[pass_] = (t, sum(steps[:_ring_span(shape, plan.layout, members, m) + 1]))

@@ -7,7 +7,8 @@
 
 Rows follow ``results.schema`` with ``source="simulated"``, ``executor="simulate"`` and
 ``hardware`` = the profile, so tables and figures treat them like measured rows. A cell that a
-real run could not start (a method that cannot split the shape) is an ``error`` row, one whose
+real run could not start (a method that cannot split the shape) is an ``error`` row (a
+``skipped`` row from ``simulate_spec``, as a sweep records it), one whose
 predicted peak exceeds the profile's usable memory an ``oom`` row (with the predicted bytes).
 
 How a prediction is made (docs/simulator.md): ``suites.schedule`` times one attention layer from

@@ -5,8 +5,10 @@
 
 The engine's parameter names are Hugging Face's without the ``model.`` prefix, so the mapping is
 a rename; what it checks is that the checkpoint fits: every expected key present with the
-expected shape, no unknown keys, and no feature the engine does not implement (biases, rope
-scaling, a head_dim other than hidden / heads). Every problem is listed at once, naming the key.
+expected shape, no unknown keys, and no feature the engine does not implement (another
+architecture than Llama's (Mistral's is, without its sliding window), biases, rope scaling, a
+sliding window, a head_dim other than hidden / heads, a rope_theta that is not positive).
+Every problem is listed at once, naming the key.
 transformers is not imported: any object with LlamaConfig's attributes (or a dict) works.
 """
 

@@ -73,7 +73,9 @@ class Trainer:
 
     Args:
         model_config: a ModelConfig or a config name (``burst.engine.configs.CONFIGS``).
-        attention: the attention method (registry signature), None or "burst" for BurstAttention.
+        attention: the attention method (registry signature), None or "burst" for BurstAttention
+            with ``backward="auto"`` (the fewer bytes: burst for MHA, ring for small-kv GQA; the
+            registry's ``burst`` entry defaults to ``backward="burst"``).
         attention_options: options for every call (``layout``, ``backward``, ...).
         cp_group / dp_group: context-parallel and data-parallel groups (None: the whole world is
             one CP group); or ``cp_degree`` to build both (CP innermost).

@@ -9,8 +9,8 @@ Every value in a profile is ``{value = ..., source = "..."}``; the source says w
 datasheet number, a measured range (DESIGN.md 4), an assumption, or calibrated against which
 published numbers (``python -m suites.calibrate`` fits and can rewrite the calibrated ones).
 
-Model of the attention kernel (DESIGN.md 4, issue 6): a call whose smaller side has t tokens runs
-at eta(t) = fwd_eta_max * t / (t + t_half_tokens) of the dense peak in forward and
+Model of the attention kernel (issue 6, docs/simulator.md): a call whose smaller side has t
+tokens runs at eta(t) = fwd_eta_max * t / (t + t_half_tokens) of the dense peak in forward and
 bwd_over_fwd times that in backward. Small blocks lose to per-call prologue/epilogue and tail
 effects; t_half_tokens is where half the peak efficiency is reached. A causal call (the diagonal
 block) also loses its diagonal tiles' masked half: x (t + 1) / (t + causal_tile_tokens).
