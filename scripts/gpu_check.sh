@@ -11,7 +11,9 @@ PY=${PYTHON:-}
 if [ -z "$PY" ]; then
   if python3 -c "import torch" >/dev/null 2>&1; then PY=python3; else PY=.venv/bin/python; fi
 fi
-if ! "$PY" -c "import torch" >/dev/null 2>&1; then  # nothing to run the check with: say so
+# (python3 just imported torch: not again, each import costs seconds on the GPU machine)
+if [ "$PY" != python3 ] || [ -n "${PYTHON:-}" ] && ! "$PY" -c "import torch" >/dev/null 2>&1
+then  # nothing to run the check with: say so
   tried="python3 and $PWD/.venv/bin/python"
   [ -n "${PYTHON:-}" ] && tried="PYTHON=$PYTHON"
   echo "gpu_check.sh: no Python with torch (tried $tried); set PYTHON=<an interpreter with" \
@@ -21,9 +23,10 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # fewer fragmentation OOMs near the memory limit (the engine steps at 64K-128K tokens), where
 # the driver maps virtual memory (a VM's may not: every allocation would fail); probed in a
-# throwaway process of a few seconds, unset if it fails
+# throwaway process of a few seconds (at most 20, so 20 + 475 s stay under the 540 s a device
+# call allows), unset if it fails
 if [ -z "${PYTORCH_CUDA_ALLOC_CONF:-}" ]; then
-  if PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 60 "$PY" -c "
+  if PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 20 "$PY" -c "
 import torch
 if torch.cuda.is_available():
     torch.empty(1 << 30, dtype=torch.uint8, device='cuda').fill_(1)
