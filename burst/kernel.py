@@ -244,9 +244,10 @@ def _stand_in_out(do: torch.Tensor, delta_BHS: torch.Tensor) -> torch.Tensor:
     acc = delta_BHS.dtype
     tiny = torch.finfo(acc).tiny
     dof = do.to(acc)
+    mag = dof.abs()
     # out = c u with u = dO / max|dO| (so |u|^2 >= 1: a tiny dO cannot underflow its square)
     # and c m |u|^2 = delta
-    m = dof.abs().amax(-1)  # B S H
+    m = mag.amax(-1)  # B S H
     u = dof / m.clamp_min(tiny).unsqueeze(-1)
     d = delta_BHS.transpose(1, 2)  # B S H
     coef = torch.where(m > 0, d / (m * u.square().sum(-1)).clamp_min(tiny), torch.zeros_like(d))
@@ -259,7 +260,7 @@ def _stand_in_out(do: torch.Tensor, delta_BHS: torch.Tensor) -> torch.Tensor:
     # Instead D is written on the row's largest |dO| entries, each carrying what the previous
     # one's rounding left: the kernels form D in fp32 from products of two 16-bit numbers, which
     # are exact, so the sum is D to fp32 precision. Rows where a term overflows keep the spread.
-    top = dof.abs().topk(min(3, do.shape[-1]), dim=-1).indices  # B S H t
+    top = mag.topk(min(3, do.shape[-1]), dim=-1).indices  # B S H t
     g = dof.gather(-1, top)
     rest, terms = d, []
     for t in range(top.shape[-1]):
@@ -267,8 +268,9 @@ def _stand_in_out(do: torch.Tensor, delta_BHS: torch.Tensor) -> torch.Tensor:
         st = torch.where(gt != 0, rest / torch.where(gt != 0, gt, 1), 0).to(do.dtype).to(acc)
         terms.append(st)
         rest = rest - gt * st
-    exact = torch.zeros_like(do).scatter(-1, top, torch.stack(terms, -1).to(do.dtype))
-    return torch.where(torch.isfinite(exact).all(-1, keepdim=True), exact, spread)
+    terms = torch.stack(terms, -1)  # B S H t (an overflow is inf since the cast)
+    exact = torch.zeros_like(do).scatter_(-1, top, terms.to(do.dtype))
+    return torch.where(torch.isfinite(terms).all(-1, keepdim=True), exact, spread)
 
 
 # ---------------------------------------------------------------------------------------------

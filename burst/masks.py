@@ -110,6 +110,8 @@ class MaskSpec:
     Any sequence of ints (a list, a tensor) is accepted and stored as a tuple."""
 
     def __post_init__(self):
+        if type(self.causal).__name__ in ("bool", "bool_"):  # Python's or numpy's
+            object.__setattr__(self, "causal", bool(self.causal))
         if not isinstance(self.causal, bool):  # causal="no" ran causal in every method
             raise ValueError(f"causal={self.causal!r}: expected True or False")
         if self.window is not None:

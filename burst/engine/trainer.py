@@ -68,6 +68,16 @@ def _canonical(x) -> str:
     return json.dumps(norm(x))
 
 
+@torch.no_grad()
+def _bit_sum(p: torch.Tensor) -> torch.Tensor:
+    """The sum of a tensor's bits read as 16- or 32-bit integers, in int64 (no overflow below
+    2^32 elements), in chunks of 16M elements: no float64 copy of a 7B model's embedding."""
+    flat = p.detach().reshape(-1)
+    bits = flat.view(torch.int16 if flat.element_size() == 2 else torch.int32)
+    return sum((c.sum(dtype=torch.int64) for c in bits.split(1 << 24)),
+               torch.zeros((), dtype=torch.int64, device=p.device))
+
+
 class Trainer:
     """Model, optimizer and the CP/DP step.
 
@@ -110,8 +120,8 @@ class Trainer:
                             f"{', '.join(map(str, DTYPES))} (float16 would need loss scaling)")
         if not isinstance(loss_chunk, int) or loss_chunk < 1:
             problems.append(f"loss_chunk={loss_chunk!r} must be a positive number of tokens")
-        if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not lr > 0:
-            problems.append(f"lr={lr!r} must be positive")
+        if isinstance(lr, bool) or not isinstance(lr, numbers.Real | torch.Tensor) or not lr > 0:
+            problems.append(f"lr={lr!r} must be a positive number")
         if optimizer not in OPTIMIZERS:
             problems.append(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
         if data_parallel not in DATA_PARALLEL:
@@ -159,17 +169,14 @@ class Trainer:
         given another ``seed``, or ``state_dict`` on rank 0 only, trained without an error on a
         mix of models (its CP peers' gradients summed into different weights; FSDP even
         assembled one model from the shards of two). One max all-reduce of a checksum of the
-        setup and each parameter's float64 sum and norm; a difference raises on every rank."""
+        setup and of each parameter's bits (an integer sum: exact, whatever the reduction order
+        or thread count, and equal for equal NaNs); a difference raises on every rank."""
         if comm.world_size() == 1:
             return
         names, params = zip(*self.model.named_parameters(), strict=True)
-        with torch.no_grad():
-            sums = [torch.stack([p.sum(dtype=torch.float64),
-                                 torch.linalg.vector_norm(p, dtype=torch.float64)])
-                    for p in params]
-        setup = torch.tensor([zlib.crc32(self._setup.encode())], dtype=torch.float64,
-                             device=self.device)
-        mine = torch.cat([setup, torch.stack(sums).reshape(-1).to(self.device)])
+        sums = [_bit_sum(p) for p in params]
+        mine = torch.stack([torch.tensor(zlib.crc32(self._setup.encode()), device=self.device),
+                            *(s.to(self.device) for s in sums)])
         both = torch.cat([mine, -mine])
         with comm.phase("check"):
             comm.all_reduce(both, op="max")
@@ -178,8 +185,7 @@ class Trainer:
             raise ValueError("Trainer: the ranks differ in their setup (attention method, "
                              "options, layout, window, checkpointing, head, dtype, model); it "
                              f"must be the same on every rank (this rank: {self._setup[:300]})")
-        differ = [n for i, n in enumerate(names)
-                  if not torch.equal(hi[1 + 2 * i:3 + 2 * i], lo[1 + 2 * i:3 + 2 * i])]
+        differ = [n for i, n in enumerate(names) if hi[1 + i] != lo[1 + i]]
         if differ:
             raise ValueError(f"Trainer: the ranks start from different weights ({len(differ)} of "
                              f"{len(names)} parameters differ, first {differ[0]!r}); give every "
@@ -277,6 +283,12 @@ class Trainer:
         raised on that rank alone, and its peers waited in the ring or in DDP's all-reduce
         until the process group's timeout)."""
         problems = self._local_problems(tokens, targets, positions, cu_seqlens)
+        if num_targets is not None and (isinstance(num_targets, bool)
+                                        or not isinstance(num_targets, int)):
+            # here, not with the count below: 10000 on one rank and np.int64(10000) on another
+            # compare equal, and the other ranks then waited in the ring
+            problems.append(f"num_targets={num_targets!r}: expected an int >= this call's "
+                            "target tokens (and >= 1)")
         bad = float(bool(problems))
         b, n = (0, 0) if problems else tokens.shape
         if self.cp_size > 1:  # each shard may be valid alone; the ring needs them all alike
@@ -387,8 +399,7 @@ class Trainer:
         if num_targets is None and count == 0:
             raise ValueError("Trainer.step: the global batch has no target token (all ignored)")
         if num_targets is not None:
-            if isinstance(num_targets, bool) or not isinstance(num_targets, int) or (
-                    num_targets < max(1, count)):
+            if num_targets < max(1, count):
                 raise ValueError(f"num_targets={num_targets!r}: expected an int >= this call's "
                                  f"{count} target tokens (and >= 1)")
             count = num_targets
