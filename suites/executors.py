@@ -361,8 +361,10 @@ def _uncompleted_row(job, cell: Cell, ctx: RunContext, e: Exception, silent: lis
     state = _state(job, mode="cache")
     timed = [i for i in range(job.num_tasks) if "Job has timed out" in _task_log(job, i)]
     if timed:
-        return failure_row(cell, f"the job reached its time limit (timeout_min="
-                           f"{cell.timeout_min}): submitit's time-out signal ended rank(s) "
+        limit = ("the spec's [slurm] time_min or --time" if ctx.executor == "slurm" else
+                 f"timeout_min={cell.timeout_min}")  # a SLURM job's limit is its own
+        return failure_row(cell, f"the job reached its time limit ({limit}): submitit's "
+                           f"time-out signal ended rank(s) "
                            f"{', '.join(map(str, timed))}; job {job.job_id} ended {state} "
                            "without a result", ctx, "timeout", job_id=str(job.job_id))
     who = (f"rank(s) {', '.join(map(str, silent))} ended without a result (killed or crashed)"

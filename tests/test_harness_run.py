@@ -391,7 +391,7 @@ def test_submitit_jobs_rendezvous_below_the_ephemeral_ports():
     assert master_port("42_3") == master_port("42_3") and len(ports) > 40
 
 
-def _collected(job, tmp_path) -> dict:
+def _collected(job, tmp_path, executor="local") -> dict:
     """The row ``executors._collect`` writes for a (fake) job of a 2-rank ring cell."""
     from suites.cells import expand
     from suites.executors import Run, _collect
@@ -401,7 +401,7 @@ def _collected(job, tmp_path) -> dict:
                  '[shape]\nheads = 2\nhead_dim = 8\n[[methods]]\nname = "ring"\n')
     run = Run(tmp_path / "run")
     run.dir.mkdir()
-    _collect(job, expand(spec)[0], run, RunContext("r", "local", "{}", None, None))
+    _collect(job, expand(spec)[0], run, RunContext("r", executor, "{}", None, None))
     (row,) = store.read_rows(run.rows)
     return row
 
@@ -474,6 +474,11 @@ def test_a_local_job_without_results_says_why(tmp_path, log, status, says):
 
     row = _collected(Job(), tmp_path)
     assert row["status"] == status and says in row["error"], row["error"]
+    if status == "timeout":  # a SLURM job's limit is [slurm] time_min, not the cell's
+        assert "(timeout_min=20.0)" in row["error"]
+        (tmp_path / "run").rename(tmp_path / "local-run")
+        row = _collected(Job(), tmp_path, executor="slurm")
+        assert "[slurm] time_min or --time)" in row["error"], row["error"]
 
 
 def test_a_local_job_gets_the_specs_time_before_submitits_signal():
