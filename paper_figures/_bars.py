@@ -5,18 +5,29 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import seaborn as sns
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
-from paper_figures.palette import ORDER, SOURCE_MARKERS, color
+from paper_figures.palette import (
+    FULL_RECOMPUTE,
+    FULL_RECOMPUTE_LABEL,
+    ORDER,
+    SOURCE_MARKERS,
+    hatch,
+    linestyle,
+    series_color,
+)
 
-__all__ = ["FAILED_MARKERS", "label_order", "line_labels", "mark_failures", "panel_bars",
-           "panel_rows", "rows_for"]
+__all__ = ["FAILED_MARKERS", "bar_legend", "label_checkpointing", "label_order", "line_labels",
+           "mark_failures", "panel_bars", "panel_rows", "rows_for"]
 
 # where a line has no number: out of memory, and every other way a cell can fail
 FAILED_MARKERS = {"oom": "x", "skipped": "o", "error": "^", "timeout": "v", "missing": "s"}
 
 KEEP = ["source", "workload", "model", "world", "seq_len", "label", "system", "checkpointing",
         "status", "hardware", "tokens_per_s", "mfu_model_flops_causal", "attn_tflops",
-        "mem_reserved_bytes", "time_s", "sweep"]
+        "mem_reserved_bytes", "time_s", "sweep", "method_options", "heads", "head_dim", "dtype",
+        "causal"]
 
 
 def _on(d: pd.DataFrame, hardware: str) -> pd.Series:
@@ -67,15 +78,36 @@ def mark_failures(ax, rows: pd.DataFrame, x: str, y: float, colour: str, size: f
                        transform=ax.get_xaxis_transform())
 
 
+def label_checkpointing(df: pd.DataFrame, label: str):
+    """A label's checkpointing mode as drawn: full if any of its rows is (so that a source
+    that disagrees cannot hide full recomputation), else its first mode (None if none)."""
+    d = df[df["label"] == label]
+    modes = d["checkpointing"].dropna().tolist() if "checkpointing" in d else []
+    return FULL_RECOMPUTE if FULL_RECOMPUTE in modes else (modes[0] if modes else None)
+
+
 def line_labels(df: pd.DataFrame) -> list[tuple[str, str, str]]:
     """(label, system, line style) per line, in ``label_order``: one line per label (two
-    labels of one system share its colour; the one without selective checkpointing dashes)."""
-    out = []
-    for lab in label_order(df):
-        d = df[df["label"] == lab]
-        full = (d["checkpointing"] == "full").any() if "checkpointing" in d else False
-        out.append((lab, d["system"].iloc[0], "--" if full else "-"))
-    return out
+    labels of one system share its colour; the one without selective checkpointing dashes:
+    ``palette.linestyle``)."""
+    return [(lab, df[df["label"] == lab]["system"].iloc[0],
+             linestyle(label_checkpointing(df, lab))) for lab in label_order(df)]
+
+
+def bar_legend(fig, measured: bool = False, **kw):
+    """The legend of the bar figures: what the hatching means, and the markers (measured only
+    when ``measured``: a figure without GPU rows does not promise them)."""
+    handles = [
+        Patch(facecolor="white", edgecolor="0.3", hatch=hatch(FULL_RECOMPUTE),
+              label=FULL_RECOMPUTE_LABEL),
+        Line2D([], [], ls="none", marker=SOURCE_MARKERS["paper"], color="black", ms=5,
+               label="published"),
+    ]
+    if measured:
+        handles.append(Line2D([], [], ls="none", marker=SOURCE_MARKERS["measured"],
+                              color="white", markeredgecolor="black", ms=5,
+                              label="measured on GPUs"))
+    return fig.legend(handles=handles, fontsize=8, frameon=False, **kw)
 
 
 def label_order(df: pd.DataFrame) -> list[str]:
@@ -96,7 +128,8 @@ def _status(r, metric: str) -> str:
 def panel_bars(ax, df: pd.DataFrame, metric: str, labels: list[str], *, scale: float = 1.0,
                oom_height: float | None = None, clip: float | None = None,
                drawn_oom: frozenset[str] = frozenset()) -> pd.DataFrame:
-    """Simulated bars (hatched = w/o selective checkpointing), published / measured markers,
+    """Simulated bars (colour: ``palette.series_color``; hatched: full recomputation,
+    ``palette.hatch``), published / measured markers,
     the status (OOM, ERROR, TIMEOUT, ...) where a source has no number. Returns the plotted
     values, unclipped (one row per label x source); ``clip`` caps only the drawn height.
     ``drawn_oom``: labels whose simulated value is drawn although the cell is predicted OOM
@@ -104,22 +137,21 @@ def panel_bars(ax, df: pd.DataFrame, metric: str, labels: list[str], *, scale: f
     x = np.arange(len(labels))
     out = []
     sim = df[df["source"] == "simulated"].drop_duplicates("label", keep="last").set_index("label")
-    heights, colors = [], []
+    heights, colors, hatches = [], [], []
     for lab in labels:
         r = sim.loc[lab] if lab in sim.index else None
         st = None if r is None else _status(r, metric)
         v = float(r[metric]) * scale if st == "ok" else None
         heights.append(0.0 if v is None else v if clip is None else min(v, clip))
         sys_ = r["system"] if r is not None else df[df["label"] == lab]["system"].iloc[0]
-        colors.append(color(sys_))
+        colors.append(series_color(sys_, lab))
+        hatches.append(hatch(label_checkpointing(df, lab)))
         out.append({"label": lab, "system": sys_, "source": "simulated", "status": st,
                     "value": v})
     bars = sns.barplot(x=x, y=heights, hue=x, palette=colors, legend=False, ax=ax,
                        saturation=1.0)
-    for lab, patch in zip(labels, bars.patches, strict=False):
-        rows = df[(df["label"] == lab)]
-        if (rows["checkpointing"] == "full").any():
-            patch.set_hatch("//")
+    for patch, h in zip(bars.patches, hatches, strict=False):
+        patch.set_hatch(h or None)
     ymax = max([h for h in heights if h] or [1.0])
     for src in ("paper", "measured"):
         d = df[df["source"] == src].drop_duplicates("label", keep="last").set_index("label")

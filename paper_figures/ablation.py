@@ -1,8 +1,12 @@
 """Incremental ablation: BurstEngine's options added one at a time (the ablation sweep's model
 and GPUs: 14B, 32): tokens/s per GPU and memory per GPU at each of its sequence lengths; a
-step that did not run is a labelled gap, and speedups are against the first step that ran."""
+step that did not run is a labelled gap, and speedups are against the first step that ran (in the
+spec's order, kept). A step that also changes the layout says so in its tick label
+(``step_labels``: the half-cache step is also the striped layout)."""
 
 from __future__ import annotations
+
+import json
 
 import pandas as pd
 import seaborn as sns
@@ -13,6 +17,32 @@ from paper_figures.common import new_figure, note_empty, seq_label
 NAME = "ablation"
 SWEEP = "paper_ablation"
 GIB = 2**30
+
+
+def _layout(options) -> str | None:
+    try:
+        return json.loads(options or "{}").get("layout")
+    except (TypeError, ValueError):
+        return None
+
+
+def step_labels(steps: list[str], options: list) -> list[str]:
+    """The tick label of each step: its label, plus the layout where a step changes it
+    silently (the label does not name it): '+ selective ckpt (half cache) + striped layout'."""
+    out, before = [], None
+    for step, opts in zip(steps, options, strict=True):
+        layout = _layout(opts)
+        if before and layout and layout != before and layout not in step:
+            step = f"{step} + {layout} layout"
+        out.append(step)
+        before = layout or before
+    return out
+
+
+def speedups(values: list[float]) -> list[float]:
+    """Each step's tokens/s over the first step that has a number (NaN where none)."""
+    base = next((v for v in values if not pd.isna(v)), None)
+    return [float("nan") if base is None or pd.isna(v) else v / base for v in values]
 
 
 def make(tables):
@@ -26,6 +56,8 @@ def make(tables):
         return fig, pd.DataFrame()
     df["mem_gib"] = df["mem_reserved_bytes"] / GIB
     steps = list(dict.fromkeys(df.sort_index()["label"]))  # the spec's order
+    options = df.sort_index().drop_duplicates("label")["method_options"].tolist()
+    ticks = step_labels(steps, options)
     colors = dict(zip(steps, sns.color_palette("Reds", len(steps) + 1)[1:], strict=True))
     rows = []
     for j, n in enumerate(lens):
@@ -45,22 +77,23 @@ def make(tables):
             why = ["no value" if st == "ok" else st for st in status]  # where vals is NaN
             sns.barplot(x=steps, y=[0.0 if pd.isna(v) else v for v in vals], hue=steps,
                         palette=colors, legend=False, ax=ax, saturation=1.0)
-            base = next((v for v in vals if not pd.isna(v)), None)  # the first step that ran
-            for k, (v, st) in enumerate(zip(vals, why, strict=True)):
+            ups = speedups(vals) if metric == "tokens_per_s" else [None] * len(vals)
+            for k, (v, st, up) in enumerate(zip(vals, why, ups, strict=True)):
                 if pd.isna(v):
                     ax.text(k, 0, st.upper(), ha="center", va="bottom", fontsize=6,
                             rotation=90, color="0.25")
-                elif metric == "tokens_per_s":
-                    ax.text(k, v, f"{v / base:.2f}x", ha="center", va="bottom", fontsize=7)
-            ax.set_xticks(range(len(steps)), steps if i == 1 else [""] * len(steps),
+                elif up is not None:
+                    ax.text(k, v, f"{up:.2f}x", ha="center", va="bottom", fontsize=7)
+            ax.set_xticks(range(len(steps)), ticks if i == 1 else [""] * len(steps),
                           rotation=50, ha="right", fontsize=7)
             ax.set_ylabel(ylabel if j == 0 else "")
             if i == 0:
                 ax.set_title(f"{where}, {seq_label(n)} tokens", fontsize=9)
             rows += [{"seq_len": n, "step": s, "metric": metric,
                       "value": None if pd.isna(v) else v,
-                      "status": st if pd.isna(v) else "ok"}
-                     for s, v, st in zip(steps, vals, why, strict=True)]
+                      "status": st if pd.isna(v) else "ok",
+                      "speedup": None if up is None or pd.isna(up) else up}
+                     for s, v, st, up in zip(steps, vals, why, ups, strict=True)]
     fig.suptitle("BurstEngine options added one at a time (simulated, A800)", fontsize=10)
     fig.tight_layout()
     return fig, pd.DataFrame(rows)

@@ -12,9 +12,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-__all__ = ["OUT", "fmt_tokens", "new_figure", "note_empty", "save", "seq_label"]
+__all__ = ["MFU_LABEL", "OUT", "fmt_tokens", "new_figure", "note_empty", "save", "seq_label"]
 
 OUT = Path(__file__).resolve().parent / "out"
+# the MFU every figure draws: burst.flops' model_flops_causal (the paper's convention)
+MFU_LABEL = "MFU (model FLOPs, causal) %"
 
 
 def new_figure(ncols: int = 1, nrows: int = 1, *, width: float = 4.2, height: float = 3.2,

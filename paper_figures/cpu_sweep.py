@@ -5,7 +5,12 @@ counter: markers; the simulator's formula for the same cells: lines) and the mea
 over the sweep's baseline. Bottom (``cpu_long``, 256K and 1M tokens on 8 ranks, sliding window):
 bytes per rank against the formula, and the measured transient peak memory per rank. Cells
 without a number (skipped, oom, error, timeout) are marked at the bottom of their panel and kept
-in the CSV with their status and an empty value."""
+in the CSV with their status and an empty value.
+
+Methods can send the same bytes (ring, burst[bwd=ring] and zigzag_ring do): each method has its
+own marker, line style and width (``series_styles``: earlier ones wider and larger, so that a
+line or marker drawn over an equal one leaves it visible), and a panel names the methods whose
+values coincide (``coinciding``)."""
 
 from __future__ import annotations
 
@@ -13,12 +18,47 @@ import pandas as pd
 
 from paper_figures._bars import mark_failures
 from paper_figures.common import new_figure, note_empty, seq_label
-from paper_figures.palette import ORDER, SOURCE_MARKERS, color
+from paper_figures.palette import ORDER, series_color
 
 NAME = "cpu_sweep"
 SWEEP, LONG = "cpu_scaling", "cpu_long"
 HARDWARE = "a800"  # the profile the simulated lines come from (bytes do not depend on it)
 FLOOR = 0.03  # axes fraction where cells without a number are marked
+MARKERS = ("s", "o", "D", "^", "v", "P", "X", "<", ">")
+LINESTYLES = ("-", "--", "-.", ":")
+
+
+def series_styles(labels: list[tuple[str, str]]) -> dict[str, dict]:
+    """Per (label, system), in drawing order: its colour (``palette.series_color``), its own
+    marker and line style, and a width and marker size that shrink along the order, so that
+    of two equal series the one drawn later sits inside the earlier one."""
+    out = {}
+    for k, (label, system) in enumerate(labels):
+        out[label] = {"color": series_color(system, label), "marker": MARKERS[k % len(MARKERS)],
+                      "ls": LINESTYLES[k % len(LINESTYLES)], "lw": max(0.9, 2.6 - 0.35 * k),
+                      "s": max(12.0, 110.0 * 0.62**k)}
+    return out
+
+
+def coinciding(df: pd.DataFrame, x: str, column: str) -> list[list[str]]:
+    """Groups (two or more) of labels whose drawn values are equal at every x, per source."""
+    keys: dict[tuple, list[str]] = {}
+    for label, d in _by_label(df):
+        ok = d[d["status"] == "ok"]
+        key = tuple(sorted((str(r["source"]), r[x], round(float(r[column]), 6))
+                           for r in ok.to_dict("records") if pd.notna(r[column])))
+        if key:
+            keys.setdefault(key, []).append(label)
+    return [g for g in keys.values() if len(g) > 1]
+
+
+def _note_coinciding(ax, df: pd.DataFrame, x: str, column: str) -> None:
+    groups = coinciding(df, x, column)
+    if groups:
+        ax.text(0.02, 0.98, "equal values, drawn over each other:\n"
+                + "\n".join(" = ".join(g) for g in groups), transform=ax.transAxes,
+                ha="left", va="top", fontsize=6, color="0.2",
+                bbox={"facecolor": "white", "edgecolor": "0.7", "alpha": 0.85, "pad": 2})
 
 
 def _rows(tables, sweep: str) -> pd.DataFrame:
@@ -53,41 +93,61 @@ def _record(d: pd.DataFrame, x: str, metric: str, column: str, unit: str, **extr
             for r in d.sort_values(x).to_dict("records")]
 
 
-def _bytes_panel(ax, df: pd.DataFrame, x: str) -> list[dict]:
+def _bytes_panel(ax, df: pd.DataFrame, x: str, styles: dict) -> list[dict]:
     rows = []
     for label, d in _by_label(df):
+        st = styles[label]
         sim = d[(d["source"] == "simulated") & (d["status"] == "ok")].sort_values(x)
         mea = d[d["source"] == "measured"]
         ok = mea[mea["status"] == "ok"]
-        ax.plot(sim[x], sim["bytes"] / 2**20, color=color(label), lw=1.4, label=label)
-        ax.scatter(ok[x], ok["bytes"] / 2**20, color=color(label), edgecolor="black",
-                   marker=SOURCE_MARKERS["measured"], s=26, zorder=5)
-        mark_failures(ax, mea, x, FLOOR, color(label))
+        ax.plot(sim[x], sim["bytes"] / 2**20, color=st["color"], lw=st["lw"], ls=st["ls"],
+                label=label)
+        ax.scatter(ok[x], ok["bytes"] / 2**20, color=st["color"], edgecolor="black",
+                   marker=st["marker"], s=st["s"], lw=0.6, zorder=5)
+        mark_failures(ax, mea, x, FLOOR, st["color"])
         rows += _record(d[d["source"] == "simulated"], x, "bytes_sent", "bytes", "bytes")
         rows += _record(mea, x, "bytes_sent", "bytes", "bytes")
     ax.set_xscale("log", base=2)
     ax.set_ylabel("MiB sent per rank (fwd + bwd)")
-    ax.legend(fontsize=6)
+    _legend(ax, styles, [label for label, _ in _by_label(df)])
+    _note_coinciding(ax, df, x, "bytes")
     return rows
 
 
-def _scaling(axes, df: pd.DataFrame) -> list[dict]:
+def _legend(ax, styles: dict, labels: list[str]) -> None:
+    """One entry per method: its line style and marker together."""
+    from matplotlib.lines import Line2D
+
+    ax.legend(handles=[Line2D([], [], color=styles[lab]["color"], ls=styles[lab]["ls"],
+                              lw=1.4, marker=styles[lab]["marker"], ms=5,
+                              markeredgecolor="black", markeredgewidth=0.5, label=lab)
+                       for lab in labels], fontsize=6, loc="lower right")
+
+
+def _int_ticks(ax, ticks, fmt=str) -> None:
+    ax.set_xticks(list(ticks), [fmt(t) for t in ticks])
+    ax.minorticks_off()
+
+
+def _scaling(axes, df: pd.DataFrame, styles: dict) -> list[dict]:
     n = int(df[df["source"] == "measured"]["seq_len"].max())
     df = df[df["seq_len"] == n]
-    rows = _bytes_panel(axes[0], df, "world")
+    rows = _bytes_panel(axes[0], df, "world", styles)
     axes[0].set_xlabel("ranks")
     axes[0].set_title(f"{SWEEP}: bytes per rank at {n} tokens: formula (lines), counted "
-                      "(\u25a0)", fontsize=8)
+                      "(markers)", fontsize=8)
     ax = axes[1]
     mea = df[df["source"] == "measured"]
     ok = mea[mea["status"] == "ok"]
     base_label = "ring" if (ok["label"] == "ring").any() else ok["label"].iloc[0]
     base = ok[ok["label"] == base_label].set_index("world")["time_s"]
     for label, d in _by_label(mea):
+        st = styles[label]
         good = d[d["status"] == "ok"].sort_values("world")
         sp = good["world"].map(base) / good["time_s"]
-        ax.plot(good["world"], sp, marker="s", ms=4, color=color(label), label=label)
-        mark_failures(ax, d, "world", FLOOR, color(label))
+        ax.plot(good["world"], sp, marker=st["marker"], ms=4, ls=st["ls"], color=st["color"],
+                label=label)
+        mark_failures(ax, d, "world", FLOOR, st["color"])
         rows += _record(d.assign(speedup=d["world"].map(base) / d["time_s"]), "world",
                         f"speedup_vs_{base_label}", "speedup", "x")
     ax.axhline(1.0, color="black", lw=0.7)
@@ -95,46 +155,54 @@ def _scaling(axes, df: pd.DataFrame) -> list[dict]:
     ax.set_xlabel("ranks")
     ax.set_ylabel(f"measured speedup over {base_label}")
     ax.set_title("CPU (gloo) time per layer: overheads, not GPU speed", fontsize=8)
+    for a in axes:  # ranks as plain numbers: 2, 4, 8
+        _int_ticks(a, sorted(int(w) for w in df["world"].unique()))
     return rows
 
 
-def _long(axes, df: pd.DataFrame) -> list[dict]:
-    rows = _bytes_panel(axes[0], df, "seq_len")
+def _long(axes, df: pd.DataFrame, styles: dict) -> list[dict]:
+    rows = _bytes_panel(axes[0], df, "seq_len", styles)
     ticks = sorted(df["seq_len"].unique())
     world = int(df["world"].max())
     axes[0].set_xlabel(f"tokens ({world} ranks)")
-    axes[0].set_title(f"{LONG}: bytes per rank, sliding window (burst[bwd=ring] = ring)",
-                      fontsize=8)
+    axes[0].set_title(f"{LONG}: bytes per rank, sliding window", fontsize=8)
     ax = axes[1]
     mea = df[df["source"] == "measured"]
     for label, d in _by_label(mea):
+        st = styles[label]
         good = d[d["status"] == "ok"].sort_values("seq_len")
-        ax.plot(good["seq_len"], good["mem_peak_bytes"] / 2**30, marker="s", ms=4,
-                color=color(label), label=label)
-        mark_failures(ax, d, "seq_len", FLOOR, color(label))
+        ax.plot(good["seq_len"], good["mem_peak_bytes"] / 2**30, marker=st["marker"],
+                ms=max(3.0, st["s"] ** 0.5), ls=st["ls"], lw=st["lw"], color=st["color"],
+                markeredgecolor="black", markeredgewidth=0.5, label=label)
+        mark_failures(ax, d, "seq_len", FLOOR, st["color"])
         rows += _record(d, "seq_len", "mem_peak", "mem_peak_bytes", "bytes")
     ax.set_xscale("log", base=2)
     ax.set_xlabel(f"tokens ({world} ranks)")
     ax.set_ylabel("measured peak memory per rank (GiB)")
     ax.set_title(f"{LONG}: transient peak per rank (CPU allocator)", fontsize=8)
-    ax.legend(fontsize=6)
+    _legend(ax, styles, [label for label, _ in _by_label(mea)])
+    _note_coinciding(ax, mea, "seq_len", "mem_peak_bytes")
     for a in axes:
-        a.set_xticks(ticks, [seq_label(t) for t in ticks])
-        a.minorticks_off()
+        _int_ticks(a, ticks, seq_label)
     return rows
 
 
 def make(tables):
     fig, axes = new_figure(2, 2, width=4.4, height=3.4)
     rows = []
+    frames = {sweep: _rows(tables, sweep) for sweep in (SWEEP, LONG)}
+    # one style per method across all four panels
+    every = pd.concat([d for d in frames.values() if len(d)] or [pd.DataFrame(
+        columns=["label", "system"])], ignore_index=True)
+    styles = series_styles([(lab, d["system"].iloc[0]) for lab, d in _by_label(every)])
     for ax_row, sweep, draw in ((axes[0], SWEEP, _scaling), (axes[1], LONG, _long)):
-        df = _rows(tables, sweep)
+        df = frames[sweep]
         if not len(df) or not (df["source"] == "measured").any():
             for ax in ax_row:
                 note_empty(ax, f"no measured CPU sweep {sweep} in results/ yet\n"
                                f"(burst-bench run {sweep})")
             continue
-        rows += [dict(r, sweep=sweep) for r in draw(ax_row, df)]
+        rows += [dict(r, sweep=sweep) for r in draw(ax_row, df, styles)]
     fig.suptitle("Measured on local CPU ranks (gloo), next to the simulator's byte formula (at "
                  "the floor: \u00d7 out of memory, \u25cb cannot run, \u25b3 error, \u25bd "
                  "timeout)", fontsize=10)

@@ -1,5 +1,6 @@
 """Attention alone: TFLOP/s per GPU of one causal layer (forward + backward, flash-attention
-convention) on 32 A800s at 128K-1M tokens. Lines: simulated; diamonds: published; squares:
+convention: backward = 2.5 x forward, causal pairs halved; the shape, from the rows, in the title)
+on 32 A800s at 128K-1M tokens. Lines: simulated; diamonds: published; squares:
 measured on GPUs (if any); at the bottom, a mark per cell without a number (x: out of memory;
 the other failures have their own marks, ``_bars.FAILED_MARKERS``); a red ring: a simulated
 number where the paper reports OOM."""
@@ -8,12 +9,31 @@ from __future__ import annotations
 
 import pandas as pd
 
+from burst.flops import BACKWARD_OVER_FORWARD
 from paper_figures._bars import line_labels, mark_failures, rows_for
 from paper_figures.common import fmt_tokens, new_figure, note_empty
-from paper_figures.palette import SOURCE_MARKERS, color
+from paper_figures.palette import SOURCE_MARKERS, series_color
 
 NAME = "kernel_tflops"
 SWEEP = "paper_kernel_32gpu"  # suites/specs: the kernel table
+
+
+DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+def _one(values, fmt=str) -> str:
+    """The one value of a column as text; several joined with '/' (never silently one)."""
+    vals = list(dict.fromkeys(v for v in values if pd.notna(v)))
+    return "/".join(fmt(v) for v in vals) if vals else "?"
+
+
+def shape(df: pd.DataFrame) -> str:
+    """The attention shape of the rows drawn, from the rows: "40 heads x 128, causal, bf16"."""
+    causal = _one(df["causal"], lambda c: "causal" if c in (True, "True", "true", 1)
+                  else "non-causal")
+    return (f"{_one(df['heads'], lambda v: str(int(v)))} heads \u00d7 "
+            f"{_one(df['head_dim'], lambda v: str(int(v)))}, {causal}, "
+            f"{_one(df['dtype'], lambda v: DTYPES.get(v, str(v)))}")
 
 
 def make(tables):
@@ -26,6 +46,7 @@ def make(tables):
         return fig, pd.DataFrame()
     rows, flagged = [], False
     for k, (label, system, ls) in enumerate(line_labels(df)):
+        colour = series_color(system, label)
         d = df[df["label"] == label].sort_values("seq_len")
         # a simulated number where the paper has OOM (Megatron-CP at 512K, 1M: docs/simulator.md
         # says why) is ringed in red, so the line does not read as agreeing with the paper
@@ -40,15 +61,15 @@ def make(tables):
             s = d[d["source"] == src].drop_duplicates("seq_len", keep="last")
             ok = (s["status"] == "ok") & s["attn_tflops"].notna()
             if src == "simulated" and ok.any():  # the line breaks where a cell has no number
-                ax.plot(s["seq_len"], s["attn_tflops"].where(ok), color=color(system), lw=1.8,
+                ax.plot(s["seq_len"], s["attn_tflops"].where(ok), color=colour, lw=1.8,
                         ls=ls, marker=SOURCE_MARKERS[src], ms=3, label=label)  # a lone point shows
             elif ok.any():
-                ax.scatter(s.loc[ok, "seq_len"], s.loc[ok, "attn_tflops"], color=color(system),
+                ax.scatter(s.loc[ok, "seq_len"], s.loc[ok, "attn_tflops"], color=colour,
                            s=30, marker=SOURCE_MARKERS[src], edgecolor="black", zorder=5)
             # cells without a number at the axis floor: published lowest, then simulated,
             # then measured, each line a little apart
             y = {"paper": 0.03, "simulated": 0.09, "measured": 0.15}[src] + 0.012 * k
-            mark_failures(ax, s, "seq_len", y, color(system))
+            mark_failures(ax, s, "seq_len", y, colour)
             rows += [{"system": system, "label": label, "source": src, "seq_len": r["seq_len"],
                       "status": r["status"], "attn_tflops": r["attn_tflops"],
                       "ringed": src == "simulated" and r["status"] == "ok"
@@ -59,7 +80,9 @@ def make(tables):
     ax.set_ylabel("attention TFLOP/s per GPU")
     ax.set_ylim(0, None)
     ax.legend(fontsize=7, loc="center right")
-    ax.set_title("Attention forward+backward: simulated (lines), published (\u25c6); at the "
+    ax.set_title(f"Attention forward+backward, {shape(df)}: simulated (lines), published "
+                 "(\u25c6);\nTFLOP/s: flash-attention convention (backward = "
+                 f"{BACKWARD_OVER_FORWARD:g} \u00d7 forward, causal = half of N\u00b2); at the "
                  "floor: \u00d7 OOM, \u25cb skipped, \u25b3 error, \u25bd timeout", fontsize=8)
     fig.tight_layout()
     return fig, pd.DataFrame(rows)

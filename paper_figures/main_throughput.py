@@ -1,20 +1,20 @@
 """Main result (BurstEngine paper): training tokens/s per GPU and MFU, 7B and 14B on 32 and 64
-A800s. Bars: simulated; black diamonds: published (MFU: the published tokens/s under
-``burst.flops``' model-FLOPs convention, as for every other row); white squares: measured on GPUs
-(if any)."""
+A800s. Bars: simulated (hatched: w/o sele-ckpt, full recomputation); black diamonds: published
+(MFU: the published tokens/s under ``burst.flops``' model-FLOPs convention, as for every other
+row); white squares: measured on GPUs, named in the title and legend only where there are any."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from paper_figures._bars import label_order, panel_bars, panel_rows, rows_for
-from paper_figures.common import new_figure, note_empty, seq_label
+from paper_figures._bars import bar_legend, label_order, panel_bars, panel_rows, rows_for
+from paper_figures.common import MFU_LABEL, new_figure, note_empty, seq_label
 
 NAME = "main_throughput"
 SWEEPS = ("paper_main_7b", "paper_main_14b")  # suites/specs: the main table
 PANELS = (("7b", 32), ("7b", 64), ("14b", 32), ("14b", 64))
 METRICS = (("tokens_per_s", "tokens/s per GPU", 1.0),
-           ("mfu_model_flops_causal", "MFU (model FLOPs, causal) %", 100.0))
+           ("mfu_model_flops_causal", MFU_LABEL, 100.0))
 
 
 def make(tables):
@@ -35,8 +35,12 @@ def make(tables):
             seq = seq_label(sub["seq_len"].iloc[0])
             ax.set_title(f"{model.upper()}, {world} GPUs, {seq} tokens", fontsize=9)
             ax.set_ylabel(ylabel if j == 0 else "")
-    fig.suptitle("Training throughput: simulated (bars), published (\u25c6), measured on GPUs "
-                 "(\u25a1); the published MFU is their tokens/s under burst.flops' convention "
+    measured = any((d["source"] == "measured").any() for d in plotted)
+    fig.suptitle("Training throughput: simulated (bars), published (\u25c6)"
+                 + (", measured on GPUs (\u25a1)" if measured else "")
+                 + "; the published MFU is their tokens/s under burst.flops' convention "
                  "(the paper's own MFU is not in the reference tables)", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    bar_legend(fig, measured, loc="upper center", bbox_to_anchor=(0.5, 0.955),
+               ncol=3)
     return fig, pd.concat(plotted, ignore_index=True) if plotted else pd.DataFrame()

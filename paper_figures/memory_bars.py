@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from paper_figures._bars import label_order, panel_bars, panel_rows, rows_for
+from paper_figures._bars import bar_legend, label_order, panel_bars, panel_rows, rows_for
 from paper_figures.common import new_figure, note_empty, seq_label
 from suites.hardware import load
 
@@ -45,7 +45,10 @@ def make(tables):
         ax.set_title(f"{model.upper()}, {world} GPUs, {seq_label(sub['seq_len'].iloc[0])}",
                      fontsize=9)
         ax.set_ylabel("memory per GPU (GiB)" if j == 0 else "")
+    measured = any((d["source"] == "measured").any() for d in plotted)
     fig.suptitle(f"Memory per GPU: simulated peak (bars; above the dashed line, the {usable:g} "
-                 f"GiB usable of {CAPACITY_GIB:g}, = OOM), published (\u25c6)", fontsize=10)
-    fig.tight_layout()
+                 f"GiB usable of {CAPACITY_GIB:g}, = OOM), published (\u25c6)"
+                 + (", measured on GPUs (\u25a1)" if measured else ""), fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    bar_legend(fig, measured, loc="upper center", bbox_to_anchor=(0.5, 0.945), ncol=3)
     return fig, pd.concat(plotted, ignore_index=True) if plotted else pd.DataFrame()

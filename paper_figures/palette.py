@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import hashlib
 
-__all__ = ["COLORS", "MODE_COLORS", "MODEL_COLORS", "ORDER", "SOURCE_MARKERS", "color",
-           "palette"]
+__all__ = ["COLORS", "FULL_RECOMPUTE", "FULL_RECOMPUTE_HATCH",
+           "FULL_RECOMPUTE_LABEL", "MODE_COLORS", "MODEL_COLORS",
+           "ORDER", "SOURCE_MARKERS", "color", "hatch", "linestyle", "palette", "series_color"]
 
 COLORS: dict[str, str] = {
     # the paper's systems
@@ -65,6 +66,32 @@ def color(key: str) -> str:
         return _lighten(COLORS[base], 0.3 + 0.15 * step)
     shade = int(hashlib.sha256(key.encode()).hexdigest()[:2], 16) % 96 + 96
     return f"#{shade:02x}{shade:02x}{shade:02x}"
+
+
+def series_color(system: str, label: str | None = None) -> str:
+    """The colour every figure draws a series (bar, line) in: its system's (``color``), so
+    that two labels of one system share it (Burst-Ring and Burst-Ring w/o sele-ckpt); a label
+    that is a variant of its method (``burst[bwd=ring]``) gets that variant's lighter shade."""
+    if label is not None and (label == system or label.startswith(f"{system}[")):
+        return color(label)
+    return color(system)
+
+
+# full checkpointing (the paper's "w/o sele-ckpt": every layer recomputed in the backward) is
+# drawn hatched (bars) or dashed (lines); every other mode plain / solid
+FULL_RECOMPUTE = "full"
+FULL_RECOMPUTE_HATCH = "//"
+FULL_RECOMPUTE_LABEL = "hatched: w/o sele-ckpt (full recomputation)"
+
+
+def hatch(checkpointing) -> str:
+    """A bar's hatch for its checkpointing mode ('' = none)."""
+    return FULL_RECOMPUTE_HATCH if checkpointing == FULL_RECOMPUTE else ""
+
+
+def linestyle(checkpointing) -> str:
+    """A line's style for its checkpointing mode."""
+    return "--" if checkpointing == FULL_RECOMPUTE else "-"
 
 
 def palette(keys) -> dict[str, str]:

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pandas as pd
 
 from paper_figures._bars import line_labels, mark_failures, rows_for
-from paper_figures.common import new_figure, note_empty
-from paper_figures.palette import SOURCE_MARKERS, color
+from paper_figures.common import MFU_LABEL, new_figure, note_empty
+from paper_figures.palette import SOURCE_MARKERS, series_color
 
 NAME = "weak_scaling"
 SWEEP = "paper_weak_scaling"
-METRICS = (("tokens_per_s", "tokens/s per GPU"), ("mfu_model_flops_causal", "MFU %"))
+METRICS = (("tokens_per_s", "tokens/s per GPU"), ("mfu_model_flops_causal", MFU_LABEL))
 
 
 def make(tables):
@@ -29,19 +29,20 @@ def make(tables):
         ax = axes[0][j]
         scale = 100.0 if metric.startswith("mfu") else 1.0
         for k, (label, system, ls) in enumerate(lines):
+            colour = series_color(system, label)
             d = df[df["label"] == label].sort_values("world")
             for src in ("simulated", "measured"):
                 s = d[d["source"] == src].drop_duplicates("world", keep="last")
                 ok = (s["status"] == "ok") & s[metric].notna()
                 if ok.any():  # the line breaks where a cell has no number
-                    ax.plot(s["world"], s[metric].where(ok) * scale, color=color(system),
+                    ax.plot(s["world"], s[metric].where(ok) * scale, color=colour,
                             marker=SOURCE_MARKERS[src], ms=4,
                             ls=ls if src == "simulated" else "none",
                             label=label if src == "simulated" else None)
                 # cells without a number at the axis floor (axes coordinates: the log axis
                 # has no 0), each line a little apart so that none hides another
                 dy = 0.03 + 0.025 * k
-                mark_failures(ax, s, "world", dy, color(system), size=24)
+                mark_failures(ax, s, "world", dy, colour, size=24)
                 rows += [{"system": system, "label": label, "source": src,
                           "world": r["world"], "seq_len": r["seq_len"], "status": r["status"],
                           "metric": metric, "value": r[metric] * scale if pd.notna(r[metric])
