@@ -342,3 +342,286 @@ def test_a_simulated_number_where_the_paper_ran_out_of_memory_is_ringed(fixture_
     _, data = kernel_tflops.make(dataclasses.replace(fixture_tables, simulated=sim))
     ringed = data[data["ringed"]]
     assert list(zip(ringed["system"], ringed["seq_len"], strict=True)) == [("megatron_cp", 1 << 19)]
+
+
+# ---- the committed tables (results/), drawn once: published values, colours, hatching,
+# ablation order, labels, and whether paper_figures/out/ is current
+
+@pytest.fixture(scope="module")
+def committed():
+    """(tables, {name: (figure, plotted data)}) of the committed results/ tables."""
+    import matplotlib.pyplot as plt
+
+    from paper_figures.tables import load_tables
+
+    tables = load_tables()
+    drawn = {mod.NAME: mod.make(tables) for mod in FIGURES}
+    yield tables, drawn
+    for fig, _ in drawn.values():
+        plt.close(fig)
+
+
+def _reference(name: str) -> list[dict]:
+    """A published table as the reference CSV has it (read here, not through results.paper)."""
+    import csv
+
+    from results.paper import PAPER_DIR
+
+    with open(PAPER_DIR / name, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _num(s: str) -> float | None:
+    return float(s) if s else None
+
+
+def test_every_published_value_drawn_is_the_reference_tables(committed):
+    """Every published row a figure plots carries the reference CSV's number and status, and
+    every reference row of a drawn panel is plotted (tokens/s, memory, kernel TFLOP/s)."""
+    _, drawn = committed
+    main_ref = _reference("burstengine_main.csv")
+    for name, metric, column in (("main_throughput", "tokens_per_s", "tokens_per_s_per_gpu"),
+                                 ("memory_bars", "mem_reserved_gib", "memory_gb")):
+        data = drawn[name][1]
+        got = data[(data["source"] == "paper") & (data["metric"] == metric)]
+        got = {(r["model"], int(r["world"]), r["label"]): (r["value"], r["status"])
+               for r in got.to_dict("records")}
+        panels = {(m, w) for m, w, _ in got}
+        want = {(r["model"], int(r["gpus"]), r["label"]): (_num(r[column]), r["status"])
+                for r in main_ref if (r["model"], int(r["gpus"])) in panels}
+        assert len(panels) == 4 and got.keys() == want.keys(), name
+        for key, (value, status) in want.items():
+            # an ok row without this number (memory not recorded) is 'no value', not 0
+            assert got[key][1] == ("no value" if status == "ok" and value is None
+                                   else status), (name, key)
+            if value is None:
+                assert pd.isna(got[key][0]), (name, key)
+            else:
+                assert got[key][0] == pytest.approx(value, rel=1e-12), (name, key)
+    kern = drawn["kernel_tflops"][1]
+    kern = kern[kern["source"] == "paper"]
+    got = {(r["label"], int(r["seq_len"])): (r["attn_tflops"], r["status"])
+           for r in kern.to_dict("records")}
+    want = {(r["label"], int(r["seq_len"])): (_num(r["tflops_per_gpu"]), r["status"])
+            for r in _reference("burstattention_kernel_32gpu.csv")}
+    assert got.keys() == want.keys()
+    for key, (value, status) in want.items():
+        assert got[key][1] == status, key
+        assert (pd.isna(got[key][0]) if value is None
+                else got[key][0] == pytest.approx(value, rel=1e-12)), key
+
+
+def test_published_and_simulated_mfu_share_one_convention(committed):
+    """Within a panel (one model, length, GPU count) MFU per token/s is the same for every bar
+    and marker: published MFU is its tokens/s under the simulated rows' FLOP convention."""
+    data = committed[1]["main_throughput"][1]
+    wide = data.pivot_table(index=["model", "world", "label", "source"], columns="metric",
+                            values="value")
+    ratio = (wide["mfu_model_flops_causal"] / wide["tokens_per_s"]).dropna()
+    for panel, r in ratio.groupby(level=["model", "world"]):
+        assert {"paper", "simulated"} <= set(r.index.get_level_values("source")), panel
+        assert r.max() == pytest.approx(r.min(), rel=1e-9), panel
+
+
+def test_simulated_and_published_rows_of_a_label_agree_on_checkpointing(committed):
+    """Real simulated rows (not copies of published ones): each label of the main, memory and
+    weak-scaling figures has one checkpointing mode across sources, full exactly for the
+    'w/o sele-ckpt' labels, and every published bar label has a simulated bar."""
+    from paper_figures._bars import rows_for
+    from paper_figures.main_throughput import SWEEPS
+
+    tables, _ = committed
+    df = rows_for(tables, "train_step")
+    main = df[df["sweep"].isin(SWEEPS) | (df["source"] == "paper")]
+    weak = df[df["sweep"] == "paper_weak_scaling"]
+    for d in (main, weak):
+        assert len(d)
+        for label, g in d.groupby("label"):
+            assert g["checkpointing"].nunique() == 1, (label, set(g["checkpointing"]))
+            assert (g["checkpointing"].iloc[0] == "full") == ("w/o sele-ckpt" in label), label
+    for (model, world, seq), g in main.groupby(["model", "world", "seq_len"]):
+        if (g["source"] == "paper").any():
+            missing = set(g.loc[g["source"] == "paper", "label"]) - set(
+                g.loc[g["source"] == "simulated", "label"])
+            assert not missing, (model, world, seq, missing)
+
+
+def _bars_of(fig):
+    """(label, facecolour hex, hatch) of every bar, per axis with bars."""
+    from matplotlib.colors import to_hex
+
+    for ax in fig.axes:
+        labels = [t.get_text() for t in ax.get_xticklabels()]
+        if ax.patches and labels:
+            assert len(ax.patches) == len(labels)
+            yield [(lab, to_hex(p.get_facecolor()), p.get_hatch() or "")
+                   for lab, p in zip(labels, ax.patches, strict=True)]
+
+
+def _lines_of(fig, labels):
+    from matplotlib.colors import to_hex
+
+    return [(ln.get_label(), to_hex(ln.get_color()), ln.get_linestyle())
+            for ax in fig.axes for ln in ax.get_lines() if ln.get_label() in labels]
+
+
+def test_a_system_has_its_one_palette_colour_in_every_figure(committed):
+    """Bars and lines take their system's colour (palette.COLORS, never a label's fallback
+    grey), the same one in every figure; the CPU figure's variants their variant shade."""
+    from paper_figures import palette
+
+    _, drawn = committed
+    seen: dict[str, set[str]] = {}
+    for name in ("main_throughput", "memory_bars", "weak_scaling", "kernel_tflops"):
+        fig, data = drawn[name]
+        system = dict(zip(data["label"], data["system"], strict=True))
+        drawn_series = [s for panel in _bars_of(fig) for s in panel]
+        drawn_series += _lines_of(fig, system)
+        assert len(drawn_series) >= 4, name
+        for label, colour, _ in drawn_series:
+            assert colour == palette.COLORS[system[label]], (name, label, colour)
+            seen.setdefault(system[label], set()).add(colour)
+    assert len(seen) >= 5 and all(len(c) == 1 for c in seen.values()), seen
+    fig, data = drawn["cpu_sweep"]
+    system = dict(zip(data["label"], data["system"], strict=True))
+    lines = _lines_of(fig, system)
+    assert {lab for lab, _, _ in lines} == set(system)
+    for label, colour, _ in lines:
+        assert colour == palette.series_color(system[label], label), label
+        assert colour == palette.color(label)  # burst[bwd=ring]: burst's lighter shade
+    assert palette.series_color("burstengine", "Burst-Ring w/o sele-ckpt") == \
+        palette.COLORS["burstengine"]
+
+
+def test_hatching_marks_exactly_the_full_recomputation_bars(committed):
+    from paper_figures import palette
+
+    assert palette.hatch("full") == "//" and not palette.hatch("selective")
+    assert palette.linestyle("full") == "--" and palette.linestyle("selective") == "-"
+    _, drawn = committed
+    for name in ("main_throughput", "memory_bars"):
+        fig, _ = drawn[name]
+        bars = [s for panel in _bars_of(fig) for s in panel]
+        hatched = {lab for lab, _, h in bars if h}
+        plain = {lab for lab, _, h in bars if not h}
+        assert hatched and plain, name
+        assert all("w/o sele-ckpt" in lab for lab in hatched), (name, hatched)
+        assert not any("w/o sele-ckpt" in lab for lab in plain), (name, plain)
+        legend = [t.get_text() for lg in fig.legends for t in lg.get_texts()]
+        assert "hatched: w/o sele-ckpt (full recomputation)" in legend, name
+
+
+def test_ablation_keeps_the_specs_step_order_and_speeds_up_over_the_first_step(committed):
+    import tomllib
+
+    from suites.spec import SPEC_DIR
+
+    with open(SPEC_DIR / "paper_ablation.toml", "rb") as f:
+        spec_steps = [m["label"] for m in tomllib.load(f)["methods"]]
+    fig, data = committed[1]["ablation"]
+    for (n, metric), d in data.groupby(["seq_len", "metric"], sort=False):
+        assert d["step"].tolist() == spec_steps, (n, metric)
+        if metric == "tokens_per_s":
+            v = d["value"].tolist()
+            assert d["speedup"].tolist() == pytest.approx([x / v[0] for x in v])
+            assert d["speedup"].iloc[0] == 1.0
+    top = [ax for ax in fig.axes if ax.get_title()]
+    assert len(top) == 2
+    for ax, (_, d) in zip(top, data[data["metric"] == "tokens_per_s"].groupby(
+            "seq_len", sort=False), strict=True):
+        texts = sorted((t.get_position()[0], t.get_text()) for t in ax.texts)
+        assert [s for _, s in texts] == [f"{x:.2f}x" for x in d["speedup"]]
+    ticks = [t.get_text() for t in fig.axes[-1].get_xticklabels()]
+    assert ticks[:5] == spec_steps[:5]
+    assert ticks[5] == "+ selective ckpt (half cache) + striped layout"
+
+
+def test_ablation_step_labels_name_a_layout_change():
+    from paper_figures.ablation import speedups, step_labels
+
+    zig, striped = '{"layout": "zigzag"}', '{"layout": "striped"}'
+    assert step_labels(["a", "b", "c"], [zig, zig, striped]) == ["a", "b",
+                                                                "c + striped layout"]
+    assert step_labels(["a", "b striped"], [zig, striped]) == ["a", "b striped"]
+    assert step_labels(["a", "b"], [None, float("nan")]) == ["a", "b"]
+    assert speedups([float("nan"), 2.0, 3.0])[1:] == [1.0, 1.5]
+
+
+def test_ablation_speedups_are_over_the_first_step_that_ran(fixture_tables):
+    from paper_figures import ablation
+
+    sim = fixture_tables.simulated.copy()
+    first = sim.index[(sim["sweep"] == "paper_ablation")][0]
+    sim.loc[first, "status"] = "oom"
+    _, data = ablation.make(_with(fixture_tables, simulated=sim))
+    tps = data[data["metric"] == "tokens_per_s"]
+    assert tps["step"].tolist() == ["ring (flat, ring bwd)", "+ burst backward", "+ fused head"]
+    assert pd.isna(tps["speedup"].iloc[0])
+    assert tps["speedup"].iloc[1:].tolist() == pytest.approx([1.0, 140.0 / 120.0])
+
+
+def test_titles_and_axes_state_what_is_drawn(committed, fixture_tables):
+    from paper_figures import main_throughput
+
+    _, drawn = committed
+    title = drawn["kernel_tflops"][0].axes[0].get_title()
+    for words in ("40 heads \u00d7 128", "causal", "bf16", "backward = 2.5 \u00d7 forward",
+                  "causal = half of N\u00b2"):
+        assert words in title, (words, title)
+    weak = drawn["weak_scaling"][0]
+    assert weak.axes[1].get_ylabel() == "MFU (model FLOPs, causal) %"
+    assert weak.axes[1].get_ylabel() == drawn["main_throughput"][0].axes[4].get_ylabel()
+
+    def promised(fig) -> bool:
+        texts = [fig._suptitle.get_text()] + [t.get_text() for lg in fig.legends
+                                               for t in lg.get_texts()]
+        return any("measured" in t for t in texts)
+
+    assert not promised(drawn["main_throughput"][0])  # no GPU rows committed
+    assert not promised(main_throughput.make(fixture_tables)[0])
+    sim = fixture_tables.simulated
+    a800 = sim[(sim["sweep"] == "paper_main_7b") & (sim["world"] == 32)].assign(
+        source="measured", device="cuda", hardware="NVIDIA A800-SXM4-80GB")
+    tables = _with(fixture_tables, measured=pd.concat([fixture_tables.measured, a800]))
+    assert promised(main_throughput.make(tables)[0])
+
+
+def test_cpu_figure_shows_methods_with_equal_values_apart(committed):
+    """ring, burst[bwd=ring] and zigzag_ring send the same bytes: each has its own marker and
+    line style, and the panel names the methods drawn over each other; ranks are 2, 4, 8."""
+    from paper_figures.cpu_sweep import coinciding
+
+    fig, data = committed[1]["cpu_sweep"]
+    for ax in fig.axes:
+        lines = [ln for ln in ax.get_lines() if not ln.get_label().startswith("_")]
+        styles = [(ln.get_linestyle(), ln.get_linewidth(), ln.get_marker()) for ln in lines]
+        assert len(set(styles)) == len(styles), ax.get_title()
+    top_left, top_right, low_left, low_right = fig.axes
+    for ax in (top_left, top_right):
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["2", "4", "8"]
+    notes = {ax: " ".join(t.get_text() for t in ax.texts) for ax in fig.axes}
+    assert "burst[bwd=ring] = ring = zigzag_ring" in notes[top_left]
+    assert "burst[bwd=ring] = ring" in notes[low_left]
+    assert "burst[bwd=ring] = ring" in notes[low_right]
+    legends = [[(h.get_marker(), h.get_linestyle()) for h in ax.get_legend().legend_handles]
+               for ax in (top_left, low_right)]
+    assert all(len(set(lg)) == len(lg) for lg in legends)
+    d = pd.DataFrame({"label": ["a", "b", "c"] * 2, "system": ["a", "b", "c"] * 2,
+                      "source": "simulated", "status": "ok", "x": [1, 1, 1, 2, 2, 2],
+                      "v": [1.0, 1.0, 2.0, 3.0, 3.0, 3.0]})
+    assert coinciding(d, "x", "v") == [["a", "b"]]
+
+
+def test_the_committed_figures_are_current(committed):
+    """paper_figures/out/*.csv are what the committed results/ tables draw today: after a
+    change to a figure or a table, run ``python -m paper_figures`` and commit out/."""
+    import io
+
+    from paper_figures.common import OUT
+
+    _, drawn = committed
+    for name, (_, data) in drawn.items():
+        now = pd.read_csv(io.StringIO(data.to_csv(index=False)))
+        committed_csv = pd.read_csv(OUT / f"{name}.csv")
+        pd.testing.assert_frame_equal(now, committed_csv, check_exact=False, rtol=1e-9,
+                                      obj=f"{name}.csv (stale: run python -m paper_figures)")
