@@ -44,6 +44,31 @@ def render_all(tables: Tables, out: Path | str = OUT, only: list[str] | None = N
     return done
 
 
+def drawn_sweeps() -> set[str]:
+    """The sweeps the figures read (each module's SWEEP, SWEEPS, LONG)."""
+    out: set[str] = set()
+    for mod in FIGURES:
+        for attr in ("SWEEP", "SWEEPS", "LONG"):
+            v = getattr(mod, attr, None)
+            out.update([v] if isinstance(v, str) else v or ())
+    return out
+
+
+def unused_sweeps(tables) -> list[str]:
+    """A note naming result sweeps no figure draws (a user's own sweep drew nothing, silently:
+    the figures are the paper's, each reading its sweeps by name)."""
+    found = set()
+    for df in (tables.measured, tables.simulated):
+        if len(df) and "sweep" in df:
+            found.update(df["sweep"].dropna().astype(str))
+    unused = sorted(found - drawn_sweeps())
+    if not unused:
+        return []
+    return [f"no figure draws sweep(s) {', '.join(unused)}: each figure reads the paper's or "
+            f"the CPU sweeps by name ({', '.join(sorted(drawn_sweeps()))}); `burst-bench show` "
+            "and `compare` take any run"]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="burst-bench figures", description=__doc__.split(
         "\n")[0] + " (also: python -m paper_figures)")
@@ -58,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(a.results).is_dir():
         ap.error(f"--results {a.results}: no such folder")
     tables = load_tables(a.results)
-    for note in tables.notes:
+    for note in tables.notes + unused_sweeps(tables):
         print(f"note: {note}", file=sys.stderr)
     done = render_all(tables, a.out, a.only)
     for name, paths in done.items():

@@ -625,3 +625,30 @@ def test_the_committed_figures_are_current(committed):
         committed_csv = pd.read_csv(OUT / f"{name}.csv")
         pd.testing.assert_frame_equal(now, committed_csv, check_exact=False, rtol=1e-9,
                                       obj=f"{name}.csv (stale: run python -m paper_figures)")
+
+
+def test_a_sweep_no_figure_draws_is_named():
+    """A user's own sweep in --results drew nothing and the command said nothing."""
+    from paper_figures.make import drawn_sweeps, unused_sweeps
+
+    assert {"paper_main_7b", "paper_kernel_32gpu", "cpu_scaling"} <= drawn_sweeps()
+    mine = pd.DataFrame({"sweep": ["mysweep", "cpu_scaling"]})
+    (note,) = unused_sweeps(Tables(measured=mine))
+    assert "no figure draws sweep(s) mysweep" in note
+    assert unused_sweeps(Tables(measured=mine[mine.sweep == "cpu_scaling"])) == []
+
+
+def test_the_reference_tables_are_the_papers():
+    """results/paper_reference holds copies of the task's published tables
+    (../shared/paper_reference); the figures' and the fit's published values are read from the
+    copies, so a copy changed by hand would move both unnoticed."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    shared = root.parent / "shared" / "paper_reference"
+    if not shared.is_dir():
+        pytest.skip(f"no {shared} next to this checkout")
+    csvs = sorted(shared.glob("*.csv"))
+    assert csvs
+    for f in csvs:
+        assert (root / "results" / "paper_reference" / f.name).read_bytes() == f.read_bytes(), f
