@@ -367,7 +367,9 @@ def simulate_spec(spec, hardware: str | Hardware, out_dir: str | Path | None = N
         # the run.json of a measured run, so the table's speedup is filled against the baseline
         meta = {"sweep": sw.name, "run_id": ctx.run_id, "source": sw.source, "spec": sw.to_json(),
                 "baseline": sw.baseline, "cells": [c.cell_id for c in cells],
-                "executor": "simulate", "hardware": hw.name}
+                "executor": "simulate", "hardware": hw.name,
+                # which file, and which values: a profile's name alone does not say them
+                "hardware_profile": hw.provenance()}
         write_rows(rows, Path(out_dir) / sw.name / ctx.run_id, meta)
     return rows
 
@@ -408,8 +410,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if hw.sources.get("attention_kernel.fwd_eta_max", "").startswith("assumed"):
         print(f"note: the {hw.name} profile's attention-kernel efficiency is assumed, not "
-              "calibrated on measurements (its sources: suites/hardware/"
-              f"{hw.name}.toml); read its numbers as estimates")
+              f"calibrated on measurements (its sources: {hw.path}); read its numbers as "
+              "estimates")
     for s in a.specs:
         try:
             spec = load_spec(s)

@@ -447,7 +447,8 @@ def test_hardware_profiles_reject_bools_tiles_under_a_token_and_name_a_broken_fi
 
     from suites.hardware import profile_path
 
-    text = profile_path("a800").read_text()
+    # a copy under its own name (one that keeps a shipped name is refused, tested below)
+    text = profile_path("a800").read_text().replace('name = "a800"', 'name = "copy"')
 
     def profile(name, pattern, repl):
         new = re.sub(pattern, repl, text, count=1, flags=re.M)
@@ -1081,7 +1082,7 @@ def test_a_profile_without_the_other_dtypes_peaks_still_prices_16_bit_cells(tmp_
     are priced as before, its float32 cells are error rows that name the missing value."""
     from suites.hardware import profile_path
 
-    text = profile_path("a800").read_text()
+    text = profile_path("a800").read_text().replace('name = "a800"', 'name = "old"')
     lines = [ln for ln in text.splitlines() if not ln.startswith(("peak_tf32", "peak_fp32",
                                                                    "peak_fp64"))]
     old = tmp_path / "old.toml"
@@ -1258,3 +1259,93 @@ def test_yunchang_rings_are_not_truncated_by_a_window():
     full = dict(kw, window=None)
     yun, usp = (volume.method_bytes(m, **kw).sent() for m in ("yunchang", "usp"))
     assert yun == volume.method_bytes("yunchang", **full).sent() > usp
+
+
+# ---------------------------------------------------------------------------------------------
+# A user's own profile (new-user walkthrough)
+
+
+def _copy_profile(tmp_path, shipped: str, file: str, name: str | None = None, edit=None):
+    """suites/hardware/<shipped>.toml copied to tmp_path/<file>, its name set to ``name`` (None:
+    kept as shipped), ``edit`` (text -> text) applied."""
+    from suites.hardware import profile_path
+
+    text = profile_path(shipped).read_text()
+    if name is not None:
+        text = text.replace(f'name = "{shipped}"', f'name = "{name}"')
+    path = tmp_path / file
+    path.write_text(edit(text) if edit else text)
+    return path
+
+
+def test_a_copied_profile_cannot_pass_for_the_shipped_one(tmp_path, capsys):
+    """A copy of h100.toml that kept `name = "h100"` wrote its rows as simulated-h100 with
+    hardware=h100 (over the shipped predictions with --out results/simulated), its run.json
+    recorded only the name, and the console note named suites/hardware/<name>.toml, a file that
+    does not exist for a profile given as a path."""
+    from results import store
+    from suites.simulate import main, simulate_spec
+
+    kept = _copy_profile(tmp_path, "h100", "mycluster.toml")
+    with pytest.raises(ValueError, match="give it its own name") as ei:
+        load(kept)
+    assert str(kept) in str(ei.value) and "suites/hardware/h100.toml" in str(ei.value)
+    assert main(["smoke", "--hardware", str(kept), "--out", str(tmp_path / "out")]) == 2
+    assert "give it its own name" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    # no name key: the file's stem is the name, so /x/h100.toml is refused too
+    stem = tmp_path / "stem"
+    stem.mkdir()
+    nameless = _copy_profile(stem, "h100", "h100.toml",
+                             edit=lambda t: t.replace('name = "h100"\n', ""))
+    with pytest.raises(ValueError, match="give it its own name"):
+        load(nameless)
+    assert load("h100").path == "suites/hardware/h100.toml"  # the shipped file loads
+
+    mine = _copy_profile(tmp_path, "h100", "mine.toml", "mycluster",
+                         edit=lambda t: t.replace("value = 0.55,", "value = 0.5,"))
+    hw = load(mine)
+    assert hw.name == "mycluster" and hw.path == str(mine)
+    assert main(["smoke", "--hardware", str(mine), "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert f"its sources: {mine})" in out and "suites/hardware/mycluster.toml" not in out
+    run = tmp_path / "out" / "smoke" / "simulated-mycluster"
+    prov = store.read_meta(run)["hardware_profile"]
+    assert prov == {"name": "mycluster", "path": str(mine), "values_sha256": hw.values_hash()}
+    # the hash is of the values: another value, another hash; the same values, the same hash
+    same = _copy_profile(tmp_path, "h100", "same.toml", "mycluster",
+                         edit=lambda t: t.replace("value = 0.55,", "value = 0.5,"))
+    assert load(same).values_hash() == hw.values_hash()
+    assert hw.with_values(fwd_eta_max=0.55).values_hash() != hw.values_hash()
+    shipped = simulate_spec("smoke", "h100", out_dir=tmp_path / "out")
+    assert shipped and store.read_meta(tmp_path / "out" / "smoke" / "simulated-h100")[
+        "hardware_profile"]["path"] == "suites/hardware/h100.toml"
+
+
+def test_profile_errors_say_missing_unknown_and_not_found(tmp_path):
+    """A missing key said "must be a table {value = ..., source = ...}", a misspelt key (a
+    whole optional value gone unnoticed) was accepted, and a path that does not exist was an
+    "unknown hardware profile"."""
+    import re
+
+    missing = _copy_profile(tmp_path, "h100", "missing.toml", "missing",
+                            edit=lambda t: re.sub(r"^per_node = .*\n", "", t, flags=re.M))
+    with pytest.raises(ValueError, match=re.escape("nic.per_node is missing")):
+        load(missing)
+    typo = _copy_profile(tmp_path, "h100", "typo.toml", "typo", edit=lambda t: t.replace(
+        "pcie_gbps =", "pcie_gbs =").replace("[nvlink]", "[nvlinks]").replace(
+        'per_node = { value = 8, source', 'per_node = { value = 8, sorce = "", source'))
+    with pytest.raises(ValueError) as ei:
+        load(typo)
+    msg = str(ei.value)
+    for part in ("host.pcie_gbs: unknown key (did you mean 'pcie_gbps'?)",
+                 "nvlinks: unknown key (did you mean 'nvlink'?)",
+                 "nic.per_node.sorce: unknown key (did you mean 'source'?)"):
+        assert part in msg, msg
+    with pytest.raises(ValueError, match="hardware profile file not found: '.*nope.toml'; "
+                                         "shipped: a100, a800, h100, h200"):
+        load(tmp_path / "nope.toml")
+    with pytest.raises(ValueError, match="unknown hardware profile 'h10' "
+                                         r"\(did you mean 'h100'\?\); shipped: a100"):
+        load("h10")
+

@@ -20,6 +20,9 @@ calibrated on 16-bit kernels and assumed to carry over to float32 and float64.
 
 from __future__ import annotations
 
+import difflib
+import hashlib
+import json
 import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -111,12 +114,14 @@ class Hardware:
     cpu_adam_params_per_s: float | None = None
     """Parameters per second the host's Adam updates for one GPU's shard (optimizer offload)."""
     sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    path: str | None = field(default=None, compare=False, repr=False)
+    """The file the profile was read from (``load``); None for one built in Python."""
 
     def __post_init__(self):
         bad = []
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name in ("name", "description", "sources") or v is None and f.name in {
+            if f.name in ("name", "description", "sources", "path") or v is None and f.name in {
                     attr for _, attr, _ in OPTIONAL_FIELDS}:
                 continue
             # a bool is an int to Python, but true is no bandwidth: TOML says numbers as numbers
@@ -222,6 +227,17 @@ class Hardware:
             return nbytes / (self.inter_gbps(senders_per_node) * 1e9) + self.nic_latency_us * 1e-6
         raise ValueError(f"link={link!r}; valid: intra, inter")
 
+    def values_hash(self) -> str:
+        """sha256 of the name and every value (not the sources or the description): two
+        profiles that price a cell alike hash alike, an edited value changes it."""
+        vals = {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("description", "sources", "path")}
+        return hashlib.sha256(json.dumps(vals, sort_keys=True).encode()).hexdigest()
+
+    def provenance(self) -> dict:
+        """What a run records of its profile: its name, file and the hash of its values."""
+        return {"name": self.name, "path": self.path, "values_sha256": self.values_hash()}
+
     @property
     def usable_bytes(self) -> float:
         return self.usable_gib * GIB
@@ -242,32 +258,91 @@ def names() -> list[str]:
     return sorted(p.stem for p in _DIR.glob("*.toml"))
 
 
+def _shown(path: Path) -> str:
+    """A profile's file as a user would name it: relative to the checkout when inside it
+    (suites/hardware/a800.toml), else absolute."""
+    path = path.resolve()
+    try:
+        return path.relative_to(_DIR.parents[1]).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def _shipped() -> str:
+    return f"shipped: {', '.join(names())} (or give a path to a .toml profile)"
+
+
 def profile_path(name_or_path: str | Path) -> Path:
+    """The file of a shipped profile's name, or the given path to a profile file."""
     p = Path(name_or_path)
-    if p.suffix == ".toml" and p.exists():
-        return p
+    if p.suffix == ".toml" or len(p.parts) > 1:  # a path, not a name
+        if p.is_file():
+            return p
+        raise ValueError(f"hardware profile file not found: {str(name_or_path)!r}; "
+                         f"{_shipped()}")
     q = _DIR / f"{name_or_path}.toml"
     if q.exists():
         return q
-    raise ValueError(f"unknown hardware profile {str(name_or_path)!r}; shipped: "
-                     f"{', '.join(names())} (or give a path to a .toml profile)")
+    near = difflib.get_close_matches(str(name_or_path), names(), n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    raise ValueError(f"unknown hardware profile {str(name_or_path)!r}{hint}; {_shipped()}")
+
+
+# what a profile file may hold besides its FIELDS and OPTIONAL_FIELDS
+_TOP_KEYS = ("name", "description")
+_ENTRY_KEYS = ("value", "source")
+
+
+def _key_problems(raw: dict) -> list[str]:
+    """Unknown (misspelt) sections, keys and entry keys, with the spec parser's "did you mean"
+    (``suites.spec._Reader.keys``): a misspelt optional key would silently be absent."""
+    from suites.spec import _Reader
+
+    layout: dict[str, set[str]] = {}
+    for key, _, _ in (*FIELDS, *OPTIONAL_FIELDS):
+        section, _, leaf = key.partition(".")
+        layout.setdefault(section, set()).add(leaf)
+    r = _Reader()
+    r.keys(raw, set(_TOP_KEYS) | set(layout), "")
+    for section, leaves in layout.items():
+        table = raw.get(section)
+        if not isinstance(table, dict):
+            continue
+        r.keys(table, leaves, f"{section}.")
+        for leaf, entry in table.items():
+            if leaf in leaves and isinstance(entry, dict):
+                r.keys(entry, set(_ENTRY_KEYS), f"{section}.{leaf}.")
+    return r.problems
 
 
 def load(name_or_path: str | Path) -> Hardware:
     """Read a profile, check every required value (and each optional one it gives) is present
-    with a source."""
+    with a source, and that it has no unknown key.
+
+    A profile read from a path must not carry a shipped profile's name unless it is that file:
+    its rows would be written, and tabulated, as the shipped profile's (``simulated-<name>``)."""
     path = profile_path(name_or_path)
     try:
         with open(path, "rb") as f:
             raw = tomllib.load(f)
     except tomllib.TOMLDecodeError as e:  # which file, as a spec's error says
         raise ValueError(f"hardware profile {path}: not valid TOML: {e}") from None
-    kw, sources, problems = {}, {}, []
+    kw, sources = {}, {}
+    problems = _key_problems(raw)
     optional = {key for key, _, _ in OPTIONAL_FIELDS}
     for key, attr, typ in (*FIELDS, *OPTIONAL_FIELDS):
         section, _, leaf = key.partition(".")
-        entry = raw.get(section, {}).get(leaf)
-        if entry is None and key in optional:
+        table = raw.get(section, {})
+        if not isinstance(table, dict):
+            bad = f"{section} must be a table ([{section}]), not {table!r}"
+            if bad not in problems:
+                problems.append(bad)
+            continue
+        entry = table.get(leaf)
+        if entry is None:
+            if key not in optional:
+                problems.append(f"{key} is missing; give it as {{value = ..., source = "
+                                "\"...\"}")
             continue
         if not isinstance(entry, dict) or "value" not in entry or "source" not in entry:
             problems.append(f"{key} must be a table {{value = ..., source = \"...\"}}")
@@ -279,10 +354,18 @@ def load(name_or_path: str | Path) -> Hardware:
             continue
         kw[attr] = typ(v)
         sources[key] = str(entry["source"])
+    name = raw.get("name", path.stem)
+    if not isinstance(name, str) or not name:
+        problems.append(f"name={name!r} must be a non-empty string")
+    elif name in names() and path.resolve() != (_DIR / f"{name}.toml").resolve():
+        problems.append(
+            f"name={name!r} is the shipped profile suites/hardware/{name}.toml, but this is "
+            f"another file: give it its own name (name = \"my-{name}\", say), or its rows "
+            f"would be written and tabulated as the shipped {name}'s (simulated-{name})")
     if problems:
         raise ValueError(f"hardware profile {path}: " + "; ".join(problems))
     try:
-        return Hardware(name=raw.get("name", path.stem), description=raw.get("description", ""),
-                        sources=sources, **kw)
+        return Hardware(name=name, description=raw.get("description", ""),
+                        sources=sources, path=_shown(path), **kw)
     except ValueError as e:  # its values' problems, with the file they are in
         raise ValueError(f"{path}: {e}") from None
