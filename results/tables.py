@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import math
 
-__all__ = ["MATCH_KEYS", "METRICS", "add_speedup", "compare", "regressions", "render", "summary"]
+__all__ = ["MATCH_KEYS", "METRICS", "add_speedup", "compare", "compare_keys", "no_match_reason",
+           "regressions", "render", "summary"]
 
 MATCH_KEYS = ("workload", "model", "seq_len", "batch", "heads", "kv_heads", "head_dim", "causal",
               "window", "dtype", "world", "nodes", "device")
@@ -134,7 +135,7 @@ def compare(a, b, metric: str = "time_s", *, names: tuple[str, str] = ("a", "b")
     _check_unique(a, f"compare ({names[0]})")
     _check_unique(b, f"compare ({names[1]})")
     a, b = _with_derived(a), _with_derived(b)
-    cols = [k for k in (*MATCH_KEYS, "label") if k in a.columns and k in b.columns]
+    cols = compare_keys(a, b)
     index_b = {k: i for i, k in enumerate(_keys(b, cols))}
     rows = []
     for ka, (_, ra) in zip(_keys(a, cols), a.iterrows(), strict=True):
@@ -151,6 +152,34 @@ def compare(a, b, metric: str = "time_s", *, names: tuple[str, str] = ("a", "b")
                      f"spread_{names[0]}": _spread(ra, metric),
                      f"spread_{names[1]}": _spread(rb, metric)})
     return pd.DataFrame(rows)
+
+
+def compare_keys(a, b) -> list[str]:
+    """The columns ``compare`` matches a cell of a with one of b on: ``MATCH_KEYS`` and the
+    ``label``, those both tables have."""
+    return [k for k in (*MATCH_KEYS, "label") if k in a.columns and k in b.columns]
+
+
+def _values(df, col) -> list:
+    return sorted({json.dumps(None if _missing(v) else v, default=str) for v in df[col]})
+
+
+def no_match_reason(a, b) -> str:
+    """Why no cell of a has a match in b: the keys compared, and the ones whose values the two
+    tables do not share where leaving those out would match cells (a measured CPU run against
+    a simulation of its spec differs in ``device`` alone)."""
+    cols = compare_keys(a, b)
+    msg = f"no matching cells (cells match on {', '.join(cols)})"
+    apart = [k for k in cols if not set(_values(a, k)) & set(_values(b, k))]
+    rest = [k for k in cols if k not in apart]
+    if not apart or not rest or not set(_keys(a, rest)) & set(_keys(b, rest)):
+        return msg
+    said = "; ".join(f"{k}: {', '.join(_values(a, k))} in a, {', '.join(_values(b, k))} in b"
+                     for k in apart)
+    why = (" (a simulation's rows are device=cuda: compare it with a GPU run)"
+           if "device" in apart else "")
+    return (f"{msg}: the cells differ only in {', '.join(apart)} ({said}), so they are "
+            f"different cells{why}")
 
 
 def _spread(row, metric: str):

@@ -155,7 +155,7 @@ def _check_metrics(metrics) -> None:
 
 def _cmd_compare(args) -> int:
     from results import store
-    from results.tables import METRICS, compare, regressions, render
+    from results.tables import METRICS, compare, no_match_reason, regressions, render
 
     _check_metrics((args.metric,))
     if args.fail_above is not None and not (args.fail_above >= 0 and args.fail_above < math.inf):
@@ -167,7 +167,7 @@ def _cmd_compare(args) -> int:
         raise ValueError(f"--names {args.names!r}: give two different names, e.g. cpu,gpu")
     df = compare(a, b, args.metric, names=names)
     if df.empty or (df[f"status_{names[1]}"] == "missing").all():
-        print("no matching cells (cells match on workload, shape, length, world and label)")
+        print(no_match_reason(a, b))
         return 1
     varying = [c for c in ("label", "model", "seq_len", "world", "nodes", "dtype", "device")
                if c in df.columns and (c == "label" or df[c].astype(str).nunique() > 1)]

@@ -344,6 +344,30 @@ def test_tables_summary_speedup_compare(tmp_path):
         add_speedup(both, "ring")
 
 
+def test_compare_says_every_key_it_matches_on_and_which_differ(tmp_path, capsys):
+    """A measured CPU run against a simulation of its spec (device cuda) said "no matching
+    cells (cells match on workload, shape, length, world and label)": device, the one key they
+    differ in, was not among the keys it named."""
+    import pandas as pd
+
+    from results.tables import MATCH_KEYS, no_match_reason
+
+    cpu = _run_dir(tmp_path, "20250101T000000Z-1", _rows([("ring", 64, 2.0, "ok")],
+                                                          device="cpu"))
+    sim = _run_dir(tmp_path, "20250102T000000Z-1",
+                   _rows([("ring", 64, 1.0, "ok")], device="cuda", source="simulated"))
+    assert cli.main(["compare", str(cpu), str(sim)]) == 1
+    out = capsys.readouterr().out
+    said = out[out.index("cells match on ") + len("cells match on "):out.index(")")]
+    assert said.split(", ") == [*MATCH_KEYS, "label"]
+    assert "differ only in device (device: \"cpu\" in a, \"cuda\" in b)" in out
+    # no key whose values the two tables do not share: the keys alone
+    a = pd.DataFrame(_rows([("ring", 64, 1.0, "ok"), ("burst", 128, 1.0, "ok")]))
+    b = pd.DataFrame(_rows([("ring", 128, 1.0, "ok"), ("burst", 64, 1.0, "ok")]))
+    msg = no_match_reason(a, b)
+    assert "differ only" not in msg and "cells match on workload" in msg
+
+
 def test_cli_read_only_commands(tmp_path, capsys):
     rows = _rows([("ring", 64, 2.0, "ok"), ("burst", 64, 1.0, "ok")])
     d = _run_dir(tmp_path, "20250101T000000Z-1", rows)
