@@ -271,3 +271,30 @@ def test_the_default_scale_is_one_over_root_head_dim():
     want, _ = reference_attention(q, k, v, causal=True, scale=16 ** -0.5)
     for got in (burst_attn(q, k, v, causal=True), emulate_attn(q, k, v, world=2, causal=True)):
         assert torch.allclose(got, want, atol=1e-12)
+
+
+def test_an_adapters_unknown_option_lists_only_the_options_it_really_takes():
+    """ring_flash_attn's and yunchang's adapters take window, cu_seqlens and backend only to
+    refuse them by name (``fn.refuses``): the error for a misspelt option must not offer them
+    as valid; and a numpy bool is a bool (a mask flag read from an array or a sweep)."""
+    import numpy as np
+
+    from baselines import registry
+
+    q, k, v = _qkv()
+    for name, valid in (("ring_flash_attn", "layout"), ("yunchang", "layout, ulysses_degree")):
+        with pytest.raises(ValueError, match=f"has no option 'lyout'; valid options: {valid}$"):
+            registry.get(name)(q, k, v, causal=True, lyout="zigzag")
+    out = registry.get("burst")(q, k, v, causal=np.bool_(True))
+    assert torch.equal(out, registry.get("burst")(q, k, v, causal=True))
+
+
+def test_the_mask_itself_refuses_a_non_bool_causal():
+    """burst_attn called directly (not through the registry) and the masks the engine and the
+    emulator build: causal='no' ran causal (a non-empty string is true)."""
+    from burst.masks import MaskSpec
+
+    with pytest.raises(ValueError, match="causal='no': expected True or False"):
+        MaskSpec(causal="no")
+    with pytest.raises(ValueError, match="causal=1: expected True or False"):
+        burst_attn(*_qkv(), causal=1)

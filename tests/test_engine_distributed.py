@@ -154,6 +154,15 @@ def _data_parallel_checks(rank: int) -> list:
         out.append("no error")
     except ValueError as e:
         out.append(str(e))
+    # an input that fails its own checks on rank 2 only: rank 1 (another CP group, another DP
+    # group) learns it through its CP peer's DP all-reduce, and raises too
+    tok, tgt, pos = tr.local_batch(32, batch=1)
+    try:
+        tr.forward_backward(*((t[:, :7] for t in (tok, tgt, pos)) if rank == 2 else
+                              (tok, tgt, pos)))
+        out.append("no error")
+    except ValueError as e:
+        out.append(str(e))
     return out
 
 
@@ -341,7 +350,10 @@ def _one_bad_rank(rank: int, world: int) -> list[str]:
         out.append(str(e))
     # other starting weights: another seed, or a state_dict given to one rank only
     start = Trainer("tiny", dtype=torch.float64, seed=7).model_state_dict()
-    for kw in (dict(seed=rank), dict(state_dict=start if rank == 0 else None)):
+    # or weights that differ in one tensor only, not the first (the final norm on rank 1)
+    last = {**start, "norm.weight": start["norm.weight"] + rank}
+    for kw in (dict(seed=rank), dict(state_dict=start if rank == 0 else None),
+               dict(state_dict=last)):
         try:
             Trainer("tiny", dtype=torch.float64, **kw)
             out.append("no error")
@@ -352,7 +364,7 @@ def _one_bad_rank(rank: int, world: int) -> list[str]:
 
 def test_one_rank_with_bad_data_fails_every_rank():
     for rank, msgs in enumerate(_results(2)[3]):  # run by the world-2 spawn of the parity cases
-        token, target, shape, *setup, layout, window, np_targets, short, seed, loaded = msgs
+        token, target, shape, *setup, layout, window, np_targets, short, seed, loaded, norm = msgs
         assert "1 token ids outside [0, 256)" in token, token
         assert "1 target ids outside [0, 256)" in target, target
         assert "must have one shape" in shape and "batch 1-1 x 16-32 tokens" in shape, shape
@@ -363,6 +375,7 @@ def test_one_rank_with_bad_data_fails_every_rank():
         assert ("is not divisible by 4" if rank else "another rank's input is invalid") in short
         for msg in (seed, loaded):
             assert "start from different weights" in msg, msg
+        assert "(1 of 21 parameters differ, first 'norm.weight')" in norm, norm
 
 
 def test_a_model_trained_under_fsdp_saves_and_loads():
@@ -372,6 +385,9 @@ def test_a_model_trained_under_fsdp_saves_and_loads():
 
 
 def test_no_data_parallel_wrapper_without_data_parallelism_and_one_num_targets():
-    for unwrapped_ddp, unwrapped_cp, unwrapped_fsdp, targets in _results(4)[5]:
+    for rank, (unwrapped_ddp, unwrapped_cp, unwrapped_fsdp, targets, short) in enumerate(
+            _results(4)[5]):
         assert unwrapped_ddp and unwrapped_cp and unwrapped_fsdp
         assert "num_targets=" in targets and "differs across the data-parallel groups" in targets
+        assert ("is not divisible by 4" if rank == 2 else
+                "another rank's input is invalid") in short, (rank, short)

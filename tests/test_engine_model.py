@@ -512,3 +512,31 @@ def test_the_replica_checksum_is_exact_in_any_reduction_order():
     assert _bit_sum(y) != _bit_sum(x)
     y[0] = float("nan")
     assert _bit_sum(y) == _bit_sum(y.clone())
+
+
+def test_from_hf_refuses_a_bool_rope_theta():
+    """rope_theta=True is 1 to Python (every position rotated by 1 radian per step), not a
+    base: refused by name like 0."""
+    from burst.engine.hf import config_from_hf
+
+    with pytest.raises(ValueError, match=re.escape("rope_theta=True must be a positive number")):
+        config_from_hf({"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+                        "intermediate_size": 48, "num_hidden_layers": 2, "vocab_size": 64,
+                        "rope_theta": True})
+
+
+def test_trainer_refuses_a_bool_lr():
+    with pytest.raises(ValueError, match="lr=True must be a positive number"):
+        Trainer("tiny", lr=True)
+
+
+def test_the_replica_checksum_is_exact_past_float64_and_past_one_chunk():
+    """The bit sum is an exact integer where a float64 sum rounds (past 2^53), and it covers
+    every 16M-element chunk: one ulp in the last element of a 7B model's embedding is seen."""
+    from burst.engine.trainer import _bit_sum
+
+    x = torch.rand((1 << 24) + 2, generator=torch.Generator().manual_seed(0)) * 1e38
+    assert int(_bit_sum(x)) == int(x.view(torch.int32).to(torch.int64).sum())  # ~2^55
+    y = x.clone()
+    y[-1] = torch.nextafter(y[-1], torch.tensor(float("inf")))
+    assert int(_bit_sum(y)) == int(_bit_sum(x)) + 1

@@ -807,3 +807,14 @@ def test_an_impossible_cell_of_a_skip_invalid_method_is_a_skipped_row(tmp_path):
     assert _skip_invalid(expand(spec), run, RunContext("r", "inline", "{}", None, None)) == []
     (row,) = store.read_rows(run.rows)
     assert row["status"] == "skipped" and "ulysses" in row["error"]
+
+
+def test_an_attention_key_in_a_train_step_method_names_its_workload(tmp_path):
+    """The ONLY_FOR rule runs both ways in a method table: a train_step method's causal or
+    heads (its model decides them) says which workload takes it, as checkpointing does."""
+    text = ('workload = "train_step"\nmodel = "tiny"\nseq_lens = [64]\nworld = 2\n'
+            '[[methods]]\nname = "burst"\ncausal = false\n')
+    with pytest.raises(SpecError) as ei:
+        load_spec(_write(tmp_path, text, "step"))
+    assert any("methods[0].causal" in p and "only applies to workload = 'attention'" in p
+               for p in ei.value.problems), ei.value.problems

@@ -1368,3 +1368,10 @@ def test_a_job_on_part_of_a_node_reaches_only_its_gpus_nics():
     four_nics_per_four = predict(cell, HW.with_values(nics_per_node=4, gpus_per_node=4))
     assert half.status == "ok" and half.time_s == pytest.approx(two_nics.time_s)
     assert half.time_s > 1.2 * four_nics_per_four.time_s  # it had a NIC per GPU
+
+
+def test_hardware_values_must_be_finite():
+    """An infinite bandwidth or peak priced every transfer or kernel at 0 s."""
+    for name in ("hbm_gbps", "peak_tflops"):
+        with pytest.raises(ValueError, match=f"{name}=inf must be a finite number >= 0"):
+            HW.with_values(**{name: float("inf")})
