@@ -213,8 +213,6 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
                                          f"{hw.name} profile has {hw.gpus_per_node} GPUs per "
                                          "node (a spec sets nodes or gpus_per_node, a cell "
                                          "given in Python nodes or ranks_per_node)")
-    # a job on part of a node reaches only its GPUs' NICs (Hardware.reachable_nics)
-    hw = hw.for_ranks_per_node(cell.ranks_per_node)
     offload = (offload or impl.optimizer_offload) and cell.workload == "train_step"
     try:  # a profile that gives no peak for this dtype (or no host link) cannot price it
         hw.peak(cell.dtype, "attention"), hw.peak(cell.dtype, "gemm")

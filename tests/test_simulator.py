@@ -1350,26 +1350,6 @@ def test_profile_errors_say_missing_unknown_and_not_found(tmp_path):
         load("h10")
 
 
-def test_a_job_on_part_of_a_node_reaches_only_its_gpus_nics():
-    """4 ranks per node on an 8-GPU node with 4 NICs (the paper's A800s: one NIC per two GPUs)
-    were priced with one whole NIC each, more per GPU than a full node gets: a job on r of a
-    node's GPUs reaches ceil(r x NICs / GPUs) NICs. Full nodes (every paper cell) are as
-    before, as is a node with a NIC per GPU."""
-    h100 = load("h100")
-    assert [HW.reachable_nics(r) for r in (1, 2, 3, 4, 8)] == [1, 1, 2, 2, 4]
-    assert [h100.reachable_nics(r) for r in (1, 4, 8)] == [1, 4, 8]
-    assert HW.for_ranks_per_node(8) is HW  # a full node: the profile as it is
-    assert h100.for_ranks_per_node(4).nics_per_node == 4  # one each, as one sender got before
-    cell = dict(workload="attention", method="usp", seq_len=1 << 17, world=32, heads=40,
-                head_dim=128, ranks_per_node=4, options={"ulysses_degree": 4})
-    half = predict(cell, HW)
-    # as nodes of 4 GPUs with 2 NICs; before, as nodes of 4 GPUs with 4
-    two_nics = predict(cell, HW.with_values(nics_per_node=2, gpus_per_node=4))
-    four_nics_per_four = predict(cell, HW.with_values(nics_per_node=4, gpus_per_node=4))
-    assert half.status == "ok" and half.time_s == pytest.approx(two_nics.time_s)
-    assert half.time_s > 1.2 * four_nics_per_four.time_s  # it had a NIC per GPU
-
-
 def test_hardware_values_must_be_finite():
     """An infinite bandwidth or peak priced every transfer or kernel at 0 s."""
     for name in ("hbm_gbps", "peak_tflops"):

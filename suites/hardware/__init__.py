@@ -20,7 +20,6 @@ calibrated on 16-bit kernels and assumed to carry over to float32 and float64.
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import hashlib
 import json
@@ -217,29 +216,6 @@ class Hardware:
         double ring makes all L GPUs cross at once so that every NIC carries traffic)."""
         nics_used = min(self.nics_per_node, max(senders_per_node, 1))
         return self.nic_gbps * self.nic_efficiency * nics_used / max(senders_per_node, 1)
-
-    def reachable_nics(self, ranks_per_node: int) -> int:
-        """NICs a job on ``ranks_per_node`` of a node's GPUs sends through.
-
-        A node pairs its GPUs with its NICs by PCIe affinity (DGX H100: one NIC per GPU; the
-        paper's A800 nodes: one per two GPUs), and NCCL sends each GPU's traffic through its
-        closest NIC. A job on r GPUs, placed on consecutive GPUs, reaches ceil(r * NICs / GPUs)
-        of them, not all of the node's: the other GPUs' NICs belong to whatever runs on them.
-        A full node reaches all of its NICs."""
-        r = min(max(ranks_per_node, 1), self.gpus_per_node)
-        return min(self.nics_per_node, -(-r * self.nics_per_node // self.gpus_per_node))
-
-    def for_ranks_per_node(self, ranks_per_node: int) -> Hardware:
-        """This profile as a job on ``ranks_per_node`` of each node's GPUs sees it: the NICs it
-        reaches (``reachable_nics``); itself when nothing changes (a full node)."""
-        nics = self.reachable_nics(ranks_per_node)
-        if nics == self.nics_per_node:
-            return self
-        source = (f"{nics} of the node's {self.nics_per_node} NICs: a job on {ranks_per_node} "
-                  f"of its {self.gpus_per_node} GPUs reaches ceil(GPUs x NICs / GPUs per node) "
-                  "of them (Hardware.reachable_nics)")
-        return dataclasses.replace(self, nics_per_node=nics,
-                                   sources={**self.sources, "nic.per_node": source})
 
     def link_seconds(self, nbytes: float, link: str, senders_per_node: int = 1) -> float:
         """Time of one transfer of ``nbytes`` on an ``intra`` or ``inter`` link, with latency."""
