@@ -130,6 +130,7 @@ class Method:
         resolve_scale(q.shape[-1], softmax_scale)
         if type(causal).__name__ not in ("bool", "bool_"):  # Python's or numpy's
             raise ValueError(f"method {self.name!r}: causal={causal!r}: expected True or False")
+        causal = bool(causal)  # a numpy bool reaches every function as Python's
         accepted = self._accepted
         unknown = sorted(set(options) - accepted) if accepted is not None else []
         if unknown:  # was a bare TypeError ("unexpected keyword argument")

@@ -155,9 +155,12 @@ def compare(a, b, metric: str = "time_s", *, names: tuple[str, str] = ("a", "b")
 
 
 def compare_keys(a, b) -> list[str]:
-    """The columns ``compare`` matches a cell of a with one of b on: ``MATCH_KEYS`` and the
-    ``label``, those both tables have."""
-    return [k for k in (*MATCH_KEYS, "label") if k in a.columns and k in b.columns]
+    """The columns ``compare`` matches a cell of a with one of b on: ``MATCH_KEYS``, the
+    training step's checkpointing and head (a spec edited in them keeps its labels, whose
+    default names only the method and its options) and the ``label``, those both tables
+    have."""
+    return [k for k in (*MATCH_KEYS, "checkpointing", "fused_head", "label")
+            if k in a.columns and k in b.columns]
 
 
 def _values(df, col) -> list:

@@ -303,6 +303,10 @@ def test_bad_input_errors():
         Trainer("tiny", loss_chunk=0)
     with pytest.raises(ValueError, match="lr='1e-3' must be a positive number"):  # TypeError
         Trainer("tiny", lr="1e-3")
+    for bad in (float("inf"), torch.tensor([1e-3, 2e-3]), torch.tensor(True)):
+        with pytest.raises(ValueError, match="must be a positive number"):
+            Trainer("tiny", lr=bad)
+    assert Trainer("tiny", lr=torch.tensor(1e-3))  # torch's optimizers take a tensor lr
     tr = Trainer("tiny")
     batch = tr.local_batch(16, batch=1, seed=0)
     for bad in (1, 0, 2.5, True):  # fewer than this call's own targets, or not an int

@@ -348,13 +348,32 @@ def test_a_simulated_number_where_the_paper_ran_out_of_memory_is_ringed(fixture_
 # ablation order, labels, and whether paper_figures/out/ is current
 
 @pytest.fixture(scope="module")
-def committed():
-    """(tables, {name: (figure, plotted data)}) of the committed results/ tables."""
+def committed(tmp_path_factory):
+    """(tables, {name: (figure, plotted data)}) of the committed results/ tables: the files git
+    tracks under results/, copied (a run of one's own, e.g. `burst-bench run cpu_scaling`, is
+    not what the committed figures drew); results/ itself outside a git checkout."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
     import matplotlib.pyplot as plt
 
     from paper_figures.tables import load_tables
 
-    tables = load_tables()
+    root = Path(__file__).resolve().parent.parent
+    try:
+        tracked = subprocess.run(["git", "ls-files", "-z", "results"], cwd=root, check=True,
+                                 capture_output=True).stdout.decode().split("\0")
+    except (OSError, subprocess.CalledProcessError):
+        tracked = []
+    results = root / "results"
+    if any(tracked):
+        results = tmp_path_factory.mktemp("committed") / "results"
+        for name in filter(None, tracked):
+            dest = results.parent / name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(root / name, dest)
+    tables = load_tables(results)
     drawn = {mod.NAME: mod.make(tables) for mod in FIGURES}
     yield tables, drawn
     for fig, _ in drawn.values():
@@ -512,7 +531,10 @@ def test_hatching_marks_exactly_the_full_recomputation_bars(committed):
 
 
 def test_ablation_keeps_the_specs_step_order_and_speeds_up_over_the_first_step(committed):
-    import tomllib
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
 
     from suites.spec import SPEC_DIR
 

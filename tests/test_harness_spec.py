@@ -350,7 +350,7 @@ def test_compare_says_every_key_it_matches_on_and_which_differ(tmp_path, capsys)
     differ in, was not among the keys it named."""
     import pandas as pd
 
-    from results.tables import MATCH_KEYS, no_match_reason
+    from results.tables import MATCH_KEYS, compare, no_match_reason
 
     cpu = _run_dir(tmp_path, "20250101T000000Z-1", _rows([("ring", 64, 2.0, "ok")],
                                                           device="cpu"))
@@ -359,13 +359,16 @@ def test_compare_says_every_key_it_matches_on_and_which_differ(tmp_path, capsys)
     assert cli.main(["compare", str(cpu), str(sim)]) == 1
     out = capsys.readouterr().out
     said = out[out.index("cells match on ") + len("cells match on "):out.index(")")]
-    assert said.split(", ") == [*MATCH_KEYS, "label"]
+    assert said.split(", ") == [*MATCH_KEYS, "checkpointing", "fused_head", "label"]
     assert "differ only in device (device: \"cpu\" in a, \"cuda\" in b)" in out
     # no key whose values the two tables do not share: the keys alone
     a = pd.DataFrame(_rows([("ring", 64, 1.0, "ok"), ("burst", 128, 1.0, "ok")]))
     b = pd.DataFrame(_rows([("ring", 128, 1.0, "ok"), ("burst", 64, 1.0, "ok")]))
     msg = no_match_reason(a, b)
     assert "differ only" not in msg and "cells match on workload" in msg
+    # a spec edited in its checkpointing keeps its labels: the cells are not the same
+    full = b.assign(seq_len=a["seq_len"], checkpointing="full")
+    assert compare(a.assign(checkpointing="selective"), full)["status_b"].eq("missing").all()
 
 
 def test_cli_read_only_commands(tmp_path, capsys):

@@ -1301,6 +1301,12 @@ def test_a_copied_profile_cannot_pass_for_the_shipped_one(tmp_path, capsys):
     with pytest.raises(ValueError, match="give it its own name"):
         load(nameless)
     assert load("h100").path == "suites/hardware/h100.toml"  # the shipped file loads
+    # another case is the same folder on a case-insensitive disk; a "/" would make a path
+    for name, says in (("H100", "give it its own name"), ("my/h100", "letters, digits")):
+        odd = _copy_profile(tmp_path, "h100", "odd.toml",
+                            edit=lambda t, n=name: t.replace('name = "h100"', f'name = "{n}"'))
+        with pytest.raises(ValueError, match=says):
+            load(odd)
 
     mine = _copy_profile(tmp_path, "h100", "mine.toml", "mycluster",
                          edit=lambda t: t.replace("value = 0.55,", "value = 0.5,"))

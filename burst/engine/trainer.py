@@ -68,6 +68,16 @@ def _canonical(x) -> str:
     return json.dumps(norm(x))
 
 
+def _positive_number(x) -> bool:
+    """A finite number > 0: a Python/numpy number or a one-element tensor, not a bool."""
+    if isinstance(x, torch.Tensor):
+        if x.numel() != 1 or x.dtype == torch.bool:
+            return False
+        x = x.item()
+    return (isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+            and x > 0)
+
+
 @torch.no_grad()
 def _bit_sum(p: torch.Tensor) -> torch.Tensor:
     """The sum of a tensor's bits read as 16- or 32-bit integers, in int64 (no overflow below
@@ -120,7 +130,7 @@ class Trainer:
                             f"{', '.join(map(str, DTYPES))} (float16 would need loss scaling)")
         if not isinstance(loss_chunk, int) or loss_chunk < 1:
             problems.append(f"loss_chunk={loss_chunk!r} must be a positive number of tokens")
-        if isinstance(lr, bool) or not isinstance(lr, numbers.Real | torch.Tensor) or not lr > 0:
+        if not _positive_number(lr):
             problems.append(f"lr={lr!r} must be a positive number")
         if optimizer not in OPTIMIZERS:
             problems.append(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")

@@ -355,9 +355,13 @@ def load(name_or_path: str | Path) -> Hardware:
         kw[attr] = typ(v)
         sources[key] = str(entry["source"])
     name = raw.get("name", path.stem)
-    if not isinstance(name, str) or not name:
-        problems.append(f"name={name!r} must be a non-empty string")
-    elif name in names() and path.resolve() != (_DIR / f"{name}.toml").resolve():
+    shipped = {n.lower(): n for n in names()}  # "A800" is a800's folder on macOS
+    if not isinstance(name, str) or not name or not all(c.isalnum() or c in "._-" for c in name):
+        problems.append(f"name={name!r} must be a non-empty name of letters, digits and . _ - "
+                        "(it names the run folder simulated-<name>)")
+    elif name.lower() in shipped and path.resolve() != (
+            _DIR / f"{shipped[name.lower()]}.toml").resolve():
+        name = shipped[name.lower()]
         problems.append(
             f"name={name!r} is the shipped profile suites/hardware/{name}.toml, but this is "
             f"another file: give it its own name (name = \"my-{name}\", say), or its rows "
