@@ -257,6 +257,22 @@ def test_local_executor_two_tasks_gloo(tmp_path):
     assert len(folders) == 3 and len(set(folders)) == 3, folders
 
 
+def _left_behind(tmp_path) -> list[str]:
+    """This test's submitit processes still alive: their command lines hold its job folder
+    (a machine-wide pgrep also saw another test run's jobs on the same machine)."""
+    pids = subprocess.run(["pgrep", "-f", "submitit"], capture_output=True,
+                          text=True).stdout.split()
+    out = []
+    for pid in pids:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:  # ended meanwhile
+            continue
+        if str(tmp_path) in cmd:
+            out.append(f"{pid}: {cmd}")
+    return out
+
+
 def test_a_local_job_deaf_to_its_time_limit_is_a_timeout_row(tmp_path, monkeypatch):
     """A rank stuck where submitit's warning signal cannot reach it (tests.slurm_support:
     stuck_attention ignores it) ran past the limit and ended as an 'error'; the driver now
@@ -276,9 +292,7 @@ def test_a_local_job_deaf_to_its_time_limit_is_a_timeout_row(tmp_path, monkeypat
     assert "exceeded its time limit of 10 s (timeout_min=0.1" in rows["stuck"]["error"]
     assert rows["ring"]["status"] == "ok"  # the next cell runs as usual
     time.sleep(2.0)
-    left = subprocess.run(["pgrep", "-f", "stuck_attention|submitit.local._local"],
-                          capture_output=True, text=True).stdout.split()
-    assert not left, left
+    assert not _left_behind(tmp_path)
     # the same, adopted by a later driver (the submitting one died): a timeout row at the same
     # limit, not a rerun of the cell
     class DriverDied(Exception):
@@ -295,9 +309,7 @@ def test_a_local_job_deaf_to_its_time_limit_is_a_timeout_row(tmp_path, monkeypat
     (row,) = store.read_rows(res.run_dir / "rows.jsonl")
     assert row["status"] == "timeout" and "time limit of 10 s" in row["error"], row["error"]
     time.sleep(2.0)
-    left = subprocess.run(["pgrep", "-f", "stuck_attention|submitit.local._local"],
-                          capture_output=True, text=True).stdout.split()
-    assert not left, left
+    assert not _left_behind(tmp_path)
 
 
 def test_local_jobs_outlive_a_dead_driver(tmp_path):
@@ -740,3 +752,63 @@ def test_a_windowed_train_step_cell_trains_and_counts_with_its_window(monkeypatc
                              (8, 0))
     assert want < flops.model_flops(get_config("tiny"), 1, 64, "model_flops_causal")
     assert row["tflops_model_flops_causal"] * row["time_s"] * 1e12 == pytest.approx(want)
+
+
+def test_a_job_whose_row_was_written_is_not_pending(tmp_path):
+    """The driver died between a job's row and its "collected" record: the row is enough."""
+    from suites.executors import pending_jobs
+
+    rec = {"cell_id": "c1", "job_id": "42", "kind": "local", "folder": "f", "tasks": 1,
+           "submitted": 0}
+    store.append_row(tmp_path / "jobs.jsonl", rec)
+    store.append_row(tmp_path / "jobs.jsonl", {**rec, "cell_id": "c2", "job_id": "43"})
+    store.append_row(tmp_path / "rows.jsonl", {"cell_id": "c1", "status": "ok", "job_id": "42"})
+    assert set(pending_jobs(tmp_path, "local")) == {"c2"}
+
+
+def test_a_stale_result_file_of_this_cell_from_another_run_is_not_its_row(tmp_path):
+    """The old job's row was of this very cell, but of another run: not measured now."""
+    from results.store import read_rows
+    from suites import executors
+
+    cell, ctx = _cell_and_ctx(tmp_path)
+    run = executors.Run(tmp_path)
+    old = {"cell_id": cell.cell_id, "run_id": "2024-old", "status": "ok", "time_s": 999.0}
+    executors._collect(_FakeJob(tmp_path, "COMPLETED", done=True, row=old), cell, run, ctx)
+    (row,) = read_rows(run.rows)
+    assert row["status"] == "error" and "of run 2024-old" in row["error"]
+
+
+class _TwoRanks:
+    """A running 2-task job: rank 1 has raised, rank 0 still runs (waiting on it)."""
+
+    job_id, num_tasks = "9", 2
+
+    def __init__(self, folder):
+        self.folder, self.cancelled = folder, False
+
+    def task(self, i):
+        t = _Task(self.folder, i)
+        t.done = lambda: i == 1
+        return t
+
+    def done(self):
+        return False
+
+    def cancel(self, check=False):
+        self.cancelled = True
+
+
+def test_a_rank_that_raised_makes_the_job_ready_and_names_only_itself(tmp_path):
+    """Rank 1 raised while rank 0 still runs: the cell's outcome is known now (rank 0 may
+    wait on rank 1 until its timeout), and rank 0, not finished, is not called dead."""
+    from submitit.core.utils import cloudpickle_dump as pickle_dump
+
+    from suites import executors
+
+    pickle_dump(("error", "RuntimeError: deliberate"), tmp_path / "1_result.pkl")
+    job = _TwoRanks(tmp_path)
+    assert executors._ready(job)
+    row = _collected(job, tmp_path)
+    assert row["status"] == "error" and row["error"].startswith("rank 1 raised:"), row["error"]
+    assert "ended without a result" not in row["error"] and job.cancelled

@@ -821,3 +821,86 @@ def test_an_attention_key_in_a_train_step_method_names_its_workload(tmp_path):
         load_spec(_write(tmp_path, text, "step"))
     assert any("methods[0].causal" in p and "only applies to workload = 'attention'" in p
                for p in ei.value.problems), ei.value.problems
+
+
+def test_run_exit_code_is_0_when_cells_ran_out_of_memory_or_were_skipped(tmp_path,
+                                                                          monkeypatch):
+    """oom and skipped are results (the cell cannot run there), not a failed run."""
+    import pandas as pd
+
+    from suites import run as run_mod
+
+    class Res:
+        run_dir = tmp_path
+        table = pd.DataFrame({"status": ["ok", "oom", "skipped"]})
+
+    monkeypatch.setattr(run_mod, "run_sweep", lambda *a, **k: Res())
+    assert cli.main(["run", str(SPEC_DIR / "smoke.toml")]) == 0
+
+
+def test_a_torn_last_line_given_its_newline_is_ignored_by_readers(tmp_path):
+    """read_rows skips a torn last line whether or not an editor gave it a newline."""
+    rows = tmp_path / "rows.jsonl"
+    store.append_row(rows, {"cell_id": "c0", "status": "ok"})
+    with open(rows, "ab") as f:
+        f.write(b'{"cell_id": "c1", "sta\n')
+    assert [r["cell_id"] for r in store.read_rows(rows)] == ["c0"]
+
+
+def test_rows_and_run_meta_reach_the_disk(tmp_path, monkeypatch):
+    """append_row fsyncs the rows file; write_meta fsyncs its temporary file before the
+    rename (a crash leaves the old run.json or the new one, never an empty one)."""
+    import os
+
+    synced, real = [], os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(
+        os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))), real(fd))[1])
+    store.append_row(tmp_path / store.ROWS, {"cell_id": "c0", "status": "ok"})
+    assert synced == [store.ROWS]
+    store.write_meta(tmp_path, {"cells": ["c0"]})
+    assert synced == [store.ROWS, "run.tmp"] and store.read_meta(tmp_path) == {"cells": ["c0"]}
+
+
+def test_a_failed_table_write_leaves_the_previous_table_whole(tmp_path, monkeypatch):
+    """consolidate writes each table beside it and renames it: a disk that fills mid-write
+    leaves the previous table.csv, not half of the new one."""
+    import errno
+    from pathlib import Path
+
+    import pandas as pd
+
+    d = _run_dir(tmp_path, "20250101T000000Z-1", _rows([("ring", 64, 2.0, "ok")]))
+    store.consolidate(d)
+    before = (d / store.CSV).read_bytes()
+    store.append_row(d / store.ROWS, _rows([("burst", 64, 1.0, "ok")])[0])
+
+    def torn(self, path, **kw):
+        Path(path).write_text("cell_id,sta")  # half a table, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(pd.DataFrame, "to_csv", torn)
+    with pytest.raises(OSError):
+        store.consolidate(d)
+    assert (d / store.CSV).read_bytes() == before and not list(d.glob("*.tmp"))
+
+
+def test_a_run_folder_without_run_json_is_not_resumed(tmp_path):
+    """A folder with rows but no run.json is no run of this spec: a new run is started (only
+    a named --run-id takes it)."""
+    from suites.run import select_run
+
+    a = load_spec(_write(tmp_path, GOOD, "sweep"))
+    out = tmp_path / "out"
+    stray = out / a.name / "20260101T000000Z-1"
+    stray.mkdir(parents=True)
+    store.append_row(stray / store.ROWS, {"cell_id": "x", "status": "ok"})
+    assert select_run(a, out) != stray
+    assert select_run(a, out, run_id=stray.name) == stray
+
+
+def test_no_speedup_against_a_baseline_cell_that_failed():
+    """A baseline row that failed (wrong results keep their time) is no baseline."""
+    import pandas as pd
+
+    df = pd.DataFrame(_rows([("ring", 64, 2.0, "error"), ("burst", 64, 1.0, "ok")]))
+    assert pd.isna(add_speedup(df, "ring").set_index("cell_id").loc["burst-64", "speedup"])
