@@ -102,7 +102,32 @@ def _ring_forward_vs_kernel_gate() -> tuple[Callable, Callable]:
     return em.forward, lambda: block_forward(q, k, v, kind=CAUSAL)
 
 
+def _kernel_vs_torch_sdpa_gate() -> tuple[Callable, Callable]:
+    """The kernel shim's causal forward + backward (``burst.kernel``, the one path every method's
+    local attention takes) against torch's own SDPA on the same tensors: the shim's overhead.
+    The ring gates above cannot see a slower kernel (both of their sides call it)."""
+    import torch.nn.functional as F
+
+    from burst.kernel import block_backward, block_forward
+    from burst.masks import CAUSAL
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(1, 2048, 4, 64, generator=g) for _ in range(4))
+
+    def ours():
+        out, lse = block_forward(q, k, v, kind=CAUSAL)
+        delta = (do * out).sum(-1).transpose(1, 2).contiguous()
+        block_backward(do, q, k, v, lse, delta, kind=CAUSAL)
+
+    def theirs():
+        qt, kt, vt = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))
+        F.scaled_dot_product_attention(qt, kt, vt, is_causal=True).backward(do.transpose(1, 2))
+
+    return ours, theirs
+
+
 GATES: dict[str, Callable[[], tuple[Callable, Callable]]] = {
+    "kernel_over_torch_sdpa": _kernel_vs_torch_sdpa_gate,
     "fused_head_over_plain": _fused_head_gate,
     "burst_bwd_over_ring_bwd": _burst_vs_ring_backward_gate,
     "ring_fwd_over_one_kernel": _ring_forward_vs_kernel_gate,
