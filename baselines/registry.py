@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from burst.kernel import resolve_scale
 from burst.layout import LAYOUTS
+from burst.masks import MaskSpec
 
 __all__ = ["LEVELS", "Method", "accepted_options", "get", "names", "register"]
 
@@ -128,9 +129,10 @@ class Method:
                  group=None, **options):
         # clear errors for every method, the packages' and the user's too
         resolve_scale(q.shape[-1], softmax_scale)
-        if type(causal).__name__ not in ("bool", "bool_"):  # Python's or numpy's
-            raise ValueError(f"method {self.name!r}: causal={causal!r}: expected True or False")
-        causal = bool(causal)  # a numpy bool reaches every function as Python's
+        try:  # the mask's rule (a numpy bool reaches every function as Python's)
+            causal = MaskSpec(causal=causal).causal
+        except ValueError as e:
+            raise ValueError(f"method {self.name!r}: {e}") from None
         accepted = self._accepted
         unknown = sorted(set(options) - accepted) if accepted is not None else []
         if unknown:  # was a bare TypeError ("unexpected keyword argument")

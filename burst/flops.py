@@ -94,13 +94,22 @@ def attention_flops_halved(batch: int, seq_len: int, heads: int, head_dim: int, 
 BACKWARD_OVER_FORWARD = 2.5  # flash-attention convention: backward FLOPs = 2.5 x forward
 
 
+def _convention_fwd(batch: int, seq_len: int, heads: int, head_dim: int, causal: bool,
+                    window: tuple[int, int] | None) -> float:
+    """Forward FLOPs as the conventions count them: N^2 (x 0.5 causal); with a sliding window,
+    the exact attended pairs (half or all of N^2 would count pairs the window never computes,
+    and a windowed run's MFU would exceed 1)."""
+    if window is not None:
+        return attention_flops(batch, seq_len, heads, head_dim, causal=causal, window=window)
+    return attention_flops_halved(batch, seq_len, heads, head_dim, causal=causal)
+
+
 def attention_kernel_flops(batch: int, seq_len: int, heads: int, head_dim: int,
                            causal: bool, window: tuple[int, int] | None = None) -> float:
     """Forward+backward FLOPs in the kernel convention: 3.5 x 4*B*N^2*H*d (x 0.5 causal); with
-    a sliding window, 3.5 x the exact attended pairs (half of N^2 would overcount them)."""
-    fwd = (attention_flops(batch, seq_len, heads, head_dim, causal=causal, window=window)
-           if window else attention_flops_halved(batch, seq_len, heads, head_dim, causal=causal))
-    return (1 + BACKWARD_OVER_FORWARD) * fwd
+    a sliding window, 3.5 x the exact attended pairs."""
+    return (1 + BACKWARD_OVER_FORWARD) * _convention_fwd(batch, seq_len, heads, head_dim,
+                                                         causal, window)
 
 
 def _dense_per_token(cfg) -> int:
@@ -114,15 +123,11 @@ def _dense_per_token(cfg) -> int:
 
 def _attn_fwd(cfg, batch: int, seq_len: int, causal_halved: bool,
               window: tuple[int, int] | None = None) -> float:
-    """Attention forward FLOPs of every layer; with a sliding window (causal), the exact
-    attended pairs in every convention (as ``attention_kernel_flops``): half or all of N^2
-    would count pairs the window never computes, and a windowed step's MFU would exceed 1."""
+    """Attention forward FLOPs of every layer (a window: the attended pairs of the causal
+    model in every convention)."""
     hd = cfg.hidden_size // cfg.num_heads
-    if window is not None:
-        return cfg.num_layers * attention_flops(batch, seq_len, cfg.num_heads, hd, causal=True,
-                                                window=window)
-    return cfg.num_layers * attention_flops_halved(batch, seq_len, cfg.num_heads, hd,
-                                                   causal=causal_halved)
+    causal = causal_halved or window is not None
+    return cfg.num_layers * _convention_fwd(batch, seq_len, cfg.num_heads, hd, causal, window)
 
 
 def recompute_flops(cfg, batch: int, seq_len: int, checkpointing: str,

@@ -51,7 +51,7 @@ OPTIMIZERS = ("adamw", "sgd")
 
 def _canonical(x) -> str:
     """One text for values that run alike on every rank: numpy and torch scalars as Python
-    numbers, tuples as lists, dicts by key (the setup checksum of ``_check_batch``)."""
+    numbers, tuples as lists, dicts by key (checksums of ``_check_replicas``/``_check_batch``)."""
     def norm(v):
         if isinstance(v, bool) or v is None or isinstance(v, str):
             return v
@@ -157,9 +157,9 @@ class Trainer:
         model.checkpointing, model.fused_head, model.loss_chunk = (checkpointing, fused_head,
                                                                    loss_chunk)
         self.model = model
-        # what every rank of a context-parallel group must run alike: a rank with another
-        # causal window, layout, scale, backward or checkpointing mode ran without an error
-        # and gave wrong losses and gradients on every rank, or hung in the ring (_check_batch)
+        # what every rank must run alike: a rank with another causal window, layout, scale,
+        # backward or checkpointing mode ran without an error and gave wrong losses and
+        # gradients on every rank, or hung in the ring (_check_replicas)
         name = getattr(method, "name", None) or (  # a function: its import path (no address)
             f"{getattr(method, '__module__', '')}.{getattr(method, '__qualname__', '')}")
         effective = {**getattr(method, "options", {}), **(attention_options or {})}
@@ -287,8 +287,9 @@ class Trainer:
 
     def _check_batch(self, tokens, targets, positions, cu_seqlens=None,
                      num_targets=None) -> None:
-        """Each rank's input checked alone, then compared: the shard shapes, setup, cu_seqlens
-        and num_targets across the CP group, num_targets across the DP groups. Every rank takes
+        """Each rank's input checked alone, then compared: the shard shapes, cu_seqlens and
+        num_targets across the CP group, num_targets across the DP groups (the setup was
+        compared across the world when the Trainer was built, ``_check_replicas``). Every rank takes
         part in both comparisons, so an input that fails on one rank raises on every rank (it
         raised on that rank alone, and its peers waited in the ring or in DDP's all-reduce
         until the process group's timeout)."""
@@ -302,9 +303,9 @@ class Trainer:
         bad = float(bool(problems))
         b, n = (0, 0) if problems else tokens.shape
         if self.cp_size > 1:  # each shard may be valid alone; the ring needs them all alike
-            # the setup, the documents and the loss's denominator, as a 32-bit checksum (exact
-            # in float64): one max all-reduce of 8 numbers compares shapes and all of them
-            call = _canonical([self._setup, None if cu_seqlens is None or problems else
+            # the documents and the loss's denominator, as a 32-bit checksum (exact in
+            # float64): one max all-reduce of 8 numbers compares shapes and both
+            call = _canonical([None if cu_seqlens is None or problems else
                                [int(x) for x in cu_seqlens], num_targets])
             f = zlib.crc32(call.encode())
             shapes = torch.tensor([b, n, f, bad, -b, -n, -f, -bad], dtype=torch.float64,
@@ -330,10 +331,8 @@ class Trainer:
                                  f"group's shards batch {-lo_b}-{hi_b} x {-lo_n}-{hi_n} tokens")
             if hi_f != -lo_f:
                 raise ValueError("Trainer.step: the ranks of one context-parallel group differ "
-                                 "in their setup (attention method, options, layout, window, "
-                                 "checkpointing, head, dtype, model), their cu_seqlens or their "
-                                 "num_targets; each must be the same on every rank of the group "
-                                 f"(this rank: {call[:300]})")
+                                 "in their cu_seqlens or their num_targets; each must be the "
+                                 f"same on every rank of the group (this rank: {call[:300]})")
         if self.dp_size > 1 and hi_g != -lo_g:
             raise ValueError(f"Trainer.step: num_targets={num_targets!r} differs across the "
                              "data-parallel groups; it counts the whole global batch's targets, "
@@ -400,7 +399,7 @@ class Trainer:
 
         Every rank makes the same calls: the same number per step (it is not compared: a rank
         with fewer calls waits in the next collective until the process group's timeout), with
-        one setup and cu_seqlens per context-parallel group and one num_targets everywhere
+        one cu_seqlens per context-parallel group and one num_targets everywhere
         (compared, with the shard shapes, in small all-reduces: a difference, or an input that
         fails its checks on one rank, raises on every rank)."""
         self._check_batch(tokens, targets, positions, cu_seqlens, num_targets)

@@ -354,11 +354,13 @@ def load(name_or_path: str | Path) -> Hardware:
             continue
         kw[attr] = typ(v)
         sources[key] = str(entry["source"])
+    from suites.spec import is_folder_name
+
     name = raw.get("name", path.stem)
     shipped = {n.lower(): n for n in names()}  # "A800" is a800's folder on macOS
-    if not isinstance(name, str) or not name or not all(c.isalnum() or c in "._-" for c in name):
-        problems.append(f"name={name!r} must be a non-empty name of letters, digits and . _ - "
-                        "(it names the run folder simulated-<name>)")
+    if not isinstance(name, str) or not is_folder_name(name):
+        problems.append(f"name={name!r} must be letters, digits and _ . - (not first . or -): "
+                        "it names the run folder simulated-<name>")
     elif name.lower() in shipped and path.resolve() != (
             _DIR / f"{shipped[name.lower()]}.toml").resolve():
         name = shipped[name.lower()]
