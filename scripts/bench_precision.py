@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Low-precision error of the whole BurstAttention ring against a plain same-dtype attention.
 
-    python scripts/bench_precision.py                 # bf16 and fp16, G = 2, 4, 8, 16, 6 seeds
+    python scripts/bench_precision.py    # bf16 and fp16, MHA and GQA, G = 2, 4, 8, 16, 20 seeds (~2 min)
 
 A ring computes each (query block, key block) pair with a kernel that returns its partial output
 and gradients in the input dtype, as flash-attention kernels do, and merges them in fp32; a
@@ -9,7 +9,10 @@ plain implementation (``burst.reference.naive_attention``) rounds once per tenso
 compared with the float64 oracle on the same rounded inputs; the table gives the worst ratio of
 our error to the plain one over seeds x layouts x backward schemes, once as the max error over
 the tensor (flash-attention's kernel rule asks for at most 2x) and once as the RMS error.
-Emulated ranks in one process (``burst.emulate``), causal, 4 heads x 16, 16 tokens per rank.
+Emulated ranks in one process (``burst.emulate``), causal, 16 tokens per rank, head dim 16, in
+two head shapes: MHA (4 query heads, 4 kv heads) and GQA (8 query heads sharing 1 kv head, where
+every block's dK/dV already sums 8 heads before it is rounded, so the ring's extra roundings
+weigh more than in MHA).
 """
 
 from __future__ import annotations
@@ -37,11 +40,16 @@ def _grads(fn, q, k, v, do):
     return [out.detach(), *(t.grad for t in leaves)]
 
 
-def ratios(dtype: torch.dtype, world: int, seed: int, seq_local: int = 16) -> list[dict]:
+SHAPES = {"MHA": (4, 4), "GQA": (8, 1)}  # (query heads, kv heads)
+
+
+def ratios(dtype: torch.dtype, world: int, seed: int, seq_local: int = 16,
+           heads: tuple[int, int] = SHAPES["MHA"]) -> list[dict]:
     """Our error over the plain one (max and RMS), per layout x scheme x tensor."""
     g = torch.Generator().manual_seed(seed)
-    q, k, v, do = (torch.randn(1, seq_local * world, 4, 16, generator=g, dtype=torch.float64)
-                   for _ in range(4))
+    h, hk = heads
+    q, k, v, do = (torch.randn(1, seq_local * world, n, 16, generator=g, dtype=torch.float64)
+                   for n in (h, hk, hk, h))
     ref = _grads(lambda a, b, c: reference_attention(a, b, c, causal=True), q, k, v, do)
     low = [t.to(dtype) for t in (q, k, v, do)]
     plain = _grads(lambda a, b, c: naive_attention(a, b, c, causal=True), *low)
@@ -61,26 +69,32 @@ def ratios(dtype: torch.dtype, world: int, seed: int, seq_local: int = 16) -> li
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4, 8, 16])
-    ap.add_argument("--seeds", type=int, default=6)
+    ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--shapes", nargs="+", choices=tuple(SHAPES), default=list(SHAPES))
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     print("worst ratio of our error to a plain same-dtype attention's (float64 oracle), over "
           f"{args.seeds} seeds x {len(LAYOUTS)} layouts x 2 backward schemes, causal")
-    print(f"{'dtype':9} {'G':>3}  " + "  ".join(f"{n + ' max':>7} {n + ' rms':>7}"
-                                               for n in NAMES))
-    worst = {"max": 0.0, "rms": 0.0}
-    for dtype in (torch.bfloat16, torch.float16):
-        for world in args.worlds:
-            rows = [r for s in range(args.seeds) for r in ratios(dtype, world, s)]
-            cells = []
-            for name in NAMES:
-                mine = [r for r in rows if r["tensor"] == name]
-                hi = {m: max(r[m] for r in mine) for m in ("max", "rms")}
-                worst = {m: max(worst[m], hi[m]) for m in worst}
-                cells.append(f"{hi['max']:7.2f} {hi['rms']:7.2f}")
-            print(f"{str(dtype).removeprefix('torch.'):9} {world:3d}  " + "  ".join(cells),
-                  flush=True)
-    print(f"worst: max error {worst['max']:.2f}x, RMS error {worst['rms']:.2f}x the plain one's")
+    print(f"{'heads':5} {'dtype':9} {'G':>3}  " + "  ".join(f"{n + ' max':>7} {n + ' rms':>7}"
+                                                         for n in NAMES))
+    worst = {shape: {"max": 0.0, "rms": 0.0} for shape in args.shapes}
+    for shape in args.shapes:
+        for dtype in (torch.bfloat16, torch.float16):
+            for world in args.worlds:
+                rows = [r for s in range(args.seeds)
+                        for r in ratios(dtype, world, s, heads=SHAPES[shape])]
+                cells = []
+                for name in NAMES:
+                    mine = [r for r in rows if r["tensor"] == name]
+                    hi = {m: max(r[m] for r in mine) for m in ("max", "rms")}
+                    worst[shape] = {m: max(worst[shape][m], hi[m]) for m in hi}
+                    cells.append(f"{hi['max']:7.2f} {hi['rms']:7.2f}")
+                print(f"{shape:5} {str(dtype).removeprefix('torch.'):9} {world:3d}  "
+                      + "  ".join(cells), flush=True)
+    for shape, w in worst.items():
+        h, hk = SHAPES[shape]
+        print(f"worst {shape} ({h} query heads, {hk} kv heads): max error {w['max']:.2f}x, "
+              f"RMS error {w['rms']:.2f}x the plain one's")
     return 0
 
 
