@@ -329,11 +329,12 @@ def all_to_all(x: torch.Tensor, *, split_dim: int, cat_dim: int, group=None,
 
 
 def all_reduce(x: torch.Tensor, *, group=None, op: str = "sum") -> torch.Tensor:
-    """In-place all-reduce (``sum`` or ``max``); returns ``x``."""
+    """In-place all-reduce (``sum`` or ``max``); returns ``x``. Counted as a ring all-reduce:
+    2 x ceil(bytes / G) to every other rank (a tensor smaller than G bytes still moves)."""
     g = world_size(group)
     if g == 1:
         return x
-    nb = x.numel() * x.element_size() // g
+    nb = -(-x.numel() * x.element_size() // g)
     _record_peers(group, [2 * nb] * g, [2 * nb] * g)
     dist.all_reduce(x, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX, group=group)
     return x

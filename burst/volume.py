@@ -5,7 +5,9 @@ Every figure here is bytes *sent* by one rank in one attention layer, split by p
 training case; Ulysses' all-to-alls skip the gradients autograd does not ask for, the rings
 always carry them). Received bytes equal sent bytes for every rank
 of a ring or a symmetric collective. Tests compare these with ``burst.comm.count_bytes`` on real
-gloo runs; the simulator (``suites``) prices them with link bandwidths.
+gloo runs; the simulator (``suites``) prices them with link bandwidths. Not in the formulas: the
+int32 flag a ``burst_attn(..., return_lse=True)`` call all-reduces over its ring in the backward
+(``burst.attention._backend_for_dlse``; the counter counts it).
 
 Units (DESIGN.md 3): b*n = batch * local tokens, H heads, Hk kv heads, D head dim, e = element
 size of the inputs, a = element size of accumulators (fp32 = 4; float64 inputs: 8).
@@ -180,8 +182,10 @@ def _ring_like(c: _Case, backward: str, layout: str, ranks_per_node: int | None,
                          f"{c.world} ranks")
     flat = ring_shape(c.world, ranks_per_node)[0] == 1
     span = c.span(c.world, c.seq_local, layout) if flat and truncate else None
+    # node_size None is one node here (method_bytes), also for ranks_per_node=1, whose own
+    # default in ring_attention_bytes is a node per rank
     vol = ring_attention_bytes(**c.shape(), backward=backward, ranks_per_node=ranks_per_node,
-                               node_size=c.node_size, rank=c.rank, span=span)
+                               node_size=c.node_size or c.world, rank=c.rank, span=span)
     if flat or c.node_size == ranks_per_node:
         return vol
     # ring_attention_bytes labels a double ring's hops by its own rings; relabel them by the

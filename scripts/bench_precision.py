@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Low-precision error of the whole BurstAttention ring against a plain same-dtype attention.
 
-    python scripts/bench_precision.py    # bf16 and fp16, MHA and GQA, G = 2, 4, 8, 16, 20 seeds (~2 min)
+    python scripts/bench_precision.py    # bf16, fp16 x MHA, GQA x G = 2-16 x 20 seeds (~2 min)
 
 A ring computes each (query block, key block) pair with a kernel that returns its partial output
 and gradients in the input dtype, as flash-attention kernels do, and merges them in fp32; a

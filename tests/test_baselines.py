@@ -281,6 +281,9 @@ def test_formulas_agree_where_methods_coincide():
     ring = method_bytes("ring", **shape).by
     assert method_bytes("usp", ulysses_degree=1, **shape).by == ring  # U = 1: a ring
     assert method_bytes("double_ring", ranks_per_node=8, **shape).by == ring  # one node
+    # inner rings of one rank are a flat ring; without node_size, one node (the counter's
+    # default) as for every method, not a node per rank
+    assert method_bytes("double_ring", ranks_per_node=1, **shape).by == ring
     assert method_bytes("ring_flash_attn", layout="contiguous", **shape).by == ring
     ulysses = method_bytes("ulysses", **shape)
     assert method_bytes("usp", ulysses_degree=8, **shape).by == ulysses.by  # U = G: Ulysses
@@ -319,16 +322,21 @@ def _subgroup_collectives(rank: int, world: int):
         "all_to_all": torch.cat([xs[r].chunk(2)[me] for r in both]).tolist(),
         "all_reduce": torch.maximum(xs[both[0]], xs[both[1]]).tolist(),
     }
-    return got == want, (got, want), c.sent(link="inter"), c.received(link="inter")
+    with comm.count_bytes(ranks_per_node=2) as tiny:  # one byte: was counted as none
+        comm.all_reduce(torch.ones(1, dtype=torch.uint8), group=group, op="max")
+    return (got == want, (got, want), c.sent(link="inter"), c.received(link="inter"),
+            tiny.sent())
 
 
 def test_collectives_on_subgroups():
     """Collectives inside a group that is not the world (USP's and the engine's sub-groups):
     gloo's stand-in reduce-scatter reduces to each piece's global rank; nothing crosses the
-    node boundary when the group sits inside one node."""
-    for ok, detail, inter_sent, inter_recv in _results(4)[4]:  # inside the world-4 spawn
+    node boundary when the group sits inside one node; an all-reduce of fewer bytes than the
+    group has ranks still counts its ring all-reduce (2 x ceil(1 / 2) bytes to the peer)."""
+    for ok, detail, inter_sent, inter_recv, tiny in _results(4)[4]:  # in the world-4 spawn
         assert ok, detail
         assert inter_sent == inter_recv == 0
+        assert tiny == 2
 
 
 def test_links_come_from_the_counter_or_local_world_size(monkeypatch):
