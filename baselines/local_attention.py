@@ -68,4 +68,4 @@ def local_attention(q_BSHD, k_BSHD, v_BSHD, *, spec: MaskSpec, scale: float,
     """out (batch, N, H, D) of full-sequence attention under ``spec`` (global positions)."""
     spec.check_length(q_BSHD.shape[1])
     return _LocalAttention.apply(q_BSHD.contiguous(), k_BSHD.contiguous(), v_BSHD.contiguous(),
-                                 spec, scale, backend)
+                                 spec.over(q_BSHD.shape[1]), scale, backend)

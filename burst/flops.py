@@ -135,8 +135,10 @@ def recompute_flops(cfg, batch: int, seq_len: int, checkpointing: str,
     """Forward FLOPs recomputed in backward by a checkpointing mode (causal attention).
 
     none: nothing; full: the whole layer stack; selective: the layers without the attention core
-    (its output and lse are cached); selective_half: as selective plus a quarter of the causal
-    attention (the first half of the local queries against the first half of K/V).
+    (its output and lse are cached); selective_half: as selective plus the attention of the
+    sequence's first N/2 tokens (striped: the first half of every rank's queries against the
+    first half of K/V), a quarter of the causal attention; with a window, the pairs that window
+    attends among N/2 tokens (about half of its pairs among N when it is short).
     ``window``: the model's sliding window (its attention counted as the attended pairs).
     """
     if checkpointing not in CHECKPOINTING:
@@ -144,8 +146,10 @@ def recompute_flops(cfg, batch: int, seq_len: int, checkpointing: str,
                          f"valid: {', '.join(CHECKPOINTING)}")
     layers_dense = (_dense_per_token(cfg) - 2 * cfg.hidden_size * cfg.vocab_size) * batch * seq_len
     attn = _attn_fwd(cfg, batch, seq_len, causal_halved=True, window=window)
-    return {"none": 0.0, "full": layers_dense + attn, "selective": layers_dense,
-            "selective_half": layers_dense + attn / 4}[checkpointing]
+    if checkpointing == "selective_half":
+        return layers_dense + _attn_fwd(cfg, batch, seq_len // 2, causal_halved=True,
+                                        window=window)
+    return {"none": 0.0, "full": layers_dense + attn, "selective": layers_dense}[checkpointing]
 
 
 def model_flops(cfg, batch: int, seq_len: int, convention: str = "model_flops_causal",

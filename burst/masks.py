@@ -25,6 +25,7 @@ Positions are global token indices (``burst.layout``). A query at position p see
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from bisect import bisect_left, bisect_right
@@ -139,6 +140,16 @@ class MaskSpec:
     @property
     def is_plain(self) -> bool:
         return self.window is None and self.cu_seqlens is None
+
+    def over(self, seq_len: int) -> MaskSpec:
+        """This mask on a sequence of ``seq_len`` tokens, without a window that spans it (one
+        whose sides reach N - 1 tokens masks nothing a plain causal or full call would show)."""
+        if self.window is None:
+            return self
+        left, right = self.window
+        if left >= seq_len - 1 and (self.causal or right >= seq_len - 1):
+            return dataclasses.replace(self, window=None)
+        return self
 
     def check_length(self, seq_len: int) -> None:
         if self.cu_seqlens is not None and self.cu_seqlens[-1] != seq_len:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 from burst import volume
 from burst.engine.configs import vocab_params
+from burst.masks import MaskSpec
 from suites.hardware import GIB, Hardware
 from suites.implementations import Implementation
 from suites.schedule import AttnShape, Plan, acc_bytes
@@ -144,10 +145,11 @@ def _attention_buffers(shape: AttnShape, plan: Plan, world: int, acc_elem: int,
     if plan.kind == "ulysses":  # kv heads fewer than the degree are replicated up to it
         hk = volume.ulysses_kv_heads(hk, degree)
     gathered = 2 * b * n * (2 * h + 2 * hk) * d * e if degree > 1 else 0
-    if shape.window is None:
+    if MaskSpec(causal=shape.causal, window=shape.window).over(shape.seq_len).is_plain:
         return gathered
-    # a window tiles the whole-sequence attention (burst.masks.plan_pair): its calls merge into
-    # fp32 dq, dk, dv (baselines/local_attention.py), the same elements as the local q, k, v
+    # a window shorter than the sequence tiles the whole-sequence attention (burst.masks.plan_pair):
+    # its calls merge into fp32 dq, dk, dv (baselines/local_attention.py), the same elements as
+    # the local q, k, v
     return gathered + b * n * (h + 2 * hk) * d * acc
 
 

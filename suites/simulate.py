@@ -82,6 +82,23 @@ _CELL_DEFAULTS = dict(sweep="adhoc", workload="attention", label=None, options=N
                       paper=None)
 
 
+_POSITIVE_INTS = ("seq_len", "world", "batch", "heads", "kv_heads", "head_dim", "nodes",
+                  "ranks_per_node", "repeats")
+_BOOLS = ("causal", "fused_head", "compute_error", "profile_memory")
+
+
+def _check_field_types(d: dict) -> None:
+    """A dict cell's numbers and switches, as the spec parser checks them (``causal="no"`` or
+    ``fused_head="no"`` would count as true; ``kv_heads=0`` as missing)."""
+    bad = [f"{k}={d[k]!r} (expected a positive integer)" for k in _POSITIVE_INTS
+           if d[k] is not None and (isinstance(d[k], bool) or not isinstance(d[k], int)
+                                    or d[k] < 1)]
+    bad += [f"{k}={d[k]!r} (expected True or False)" for k in _BOOLS
+            if not isinstance(d[k], bool)]
+    if bad:
+        raise ValueError(f"cell field {'; '.join(bad)}")
+
+
 def as_cell(obj, gpus_per_node: int | None = None):
     """A ``suites.cells.Cell`` from a Cell, or from a dict / object with the cell's fields.
 
@@ -122,8 +139,12 @@ def as_cell(obj, gpus_per_node: int | None = None):
         raise ValueError(f"{', '.join(f'{k}={d[k]!r}' for k in wrong)}: only for workload "
                          f"{other!r}, not {workload!r} ({why})")
     d = {**_CELL_DEFAULTS, **{k: v for k, v in d.items() if v is not None}}
+    _check_field_types(d)
     d["options"] = dict(d["options"] or {})
     world, given_rpn = d["world"], d["ranks_per_node"]
+    if given_rpn is not None and d["nodes"] is not None and d["nodes"] * given_rpn != world:
+        raise ValueError(f"nodes={d['nodes']} x ranks_per_node={given_rpn} is not "
+                         f"world={world}; give one of them")
     if d["ranks_per_node"] is None:
         if d["nodes"] is None and gpus_per_node:
             d["ranks_per_node"] = min(world, gpus_per_node)

@@ -206,9 +206,9 @@ def test_fused_head_bf16_as_accurate_as_plain_head():
 # in test_engine_parity)
 
 
-def _mode_run(mode: str, seq: int = 32):
+def _mode_run(mode: str, seq: int = 32, window=None):
     tr = Trainer("tiny", attention_options={"layout": "striped"}, checkpointing=mode,
-                 dtype=torch.float64)
+                 dtype=torch.float64, window=window)
     tokens, targets, positions = tr.local_batch(seq, batch=2)
     with count_attention_flops() as c:
         loss = tr.step(tokens, targets, positions)
@@ -232,6 +232,17 @@ def test_checkpointing_cache_and_recompute_flops():
     b, s, h, d, layers = 2, 32, 4, 8, 2
     assert runs["selective"][3] == layers * (b * s * h * d + b * h * s) * 8
     assert runs["selective_half"][3] * 2 == runs["selective"][3]
+
+
+def test_recompute_flops_of_a_windowed_model():
+    """selective_half recomputes the attention of the first N/2 tokens: with a short window about
+    half of the full pairs, not the quarter of causal attention (counted at the engine's call)."""
+    cfg, window = get_config("tiny"), (3, 0)
+    for mode in ("full", "selective_half"):
+        c = _mode_run(mode, window=window)[2]
+        want = (flops.recompute_flops(cfg, 2, 32, mode, window)
+                - flops.recompute_flops(cfg, 2, 32, "selective", window))
+        assert c.flops("recompute") == want, mode
 
 
 def test_failed_call_keeps_accumulated_gradients():

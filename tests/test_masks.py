@@ -126,3 +126,36 @@ def test_plans_depend_on_the_tile_sizes():
     finally:
         M.DOC_CUT_MIN, M.TILE = 128, 1024
     assert [c.kind for c in coarse] == [M.CAUSAL] * 3
+
+
+def test_a_window_that_spans_the_sequence_is_a_plain_call(monkeypatch):
+    """Ulysses' and TP's whole-sequence attention: a window whose sides reach N - 1 masks
+    nothing, so it runs the plain causal call (it was tiled, with fp32 gradient buffers: 30% more
+    memory in the simulator's count); one token shorter it is tiled. The simulator counts the
+    same (suites/memory_model.py)."""
+    import baselines.local_attention as la
+    from suites.hardware import load
+    from suites.simulate import predict
+
+    def tiled(*_):
+        raise AssertionError("tiled")
+
+    n = 16
+    q, k, v = (torch.randn(1, n, 2, 4, dtype=torch.float64, requires_grad=True)
+               for _ in range(3))
+    plain = la.local_attention(q, k, v, spec=M.MaskSpec(causal=True), scale=0.5)
+    monkeypatch.setattr(la, "_one_rank", tiled)
+    for window in ((n - 1, 0), (n, 3), (2**40, 0)):
+        spanned = la.local_attention(q, k, v, spec=M.MaskSpec(causal=True, window=window),
+                                     scale=0.5)
+        assert torch.equal(spanned, plain), window
+        spanned.sum().backward()  # the backward too runs no tile
+    with pytest.raises(AssertionError, match="tiled"):
+        la.local_attention(q, k, v, spec=M.MaskSpec(causal=True, window=(n - 2, 0)), scale=0.5)
+    assert M.MaskSpec(causal=False, window=(n - 1, n - 2)).over(n).window == (n - 1, n - 2)
+
+    cell = dict(workload="attention", method="ulysses", heads=32, kv_heads=8, head_dim=128,
+                world=4, ranks_per_node=4, seq_len=16384)
+    mem = {w: predict(dict(cell, window=w), load("a800")).memory.reserved
+           for w in (None, (16383, 0), (16382, 0))}
+    assert mem[(16383, 0)] == mem[None] < mem[(16382, 0)]

@@ -10,6 +10,7 @@ reaches where it does not (docs/simulator.md explains the misses).
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -1361,3 +1362,25 @@ def test_hardware_values_must_be_finite():
     for name in ("hbm_gbps", "peak_tflops"):
         with pytest.raises(ValueError, match=f"{name}=inf must be a finite number >= 0"):
             HW.with_values(**{name: float("inf")})
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    (dict(workload="train_step", model="tiny", heads=None, head_dim=None, fused_head="no"),
+     "fused_head='no' (expected True or False)"),  # priced the fused head
+    (dict(causal="false"), "causal='false' (expected True or False)"),
+    (dict(ranks_per_node=8, nodes=1), "nodes=1 x ranks_per_node=8 is not world=32"),  # was
+    (dict(ranks_per_node=8, nodes=32), "is not world=32"),  # overwritten with nodes=4
+    (dict(kv_heads=0), "kv_heads=0 (expected a positive integer)"),  # ran as MHA
+    (dict(world=0, ranks_per_node=8), "world=0 (expected a positive integer)"),  # ZeroDivision
+    (dict(seq_len=-8), "seq_len=-8 (expected a positive integer)"),  # hinted "e.g. 0"
+    (dict(batch=2.5), "batch=2.5 (expected a positive integer)"),
+])
+def test_a_python_cell_with_a_bad_field_is_refused(change, why):
+    """A cell given as a dict is checked as a spec's keys are: a switch that is not a bool, a
+    count that is not a positive integer, or nodes that contradict ranks_per_node is a
+    ValueError, not a priced row (simulator audit: each of these came out as numbers)."""
+    cell = dict(workload="attention", method="burst", seq_len=1 << 20, world=32, heads=32,
+                head_dim=128) | change
+    cell = {k: v for k, v in cell.items() if v is not None}
+    with pytest.raises(ValueError, match=re.escape(why)):
+        simulate_cell(cell, HW)
