@@ -209,15 +209,17 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
         store.repair(run.dir / "jobs.jsonl")  # and a torn job record (that job runs again)
         meta = store.read_meta(run.dir)
         ids = [c.cell_id for c in cells]
-        store.write_meta(run.dir, {
-            "sweep": spec.name, "run_id": run.dir.name, "source": spec.source,
-            "spec": spec.to_json(), "spec_hash": _spec_hash(spec), "baseline": spec.baseline,
-            "cells": list(dict.fromkeys([*meta.get("cells", []), *ids])),
-            "created": meta.get("created") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "executor": executor,
-        })
         skip = _done(store.read_rows(run.rows), retry_failed)
         todo = [c for c in cells if c.cell_id not in skip]
+        if todo or not meta:  # a finished run is left as it is (a committed one stays clean)
+            store.write_meta(run.dir, {
+                "sweep": spec.name, "run_id": run.dir.name, "source": spec.source,
+                "spec": spec.to_json(), "spec_hash": _spec_hash(spec), "baseline": spec.baseline,
+                "cells": list(dict.fromkeys([*meta.get("cells", []), *ids])),
+                "created": meta.get("created") or time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                time.gmtime()),
+                "executor": executor,
+            })
         print(f"sweep {spec.name}: {len(cells)} cells, {len(cells) - len(todo)} already done, "
               f"running {len(todo)} ({executor}) -> {run.dir}", file=stream, flush=True)
         # a retried cell keeps its old failure row (history); the table keeps the newest row

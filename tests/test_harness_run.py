@@ -138,10 +138,16 @@ def test_inline_sweep_failures_are_rows_and_resume_skips(tmp_path):
     assert pd.isna(t.loc["wrong", "speedup"])
     assert (res.run_dir / "table.parquet").exists() and (res.run_dir / "table.csv").exists()
 
-    # re-running resumes the same folder, skips every cell, adds no row
+    # re-running resumes the same folder, skips every cell, adds no row, and writes nothing: a
+    # committed run stayed dirty after `burst-bench run smoke` (its run.json got the hash of
+    # today's cell ids; a run recorded under an older hash is matched by its spec)
+    meta = json.loads((res.run_dir / "run.json").read_text())
+    (res.run_dir / "run.json").write_text(json.dumps(dict(meta, spec_hash="0" * 16)))
+    before = {p.name: p.read_bytes() for p in res.run_dir.iterdir() if p.is_file()}
     again = run_sweep(spec, out=tmp_path / "out", stream=_quiet())
     assert again.run_dir == res.run_dir and again.ran == 0
     assert store.read_rows(res.run_dir / "rows.jsonl") == rows
+    assert {p.name: p.read_bytes() for p in res.run_dir.iterdir() if p.is_file()} == before
 
 
 KILL = f"""
