@@ -330,7 +330,10 @@ def _main(argv: list[str] | None) -> int:
         args = p.parse_args(argv[:1])
         args.rest = argv[1:]
     else:
-        args = p.parse_args(argv)
+        args, extra = p.parse_known_args(argv)
+        if extra:  # the subcommand's usage (argparse's top-level one hides its options)
+            sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+            sub.choices[args.cmd].error(f"unrecognized arguments: {' '.join(extra)}")
     if (args.cmd in ("list", "show", "compare") and hasattr(signal, "SIGPIPE")
             and threading.current_thread() is threading.main_thread()):
         # `burst-bench show ... | head` ends quietly (not `run`: a sweep must not die with it)

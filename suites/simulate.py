@@ -414,8 +414,10 @@ def main(argv: list[str] | None = None) -> int:
         "\n")[0] + " (also: python -m suites.simulate). Exit 1 when a cell is an error row.")
     ap.add_argument("specs", nargs="+", help="spec files or names in suites/specs")
     ap.add_argument("--hardware", default="a800",
-                    help="profile name or .toml path (one; run again for another profile)")
-    ap.add_argument("--out", default=None, help="results folder to write run folders into")
+                    help="profile name (suites/hardware: a800, a100, h100, h200) or .toml "
+                         "path; one per call (default: a800, the paper's cluster)")
+    ap.add_argument("--out", default=None, help="results folder to write run folders into "
+                    "(default: none; only the summary is printed)")
     raw = list(sys.argv[1:] if argv is None else argv)
     if sum(x == "--hardware" or x.startswith("--hardware=") for x in raw) > 1:
         ap.error("--hardware given more than once: one profile per run (the last one would "
@@ -451,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
                 val = f"{r['tokens_per_s']:.1f} tokens/s per GPU" + (
                     f", MFU {100 * mfu:.1f}%" if mfu is not None else "")
             elif r.get("error"):  # why it was not priced, on the console too (not only --out)
-                val = f"{val}: {r['error'].splitlines()[0][:160]}"
+                val = f"{val}: {r['error'].splitlines()[0]}"  # whole: a cut one misleads
             print(f"{r['label']:28s} seq={r['seq_len']:>8d} world={r['world']:>3d} {val}")
             errors += r["status"] == "error"
         where = (str(Path(a.out) / spec.name / run_id(hw)) if a.out is not None

@@ -317,7 +317,8 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
         "overlap the kernel, whose calls come from the same plans (all-gather: every rank's "
         "queries against all key blocks, timed on its busiest rank; Ulysses: one rank "
         "holding the whole sequence). TP is not modelled as a cell: `tp` is block-level (it "
-        "needs the projection weights), so a `tp` cell is an `error` row, as in the harness; "
+        "needs the projection weights), so a spec naming `tp` is refused before anything "
+        "runs, as by the harness (a `tp` cell given to `simulate_cell` is an `error` row); "
         "the TP formula in `suites.schedule` is reached by no cell and checked against no run.",
         "- **dtype**: work runs at the peak of its dtype (`Hardware.peak`): 16-bit at the "
         "tensor-core peak; float32 attention at a third of the TF32 peak (torch's "

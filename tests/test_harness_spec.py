@@ -392,6 +392,11 @@ def test_cli_read_only_commands(tmp_path, capsys):
     assert "give whole minutes >= 1" in capsys.readouterr().err
     assert cli.main(["run", str(tmp_path / "missing.toml")]) == 2
     assert "no spec file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as ei:  # a misspelt option: the subcommand's usage, which
+        cli.main(["run", "smoke", "--executr", "local"])  # lists its options (was the top one)
+    err = capsys.readouterr().err
+    assert ei.value.code == 2 and "usage: burst-bench run" in err and "--executor" in err
+    assert "unrecognized arguments: --executr local" in err
     # hooks: a missing piece says so and does nothing; a present one gets the arguments
     assert cli._hook(("no_such_pkg.figures",), "figures", []) == 2
     assert "not available in this checkout" in capsys.readouterr().err
