@@ -310,10 +310,16 @@ def _one_bad_rank(rank: int, world: int) -> list[str]:
     import numpy as np
 
     odd = {"window": dict(window=(4, 0)), "checkpointing": dict(checkpointing="full"),
-           "layout": dict(attention_options={"layout": "contiguous"})}
+           "layout": dict(attention_options={"layout": "contiguous"}),
+           # another optimizer, lr or weight decay: each rank trained its own copy of the
+           # weights; another DP wrapper or CP degree: a hang (engine audit)
+           "lr": dict(lr=2e-3), "optimizer": dict(optimizer="sgd"),
+           "weight_decay": dict(weight_decay=0.1), "data_parallel": dict(data_parallel="fsdp"),
+           "cp_degree": dict(cp_degree=1)}
     # spelled differently, run alike: no error (the checksum took the spelling)
     alike = {"same layout": ({}, dict(attention_options={"layout": "zigzag"})),
-             "same window": (dict(window=(4, 0)), dict(window=[np.int64(4), 0]))}
+             "same window": (dict(window=(4, 0)), dict(window=[np.int64(4), 0])),
+             "same groups": ({}, dict(cp_degree=2))}
     for what in ("token", "target", "shape", *odd, "num_targets", "cu_seqlens", *alike,
                  "num_targets np"):
         kw = odd.get(what, {}) if rank == 1 else {}
@@ -348,6 +354,12 @@ def _one_bad_rank(rank: int, world: int) -> list[str]:
         out.append("no error")
     except ValueError as e:
         out.append(str(e))
+    # an empty batch on one rank: a reshape error there, its peers left waiting (engine audit)
+    try:
+        tr.forward_backward(*((t[:0] for t in (tok, tgt, pos)) if rank else (tok, tgt, pos)))
+        out.append("no error")
+    except ValueError as e:
+        out.append(str(e))
     # other starting weights: another seed, or a state_dict given to one rank only
     start = Trainer("tiny", dtype=torch.float64, seed=7).model_state_dict()
     # or weights that differ in one tensor only, not the first (the final norm on rank 1)
@@ -364,17 +376,19 @@ def _one_bad_rank(rank: int, world: int) -> list[str]:
 
 def test_one_rank_with_bad_data_fails_every_rank():
     for rank, msgs in enumerate(_results(2)[3]):  # run by the world-2 spawn of the parity cases
-        token, target, shape, *setup, layout, window, np_targets, short, seed, loaded, norm = msgs
+        (token, target, shape, *setup, layout, window, groups, np_targets, short, empty, seed,
+         loaded, norm) = msgs
         assert "1 token ids outside [0, 256)" in token, token
         assert "1 target ids outside [0, 256)" in target, target
         assert "must have one shape" in shape and "batch 1-1 x 16-32 tokens" in shape, shape
         # a setup differs when the Trainer is built; documents and num_targets per call
-        assert len(setup) == 5 and all("differ in their setup" in m for m in setup[:3]), setup
-        assert all("differ in their cu_seqlens or their num_targets" in m for m in setup[3:])
-        assert layout == window == "no error", (layout, window)
+        assert len(setup) == 10 and all("differ in their setup" in m for m in setup[:8]), setup
+        assert all("differ in their cu_seqlens or their num_targets" in m for m in setup[8:])
+        assert layout == window == groups == "no error", (layout, window, groups)
         assert ("num_targets=np.int64(10000): expected an int" if rank else
                 "another rank's input is invalid") in np_targets, np_targets
         assert ("is not divisible by 4" if rank else "another rank's input is invalid") in short
+        assert ("an empty batch (0, 16)" if rank else "another rank's input is invalid") in empty
         for msg in (seed, loaded):
             assert "start from different weights" in msg, msg
         assert "(1 of 21 parameters differ, first 'norm.weight')" in norm, norm

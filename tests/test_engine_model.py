@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -310,8 +311,15 @@ def test_bad_input_errors():
         tr.step(tok, tgt[:, :4], pos)
     with pytest.raises(ValueError, match="window=.*whole numbers of tokens >= 0"):
         Trainer("tiny", window=(-1, 0))
-    with pytest.raises(ValueError, match="loss_chunk=0"):
+    with pytest.raises(ValueError, match="loss_chunk=0 must be a whole number of tokens >= 1"):
         Trainer("tiny", loss_chunk=0)
+    assert Trainer("tiny", loss_chunk=np.int64(7))  # was refused as "not positive"
+    for bad in (-0.1, float("nan"), "0.1"):  # with the other arguments, before any collective
+        with pytest.raises(ValueError, match=f"weight_decay={bad!r} must be a number >= 0"):
+            Trainer("tiny", weight_decay=bad)
+    tr = Trainer("tiny")
+    with pytest.raises(ValueError, match=r"an empty batch \(0, 8\)"):  # a reshape error
+        tr.step(*(t[:0] for t in tr.local_batch(8)))
     with pytest.raises(ValueError, match="lr='1e-3' must be a positive number"):  # TypeError
         Trainer("tiny", lr="1e-3")
     for bad in (float("inf"), torch.tensor([1e-3, 2e-3]), torch.tensor(True)):

@@ -128,10 +128,14 @@ class Trainer:
         if dtype not in DTYPES:
             problems.append(f"dtype {dtype} is not supported; valid: "
                             f"{', '.join(map(str, DTYPES))} (float16 would need loss scaling)")
-        if not isinstance(loss_chunk, int) or loss_chunk < 1:
-            problems.append(f"loss_chunk={loss_chunk!r} must be a positive number of tokens")
+        if (not isinstance(loss_chunk, numbers.Integral) or isinstance(loss_chunk, bool)
+                or loss_chunk < 1):
+            problems.append(f"loss_chunk={loss_chunk!r} must be a whole number of tokens >= 1")
         if not _positive_number(lr):
             problems.append(f"lr={lr!r} must be a positive number")
+        if not (_positive_number(weight_decay) or (isinstance(weight_decay, numbers.Real)
+                                                   and weight_decay == 0)):
+            problems.append(f"weight_decay={weight_decay!r} must be a number >= 0")
         if optimizer not in OPTIMIZERS:
             problems.append(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
         if data_parallel not in DATA_PARALLEL:
@@ -144,7 +148,6 @@ class Trainer:
                 problems.append(str(e))
         if problems:
             raise ValueError("Trainer: " + "; ".join(problems))
-        self.cp_group, self.dp_group = self._groups(cp_group, dp_group, cp_degree)
 
         self.config, self.layout, self.dtype = cfg, layout, dtype
         self.checkpointing, self.ignore_index = checkpointing, ignore_index
@@ -152,20 +155,33 @@ class Trainer:
         model = CausalLM.build(cfg, seed=seed, dtype=dtype, device=self.device)
         if state_dict is not None:
             model.load_state_dict({k: v.to(dtype) for k, v in state_dict.items()}, strict=True)
+        self.model = model
+        # what every rank must run alike: a rank with another causal window, layout, scale,
+        # backward or checkpointing mode ran without an error and gave wrong losses and
+        # gradients on every rank, or hung in the ring; one with another optimizer, lr or
+        # weight decay trained its own copy of the weights; another CP degree or DP wrapper
+        # hung in the groups' creation or in DP's first collective. Compared across the world
+        # before any group is made (_check_replicas)
+        name = getattr(method, "name", None) or (  # a function: its import path (no address)
+            f"{getattr(method, '__module__', '')}.{getattr(method, '__qualname__', '')}")
+        effective = {**getattr(method, "options", {}), **(attention_options or {})}
+        world = comm.world_size()
+        if cp_degree is None:  # (CP, DP) sizes: cp_degree=2 and a CP group of 2 run alike
+            groups = [comm.world_size(cp_group), comm.world_size(dp_group) if dp_group else 1]
+        elif (isinstance(cp_degree, int) and not isinstance(cp_degree, bool) and cp_degree >= 1
+              and world % cp_degree == 0):
+            groups = [cp_degree, world // cp_degree]
+        else:  # refused by make_groups on every rank that has it
+            groups = ["cp_degree", repr(cp_degree)]
+        self._setup = _canonical([name, layout, window, effective, checkpointing, fused_head,
+                                  loss_chunk, str(dtype), repr(cfg), ignore_index, optimizer,
+                                  float(lr), float(weight_decay), data_parallel, groups])
+        self._check_replicas()
+        self.cp_group, self.dp_group = self._groups(cp_group, dp_group, cp_degree)
         model.attention = AttentionCall(method, layout, dict(attention_options or {}),
                                         self.cp_group, window)
         model.checkpointing, model.fused_head, model.loss_chunk = (checkpointing, fused_head,
                                                                    loss_chunk)
-        self.model = model
-        # what every rank must run alike: a rank with another causal window, layout, scale,
-        # backward or checkpointing mode ran without an error and gave wrong losses and
-        # gradients on every rank, or hung in the ring (_check_replicas)
-        name = getattr(method, "name", None) or (  # a function: its import path (no address)
-            f"{getattr(method, '__module__', '')}.{getattr(method, '__qualname__', '')}")
-        effective = {**getattr(method, "options", {}), **(attention_options or {})}
-        self._setup = _canonical([name, layout, window, effective, checkpointing, fused_head,
-                                  loss_chunk, str(dtype), repr(cfg), ignore_index])
-        self._check_replicas()
         self._forward = wrap_data_parallel(model, self.dp_group, data_parallel)
         params = list(model.parameters())
         if optimizer == "adamw":
@@ -193,8 +209,10 @@ class Trainer:
         hi, lo = both[:len(mine)], -both[len(mine):]
         if hi[0] != lo[0]:
             raise ValueError("Trainer: the ranks differ in their setup (attention method, "
-                             "options, layout, window, checkpointing, head, dtype, model); it "
-                             f"must be the same on every rank (this rank: {self._setup[:300]})")
+                             "options, layout, window, checkpointing, head, dtype, model, "
+                             "optimizer, lr, weight decay, data parallel, CP degree or group "
+                             "sizes); it must be the same on every rank (this rank: "
+                             f"{self._setup[:400]})")
         differ = [n for i, n in enumerate(names) if hi[1 + i] != lo[1 + i]]
         if differ:
             raise ValueError(f"Trainer: the ranks start from different weights ({len(differ)} of "
@@ -348,6 +366,10 @@ class Trainer:
         if not problems and not (tokens.shape == targets.shape == positions.shape):
             problems.append(f"tokens {tuple(tokens.shape)}, targets {tuple(targets.shape)} and "
                             f"positions {tuple(positions.shape)} must have the same shape")
+        if not problems and tokens.numel() == 0:  # crashed in the model, its DP peers waiting
+            problems.append(f"an empty batch {tuple(tokens.shape)}: every rank needs at least "
+                            "one row of tokens (a data-parallel group without data has none "
+                            "to give DDP/FSDP's collectives)")
         if problems:
             return problems
         cfg = self.config
