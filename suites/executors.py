@@ -521,6 +521,24 @@ def _adopt(cells: list[Cell], run: Run, kind: str, ctx: RunContext, poll_s: floa
     return pending, left
 
 
+@contextlib.contextmanager
+def _cancellable_children():
+    """Local jobs started here get SIGINT's default action: submitit cancels a local job with
+    SIGINT, and a driver started in the background by a script (``cmd &``) ignores SIGINT, which
+    its children inherit, so a cancelled job's ranks (one waiting on a failed peer, one past its
+    limit) ran on until the process group's timeout. A Python handler, unlike SIG_IGN, is reset
+    to the default when the child execs; the driver itself still ignores SIGINT meanwhile."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.SIG_IGN):
+        yield
+        return
+    signal.signal(signal.SIGINT, lambda *_: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _has_outcome(job) -> bool:
     got = _outcomes(job)
     return 0 in got or any(o == "error" for o, _ in got.values())
@@ -558,8 +576,9 @@ def submit_cells(cells: list[Cell], *, kind: str, run: Run, ctx: RunContext,
                 group = _skip_if_too_few_gpus(group, run, ctx, "local")
             for cell in group:  # a folder per submission: an old PID's results are not ours
                 mine = base / f"local-{uuid.uuid4().hex[:12]}" / "%j"
-                job = _executor(kind, mine, [cell], slurm, cell.sweep).submit(
-                    cell_job, cell.to_json(), ctx)
+                with _cancellable_children():
+                    job = _executor(kind, mine, [cell], slurm, cell.sweep).submit(
+                        cell_job, cell.to_json(), ctx)
                 _record_jobs(run, kind, mine, [(cell, job)])
                 if on_submit:
                     on_submit([job])

@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
      "whole-sequence attention of one rank"),
     ("bench_engine_memory.py", ["--quick"], "forward attention FLOPs counted"),
     ("bench_methods.py", ["--tokens", "256", "--repeats", "1"], "max err vs fp64"),
-    ("bench_precision.py", ["--worlds", "2", "--seeds", "1"], "worst: max error"),
+    ("bench_precision.py", ["--worlds", "2", "--seeds", "1"],
+         "worst GQA (8 query heads, 1 kv heads): max error"),
 ])
 def test_benchmark_script_runs(script, args, expect):
     res = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], cwd=ROOT,

@@ -1232,8 +1232,8 @@ def test_docs_list_as_modelled_only_what_a_cell_can_reach():
     assert row["status"] == "error" and "block-level" in row["error"]
     doc = calibrate.DOC.read_text()
     readme = (Path(calibrate.__file__).parents[1] / "README.md").read_text()
-    assert "/ TP" not in doc and "a `tp` cell is an `error` row" in doc
-    assert "all-gather, TP," not in readme and "a `tp` cell is an `error`" in readme
+    assert "/ TP" not in doc and "a spec naming `tp` is refused" in doc
+    assert "all-gather, TP," not in readme and "a spec naming `tp` is\nrefused" in readme
     tiny = simulate_cell(dict(method="burst", workload="train_step", model="tiny",
                               seq_len=4096, world=1), HW)
     assert tiny["time_s"] < 1e-3 and "no kernel launch" in doc
