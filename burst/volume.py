@@ -6,8 +6,9 @@ training case; Ulysses' all-to-alls skip the gradients autograd does not ask for
 always carry them). Received bytes equal sent bytes for every rank
 of a ring or a symmetric collective. Tests compare these with ``burst.comm.count_bytes`` on real
 gloo runs; the simulator (``suites``) prices them with link bandwidths. Not in the formulas: the
-int32 flag a ``burst_attn(..., return_lse=True)`` call all-reduces over its ring in the backward
-(``burst.attention._backend_for_dlse``; the counter counts it).
+int32 flag a ``burst_attn(..., return_lse=True)`` call on a fused kernel backend all-reduces in
+the backward, over its ring (a double ring: its inner rings, then across them;
+``burst.attention._backend_for_dlse``; the counter counts it).
 
 Units (DESIGN.md 3): b*n = batch * local tokens, H heads, Hk kv heads, D head dim, e = element
 size of the inputs, a = element size of accumulators (fp32 = 4; float64 inputs: 8).

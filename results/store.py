@@ -264,7 +264,9 @@ def _last_per_cell(rows: list[dict]) -> list[dict]:
 
 
 def consolidate(run_dir: str | os.PathLike, *, write: bool = True):
-    """The tidy table of a run (one row per cell, schema column order); writes parquet + CSV."""
+    """The tidy table of a run (one row per cell, schema column order); writes parquet + CSV,
+    unless both exist and the CSV already holds this table (a finished run read again stays
+    byte for byte as it was: parquet records the writing library's version)."""
     from results.tables import add_speedup
 
     run_dir = Path(run_dir)
@@ -273,6 +275,10 @@ def consolidate(run_dir: str | os.PathLike, *, write: bool = True):
     order = {c: i for i, c in enumerate(meta.get("cells", []))}  # the sweep's cell order
     rows.sort(key=lambda r: order.get(r.get("cell_id"), len(order)))
     df = add_speedup(_frame(rows), meta.get("baseline"))
+    csv = run_dir / CSV
+    if write and (run_dir / TABLE).exists() and csv.exists() \
+            and csv.read_text() == df.to_csv(index=False):
+        write = False
     if write:
         for name, writer in ((TABLE, df.to_parquet), (CSV, df.to_csv)):
             tmp = run_dir / (name + ".tmp")

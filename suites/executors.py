@@ -527,7 +527,8 @@ def _cancellable_children():
     SIGINT, and a driver started in the background by a script (``cmd &``) ignores SIGINT, which
     its children inherit, so a cancelled job's ranks (one waiting on a failed peer, one past its
     limit) ran on until the process group's timeout. A Python handler, unlike SIG_IGN, is reset
-    to the default when the child execs; the driver itself still ignores SIGINT meanwhile."""
+    to the default when the child execs; the driver itself still ignores SIGINT meanwhile. A
+    driver outside the main thread cannot set a handler: its jobs keep SIG_IGN."""
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.SIG_IGN):
         yield

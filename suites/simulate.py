@@ -82,17 +82,17 @@ _CELL_DEFAULTS = dict(sweep="adhoc", workload="attention", label=None, options=N
                       paper=None)
 
 
-_POSITIVE_INTS = ("seq_len", "world", "batch", "heads", "kv_heads", "head_dim", "nodes",
-                  "ranks_per_node", "repeats")
+_MINIMUM = dict(seq_len=1, world=1, batch=1, heads=1, kv_heads=0, head_dim=1, nodes=1,
+                ranks_per_node=1, repeats=1)  # kv_heads 0: as many as heads (the spec's rule)
 _BOOLS = ("causal", "fused_head", "compute_error", "profile_memory")
 
 
 def _check_field_types(d: dict) -> None:
-    """A dict cell's numbers and switches, as the spec parser checks them (``causal="no"`` or
-    ``fused_head="no"`` would count as true; ``kv_heads=0`` as missing)."""
-    bad = [f"{k}={d[k]!r} (expected a positive integer)" for k in _POSITIVE_INTS
+    """A dict cell's counts and switches, checked as the spec parser checks them
+    (``causal="no"`` or ``fused_head="no"`` counted as true, ``world=0`` divided by zero)."""
+    bad = [f"{k}={d[k]!r} (expected an integer >= {low})" for k, low in _MINIMUM.items()
            if d[k] is not None and (isinstance(d[k], bool) or not isinstance(d[k], int)
-                                    or d[k] < 1)]
+                                    or d[k] < low)]
     bad += [f"{k}={d[k]!r} (expected True or False)" for k in _BOOLS
             if not isinstance(d[k], bool)]
     if bad:

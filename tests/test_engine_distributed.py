@@ -314,15 +314,19 @@ def _one_bad_rank(rank: int, world: int) -> list[str]:
            # another optimizer, lr or weight decay: each rank trained its own copy of the
            # weights; another DP wrapper or CP degree: a hang (engine audit)
            "lr": dict(lr=2e-3), "optimizer": dict(optimizer="sgd"),
-           "weight_decay": dict(weight_decay=0.1), "data_parallel": dict(data_parallel="fsdp"),
-           "cp_degree": dict(cp_degree=1)}
+           "weight_decay": dict(weight_decay=0.1), "cp_degree": dict(cp_degree=1),
+           # (rank 0's, rank 1's): a DP wrapper matters only with DP (of 2 here)
+           "data_parallel": (dict(cp_degree=1), dict(cp_degree=1, data_parallel="fsdp"))}
     # spelled differently, run alike: no error (the checksum took the spelling)
     alike = {"same layout": ({}, dict(attention_options={"layout": "zigzag"})),
              "same window": (dict(window=(4, 0)), dict(window=[np.int64(4), 0])),
-             "same groups": ({}, dict(cp_degree=2))}
+             "same groups": ({}, dict(cp_degree=2)),
+             "no DP to wrap": ({}, dict(data_parallel="fsdp"))}
     for what in ("token", "target", "shape", *odd, "num_targets", "cu_seqlens", *alike,
                  "num_targets np"):
         kw = odd.get(what, {}) if rank == 1 else {}
+        if isinstance(odd.get(what), tuple):
+            kw = odd[what][rank]
         if what in alike:
             kw = alike[what][rank]
         try:  # a setup that differs is refused when the Trainer is built
@@ -376,15 +380,15 @@ def _one_bad_rank(rank: int, world: int) -> list[str]:
 
 def test_one_rank_with_bad_data_fails_every_rank():
     for rank, msgs in enumerate(_results(2)[3]):  # run by the world-2 spawn of the parity cases
-        (token, target, shape, *setup, layout, window, groups, np_targets, short, empty, seed,
-         loaded, norm) = msgs
+        (token, target, shape, *setup, layout, window, groups, no_dp, np_targets, short, empty,
+         seed, loaded, norm) = msgs
         assert "1 token ids outside [0, 256)" in token, token
         assert "1 target ids outside [0, 256)" in target, target
         assert "must have one shape" in shape and "batch 1-1 x 16-32 tokens" in shape, shape
         # a setup differs when the Trainer is built; documents and num_targets per call
         assert len(setup) == 10 and all("differ in their setup" in m for m in setup[:8]), setup
         assert all("differ in their cu_seqlens or their num_targets" in m for m in setup[8:])
-        assert layout == window == groups == "no error", (layout, window, groups)
+        assert layout == window == groups == no_dp == "no error", (layout, window, groups, no_dp)
         assert ("num_targets=np.int64(10000): expected an int" if rank else
                 "another rank's input is invalid") in np_targets, np_targets
         assert ("is not divisible by 4" if rank else "another rank's input is invalid") in short

@@ -317,6 +317,7 @@ def test_bad_input_errors():
     for bad in (-0.1, float("nan"), "0.1"):  # with the other arguments, before any collective
         with pytest.raises(ValueError, match=f"weight_decay={bad!r} must be a number >= 0"):
             Trainer("tiny", weight_decay=bad)
+    assert Trainer("tiny", weight_decay=torch.tensor(0.0))  # as lr, a one-element tensor
     tr = Trainer("tiny")
     with pytest.raises(ValueError, match=r"an empty batch \(0, 8\)"):  # a reshape error
         tr.step(*(t[:0] for t in tr.local_batch(8)))

@@ -143,11 +143,18 @@ def test_inline_sweep_failures_are_rows_and_resume_skips(tmp_path):
     # today's cell ids; a run recorded under an older hash is matched by its spec)
     meta = json.loads((res.run_dir / "run.json").read_text())
     (res.run_dir / "run.json").write_text(json.dumps(dict(meta, spec_hash="0" * 16)))
-    before = {p.name: p.read_bytes() for p in res.run_dir.iterdir() if p.is_file()}
+    # (nor the table: parquet records the writing library's version, so a rewrite by another
+    # pandas/pyarrow changed committed bytes)
+    def files():
+        return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in res.run_dir.iterdir()
+                if p.is_file()}
+
+    before = files()
+    time.sleep(0.01)  # a rewrite would get a later mtime
     again = run_sweep(spec, out=tmp_path / "out", stream=_quiet())
     assert again.run_dir == res.run_dir and again.ran == 0
     assert store.read_rows(res.run_dir / "rows.jsonl") == rows
-    assert {p.name: p.read_bytes() for p in res.run_dir.iterdir() if p.is_file()} == before
+    assert files() == before
 
 
 KILL = f"""

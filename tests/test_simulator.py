@@ -1370,17 +1370,21 @@ def test_hardware_values_must_be_finite():
     (dict(causal="false"), "causal='false' (expected True or False)"),
     (dict(ranks_per_node=8, nodes=1), "nodes=1 x ranks_per_node=8 is not world=32"),  # was
     (dict(ranks_per_node=8, nodes=32), "is not world=32"),  # overwritten with nodes=4
-    (dict(kv_heads=0), "kv_heads=0 (expected a positive integer)"),  # ran as MHA
-    (dict(world=0, ranks_per_node=8), "world=0 (expected a positive integer)"),  # ZeroDivision
-    (dict(seq_len=-8), "seq_len=-8 (expected a positive integer)"),  # hinted "e.g. 0"
-    (dict(batch=2.5), "batch=2.5 (expected a positive integer)"),
+    (dict(kv_heads=-1), "kv_heads=-1 (expected an integer >= 0)"),
+    (dict(world=0, ranks_per_node=8), "world=0 (expected an integer >= 1)"),  # ZeroDivision
+    (dict(seq_len=-8), "seq_len=-8 (expected an integer >= 1)"),  # hinted "e.g. 0"
+    (dict(batch=2.5), "batch=2.5 (expected an integer >= 1)"),
 ])
 def test_a_python_cell_with_a_bad_field_is_refused(change, why):
     """A cell given as a dict is checked as a spec's keys are: a switch that is not a bool, a
-    count that is not a positive integer, or nodes that contradict ranks_per_node is a
-    ValueError, not a priced row (simulator audit: each of these came out as numbers)."""
+    count below its minimum, or nodes that contradict ranks_per_node is a ValueError, not a
+    priced row (simulator audit: each of these came out as numbers). kv_heads=0 is as many
+    as heads, as in a spec."""
     cell = dict(workload="attention", method="burst", seq_len=1 << 20, world=32, heads=32,
                 head_dim=128) | change
     cell = {k: v for k, v in cell.items() if v is not None}
     with pytest.raises(ValueError, match=re.escape(why)):
         simulate_cell(cell, HW)
+    mha = dict(workload="attention", method="burst", seq_len=1 << 16, world=8, heads=8,
+               head_dim=64)
+    assert simulate_cell(dict(mha, kv_heads=0), HW)["kv_heads"] == 8

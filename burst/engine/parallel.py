@@ -24,12 +24,17 @@ __all__ = ["DATA_PARALLEL", "all_reduce_grads", "make_groups", "wrap_data_parall
 DATA_PARALLEL = ("ddp", "fsdp")
 
 
+def cp_degree_ok(cp_degree, world: int) -> bool:
+    """A context-parallel degree that splits ``world`` ranks: a whole number >= 1 dividing it."""
+    return (isinstance(cp_degree, int) and not isinstance(cp_degree, bool) and cp_degree >= 1
+            and world % cp_degree == 0)
+
+
 def make_groups(cp_degree: int, world: int | None = None):
     """(cp_group, dp_group) of this rank for a CP degree; None stands for the whole world (CP)
     or for no data parallelism (DP of one). Every rank must call it, in the same order."""
     world = comm.world_size() if world is None else world
-    if not isinstance(cp_degree, int) or isinstance(cp_degree, bool) or cp_degree < 1 \
-            or world % cp_degree:
+    if not cp_degree_ok(cp_degree, world):
         raise ValueError(f"world of {world} ranks is not divisible by the context-parallel "
                          f"degree {cp_degree!r}; valid degrees: "
                          f"{', '.join(map(str, divisors(world)))}")

@@ -36,6 +36,7 @@ from burst.engine.model import CausalLM
 from burst.engine.parallel import (
     DATA_PARALLEL,
     all_reduce_grads,
+    cp_degree_ok,
     make_groups,
     wrap_data_parallel,
 )
@@ -68,14 +69,15 @@ def _canonical(x) -> str:
     return json.dumps(norm(x))
 
 
-def _positive_number(x) -> bool:
-    """A finite number > 0: a Python/numpy number or a one-element tensor, not a bool."""
+def _positive_number(x, zero: bool = False) -> bool:
+    """A finite number > 0 (``zero``: >= 0): a Python/numpy number or a one-element tensor, not
+    a bool."""
     if isinstance(x, torch.Tensor):
         if x.numel() != 1 or x.dtype == torch.bool:
             return False
         x = x.item()
     return (isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
-            and x > 0)
+            and (x >= 0 if zero else x > 0))
 
 
 @torch.no_grad()
@@ -133,8 +135,7 @@ class Trainer:
             problems.append(f"loss_chunk={loss_chunk!r} must be a whole number of tokens >= 1")
         if not _positive_number(lr):
             problems.append(f"lr={lr!r} must be a positive number")
-        if not (_positive_number(weight_decay) or (isinstance(weight_decay, numbers.Real)
-                                                   and weight_decay == 0)):
+        if not _positive_number(weight_decay, zero=True):
             problems.append(f"weight_decay={weight_decay!r} must be a number >= 0")
         if optimizer not in OPTIMIZERS:
             problems.append(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
@@ -166,16 +167,17 @@ class Trainer:
             f"{getattr(method, '__module__', '')}.{getattr(method, '__qualname__', '')}")
         effective = {**getattr(method, "options", {}), **(attention_options or {})}
         world = comm.world_size()
-        if cp_degree is None:  # (CP, DP) sizes: cp_degree=2 and a CP group of 2 run alike
-            groups = [comm.world_size(cp_group), comm.world_size(dp_group) if dp_group else 1]
-        elif (isinstance(cp_degree, int) and not isinstance(cp_degree, bool) and cp_degree >= 1
-              and world % cp_degree == 0):
+        if cp_degree is None:  # the (CP, DP) sizes of the groups given (their members are
+            groups = [comm.world_size(cp_group),  # the caller's to agree on)
+                      comm.world_size(dp_group) if dp_group else 1]
+        elif cp_degree_ok(cp_degree, world):
             groups = [cp_degree, world // cp_degree]
         else:  # refused by make_groups on every rank that has it
             groups = ["cp_degree", repr(cp_degree)]
+        dp_kind = data_parallel if groups[-1] != 1 else None  # no wrapper without DP
         self._setup = _canonical([name, layout, window, effective, checkpointing, fused_head,
                                   loss_chunk, str(dtype), repr(cfg), ignore_index, optimizer,
-                                  float(lr), float(weight_decay), data_parallel, groups])
+                                  float(lr), float(weight_decay), dp_kind, groups])
         self._check_replicas()
         self.cp_group, self.dp_group = self._groups(cp_group, dp_group, cp_degree)
         model.attention = AttentionCall(method, layout, dict(attention_options or {}),
