@@ -879,7 +879,11 @@ def test_a_failed_table_write_leaves_the_previous_table_whole(tmp_path, monkeypa
     before = (d / store.CSV).read_bytes()
     store.append_row(d / store.ROWS, _rows([("burst", 64, 1.0, "ok")])[0])
 
-    def torn(self, path, **kw):
+    to_csv = pd.DataFrame.to_csv
+
+    def torn(self, path=None, **kw):
+        if path is None:  # the text that consolidate compares with the table it has
+            return to_csv(self, **kw)
         Path(path).write_text("cell_id,sta")  # half a table, then the disk is full
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
