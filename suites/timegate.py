@@ -110,13 +110,14 @@ def _kernel_vs_torch_sdpa_gate() -> tuple[Callable, Callable]:
 
     from burst.kernel import block_backward, block_forward
     from burst.masks import CAUSAL
+    from burst.merge import row_delta
 
     g = torch.Generator().manual_seed(0)
     q, k, v, do = (torch.randn(1, 2048, 4, 64, generator=g) for _ in range(4))
 
     def ours():
         out, lse = block_forward(q, k, v, kind=CAUSAL)
-        delta = (do * out).sum(-1).transpose(1, 2).contiguous()
+        delta = row_delta(do, out, torch.float32)
         block_backward(do, q, k, v, lse, delta, kind=CAUSAL)
 
     def theirs():
