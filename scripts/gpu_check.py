@@ -57,6 +57,7 @@ from burst.emulate import RingEmulator  # noqa: E402
 from burst.kernel import block_backward, block_forward, kernel_name  # noqa: E402
 from burst.masks import CAUSAL  # noqa: E402
 from burst.memory import cuda_peak, reset_cuda_peak  # noqa: E402
+from burst.merge import row_delta  # noqa: E402
 from burst.timing import repeat, time_call, time_calls  # noqa: E402
 from results.schema import COLUMNS, empty_row  # noqa: E402
 
@@ -304,7 +305,7 @@ def _kernel_impls(sz: Sizes):
 
     def ours_fb(q, k, v, do):
         out, lse = block_forward(q, k, v, kind=CAUSAL)
-        delta = (do.float() * out.float()).sum(-1).transpose(1, 2)
+        delta = row_delta(do, out, torch.float32)
         block_backward(do, q, k, v, lse, delta, kind=CAUSAL)
 
     def sdpa(backend):
@@ -397,7 +398,7 @@ def section_ring(rows: Rows, sz: Sizes, budget: Budget) -> None:
 
     def mono():
         out, lse = block_forward(q, k, v, kind=CAUSAL)
-        delta = (do.float() * out.float()).sum(-1).transpose(1, 2)
+        delta = row_delta(do, out, torch.float32)
         t_f = [time_call(lambda: block_forward(q, k, v, kind=CAUSAL), sz.device)
                for _ in range(3)][1:]
         t_b = [time_call(lambda: block_backward(do, q, k, v, lse, delta, kind=CAUSAL),
