@@ -1,7 +1,7 @@
 """Activations kept per GPU between forward and backward vs sequence length (32 GPUs), per
 checkpointing mode: none, full (layer input only), selective (+ attention output and lse),
 selective_half (half of that cache). One panel per model; dashed: the memory usable on an A800
-(78.5 of 80 GiB, the simulator's OOM line)."""
+(78.5 of the 79.33 GiB CUDA sees, the simulator's OOM line)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ NAME = "memory_bars"
 SWEEPS = ("paper_main_7b", "paper_main_14b")  # suites/specs: the main table
 PANELS = (("7b", 32), ("7b", 64), ("14b", 32), ("14b", 64))
 GIB = 2**30
-CAPACITY_GIB = 80.0  # A800-80GB (suites/hardware/a800.toml)
+YMAX_GIB = 160.0  # twice an A800's 80 GiB of HBM: predicted peaks above it are clipped
 
 
 def make(tables):
@@ -25,7 +25,8 @@ def make(tables):
     sim_oom = (df["source"] == "simulated") & (df["status"] == "oom")
     df.loc[sim_oom, "status"] = "ok"
     df["mem_gib"] = df["mem_reserved_bytes"] / GIB
-    usable = load("a800").usable_gib  # a predicted peak above it is an oom row
+    hw = load("a800")
+    usable = hw.usable_gib  # a predicted peak above it is an oom row
     fig, axes = new_figure(len(PANELS), 1, width=3.6, height=3.6)
     plotted = []
     for j, (model, world) in enumerate(PANELS):
@@ -35,19 +36,19 @@ def make(tables):
             note_empty(ax)
             continue
         predicted_oom = frozenset(sub.loc[sim_oom.loc[sub.index], "label"])
-        d = panel_bars(ax, sub, "mem_gib", label_order(sub), clip=2 * CAPACITY_GIB,
+        d = panel_bars(ax, sub, "mem_gib", label_order(sub), clip=YMAX_GIB,
                        drawn_oom=predicted_oom)
         d.loc[(d["source"] == "simulated") & d["label"].isin(predicted_oom), "status"] = "oom"
         d["model"], d["world"], d["metric"] = model, world, "mem_reserved_gib"
         plotted.append(d)
         ax.axhline(usable, color="black", lw=0.8, ls="--")
-        ax.set_ylim(0, 2 * CAPACITY_GIB)
+        ax.set_ylim(0, YMAX_GIB)
         ax.set_title(f"{model.upper()}, {world} GPUs, {seq_label(sub['seq_len'].iloc[0])}",
                      fontsize=9)
         ax.set_ylabel("memory per GPU (GiB)" if j == 0 else "")
     measured = any((d["source"] == "measured").any() for d in plotted)
     fig.suptitle(f"Memory per GPU: simulated peak (bars; above the dashed line, the {usable:g} "
-                 f"GiB usable of {CAPACITY_GIB:g}, = OOM), published (\u25c6)"
+                 f"GiB usable of the {hw.memory_gib:g} CUDA sees, = OOM), published (\u25c6)"
                  + (", measured on GPUs (\u25a1)" if measured else ""), fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     bar_legend(fig, measured, loc="upper center", bbox_to_anchor=(0.5, 0.945), ncol=3)
