@@ -69,11 +69,14 @@ def _spec_hash(spec: SweepSpec) -> str:
 
 
 def _same_spec(meta: dict, spec: SweepSpec, *, empty: bool = True) -> bool:
-    """The run's meta is of this spec: same cells (``_spec_hash``), or (runs recorded before
-    that hash) the very same spec JSON; ``empty``: a run without meta counts as this spec's."""
+    """The run's meta is of this spec: same cells (``_spec_hash``), or (runs recorded under an
+    older hash) the very same cell ids in its list of cells; the same spec JSON is not enough
+    (a code change that renames the cells would measure every one again into the old run);
+    ``empty``: a run without meta counts as this spec's."""
     if not meta.get("spec_hash"):
         return empty
-    return meta["spec_hash"] == _spec_hash(spec) or meta.get("spec") == spec.to_json()
+    return (meta["spec_hash"] == _spec_hash(spec)
+            or set(meta.get("cells") or ()) == {c.cell_id for c in expand(spec)})
 
 
 def select_run(spec: SweepSpec, out: Path, run_id: str | None = None, new: bool = False) -> Path:
@@ -211,7 +214,9 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
         ids = [c.cell_id for c in cells]
         skip = _done(store.read_rows(run.rows), retry_failed)
         todo = [c for c in cells if c.cell_id not in skip]
-        if todo or not meta:  # a finished run is left as it is (a committed one stays clean)
+        # a finished run is left as it is (a committed one stays clean), unless its baseline
+        # changed: the table's speedups follow the spec's baseline
+        if todo or not meta or meta.get("baseline") != spec.baseline:
             store.write_meta(run.dir, {
                 "sweep": spec.name, "run_id": run.dir.name, "source": spec.source,
                 "spec": spec.to_json(), "spec_hash": _spec_hash(spec), "baseline": spec.baseline,

@@ -7,6 +7,7 @@ Each test is one or two process groups (spawning costs seconds on this machine).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import math
@@ -155,6 +156,15 @@ def test_inline_sweep_failures_are_rows_and_resume_skips(tmp_path):
     assert again.run_dir == res.run_dir and again.ran == 0
     assert store.read_rows(res.run_dir / "rows.jsonl") == rows
     assert files() == before
+
+    # a changed baseline alone resumes the finished run, and its table follows it (the summary
+    # printed speedups against the new baseline while table.csv kept the old one)
+    other = dataclasses.replace(spec, baseline="burst")
+    third = run_sweep(other, out=tmp_path / "out", stream=_quiet())
+    assert third.run_dir == res.run_dir and third.ran == 0
+    assert json.loads((res.run_dir / "run.json").read_text())["baseline"] == "burst"
+    saved = pd.read_csv(res.run_dir / "table.csv").set_index("label")
+    assert saved.loc["burst", "speedup"] == 1.0 != saved.loc["burst-ringbwd", "speedup"]
 
 
 KILL = f"""
@@ -526,8 +536,6 @@ def test_a_local_job_without_results_says_why(tmp_path, log, status, says):
 def test_a_local_job_gets_the_specs_time_before_submitits_signal():
     """submitit's LocalExecutor signals 30 s before its limit: a 1-minute spec was cut at 30 s
     (the same cell ran to the end inline)."""
-    import dataclasses
-
     from suites.executors import SUBMITIT_SIGNAL_DELAY_S, local_limit_s, local_timeout_min
     from suites.simulate import as_cell
 

@@ -528,12 +528,20 @@ def test_resume_key_is_what_a_run_measures(tmp_path):
     assert select_run(same, out) == run == select_run(same, out, run_id="r1")
     with pytest.raises(ValueError, match="holds another spec's cells"):
         select_run(dataclasses.replace(a, repeats=9), out, run_id="r1")
-    # a run recorded before this hash (its hash of the whole spec JSON) is still this spec's
+    # a run recorded under an older hash is still this spec's if it lists the same cells; the
+    # same spec JSON with other cell ids (a code change renamed them) is another run: resuming
+    # it measured every cell again into it, and the table then mixed or failed
+    ids = [c.cell_id for c in expand(a)]
     old = out / a.name / "r0"
     old.mkdir()
     store.write_meta(old, {"spec_hash": "0123456789abcdef", "spec": a.to_json(),
-                           "created": "2026-01-02T00:00:00Z"})
+                           "cells": ids, "created": "2026-01-02T00:00:00Z"})
     assert select_run(a, out) == old == select_run(a, out, run_id="r0")
+    store.write_meta(old, {"spec_hash": "0123456789abcdef", "spec": a.to_json(),
+                           "cells": ["old" + i for i in ids], "created": "2026-01-02T00:00:00Z"})
+    assert select_run(a, out) == run
+    with pytest.raises(ValueError, match="holds another spec's cells"):
+        select_run(a, out, run_id="r0")
 
 
 def test_provenance_without_git_takes_the_commit_it_is_given(tmp_path, monkeypatch):
