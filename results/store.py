@@ -34,6 +34,7 @@ __all__ = [
     "RunLock",
     "append_row",
     "consolidate",
+    "drop_tables",
     "latest_run",
     "RunLockedError",
     "load",
@@ -62,8 +63,9 @@ def new_run_id(now: _dt.datetime | None = None) -> str:
 
 
 def repair(path: str | os.PathLike) -> int:
-    """Cut a torn last line off ``path`` (no trailing newline, or, as an editor leaves it, not
-    valid JSON: what ``read_rows`` ignores); return the bytes removed."""
+    """Cut a torn last line off ``path`` (not valid JSON, with or without its newline: what
+    ``read_rows`` ignores); return the bytes removed. A last line that is whole JSON without
+    its newline (an editor's save) is a row ``read_rows`` reads: it gets its newline back."""
     path = Path(path)
     if not path.exists():
         return 0
@@ -85,7 +87,12 @@ def repair(path: str | os.PathLike) -> int:
                 break
         f.seek(start)
         last = f.read()
-        if last.endswith(b"\n") and (not last.strip() or _valid_json(last)):
+        if not last.strip() or _valid_json(last):
+            if not last.endswith(b"\n"):  # a prefix of a row is never valid JSON: it is whole
+                f.seek(0, os.SEEK_END)
+                f.write(b"\n")
+                f.flush()
+                os.fsync(f.fileno())
             return 0
         f.truncate(start)
         f.flush()
@@ -289,6 +296,12 @@ def consolidate(run_dir: str | os.PathLike, *, write: bool = True):
                 tmp.unlink(missing_ok=True)
                 raise
     return df
+
+
+def drop_tables(run_dir: str | os.PathLike) -> None:
+    """Remove a run's table files (before rows are added: ``consolidate`` writes them again)."""
+    for name in (TABLE, CSV):
+        (Path(run_dir) / name).unlink(missing_ok=True)
 
 
 def load(path: str | os.PathLike):

@@ -225,6 +225,8 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
                                                                 time.gmtime()),
                 "executor": executor,
             })
+        if todo:  # the table would lag the rows: a driver killed now leaves none, not a stale one
+            store.drop_tables(run.dir)
         print(f"sweep {spec.name}: {len(cells)} cells, {len(cells) - len(todo)} already done, "
               f"running {len(todo)} ({executor}) -> {run.dir}", file=stream, flush=True)
         # a retried cell keeps its old failure row (history); the table keeps the newest row

@@ -278,6 +278,10 @@ def test_store_atomic_rows_and_torn_tail(tmp_path):
     assert store.repair(rows) > 0 and store.repair(rows) == 0
     store.append_row(rows, {"cell_id": "c4", "status": "ok"})
     assert [r["cell_id"] for r in store.read_rows(rows)] == ["c0", "c1", "c2", "c3", "c4"]
+    # a whole row without its newline (an editor's save) is read, so it is kept, not cut
+    rows.write_bytes(rows.read_bytes()[:-1])
+    assert len(store.read_rows(rows)) == 5 and store.repair(rows) == 0
+    assert rows.read_bytes().endswith(b"}\n") and len(store.read_rows(rows)) == 5
     rows.write_text(rows.read_text() + "not json\n" + json.dumps({"cell_id": "c4"}) + "\n")
     with pytest.raises(ValueError, match="not a torn write"):
         store.read_rows(rows)
@@ -921,3 +925,36 @@ def test_no_speedup_against_a_baseline_cell_that_failed():
 
     df = pd.DataFrame(_rows([("ring", 64, 2.0, "error"), ("burst", 64, 1.0, "ok")]))
     assert pd.isna(add_speedup(df, "ring").set_index("cell_id").loc["burst-64", "speedup"])
+
+
+def test_a_resumed_run_holds_no_stale_table_while_it_adds_rows(tmp_path, monkeypatch):
+    """A resumed run killed with SIGKILL kept the table of its first attempt next to more rows
+    (pd.read_parquet read it silently); now the table is gone until the driver writes it."""
+    import pandas as pd
+
+    from suites import run as runmod
+
+    spec = load_spec(_write(tmp_path, GOOD, "sweep"))
+    cells = expand(spec)
+    run = tmp_path / "out" / spec.name / "r1"
+    run.mkdir(parents=True)
+    store.write_meta(run, {"spec_hash": runmod._spec_hash(spec), "baseline": spec.baseline,
+                           "cells": [c.cell_id for c in cells]})
+
+    def row(c):
+        return dict(empty_row(), cell_id=c.cell_id, label=c.label, status="ok", time_s=1.0,
+                    seq_len=c.seq_len, world=c.world)
+
+    store.append_row(run / "rows.jsonl", row(cells[0]))
+    store.consolidate(run)
+    seen = []
+
+    def measure(todo, run_, ctx):
+        seen.append([(run / n).exists() for n in ("table.parquet", "table.csv")])
+        for c in todo:
+            store.append_row(run_.rows, row(c))
+
+    monkeypatch.setattr(runmod, "run_inline", measure)
+    runmod.run_sweep(spec, out=tmp_path / "out", run_id="r1", stream=io.StringIO())
+    assert seen == [[False, False]]
+    assert len(pd.read_csv(run / "table.csv")) == len(cells)
