@@ -17,16 +17,17 @@ __all__ = ["MATCH_KEYS", "METRICS", "add_speedup", "compare", "compare_keys", "n
 MATCH_KEYS = ("workload", "model", "seq_len", "batch", "heads", "kv_heads", "head_dim", "causal",
               "window", "dtype", "world", "nodes", "device")
 
-# metric -> (heading, scale, format, higher is better)
+# metric -> (heading, scale, format, higher is better); a scaled value's heading ends with its
+# unit in parentheses (compare reads it from there)
 METRICS: dict[str, tuple[str, float, str, bool]] = {
     "time_s": ("time per step (ms)", 1e3, "{:.1f}", False),
     "tokens_per_s": ("tokens/s per device", 1.0, "{:.0f}", True),
     "attn_tflops": ("attention TFLOP/s per device (kernel convention)", 1.0, "{:.3g}", True),
     "tflops_model_flops_causal": ("TFLOP/s per device (model_flops_causal)", 1.0, "{:.3g}", True),
-    "mfu_model_flops_causal": ("MFU (model_flops_causal, %)", 100.0, "{:.1f}", True),
-    "bytes_sent": ("MiB sent per rank (busiest fwd + busiest bwd)", 2.0**-20, "{:.2f}", False),
-    "bytes_sent_backward": ("MiB sent per rank in backward", 2.0**-20, "{:.2f}", False),
-    "saved_bytes": ("MiB saved for backward", 2.0**-20, "{:.1f}", False),
+    "mfu_model_flops_causal": ("MFU, model_flops_causal (%)", 100.0, "{:.1f}", True),
+    "bytes_sent": ("sent per rank, busiest fwd + busiest bwd (MiB)", 2.0**-20, "{:.2f}", False),
+    "bytes_sent_backward": ("sent per rank in backward (MiB)", 2.0**-20, "{:.2f}", False),
+    "saved_bytes": ("saved for backward (MiB)", 2.0**-20, "{:.1f}", False),
     "mem_peak_bytes": ("peak memory (MiB)", 2.0**-20, "{:.1f}", False),
     "mem_reserved_bytes": ("reserved memory (MiB)", 2.0**-20, "{:.1f}", False),
     "max_err": ("max abs error vs float64 reference", 1.0, "{:.1e}", False),

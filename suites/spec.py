@@ -67,6 +67,7 @@ WORKLOADS = ("attention", "train_step")
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 SPEC_DIR = Path(__file__).parent / "specs"
+MAX_TIMEOUT_MIN = 7 * 24 * 60  # a cell's time limit: a week (1e12 minutes overflowed timedelta)
 
 
 class SpecError(ValueError):
@@ -369,7 +370,8 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
     kw = {k: r.get(data, k, "", int, d, minimum=m, maximum=mx) for k, d, m, mx in
           (("batch", 1, 1, 2**31), ("warmup", 1, 0, 2**31), ("repeats", 3, 1, 2**31),
            ("seed", 0, 0, 2**32 - 1), ("error_max_tokens", 4096, 0, 2**62))}  # int64 inside
-    kw["timeout_min"] = r.get(data, "timeout_min", "", (int, float), 20.0, minimum=0.01)
+    kw["timeout_min"] = r.get(data, "timeout_min", "", (int, float), 20.0, minimum=0.01,
+                              maximum=MAX_TIMEOUT_MIN)
     kw["profile_memory"] = r.get(data, "profile_memory", "", bool, True)
     kw["description"] = r.get(data, "description", "", str, "")
     name = r.get(data, "name", "", str, name)

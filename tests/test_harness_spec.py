@@ -41,6 +41,7 @@ dtype = "float33"
 repeat = 3
 repeats = 0
 warmup = -1
+timeout_min = 1e12
 seq_lens = [64, 100]
 world = 4
 nodes = 3
@@ -90,6 +91,7 @@ def test_bad_spec_lists_every_problem(tmp_path):
         ("repeat", "unknown key", "did you mean 'repeats'"),
         ("warmup", "must be >= 0"),
         ("repeats", "must be >= 1"),
+        ("timeout_min", "must be <= 10080"),  # 1e12 minutes overflowed timedelta in every cell
         ("nodes", "3 does not divide world=4", "valid: 1, 2, 4"),
         ("baseline", "'nobody' is not a method label"),
         ("shape.kv_heads", "4 does not divide heads=6", "valid: 1, 2, 3, 6"),
@@ -958,3 +960,15 @@ def test_a_resumed_run_holds_no_stale_table_while_it_adds_rows(tmp_path, monkeyp
     runmod.run_sweep(spec, out=tmp_path / "out", run_id="r1", stream=io.StringIO())
     assert seen == [[False, False]]
     assert len(pd.read_csv(run / "table.csv")) == len(cells)
+
+
+def test_every_scaled_metric_heading_ends_with_its_unit():
+    """compare takes a scaled value's unit from the end of its heading: MiB values were shown
+    under a bytes heading, and one column was headed "(busiest fwd + busiest bwd)"."""
+    import re
+
+    from results.tables import METRICS
+
+    for metric, (heading, scale, _, _) in METRICS.items():
+        if scale != 1:
+            assert re.fullmatch(r".* \((ms|MiB|%)\)", heading), (metric, heading)
