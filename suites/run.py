@@ -235,6 +235,8 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
         data_dir = str(Path(out).resolve())  # an --out inside the checkout is data, not code
         ctx = RunContext(run_id=run.dir.name, executor=executor, sweep_spec=spec.to_json(),
                          data_dir=data_dir, **code_provenance(data_dir))
+        if todo and skip:
+            _warn_mixed_code(store.read_rows(run.rows), ctx, stream)
         try:
             with _Progress(run.rows, cells, len(cells) - len(todo), stream):
                 todo = _skip_invalid(todo, run, ctx)
@@ -260,6 +262,21 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
         table = store.consolidate(run.dir)
     print(summary_text(table, spec), file=stream, flush=True)
     return RunResult(run.dir, table, len(todo))
+
+
+def _code(commit, dirty) -> str:
+    return f"{(commit or 'unknown')[:8]}{' (dirty)' if dirty else ''}"
+
+
+def _warn_mixed_code(rows: list[dict], ctx: RunContext, stream) -> None:
+    """Say so when a resumed run's rows come from other code than the cells it adds (each row
+    keeps its own git_commit and git_dirty; the table and its speedups mix them)."""
+    old = {_code(r.get("git_commit"), r.get("git_dirty")) for r in rows}
+    now = _code(ctx.git_commit, ctx.git_dirty)
+    if old - {now} or ctx.git_dirty:
+        print(f"note: this run's rows so far come from code {', '.join(sorted(old))}; the cells "
+              f"added now run on {now}, and one table will hold both (--new measures every "
+              "cell afresh)", file=stream, flush=True)
 
 
 @contextlib.contextmanager

@@ -931,7 +931,8 @@ def test_no_speedup_against_a_baseline_cell_that_failed():
 
 def test_a_resumed_run_holds_no_stale_table_while_it_adds_rows(tmp_path, monkeypatch):
     """A resumed run killed with SIGKILL kept the table of its first attempt next to more rows
-    (pd.read_parquet read it silently); now the table is gone until the driver writes it."""
+    (pd.read_parquet read it silently); now the table is gone until the driver writes it. And
+    rows of other code than the resumed cells' are named (they silently shared one table)."""
     import pandas as pd
 
     from suites import run as runmod
@@ -957,9 +958,13 @@ def test_a_resumed_run_holds_no_stale_table_while_it_adds_rows(tmp_path, monkeyp
             store.append_row(run_.rows, row(c))
 
     monkeypatch.setattr(runmod, "run_inline", measure)
-    runmod.run_sweep(spec, out=tmp_path / "out", run_id="r1", stream=io.StringIO())
+    buf = io.StringIO()
+    runmod.run_sweep(spec, out=tmp_path / "out", run_id="r1", stream=buf)
     assert seen == [[False, False]]
     assert len(pd.read_csv(run / "table.csv")) == len(cells)
+    # the first row came from other code (empty_row has no commit): the resumed run says so
+    assert "note: this run's rows so far come from code unknown; the cells added now run on" \
+        in buf.getvalue()
 
 
 def test_every_scaled_metric_heading_ends_with_its_unit():
