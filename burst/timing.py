@@ -39,10 +39,11 @@ def time_calls(calls: Sequence[Callable[[], object]], device: torch.device | str
     synchronize(device)
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in calls]
+    stream = torch.cuda.current_stream(device)  # the device's, not the current device's
     for call, (start, end) in zip(calls, events, strict=True):
-        start.record()
+        start.record(stream)
         call()
-        end.record()
+        end.record(stream)
     synchronize(device)
     return [start.elapsed_time(end) / 1e3 for start, end in events]
 

@@ -35,6 +35,7 @@ import gc
 import importlib.util
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -228,6 +229,21 @@ def _skip(rows: Rows, workload: str, label: str, why: str, **cols) -> None:
     rows.write(workload=workload, label=label, status="skipped", error=why, **cols)
 
 
+def _run_in_group(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
+    """subprocess.run(capture_output=True, text=True) in a new session: on timeout the whole
+    group is killed, the ranks a test spawned with it (they held GPUs for the later sections)."""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True, **kw) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            out, err = p.communicate()
+            raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err) from None
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
 # ---------------------------------------------------------------------------------------------
 # tests
 
@@ -246,8 +262,7 @@ def section_tests(rows: Rows, sz: Sizes, budget: Budget, out: Path, dry: bool) -
         env["CUDA_VISIBLE_DEVICES"] = ""  # the dry run checks the plumbing: every test skips
     t0 = time.monotonic()
     try:
-        res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
-                             timeout=max(5.0, budget.left()))
+        res = _run_in_group(cmd, timeout=max(5.0, budget.left()), cwd=REPO, env=env)
         (out / "pytest_gpu.txt").write_text(res.stdout[-200000:] + res.stderr[-50000:])
         tail = (res.stdout + res.stderr).strip().splitlines()[-1:] or [""]
     except subprocess.TimeoutExpired as e:

@@ -132,3 +132,32 @@ def test_dry_run_writes_rows_for_every_section(tmp_path):
                          for r in steps)
     assert {r["checkpointing"] for r in by["train_step"]} >= {"none", "full"}
     assert "workload" in res.stdout.splitlines()[-len(rows) - 2]  # the table comes last
+
+
+def test_a_timed_out_pytest_takes_the_ranks_it_spawned_with_it(tmp_path, monkeypatch):
+    """Only pytest was killed at the section's budget: the NCCL ranks a test had spawned kept
+    running and held the GPUs for the later sections."""
+    import os
+    import time
+
+    mod = _module(monkeypatch)
+    pidfile = tmp_path / "child.pid"
+    code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', "
+            "'import time; time.sleep(60)']); open(sys.argv[1], 'w').write(str(p.pid)); "
+            "time.sleep(60)")
+    t0 = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        mod._run_in_group([sys.executable, "-c", code, str(pidfile)], timeout=3.0)
+    assert time.monotonic() - t0 < 30
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            os.kill(child, 0)
+            with open(f"/proc/{child}/stat") as f:  # a zombie is dead: reaped by init later
+                if f.read().split()[2] == "Z":
+                    break
+        except (ProcessLookupError, FileNotFoundError):
+            break
+        assert time.monotonic() < deadline, "the spawned child outlived the timeout"
+        time.sleep(0.1)
