@@ -159,7 +159,6 @@ class ByteCount:
     ranks_per_node: int | None = None
     _sent: dict = field(default_factory=lambda: defaultdict(int))
     _recv: dict = field(default_factory=lambda: defaultdict(int))
-    messages: int = 0
 
     def _link(self, me: int, peer: int) -> str:
         rpn = self.ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or None
@@ -170,7 +169,6 @@ class ByteCount:
     def record(self, peer: int, nbytes: int, direction: str) -> None:
         key = (_PHASE.get(), self._link(rank(), peer))
         (self._sent if direction == "send" else self._recv)[key] += nbytes
-        self.messages += direction == "send"
 
     @staticmethod
     def _total(table, phase, link):
@@ -182,12 +180,6 @@ class ByteCount:
 
     def received(self, phase: str | None = None, link: str | None = None) -> int:
         return self._total(self._recv, phase, link)
-
-    def as_dict(self) -> dict[str, int]:
-        """Flat {"sent.forward.intra": bytes, ...} for result rows."""
-        out = {f"sent.{p}.{lk}": v for (p, lk), v in sorted(self._sent.items())}
-        out.update({f"recv.{p}.{lk}": v for (p, lk), v in sorted(self._recv.items())})
-        return out
 
 
 @contextlib.contextmanager

@@ -71,9 +71,6 @@ class Volume:
         return sum(v for (p, lk), v in self.by.items()
                    if (phase is None or p == phase) and (link is None or lk == link))
 
-    def as_dict(self) -> dict[str, int]:
-        return {f"sent.{p}.{lk}": v for (p, lk), v in sorted(self.by.items()) if v}
-
 
 def _units(batch, seq_local, heads, kv_heads, head_dim, elem, acc_elem, grad_elem=None):
     bn, grad = batch * seq_local, grad_elem or acc_elem

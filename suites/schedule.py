@@ -172,10 +172,6 @@ class AttnTiming:
     def total_s(self) -> float:
         return self.forward_s + self.backward_s
 
-    @property
-    def exposed_comm_s(self) -> float:
-        return self.total_s - self.compute_forward_s - self.compute_backward_s
-
 
 def _registry_defaults(method: str) -> dict:
     try:
