@@ -95,6 +95,11 @@ def _run(args) -> int:
     spec = load_spec(args.spec)
     slurm = replace_slurm(spec.slurm, partition=args.partition, account=args.account,
                           time_min=args.time, constraint=args.constraint, qos=args.qos)
+    given = [f"--{k}" for k in ("partition", "account", "time", "constraint", "qos")
+             if getattr(args, k) is not None]
+    if given and args.executor in ("inline", "local"):
+        print(f"note: {', '.join(given)} apply to SLURM jobs only; the {args.executor} executor "
+              "ignores them (its limit per cell is the spec's timeout_min)", file=sys.stderr)
     res = run_sweep(spec, executor=args.executor, out=args.out, run_id=args.run_id,
                     new=args.new, retry_failed=args.retry_failed, slurm=slurm,
                     job_folder=args.job_folder, stream=sys.stdout)

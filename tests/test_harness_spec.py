@@ -377,7 +377,7 @@ def test_compare_says_every_key_it_matches_on_and_which_differ(tmp_path, capsys)
     assert compare(a.assign(checkpointing="selective"), full)["status_b"].eq("missing").all()
 
 
-def test_cli_read_only_commands(tmp_path, capsys):
+def test_cli_read_only_commands(tmp_path, capsys, monkeypatch):
     rows = _rows([("ring", 64, 2.0, "ok"), ("burst", 64, 1.0, "ok")])
     d = _run_dir(tmp_path, "20250101T000000Z-1", rows)
     assert cli.main(["list"]) == 0
@@ -393,6 +393,16 @@ def test_cli_read_only_commands(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "#SBATCH --partition=p1" in out and "#SBATCH --time=45" in out
     assert "#SBATCH --nodes=8" in out and "GPU-hours" in out
+    assert "note:" not in capsys.readouterr().err
+    # on the inline and local executors the SLURM flags do nothing: said, not silently dropped
+    from suites import run as runmod
+
+    ran = []
+    monkeypatch.setattr(runmod, "run_sweep", lambda *a, **k: ran.append(k["executor"]) or
+                        runmod.RunResult(None, None, 0))
+    assert cli.main(["run", "smoke", "--executor", "local", "--time", "45", "--qos", "q"]) == 0
+    assert ran == ["local"] and "note: --time, --qos apply to SLURM jobs only; the local " \
+        "executor ignores them" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # SLURM would read --time=0 as no limit at all
         cli.main(["run", "paper_main_7b", "--executor", "dry-run", "--time", "0"])
     assert "give whole minutes >= 1" in capsys.readouterr().err
