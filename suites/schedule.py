@@ -239,36 +239,24 @@ def _method_bytes(method: str, opts: dict, shape: AttnShape, world: int, seq_loc
 
 def method_volume(method: str, options: dict | None, shape: AttnShape, topo: Topo, *,
                   acc_elem: int = 4, rank: int = 0) -> volume.Volume:
-    """Bytes ``rank`` sends in one attention layer, from ``burst.volume.method_bytes``.
-
-    usp is composed from the same formulas, Ulysses over U ranks plus a ring of G/U ranks on
-    U*n tokens x H/U heads, so that its ring may run either backward (the registry's usp runs
-    the classic one; BurstEngine-USP the burst one)."""
+    """Bytes ``rank`` sends in one attention layer: ``burst.volume.method_bytes`` of the
+    method with the plan's options (usp's ring runs either backward: the registry's usp the
+    classic one, BurstEngine-USP the burst one)."""
     plan = plan_for(method, options, topo, shape)
-    n = shape.seq_len // topo.world
-    if plan.kind != "usp":
-        return _method_bytes(method, plan.options, shape, topo.world, n, topo.local, acc_elem,
-                             rank=rank)
-    return _usp_volume(plan, shape, topo, acc_elem, rank)[0]
+    return _method_bytes(method, plan.options, shape, topo.world, shape.seq_len // topo.world,
+                         topo.local, acc_elem, rank=rank)
 
 
-def _usp_volume(plan: Plan, shape: AttnShape, topo: Topo, acc_elem: int, rank: int = 0):
-    """(total, ulysses part, ring part) of usp for global ``rank``; the ring part labelled on
-    its own ranks (``rank`` is ring member rank // U)."""
-    u, n = plan.ulysses, shape.seq_len // topo.world
-    r = topo.world // u
-    a2a = _method_bytes("ulysses", {}, shape, u, n, topo.local, acc_elem)
-    hk = volume.ulysses_kv_heads(shape.kv_heads, u)
-    # ring member i is global rank i*U + u_idx: a node holds L/U consecutive members (or one)
-    ring = volume.ring_attention_bytes(backward=plan.backward, node_size=max(1, topo.local // u),
-                                       span=_ring_span(shape, plan.layout, r, u * n),
-                                       rank=rank // u,
-                                       **_vol_kw(shape, r, u * n, shape.heads // u,
-                                                 max(1, hk // u), acc_elem))
-    total = volume.Volume()
-    for part in (a2a, ring):
-        for (p, lk), v in part.by.items():
-            total.add(p, lk, v)
+def _usp_parts(method: str, options: dict | None, plan: Plan, shape: AttnShape, topo: Topo,
+               acc_elem: int):
+    """(total, Ulysses part, ring part) of usp's bytes on rank 0: the total from the formula,
+    the all-to-alls from Ulysses' formula over U ranks, the ring's hops the rest."""
+    total = method_volume(method, options, shape, topo, acc_elem=acc_elem)
+    a2a = _method_bytes("ulysses", {}, shape, plan.ulysses, shape.seq_len // topo.world,
+                        topo.local, acc_elem)
+    ring = volume.Volume()
+    for p in ("forward", "backward"):
+        ring.add(p, "ring", total.sent(p) - a2a.sent(p))
     return total, a2a, ring
 
 
@@ -443,7 +431,7 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
         fwd, bwd = ph["forward"], ph["backward"]
     elif plan.kind == "usp":
         u = plan.ulysses
-        vol, a2a, ring = _usp_volume(plan, shape, topo, acc_elem)
+        vol, a2a, ring = _usp_parts(method, options, plan, shape, topo, acc_elem)
         hu = shape.heads // u
         hku = max(1, volume.ulysses_kv_heads(shape.kv_heads, u) // u)
         sub = dataclasses.replace(shape, heads=hu, kv_heads=hku)
