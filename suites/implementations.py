@@ -33,8 +33,6 @@ class Implementation:
     """Causal load balance the system uses; None: the method's own default."""
     ring_backward: str | None = None
     """'burst' or 'ring' for the ring inside usp; None: the method's option or 'ring'."""
-    acc_elem: int = 4
-    """Bytes per element of travelling accumulators (fp32: 4; TransformerEngine dK/dV: 2)."""
     attention_efficiency: float = 1.0
     """Speed of its attention compute relative to the schedule model: every step's kernel time
     is divided by it, transfers are not (a step bound by its hop hides the slower compute)."""
@@ -68,8 +66,6 @@ class Implementation:
             bad.append(f"layout={self.layout!r}; valid: contiguous, zigzag, striped")
         if self.ring_backward not in (None, "burst", "ring"):
             bad.append(f"ring_backward={self.ring_backward!r}; valid: burst, ring")
-        if self.acc_elem not in (2, 4, 8):
-            bad.append(f"acc_elem={self.acc_elem!r}; valid: 2, 4, 8")
         if not 0 < self.attention_efficiency <= 2:
             bad.append(f"attention_efficiency={self.attention_efficiency!r} must be in (0, 2]")
         for k in ("global_token_bytes", "logits_bytes", "replicated_bytes_per_param"):

@@ -103,7 +103,7 @@ def _float64_scores(shape: AttnShape, plan: Plan, world: int) -> float:
     return 4 * b * heads * q * k * 8
 
 
-def _attention_buffers(shape: AttnShape, plan: Plan, world: int, acc_elem: int,
+def _attention_buffers(shape: AttnShape, plan: Plan, world: int,
                        members: int | None = None) -> float:
     """Communication buffers and fp32 accumulators of one attention backward (its peak).
 
@@ -113,7 +113,7 @@ def _attention_buffers(shape: AttnShape, plan: Plan, world: int, acc_elem: int,
     b, n, d, e = shape.batch, shape.seq_len // world, shape.head_dim, shape.elem
     h, hk = shape.heads, shape.kv_heads
     kv = 2 * b * n * hk * d * e
-    acc, acc_elem = acc_bytes(e), acc_bytes(e, acc_elem)  # local ones; the travelling ones
+    acc = acc_bytes(e)
     members = world if members is None else members
     if plan.kind == "ring":
         # the travelling gradient accumulators: fp32, or the input dtype (grad_acc="input")
@@ -123,7 +123,7 @@ def _attention_buffers(shape: AttnShape, plan: Plan, world: int, acc_elem: int,
             grads = b * n * h * d * (travel or acc)
             local = 2 * b * n * hk * d * acc
         else:  # K, V + dK, dV travel; dQ accumulates locally
-            data, grads = kv, 2 * b * n * hk * d * (travel or acc_elem)
+            data, grads = kv, 2 * b * n * hk * d * (travel or acc)
             local = b * n * h * d * acc
         if members == 1:
             return grads + local
@@ -137,7 +137,7 @@ def _attention_buffers(shape: AttnShape, plan: Plan, world: int, acc_elem: int,
         gathered = b * n * (2 * h + 2 * hk) * d * e if plan.ulysses > 1 else 0
         sub = Plan("ring", layout=plan.layout, backward=plan.backward)
         return gathered + _attention_buffers(dataclasses.replace(shape, kv_heads=hk), sub, world,
-                                             acc_elem, members=world // plan.ulysses)
+                                             members=world // plan.ulysses)
     # ulysses / tp / allgather: the gathered inputs and their gradients
     if plan.kind == "allgather":  # K, V and their gradients over the whole sequence
         return 4 * shape.seq_len * b * hk * d * e if world > 1 else 0
@@ -162,7 +162,7 @@ def attention_memory(hw: Hardware, shape: AttnShape, plan: Plan, world: int,
         "inputs_outputs": b * n * (2 * h + 2 * hk) * d * e,  # q, k, v, out
         "grads": b * n * (2 * h + 2 * hk) * d * e,  # dout, dq, dk, dv
         "lse_delta": 2 * b * h * n * acc_bytes(e),
-        "comm_buffers": _attention_buffers(shape, plan, world, impl.acc_elem),
+        "comm_buffers": _attention_buffers(shape, plan, world),
     }
     if shape.elem == 8:
         parts["float64_scores"] = _float64_scores(shape, plan, world)
@@ -230,7 +230,7 @@ def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
     act = (sum(layer_activation_bytes(cfg, tokens, e).values()) if checkpointing != "none"
            else 0.0)
     mlp_grads = 2 * tokens * cfg.ffn_size * e
-    layer_peak = (act + mlp_grads + _attention_buffers(shape, plan, world, impl.acc_elem)
+    layer_peak = (act + mlp_grads + _attention_buffers(shape, plan, world)
                   + _float64_scores(shape, plan, world))
     head = head_bytes(cfg, tokens, fused_head, impl.logits_bytes, e)
     extra = impl.global_token_bytes * shape.seq_len

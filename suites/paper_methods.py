@@ -57,6 +57,8 @@ class PaperMethod:
 
 
 PAPER_METHODS: dict[str, PaperMethod] = {
+    # TransformerEngine's dK/dV travel in the input dtype (context_parallel.py: buffers from
+    # empty_like(kv)); the option prices them so in the bytes, the time and the memory
     "megatron_cp": PaperMethod("zigzag_ring", "Megatron", {"grad_acc": "input"}),
     "deepspeed_ulysses": PaperMethod("ulysses", "Deepspeed-Ulysses"),
     "loongtrain_double_ring": PaperMethod("double_ring", "LoongTrain-Ring",

@@ -205,7 +205,7 @@ def plan_for(method: str, options: dict | None, topo: Topo, shape: AttnShape) ->
         if kind == "usp" and (u < 1 or topo.world % u):
             raise ValueError(f"ulysses_degree={u} does not divide world={topo.world}")
         # usp's ring: the registry runs the classic ring backward; BurstEngine-USP the burst one
-        backward = opts.get("ring", opts.get("backward", "ring"))
+        backward = opts.get("backward", "ring")
         return Plan(kind, layout=opts.get("layout", "zigzag"), backward=backward, ulysses=u,
                     options=opts)
     raise ValueError(f"method {method!r} has no schedule model; modelled: "

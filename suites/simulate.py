@@ -141,6 +141,10 @@ def as_cell(obj, gpus_per_node: int | None = None):
     d = {**_CELL_DEFAULTS, **{k: v for k, v in d.items() if v is not None}}
     _check_field_types(d)
     d["options"] = dict(d["options"] or {})
+    if d["paper"]:  # the paper system's options under the cell's own, as a spec merges them
+        from suites.paper_methods import paper_method
+
+        d["options"] = {**paper_method(d["paper"]).options, **d["options"]}
     world, given_rpn = d["world"], d["ranks_per_node"]
     if given_rpn is not None and d["nodes"] is not None and d["nodes"] * given_rpn != world:
         raise ValueError(f"nodes={d['nodes']} x ranks_per_node={given_rpn} is not "
@@ -190,8 +194,8 @@ def _options(cell, impl: Implementation) -> dict:
     opts = dict(cell.options)
     if impl.layout is not None:
         opts.setdefault("layout", impl.layout)
-    if impl.ring_backward is not None and cell.method == "usp" and "backward" not in opts:
-        opts["ring"] = impl.ring_backward
+    if impl.ring_backward is not None and cell.method == "usp":
+        opts.setdefault("backward", impl.ring_backward)
     return opts
 
 
@@ -262,7 +266,7 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
     try:
         plan = plan_for(cell.method, opts, topo, shape)
         attn = attention_timing(hw, cell.method, opts, shape, topo,
-                                acc_elem=acc_bytes(shape.elem, impl.acc_elem),
+                                acc_elem=acc_bytes(shape.elem),
                                 efficiency=impl.attention_efficiency)
     except (ValueError, NotImplementedError) as e:
         return Prediction("error", error=str(e))
@@ -282,7 +286,7 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
         if ckpt == "selective_half":
             half_shape = dataclasses.replace(shape, seq_len=shape.seq_len // 2)
             half = attention_timing(hw, cell.method, opts, half_shape, topo,
-                                    acc_elem=acc_bytes(shape.elem, impl.acc_elem),
+                                    acc_elem=acc_bytes(shape.elem),
                                     efficiency=impl.attention_efficiency)
         step = train_step_timing(hw, cfg, shape=shape, topo=topo, attn=attn,
                                  checkpointing=ckpt, params=params, half_attn=half,

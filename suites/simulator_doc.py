@@ -84,7 +84,7 @@ def _constants_table(hw, fitted: set[str]) -> list[str]:
 
 
 def _impl_table(impls) -> list[str]:
-    keys = ("layout", "ring_backward", "acc_elem", "attention_efficiency",
+    keys = ("layout", "ring_backward", "attention_efficiency",
             "global_token_bytes", "logits_bytes", "selective_caches_attention",
             "replicated_bytes_per_param", "vocab_size", "optimizer_offload")
     lines = ["| system | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]

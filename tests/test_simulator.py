@@ -1388,3 +1388,23 @@ def test_a_python_cell_with_a_bad_field_is_refused(change, why):
     mha = dict(workload="attention", method="burst", seq_len=1 << 16, world=8, heads=8,
                head_dim=64)
     assert simulate_cell(dict(mha, kv_heads=0), HW)["kv_heads"] == 8
+
+
+def test_a_systems_defaults_yield_to_the_options_a_spec_sets():
+    """Megatron-CP's input-dtype dK/dV is its paper option grad_acc="input", not a second
+    profile constant that overrode a spec's grad_acc="fp32"; Burst-USP's burst ring backward
+    is its default, priced in the time and in the bytes alike (the default went in under the
+    key "ring", which the byte formula does not read)."""
+    cell = dict(workload="attention", method="zigzag_ring", seq_len=1 << 15, world=8,
+                heads=8, head_dim=64, paper="megatron_cp")
+    b = {acc: simulate_cell(dict(cell, options={"grad_acc": acc}), HW)["bytes_sent_backward"]
+         for acc in ("input", "fp32")}
+    assert b["fp32"] > b["input"] == simulate_cell(cell, HW)["bytes_sent_backward"]
+    usp = dict(workload="attention", method="usp", seq_len=1 << 17, world=16, heads=16,
+               head_dim=64, paper="burstengine_usp", ranks_per_node=8)
+    rows = {bw: simulate_cell(dict(usp, options={"ulysses_degree": 8, "layout": "zigzag",
+                                                 **({"backward": bw} if bw else {})}), HW)
+            for bw in (None, "burst", "ring")}
+    keys = ("time_s", "bytes_sent_forward", "bytes_sent_backward")
+    assert [rows[None][k] for k in keys] == [rows["burst"][k] for k in keys]
+    assert rows["ring"]["bytes_sent_backward"] != rows["burst"]["bytes_sent_backward"]
