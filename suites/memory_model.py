@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 from burst import volume
 from burst.engine.configs import vocab_params
+from burst.engine.fused_loss import LOSS_CHUNK
 from burst.masks import MaskSpec
 from suites.hardware import GIB, Hardware
 from suites.implementations import Implementation
@@ -48,7 +49,6 @@ __all__ = ["MemoryEstimate", "attention_memory", "checkpoint_bytes", "head_bytes
            "layer_activation_bytes", "train_memory", "zero_bytes_per_param"]
 
 BF16, FP32 = 2, 4
-FUSED_CHUNK = 1024  # burst.engine.model: loss_chunk tokens per fused head chunk
 
 
 def zero_bytes_per_param(elem: int = BF16) -> int:
@@ -201,7 +201,7 @@ def head_bytes(cfg, tokens: int, fused: bool, logits_bytes: float = 8.0,
     h, v = cfg.hidden_size, cfg.vocab_size
     if fused:
         acc = acc_bytes(elem)  # softmax and the weight gradient's sum (burst.engine.fused_loss)
-        out = min(tokens, FUSED_CHUNK) * v * (elem + 2 * acc) + v * h * acc + tokens * h * elem
+        out = min(tokens, LOSS_CHUNK) * v * (elem + 2 * acc) + v * h * acc + tokens * h * elem
     else:
         out = tokens * v * logits_bytes + tokens * h * elem
     return out + 2 * v * h * elem  # the gathered head weight and its gradient

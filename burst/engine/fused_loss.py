@@ -22,7 +22,10 @@ import torch.nn.functional as F
 from burst.first_order import first_order
 from burst.kernel import acc_dtype
 
-__all__ = ["IGNORE_INDEX", "fused_linear_cross_entropy", "plain_cross_entropy"]
+__all__ = ["IGNORE_INDEX", "LOSS_CHUNK", "fused_linear_cross_entropy", "plain_cross_entropy"]
+
+LOSS_CHUNK = 1024
+"""Tokens per chunk of the fused head: its logits never exceed LOSS_CHUNK x vocab."""
 
 IGNORE_INDEX = -100
 
@@ -84,7 +87,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
 
 
 def fused_linear_cross_entropy(hidden_TE: torch.Tensor, weight_VE: torch.Tensor,
-                               targets_T: torch.Tensor, *, chunk: int = 1024,
+                               targets_T: torch.Tensor, *, chunk: int = LOSS_CHUNK,
                                ignore_index: int = IGNORE_INDEX,
                                scale: float = 1.0) -> torch.Tensor:
     """scale * summed cross-entropy of ``hidden @ weight.T`` against targets, in chunks of

@@ -25,7 +25,12 @@ from torch import nn
 from burst.engine.attention_call import AttentionCall, BurstMethod
 from burst.engine.checkpointing import ActivationCache, run_layer
 from burst.engine.configs import ModelConfig
-from burst.engine.fused_loss import IGNORE_INDEX, fused_linear_cross_entropy, plain_cross_entropy
+from burst.engine.fused_loss import (
+    IGNORE_INDEX,
+    LOSS_CHUNK,
+    fused_linear_cross_entropy,
+    plain_cross_entropy,
+)
 
 __all__ = ["CausalLM", "DecoderLayer", "RMSNorm", "Rope", "apply_rope", "rope_cos_sin"]
 
@@ -147,7 +152,7 @@ class CausalLM(nn.Module):
         self.attention = AttentionCall(method, method.layout())
         self.checkpointing = "none"
         self.fused_head = True
-        self.loss_chunk = 1024
+        self.loss_chunk = LOSS_CHUNK
         self.cache = ActivationCache()
 
     def reset_parameters(self, seed: int, std: float = 0.02) -> None:

@@ -31,7 +31,7 @@ from burst.engine.attention_call import AttentionCall, resolve_attention
 from burst.engine.checkpointing import check_mode
 from burst.engine.configs import ModelConfig, get_config
 from burst.engine.data import local_batch, shard_batch
-from burst.engine.fused_loss import IGNORE_INDEX
+from burst.engine.fused_loss import IGNORE_INDEX, LOSS_CHUNK
 from burst.engine.model import CausalLM
 from burst.engine.parallel import (
     DATA_PARALLEL,
@@ -111,7 +111,7 @@ class Trainer:
     def __init__(self, model_config: ModelConfig | str, *, attention=None,
                  attention_options: dict | None = None, cp_group=None, dp_group=None,
                  cp_degree: int | None = None, checkpointing: str = "none",
-                 fused_head: bool = True, loss_chunk: int = 1024,
+                 fused_head: bool = True, loss_chunk: int = LOSS_CHUNK,
                  dtype: torch.dtype = torch.float32, device="cpu", lr: float = 1e-3,
                  seed: int = 0, window: tuple[int, int] | None = None,
                  data_parallel: str = "ddp", optimizer: str = "adamw",
