@@ -30,10 +30,11 @@ __all__ = ["PAPER_DIR", "kernel_rows", "main_rows", "paper_rows"]
 PAPER_DIR = Path(__file__).resolve().parent / "paper_reference"
 KERNEL_CSV = "burstattention_kernel_32gpu.csv"
 MAIN_CSV = "burstengine_main.csv"
+# the paper's checkpointing column -> ours: its "selective" is every layer recomputed but the
+# attention output and LSE (our selective); its "none" (w/o sele-ckpt) is full recomputation
 CHECKPOINTING = {"selective": "selective", "none": "full"}
 GPUS_PER_NODE = 8  # paper_reference/README.md: every row ran on 8-GPU A800 nodes
-# paper_reference/README.md: the models' attention shapes (MHA, head dim 128)
-MODEL_HEADS = {"7b": (32, 128), "14b": (40, 128)}
+PEAK_TFLOPS = 312.0  # A800 dense bf16 (suites/hardware/a800.toml, peak_bf16_tflops)
 
 
 def _dir(path: str | os.PathLike | None) -> Path:
@@ -51,7 +52,7 @@ def _base(r: dict, workload: str) -> dict:
     row.update(source="paper", executor="paper", sweep=f"paper_{workload}", workload=workload,
                method=r["method"], label=r["label"], world=gpus, device="cuda",
                nodes=gpus // GPUS_PER_NODE, ranks_per_node=GPUS_PER_NODE, device_count=gpus,
-               hardware="a800", device_name="NVIDIA A800-SXM4-80GB", peak_tflops=312.0,
+               hardware="a800", device_name="NVIDIA A800-SXM4-80GB", peak_tflops=PEAK_TFLOPS,
                seq_len=int(r["seq_len"]), status=r["status"], dtype="bfloat16", causal=True,
                spec=json.dumps({"paper": r["method"]}))
     return row
@@ -71,10 +72,13 @@ def kernel_rows(path: str | os.PathLike | None = None) -> list[dict]:
 
 def main_rows(path: str | os.PathLike | None = None) -> list[dict]:
     """End-to-end training rows (tokens/s per GPU, reserved memory)."""
+    from burst.engine.configs import get_config
+
     out = []
     for r in _read(_dir(path) / MAIN_CSV):
         row = _base(r, "train_step")
-        heads, head_dim = MODEL_HEADS[r["model"]]
+        cfg = get_config(r["model"])  # the models' attention shapes: MHA, head dim 128
+        heads, head_dim = cfg.num_heads, cfg.head_dim
         tps = float(r["tokens_per_s_per_gpu"]) if r["tokens_per_s_per_gpu"] else None
         row.update(model=r["model"], batch=1, heads=heads, kv_heads=heads, head_dim=head_dim,
                    checkpointing=CHECKPOINTING[r["checkpointing"]],
@@ -100,7 +104,7 @@ def _model_tflops(model: str, seq_len: int, time_s: float, gpus: int, ckpt: str)
     for conv in F.CONVENTIONS:
         tf = F.model_flops(cfg, 1, seq_len, conv, checkpointing=ckpt) / time_s / gpus / 1e12
         out[f"tflops_{conv}"] = tf
-        out[f"mfu_{conv}"] = tf / 312.0
+        out[f"mfu_{conv}"] = tf / PEAK_TFLOPS
     return out
 
 

@@ -19,7 +19,7 @@ algorithms; each maps to the registry entry that implements the same algorithm h
 
 Checkpointing (paper README): the paper's ``selective`` is every layer recomputed except the
 attention output and LSE (our ``selective``); its ``none`` ("w/o sele-ckpt") is full layer
-recomputation (our ``full``): ``PAPER_CHECKPOINTING``.
+recomputation (our ``full``): ``results.paper.CHECKPOINTING``.
 
 Checked against the paper's own scripts (thunlp/BurstEngine ``evaluation/``): InternEvo's inner
 ring in training is its window of cp/4 GPUs (``baselines/InternEvo/configs/7B_llama2.py``:
@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["PAPER_CHECKPOINTING", "PAPER_METHODS", "PaperMethod", "paper_method"]
+__all__ = ["PAPER_METHODS", "PaperMethod", "paper_method"]
 
 
 @dataclass(frozen=True)
@@ -74,9 +74,6 @@ PAPER_METHODS: dict[str, PaperMethod] = {
                                    {"ulysses_degree": "@node", "layout": "zigzag",
                                     "backward": "burst"}, fused_head=True),
 }
-
-# paper's checkpointing column -> ours
-PAPER_CHECKPOINTING = {"selective": "selective", "none": "full"}
 
 
 def paper_method(name: str) -> PaperMethod:

@@ -674,3 +674,18 @@ def test_the_reference_tables_are_the_papers():
     assert csvs
     for f in csvs:
         assert (root / "results" / "paper_reference" / f.name).read_bytes() == f.read_bytes(), f
+
+
+def test_published_rows_take_the_profiles_peak_and_the_models_shapes():
+    """results.paper wrote the A800 peak and the models' heads a second time; the peak stays
+    a constant there (results does not import suites) and must equal the profile's."""
+    from burst.engine.configs import get_config
+    from results.paper import PEAK_TFLOPS
+    from suites.hardware import load
+
+    assert load("a800").peak_tflops == PEAK_TFLOPS
+    for r in paper_rows():
+        assert r["peak_tflops"] == PEAK_TFLOPS
+        if r["workload"] == "train_step":
+            cfg = get_config(r["model"])
+            assert (r["heads"], r["head_dim"]) == (cfg.num_heads, cfg.head_dim)
