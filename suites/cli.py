@@ -291,13 +291,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _minutes(text: str) -> int:
-    """--time: a whole number of minutes >= 1 (SLURM reads --time=0 as no limit at all)."""
+    """--time: a whole number of minutes >= SLURM_MIN_TIME_MIN (SLURM reads --time=0 as no
+    limit at all, and below 3 minutes submitit's warning signal ends the job at its start)."""
+    from suites.spec import SLURM_MIN_TIME_MIN
+
     try:
         value = int(text)
     except ValueError:
         value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a time limit: give whole minutes >= 1")
+    if value < SLURM_MIN_TIME_MIN:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a time limit: give whole minutes >= "
+                                         f"{SLURM_MIN_TIME_MIN}")
     return value
 
 

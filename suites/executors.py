@@ -326,6 +326,10 @@ def _collect(job, cell: Cell, run: Run, ctx: RunContext) -> None:
     else:
         from submitit.core.utils import UncompletedJobError
 
+        if 0 not in got and _state(job, mode="cache") != "COMPLETED":
+            # no result file is coming (the job failed, was cancelled or timed out): submitit
+            # would wait 15 s for one (a shared filesystem's lag), one job after another
+            job.task(0)._results_timeout_s = 0
         try:
             row = job.task(0).result()
             if row is None:
@@ -566,8 +570,9 @@ def submit_cells(cells: list[Cell], *, kind: str, run: Run, ctx: RunContext,
     from submitit.core.utils import FailedJobError
 
     slurm = slurm or SlurmSpec()
-    base = job_base(folder, run.dir.parent.name, run.dir.name) if folder else run.dir / "jobs"
-    folder = base / "%j"  # SLURM job ids are unique; local ones are PIDs, which get reused
+    # absolute: jobs.jsonl must find the folder from wherever the run is resumed
+    base = (job_base(folder, run.dir.parent.name, run.dir.name) if folder
+            else run.dir / "jobs").absolute()
     done = run.done()
     adopted, left = _adopt([c for c in cells if c.cell_id not in done], run, kind, ctx, poll_s)
     _wait(adopted, run, ctx, poll_s)
@@ -586,6 +591,9 @@ def submit_cells(cells: list[Cell], *, kind: str, run: Run, ctx: RunContext,
                 _wait({job: cell}, run, ctx, poll_s,
                       deadline=time.monotonic() + local_limit_s(cell))
             continue
+        # a folder per submission: SLURM's job ids start again after its state is reset, and
+        # an old attempt's result file must not pass for a retried cell's (local: PIDs)
+        folder = base / f"slurm-{uuid.uuid4().hex[:12]}" / "%j"
         ex = _executor(kind, folder, group, slurm, group[0].sweep)
         try:
             jobs = ex.map_array(cell_job, [c.to_json() for c in group], [ctx] * len(group))
@@ -616,8 +624,8 @@ def dry_run(cells: list[Cell], *, slurm: SlurmSpec, sweep: str, folder: str = "<
         native.update({k[len("slurm_"):]: v for k, v in params.items() if k.startswith("slurm_")})
         if "mem" in native:
             native["mem"] = _convert_mem(native["mem"])
-        command = f"{sys.executable} -u -m submitit.core._submit {folder}/%j"
-        script = _make_sbatch_string(command=command, folder=f"{folder}/%j",
+        command = f"{sys.executable} -u -m submitit.core._submit {folder}/slurm-<id>/%j"
+        script = _make_sbatch_string(command=command, folder=f"{folder}/slurm-<id>/%j",
                                      map_count=len(group) if len(group) > 1 else None, **native)
         c = group[0]
         gpus = c.world if c.device == "cuda" else 0

@@ -67,6 +67,10 @@ WORKLOADS = ("attention", "train_step")
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 SPEC_DIR = Path(__file__).parent / "specs"
+SLURM_MIN_TIME_MIN = 3
+"""A SLURM job's least time limit: submitit asks for its warning signal 90 s before the limit,
+and SLURM may send it a minute early, so with 1 or 2 minutes it came at the job's start and
+killed every rank ("User defined signal 2") before any cell ran."""
 MAX_TIMEOUT_MIN = 7 * 24 * 60  # a cell's time limit: a week (1e12 minutes overflowed timedelta)
 
 
@@ -459,7 +463,8 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
         r.keys(t, _SLURM, "slurm.")
         sk = {k: r.get(t, k, "slurm.", str, None) for k in
               ("partition", "account", "constraint", "qos")}
-        sk.update({k: r.get(t, k, "slurm.", int, d, minimum=1) for k, d in
+        sk.update({k: r.get(t, k, "slurm.", int, d, minimum=SLURM_MIN_TIME_MIN if
+                             k == "time_min" else 1) for k, d in
                    (("time_min", 60), ("cpus_per_task", None), ("mem_gb", None),
                     ("array_parallelism", 16))})
         setup = r.get(t, "setup", "slurm.", list, [])

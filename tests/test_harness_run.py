@@ -665,6 +665,30 @@ def test_a_requeued_slurm_job_is_waited_for_not_collected(tmp_path, monkeypatch)
         assert executors._ready(job) is ready, state
 
 
+def test_a_slurm_job_that_ended_without_a_result_is_not_waited_on(tmp_path, monkeypatch):
+    """submitit waits 15 s for the result file of a finished job (a shared filesystem's lag):
+    every failed, cancelled or timed-out job of a sweep cost 15 s, one after another. Only a
+    COMPLETED job may still be writing one."""
+    import submitit
+
+    from results.store import read_rows
+    from suites import executors
+
+    cell, ctx = _cell_and_ctx(tmp_path)
+    monkeypatch.setattr(submitit.SlurmJob, "done", lambda self, force_check=False: True)
+    for state, wait_s in (("FAILED", 0), ("CANCELLED by 0", 0), ("TIMEOUT", 0),
+                          ("COMPLETED", 15)):
+        (tmp_path / state.split()[0]).mkdir()
+        job = submitit.SlurmJob(folder=tmp_path / state.split()[0], job_id="826_1", tasks=(0,))
+        monkeypatch.setattr(job.watcher, "get_state", lambda job_id, mode="standard", s=state: s)
+        monkeypatch.setattr(job, "result", lambda j=job: (_ for _ in ()).throw(
+            submitit.core.utils.UncompletedJobError(f"waited {j._results_timeout_s} s")))
+        run = executors.Run(tmp_path / state.split()[0])
+        executors._collect(job, cell, run, ctx)
+        (row,) = read_rows(run.rows)
+        assert f"waited {wait_s} s" in row["error"], state
+
+
 def test_a_job_accounting_never_reports_ends_the_wait_with_a_message(tmp_path, monkeypatch):
     from suites import executors
 

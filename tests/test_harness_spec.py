@@ -61,6 +61,7 @@ label = "burst"
 checkpointing = "selective"
 [slurm]
 partition = 3
+time_min = 2
 setup = ["module load cuda", 2]
 """
 
@@ -98,6 +99,7 @@ def test_bad_spec_lists_every_problem(tmp_path):
         ("methods", "label 'burst' is used by 2 methods"),
         ("methods[2].checkpointing", "only applies to workload = 'train_step'"),
         ("slurm.partition", "3 is a int; expected str"),
+        ("slurm.time_min", "must be >= 3"),  # the warning signal came at the job's start
         ("name", "'../escaped': a sweep name is one folder under results/"),
         ("slurm.setup", "expected a list of shell lines"),
         ("methods[0] (no_such_method).name", "unknown method 'no_such_method'",
@@ -231,12 +233,12 @@ def test_dry_run_prints_sbatch_and_gpu_hours():
 
 
 def test_dry_run_shows_the_per_run_job_folder(tmp_path, capsys):
-    """A shared --job-folder gets <sweep>-<run_id>/ per run (executors.submit_cells); the dry
-    run's sbatch lines showed the folder without it."""
+    """A shared --job-folder gets <sweep>-<run_id>/ per run and slurm-<id>/ per submission
+    (executors.submit_cells); the dry run's sbatch lines showed the folder without them."""
     assert cli.main(["run", "paper_kernel_32gpu", "--executor", "dry-run", "--out",
                      str(tmp_path), "--job-folder", "/shared/me/jobs"]) == 0
-    assert "#SBATCH --output='/shared/me/jobs/paper_kernel_32gpu-<run_id>/%A_%a/" in (
-        capsys.readouterr().out)
+    want = "#SBATCH --output='/shared/me/jobs/paper_kernel_32gpu-<run_id>/slurm-<id>/%A_%a/"
+    assert want in capsys.readouterr().out
 
 
 def test_dry_run_of_a_resumed_sweep_counts_only_what_is_left(tmp_path):
@@ -404,8 +406,8 @@ def test_cli_read_only_commands(tmp_path, capsys, monkeypatch):
     assert ran == ["local"] and "note: --time, --qos apply to SLURM jobs only; the local " \
         "executor ignores them" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # SLURM would read --time=0 as no limit at all
-        cli.main(["run", "paper_main_7b", "--executor", "dry-run", "--time", "0"])
-    assert "give whole minutes >= 1" in capsys.readouterr().err
+        cli.main(["run", "paper_main_7b", "--executor", "dry-run", "--time", "2"])
+    assert "give whole minutes >= 3" in capsys.readouterr().err
     assert cli.main(["run", str(tmp_path / "missing.toml")]) == 2
     assert "no spec file" in capsys.readouterr().err
     with pytest.raises(SystemExit) as ei:  # a misspelt option: the subcommand's usage, which

@@ -15,6 +15,7 @@ import io
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -175,10 +176,7 @@ def test_sweep_job_array_rows(slurm_cluster, tmp_path):
                 j.cancel(check=False)
 
     def on_submit(submitted):
-        jobs.extend(submitted)
-        for j in submitted:  # a killed task leaves no result file; submitit waits 15 s for one
-            for task in (j, *j._sub_jobs):  # (slow shared filesystems); here it is local
-                task._results_timeout_s = 1
+        jobs.extend(submitted)  # (a killed task's missing result file is not waited on)
         threading.Thread(target=expire_stuck_jobs, daemon=True).start()
 
     kw = dict(executor="slurm", out=tmp_path / "results", job_folder=tmp_path / "jobs",
@@ -191,6 +189,11 @@ def test_sweep_job_array_rows(slurm_cluster, tmp_path):
     # one job array: tasks <array>_<index>, and each row names the task that ran it
     assert len(jobs) == 4 and len({j.job_id.split("_")[0] for j in jobs}) == 1
     assert sorted(r["job_id"] for r in rows) == sorted(j.job_id for j in jobs)
+    # each submission has its own folder (job ids restart after SLURM's state is reset), named
+    # whole in jobs.jsonl (a relative one was looked for under the resuming driver's cwd)
+    folders = {r["folder"] for r in read_rows(res.run_dir / "jobs.jsonl", keys=("cell_id",))
+               if "folder" in r}
+    assert len(folders) == 1 and all(Path(f).is_absolute() and "/slurm-" in f for f in folders)
     for r in rows:
         assert r["executor"] == "slurm" and r["world"] == 2
         if r["label"] == "burst":
