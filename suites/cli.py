@@ -117,6 +117,11 @@ def _cmd_show(args) -> int:
     from results.tables import render
     from suites.run import summary_text
 
+    newest = _newest_without_rows(Path(args.results))
+    if newest is not None and (newest == Path(args.results)  # nothing else to show
+                               or store.latest_run(args.results, with_rows=True) is None):
+        print(_newest_note(newest))
+        return 0
     df = store.load(args.results)
     if args.raw:
         cols = [c for c in args.columns.split(",") if c in df.columns]
@@ -141,12 +146,37 @@ def _cmd_show(args) -> int:
         raise ValueError(f"--baseline {baseline!r} is not a label of these rows; labels: "
                          f"{', '.join(sorted(map(str, set(df['label']))))}")
     print(summary_text(df, baseline=baseline, metrics=metrics))
+    if newest is not None:  # the sweep folder's latest run has no row: the table is an older one
+        print(f"shown: run {run.name}; " + _newest_note(newest))
     missing = set(meta.get("cells", [])) - set(df["cell_id"]) if "cell_id" in df else set()
     if missing:  # an interrupted run looked complete
         print(f"{len(missing)} of {len(meta['cells'])} cells of run {run.name} have no row "
               "(interrupted, or still running): `burst-bench run <its spec> --out <its "
               f"folder> --run-id {run.name}` resumes it")
     return 0
+
+
+def _newest_without_rows(path: Path) -> Path | None:
+    """The run folder ``path``, or the latest run of the sweep folder ``path``, if it has no
+    row yet (it died before its first cell ended, or its jobs are still queued)."""
+    from results import store
+
+    run = path if (path / store.META).exists() else (
+        store.latest_run(path) if path.is_dir() else None)
+    if run is None or store.read_rows(run / store.ROWS):
+        return None
+    return run
+
+
+def _newest_note(run: Path) -> str:
+    from results import store
+    from suites.executors import pending_jobs
+
+    cells = len(store.read_meta(run).get("cells", []))
+    jobs = len(pending_jobs(run, "slurm")) + len(pending_jobs(run, "local"))
+    return (f"run {run.name} has no row yet ({cells} cells, {jobs} with submitted jobs not yet "
+            "collected): `burst-bench run <its spec> --out <its folder> --run-id "
+            f"{run.name}` collects and resumes it")
 
 
 def _check_metrics(metrics) -> None:

@@ -989,3 +989,23 @@ def test_every_scaled_metric_heading_ends_with_its_unit():
     for metric, (heading, scale, _, _) in METRICS.items():
         if scale != 1:
             assert re.fullmatch(r".* \((ms|MiB|%)\)", heading), (metric, heading)
+
+
+def test_show_names_a_newest_run_that_has_no_row_yet(tmp_path, capsys):
+    """A run whose driver died with its jobs queued: `show <run>` said only that the folder
+    holds no rows, and `show <sweep>` showed an older run as if it were the latest."""
+    rows = _rows([("ring", 64, 2.0, "ok"), ("burst", 64, 1.0, "ok")])
+    old = _run_dir(tmp_path, "20250101T000000Z-1", rows)
+    new = tmp_path / "sweep" / "20250102T000000Z-2"
+    new.mkdir()
+    store.write_meta(new, {"cells": ["a", "b", "c"], "created": "2025-01-02T00:00:00Z"})
+    store.write_meta(old, {**store.read_meta(old), "created": "2025-01-01T00:00:00Z"})
+    store.append_row(new / "jobs.jsonl", {"cell_id": "a", "job_id": "5_0", "kind": "slurm"})
+    note = ("run 20250102T000000Z-2 has no row yet (3 cells, 1 with submitted jobs not yet "
+            "collected): `burst-bench run <its spec> --out <its folder> --run-id "
+            "20250102T000000Z-2` collects and resumes it")
+    assert cli.main(["show", str(new)]) == 0
+    assert capsys.readouterr().out.strip() == note
+    assert cli.main(["show", str(tmp_path / "sweep")]) == 0
+    out = capsys.readouterr().out
+    assert "speedup vs ring" in out and f"shown: run {old.name}; {note}" in out
