@@ -254,9 +254,7 @@ def choose_backward(q, k, *, world: int, ranks_per_node: int | None) -> str:
                  seq_local=q.shape[1], heads=q.shape[2], kv_heads=k.shape[2], head_dim=q.shape[3],
                  elem=q.element_size(), acc_elem=torch.empty((), dtype=acc_dtype(q.dtype))
                  .element_size())
-    burst = volume.ring_attention_bytes(backward="burst", **shape)
-    ring = volume.ring_attention_bytes(backward="ring", **shape)
-    return "burst" if burst.sent("backward") <= ring.sent("backward") else "ring"
+    return volume.auto_backward(**shape)
 
 
 def burst_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,

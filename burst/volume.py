@@ -54,8 +54,8 @@ from dataclasses import dataclass, field
 
 from burst.comm import ranks_per_node_ok, ring_shape
 
-__all__ = ["METHODS", "Volume", "formula_options", "method_bytes", "ring_attention_bytes",
-           "ulysses_kv_heads"]
+__all__ = ["METHODS", "Volume", "auto_backward", "formula_options", "method_bytes",
+           "ring_attention_bytes", "ulysses_kv_heads"]
 
 
 @dataclass
@@ -77,6 +77,13 @@ def _units(batch, seq_local, heads, kv_heads, head_dim, elem, acc_elem, grad_ele
     return dict(kv=2 * bn * kv_heads * head_dim * elem, qdo=2 * bn * heads * head_dim * elem,
                 dl=2 * bn * heads * acc_elem, dq=bn * heads * head_dim * grad,
                 dkdv=2 * bn * kv_heads * head_dim * grad)
+
+
+def auto_backward(**shape) -> str:
+    """burst_attn's backward="auto": the scheme whose backward sends fewer bytes for the whole
+    ring (``ring_attention_bytes``' shape arguments; burst on a tie)."""
+    by = {b: ring_attention_bytes(**shape, backward=b).sent("backward") for b in ("burst", "ring")}
+    return "burst" if by["burst"] <= by["ring"] else "ring"
 
 
 def ring_attention_bytes(*, world: int, batch: int, seq_local: int, heads: int, kv_heads: int,
@@ -210,10 +217,8 @@ def _grads_in(c: _Case, grad_acc: str) -> _Case:
 
 def _burst(c: _Case, *, backward: str = "auto", layout: str = "zigzag",
            ranks_per_node: int | None = None, grad_acc: str = "fp32") -> Volume:
-    if backward == "auto":  # what burst_attn picks: fewer backward bytes for the full ring
-        by = {b: ring_attention_bytes(**c.shape(), backward=b, ranks_per_node=ranks_per_node)
-              .sent("backward") for b in ("burst", "ring")}
-        backward = "burst" if by["burst"] <= by["ring"] else "ring"  # (fp32 accumulators)
+    if backward == "auto":  # what burst_attn picks (with fp32 accumulators)
+        backward = auto_backward(**c.shape(), ranks_per_node=ranks_per_node)
     return _ring_like(_grads_in(c, grad_acc), backward, layout, ranks_per_node)
 
 

@@ -214,10 +214,9 @@ def plan_for(method: str, options: dict | None, topo: Topo, shape: AttnShape) ->
 
 def _auto_backward(shape: AttnShape, topo: Topo, ranks_per_node: int | None) -> str:
     """Same rule as burst.attention's 'auto': whichever backward moves fewer bytes."""
-    kw = _vol_kw(shape, topo.world, shape.seq_len // topo.world)
-    by = {b: volume.ring_attention_bytes(backward=b, ranks_per_node=ranks_per_node, **kw)
-          .sent("backward") for b in ("burst", "ring")}
-    return "burst" if by["burst"] <= by["ring"] else "ring"
+    return volume.auto_backward(**_vol_kw(shape, topo.world, shape.seq_len // topo.world,
+                                          acc_elem=acc_bytes(shape.elem)),
+                                ranks_per_node=ranks_per_node)
 
 
 def _vol_kw(shape: AttnShape, world: int, seq_local: int, heads: int | None = None,
