@@ -108,6 +108,14 @@ def _run_case(c: dict, world: int) -> dict:
         return {"raised": str(e)}
     if c["expect_error"] is not None:
         return {"raised": None}
+    # a loader's whole sequences, sharded by the Trainer, are the shards local_batch generates
+    from burst.engine import data
+
+    whole = data.local_batch(seq_len=c["seq"], batch=BATCH, seed=0, vocab=tr.config.vocab_size,
+                             layout="contiguous", world=1, rank=0, seq_offset=tr.dp_rank * BATCH,
+                             cu_seqlens=c["cu_seqlens"], ignore_index=tr.ignore_index)
+    assert all(torch.equal(a, b.cpu()) for a, b in zip(tr.shard_batch(*whole), batch,
+                                                         strict=True)), _label(c)
     grads = {}
     for n, p in tr.model.named_parameters():
         g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad  # FSDP shards
