@@ -26,6 +26,8 @@ __all__ = [
     "attention_flops_halved",
     "attention_kernel_flops",
     "attention_pairs",
+    "head_flops",
+    "layer_flops",
     "model_flops",
     "peak_tflops",
     "recompute_flops",
@@ -121,6 +123,17 @@ def _dense_per_token(cfg) -> int:
     return cfg.num_layers * (proj + mlp) + 2 * h * cfg.vocab_size
 
 
+def head_flops(cfg, batch: int, seq_len: int) -> int:
+    """Forward FLOPs of the LM head: 2 x hidden x vocab per token."""
+    return 2 * cfg.hidden_size * cfg.vocab_size * batch * seq_len
+
+
+def layer_flops(cfg, batch: int, seq_len: int) -> int:
+    """Forward matmul FLOPs of the layer stack outside the attention scores (projections and
+    MLP, every layer)."""
+    return _dense_per_token(cfg) * batch * seq_len - head_flops(cfg, batch, seq_len)
+
+
 def _attn_fwd(cfg, batch: int, seq_len: int, causal_halved: bool,
               window: tuple[int, int] | None = None) -> float:
     """Attention forward FLOPs of every layer (a window: the attended pairs of the causal
@@ -144,7 +157,7 @@ def recompute_flops(cfg, batch: int, seq_len: int, checkpointing: str,
     if checkpointing not in CHECKPOINTING:
         raise ValueError(f"unknown checkpointing {checkpointing!r}; "
                          f"valid: {', '.join(CHECKPOINTING)}")
-    layers_dense = (_dense_per_token(cfg) - 2 * cfg.hidden_size * cfg.vocab_size) * batch * seq_len
+    layers_dense = layer_flops(cfg, batch, seq_len)
     attn = _attn_fwd(cfg, batch, seq_len, causal_halved=True, window=window)
     if checkpointing == "selective_half":
         return layers_dense + _attn_fwd(cfg, batch, seq_len // 2, causal_halved=True,

@@ -64,16 +64,17 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
     layers = cfg.num_layers
     tokens = b * seq // g
     # forward FLOPs per rank, split with burst.flops' own conventions
-    dense_layers = F.recompute_flops(cfg, b, seq, "selective") / g
-    dense_attn = F.recompute_flops(cfg, b, seq, "full") / g - dense_layers
-    head = F.model_flops(cfg, b, seq) / 3 / g - dense_layers - dense_attn
+    dense_layers = F.layer_flops(cfg, b, seq) / g
+    head = F.head_flops(cfg, b, seq) / g
     e, dtype = shape.elem, shape.dtype  # the model's dtype: weights, activations, GEMMs
     dense = hw.gemm_seconds(dense_layers / layers, dtype)
     elem = hw.hbm_seconds(_elementwise_bytes(cfg, tokens, e))
     a_fwd, a_bwd = attn.forward_s, attn.backward_s
+    if checkpointing == "selective_half" and half_attn is None:
+        raise ValueError("selective_half: give half_attn, the attention timing of the first "
+                         "N/2 tokens (its forward runs again in backward)")
     a_again = {"none": 0.0, "full": a_fwd, "selective": 0.0,  # attention forward run again
-               "selective_half": half_attn.forward_s if half_attn else 0.25 * a_fwd
-               }[checkpointing]
+               "selective_half": half_attn.forward_s if half_attn else 0.0}[checkpointing]
     recompute = 0.0 if checkpointing == "none" else dense + elem + a_again
     layer_params = (params - vocab_params(cfg)) / layers
     gather = collective_seconds(hw, layer_params * e * (g - 1) / g, g, topo, "gather")
