@@ -12,9 +12,9 @@ import os
 import pytest
 import torch
 
-from burst.kernel import block_backward, block_forward
+from burst.kernel import acc_dtype, block_backward, block_forward
 from burst.masks import CAUSAL, FULL
-from burst.merge import merge_into, new_accumulators
+from burst.merge import merge_into, new_accumulators, row_delta
 
 DEVICE = os.environ.get("BENCH_DEVICE", "cpu")
 SCALE = int(os.environ.get("BENCH_SCALE", "1"))
@@ -49,7 +49,7 @@ def test_kernel_forward(benchmark, backend, kind):
 def test_kernel_backward(benchmark, backend):
     q, k, v, do = _qkv()
     out, lse = block_forward(q, k, v, kind=CAUSAL, backend=backend)
-    delta = (do * out).sum(-1).transpose(1, 2).contiguous()
+    delta = row_delta(do, out, acc_dtype(q.dtype))
 
     def run():
         g = block_backward(do, q, k, v, lse, delta, kind=CAUSAL, backend=backend)
