@@ -13,10 +13,10 @@ import seaborn as sns
 
 from paper_figures._bars import rows_for
 from paper_figures.common import new_figure, note_empty, seq_label
+from suites.hardware import GIB
 
 NAME = "ablation"
 SWEEP = "paper_ablation"
-GIB = 2**30
 
 
 def _layout(options) -> str | None:

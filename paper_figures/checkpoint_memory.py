@@ -9,10 +9,9 @@ import pandas as pd
 
 from paper_figures.common import fmt_tokens, new_figure, note_empty
 from paper_figures.palette import MODE_COLORS
-from suites.hardware import load
+from suites.hardware import GIB, load
 
 NAME = "checkpoint_memory"
-GIB = 2**30
 USABLE_GIB = load("a800").usable_gib  # the simulator's OOM line, as memory_bars
 
 

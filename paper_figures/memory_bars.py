@@ -9,12 +9,11 @@ import pandas as pd
 
 from paper_figures._bars import bar_legend, label_order, panel_bars, panel_rows, rows_for
 from paper_figures.common import new_figure, note_empty, seq_label
-from suites.hardware import load
+from suites.hardware import GIB, load
 
 NAME = "memory_bars"
 SWEEPS = ("paper_main_7b", "paper_main_14b")  # suites/specs: the main table
 PANELS = (("7b", 32), ("7b", 64), ("14b", 32), ("14b", 64))
-GIB = 2**30
 YMAX_GIB = 160.0  # twice an A800's 80 GiB of HBM: predicted peaks above it are clipped
 
 
