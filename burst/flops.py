@@ -30,6 +30,7 @@ __all__ = [
     "layer_flops",
     "model_flops",
     "peak_tflops",
+    "rate_columns",
     "recompute_flops",
 ]
 
@@ -178,3 +179,23 @@ def model_flops(cfg, batch: int, seq_len: int, convention: str = "model_flops_ca
     if convention == "hardware_flops":
         total += recompute_flops(cfg, batch, seq_len, checkpointing, window)
     return total
+
+
+def rate_columns(*, time_s: float, batch: int, seq_len: int, world: int, peak: float | None,
+                 cfg=None, checkpointing: str = "none", heads: int | None = None,
+                 head_dim: int | None = None, causal: bool = True,
+                 window: tuple[int, int] | None = None) -> dict:
+    """The rate columns of a result row, per device: ``tokens_per_s``, and for an attention
+    layer (``cfg`` None) ``attn_tflops`` in the kernel convention, for a training step
+    ``tflops_<convention>`` and ``mfu_<convention>`` (None without a ``peak``) of every
+    convention. One place for measured, simulated and published rows alike."""
+    out = {"tokens_per_s": batch * seq_len / time_s / world}
+    if cfg is None:
+        fl = attention_kernel_flops(batch, seq_len, heads, head_dim, causal, window)
+        out["attn_tflops"] = fl / time_s / world / 1e12
+        return out
+    for conv in CONVENTIONS:
+        tf = model_flops(cfg, batch, seq_len, conv, checkpointing, window) / time_s / world / 1e12
+        out[f"tflops_{conv}"] = tf
+        out[f"mfu_{conv}"] = tf / peak if peak else None
+    return out

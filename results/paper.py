@@ -97,15 +97,12 @@ def main_rows(path: str | os.PathLike | None = None) -> list[dict]:
 def _model_tflops(model: str, seq_len: int, time_s: float, gpus: int, ckpt: str) -> dict:
     """TFLOP/s and MFU of a published row under every named FLOP convention (burst.flops), so
     that published and simulated rows compare under the same convention (DESIGN.md 4)."""
-    from burst import flops as F
     from burst.engine.configs import get_config
+    from burst.flops import rate_columns
 
-    cfg, out = get_config(model), {}
-    for conv in F.CONVENTIONS:
-        tf = F.model_flops(cfg, 1, seq_len, conv, checkpointing=ckpt) / time_s / gpus / 1e12
-        out[f"tflops_{conv}"] = tf
-        out[f"mfu_{conv}"] = tf / PEAK_TFLOPS
-    return out
+    rates = rate_columns(time_s=time_s, batch=1, seq_len=seq_len, world=gpus, peak=PEAK_TFLOPS,
+                         cfg=get_config(model), checkpointing=ckpt)
+    return {k: v for k, v in rates.items() if k != "tokens_per_s"}  # the published one stays
 
 
 def paper_rows(path: str | os.PathLike | None = None) -> list[dict]:

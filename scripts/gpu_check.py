@@ -596,13 +596,10 @@ def _engine_row(rows: Rows, sz: Sizes, cfg, n, mode, fused, status, res, err, wo
     if status != "ok":
         return rows.write(status=status, error=err, spec=spec, **common)
     t, peak = res
-    cols = dict(time_s=t, tokens_per_s=n / t, mem_peak_bytes=peak["allocated"],
-                mem_reserved_bytes=peak["reserved"])
-    peak_tf = _peak(sz)  # None off a GPU, or on a GPU whose peak is not known
-    for conv in flops.CONVENTIONS:
-        tf = flops.model_flops(cfg, 1, n, conv, checkpointing=mode) / t / 1e12
-        cols[f"tflops_{conv}"] = tf
-        cols[f"mfu_{conv}"] = tf / peak_tf if peak_tf else None
+    cols = dict(time_s=t, mem_peak_bytes=peak["allocated"], mem_reserved_bytes=peak["reserved"])
+    # _peak: None off a GPU, or on a GPU whose peak is not known
+    cols.update(flops.rate_columns(time_s=t, batch=1, seq_len=n, world=1, peak=_peak(sz),
+                                   cfg=cfg, checkpointing=mode))
     return rows.write(status="ok", spec=spec, **cols, **common)
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from burst.flops import BACKWARD_OVER_FORWARD, attention_flops, attention_kernel_flops
+from burst.flops import BACKWARD_OVER_FORWARD, attention_flops, attention_kernel_flops, rate_columns
 from results.paper import paper_rows
 from suites import hardware as hwmod
 from suites.implementations import PATH as IMPL_PATH
@@ -131,11 +131,11 @@ def paper_cells() -> list[tuple[dict, object]]:
 
 
 def _metric(cell, time_s: float) -> float:
-    if cell.workload == "attention":
-        fl = attention_kernel_flops(cell.batch, cell.seq_len, cell.heads, cell.head_dim,
-                                    cell.causal, cell.window)
-        return fl / time_s / cell.world / 1e12
-    return cell.batch * cell.seq_len / time_s / cell.world
+    """What the paper's table publishes: attention TFLOP/s (kernel table), tokens/s (main)."""
+    rates = rate_columns(time_s=time_s, batch=cell.batch, seq_len=cell.seq_len,
+                         world=cell.world, peak=None, heads=cell.heads,
+                         head_dim=cell.head_dim, causal=cell.causal, window=cell.window)
+    return rates["attn_tflops" if cell.workload == "attention" else "tokens_per_s"]
 
 
 def evaluate(hw: hwmod.Hardware, impls: dict[str, Implementation],

@@ -256,7 +256,6 @@ def measure(cell: Cell) -> dict:
     t = statistics.median(times)
     out = {
         "status": "ok", "time_s": t, "time_s_min": min(times), "time_s_max": max(times),
-        "tokens_per_s": cell.batch * cell.seq_len / t / cell.world,
         "saved_bytes": int(mx[0]),
         "mem_peak_bytes": int(mx[1]) if dev.type == "cuda" or prof else None,
         "mem_reserved_bytes": int(mx[2]) if dev.type == "cuda" else None,
@@ -287,17 +286,13 @@ def measure(cell: Cell) -> dict:
     # MFU only where the peak applies: a GPU cell in bf16/fp16 (fp32 has no such peak)
     peak_tf = peak_tflops(name) if cell.device == "cuda" and cell.dtype in MFU_DTYPES else None
     out.update(device_name=name, hardware=name, peak_tflops=peak_tf)
-    if cell.workload == "attention":
-        fl = flops.attention_kernel_flops(cell.batch, cell.seq_len, cell.heads, cell.head_dim,
-                                          cell.causal, cell.window)
-        out["attn_tflops"] = fl / t / cell.world / 1e12
-    else:
+    cfg = None
+    if cell.workload == "train_step":
         from burst.engine.configs import get_config
 
         cfg = get_config(cell.model)
-        for conv in flops.CONVENTIONS:
-            tf = flops.model_flops(cfg, cell.batch, cell.seq_len, conv, cell.checkpointing,
-                                   cell.window) / t / cell.world / 1e12
-            out[f"tflops_{conv}"] = tf
-            out[f"mfu_{conv}"] = tf / peak_tf if peak_tf else None
+    out.update(flops.rate_columns(time_s=t, batch=cell.batch, seq_len=cell.seq_len,
+                                  world=cell.world, peak=peak_tf, cfg=cfg,
+                                  checkpointing=cell.checkpointing, heads=cell.heads,
+                                  head_dim=cell.head_dim, causal=cell.causal, window=cell.window))
     return out

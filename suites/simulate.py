@@ -330,22 +330,14 @@ def _metrics(cell, hw: Hardware, p: Prediction) -> dict:
     if p.status != "ok":
         return m
     t = p.time_s
-    m.update(time_s=t, time_s_min=t, time_s_max=t,
-             tokens_per_s=cell.batch * cell.seq_len / t / cell.world)
-    if cell.workload == "attention":
-        fl = F.attention_kernel_flops(cell.batch, cell.seq_len, cell.heads, cell.head_dim,
-                                      cell.causal, cell.window)
-        m["attn_tflops"] = fl / t / cell.world / 1e12
-    else:
-        # the model as the spec defines it (results/paper_reference/README.md: the paper's
-        # MFU convention), whatever vocabulary a system's time was priced with
-        cfg = _model_config(cell.model)
-        for conv in F.CONVENTIONS:
-            tf = F.model_flops(cfg, cell.batch, cell.seq_len, conv, ckpt,
-                               cell.window) / t / cell.world / 1e12
-            m[f"tflops_{conv}"] = tf
-            if mfu_peak:
-                m[f"mfu_{conv}"] = tf / mfu_peak
+    m.update(time_s=t, time_s_min=t, time_s_max=t)
+    # a training step's FLOPs are the model's as the spec defines it (results/paper_reference/
+    # README.md: the paper's MFU convention), whatever vocabulary a system's time was priced with
+    cfg = _model_config(cell.model) if cell.workload == "train_step" else None
+    rates = F.rate_columns(time_s=t, batch=cell.batch, seq_len=cell.seq_len, world=cell.world,
+                           peak=mfu_peak, cfg=cfg, checkpointing=ckpt, heads=cell.heads,
+                           head_dim=cell.head_dim, causal=cell.causal, window=cell.window)
+    m.update({k: v for k, v in rates.items() if v is not None})
     return m
 
 
