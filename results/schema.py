@@ -68,7 +68,9 @@ COLUMNS: dict[str, str] = {
     "mem_reserved_bytes": "GPU: max_memory_reserved (the paper's memory figure)",
     "saved_bytes": "bytes the forward keeps for backward (saved_tensors_hooks, without "
                    "parameters, + a train step's attention cache), exact on every device",
-    "bytes_sent_forward": "bytes sent per rank in forward (byte counter / formula)",
+    "bytes_sent_forward": "bytes sent per rank in forward (byte counter / formula); a train "
+                          "step with full (or selective_half) checkpointing includes the "
+                          "attention forward its backward runs again",
     "bytes_sent_backward": "bytes sent per rank in backward",
     "bytes_sent_intra": "attention bytes (forward + backward) sent per rank to peers on the "
                         "same node",
@@ -77,7 +79,8 @@ COLUMNS: dict[str, str] = {
     "bytes_sent_other": "bytes sent per rank outside the attention layers through burst.comm: "
                         "a train step's CP gradient sum, loss and check all-reduces (measured "
                         "rows; torch's DDP/FSDP traffic across DP groups is not counted)",
-    "max_err": "max abs error against the float64 reference, where computed (inf: the output "
+    "max_err": "max abs error against the float64 reference on the unrounded inputs, where "
+                "computed (so a 16-bit cell's includes its inputs' rounding; inf: the output "
                 "or gradients were not finite; above suites.measure.WRONG_ABOVE for its dtype: "
                 "a wrong result; either makes the row an error)",
     "speedup": "time of the spec's baseline / time of this row (filled when a run's table is "

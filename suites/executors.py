@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import gc
 import math
 import os
 import signal
@@ -134,6 +135,7 @@ def _inline_ranks(rank: int, world: int, cells_json: list[str], rows: str, ctx: 
             append_row(rows, make_row(cell, metrics, ctx, host=host))
         comm.barrier()
         if cell.device == "cuda":
+            gc.collect()  # a train step's model sits in a reference cycle: free it first
             torch.cuda.empty_cache()
 
 
