@@ -19,6 +19,7 @@ import pandas as pd
 from paper_figures._bars import mark_failures
 from paper_figures.common import new_figure, note_empty, seq_label
 from paper_figures.palette import ORDER, series_color
+from suites.hardware import GIB
 
 NAME = "cpu_sweep"
 SWEEP, LONG = "cpu_scaling", "cpu_long"
@@ -171,7 +172,7 @@ def _long(axes, df: pd.DataFrame, styles: dict) -> list[dict]:
     for label, d in _by_label(mea):
         st = styles[label]
         good = d[d["status"] == "ok"].sort_values("seq_len")
-        ax.plot(good["seq_len"], good["mem_peak_bytes"] / 2**30, marker=st["marker"],
+        ax.plot(good["seq_len"], good["mem_peak_bytes"] / GIB, marker=st["marker"],
                 ms=max(3.0, st["s"] ** 0.5), ls=st["ls"], lw=st["lw"], color=st["color"],
                 markeredgecolor="black", markeredgewidth=0.5, label=label)
         mark_failures(ax, d, "seq_len", FLOOR, st["color"])

@@ -14,7 +14,7 @@ from suites.hardware import GIB, load
 NAME = "memory_bars"
 SWEEPS = ("paper_main_7b", "paper_main_14b")  # suites/specs: the main table
 PANELS = (("7b", 32), ("7b", 64), ("14b", 32), ("14b", 64))
-YMAX_GIB = 160.0  # twice an A800's 80 GiB of HBM: predicted peaks above it are clipped
+YMAX_GIB = 160.0  # about twice an A800's memory: predicted peaks above it are clipped
 
 
 def make(tables):

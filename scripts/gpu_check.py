@@ -231,7 +231,8 @@ def _skip(rows: Rows, workload: str, label: str, why: str, **cols) -> None:
 
 def _run_in_group(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
     """subprocess.run(capture_output=True, text=True) in a new session: on timeout the whole
-    group is killed, the ranks a test spawned with it (they held GPUs for the later sections)."""
+    group is killed, the ranks a test spawned with it (they held GPUs for the later sections);
+    so it is when this process is interrupted (the group is not the terminal's any more)."""
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           start_new_session=True, **kw) as p:
         try:
@@ -241,6 +242,10 @@ def _run_in_group(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedP
                 os.killpg(p.pid, signal.SIGKILL)
             out, err = p.communicate()
             raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err) from None
+        except BaseException:  # Ctrl-C, SIGTERM: its own session does not get them
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            raise
     return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 

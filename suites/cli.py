@@ -278,7 +278,7 @@ def _parser() -> argparse.ArgumentParser:
     g = s.add_argument_group("SLURM (override the spec's [slurm] table)")
     g.add_argument("--partition")
     g.add_argument("--account")
-    g.add_argument("--time", type=_minutes, help="time limit per cell in minutes (>= 1)")
+    g.add_argument("--time", type=_minutes, help="time limit per cell in minutes (>= 3)")
     g.add_argument("--constraint")
     g.add_argument("--qos")
     g.add_argument("--job-folder", help="submitit folder (shared filesystem; default: "

@@ -329,8 +329,9 @@ def _collect(job, cell: Cell, run: Run, ctx: RunContext) -> None:
         from submitit.core.utils import UncompletedJobError
 
         if 0 not in got and _state(job, mode="cache") != "COMPLETED":
-            # no result file is coming (the job failed, was cancelled or timed out): submitit
-            # would wait 15 s for one (a shared filesystem's lag), one job after another
+            # no result file is coming (the job failed, was cancelled or timed out; a local job
+            # never reports COMPLETED, and its files are local): submitit would wait 15 s for
+            # one (a shared filesystem's lag), one job after another
             job.task(0)._results_timeout_s = 0
         try:
             row = job.task(0).result()

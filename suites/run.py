@@ -259,6 +259,10 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
                       f"{again} resumes this run{jobs}", file=stream, flush=True)
             e.reported = True  # the CLI adds no second message
             raise
+        except Exception:  # SLURM refused the array, a full disk, ...: the table of what ran
+            with contextlib.suppress(Exception):
+                store.consolidate(run.dir)
+            raise
         table = store.consolidate(run.dir)
     print(summary_text(table, spec), file=stream, flush=True)
     return RunResult(run.dir, table, len(todo))
@@ -273,7 +277,8 @@ def _warn_mixed_code(rows: list[dict], ctx: RunContext, stream) -> None:
     keeps its own git_commit and git_dirty; the table and its speedups mix them)."""
     old = {_code(r.get("git_commit"), r.get("git_dirty")) for r in rows}
     now = _code(ctx.git_commit, ctx.git_dirty)
-    if old - {now} or ctx.git_dirty:
+    unknown = ctx.git_commit is None or any(r.get("git_commit") is None for r in rows)
+    if old - {now} or ctx.git_dirty or unknown:  # an unknown commit is not the same code
         print(f"note: this run's rows so far come from code {', '.join(sorted(old))}; the cells "
               f"added now run on {now}, and one table will hold both (--new measures every "
               "cell afresh)", file=stream, flush=True)

@@ -47,11 +47,12 @@ __all__ = ["ELEM", "AttnShape", "AttnTiming", "Plan", "Topo", "acc_bytes", "atte
 ELEM = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}  # bytes per element
 
 
-def acc_bytes(elem: int, system: int = 4) -> int:
+def acc_bytes(elem: int) -> int:
     """Bytes per accumulator element (O, LSE, D, gradient sums) for inputs of ``elem`` bytes:
-    fp32, or what a system uses (2: TransformerEngine's dK/dV in the input dtype), never
-    narrower than the input (float64 accumulates in float64: burst.kernel.acc_dtype)."""
-    return max(system, elem)
+    fp32, never narrower than the input (float64 accumulates in float64:
+    burst.kernel.acc_dtype). Travelling gradients in the input dtype are the method option
+    grad_acc="input" (burst.volume)."""
+    return max(4, elem)
 
 RING_METHODS = {
     # registry name -> (layout, backward, double ring?) defaults; options override them

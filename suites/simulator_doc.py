@@ -344,7 +344,7 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
         "layer's backward peak with the method's buffers, the plain or fused head, and what "
         "a system holds for the whole sequence; over the usable memory = an `oom` row.",
         "- **systems** (`suites/implementations.toml`): what the compared systems do beyond "
-        "their algorithm (TransformerEngine's bf16 dK/dV, Megatron's distributed optimizer, "
+        "their algorithm (Megatron's distributed optimizer, "
         "DeepSpeed's whole-layer recomputation, ...), each with its source. A system's fitted "
         "`attention_efficiency` slows its kernel work, not its transfers: where a ring step "
         "waits for its hop, the slower compute stays hidden.",

@@ -977,6 +977,24 @@ def test_a_resumed_run_holds_no_stale_table_while_it_adds_rows(tmp_path, monkeyp
     # the first row came from other code (empty_row has no commit): the resumed run says so
     assert "note: this run's rows so far come from code unknown; the cells added now run on" \
         in buf.getvalue()
+    # and so when neither side's commit is known (a checkout without .git): unknown is not same
+    buf = io.StringIO()
+    unknown = runmod.RunContext(run_id="r1", executor="inline", sweep_spec="{}",
+                                git_commit=None, git_dirty=None)
+    runmod._warn_mixed_code([{"git_commit": None}], unknown, buf)
+    assert "come from code unknown; the cells added now run on unknown" in buf.getvalue()
+    # a driver that fails (SLURM refused the array, a full disk) still writes what ran
+    store.append_row(run / "rows.jsonl", dict(row(cells[0]), status="error"))  # to retry
+    store.drop_tables(run)
+
+    def refused(todo, run_, ctx):
+        raise RuntimeError("refused")
+
+    monkeypatch.setattr(runmod, "run_inline", refused)
+    with pytest.raises(RuntimeError, match="refused"):
+        runmod.run_sweep(spec, out=tmp_path / "out", run_id="r1", retry_failed=True,
+                         stream=io.StringIO())
+    assert len(pd.read_csv(run / "table.csv")) == len(cells)
 
 
 def test_every_scaled_metric_heading_ends_with_its_unit():
@@ -1001,6 +1019,7 @@ def test_show_names_a_newest_run_that_has_no_row_yet(tmp_path, capsys):
     store.write_meta(new, {"cells": ["a", "b", "c"], "created": "2025-01-02T00:00:00Z"})
     store.write_meta(old, {**store.read_meta(old), "created": "2025-01-01T00:00:00Z"})
     store.append_row(new / "jobs.jsonl", {"cell_id": "a", "job_id": "5_0", "kind": "slurm"})
+    (new / store.ROWS).write_bytes(b'{"cell_id": "a", "sta')  # a torn first row is no row
     note = ("run 20250102T000000Z-2 has no row yet (3 cells, 1 with submitted jobs not yet "
             "collected): `burst-bench run <its spec> --out <its folder> --run-id "
             "20250102T000000Z-2` collects and resumes it")
