@@ -206,6 +206,8 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
         return RunResult(None, None, 0)
 
     run = Run(select_run(spec, Path(out), run_id, new))
+    if not run.dir.exists() and not new:
+        _note_unfinished_other(run.dir.parent, stream)
     run.dir.mkdir(parents=True, exist_ok=True)
     with store.RunLock(run.dir):
         store.repair(run.rows)  # a row torn by a killed writer is dropped; its cell runs again
@@ -266,6 +268,20 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
         table = store.consolidate(run.dir)
     print(summary_text(table, spec), file=stream, flush=True)
     return RunResult(run.dir, table, len(todo))
+
+
+def _note_unfinished_other(sweep_dir: Path, stream) -> None:
+    """A spec edited after an interrupted run starts a new run: say that the older one is left
+    unfinished (it resumes only with its own spec)."""
+    last = store.latest_run(sweep_dir) if sweep_dir.exists() else None
+    if last is None:
+        return
+    cells = store.read_meta(last).get("cells", [])
+    left = len(set(cells) - {r.get("cell_id") for r in store.read_rows(last / store.ROWS)})
+    if left:
+        print(f"note: run {last.name} of this sweep, of another spec, has {left} of "
+              f"{len(cells)} cells without a row; this spec starts a new run (that one resumes "
+              "with its own spec)", file=stream, flush=True)
 
 
 def _code(commit, dirty) -> str:

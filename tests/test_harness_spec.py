@@ -1028,3 +1028,32 @@ def test_show_names_a_newest_run_that_has_no_row_yet(tmp_path, capsys):
     assert cli.main(["show", str(tmp_path / "sweep")]) == 0
     out = capsys.readouterr().out
     assert "speedup vs ring" in out and f"shown: run {old.name}; {note}" in out
+
+
+def test_an_edited_spec_names_the_unfinished_run_it_leaves(tmp_path, monkeypatch):
+    """An edited spec starts a new run, as documented; the interrupted run of the earlier spec
+    was left without a word (and the user took the new run for a resumed one)."""
+    from suites import run as runmod
+
+    spec = load_spec(_write(tmp_path, GOOD, "sweep"))
+    cells = expand(spec)
+    old = tmp_path / "out" / spec.name / "r1"
+    old.mkdir(parents=True)
+    store.write_meta(old, {"spec_hash": runmod._spec_hash(spec), "baseline": spec.baseline,
+                           "cells": [c.cell_id for c in cells]})
+    store.append_row(old / "rows.jsonl", dict(empty_row(), cell_id=cells[0].cell_id,
+                                              label=cells[0].label, status="ok"))
+    monkeypatch.setattr(runmod, "run_inline", lambda todo, run_, ctx: [
+        store.append_row(run_.rows, dict(empty_row(), cell_id=c.cell_id, label=c.label,
+                                         status="ok", time_s=1.0, seq_len=c.seq_len,
+                                         world=c.world)) for c in todo])
+    buf = io.StringIO()
+    res = runmod.run_sweep(dataclasses.replace(spec, repeats=spec.repeats + 1),
+                           out=tmp_path / "out", stream=buf)
+    assert res.run_dir != old
+    assert (f"note: run r1 of this sweep, of another spec, has {len(cells) - 1} of "
+            f"{len(cells)} cells without a row") in buf.getvalue()
+    buf = io.StringIO()  # the new run is complete: starting a third says nothing of it
+    runmod.run_sweep(dataclasses.replace(spec, repeats=spec.repeats + 2), out=tmp_path / "out",
+                     stream=buf)
+    assert "note: run" not in buf.getvalue()
