@@ -434,6 +434,11 @@ def test_hardware_profiles_give_every_value_a_source(tmp_path):
     for n in names():
         hw = load(n)
         assert all(hw.sources.get(key) for key, _, _ in (*FIELDS, *OPTIONAL_FIELDS)), n
+        # each source says what kind it is (the profiles' header: two said neither)
+        kinds = ("datasheet", "design", "measured", "assumed", "calibrated")
+        unlabelled = {k: s for k, s in hw.sources.items() if not s.startswith(kinds)}
+        assert not unlabelled, (n, unlabelled)
+        assert hw.usable_gib < hw.memory_gib, n
     bad = tmp_path / "bad.toml"
     bad.write_text('name = "bad"\n[gpu]\npeak_bf16_tflops = 3\n')
     with pytest.raises(ValueError, match="peak_bf16_tflops"):
