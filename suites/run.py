@@ -191,9 +191,10 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
     slurm = slurm or spec.slurm
     cells = expand(spec)
     if executor == "dry-run":  # what a run would submit now: the cells its run has not done
-        folder = (job_base(job_folder, spec.name, "<run_id>") if job_folder
-                  else Path(out).resolve() / spec.name / "<run_id>" / "jobs")
         resumed = select_run(spec, Path(out), run_id, new)
+        rid = resumed.name if resumed.exists() else "<run_id>"  # a new run's id is its start
+        folder = (job_base(Path(job_folder).absolute(), spec.name, rid) if job_folder
+                  else Path(out).resolve() / spec.name / rid / "jobs")
         skip = _done(store.read_rows(resumed / "rows.jsonl"), retry_failed) if resumed.exists() \
             else set()
         queued = set(pending_jobs(resumed, "slurm")) - skip  # a dead driver's: not rerun

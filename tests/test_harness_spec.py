@@ -256,6 +256,8 @@ def test_dry_run_of_a_resumed_sweep_counts_only_what_is_left(tmp_path):
         buf = io.StringIO()
         run_sweep(spec, executor="dry-run", out=tmp_path, retry_failed=retry, stream=buf)
         assert f"at most {left * 32 * 30 / 60:.1f} GPU-hours" in buf.getvalue(), retry
+        # the resumed run's own folder, not a placeholder for a new one
+        assert f"{run}/jobs/slurm-<id>/%A_%a/" in buf.getvalue()
     # a dead driver's job for cell 5: collected or waited for by the next run, not priced
     cell5 = expand(spec)[5].cell_id
     store.append_row(run / "jobs.jsonl", {"cell_id": cell5, "job_id": "77_5", "kind": "slurm"})
