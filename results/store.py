@@ -322,8 +322,8 @@ def load(path: str | os.PathLike):
         if not (path / ROWS).exists() and not (path / TABLE).exists():
             run = latest_run(path, with_rows=True)
             if run is None:
-                raise ValueError(f"{path} holds no sweep run with rows (no {ROWS} in it or its "
-                                 "subfolders)")
+                raise ValueError(f"{path} holds no sweep run with rows (no complete row in a "
+                                 f"{ROWS} in it or its subfolders)")
             path = run
         if (path / ROWS).exists():
             return consolidate(path, write=False)

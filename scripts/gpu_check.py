@@ -229,12 +229,27 @@ def _skip(rows: Rows, workload: str, label: str, why: str, **cols) -> None:
     rows.write(workload=workload, label=label, status="skipped", error=why, **cols)
 
 
+_GROUPS: set[int] = set()  # process groups of running children (killed by the watchdog too)
+
+
+def _kill_groups() -> None:
+    for pgid in list(_GROUPS):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+def _interrupt(signum, frame):
+    """SIGTERM / SIGHUP end the run as Ctrl-C does, so a child's group is killed on the way."""
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def _run_in_group(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
     """subprocess.run(capture_output=True, text=True) in a new session: on timeout the whole
     group is killed, the ranks a test spawned with it (they held GPUs for the later sections);
     so it is when this process is interrupted (the group is not the terminal's any more)."""
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           start_new_session=True, **kw) as p:
+        _GROUPS.add(p.pid)
         try:
             out, err = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -242,10 +257,12 @@ def _run_in_group(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedP
                 os.killpg(p.pid, signal.SIGKILL)
             out, err = p.communicate()
             raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err) from None
-        except BaseException:  # Ctrl-C, SIGTERM: its own session does not get them
+        except BaseException:  # Ctrl-C, SIGTERM (main: _interrupt): its session gets neither
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)
             raise
+        finally:
+            _GROUPS.discard(p.pid)
     return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 
@@ -773,10 +790,14 @@ def main(argv=None) -> int:
           f"{sz.budget_s:.0f} s, rows -> {args.out}", flush=True)
 
     def bail():
+        _kill_groups()
         rows.write(workload=budget.section, label="hard deadline", status="timeout",
                    error=f"the run passed its {sz.budget_s:.0f} s budget + 10 s; ended")
         print(_table(rows.written), flush=True)
         os._exit(0)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
 
     watchdog = threading.Timer(max(1.0, budget.global_left() + 10.0), bail)
     watchdog.daemon = True

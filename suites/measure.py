@@ -242,9 +242,13 @@ def measure(cell: Cell) -> dict:
     del result
 
     if dev.type == "cuda":  # a CPU cell must not create a CUDA context on a GPU host
-        # the float64 reference's freed blocks stay reserved: a peak reset keeps what is
-        # reserved, so they entered mem_reserved_bytes (x2 at 4K tokens, GiBs with GQA)
-        torch.cuda.empty_cache()
+        if cell.compute_error:  # (the same on every rank: the extra step is collective)
+            # the float64 reference's freed blocks stay reserved, and a peak reset keeps what
+            # is reserved: they entered mem_reserved_bytes (x2 at 4K tokens, GiBs with GQA).
+            # Freed, then one untimed step: the timed ones start from a warm cache as before
+            torch.cuda.empty_cache()
+            step()
+            _sync(dev)
         reset_cuda_peak(dev)
     times = _max_over_ranks([_timed(step, dev) for _ in range(cell.repeats)], dev)
     peak = cuda_peak(dev) if dev.type == "cuda" else {"allocated": prof.peak_bytes if prof

@@ -192,7 +192,8 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
     cells = expand(spec)
     if executor == "dry-run":  # what a run would submit now: the cells its run has not done
         resumed = select_run(spec, Path(out), run_id, new)
-        rid = resumed.name if resumed.exists() else "<run_id>"  # a new run's id is its start
+        # a new run's id is its start time, unless named
+        rid = resumed.name if resumed.exists() or run_id else "<run_id>"
         folder = (job_base(Path(job_folder).absolute(), spec.name, rid) if job_folder
                   else Path(out).resolve() / spec.name / rid / "jobs")
         skip = _done(store.read_rows(resumed / "rows.jsonl"), retry_failed) if resumed.exists() \
@@ -207,8 +208,8 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
         return RunResult(None, None, 0)
 
     run = Run(select_run(spec, Path(out), run_id, new))
-    if not run.dir.exists() and not new:
-        _note_unfinished_other(run.dir.parent, stream)
+    if not run.dir.exists() and not new and run_id is None:
+        _note_unfinished_other(run.dir.parent, spec, stream)
     run.dir.mkdir(parents=True, exist_ok=True)
     with store.RunLock(run.dir):
         store.repair(run.rows)  # a row torn by a killed writer is dropped; its cell runs again
@@ -271,14 +272,20 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
     return RunResult(run.dir, table, len(todo))
 
 
-def _note_unfinished_other(sweep_dir: Path, stream) -> None:
+def _note_unfinished_other(sweep_dir: Path, spec: SweepSpec, stream) -> None:
     """A spec edited after an interrupted run starts a new run: say that the older one is left
     unfinished (it resumes only with its own spec)."""
     last = store.latest_run(sweep_dir) if sweep_dir.exists() else None
     if last is None:
         return
-    cells = store.read_meta(last).get("cells", [])
-    left = len(set(cells) - {r.get("cell_id") for r in store.read_rows(last / store.ROWS)})
+    meta = store.read_meta(last)
+    if _same_spec(meta, spec, empty=False):
+        return
+    cells = meta.get("cells", [])
+    try:
+        left = len(set(cells) - {r.get("cell_id") for r in store.read_rows(last / store.ROWS)})
+    except ValueError:  # another run's broken rows file is not this run's business
+        return
     if left:
         print(f"note: run {last.name} of this sweep, of another spec, has {left} of "
               f"{len(cells)} cells without a row; this spec starts a new run (that one resumes "

@@ -164,10 +164,11 @@ def test_a_timed_out_pytest_takes_the_ranks_it_spawned_with_it(tmp_path, monkeyp
 
 
 def test_an_interrupted_gpu_check_takes_the_pytest_group_with_it(tmp_path, monkeypatch):
-    """pytest runs in its own session (so a time-out can kill its group): Ctrl-C or SIGTERM to
+    """pytest runs in its own session (so a time-out can kill its group): SIGTERM or Ctrl-C to
     gpu_check then reached neither pytest nor its ranks, which ran on holding the GPUs."""
     import os
     import signal
+    import threading
     import time
 
     mod = _module(monkeypatch)
@@ -176,17 +177,19 @@ def test_an_interrupted_gpu_check_takes_the_pytest_group_with_it(tmp_path, monke
             "'import time; time.sleep(60)']); open(sys.argv[1], 'w').write(str(p.pid)); "
             "time.sleep(60)")
 
-    def interrupt(*_):
-        raise KeyboardInterrupt
+    def terminate_once_started():  # as `timeout` or SLURM would, once the child is up
+        deadline = time.monotonic() + 50
+        while not pidfile.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
 
-    old = signal.signal(signal.SIGALRM, interrupt)
+    old = signal.signal(signal.SIGTERM, mod._interrupt)  # what main() installs
     try:
-        signal.alarm(5)
+        threading.Thread(target=terminate_once_started, daemon=True).start()
         with pytest.raises(KeyboardInterrupt):
             mod._run_in_group([sys.executable, "-c", code, str(pidfile)], timeout=60.0)
     finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
+        signal.signal(signal.SIGTERM, old)
     child = int(pidfile.read_text())
     deadline = time.monotonic() + 10
     while True:

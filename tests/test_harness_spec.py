@@ -1042,7 +1042,8 @@ def test_an_edited_spec_names_the_unfinished_run_it_leaves(tmp_path, monkeypatch
     old = tmp_path / "out" / spec.name / "r1"
     old.mkdir(parents=True)
     store.write_meta(old, {"spec_hash": runmod._spec_hash(spec), "baseline": spec.baseline,
-                           "cells": [c.cell_id for c in cells]})
+                           "cells": [c.cell_id for c in cells],
+                           "created": "2026-01-01T00:00:00Z"})
     store.append_row(old / "rows.jsonl", dict(empty_row(), cell_id=cells[0].cell_id,
                                               label=cells[0].label, status="ok"))
     monkeypatch.setattr(runmod, "run_inline", lambda todo, run_, ctx: [
@@ -1057,5 +1058,17 @@ def test_an_edited_spec_names_the_unfinished_run_it_leaves(tmp_path, monkeypatch
             f"{len(cells)} cells without a row") in buf.getvalue()
     buf = io.StringIO()  # the new run is complete: starting a third says nothing of it
     runmod.run_sweep(dataclasses.replace(spec, repeats=spec.repeats + 2), out=tmp_path / "out",
+                     stream=buf)
+    assert "note: run" not in buf.getvalue()
+    # nor a named new run of the very spec of the unfinished one (it is not "another spec")
+    store.write_meta(old, {**store.read_meta(old), "created": "2099-01-01T00:00:00Z"})
+    buf = io.StringIO()
+    runmod.run_sweep(spec, out=tmp_path / "out", run_id="mine", stream=buf)
+    assert "note: run" not in buf.getvalue()
+    # nor does an older run with a broken rows file stop a new run
+    (old / "rows.jsonl").write_text("garbage\n" + (old / "rows.jsonl").read_text())
+    store.write_meta(old, {**store.read_meta(old), "created": "2099-01-02T00:00:00Z"})
+    buf = io.StringIO()
+    runmod.run_sweep(dataclasses.replace(spec, repeats=spec.repeats + 3), out=tmp_path / "out",
                      stream=buf)
     assert "note: run" not in buf.getvalue()
