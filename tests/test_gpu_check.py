@@ -134,33 +134,42 @@ def test_dry_run_writes_rows_for_every_section(tmp_path):
     assert "workload" in res.stdout.splitlines()[-len(rows) - 2]  # the table comes last
 
 
+# a child that starts a grandchild (as pytest starts NCCL ranks), writes its pid, and waits
+PARENT_OF_SLEEPER = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', "
+                     "'import time; time.sleep(60)']); open(sys.argv[1], 'w').write(str(p.pid)); "
+                     "time.sleep(60)")
+
+
+def _assert_gone(pid: int, what: str) -> None:
+    """The process ends within 10 s (a zombie is dead: init reaps it later)."""
+    import os
+    import time
+
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split()[2] == "Z":
+                    return
+        except (ProcessLookupError, FileNotFoundError):
+            return
+        assert time.monotonic() < deadline, f"the spawned child outlived {what}"
+        time.sleep(0.1)
+
+
 def test_a_timed_out_pytest_takes_the_ranks_it_spawned_with_it(tmp_path, monkeypatch):
     """Only pytest was killed at the section's budget: the NCCL ranks a test had spawned kept
     running and held the GPUs for the later sections."""
-    import os
     import time
 
     mod = _module(monkeypatch)
     pidfile = tmp_path / "child.pid"
-    code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', "
-            "'import time; time.sleep(60)']); open(sys.argv[1], 'w').write(str(p.pid)); "
-            "time.sleep(60)")
     t0 = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
-        mod._run_in_group([sys.executable, "-c", code, str(pidfile)], timeout=10.0)
+        mod._run_in_group([sys.executable, "-c", PARENT_OF_SLEEPER, str(pidfile)], timeout=10.0)
     assert time.monotonic() - t0 < 40
-    child = int(pidfile.read_text())
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            os.kill(child, 0)
-            with open(f"/proc/{child}/stat") as f:  # a zombie is dead: reaped by init later
-                if f.read().split()[2] == "Z":
-                    break
-        except (ProcessLookupError, FileNotFoundError):
-            break
-        assert time.monotonic() < deadline, "the spawned child outlived the timeout"
-        time.sleep(0.1)
+    _assert_gone(int(pidfile.read_text()), "the timeout")
 
 
 def test_an_interrupted_gpu_check_takes_the_pytest_group_with_it(tmp_path, monkeypatch):
@@ -173,9 +182,6 @@ def test_an_interrupted_gpu_check_takes_the_pytest_group_with_it(tmp_path, monke
 
     mod = _module(monkeypatch)
     pidfile = tmp_path / "child.pid"
-    code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', "
-            "'import time; time.sleep(60)']); open(sys.argv[1], 'w').write(str(p.pid)); "
-            "time.sleep(60)")
 
     def terminate_once_started():  # as `timeout` or SLURM would, once the child is up
         deadline = time.monotonic() + 50
@@ -187,18 +193,8 @@ def test_an_interrupted_gpu_check_takes_the_pytest_group_with_it(tmp_path, monke
     try:
         threading.Thread(target=terminate_once_started, daemon=True).start()
         with pytest.raises(KeyboardInterrupt):
-            mod._run_in_group([sys.executable, "-c", code, str(pidfile)], timeout=60.0)
+            mod._run_in_group([sys.executable, "-c", PARENT_OF_SLEEPER, str(pidfile)],
+                              timeout=60.0)
     finally:
         signal.signal(signal.SIGTERM, old)
-    child = int(pidfile.read_text())
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            os.kill(child, 0)
-            with open(f"/proc/{child}/stat") as f:
-                if f.read().split()[2] == "Z":
-                    break
-        except (ProcessLookupError, FileNotFoundError):
-            break
-        assert time.monotonic() < deadline, "the spawned child outlived the interrupt"
-        time.sleep(0.1)
+    _assert_gone(int(pidfile.read_text()), "the interrupt")
