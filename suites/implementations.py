@@ -28,11 +28,6 @@ PATH = Path(__file__).resolve().parent / "implementations.toml"
 @dataclass(frozen=True)
 class Implementation:
     name: str
-    label: str = ""
-    layout: str | None = None
-    """Causal load balance the system uses; None: the method's own default."""
-    ring_backward: str | None = None
-    """'burst' or 'ring' for the ring inside usp; None: the method's option or 'ring'."""
     attention_efficiency: float = 1.0
     """Speed of its attention compute relative to the schedule model: every step's kernel time
     is divided by it, transfers are not (a step bound by its hop hides the slower compute)."""
@@ -62,10 +57,6 @@ class Implementation:
 
     def __post_init__(self):
         bad = []
-        if self.layout not in (None, "contiguous", "zigzag", "striped"):
-            bad.append(f"layout={self.layout!r}; valid: contiguous, zigzag, striped")
-        if self.ring_backward not in (None, "burst", "ring"):
-            bad.append(f"ring_backward={self.ring_backward!r}; valid: burst, ring")
         if not 0 < self.attention_efficiency <= 2:
             bad.append(f"attention_efficiency={self.attention_efficiency!r} must be in (0, 2]")
         for k in ("global_token_bytes", "logits_bytes", "replicated_bytes_per_param"):
@@ -80,8 +71,7 @@ class Implementation:
         return replace(self, **values)
 
 
-OURS = Implementation(name="burst-bench", label="this project's engine",
-                      selective_caches_gathered_qkv=True)
+OURS = Implementation(name="burst-bench", selective_caches_gathered_qkv=True)
 _FIELDS = {f.name for f in fields(Implementation)} - {"name", "sources"}
 
 

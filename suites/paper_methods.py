@@ -61,6 +61,8 @@ PAPER_METHODS: dict[str, PaperMethod] = {
     # empty_like(kv)); the option prices them so in the bytes, the time and the memory
     "megatron_cp": PaperMethod("zigzag_ring", "Megatron", {"grad_acc": "input"}),
     "deepspeed_ulysses": PaperMethod("ulysses", "Deepspeed-Ulysses"),
+    # LoongTrain (arXiv 2406.18485): K/V and fp32 dK/dV travel (the registry's double_ring and
+    # usp run that ring backward by default), zigzag balance (their default layout, set for usp)
     "loongtrain_double_ring": PaperMethod("double_ring", "LoongTrain-Ring",
                                           {"ranks_per_node": "@world/4"}),
     "loongtrain_usp": PaperMethod("usp", "LoongTrain-USP",

@@ -188,17 +188,6 @@ def _impl(cell) -> Implementation:
     return implementation(cell.paper) if cell.paper else OURS
 
 
-def _options(cell, impl: Implementation) -> dict:
-    """The cell's options, with the system profile's layout and usp ring backward where the
-    spec sets none (a spec that sets them asks what the system would do with them)."""
-    opts = dict(cell.options)
-    if impl.layout is not None:
-        opts.setdefault("layout", impl.layout)
-    if impl.ring_backward is not None and cell.method == "usp":
-        opts.setdefault("backward", impl.ring_backward)
-    return opts
-
-
 def _shape(cell) -> AttnShape:
     return AttnShape(batch=cell.batch, seq_len=cell.seq_len, heads=cell.heads,
                      kv_heads=cell.kv_heads, head_dim=cell.head_dim, causal=cell.causal,
@@ -231,7 +220,7 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
     knob yet); a system whose profile says ``optimizer_offload`` always does."""
     cell = as_cell(cell, hw.gpus_per_node)
     impl = impl or _impl(cell)
-    opts = _options(cell, impl)
+    opts = dict(cell.options)  # a paper system's own options are in them (spec, as_cell)
     if cell.ranks_per_node > hw.gpus_per_node:
         # a spec without nodes puts its whole world on one node, as a measured run would
         return Prediction("error", error=f"{cell.ranks_per_node} ranks per node, but the "

@@ -84,7 +84,7 @@ def _constants_table(hw, fitted: set[str]) -> list[str]:
 
 
 def _impl_table(impls) -> list[str]:
-    keys = ("layout", "ring_backward", "attention_efficiency",
+    keys = ("attention_efficiency",
             "global_token_bytes", "logits_bytes", "selective_caches_attention",
             "replicated_bytes_per_param", "vocab_size", "optimizer_offload")
     lines = ["| system | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
@@ -92,7 +92,8 @@ def _impl_table(impls) -> list[str]:
         lines.append(f"| {name} | " + " | ".join(_fmt(getattr(im, k)) for k in keys) + " |")
     lines += ["", "Sources (`suites/implementations.toml`; a value not listed is the default):", ""]
     for name, im in impls.items():
-        lines += [f"- `{name}`: " + "; ".join(f"{k}: {v}" for k, v in im.sources.items())]
+        if im.sources:  # a system with every default has nothing to cite
+            lines += [f"- `{name}`: " + "; ".join(f"{k}: {v}" for k, v in im.sources.items())]
     return lines
 
 
