@@ -35,6 +35,7 @@ __all__ = [
     "append_row",
     "consolidate",
     "drop_tables",
+    "has_rows",
     "latest_run",
     "RunLockedError",
     "load",
@@ -242,7 +243,7 @@ def runs_by_time(sweep_dir: str | os.PathLike) -> list[Path]:
     return [p for _, p in sorted(runs)]
 
 
-def _has_rows(run: Path) -> bool:
+def has_rows(run: Path) -> bool:
     """A complete row in the run's rows file (a torn first row, or a file cut to 0, is none)."""
     try:
         return bool(read_rows(run / ROWS))
@@ -255,7 +256,7 @@ def latest_run(sweep_dir: str | os.PathLike, *, with_rows: bool = False) -> Path
     the most recent that has rows (the newest may still be on its first cell, or have died
     before one)."""
     runs = [r for r in runs_by_time(sweep_dir)
-            if not with_rows or _has_rows(r) or (r / TABLE).exists()]
+            if not with_rows or has_rows(r) or (r / TABLE).exists()]
     return runs[-1] if runs else None
 
 

@@ -163,7 +163,7 @@ def _newest_without_rows(path: Path) -> Path | None:
 
     run = path if (path / store.META).exists() else (
         store.latest_run(path) if path.is_dir() else None)
-    if run is None or store.read_rows(run / store.ROWS):
+    if run is None or store.has_rows(run):
         return None
     return run
 

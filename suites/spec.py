@@ -463,10 +463,9 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
         r.keys(t, _SLURM, "slurm.")
         sk = {k: r.get(t, k, "slurm.", str, None) for k in
               ("partition", "account", "constraint", "qos")}
-        sk.update({k: r.get(t, k, "slurm.", int, d, minimum=SLURM_MIN_TIME_MIN if
-                             k == "time_min" else 1) for k, d in
-                   (("time_min", 60), ("cpus_per_task", None), ("mem_gb", None),
-                    ("array_parallelism", 16))})
+        sk.update({k: r.get(t, k, "slurm.", int, d, minimum=low) for k, d, low in
+                   (("time_min", 60, SLURM_MIN_TIME_MIN), ("cpus_per_task", None, 1),
+                    ("mem_gb", None, 1), ("array_parallelism", 16, 1))})
         setup = r.get(t, "setup", "slurm.", list, [])
         if setup and not all(isinstance(x, str) for x in setup):
             r.add("slurm.setup", f"{setup!r}: expected a list of shell lines (strings)")
