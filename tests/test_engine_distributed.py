@@ -15,6 +15,8 @@ down and its first steps must give the losses of the same run on one process.
 from __future__ import annotations
 
 import dataclasses
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -136,7 +138,7 @@ def _train(options: dict, checkpointing: str) -> list[float]:
     return [tr.step(*tr.local_batch(TRAIN_SEQ, batch=BATCH, seed=s)) for s in range(TRAIN_STEPS)]
 
 
-def _run_all(rank: int, world: int, cases: list[dict]) -> dict:
+def _run_all(rank: int, world: int, cases: list[dict], folder: str) -> dict:
     torch.manual_seed(0)
     out = {"cases": [_run_case(c, world) for c in cases]}
     if world == 2:
@@ -145,6 +147,7 @@ def _run_all(rank: int, world: int, cases: list[dict]) -> dict:
         out["train"] = _train({"layout": "zigzag", "backward": "burst"}, "selective")
         out["resume"] = _resume_from_fsdp()
         out["dp"] = _data_parallel_checks(rank)
+        out["state"] = _resume_training(Path(folder) / "state.pt")
     return out
 
 
@@ -188,6 +191,41 @@ def _resume_from_fsdp() -> float:
     return gap, comm.group_ranks(tr.cp_group), comm.group_ranks(tr.dp_group)
 
 
+def _resume_training(path: Path) -> dict:
+    """A run saved with Trainer.save under FSDP (CP 2 x DP 2, AdamW) after 2 steps and loaded
+    into Trainers of another seed, under DDP on the same layout and as one CP group of 4 with the
+    same global batch: each continues with the losses of the run that went on. Weights alone
+    (model_state_dict) lose AdamW's moments, and give other losses."""
+    kw = dict(dtype=torch.float64, optimizer="adamw", lr=1e-2)
+    tr = Trainer("tiny", cp_degree=2, data_parallel="fsdp", **kw)
+    for s in (0, 1):
+        tr.step(*tr.local_batch(TRAIN_SEQ, batch=BATCH, seed=s))
+    tr.save(path)
+    state, weights = tr.state_dict(), tr.model_state_dict()
+    out = {"want": [tr.step(*tr.local_batch(TRAIN_SEQ, batch=BATCH, seed=s)) for s in (2, 3)],
+           "files": sorted(p.name for p in path.parent.iterdir()),
+           "plain": all(type(t) is torch.Tensor and t.device.type == "cpu"
+                        for t in [*state["model"].values(),
+                                  *(x for st in state["optimizer"]["state"].values()
+                                    for x in st.values())]),
+           "moments": sorted(state["optimizer"]["state"]) == sorted(state["model"])}
+    for name, layout, batch, load in (
+            ("ddp", dict(cp_degree=2), BATCH, lambda t: t.load(path)),
+            ("cp4", dict(cp_degree=4), 2 * BATCH, lambda t: t.load(path)),
+            ("weights alone", dict(cp_degree=2, state_dict=weights), BATCH, lambda t: None)):
+        again = Trainer("tiny", seed=5, **layout, **kw)
+        load(again)
+        out[name] = [again.step(*again.local_batch(TRAIN_SEQ, batch=batch, seed=s))
+                     for s in (2, 3)]
+    # a file that one rank cannot read: every rank raises (the others hung in the collectives)
+    try:
+        again.load(path.with_name("missing.pt") if comm.rank() == 1 else path)
+        out["unreadable"] = "no error"
+    except (FileNotFoundError, RuntimeError) as e:
+        out["unreadable"] = f"{type(e).__name__}: {e}"
+    return out
+
+
 def _oracle(q, k, v, *, causal, softmax_scale=None, group=None, layout="contiguous",
             window=None, cu_seqlens=None):
     return reference_attention(q, k, v, causal=causal, window=window, cu_seqlens=cu_seqlens,
@@ -218,10 +256,11 @@ _RESULTS: dict = {}
 def _results(world: int):
     if world not in _RESULTS:
         cs = _cases(world)
-        res = spawn(_run_all, world, args=(cs,), timeout_s=300)
+        with tempfile.TemporaryDirectory() as folder:
+            res = spawn(_run_all, world, args=(cs, folder), timeout_s=300)
         _RESULTS[world] = (cs, [r["cases"] for r in res], [r.get("train") for r in res],
                            [r.get("bad") for r in res], [r.get("resume") for r in res],
-                           [r.get("dp") for r in res])
+                           [r.get("dp") for r in res], [r.get("state") for r in res])
     return _RESULTS[world]
 
 
@@ -410,6 +449,22 @@ def test_a_model_trained_under_fsdp_saves_and_loads():
     for rank, (gap, cp, dp) in enumerate(_results(4)[4]):  # run by the world-4 spawn
         assert gap < 1e-12, gap
         assert cp == [rank // 2 * 2, rank // 2 * 2 + 1] and dp == [rank % 2, rank % 2 + 2]
+
+
+def test_a_saved_training_state_resumes_exactly_on_another_layout():
+    for out in _results(4)[6]:
+        want = out["want"]
+        assert out["files"] == ["state.pt"], out["files"]  # no temporary file left
+        assert out["plain"] and out["moments"], out
+        assert max(abs(a - b) for a, b in zip(out["ddp"], want, strict=True)) < 1e-12, out
+        # another CP degree sums the same tokens in another order
+        assert max(abs(a - b) for a, b in zip(out["cp4"], want, strict=True)) < 1e-10, out
+        assert abs(out["weights alone"][1] - want[1]) > 1e-4, out
+    errors = [out["unreadable"] for out in _results(4)[6]]
+    assert errors[1].startswith("FileNotFoundError") and "missing.pt" in errors[1], errors
+    assert all(e.startswith("RuntimeError: Trainer: the load of ") and
+               e.endswith("state.pt failed on another rank (its error says why)")
+               for e in errors[:1] + errors[2:]), errors
 
 
 def test_no_data_parallel_wrapper_without_data_parallelism_and_one_num_targets():

@@ -284,6 +284,43 @@ def test_a_non_finite_loss_does_not_update_the_weights():
         assert torch.equal(p, before[n]) and p.grad is None, n
 
 
+def test_a_failed_save_keeps_the_previous_file_and_a_bad_state_is_refused(tmp_path,
+                                                                         monkeypatch):
+    """Trainer.save writes beside the file and renames: a write that fails (a full disk, a run
+    killed while saving) leaves the previous state whole and no temporary file."""
+    tr = Trainer("tiny", dtype=torch.float64)
+    batch = tr.local_batch(16, batch=1)
+    tr.step(*batch)
+    path = tmp_path / "state.pt"
+    tr.save(path)
+    saved = path.read_bytes()
+    tr.step(*batch)
+
+    def torn(obj, f, *a, **kw):
+        f.write(b"half a file")
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(torch, "save", torn)
+    with pytest.raises(OSError, match="No space left"):
+        tr.save(path)
+    monkeypatch.undo()
+    assert path.read_bytes() == saved and [p.name for p in tmp_path.iterdir()] == ["state.pt"]
+    again = Trainer("tiny", dtype=torch.float64, seed=3)
+    again.load(path)
+    want, got = torch.load(path, weights_only=True), again.state_dict()
+    assert all(torch.equal(got["model"][k], t) for k, t in want["model"].items())
+    assert all(torch.equal(got["optimizer"]["state"][k][m], st[m])
+               for k, st in want["optimizer"]["state"].items() for m in ("exp_avg", "exp_avg_sq"))
+    with pytest.raises(FileNotFoundError):
+        again.load(tmp_path / "missing.pt")
+    with pytest.raises(ValueError, match=r"not a Trainer.state_dict\(\) \(missing optimizer, "
+                                         r"optimizer_name\); weights alone load with"):
+        again.load_state_dict({"model": tr.model_state_dict()})
+    with pytest.raises(ValueError, match="the state is of a 'adamw' optimizer, this Trainer's "
+                                         "is 'sgd'"):
+        Trainer("tiny", dtype=torch.float64, optimizer="sgd").load(path)
+
+
 # ---------------------------------------------------------------------------------------------
 # bad input
 

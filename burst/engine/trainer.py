@@ -15,6 +15,8 @@ all-reduce), and DP's averaging is undone by scaling the backward by the DP size
 
 Every rank builds identical weights from ``seed`` (or ``state_dict``) without communication;
 one all-reduce at construction checks that they and the setup are the same on every rank.
+``save(path)`` / ``load(path)`` keep the whole training state (weights and optimizer, gathered
+whole), so a run that dies resumes with the losses it would have had, on any CP x DP layout.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import os
 import zlib
+from pathlib import Path
 
 import torch
 
@@ -37,6 +41,8 @@ from burst.engine.parallel import (
     DATA_PARALLEL,
     all_reduce_grads,
     cp_degree_ok,
+    full_state,
+    load_full_state,
     make_groups,
     wrap_data_parallel,
 )
@@ -186,6 +192,7 @@ class Trainer:
                                                                    loss_chunk)
         self._forward = wrap_data_parallel(model, self.dp_group, data_parallel)
         params = list(model.parameters())
+        self.optimizer_name = optimizer
         if optimizer == "adamw":
             self.optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95),
                                                weight_decay=weight_decay)
@@ -224,14 +231,79 @@ class Trainer:
     def model_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's weights as plain CPU tensors with the engine's names (FSDP's
         sharded parameters gathered): what ``Trainer(state_dict=...)`` loads, on any layout of
-        ranks. A collective under FSDP: every rank calls it. The optimizer's state is not in
-        it (``self.optimizer.state_dict()`` is, per rank)."""
-        out = {}
-        for name, t in self.model.state_dict().items():
-            if hasattr(t, "full_tensor"):  # a DTensor: the DP group's shards, gathered
-                t = t.full_tensor()
-            out[name] = t.detach().to("cpu", copy=True)
-        return out
+        ranks. A collective under FSDP: every rank calls it. The optimizer's state is in
+        ``state_dict()``."""
+        return full_state(self.model)[0]
+
+    def state_dict(self) -> dict:
+        """The whole training state, to resume a run exactly: ``{"model": weights (as
+        ``model_state_dict``), "optimizer": its state and hyperparameters, keyed by parameter
+        name, "optimizer_name": "adamw" | "sgd"}``, plain CPU tensors on every rank. What
+        ``load_state_dict`` restores on any CP x DP layout and either DP wrapper. A collective:
+        every rank calls it."""
+        weights, optim = full_state(self.model, self.optimizer)
+        return {"model": weights, "optimizer": optim, "optimizer_name": self.optimizer_name}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a ``state_dict()``: weights and optimizer state, its hyperparameters included
+        (the saved lr wins over this Trainer's, as torch's optimizers do). A collective; every
+        rank passes the whole state (a state refused on one rank raises on every rank), and
+        the replica check afterwards (one all-reduce) refuses ranks left with other weights."""
+        missing = [k for k in ("model", "optimizer", "optimizer_name")
+                   if not isinstance(state, dict) or k not in state]
+        problem = None
+        if missing:
+            problem = (f"not a Trainer.state_dict() (missing {', '.join(missing)}); weights "
+                       "alone load with Trainer(state_dict=...)")
+        elif state["optimizer_name"] != self.optimizer_name:
+            problem = (f"the state is of a {state['optimizer_name']!r} optimizer, this "
+                       f"Trainer's is {self.optimizer_name!r}")
+        self._agree(ValueError(f"Trainer.load_state_dict: {problem}") if problem else None,
+                    "load_state_dict")
+        load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
+        self._check_replicas()
+
+    def save(self, path) -> None:
+        """Write ``state_dict()`` to one file: global rank 0 writes a temporary file beside it and
+        renames it, so a run killed while saving keeps the previous file whole. A collective;
+        it returns on every rank once the file is complete, and raises on every rank if the
+        write failed."""
+        path = Path(path)
+        state, error = self.state_dict(), None
+        if comm.rank() == 0:
+            tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+            try:
+                with open(tmp, "wb") as f:
+                    torch.save(state, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            except Exception as e:  # noqa: BLE001  (every rank must learn of it)
+                tmp.unlink(missing_ok=True)
+                error = e
+        self._agree(error, f"save to {path}")
+
+    def load(self, path) -> None:
+        """``load_state_dict`` of a file that ``save`` wrote, read by every rank (a filesystem
+        that all ranks see). A rank that cannot read it makes every rank raise."""
+        state, error = None, None
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001  (every rank must learn of it before a collective)
+            error = e
+        self._agree(error, f"load of {path}")
+        self.load_state_dict(state)
+
+    def _agree(self, error: Exception | None, what: str) -> None:
+        """Raise on every rank when any rank had ``error`` (one all-reduce): the rank's own
+        error where it happened, a RuntimeError naming ``what`` on the others."""
+        bad = torch.tensor([error is not None], dtype=torch.int64, device=self.device)
+        with comm.phase("check"):
+            comm.all_reduce(bad, op="max")
+        if error is not None:
+            raise error
+        if bad.item():
+            raise RuntimeError(f"Trainer: the {what} failed on another rank (its error says why)")
 
     # -- groups ---------------------------------------------------------------------------------
 
