@@ -28,3 +28,39 @@ def test_benchmark_script_runs(script, args, expect):
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert expect in res.stdout, res.stdout[-3000:]
+
+
+def _train(out: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--out", str(out),
+                           "--seq-len", "64", "--dtype", "float64", "--save-every", "2", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def _losses(out: Path) -> list[tuple[int, float]]:
+    import json
+
+    return [(r["step"], r["loss"]) for r in map(json.loads, (out / "steps.jsonl").open())]
+
+
+def test_a_training_run_killed_between_saves_resumes_with_the_same_losses(tmp_path):
+    """scripts/train.py: a run that died after its last save (steps 4 and 5 logged, not saved)
+    resumes from that save, on another number of ranks, runs those steps again and ends with
+    the losses of the run that was never interrupted; other arguments are refused."""
+    straight, broken = tmp_path / "straight", tmp_path / "broken"
+    res = _train(straight, "--world", "2", "--steps", "6")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "step     6/6  loss" in res.stdout and "from the start" in res.stdout, res.stdout
+    want = _losses(straight)
+    assert [s for s, _ in want] == list(range(6)) and want[-1][1] < want[0][1], want
+    assert _train(broken, "--world", "2", "--steps", "4").returncode == 0
+    with (broken / "steps.jsonl").open("a") as f:  # what a run killed before step 6's save left
+        f.write('{"step": 4, "loss": 99.0}\n{"step": 5, "loss": 99.0}\n{"step": 6, "lo')
+    res = _train(broken, "--world", "1", "--steps", "6")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resuming at step 4" in res.stdout, res.stdout
+    got = _losses(broken)
+    assert [s for s, _ in got] == list(range(6)), got
+    # one CP group of 1 instead of 2: the same tokens, summed in another order
+    assert max(abs(a - b) for (_, a), (_, b) in zip(got, want, strict=True)) < 1e-10, (got, want)
+    res = _train(broken, "--world", "1", "--steps", "8", "--lr", "0.1")
+    assert res.returncode != 0 and "lr: 0.003 then, 0.1 now" in res.stderr, res.stderr[-3000:]

@@ -263,13 +263,14 @@ class Trainer:
         load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
         self._check_replicas()
 
-    def save(self, path) -> None:
-        """Write ``state_dict()`` to one file: global rank 0 writes a temporary file beside it and
+    def save(self, path, meta: dict | None = None) -> None:
+        """Write ``state_dict()`` to one file, with ``meta`` (plain values: the caller's step,
+        arguments) that ``load`` returns: global rank 0 writes a temporary file beside it and
         renames it, so a run killed while saving keeps the previous file whole. A collective;
         it returns on every rank once the file is complete, and raises on every rank if the
         write failed."""
         path = Path(path)
-        state, error = self.state_dict(), None
+        state, error = {**self.state_dict(), "meta": dict(meta or {})}, None
         if comm.rank() == 0:
             tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
             try:
@@ -283,9 +284,10 @@ class Trainer:
                 error = e
         self._agree(error, f"save to {path}")
 
-    def load(self, path) -> None:
+    def load(self, path) -> dict:
         """``load_state_dict`` of a file that ``save`` wrote, read by every rank (a filesystem
-        that all ranks see). A rank that cannot read it makes every rank raise."""
+        that all ranks see); returns the ``meta`` saved with it. A rank that cannot read it
+        makes every rank raise."""
         state, error = None, None
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
@@ -293,6 +295,7 @@ class Trainer:
             error = e
         self._agree(error, f"load of {path}")
         self.load_state_dict(state)
+        return state.get("meta", {})
 
     def _agree(self, error: Exception | None, what: str) -> None:
         """Raise on every rank when any rank had ``error`` (one all-reduce): the rank's own

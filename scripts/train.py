@@ -1,0 +1,164 @@
+"""Train the engine's Llama-style model with its sequence split over ranks, resumably.
+
+    .venv/bin/python scripts/train.py --out runs/tiny                # 4 local gloo ranks
+    .venv/bin/python scripts/train.py --out runs/tiny --steps 200    # again: resumes
+    torchrun --nproc-per-node 8 scripts/train.py --out runs/7b --model 7b --device cuda \\
+        --dtype bfloat16 --seq-len 262144 --checkpointing selective
+
+Each step's batch comes from ``burst.engine.data`` (synthetic runs of equal tokens, so the loss
+goes down) with the step number as its seed, so a resumed run sees the batches the uninterrupted
+one would have. Every ``--save-every`` steps and at the end the whole training state goes to
+``<out>/state.pt`` (``Trainer.save``: weights and optimizer, written atomically), and each step's
+loss, time and tokens/s to ``<out>/steps.jsonl``. Started again with the same ``--out``, a run
+resumes from its last save, with the losses it would have had (the steps logged after that save
+are run again and their lines replaced), also on another number of ranks (``--world``);
+the other arguments but ``--steps``, ``--save-every`` and ``--time-limit-min`` must be those it
+started with (``<out>/run.json``). Every rank must see ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from burst import comm  # noqa: E402
+from burst.engine import CHECKPOINTING, CONFIGS, Trainer, param_count  # noqa: E402
+from burst.engine.parallel import DATA_PARALLEL  # noqa: E402
+from burst.engine.trainer import DTYPES  # noqa: E402
+from burst.spawn import spawn  # noqa: E402
+
+# what may change when a run is resumed; everything else is the run's identity
+RESUMABLE = ("out", "steps", "save_every", "time_limit_min", "world")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="folder of state.pt, steps.jsonl, run.json")
+    p.add_argument("--model", default="tiny", choices=sorted(CONFIGS))
+    p.add_argument("--world", type=int, default=4,
+                   help="local gloo ranks (ignored under torchrun, which sets the world)")
+    p.add_argument("--cp-degree", type=int, default=None,
+                   help="ranks per context-parallel group (default: all; the rest is DP)")
+    p.add_argument("--data-parallel", default="ddp", choices=DATA_PARALLEL)
+    p.add_argument("--method", default="burst", help="attention method (baselines.registry)")
+    p.add_argument("--layout", default="zigzag", choices=("contiguous", "zigzag", "striped"))
+    p.add_argument("--checkpointing", default="selective", choices=CHECKPOINTING)
+    p.add_argument("--plain-head", action="store_true", help="unfused LM head + loss")
+    p.add_argument("--seq-len", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=1, help="sequences per data-parallel group")
+    p.add_argument("--steps", type=int, default=20, help="total steps of the run")
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=0, help="initial weights")
+    p.add_argument("--dtype", default="float32", choices=[str(d).split(".")[1] for d in DTYPES])
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--save-every", type=int, default=10)
+    p.add_argument("--time-limit-min", type=float, default=24 * 60,
+                   help="local ranks: the whole run's limit (a hung rank is killed at it)")
+    return p
+
+
+def _identity(args: dict) -> dict:
+    return {k: v for k, v in args.items() if k not in RESUMABLE}
+
+
+def _check_run(args: dict) -> None:
+    """Refuse to resume a run with other arguments; record them for a new one."""
+    out = Path(args["out"])
+    run = out / "run.json"
+    if run.exists():
+        saved = json.loads(run.read_text())
+        differ = {k: (saved.get(k), v) for k, v in _identity(args).items()
+                  if saved.get(k) != v}
+        if differ:
+            raise SystemExit(f"{out} holds a run started with other arguments ("
+                             + ", ".join(f"{k}: {a!r} then, {b!r} now" for k, (a, b) in
+                                         sorted(differ.items()))
+                             + "); use another --out, or the same arguments")
+    elif comm.rank() == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        run.write_text(json.dumps(_identity(args), indent=1, sort_keys=True) + "\n")
+
+
+def _log_lines(log: Path, below: int) -> list[str]:
+    """The log's lines of the steps before ``below`` (the ones a resume keeps)."""
+    if not log.exists():
+        return []
+    return [line for line in log.read_text().splitlines(keepends=True)
+            if line.endswith("\n") and json.loads(line)["step"] < below]
+
+
+def _train(rank: int, world: int, args: dict) -> None:
+    from baselines import registry
+
+    device = torch.device(args["device"])
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+        torch.cuda.set_device(device)
+    tr = Trainer(args["model"], attention=registry.get(args["method"]),
+                 attention_options={"layout": args["layout"]},
+                 cp_degree=args["cp_degree"] or world, data_parallel=args["data_parallel"],
+                 checkpointing=args["checkpointing"], fused_head=not args["plain_head"],
+                 dtype=getattr(torch, args["dtype"]), device=device, lr=args["lr"],
+                 seed=args["seed"])
+    out = Path(args["out"])
+    state, log = out / "state.pt", out / "steps.jsonl"
+    start = tr.load(state)["step"] if state.exists() else 0
+    say = print if rank == 0 else (lambda *a, **k: None)
+    say(f"{args['model']} ({param_count(tr.config):,} parameters), {world} ranks "
+        f"(CP {tr.cp_size} x DP {tr.dp_size}), {args['method']} {args['layout']}, "
+        f"checkpointing {args['checkpointing']}, {args['seq_len']} tokens x {args['batch']} "
+        f"per DP group; " + (f"resuming at step {start}" if start else "from the start"),
+        flush=True)
+    if rank == 0:  # drop what ran after the last save: it runs again
+        tmp = log.with_name(log.name + ".tmp")
+        tmp.write_text("".join(_log_lines(log, start)))
+        os.replace(tmp, log)
+    tokens = args["seq_len"] * args["batch"] * tr.dp_size
+    for step in range(start, args["steps"]):
+        batch = tr.local_batch(args["seq_len"], batch=args["batch"], seed=step)
+        comm.barrier()
+        t0 = time.perf_counter()
+        loss = tr.step(*batch)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        dt = time.perf_counter() - t0
+        if rank == 0:
+            row = {"step": step, "loss": loss, "seconds": dt, "tokens_per_s": tokens / dt}
+            with open(log, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            say(f"step {step + 1:>5}/{args['steps']}  loss {loss:.4f}  {dt:7.2f} s  "
+                f"{tokens / dt:9.0f} tokens/s", flush=True)
+        if (step + 1) % args["save_every"] == 0 or step + 1 == args["steps"]:
+            tr.save(state, meta={"step": step + 1})
+    say(f"done: {args['steps']} steps; state in {state}, losses in {log}", flush=True)
+
+
+def main(argv=None) -> None:
+    args = vars(_parser().parse_args(argv))
+    for k in ("steps", "save_every", "seq_len", "batch", "world"):
+        if args[k] < 1:
+            raise SystemExit(f"--{k.replace('_', '-')} must be >= 1, got {args[k]}")
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun, SLURM via torchrun
+        comm.init("nccl" if args["device"] == "cuda" else "gloo")
+        try:
+            _check_run(args)
+            comm.barrier()
+            _train(comm.rank(), comm.world_size(), args)
+        finally:
+            comm.destroy()
+        return
+    _check_run(args)
+    spawn(_train, args["world"], args=(args,), backend="nccl" if args["device"] == "cuda"
+          else "gloo", timeout_s=args["time_limit_min"] * 60)
+
+
+if __name__ == "__main__":
+    main()
