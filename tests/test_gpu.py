@@ -314,3 +314,28 @@ def test_the_reference_check_does_not_enter_reserved_memory():
 
     ((plain, checked),) = spawn(_reserved_gib, 1, backend="nccl", timeout_s=300)
     assert checked <= plain * 1.1 + 0.05, (checked, plain)
+
+
+def test_training_script_saves_and_resumes_on_cuda(tmp_path):
+    """scripts/train.py on one GPU (NCCL, CUDA tensors in the saved state): a run stopped at
+    step 2 and resumed ends with the losses of one never stopped (TF32 and atomics allowed)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+
+    def train(out, steps):
+        res = subprocess.run([sys.executable, str(root / "scripts" / "train.py"), "--out",
+                              str(out), "--device", "cuda", "--world", "1", "--seq-len", "256",
+                              "--steps", str(steps), "--save-every", "2"],
+                             cwd=root, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+        return [json.loads(line)["loss"] for line in (out / "steps.jsonl").open()]
+
+    want = train(tmp_path / "straight", 4)
+    train(tmp_path / "resumed", 2)
+    got = train(tmp_path / "resumed", 4)
+    assert len(got) == 4 and want[-1] < want[0], (got, want)
+    assert max(abs(a - b) / abs(b) for a, b in zip(got, want, strict=True)) < 1e-3, (got, want)
