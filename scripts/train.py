@@ -13,7 +13,8 @@ loss, time and tokens/s to ``<out>/steps.jsonl``. Started again with the same ``
 resumes from its last save, with the losses it would have had (the steps logged after that save
 are run again and their lines replaced), also on another number of ranks (``--world``);
 the other arguments but ``--steps``, ``--save-every`` and ``--time-limit-min`` must be those it
-started with (``<out>/run.json``). Every rank must see ``--out``.
+started with (``<out>/run.json``), and so must the global batch (``--batch`` sequences per DP
+group x the DP size). Rank 0 alone reads and writes ``--out``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from burst import comm  # noqa: E402
 from burst.engine import CHECKPOINTING, CONFIGS, Trainer, param_count  # noqa: E402
-from burst.engine.parallel import DATA_PARALLEL  # noqa: E402
+from burst.engine.parallel import DATA_PARALLEL, broadcast_object  # noqa: E402
 from burst.engine.trainer import DTYPES  # noqa: E402
 from burst.spawn import spawn  # noqa: E402
 
@@ -65,26 +66,37 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _identity(args: dict) -> dict:
-    return {k: v for k, v in args.items() if k not in RESUMABLE}
+def _identity(args: dict, world: int) -> dict:
+    """What a resumed run must keep: its arguments but RESUMABLE, and its global batch
+    (``--batch`` sequences per DP group x the DP size, whatever the world)."""
+    dp = world // (args["cp_degree"] or world)
+    return {**{k: v for k, v in args.items() if k not in RESUMABLE},
+            "global_batch": args["batch"] * dp}
 
 
-def _check_run(args: dict) -> None:
-    """Refuse to resume a run with other arguments; record them for a new one."""
+def _check_run(args: dict, world: int) -> str | None:
+    """Why the run in ``--out`` cannot go on with these arguments on ``world`` ranks (None: it
+    can); records the arguments of a new run. Called on one process (rank 0)."""
     out = Path(args["out"])
     run = out / "run.json"
+    mine = _identity(args, world)
     if run.exists():
-        saved = json.loads(run.read_text())
-        differ = {k: (saved.get(k), v) for k, v in _identity(args).items()
-                  if saved.get(k) != v}
+        try:
+            saved = json.loads(run.read_text())
+        except (OSError, ValueError) as e:
+            return f"{run} cannot be read ({e}); use another --out"
+        differ = {k: (saved.get(k), v) for k, v in mine.items() if saved.get(k) != v}
         if differ:
-            raise SystemExit(f"{out} holds a run started with other arguments ("
-                             + ", ".join(f"{k}: {a!r} then, {b!r} now" for k, (a, b) in
-                                         sorted(differ.items()))
-                             + "); use another --out, or the same arguments")
-    elif comm.rank() == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        run.write_text(json.dumps(_identity(args), indent=1, sort_keys=True) + "\n")
+            return (f"{out} holds a run started with other arguments ("
+                    + ", ".join(f"{k}: {a!r} then, {b!r} now" for k, (a, b) in
+                                sorted(differ.items()))
+                    + "); use another --out, or the same arguments")
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = run.with_name(run.name + ".tmp")
+    tmp.write_text(json.dumps(mine, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, run)
+    return None
 
 
 def _log_lines(log: Path, below: int) -> list[str]:
@@ -110,7 +122,9 @@ def _train(rank: int, world: int, args: dict) -> None:
                  seed=args["seed"])
     out = Path(args["out"])
     state, log = out / "state.pt", out / "steps.jsonl"
-    start = tr.load(state)["step"] if state.exists() else 0
+    start = 0
+    if broadcast_object(state.exists() if rank == 0 else None, device):
+        start = tr.load(state)["step"]
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"{args['model']} ({param_count(tr.config):,} parameters), {world} ranks "
         f"(CP {tr.cp_size} x DP {tr.dp_size}), {args['method']} {args['layout']}, "
@@ -147,15 +161,25 @@ def main(argv=None) -> None:
         if args[k] < 1:
             raise SystemExit(f"--{k.replace('_', '-')} must be >= 1, got {args[k]}")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun, SLURM via torchrun
-        comm.init("nccl" if args["device"] == "cuda" else "gloo")
+        device = None
+        if args["device"] == "cuda":
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+            torch.cuda.set_device(device)
+        # a save on rank 0 keeps the others waiting: the time limit, not a 10-minute default
+        comm.init("nccl" if device is not None else "gloo", device_id=device,
+                  timeout_s=args["time_limit_min"] * 60)
         try:
-            _check_run(args)
-            comm.barrier()
+            problem = broadcast_object(
+                _check_run(args, comm.world_size()) if comm.rank() == 0 else None, device)
+            if problem:
+                raise SystemExit(problem)
             _train(comm.rank(), comm.world_size(), args)
         finally:
             comm.destroy()
         return
-    _check_run(args)
+    problem = _check_run(args, args["world"])
+    if problem:
+        raise SystemExit(problem)
     spawn(_train, args["world"], args=(args,), backend="nccl" if args["device"] == "cuda"
           else "gloo", timeout_s=args["time_limit_min"] * 60)
 

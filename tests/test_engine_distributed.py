@@ -193,33 +193,47 @@ def _resume_from_fsdp() -> float:
 
 def _resume_training(path: Path) -> dict:
     """A run saved with Trainer.save under FSDP (CP 2 x DP 2, AdamW) after 2 steps and loaded
-    into Trainers of another seed, under DDP on the same layout and as one CP group of 4 with the
-    same global batch: each continues with the losses of the run that went on. Weights alone
-    (model_state_dict) lose AdamW's moments, and give other losses."""
+    into Trainers of another seed, under FSDP and DDP on the same layout, FSDP over 4 DP groups
+    and one CP group of 4 (the same global batch): each continues with the losses of the run
+    that went on. Weights alone (model_state_dict) lose AdamW's moments, and give other losses.
+    A save before the first step changes nothing (torch fills an empty AdamW state with a
+    zero-lr step, which counts as AdamW's first)."""
     kw = dict(dtype=torch.float64, optimizer="adamw", lr=1e-2)
+
+    def steps(tr, seeds, batch=BATCH):
+        return [tr.step(*tr.local_batch(TRAIN_SEQ, batch=batch, seed=s)) for s in seeds]
+
     tr = Trainer("tiny", cp_degree=2, data_parallel="fsdp", **kw)
-    for s in (0, 1):
-        tr.step(*tr.local_batch(TRAIN_SEQ, batch=BATCH, seed=s))
+    tr.save(path.with_name("fresh.pt"))
+    first = steps(tr, (0, 1))
+    out = {"fresh": [first, steps(Trainer("tiny", cp_degree=2, data_parallel="fsdp", **kw),
+                                  (0, 1))]}
+    again = Trainer("tiny", cp_degree=2, seed=5, **kw)
+    again.load(path.with_name("fresh.pt"))
+    out["fresh"].append(steps(again, (0, 1)))
     tr.save(path)
     state, weights = tr.state_dict(), tr.model_state_dict()
-    out = {"want": [tr.step(*tr.local_batch(TRAIN_SEQ, batch=BATCH, seed=s)) for s in (2, 3)],
-           "files": sorted(p.name for p in path.parent.iterdir()),
-           "plain": all(type(t) is torch.Tensor and t.device.type == "cpu"
-                        for t in [*state["model"].values(),
-                                  *(x for st in state["optimizer"]["state"].values()
-                                    for x in st.values())]),
-           "moments": sorted(state["optimizer"]["state"]) == sorted(state["model"])}
+    out["want"] = steps(tr, (2, 3))
+    out["files"] = sorted(p.name for p in path.parent.iterdir())
+    out["state"] = state is not None and {
+        "plain": all(type(t) is torch.Tensor and t.device.type == "cpu"
+                     for t in [*state["model"].values(),
+                               *(x for st in state["optimizer"]["state"].values()
+                                 for x in st.values())]),
+        "moments": sorted(state["optimizer"]["state"]) == sorted(state["model"])}
     for name, layout, batch, load in (
-            ("ddp", dict(cp_degree=2), BATCH, lambda t: t.load(path)),
-            ("cp4", dict(cp_degree=4), 2 * BATCH, lambda t: t.load(path)),
-            ("weights alone", dict(cp_degree=2, state_dict=weights), BATCH, lambda t: None)):
+            ("fsdp", dict(cp_degree=2, data_parallel="fsdp"), BATCH, True),
+            ("fsdp dp4", dict(cp_degree=1, data_parallel="fsdp"), BATCH // 2, True),
+            ("ddp", dict(cp_degree=2), BATCH, True),
+            ("cp4", dict(cp_degree=4), 2 * BATCH, True),
+            ("weights alone", dict(cp_degree=2, state_dict=weights), BATCH, False)):
         again = Trainer("tiny", seed=5, **layout, **kw)
-        load(again)
-        out[name] = [again.step(*again.local_batch(TRAIN_SEQ, batch=batch, seed=s))
-                     for s in (2, 3)]
-    # a file that one rank cannot read: every rank raises (the others hung in the collectives)
+        meta = again.load(path) if load else {}
+        out[name] = steps(again, (2, 3), batch)
+        out[name + " meta"] = meta
+    # a file rank 0 cannot read: every rank raises (the others hung in the collectives)
     try:
-        again.load(path.with_name("missing.pt") if comm.rank() == 1 else path)
+        again.load(path.with_name("missing.pt") if comm.rank() == 0 else path)
         out["unreadable"] = "no error"
     except (FileNotFoundError, RuntimeError) as e:
         out["unreadable"] = f"{type(e).__name__}: {e}"
@@ -452,19 +466,29 @@ def test_a_model_trained_under_fsdp_saves_and_loads():
 
 
 def test_a_saved_training_state_resumes_exactly_on_another_layout():
-    for out in _results(4)[6]:
+    outs = _results(4)[6]
+    for rank, out in enumerate(outs):
         want = out["want"]
-        assert out["files"] == ["state.pt"], out["files"]  # no temporary file left
-        assert out["plain"] and out["moments"], out
-        assert max(abs(a - b) for a, b in zip(out["ddp"], want, strict=True)) < 1e-12, out
-        # another CP degree sums the same tokens in another order
-        assert max(abs(a - b) for a, b in zip(out["cp4"], want, strict=True)) < 1e-10, out
+        saved_first, never_saved, loaded_fresh = out["fresh"]
+        assert saved_first == never_saved, out["fresh"]
+        assert max(abs(a - b) for a, b in zip(loaded_fresh, never_saved, strict=True)) < 1e-12
+        assert out["files"] == ["fresh.pt", "state.pt"], out["files"]  # no temporary file
+        # the state is gathered on rank 0 alone
+        assert (out["state"] == {"plain": True, "moments": True}) if rank == 0 else \
+            out["state"] is False, out["state"]
+        for name in ("fsdp", "ddp"):
+            assert max(abs(a - b) for a, b in zip(out[name], want, strict=True)) < 1e-12, \
+                (name, out[name], want)
+            assert out[name + " meta"] == {}, out
+        # other CP / DP degrees sum the same tokens in another order
+        for name in ("fsdp dp4", "cp4"):
+            assert max(abs(a - b) for a, b in zip(out[name], want, strict=True)) < 1e-10, \
+                (name, out[name], want)
         assert abs(out["weights alone"][1] - want[1]) > 1e-4, out
-    errors = [out["unreadable"] for out in _results(4)[6]]
-    assert errors[1].startswith("FileNotFoundError") and "missing.pt" in errors[1], errors
+    errors = [out["unreadable"] for out in outs]
+    assert errors[0].startswith("FileNotFoundError") and "missing.pt" in errors[0], errors
     assert all(e.startswith("RuntimeError: Trainer: the load of ") and
-               e.endswith("state.pt failed on another rank (its error says why)")
-               for e in errors[:1] + errors[2:]), errors
+               "failed on rank 0: FileNotFoundError" in e for e in errors[1:]), errors
 
 
 def test_no_data_parallel_wrapper_without_data_parallelism_and_one_num_targets():

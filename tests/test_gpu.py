@@ -318,7 +318,8 @@ def test_the_reference_check_does_not_enter_reserved_memory():
 
 def test_training_script_saves_and_resumes_on_cuda(tmp_path):
     """scripts/train.py on one GPU (NCCL, CUDA tensors in the saved state): a run stopped at
-    step 2 and resumed ends with the losses of one never stopped (TF32 and atomics allowed)."""
+    step 2 and resumed ends with the losses of one never stopped (float64: losing AdamW's
+    moments moves step 3 by ~1e-3, far above kernels' atomics)."""
     import json
     import subprocess
     import sys
@@ -329,6 +330,7 @@ def test_training_script_saves_and_resumes_on_cuda(tmp_path):
     def train(out, steps):
         res = subprocess.run([sys.executable, str(root / "scripts" / "train.py"), "--out",
                               str(out), "--device", "cuda", "--world", "1", "--seq-len", "256",
+                              "--dtype", "float64",
                               "--steps", str(steps), "--save-every", "2"],
                              cwd=root, capture_output=True, text=True, timeout=600)
         assert res.returncode == 0, res.stderr[-3000:]
@@ -338,4 +340,4 @@ def test_training_script_saves_and_resumes_on_cuda(tmp_path):
     train(tmp_path / "resumed", 2)
     got = train(tmp_path / "resumed", 4)
     assert len(got) == 4 and want[-1] < want[0], (got, want)
-    assert max(abs(a - b) / abs(b) for a, b in zip(got, want, strict=True)) < 1e-3, (got, want)
+    assert max(abs(a - b) / abs(b) for a, b in zip(got, want, strict=True)) < 1e-9, (got, want)

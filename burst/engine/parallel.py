@@ -10,7 +10,8 @@ the batch differs and torch's own DistributedDataParallel or FSDP (``fully_shard
 gradients; that is the one place the engine lets torch.distributed be called outside
 ``burst.comm`` (issue 4 asks for torch's DDP/FSDP, not a home-made one), and so are the whole
 training state's gathering and restoring across those wrappers (``full_state``, ``load_full_state``:
-torch.distributed.checkpoint's full state dicts, which gather FSDP's shards and shard them again).
+torch.distributed.checkpoint's full state dicts, which gather FSDP's shards and shard them again)
+with the one ``broadcast_object`` that tells every rank what rank 0 read or wrote.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from torch import nn
 from burst import comm
 from burst.layout import divisors
 
-__all__ = ["DATA_PARALLEL", "all_reduce_grads", "full_state", "load_full_state", "make_groups",
-           "wrap_data_parallel"]
+__all__ = ["DATA_PARALLEL", "all_reduce_grads", "broadcast_object", "full_state", "load_full_state",
+           "make_groups", "wrap_data_parallel"]
 
 DATA_PARALLEL = ("ddp", "fsdp")
 
@@ -108,26 +109,57 @@ def _options(**kw):
     return StateDictOptions(full_state_dict=True, **kw)
 
 
-def full_state(module: nn.Module, optimizer: torch.optim.Optimizer | None = None):
-    """(weights, optimizer state) of ``module`` whole, as plain CPU tensors on every rank, keyed
-    by parameter name whatever the DP wrapper (FSDP's shards gathered). A collective under FSDP.
-    Without ``optimizer`` the second item is None."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+def _copy_to_cpu(tree):
+    # a copy even on CPU: the gathered tensors of an unsharded model are its live parameters
+    # and optimizer state, which the next step changes in place
     from torch.utils._pytree import tree_map_only
 
+    return tree_map_only(torch.Tensor, lambda t: t.detach().to("cpu", copy=True), tree)
+
+
+def full_state(module: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
+               rank0_only: bool = False):
+    """(weights, optimizer state) of ``module`` whole, as plain CPU tensors keyed by parameter
+    name whatever the DP wrapper (FSDP's shards gathered): on every rank, or with
+    ``rank0_only`` on global rank 0 alone (the others get empty dicts, and never hold a whole
+    copy). A collective under FSDP. Without ``optimizer`` the second item is None."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    opts = _options(cpu_offload=rank0_only and comm.is_initialized())
     if optimizer is None:
-        weights, optim = get_model_state_dict(module, options=_options()), None
-    else:
-        weights, optim = get_state_dict(module, optimizer, options=_options())
-    return tree_map_only(torch.Tensor, lambda t: t.detach().to("cpu", copy=True),
-                         (weights, optim))
+        return _copy_to_cpu(get_model_state_dict(module, options=opts)), None
+    fresh = not optimizer.state
+    weights, optim = _copy_to_cpu(get_state_dict(module, optimizer, options=opts))
+    if fresh:  # torch filled the state with a zero-lr step (AdamW's step count 1): undone
+        optimizer.state.clear()
+        if optim:
+            optim["state"] = {}
+    return weights, optim
 
 
 def load_full_state(module: nn.Module, optimizer: torch.optim.Optimizer, weights: dict,
-                    optim: dict) -> None:
-    """Restore what ``full_state`` gave, on any CP x DP layout and either wrapper (FSDP
-    shards it again). A collective; every rank passes the whole state."""
-    from torch.distributed.checkpoint.state_dict import set_state_dict
+                    optim: dict, *, fresh: bool) -> None:
+    """Restore what ``full_state(..., rank0_only=True)`` gave global rank 0 (the other ranks'
+    arguments are not read), on any CP x DP layout and either wrapper (FSDP shards it again).
+    ``fresh``, known on every rank: the saved optimizer had no state yet. A collective."""
+    from torch.distributed.checkpoint.state_dict import (
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
 
-    set_state_dict(module, optimizer, model_state_dict=weights, optim_state_dict=optim,
-                   options=_options())
+    opts = _options(broadcast_from_rank0=comm.is_initialized())
+    set_model_state_dict(module, weights, options=opts)
+    set_optimizer_state_dict(module, optimizer, optim, options=opts)
+    if fresh:  # loading fills the state with a zero-lr step first (see full_state)
+        optimizer.state.clear()
+
+
+def broadcast_object(obj, device=None):
+    """Global rank 0's ``obj`` (picklable) on every rank; ``obj`` itself without a group."""
+    if not comm.is_initialized() or comm.world_size() == 1:
+        return obj
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, device=device)
+    return box[0]

@@ -16,7 +16,7 @@ all-reduce), and DP's averaging is undone by scaling the backward by the DP size
 Every rank builds identical weights from ``seed`` (or ``state_dict``) without communication;
 one all-reduce at construction checks that they and the setup are the same on every rank.
 ``save(path)`` / ``load(path)`` keep the whole training state (weights and optimizer, gathered
-whole), so a run that dies resumes with the losses it would have had, on any CP x DP layout.
+on rank 0), so a run that dies resumes with the losses it would have had, on any CP x DP layout.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from burst.engine.model import CausalLM
 from burst.engine.parallel import (
     DATA_PARALLEL,
     all_reduce_grads,
+    broadcast_object,
     cp_degree_ok,
     full_state,
     load_full_state,
@@ -235,78 +236,88 @@ class Trainer:
         ``state_dict()``."""
         return full_state(self.model)[0]
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict | None:
         """The whole training state, to resume a run exactly: ``{"model": weights (as
-        ``model_state_dict``), "optimizer": its state and hyperparameters, keyed by parameter
-        name, "optimizer_name": "adamw" | "sgd"}``, plain CPU tensors on every rank. What
-        ``load_state_dict`` restores on any CP x DP layout and either DP wrapper. A collective:
-        every rank calls it."""
-        weights, optim = full_state(self.model, self.optimizer)
+        ``model_state_dict``), "optimizer": its state and hyperparameters keyed by parameter
+        name, "optimizer_name": "adamw" | "sgd"}`` as plain CPU tensors, on global rank 0 only
+        (None on the others: no other rank holds a whole copy). What ``load_state_dict``
+        restores on any CP x DP layout and either DP wrapper. A collective: every rank calls
+        it."""
+        weights, optim = full_state(self.model, self.optimizer, rank0_only=True)
+        if comm.rank() != 0:
+            return None
         return {"model": weights, "optimizer": optim, "optimizer_name": self.optimizer_name}
 
-    def load_state_dict(self, state: dict) -> None:
-        """Restore a ``state_dict()``: weights and optimizer state, its hyperparameters included
-        (the saved lr wins over this Trainer's, as torch's optimizers do). A collective; every
-        rank passes the whole state (a state refused on one rank raises on every rank), and
-        the replica check afterwards (one all-reduce) refuses ranks left with other weights."""
-        missing = [k for k in ("model", "optimizer", "optimizer_name")
-                   if not isinstance(state, dict) or k not in state]
-        problem = None
-        if missing:
-            problem = (f"not a Trainer.state_dict() (missing {', '.join(missing)}); weights "
-                       "alone load with Trainer(state_dict=...)")
-        elif state["optimizer_name"] != self.optimizer_name:
-            problem = (f"the state is of a {state['optimizer_name']!r} optimizer, this "
-                       f"Trainer's is {self.optimizer_name!r}")
-        self._agree(ValueError(f"Trainer.load_state_dict: {problem}") if problem else None,
-                    "load_state_dict")
-        load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
-        self._check_replicas()
+    def load_state_dict(self, state: dict | None) -> None:
+        """Restore the ``state_dict()`` given on global rank 0 (the other ranks' argument is not
+        read; rank 0 broadcasts it): weights and optimizer state, its hyperparameters included
+        (the saved lr wins over this Trainer's, as torch's optimizers do). A collective; a state
+        refused on rank 0 raises on every rank."""
+        head = None
+        if comm.rank() == 0:
+            missing = [k for k in ("model", "optimizer", "optimizer_name")
+                       if not isinstance(state, dict) or k not in state]
+            problem = None
+            if missing:
+                problem = (f"not a Trainer.state_dict() (missing {', '.join(missing)}); "
+                           "weights alone load with Trainer(state_dict=...)")
+            elif state["optimizer_name"] != self.optimizer_name:
+                problem = (f"the state is of a {state['optimizer_name']!r} optimizer, this "
+                           f"Trainer's is {self.optimizer_name!r}")
+            head = {"problem": problem,
+                    "fresh": problem is None and not state["optimizer"].get("state")}
+        head = broadcast_object(head, self.device)
+        if head["problem"]:
+            raise ValueError(f"Trainer.load_state_dict: {head['problem']}")
+        mine = state if comm.rank() == 0 else {"model": {}, "optimizer": {}}
+        load_full_state(self.model, self.optimizer, mine["model"], mine["optimizer"],
+                        fresh=head["fresh"])
 
     def save(self, path, meta: dict | None = None) -> None:
         """Write ``state_dict()`` to one file, with ``meta`` (plain values: the caller's step,
-        arguments) that ``load`` returns: global rank 0 writes a temporary file beside it and
-        renames it, so a run killed while saving keeps the previous file whole. A collective;
-        it returns on every rank once the file is complete, and raises on every rank if the
-        write failed."""
+        arguments) that ``load`` returns: global rank 0 writes ``<path>.tmp`` and renames it,
+        so a run killed while saving keeps the previous file whole. A collective; it returns
+        on every rank once the file is complete, and raises on every rank if the write
+        failed."""
         path = Path(path)
-        state, error = {**self.state_dict(), "meta": dict(meta or {})}, None
+        state, error = self.state_dict(), None
         if comm.rank() == 0:
-            tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+            tmp = path.with_name(f"{path.name}.tmp")
             try:
                 with open(tmp, "wb") as f:
-                    torch.save(state, f)
+                    torch.save({**state, "meta": dict(meta or {})}, f)
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(tmp, path)
             except Exception as e:  # noqa: BLE001  (every rank must learn of it)
                 tmp.unlink(missing_ok=True)
                 error = e
-        self._agree(error, f"save to {path}")
+        self._raise_from_rank0(error, f"the save to {path}")
 
     def load(self, path) -> dict:
-        """``load_state_dict`` of a file that ``save`` wrote, read by every rank (a filesystem
-        that all ranks see); returns the ``meta`` saved with it. A rank that cannot read it
-        makes every rank raise."""
+        """``load_state_dict`` of a file that ``save`` wrote, read by global rank 0 alone;
+        returns the ``meta`` saved with it, on every rank. A file rank 0 cannot read raises on
+        every rank."""
         state, error = None, None
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001  (every rank must learn of it before a collective)
-            error = e
-        self._agree(error, f"load of {path}")
+        if comm.rank() == 0:
+            try:
+                state = torch.load(path, map_location="cpu", weights_only=True)
+            except Exception as e:  # noqa: BLE001  (every rank must learn of it)
+                error = e
+        self._raise_from_rank0(error, f"the load of {path}")
         self.load_state_dict(state)
-        return state.get("meta", {})
+        return broadcast_object(state.get("meta", {}) if state is not None else None,
+                                self.device)
 
-    def _agree(self, error: Exception | None, what: str) -> None:
-        """Raise on every rank when any rank had ``error`` (one all-reduce): the rank's own
-        error where it happened, a RuntimeError naming ``what`` on the others."""
-        bad = torch.tensor([error is not None], dtype=torch.int64, device=self.device)
-        with comm.phase("check"):
-            comm.all_reduce(bad, op="max")
+    def _raise_from_rank0(self, error: Exception | None, what: str) -> None:
+        """Rank 0's ``error`` raised there, and as a RuntimeError quoting it on every other
+        rank (one broadcast)."""
+        text = broadcast_object(None if error is None else f"{type(error).__name__}: {error}",
+                                self.device)
         if error is not None:
             raise error
-        if bad.item():
-            raise RuntimeError(f"Trainer: the {what} failed on another rank (its error says why)")
+        if text is not None:
+            raise RuntimeError(f"Trainer: {what} failed on rank 0: {text}")
 
     # -- groups ---------------------------------------------------------------------------------
 
