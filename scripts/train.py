@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from burst import comm  # noqa: E402
 from burst.engine import CHECKPOINTING, CONFIGS, Trainer, param_count  # noqa: E402
-from burst.engine.parallel import DATA_PARALLEL, broadcast_object  # noqa: E402
+from burst.engine.parallel import DATA_PARALLEL, cp_degree_ok, gather_objects  # noqa: E402
 from burst.engine.trainer import DTYPES  # noqa: E402
 from burst.spawn import spawn  # noqa: E402
 
@@ -77,6 +77,9 @@ def _identity(args: dict, world: int) -> dict:
 def _check_run(args: dict, world: int) -> str | None:
     """Why the run in ``--out`` cannot go on with these arguments on ``world`` ranks (None: it
     can); records the arguments of a new run. Called on one process (rank 0)."""
+    if not cp_degree_ok(args["cp_degree"] or world, world):
+        return (f"--cp-degree {args['cp_degree']} does not divide the world of {world} ranks "
+                "(nothing was written)")
     out = Path(args["out"])
     run = out / "run.json"
     mine = _identity(args, world)
@@ -123,7 +126,7 @@ def _train(rank: int, world: int, args: dict) -> None:
     out = Path(args["out"])
     state, log = out / "state.pt", out / "steps.jsonl"
     start = 0
-    if broadcast_object(state.exists() if rank == 0 else None, device):
+    if gather_objects(state.exists() if rank == 0 else None, device)[0]:
         start = tr.load(state)["step"]
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"{args['model']} ({param_count(tr.config):,} parameters), {world} ranks "
@@ -169,8 +172,8 @@ def main(argv=None) -> None:
         comm.init("nccl" if device is not None else "gloo", device_id=device,
                   timeout_s=args["time_limit_min"] * 60)
         try:
-            problem = broadcast_object(
-                _check_run(args, comm.world_size()) if comm.rank() == 0 else None, device)
+            problem = gather_objects(
+                _check_run(args, comm.world_size()) if comm.rank() == 0 else None, device)[0]
             if problem:
                 raise SystemExit(problem)
             _train(comm.rank(), comm.world_size(), args)

@@ -313,9 +313,11 @@ def test_a_failed_save_keeps_the_previous_file_and_a_bad_state_is_refused(tmp_pa
                for k, st in want["optimizer"]["state"].items() for m in ("exp_avg", "exp_avg_sq"))
     with pytest.raises(FileNotFoundError):
         again.load(tmp_path / "missing.pt")
-    with pytest.raises(ValueError, match=r"not a Trainer.state_dict\(\) \(missing optimizer, "
-                                         r"optimizer_name\); weights alone load with"):
+    with pytest.raises(ValueError, match=r"not a Trainer.state_dict\(\) \(it has \['model'\]\); "
+                                         "weights alone load with"):
         again.load_state_dict({"model": tr.model_state_dict()})
+    with pytest.raises(ValueError, match="'optimizer' a dict with 'param_groups'"):
+        again.load_state_dict({**torch.load(path, weights_only=True), "optimizer": None})
     with pytest.raises(ValueError, match="the state is of a 'adamw' optimizer, this Trainer's "
                                          "is 'sgd'"):
         Trainer("tiny", dtype=torch.float64, optimizer="sgd").load(path)

@@ -64,6 +64,10 @@ def test_a_training_run_killed_between_saves_resumes_with_the_same_losses(tmp_pa
     assert max(abs(a - b) for (_, a), (_, b) in zip(got, want, strict=True)) < 1e-10, (got, want)
     res = _train(broken, "--world", "1", "--steps", "8", "--lr", "0.1")
     assert res.returncode != 0 and "lr: 0.003 then, 0.1 now" in res.stderr, res.stderr[-3000:]
+    # a CP degree that does not divide the world is refused before run.json is written
+    res = _train(tmp_path / "bad", "--world", "3", "--cp-degree", "2", "--steps", "1")
+    assert res.returncode != 0 and "does not divide the world of 3" in res.stderr, res.stderr
+    assert not (tmp_path / "bad").exists()
     # 2 DP groups of 1 sequence each: another global batch, so not the same run
     res = _train(broken, "--world", "2", "--cp-degree", "1", "--steps", "8")
     assert res.returncode != 0 and "global_batch: 1 then, 2 now" in res.stderr, res.stderr[-3000:]

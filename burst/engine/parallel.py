@@ -11,7 +11,7 @@ gradients; that is the one place the engine lets torch.distributed be called out
 ``burst.comm`` (issue 4 asks for torch's DDP/FSDP, not a home-made one), and so are the whole
 training state's gathering and restoring across those wrappers (``full_state``, ``load_full_state``:
 torch.distributed.checkpoint's full state dicts, which gather FSDP's shards and shard them again)
-with the one ``broadcast_object`` that tells every rank what rank 0 read or wrote.
+with ``gather_objects``, which tells every rank what rank 0 read or wrote and which rank failed.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from torch import nn
 from burst import comm
 from burst.layout import divisors
 
-__all__ = ["DATA_PARALLEL", "all_reduce_grads", "broadcast_object", "full_state", "load_full_state",
-           "make_groups", "wrap_data_parallel"]
+__all__ = ["DATA_PARALLEL", "all_reduce_grads", "full_state", "gather_objects", "hyperparameters",
+           "load_full_state", "make_groups", "wrap_data_parallel"]
 
 DATA_PARALLEL = ("ddp", "fsdp")
 
@@ -109,12 +109,10 @@ def _options(**kw):
     return StateDictOptions(full_state_dict=True, **kw)
 
 
-def _copy_to_cpu(tree):
-    # a copy even on CPU: the gathered tensors of an unsharded model are its live parameters
-    # and optimizer state, which the next step changes in place
+def _to_cpu(tree, copy: bool):
     from torch.utils._pytree import tree_map_only
 
-    return tree_map_only(torch.Tensor, lambda t: t.detach().to("cpu", copy=True), tree)
+    return tree_map_only(torch.Tensor, lambda t: t.detach().to("cpu", copy=copy), tree)
 
 
 def full_state(module: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
@@ -126,10 +124,13 @@ def full_state(module: nn.Module, optimizer: torch.optim.Optimizer | None = None
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
     opts = _options(cpu_offload=rank0_only and comm.is_initialized())
+    # an unsharded CPU model's state comes back as its live tensors, which the next step
+    # changes in place: copied. Elsewhere torch made new CPU tensors: not copied twice
+    live = next(module.parameters()).device.type == "cpu"
     if optimizer is None:
-        return _copy_to_cpu(get_model_state_dict(module, options=opts)), None
+        return _to_cpu(get_model_state_dict(module, options=opts), live), None
     fresh = not optimizer.state
-    weights, optim = _copy_to_cpu(get_state_dict(module, optimizer, options=opts))
+    weights, optim = _to_cpu(get_state_dict(module, optimizer, options=opts), live)
     if fresh:  # torch filled the state with a zero-lr step (AdamW's step count 1): undone
         optimizer.state.clear()
         if optim:
@@ -137,11 +138,22 @@ def full_state(module: nn.Module, optimizer: torch.optim.Optimizer | None = None
     return weights, optim
 
 
+def hyperparameters(optim: dict) -> list[dict] | None:
+    """The param groups' hyperparameters of a ``full_state`` optimizer state whose optimizer
+    had no per-parameter state (plain SGD always, AdamW before its first step), else None."""
+    if optim.get("state"):
+        return None
+    return [{k: v for k, v in g.items() if k != "params"} for g in optim["param_groups"]]
+
+
 def load_full_state(module: nn.Module, optimizer: torch.optim.Optimizer, weights: dict,
-                    optim: dict, *, fresh: bool) -> None:
+                    optim: dict, *, fresh: list[dict] | None) -> None:
     """Restore what ``full_state(..., rank0_only=True)`` gave global rank 0 (the other ranks'
     arguments are not read), on any CP x DP layout and either wrapper (FSDP shards it again).
-    ``fresh``, known on every rank: the saved optimizer had no state yet. A collective."""
+    ``fresh``, on every rank: ``hyperparameters(optim)`` of rank 0's state. A state without
+    per-parameter entries is not given to torch (it finds no device to load it on, and its
+    own loading starts with a zero-lr step that AdamW would count): its hyperparameters are
+    set and the state emptied. A collective."""
     from torch.distributed.checkpoint.state_dict import (
         set_model_state_dict,
         set_optimizer_state_dict,
@@ -149,17 +161,25 @@ def load_full_state(module: nn.Module, optimizer: torch.optim.Optimizer, weights
 
     opts = _options(broadcast_from_rank0=comm.is_initialized())
     set_model_state_dict(module, weights, options=opts)
-    set_optimizer_state_dict(module, optimizer, optim, options=opts)
-    if fresh:  # loading fills the state with a zero-lr step first (see full_state)
-        optimizer.state.clear()
+    if fresh is None:
+        set_optimizer_state_dict(module, optimizer, optim, options=opts)
+        return
+    for group, saved in zip(optimizer.param_groups, fresh, strict=True):
+        group.update(saved)
+    optimizer.state.clear()
 
 
-def broadcast_object(obj, device=None):
-    """Global rank 0's ``obj`` (picklable) on every rank; ``obj`` itself without a group."""
-    if not comm.is_initialized() or comm.world_size() == 1:
-        return obj
+def gather_objects(obj, device=None) -> list:
+    """Every rank's ``obj`` (picklable), in rank order, on every rank; ``[obj]`` without a
+    process group. ``device``: the rank's GPU under NCCL."""
+    if not comm.is_initialized():
+        return [obj]
+    import contextlib
+
     import torch.distributed as dist
 
-    box = [obj]
-    dist.broadcast_object_list(box, src=0, device=device)
-    return box[0]
+    out = [None] * comm.world_size()
+    on_gpu = device is not None and torch.device(device).type == "cuda"
+    with torch.cuda.device(device) if on_gpu else contextlib.nullcontext():
+        dist.all_gather_object(out, obj)
+    return out

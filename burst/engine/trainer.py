@@ -40,9 +40,10 @@ from burst.engine.model import CausalLM
 from burst.engine.parallel import (
     DATA_PARALLEL,
     all_reduce_grads,
-    broadcast_object,
     cp_degree_ok,
     full_state,
+    gather_objects,
+    hyperparameters,
     load_full_state,
     make_groups,
     wrap_data_parallel,
@@ -251,27 +252,44 @@ class Trainer:
     def load_state_dict(self, state: dict | None) -> None:
         """Restore the ``state_dict()`` given on global rank 0 (the other ranks' argument is not
         read; rank 0 broadcasts it): weights and optimizer state, its hyperparameters included
-        (the saved lr wins over this Trainer's, as torch's optimizers do). A collective; a state
-        refused on rank 0 raises on every rank."""
+        (the saved lr wins over this Trainer's, as torch's optimizers do); gradients not yet
+        applied are dropped. A collective; a state refused on rank 0, or a failure on any
+        rank, raises on every rank."""
         head = None
         if comm.rank() == 0:
-            missing = [k for k in ("model", "optimizer", "optimizer_name")
-                       if not isinstance(state, dict) or k not in state]
-            problem = None
-            if missing:
-                problem = (f"not a Trainer.state_dict() (missing {', '.join(missing)}); "
-                           "weights alone load with Trainer(state_dict=...)")
-            elif state["optimizer_name"] != self.optimizer_name:
-                problem = (f"the state is of a {state['optimizer_name']!r} optimizer, this "
-                           f"Trainer's is {self.optimizer_name!r}")
-            head = {"problem": problem,
-                    "fresh": problem is None and not state["optimizer"].get("state")}
-        head = broadcast_object(head, self.device)
+            try:
+                head = {"problem": None, "fresh": hyperparameters(self._check_state(state))}
+            except (TypeError, ValueError, KeyError, AttributeError) as e:
+                head = {"problem": str(e), "fresh": None}
+        head = gather_objects(head, self.device)[0]
         if head["problem"]:
             raise ValueError(f"Trainer.load_state_dict: {head['problem']}")
+        self.optimizer.zero_grad(set_to_none=True)  # torch's loading skips a stepped-on state
         mine = state if comm.rank() == 0 else {"model": {}, "optimizer": {}}
-        load_full_state(self.model, self.optimizer, mine["model"], mine["optimizer"],
-                        fresh=head["fresh"])
+        error = None
+        try:
+            load_full_state(self.model, self.optimizer, mine["model"], mine["optimizer"],
+                            fresh=head["fresh"])
+        except Exception as e:  # noqa: BLE001  (every rank must learn of it)
+            error = e
+        self._raise_if_any(error, "load_state_dict")
+
+    def _check_state(self, state) -> dict:
+        """``state["optimizer"]`` of a well-formed state for this Trainer; raises why not."""
+        if not isinstance(state, dict) or any(k not in state for k in
+                                              ("model", "optimizer", "optimizer_name")):
+            have = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"not a Trainer.state_dict() (it has {have}); weights alone load "
+                             "with Trainer(state_dict=...)")
+        if state["optimizer_name"] != self.optimizer_name:
+            raise ValueError(f"the state is of a {state['optimizer_name']!r} optimizer, this "
+                             f"Trainer's is {self.optimizer_name!r}")
+        optim = state["optimizer"]
+        if (not isinstance(state["model"], dict) or not isinstance(optim, dict)
+                or not isinstance(optim.get("param_groups"), list)):
+            raise ValueError("not a Trainer.state_dict(): 'model' must be a dict of tensors "
+                             "and 'optimizer' a dict with 'param_groups'")
+        return optim
 
     def save(self, path, meta: dict | None = None) -> None:
         """Write ``state_dict()`` to one file, with ``meta`` (plain values: the caller's step,
@@ -292,7 +310,7 @@ class Trainer:
             except Exception as e:  # noqa: BLE001  (every rank must learn of it)
                 tmp.unlink(missing_ok=True)
                 error = e
-        self._raise_from_rank0(error, f"the save to {path}")
+        self._raise_if_any(error, f"the save to {path}")
 
     def load(self, path) -> dict:
         """``load_state_dict`` of a file that ``save`` wrote, read by global rank 0 alone;
@@ -304,20 +322,22 @@ class Trainer:
                 state = torch.load(path, map_location="cpu", weights_only=True)
             except Exception as e:  # noqa: BLE001  (every rank must learn of it)
                 error = e
-        self._raise_from_rank0(error, f"the load of {path}")
+        self._raise_if_any(error, f"the load of {path}")
         self.load_state_dict(state)
-        return broadcast_object(state.get("meta", {}) if state is not None else None,
-                                self.device)
+        meta = state.get("meta", {}) if isinstance(state, dict) else None
+        return gather_objects(meta, self.device)[0]
 
-    def _raise_from_rank0(self, error: Exception | None, what: str) -> None:
-        """Rank 0's ``error`` raised there, and as a RuntimeError quoting it on every other
-        rank (one broadcast)."""
-        text = broadcast_object(None if error is None else f"{type(error).__name__}: {error}",
-                                self.device)
+    def _raise_if_any(self, error: Exception | None, what: str) -> None:
+        """A rank's ``error`` raised there, and as a RuntimeError quoting the first failed
+        rank's on every other rank (one all-gather of the error texts)."""
+        texts = gather_objects(None if error is None else f"{type(error).__name__}: {error}",
+                               self.device)
         if error is not None:
             raise error
-        if text is not None:
-            raise RuntimeError(f"Trainer: {what} failed on rank 0: {text}")
+        failed = [(r, t) for r, t in enumerate(texts) if t is not None]
+        if failed:
+            r, text = failed[0]
+            raise RuntimeError(f"Trainer: {what} failed on rank {r}: {text}")
 
     # -- groups ---------------------------------------------------------------------------------
 
