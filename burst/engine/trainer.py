@@ -264,7 +264,8 @@ class Trainer:
         head = gather_objects(head, self.device)[0]
         if head["problem"]:
             raise ValueError(f"Trainer.load_state_dict: {head['problem']}")
-        self.optimizer.zero_grad(set_to_none=True)  # torch's loading skips a stepped-on state
+        # torch's loading sets the state up with a zero-lr step, skipped where gradients wait
+        self.optimizer.zero_grad(set_to_none=True)
         mine = state if comm.rank() == 0 else {"model": {}, "optimizer": {}}
         error = None
         try:
