@@ -291,32 +291,30 @@ def reduce_scatter(x: torch.Tensor, *, dim: int = 0, group=None) -> torch.Tensor
     return out
 
 
-def all_to_all(x: torch.Tensor, *, split_dim: int, cat_dim: int, group=None,
-               send_splits: list[int] | None = None, recv_splits: list[int] | None = None
-               ) -> torch.Tensor:
-    """Send slice i of ``x`` (along ``split_dim``) to rank i; concatenate what arrives along
-    ``cat_dim`` in rank order. Unequal splits are given in elements along the dims."""
+# torch < 2.12's gloo has no list all-to-all (it came with pytorch/pytorch#165435); its
+# single-tensor all-to-all serves there. NCCL has both in every supported release
+_GLOO_LIST_ALL_TO_ALL = torch.__version__ >= (2, 12)
+
+
+def all_to_all(x: torch.Tensor, *, split_dim: int, cat_dim: int, group=None) -> torch.Tensor:
+    """Send part i of ``x`` (``split_dim`` cut into G equal parts) to rank i; concatenate what
+    arrives along ``cat_dim`` in rank order. Every rank's ``x`` has the same shape."""
     g = world_size(group)
     if g == 1:
         return x
-    if send_splits is None and x.shape[split_dim] % g:
+    if x.shape[split_dim] % g:
         raise ValueError(f"all_to_all: dim {split_dim} of size {x.shape[split_dim]} is not "
-                         f"divisible by {g} ranks; pass send_splits/recv_splits")
-    send = list(x.split(send_splits, dim=split_dim) if send_splits else x.chunk(g, dim=split_dim))
-    send = [s.contiguous() for s in send]
-    if recv_splits is None:
-        recv_splits = [send[0].shape[cat_dim] if split_dim != cat_dim else s.shape[split_dim]
-                       for s in send]
-    recv = []
-    for n in recv_splits:
-        shape = list(send[0].shape)
-        shape[cat_dim] = n
-        if split_dim != cat_dim:
-            shape[split_dim] = send[rank(group)].shape[split_dim]
-        recv.append(torch.empty(shape, dtype=x.dtype, device=x.device))
-    _record_peers(group, [s.numel() * s.element_size() for s in send],
-                  [r.numel() * r.element_size() for r in recv])
-    dist.all_to_all(recv, send, group=group)
+                         f"divisible by {g} ranks")
+    send = [s.contiguous() for s in x.chunk(g, dim=split_dim)]
+    nbytes = [s.numel() * s.element_size() for s in send]
+    _record_peers(group, nbytes, nbytes)
+    if dist.get_backend(group) == "gloo" and not _GLOO_LIST_ALL_TO_ALL:
+        flat = torch.empty(g * send[0].numel(), dtype=x.dtype, device=x.device)
+        dist.all_to_all_single(flat, torch.cat([s.view(-1) for s in send]), group=group)
+        recv = list(flat.view(g, *send[0].shape).unbind(0))
+    else:
+        recv = [torch.empty_like(send[0]) for _ in range(g)]
+        dist.all_to_all(recv, send, group=group)
     return torch.cat(recv, dim=cat_dim)
 
 

@@ -39,7 +39,7 @@ Backends:
                  memory-efficient op (fp32 too; top-left causal flag or an additive bias whose row
                  stride is padded to 16 elements for its alignment check; its lse comes padded to
                  a multiple of 32 rows). The ops are called by schema argument name, so argument
-                 order changes between torch releases (2.5 ... 2.13) cannot shift arguments.
+                 order changes between torch releases (2.9 ... 2.13) cannot shift arguments.
   ``flash_attn`` flash-attn 2 when installed (2.5 ... 2.8: ``window_size`` became
                  ``window_size_left/right`` and ``softcap`` appeared in 2.6/2.7, the forward's
                  return changed from 8 to 4 values, and the functions became torch custom ops);

@@ -324,6 +324,17 @@ def _subgroup_collectives(rank: int, world: int):
     }
     with comm.count_bytes(ranks_per_node=2) as tiny:  # one byte: was counted as none
         comm.all_reduce(torch.ones(1, dtype=torch.uint8), group=group, op="max")
+    # torch < 2.12's gloo path (its single-tensor all-to-all), split and joined on two dims
+    y = torch.arange(12.0).reshape(3, 4) + 100 * rank
+    kw = dict(split_dim=1, cat_dim=0, group=group)
+    native = comm.all_to_all(y, **kw)
+    comm._GLOO_LIST_ALL_TO_ALL = False
+    try:
+        single = comm.all_to_all(y, **kw)
+    finally:
+        comm._GLOO_LIST_ALL_TO_ALL = True
+    got["all_to_all_single"] = torch.equal(native, single) and native.shape == (6, 2)
+    want["all_to_all_single"] = True
     return (got == want, (got, want), c.sent(link="inter"), c.received(link="inter"),
             tiny.sent())
 

@@ -89,11 +89,7 @@ def wrap_data_parallel(module: nn.Module, dp_group, kind: str) -> nn.Module:
 
         return DistributedDataParallel(module, process_group=dp_group)
     from torch.distributed.device_mesh import DeviceMesh
-
-    try:
-        from torch.distributed.fsdp import fully_shard
-    except ImportError:  # torch < 2.6 (pyproject allows 2.5): FSDP2's pre-public home
-        from torch.distributed._composable.fsdp import fully_shard
+    from torch.distributed.fsdp import fully_shard
 
     device = next(module.parameters()).device.type
     mesh = DeviceMesh.from_group(dp_group, device)
