@@ -328,11 +328,11 @@ def _subgroup_collectives(rank: int, world: int):
     y = torch.arange(12.0).reshape(3, 4) + 100 * rank
     kw = dict(split_dim=1, cat_dim=0, group=group)
     native = comm.all_to_all(y, **kw)
-    comm._GLOO_LIST_ALL_TO_ALL = False
+    was, comm._GLOO_LIST_ALL_TO_ALL = comm._GLOO_LIST_ALL_TO_ALL, False
     try:
         single = comm.all_to_all(y, **kw)
     finally:
-        comm._GLOO_LIST_ALL_TO_ALL = True
+        comm._GLOO_LIST_ALL_TO_ALL = was
     got["all_to_all_single"] = torch.equal(native, single) and native.shape == (6, 2)
     want["all_to_all_single"] = True
     return (got == want, (got, want), c.sent(link="inter"), c.received(link="inter"),
