@@ -1,8 +1,29 @@
 """BurstAttention and BurstEngine: distributed attention for extremely long sequences."""
 
-from burst import comm
-from burst.attention import burst_attn, ring_attention
-from burst.layout import LAYOUTS, shard, unshard
-from burst.masks import MaskSpec
+import torch
 
-__all__ = ["LAYOUTS", "MaskSpec", "burst_attn", "comm", "ring_attention", "shard", "unshard"]
+MIN_TORCH = (2, 9)
+
+
+def check_torch(version=torch.__version__) -> None:
+    """Refuse a torch older than ``MIN_TORCH``: its CPU flash-attention ops read and write K/V
+    out of bounds with GQA (garbage outputs or heap corruption, not an error; fixed by
+    pytorch/pytorch#157893 in 2.9), and 2.5-2.7 segfault in the engine's checkpointing. pip
+    enforces the same floor (pyproject.toml); this covers a checkout used via PYTHONPATH."""
+    from torch.torch_version import Version  # packaging's
+
+    if Version(str(version)).release[:2] < MIN_TORCH:  # a 2.9 pre-release or NGC build passes
+        raise ImportError(f"burst needs torch >= {'.'.join(map(str, MIN_TORCH))}; this is torch "
+                          f"{version}, whose CPU flash-attention ops corrupt memory with GQA "
+                          "(pytorch/pytorch#157893)")
+
+
+check_torch()
+
+from burst import comm  # noqa: E402
+from burst.attention import burst_attn, ring_attention  # noqa: E402
+from burst.layout import LAYOUTS, shard, unshard  # noqa: E402
+from burst.masks import MaskSpec  # noqa: E402
+
+__all__ = ["LAYOUTS", "MIN_TORCH", "MaskSpec", "burst_attn", "check_torch", "comm",
+           "ring_attention", "shard", "unshard"]

@@ -298,3 +298,17 @@ def test_the_mask_itself_refuses_a_non_bool_causal():
         MaskSpec(causal="no")
     with pytest.raises(ValueError, match="causal=1: expected True or False"):
         burst_attn(*_qkv(), causal=1)
+
+
+def test_a_torch_below_the_floor_is_refused_at_import():
+    """torch < 2.9's CPU flash ops read and write K/V out of bounds with GQA (garbage outputs or
+    heap corruption, no error): a checkout used via PYTHONPATH refuses them as pip does.
+    Pre-releases and vendor builds of the floor's minor pass."""
+    import burst
+
+    for bad in ("2.5.1", "2.8.0+cpu"):
+        want = rf"burst needs torch >= 2\.9; this is torch {re.escape(bad)},"
+        with pytest.raises(ImportError, match=want):
+            burst.check_torch(bad)
+    for good in ("2.9.0", "2.9.0a0+50eac81.nv25.09", "2.11.0a0+git1", "2.13.0+cpu"):
+        burst.check_torch(good)
