@@ -1,5 +1,7 @@
 """BurstAttention and BurstEngine: distributed attention for extremely long sequences."""
 
+import re
+
 import torch
 
 MIN_TORCH = (2, 9)
@@ -10,9 +12,8 @@ def check_torch(version=torch.__version__) -> None:
     out of bounds with GQA (garbage outputs or heap corruption, not an error; fixed by
     pytorch/pytorch#157893 in 2.9), and 2.5-2.7 segfault in the engine's checkpointing. pip
     enforces the same floor (pyproject.toml); this covers a checkout used via PYTHONPATH."""
-    from torch.torch_version import Version  # packaging's
-
-    if Version(str(version)).release[:2] < MIN_TORCH:  # a 2.9 pre-release or NGC build passes
+    major, minor = (int(x) for x in re.match(r"(\d+)\.(\d+)", str(version)).groups())
+    if (major, minor) < MIN_TORCH:  # a pre-release or vendor build of the floor passes
         raise ImportError(f"burst needs torch >= {'.'.join(map(str, MIN_TORCH))}; this is torch "
                           f"{version}, whose CPU flash-attention ops corrupt memory with GQA "
                           "(pytorch/pytorch#157893)")
