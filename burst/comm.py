@@ -1,7 +1,8 @@
 """The one module that calls torch.distributed, and the byte counter.
 
 Everything that moves data between ranks (ring point-to-point, all-gather, reduce-scatter,
-all-to-all, all-reduce) goes through here, so that ``count_bytes`` sees every byte:
+all-to-all, all-reduce, small picklable objects) goes through here, so that ``count_bytes``
+sees every byte:
 
     with burst.comm.count_bytes() as c:
         out = burst_attn(q, k, v, causal=True)
@@ -28,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import pickle
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -44,6 +46,7 @@ __all__ = [
     "all_to_all",
     "barrier",
     "count_bytes",
+    "gather_objects",
     "destroy",
     "exchange",
     "global_rank",
@@ -265,6 +268,21 @@ def all_gather_list(x: torch.Tensor, *, group=None) -> list[torch.Tensor]:
     parts = [torch.empty_like(x) for _ in range(g)]
     dist.all_gather(parts, x, group=group)
     return parts
+
+
+def gather_objects(obj, *, group=None, device=None) -> list:
+    """Every rank's ``obj`` (picklable; small: flags, error texts, metadata), in group-rank
+    order, on every rank; ``[obj]`` alone. ``device``: the rank's GPU under NCCL. Counted as
+    each pickled object sent to and received from every other rank."""
+    if world_size(group) == 1:
+        return [obj]
+    out = [None] * world_size(group)
+    on_gpu = device is not None and torch.device(device).type == "cuda"
+    with torch.cuda.device(device) if on_gpu else contextlib.nullcontext():
+        dist.all_gather_object(out, obj, group=group)
+    sizes = [len(pickle.dumps(o)) for o in out]
+    _record_peers(group, [sizes[rank(group)]] * len(out), sizes)
+    return out
 
 
 def reduce_scatter(x: torch.Tensor, *, dim: int = 0, group=None) -> torch.Tensor:

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from burst import comm  # noqa: E402
 from burst.engine import CHECKPOINTING, CONFIGS, Trainer, param_count  # noqa: E402
-from burst.engine.parallel import DATA_PARALLEL, cp_degree_ok, gather_objects  # noqa: E402
+from burst.engine.parallel import DATA_PARALLEL, cp_degree_ok  # noqa: E402
 from burst.engine.trainer import DTYPES  # noqa: E402
 from burst.spawn import spawn  # noqa: E402
 
@@ -126,7 +126,7 @@ def _train(rank: int, world: int, args: dict) -> None:
     out = Path(args["out"])
     state, log = out / "state.pt", out / "steps.jsonl"
     start = 0
-    if gather_objects(state.exists() if rank == 0 else None, device)[0]:
+    if comm.gather_objects(state.exists() if rank == 0 else None, device=device)[0]:
         start = tr.load(state)["step"]
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"{args['model']} ({param_count(tr.config):,} parameters), {world} ranks "
@@ -172,8 +172,9 @@ def main(argv=None) -> None:
         comm.init("nccl" if device is not None else "gloo", device_id=device,
                   timeout_s=args["time_limit_min"] * 60)
         try:
-            problem = gather_objects(
-                _check_run(args, comm.world_size()) if comm.rank() == 0 else None, device)[0]
+            problem = comm.gather_objects(
+                _check_run(args, comm.world_size()) if comm.rank() == 0 else None,
+                device=device)[0]
             if problem:
                 raise SystemExit(problem)
             _train(comm.rank(), comm.world_size(), args)

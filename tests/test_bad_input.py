@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -312,3 +313,6 @@ def test_a_torch_below_the_floor_is_refused_at_import():
             burst.check_torch(bad)
     for good in ("2.9.0", "2.9.0a0+50eac81.nv25.09", "2.11.0a0+git1", "2.13.0+cpu"):
         burst.check_torch(good)
+    # the same floor as pip's (pyproject.toml)
+    text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    assert f'"torch>={burst.MIN_TORCH[0]}.{burst.MIN_TORCH[1]}",' in text

@@ -313,6 +313,7 @@ def _subgroup_collectives(rank: int, world: int):
             "all_gather": comm.all_gather(x[:1], group=group).tolist(),
             "all_to_all": comm.all_to_all(x, split_dim=0, cat_dim=0, group=group).tolist(),
             "all_reduce": comm.all_reduce(x.clone(), group=group, op="max").tolist(),
+            "gather_objects": comm.gather_objects({"rank": rank}, group=group),
         }
     both = sorted((rank, peer))
     xs = {r: torch.arange(4.0) + 10 * r for r in both}
@@ -321,7 +322,14 @@ def _subgroup_collectives(rank: int, world: int):
         "all_gather": [xs[both[0]][0].item(), xs[both[1]][0].item()],
         "all_to_all": torch.cat([xs[r].chunk(2)[me] for r in both]).tolist(),
         "all_reduce": torch.maximum(xs[both[0]], xs[both[1]]).tolist(),
+        "gather_objects": [{"rank": r} for r in both],
     }
+    with comm.count_bytes(ranks_per_node=2) as objects:  # the pickled object, to the peer
+        comm.gather_objects("abc", group=group)
+    import pickle
+
+    want["object bytes"] = len(pickle.dumps("abc"))
+    got["object bytes"] = objects.sent()
     with comm.count_bytes(ranks_per_node=2) as tiny:  # one byte: was counted as none
         comm.all_reduce(torch.ones(1, dtype=torch.uint8), group=group, op="max")
     # torch < 2.12's gloo path (its single-tensor all-to-all), split and joined on two dims

@@ -10,8 +10,7 @@ the batch differs and torch's own DistributedDataParallel or FSDP (``fully_shard
 gradients; that is the one place the engine lets torch.distributed be called outside
 ``burst.comm`` (issue 4 asks for torch's DDP/FSDP, not a home-made one), and so are the whole
 training state's gathering and restoring across those wrappers (``full_state``, ``load_full_state``:
-torch.distributed.checkpoint's full state dicts, which gather FSDP's shards and shard them again)
-with ``gather_objects``, which tells every rank what rank 0 read or wrote and which rank failed.
+torch.distributed.checkpoint's full state dicts, which gather FSDP's shards and shard them again).
 """
 
 from __future__ import annotations
@@ -22,8 +21,8 @@ from torch import nn
 from burst import comm
 from burst.layout import divisors
 
-__all__ = ["DATA_PARALLEL", "all_reduce_grads", "full_state", "gather_objects", "hyperparameters",
-           "load_full_state", "make_groups", "wrap_data_parallel"]
+__all__ = ["DATA_PARALLEL", "all_reduce_grads", "full_state", "hyperparameters", "load_full_state",
+           "make_groups", "wrap_data_parallel"]
 
 DATA_PARALLEL = ("ddp", "fsdp")
 
@@ -163,19 +162,3 @@ def load_full_state(module: nn.Module, optimizer: torch.optim.Optimizer, weights
     for group, saved in zip(optimizer.param_groups, fresh, strict=True):
         group.update(saved)
     optimizer.state.clear()
-
-
-def gather_objects(obj, device=None) -> list:
-    """Every rank's ``obj`` (picklable), in rank order, on every rank; ``[obj]`` without a
-    process group. ``device``: the rank's GPU under NCCL."""
-    if not comm.is_initialized():
-        return [obj]
-    import contextlib
-
-    import torch.distributed as dist
-
-    out = [None] * comm.world_size()
-    on_gpu = device is not None and torch.device(device).type == "cuda"
-    with torch.cuda.device(device) if on_gpu else contextlib.nullcontext():
-        dist.all_gather_object(out, obj)
-    return out

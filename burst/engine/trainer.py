@@ -42,7 +42,6 @@ from burst.engine.parallel import (
     all_reduce_grads,
     cp_degree_ok,
     full_state,
-    gather_objects,
     hyperparameters,
     load_full_state,
     make_groups,
@@ -261,7 +260,7 @@ class Trainer:
                 head = {"problem": None, "fresh": hyperparameters(self._check_state(state))}
             except (TypeError, ValueError, KeyError, AttributeError) as e:
                 head = {"problem": str(e), "fresh": None}
-        head = gather_objects(head, self.device)[0]
+        head = comm.gather_objects(head, device=self.device)[0]
         if head["problem"]:
             raise ValueError(f"Trainer.load_state_dict: {head['problem']}")
         # torch's loading sets the state up with a zero-lr step, skipped where gradients wait
@@ -326,13 +325,13 @@ class Trainer:
         self._raise_if_any(error, f"the load of {path}")
         self.load_state_dict(state)
         meta = state.get("meta", {}) if isinstance(state, dict) else None
-        return gather_objects(meta, self.device)[0]
+        return comm.gather_objects(meta, device=self.device)[0]
 
     def _raise_if_any(self, error: Exception | None, what: str) -> None:
         """A rank's ``error`` raised there, and as a RuntimeError quoting the first failed
         rank's on every other rank (one all-gather of the error texts)."""
-        texts = gather_objects(None if error is None else f"{type(error).__name__}: {error}",
-                               self.device)
+        texts = comm.gather_objects(
+            None if error is None else f"{type(error).__name__}: {error}", device=self.device)
         if error is not None:
             raise error
         failed = [(r, t) for r, t in enumerate(texts) if t is not None]
