@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/train.py --out runs/tiny                # 4 local gloo ranks
     .venv/bin/python scripts/train.py --out runs/tiny --steps 200    # again: resumes
+    .venv/bin/python scripts/train.py --out runs/docs --window 256 --doc-len 512 --kv-heads 1
     torchrun --nproc-per-node 8 scripts/train.py --out runs/7b --model 7b --device cuda \\
         --dtype bfloat16 --seq-len 262144 --checkpointing selective
 
@@ -20,6 +21,7 @@ group x the DP size). Rank 0 alone reads and writes ``--out``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -33,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from burst import comm  # noqa: E402
 from burst.engine import CHECKPOINTING, CONFIGS, Trainer, param_count  # noqa: E402
 from burst.engine.parallel import DATA_PARALLEL, cp_degree_ok  # noqa: E402
-from burst.engine.trainer import DTYPES  # noqa: E402
+from burst.engine.trainer import DTYPES, OPTIMIZERS  # noqa: E402
+from burst.masks import MaskSpec  # noqa: E402
 from burst.spawn import spawn  # noqa: E402
 
 # what may change when a run is resumed; everything else is the run's identity
@@ -53,10 +56,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", default="zigzag", choices=("contiguous", "zigzag", "striped"))
     p.add_argument("--checkpointing", default="selective", choices=CHECKPOINTING)
     p.add_argument("--plain-head", action="store_true", help="unfused LM head + loss")
+    p.add_argument("--kv-heads", type=int, default=None,
+                   help="K/V heads (GQA; default: the model config's)")
+    p.add_argument("--window", type=int, default=None,
+                   help="sliding window: each token sees itself and the WINDOW tokens before it")
+    p.add_argument("--doc-len", type=int, default=None,
+                   help="documents of DOC_LEN tokens (the last may be shorter), each attending "
+                        "only within itself, positions restarting at each")
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--batch", type=int, default=1, help="sequences per data-parallel group")
     p.add_argument("--steps", type=int, default=20, help="total steps of the run")
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
+    p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0, help="initial weights")
     p.add_argument("--dtype", default="float32", choices=[str(d).split(".")[1] for d in DTYPES])
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
@@ -74,12 +86,35 @@ def _identity(args: dict, world: int) -> dict:
             "global_batch": args["batch"] * dp}
 
 
+def _model(args: dict):
+    """(model config, window, cu_seqlens) the arguments ask for; ValueError if they cannot be."""
+    cfg = CONFIGS[args["model"]]
+    if args["kv_heads"] is not None:
+        cfg = dataclasses.replace(cfg, num_kv_heads=args["kv_heads"])
+    window = None if args["window"] is None else (args["window"], 0)
+    if window is not None:
+        try:
+            MaskSpec(causal=True, window=window)  # the engine's own check of a window
+        except ValueError as e:
+            raise ValueError(f"--window {args['window']}: {e}") from None
+    cu = None
+    if args["doc_len"] is not None:
+        if args["doc_len"] < 1:
+            raise ValueError(f"--doc-len must be >= 1, got {args['doc_len']}")
+        cu = [*range(0, args["seq_len"], args["doc_len"]), args["seq_len"]]
+    return cfg, window, cu
+
+
 def _check_run(args: dict, world: int) -> str | None:
     """Why the run in ``--out`` cannot go on with these arguments on ``world`` ranks (None: it
     can); records the arguments of a new run. Called on one process (rank 0)."""
     if not cp_degree_ok(args["cp_degree"] or world, world):
         return (f"--cp-degree {args['cp_degree']} does not divide the world of {world} ranks "
                 "(nothing was written)")
+    try:
+        _model(args)
+    except ValueError as e:
+        return f"{e} (nothing was written)"
     out = Path(args["out"])
     run = out / "run.json"
     mine = _identity(args, world)
@@ -88,6 +123,9 @@ def _check_run(args: dict, world: int) -> str | None:
             saved = json.loads(run.read_text())
         except (OSError, ValueError) as e:
             return f"{run} cannot be read ({e}); use another --out"
+        # an argument added since that run was started: it ran with the default
+        defaults = vars(_parser().parse_args(["--out", str(out)]))
+        saved = {**{k: v for k, v in defaults.items() if k in mine}, **saved}
         differ = {k: (saved.get(k), v) for k, v in mine.items() if saved.get(k) != v}
         if differ:
             return (f"{out} holds a run started with other arguments ("
@@ -117,33 +155,37 @@ def _train(rank: int, world: int, args: dict) -> None:
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
         torch.cuda.set_device(device)
-    tr = Trainer(args["model"], attention=registry.get(args["method"]),
+    cfg, window, cu = _model(args)
+    tr = Trainer(cfg, attention=registry.get(args["method"]),
                  attention_options={"layout": args["layout"]},
                  cp_degree=args["cp_degree"] or world, data_parallel=args["data_parallel"],
                  checkpointing=args["checkpointing"], fused_head=not args["plain_head"],
                  dtype=getattr(torch, args["dtype"]), device=device, lr=args["lr"],
-                 seed=args["seed"])
+                 optimizer=args["optimizer"], weight_decay=args["weight_decay"],
+                 seed=args["seed"], window=window)
     out = Path(args["out"])
     state, log = out / "state.pt", out / "steps.jsonl"
     start = 0
     if comm.gather_objects(state.exists() if rank == 0 else None, device=device)[0]:
         start = tr.load(state)["step"]
     say = print if rank == 0 else (lambda *a, **k: None)
-    say(f"{args['model']} ({param_count(tr.config):,} parameters), {world} ranks "
-        f"(CP {tr.cp_size} x DP {tr.dp_size}), {args['method']} {args['layout']}, "
-        f"checkpointing {args['checkpointing']}, {args['seq_len']} tokens x {args['batch']} "
-        f"per DP group; " + (f"resuming at step {start}" if start else "from the start"),
-        flush=True)
+    mask = "".join([f", window {window[0]}" if window else "",
+                    f", {len(cu) - 1} documents" if cu else ""])
+    say(f"{args['model']} ({param_count(cfg):,} parameters, {cfg.num_heads} heads, "
+        f"{cfg.num_kv_heads} K/V heads), {world} ranks (CP {tr.cp_size} x DP {tr.dp_size}), "
+        f"{args['method']} {args['layout']}{mask}, checkpointing {args['checkpointing']}, "
+        f"{args['seq_len']} tokens x {args['batch']} per DP group; "
+        + (f"resuming at step {start}" if start else "from the start"), flush=True)
     if rank == 0:  # drop what ran after the last save: it runs again
         tmp = log.with_name(log.name + ".tmp")
         tmp.write_text("".join(_log_lines(log, start)))
         os.replace(tmp, log)
     tokens = args["seq_len"] * args["batch"] * tr.dp_size
     for step in range(start, args["steps"]):
-        batch = tr.local_batch(args["seq_len"], batch=args["batch"], seed=step)
+        batch = tr.local_batch(args["seq_len"], batch=args["batch"], seed=step, cu_seqlens=cu)
         comm.barrier()
         t0 = time.perf_counter()
-        loss = tr.step(*batch)
+        loss = tr.step(*batch, cu_seqlens=cu)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         dt = time.perf_counter() - t0

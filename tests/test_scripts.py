@@ -3,11 +3,15 @@ runs rots, and the command behind a README figure must keep working."""
 
 from __future__ import annotations
 
+import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from burst.spawn import spawn
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,32 +46,84 @@ def _losses(out: Path) -> list[tuple[int, float]]:
     return [(r["step"], r["loss"]) for r in map(json.loads, (out / "steps.jsonl").open())]
 
 
+def _first_loss_with_documents(rank, world, cu):
+    """The first loss of scripts/train.py's defaults on one rank, on a batch of documents
+    ``cu``, with the attention masked to them and not."""
+    import torch
+
+    from baselines import registry
+    from burst.engine import Trainer
+
+    out = []
+    for docs in (cu, None):
+        tr = Trainer("tiny", attention=registry.get("burst"), attention_options={
+            "layout": "zigzag"}, checkpointing="selective", dtype=torch.float64, lr=3e-3)
+        out.append(tr.step(*tr.local_batch(64, seed=0, cu_seqlens=cu), cu_seqlens=docs))
+    return out
+
+
+# a sliding window, documents and one K/V head for the tiny model's 4 query heads
+MASKED = ("--window", "24", "--doc-len", "40", "--kv-heads", "1")
+
+
+def test_each_training_option_reaches_the_model(tmp_path, monkeypatch):
+    """scripts/train.py: --window, --doc-len, --kv-heads and --weight-decay each change the
+    losses of a plain run (an option the script parsed but never passed on would not), and a
+    value the engine refuses stops the run before anything is written."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))  # spawned ranks import it by name
+    train = importlib.import_module("train")
+
+    def losses(name, *args):  # in this process, which saves a second start of torch per run
+        train.main(["--out", str(tmp_path / name), "--world", "1", "--steps", "2",
+                    "--seq-len", "64", "--dtype", "float64", *args])
+        return [loss for _, loss in _losses(tmp_path / name)]
+
+    plain = losses("plain")
+    for name, args in {"window": ("--window", "8"), "gqa": ("--kv-heads", "4"),
+                       "decay": ("--weight-decay", "0.5")}.items():
+        got = losses(name, *args)
+        # the optimizer acts after step 0; the mask and the K/V heads change its loss already
+        differs = got[1] != plain[1] if name == "decay" else got[0] != plain[0]
+        assert differs, (name, got, plain)
+    # documents change the data too (positions restart): the mask is checked against the
+    # engine's loss on the same batch with and without it
+    masked, unmasked = spawn(_first_loss_with_documents, 1, args=([0, 16, 32, 48, 64],))[0]
+    got = losses("documents", "--doc-len", "16")[0]
+    assert abs(got - masked) < 1e-12 and abs(got - unmasked) > 1e-6, (got, masked, unmasked)
+    for args, why in [(("--kv-heads", "3"), "not divisible by num_kv_heads=3"),
+                      (("--window", "-1"), "--window -1"),
+                      (("--doc-len", "0"), "--doc-len must be >= 1")]:
+        with pytest.raises(SystemExit, match=re.escape(why)):  # before any rank starts
+            train.main(["--out", str(tmp_path / "bad"), "--steps", "1", *args])
+        assert not (tmp_path / "bad").exists()
+
+
 def test_a_training_run_killed_between_saves_resumes_with_the_same_losses(tmp_path):
     """scripts/train.py: a run that died after its last save (steps 4 and 5 logged, not saved)
     resumes from that save, on another number of ranks, runs those steps again and ends with
     the losses of the run that was never interrupted; other arguments are refused."""
     straight, broken = tmp_path / "straight", tmp_path / "broken"
-    res = _train(straight, "--world", "2", "--steps", "6")
+    res = _train(straight, "--world", "2", "--steps", "6", *MASKED)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "step     6/6  loss" in res.stdout and "from the start" in res.stdout, res.stdout
     want = _losses(straight)
     assert [s for s, _ in want] == list(range(6)) and want[-1][1] < want[0][1], want
-    assert _train(broken, "--world", "2", "--steps", "4").returncode == 0
+    assert _train(broken, "--world", "2", "--steps", "4", *MASKED).returncode == 0
     with (broken / "steps.jsonl").open("a") as f:  # what a run killed before step 6's save left
         f.write('{"step": 4, "loss": 99.0}\n{"step": 5, "loss": 99.0}\n{"step": 6, "lo')
-    res = _train(broken, "--world", "1", "--steps", "6")
+    res = _train(broken, "--world", "1", "--steps", "6", *MASKED)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "resuming at step 4" in res.stdout, res.stdout
     got = _losses(broken)
     assert [s for s, _ in got] == list(range(6)), got
     # one CP group of 1 instead of 2: the same tokens, summed in another order
     assert max(abs(a - b) for (_, a), (_, b) in zip(got, want, strict=True)) < 1e-10, (got, want)
-    res = _train(broken, "--world", "1", "--steps", "8", "--lr", "0.1")
+    res = _train(broken, "--world", "1", "--steps", "8", "--lr", "0.1", *MASKED)
     assert res.returncode != 0 and "lr: 0.003 then, 0.1 now" in res.stderr, res.stderr[-3000:]
     # a CP degree that does not divide the world is refused before run.json is written
     res = _train(tmp_path / "bad", "--world", "3", "--cp-degree", "2", "--steps", "1")
     assert res.returncode != 0 and "does not divide the world of 3" in res.stderr, res.stderr
     assert not (tmp_path / "bad").exists()
     # 2 DP groups of 1 sequence each: another global batch, so not the same run
-    res = _train(broken, "--world", "2", "--cp-degree", "1", "--steps", "8")
+    res = _train(broken, "--world", "2", "--cp-degree", "1", "--steps", "8", *MASKED)
     assert res.returncode != 0 and "global_batch: 1 then, 2 now" in res.stderr, res.stderr[-3000:]
