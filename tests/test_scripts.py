@@ -4,6 +4,7 @@ runs rots, and the command behind a README figure must keep working."""
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import subprocess
 import sys
@@ -41,8 +42,6 @@ def _train(out: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def _losses(out: Path) -> list[tuple[int, float]]:
-    import json
-
     return [(r["step"], r["loss"]) for r in map(json.loads, (out / "steps.jsonl").open())]
 
 
@@ -79,6 +78,12 @@ def test_each_training_option_reaches_the_model(tmp_path, monkeypatch):
         return [loss for _, loss in _losses(tmp_path / name)]
 
     plain = losses("plain")
+    # a run started before these options existed resumes with their defaults
+    run = tmp_path / "plain" / "run.json"
+    old = {k: v for k, v in json.loads(run.read_text()).items()
+           if k not in ("window", "doc_len", "kv_heads", "optimizer", "weight_decay")}
+    run.write_text(json.dumps(old))
+    assert losses("plain", "--steps", "3")[:2] == plain
     for name, args in {"window": ("--window", "8"), "gqa": ("--kv-heads", "4"),
                        "decay": ("--weight-decay", "0.5")}.items():
         got = losses(name, *args)
