@@ -92,7 +92,7 @@ class _RingAttention(torch.autograd.Function):
         def step(src, kv, _):
             steps.forward(q, *kv, out_acc, lse, q_rank=me, k_rank=src)
 
-        span = ring_span(spec, layout, g, n) if rg.nodes == 1 else None
+        span = ring_span(spec, layout, g, n, rg.nodes)
         with comm.phase("forward"):
             run_ring(rg, [k, v], step, span=span)
         out = out_acc.to(q.dtype)

@@ -58,8 +58,7 @@ class RingEmulator:
         self.spec.check_length(self.seq_len)
         scale = resolve_scale(q.shape[-1], softmax_scale)
         self.steps = BlockSteps(self.spec, layout, world, scale, backend)
-        # the distributed forward truncates only a flat ring (burst.attention)
-        self.span = ring_span(self.spec, layout, world, self.n) if self.nodes == 1 else None
+        self.span = ring_span(self.spec, layout, world, self.n, self.nodes)
         self._index = [local_index(self.seq_len, world, r, layout).to(q.device)
                        for r in range(world)]
         self.q, self.k, self.v = (self.shard(t) for t in (q, k, v))

@@ -406,12 +406,15 @@ def pair_empty(spec: MaskSpec, layout: str, world: int, q_rank: int, k_rank: int
 
 @lru_cache(maxsize=64)  # O(G^2) pair tests, once per (mask, layout, G, n); packed batches bring
 # a new mask (its document boundaries) every step, so only the recent ones are kept
-def ring_span(spec: MaskSpec, layout: str, world: int, n: int) -> int:
+def ring_span(spec: MaskSpec, layout: str, world: int, n: int, nodes: int = 1) -> int:
     """Last ring step s (0..G-1) at which some rank i still needs the keys of rank i-s.
 
     Steps after it carry no useful data, so a flat ring stops there (sliding windows on the
-    contiguous layout need only ceil(left / n) steps instead of G-1).
+    contiguous layout need only ceil(left / n) steps instead of G-1). A double ring (``nodes``
+    > 1) is never shortened: G-1 (each node's blocks go around every node ring).
     """
+    if nodes > 1:
+        return world - 1
     span = 0
     for s in range(world):
         if any(not pair_empty(spec, layout, world, i, (i - s) % world, n) for i in range(world)):

@@ -67,6 +67,8 @@ def visit_order(world: int, me: int, *, nodes: int = 1, span: int | None = None,
     if nodes == 1:
         span = world - 1 if span is None else span
         return [(me - direction * s) % world for s in range(span + 1)]
+    if span not in (None, world - 1):  # burst.masks.ring_span never shortens a double ring
+        raise ValueError(f"span={span}: a double ring visits all {world} blocks")
     local = world // nodes
     node, loc = divmod(me, local)
     return [((node - m) % nodes) * local + (loc - s) % local
@@ -88,6 +90,8 @@ def run_ring(rg: RingGroups, payload: Sequence[torch.Tensor], step: Step, *,
     if rg.nodes == 1:
         return _flat(rg, payload, step, acc_like, rg.world - 1 if span is None else span,
                      direction)
+    if span not in (None, rg.world - 1):  # burst.masks.ring_span never shortens a double ring
+        raise ValueError(f"span={span}: a double ring visits all {rg.world} blocks")
     return _double(rg, payload, step, acc_like)
 
 

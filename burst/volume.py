@@ -172,12 +172,12 @@ class _Case:
             if p != self.rank:
                 vol.add(phase, self.link(p), nbytes)
 
-    def span(self, world: int, seq_local: int, layout: str) -> int:
+    def span(self, world: int, seq_local: int, layout: str, nodes: int = 1) -> int:
         """Last useful ring step (``burst.masks.ring_span``): G-1 unless a window cuts it."""
         from burst.masks import MaskSpec, ring_span
 
         spec = MaskSpec(causal=self.causal, window=self.window, cu_seqlens=self.cu_seqlens)
-        return ring_span(spec, layout, world, seq_local)
+        return ring_span(spec, layout, world, seq_local, nodes)
 
 
 def _ring_like(c: _Case, backward: str, layout: str, ranks_per_node: int | None,
@@ -185,13 +185,13 @@ def _ring_like(c: _Case, backward: str, layout: str, ranks_per_node: int | None,
     if not ranks_per_node_ok(c.world, ranks_per_node):
         raise ValueError(f"ranks_per_node={ranks_per_node} does not divide the group of "
                          f"{c.world} ranks")
-    flat = ring_shape(c.world, ranks_per_node)[0] == 1
-    span = c.span(c.world, c.seq_local, layout) if flat and truncate else None
+    nodes = ring_shape(c.world, ranks_per_node)[0]
+    span = c.span(c.world, c.seq_local, layout, nodes) if truncate else None
     # node_size None is one node here (method_bytes), also for ranks_per_node=1, whose own
     # default in ring_attention_bytes is a node per rank
     vol = ring_attention_bytes(**c.shape(), backward=backward, ranks_per_node=ranks_per_node,
                                node_size=c.node_size or c.world, rank=c.rank, span=span)
-    if flat or c.node_size == ranks_per_node:
+    if nodes == 1 or c.node_size == ranks_per_node:
         return vol
     # ring_attention_bytes labels a double ring's hops by its own rings; relabel them by the
     # physical nodes: inner-ring hops go to (node, local+1), outer-ring hops to (node+1, local)

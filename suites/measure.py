@@ -34,12 +34,12 @@ from burst import comm, flops
 from burst.flops import MFU_DTYPES, PEAK_TFLOPS, peak_tflops
 from burst.layout import local_index, shard
 from burst.memory import ProfilerPeak, SavedBytes, cuda_peak, reset_cuda_peak
+from suites import spec
 from suites.cells import Cell
 
 __all__ = ["PEAK_TFLOPS", "device_name", "measure", "peak_tflops"]
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
-          "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in spec.DTYPES}  # what a spec may name
 # a max abs error (out, dq, dk, dv; unit-normal inputs) above these is a wrong result, not
 # rounding: the tests hold float32 to 2e-5 and 16-bit to 2x a plain implementation in the same
 # dtype (a few 1e-2); a method that ignores the causal mask is off by ~5

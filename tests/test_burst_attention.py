@@ -81,8 +81,7 @@ def _expected_bytes(c: dict, world: int, rank: int):
     elem = torch.empty((), dtype=getattr(torch, c["dtype"])).element_size()
     spec = MaskSpec(causal=c["causal"], window=c["window"], cu_seqlens=c["cu_seqlens"])
     rpn = opts.get("ranks_per_node")
-    flat = ring_shape(world, rpn)[0] == 1
-    span = ring_span(spec, opts["layout"], world, c["seq_local"]) if flat else None
+    span = ring_span(spec, opts["layout"], world, c["seq_local"], ring_shape(world, rpn)[0])
     backward = opts.get("backward", "burst")
     if backward == "auto":
         backward = "burst" if c["kv_heads"] == c["heads"] else "ring"

@@ -13,6 +13,7 @@ import torch
 
 import burst.masks as M
 from burst.layout import LAYOUTS, global_positions
+from burst.ring import visit_order
 
 SPECS = [
     M.MaskSpec(causal=True),
@@ -159,3 +160,15 @@ def test_a_window_that_spans_the_sequence_is_a_plain_call(monkeypatch):
     mem = {w: predict(dict(cell, window=w), load("a800")).memory.reserved
            for w in (None, (16383, 0), (16382, 0))}
     assert mem[(16383, 0)] == mem[None] < mem[(16382, 0)]
+
+
+def test_only_a_flat_ring_is_shortened_by_a_window():
+    """A window on the contiguous layout ends a flat ring after ceil(left / n) steps; a double
+    ring (nodes > 1) visits every block, and refuses a shorter span instead of ignoring it."""
+    spec = M.MaskSpec(causal=True, window=(100, 0))
+    assert M.ring_span(spec, "contiguous", 8, 64) == 2
+    assert M.ring_span(spec, "contiguous", 8, 64, nodes=2) == 7
+    assert visit_order(8, 5, span=2) == [5, 4, 3]
+    assert len(visit_order(8, 5, nodes=2, span=7)) == 8
+    with pytest.raises(ValueError, match="a double ring visits all 8 blocks"):
+        visit_order(8, 5, nodes=2, span=2)
