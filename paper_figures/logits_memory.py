@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pandas as pd
 
+from burst.engine.fused_loss import LOSS_CHUNK
 from paper_figures.common import fmt_tokens, new_figure, note_empty
 from paper_figures.palette import MODEL_COLORS
 from suites.hardware import GIB, load
+from suites.implementations import Implementation
 
 NAME = "logits_memory"
 USABLE_GIB = load("a800").usable_gib  # the simulator's OOM line, as memory_bars
@@ -32,6 +34,9 @@ def make(tables):
     ax.xaxis.set_major_formatter(fmt_tokens)
     ax.set_xlabel(f"sequence length (tokens), {int(df['world'].iloc[0])} GPUs")
     ax.set_ylabel("LM head + loss peak per GPU (GiB)")
+    # the counting rule the crossover depends on (suites.memory_model.head_bytes)
+    ax.set_title(f"plain: N/G x V logits at {Implementation.logits_bytes:g} B (fp32 + fp32 grad); "
+                 f"fused: one chunk of {LOSS_CHUNK} tokens", fontsize=7)
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig, df

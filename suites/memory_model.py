@@ -195,8 +195,8 @@ def checkpoint_bytes(cfg, tokens: int, mode: str, elem: int = BF16) -> float:
             "selective_half": layer_input + cached / 2}[mode]
 
 
-def head_bytes(cfg, tokens: int, fused: bool, logits_bytes: float = 8.0,
-               elem: int = BF16) -> float:
+def head_bytes(cfg, tokens: int, fused: bool,
+               logits_bytes: float = Implementation.logits_bytes, elem: int = BF16) -> float:
     """Peak bytes of the LM head + loss for ``tokens`` local tokens (module docstring)."""
     h, v = cfg.hidden_size, cfg.vocab_size
     if fused:
