@@ -101,12 +101,20 @@ def test_burstengine_wins_every_main_panel(evals):
 
 
 def test_doc_matches_shipped_constants(evals):
-    """docs/simulator.md was regenerated with the constants the data files ship."""
-    from suites.simulator_doc import _impl_table
+    """docs/simulator.md was regenerated with the constants the data files ship: its summary,
+    every table computed from the shipped constants (per-row error, implied attention rates,
+    attention-layer memory, ranking misses) and the systems with their sources."""
+    from suites.simulator_doc import _impl_table, _misses
 
     doc = (calibrate.DOC).read_text()
     for line in calibrate.summary_lines(calibrate.summary(evals)):
         assert line in doc
+    for table in (calibrate.error_table, calibrate.attention_rate_table,
+                  calibrate.kernel_memory_table):
+        for line in table(evals).splitlines():
+            assert line in doc, line
+    for line in _misses(evals):
+        assert line in doc, line
     for line in _impl_table(implementations()):  # the systems and their sources, as shipped
         assert line in doc, line
 
