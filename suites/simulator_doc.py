@@ -435,6 +435,12 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
     path.write_text("\n".join(lines))
 
 
+def readme_rows(evals: list[dict]) -> list[dict]:
+    """The rows of the README's error table: a published number, or a published OOM / gap."""
+    return [e for e in evals if e["published"] is not None
+            or e["status_paper"] in ("oom", "missing")]
+
+
 def update_readme(s: dict, evals: list[dict], path: Path, held: dict | None = None) -> bool:
     """Replace the fit summary and error table between the README's markers (its "Simulator and
     figures" section); nothing else of the README is touched. False when there are no markers."""
@@ -445,8 +451,7 @@ def update_readme(s: dict, evals: list[dict], path: Path, held: dict | None = No
         return False
     head, rest = text.split(README_START, 1)
     _, tail = rest.split(README_END, 1)
-    rows = [e for e in evals if e["published"] is not None
-            or e["status_paper"] in ("oom", "missing")]
+    rows = readme_rows(evals)
     lines = summary_lines(s)
     if held:
         from suites.calibrate import holdout_summary

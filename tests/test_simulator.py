@@ -104,7 +104,7 @@ def test_doc_matches_shipped_constants(evals):
     """docs/simulator.md was regenerated with the constants the data files ship: its summary,
     every table computed from the shipped constants (per-row error, implied attention rates,
     attention-layer memory, ranking misses) and the systems with their sources."""
-    from suites.simulator_doc import _impl_table, _misses
+    from suites.simulator_doc import _impl_table, _misses, readme_rows
 
     doc = (calibrate.DOC).read_text()
     for line in calibrate.summary_lines(calibrate.summary(evals)):
@@ -115,6 +115,11 @@ def test_doc_matches_shipped_constants(evals):
             assert line in doc, line
     for line in _misses(evals):
         assert line in doc, line
+    # the README's fit block (suites.simulator_doc.update_readme): summary and error table
+    readme = (calibrate.DOC.parent.parent / "README.md").read_text()
+    for line in [*calibrate.summary_lines(calibrate.summary(evals)),
+                 *calibrate.error_table(readme_rows(evals)).splitlines()]:
+        assert line in readme, line
     for line in _impl_table(implementations()):  # the systems and their sources, as shipped
         assert line in doc, line
 
