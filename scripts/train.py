@@ -107,7 +107,9 @@ def _model(args: dict):
 
 def _check_run(args: dict, world: int) -> str | None:
     """Why the run in ``--out`` cannot go on with these arguments on ``world`` ranks (None: it
-    can); records the arguments of a new run. Called on one process (rank 0)."""
+    can); records the arguments of a new run. Called on one process (rank 0). The recorded
+    arguments bind only once a state was saved: a start that failed before its first save (an
+    unknown method, a length the layout cannot split) is replaced by the next one."""
     if not cp_degree_ok(args["cp_degree"] or world, world):
         return (f"--cp-degree {args['cp_degree']} does not divide the world of {world} ranks "
                 "(nothing was written)")
@@ -118,7 +120,7 @@ def _check_run(args: dict, world: int) -> str | None:
     out = Path(args["out"])
     run = out / "run.json"
     mine = _identity(args, world)
-    if run.exists():
+    if run.exists() and (out / "state.pt").exists():
         try:
             saved = json.loads(run.read_text())
         except (OSError, ValueError) as e:

@@ -77,6 +77,9 @@ def test_each_training_option_reaches_the_model(tmp_path, monkeypatch):
                     "--seq-len", "64", "--dtype", "float64", *args])
         return [loss for _, loss in _losses(tmp_path / name)]
 
+    # a start that failed before its first save does not bind the folder to its arguments
+    with pytest.raises(Exception, match="unknown method 'rign'"):
+        losses("plain", "--method", "rign")
     plain = losses("plain")
     # a run started before these options existed resumes with their defaults
     run = tmp_path / "plain" / "run.json"
