@@ -39,6 +39,7 @@ from burst.engine.trainer import DTYPES, OPTIMIZERS  # noqa: E402
 from burst.masks import MaskSpec  # noqa: E402
 from burst.spawn import spawn  # noqa: E402
 
+PASSES = ("forward", "backward")  # the attention's phases in burst.comm's byte counter
 # what may change when a run is resumed; everything else is the run's identity
 RESUMABLE = ("out", "steps", "save_every", "time_limit_min", "world")
 
@@ -54,6 +55,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--data-parallel", default="ddp", choices=DATA_PARALLEL)
     p.add_argument("--method", default="burst", help="attention method (baselines.registry)")
     p.add_argument("--layout", default="zigzag", choices=("contiguous", "zigzag", "striped"))
+    p.add_argument("--ranks-per-node", type=int, default=None,
+                   help="the topology-aware double ring: an intra-node ring of this many ranks "
+                        "(default: a flat ring)")
+    p.add_argument("--backward", default=None, choices=("burst", "ring", "auto"),
+                   help="BurstAttention's backward (default: the method's)")
     p.add_argument("--checkpointing", default="selective", choices=CHECKPOINTING)
     p.add_argument("--plain-head", action="store_true", help="unfused LM head + loss")
     p.add_argument("--kv-heads", type=int, default=None,
@@ -158,8 +164,9 @@ def _train(rank: int, world: int, args: dict) -> None:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
         torch.cuda.set_device(device)
     cfg, window, cu = _model(args)
-    tr = Trainer(cfg, attention=registry.get(args["method"]),
-                 attention_options={"layout": args["layout"]},
+    options = {"layout": args["layout"], **{k: args[k] for k in ("ranks_per_node", "backward")
+                                             if args[k] is not None}}
+    tr = Trainer(cfg, attention=registry.get(args["method"]), attention_options=options,
                  cp_degree=args["cp_degree"] or world, data_parallel=args["data_parallel"],
                  checkpointing=args["checkpointing"], fused_head=not args["plain_head"],
                  dtype=getattr(torch, args["dtype"]), device=device, lr=args["lr"],
@@ -173,9 +180,11 @@ def _train(rank: int, world: int, args: dict) -> None:
     say = print if rank == 0 else (lambda *a, **k: None)
     mask = "".join([f", window {window[0]}" if window else "",
                     f", {len(cu) - 1} documents" if cu else ""])
+    ring = "".join([f", {args['ranks_per_node']} ranks per node" if args["ranks_per_node"]
+                    else "", f", backward {args['backward']}" if args["backward"] else ""])
     say(f"{args['model']} ({param_count(cfg):,} parameters, {cfg.num_heads} heads, "
         f"{cfg.num_kv_heads} K/V heads), {world} ranks (CP {tr.cp_size} x DP {tr.dp_size}), "
-        f"{args['method']} {args['layout']}{mask}, checkpointing {args['checkpointing']}, "
+        f"{args['method']} {args['layout']}{ring}{mask}, checkpointing {args['checkpointing']}, "
         f"{args['seq_len']} tokens x {args['batch']} per DP group; "
         + (f"resuming at step {start}" if start else "from the start"), flush=True)
     if rank == 0:  # drop what ran after the last save: it runs again
@@ -187,12 +196,18 @@ def _train(rank: int, world: int, args: dict) -> None:
         batch = tr.local_batch(args["seq_len"], batch=args["batch"], seed=step, cu_seqlens=cu)
         comm.barrier()
         t0 = time.perf_counter()
-        loss = tr.step(*batch, cu_seqlens=cu)
+        with comm.count_bytes(args["ranks_per_node"]) as sent:
+            loss = tr.step(*batch, cu_seqlens=cu)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         dt = time.perf_counter() - t0
         if rank == 0:
-            row = {"step": step, "loss": loss, "seconds": dt, "tokens_per_s": tokens / dt}
+            # what rank 0's attention layers sent (burst.comm's forward and backward phases;
+            # not the checks, the loss or DDP/FSDP), and how much of it left its node of
+            # --ranks-per-node ranks
+            row = {"step": step, "loss": loss, "seconds": dt, "tokens_per_s": tokens / dt,
+                   **{f"attention_sent{k}_bytes": sum(sent.sent(p, link) for p in PASSES)
+                      for k, link in (("", None), ("_inter_node", "inter"))}}
             with open(log, "a") as f:
                 f.write(json.dumps(row) + "\n")
             say(f"step {step + 1:>5}/{args['steps']}  loss {loss:.4f}  {dt:7.2f} s  "

@@ -309,10 +309,10 @@ def step_compute(hw: Hardware, shape: AttnShape, layout: str, members: int, m: i
     return out
 
 
-def _ring_span(shape: AttnShape, layout: str, members: int, m: int) -> int:
-    if shape.window is None:
+def _ring_span(shape: AttnShape, layout: str, members: int, m: int, nodes: int) -> int:
+    if shape.window is None:  # (the pair tests would find the same, in O(G^2))
         return members - 1
-    return ring_span(shape.mask, layout, members, m)
+    return ring_span(shape.mask, layout, members, m, nodes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -341,12 +341,15 @@ def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, vol, bounda
     """Forward and backward seconds of a (flat or double) ring of ``members`` ranks. A double
     ring's ``vol`` is labelled by its own rings ("intra" = inner-ring hops, "inter" = outer)."""
     out = {}
+    double = bool(plan.ring_local) and plan.ring_local < members
+    nodes = members // plan.ring_local if double else 1
+    span = _ring_span(shape, plan.layout, members, m, nodes)
     for pass_ in ("forward", "backward"):
         steps = [c / efficiency for c in
                  step_compute(hw, shape, plan.layout, members, m, heads, kv_heads, pass_)]
         sent = vol.sent(pass_)
-        if plan.ring_local and plan.ring_local < members:
-            nodes, local = members // plan.ring_local, plan.ring_local
+        if double:
+            local = plan.ring_local
             n_intra, n_inter = nodes * (local - 1), nodes - 1
             b_intra, b_inter = vol.sent(pass_, "intra"), vol.sent(pass_, "inter")
             # hops run in lockstep, so the slowest link prices each: an inner ring longer than
@@ -361,7 +364,6 @@ def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, vol, bounda
             end = 0.5 * hop_intra if pass_ == "backward" else 0.0
             t = _double_ring(steps, nodes, local, hop_intra, hop_inter, end)
         else:
-            span = _ring_span(shape, plan.layout, members, m)
             link = "inter" if boundary_senders else "intra"
             hop = hw.link_seconds(sent / max(span, 1), link, boundary_senders or 1)
             # the accumulators' last hop home: about half a step's message for Burst's backward
@@ -369,7 +371,7 @@ def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, vol, bounda
             # dK, dV); priced at half for both (at most a sixth of one hop too little)
             end = 0.5 * hop if pass_ == "backward" and span > 0 else 0.0
             t = _flat_ring(steps, span, hop, end)
-        out[pass_] = (t, sum(steps[:_ring_span(shape, plan.layout, members, m) + 1]))
+        out[pass_] = (t, sum(steps[:span + 1]))
     return out
 
 

@@ -61,10 +61,6 @@ def _first_loss_with_documents(rank, world, cu):
     return out
 
 
-# a sliding window, documents and one K/V head for the tiny model's 4 query heads
-MASKED = ("--window", "24", "--doc-len", "40", "--kv-heads", "1")
-
-
 def test_each_training_option_reaches_the_model(tmp_path, monkeypatch):
     """scripts/train.py: --window, --doc-len, --kv-heads and --weight-decay each change the
     losses of a plain run (an option the script parsed but never passed on would not), and a
@@ -88,11 +84,21 @@ def test_each_training_option_reaches_the_model(tmp_path, monkeypatch):
     run.write_text(json.dumps(old))
     assert losses("plain", "--steps", "3")[:2] == plain
     for name, args in {"window": ("--window", "8"), "gqa": ("--kv-heads", "4"),
-                       "decay": ("--weight-decay", "0.5")}.items():
+                       "decay": ("--weight-decay", "0.5"), "sgd": ("--optimizer", "sgd")}.items():
         got = losses(name, *args)
         # the optimizer acts after step 0; the mask and the K/V heads change its loss already
-        differs = got[1] != plain[1] if name == "decay" else got[0] != plain[0]
+        differs = got[1] != plain[1] if name in ("decay", "sgd") else got[0] != plain[0]
         assert differs, (name, got, plain)
+    # the double ring and the backward move other bytes (logged per step), not other losses:
+    # in a flat ring of 4, rank 0 sends to rank 1 alone, inside its node of 2; in the double ring
+    # it also sends to the other node
+    double = {b: losses(f"double_{b}", "--world", "4", "--ranks-per-node", "2", "--backward", b)
+              for b in ("burst", "ring")}
+    assert max(abs(a - b) for a, b in zip(*double.values(), strict=True)) < 1e-10, double
+    sent = {b: json.loads((tmp_path / f"double_{b}" / "steps.jsonl").open().readline())
+            for b in double}
+    assert all(r["attention_sent_inter_node_bytes"] > 0 for r in sent.values()), sent
+    assert sent["burst"]["attention_sent_bytes"] != sent["ring"]["attention_sent_bytes"], sent
     # documents change the data too (positions restart): the mask is checked against the
     # engine's loss on the same batch with and without it
     masked, unmasked = spawn(_first_loss_with_documents, 1, args=([0, 16, 32, 48, 64],))[0]
@@ -111,27 +117,27 @@ def test_a_training_run_killed_between_saves_resumes_with_the_same_losses(tmp_pa
     resumes from that save, on another number of ranks, runs those steps again and ends with
     the losses of the run that was never interrupted; other arguments are refused."""
     straight, broken = tmp_path / "straight", tmp_path / "broken"
-    res = _train(straight, "--world", "2", "--steps", "6", *MASKED)
+    res = _train(straight, "--world", "2", "--steps", "6")
     assert res.returncode == 0, res.stderr[-3000:]
     assert "step     6/6  loss" in res.stdout and "from the start" in res.stdout, res.stdout
     want = _losses(straight)
     assert [s for s, _ in want] == list(range(6)) and want[-1][1] < want[0][1], want
-    assert _train(broken, "--world", "2", "--steps", "4", *MASKED).returncode == 0
+    assert _train(broken, "--world", "2", "--steps", "4").returncode == 0
     with (broken / "steps.jsonl").open("a") as f:  # what a run killed before step 6's save left
         f.write('{"step": 4, "loss": 99.0}\n{"step": 5, "loss": 99.0}\n{"step": 6, "lo')
-    res = _train(broken, "--world", "1", "--steps", "6", *MASKED)
+    res = _train(broken, "--world", "1", "--steps", "6")
     assert res.returncode == 0, res.stderr[-3000:]
     assert "resuming at step 4" in res.stdout, res.stdout
     got = _losses(broken)
     assert [s for s, _ in got] == list(range(6)), got
     # one CP group of 1 instead of 2: the same tokens, summed in another order
     assert max(abs(a - b) for (_, a), (_, b) in zip(got, want, strict=True)) < 1e-10, (got, want)
-    res = _train(broken, "--world", "1", "--steps", "8", "--lr", "0.1", *MASKED)
+    res = _train(broken, "--world", "1", "--steps", "8", "--lr", "0.1")
     assert res.returncode != 0 and "lr: 0.003 then, 0.1 now" in res.stderr, res.stderr[-3000:]
     # a CP degree that does not divide the world is refused before run.json is written
     res = _train(tmp_path / "bad", "--world", "3", "--cp-degree", "2", "--steps", "1")
     assert res.returncode != 0 and "does not divide the world of 3" in res.stderr, res.stderr
     assert not (tmp_path / "bad").exists()
     # 2 DP groups of 1 sequence each: another global batch, so not the same run
-    res = _train(broken, "--world", "2", "--cp-degree", "1", "--steps", "8", *MASKED)
+    res = _train(broken, "--world", "2", "--cp-degree", "1", "--steps", "8")
     assert res.returncode != 0 and "global_batch: 1 then, 2 now" in res.stderr, res.stderr[-3000:]
