@@ -55,6 +55,10 @@ def _cases(world: int) -> list[dict]:
                        ranks_per_node=1, seed=len(cs)))
         cs.append(case(options=dict(layout="contiguous", backward="burst", ranks_per_node=1),
                        ranks_per_node=1, window=(8, 0), seed=len(cs)))  # truncated, all inter
+        for backward in ("burst", "ring"):  # a window does not shorten a double ring
+            cs.append(case(options=dict(layout="contiguous", backward=backward,
+                                        ranks_per_node=2), ranks_per_node=2, window=(8, 0),
+                           seed=len(cs)))
     if world == 8:
         for rpn in (4, 2):
             for backward in ("burst", "ring"):
