@@ -10,7 +10,10 @@ Each step's batch comes from ``burst.engine.data`` (synthetic runs of equal toke
 goes down) with the step number as its seed, so a resumed run sees the batches the uninterrupted
 one would have. Every ``--save-every`` steps and at the end the whole training state goes to
 ``<out>/state.pt`` (``Trainer.save``: weights and optimizer, written atomically), and each step's
-loss, time and tokens/s to ``<out>/steps.jsonl``. Started again with the same ``--out``, a run
+loss, time, tokens/s and the bytes rank 0's attention layers sent (a recomputed forward
+included; ``_inter_node``: those that left its node, i.e. the double ring's node of
+``--ranks-per-node`` ranks (or the method's own), else torchrun's host; local ranks without a
+double ring are one node) to ``<out>/steps.jsonl``. Started again with the same ``--out``, a run
 resumes from its last save, with the losses it would have had (the steps logged after that save
 are run again and their lines replaced), also on another number of ranks (``--world``);
 the other arguments but ``--steps``, ``--save-every`` and ``--time-limit-min`` must be those it
@@ -126,6 +129,9 @@ def _check_run(args: dict, world: int) -> str | None:
     out = Path(args["out"])
     run = out / "run.json"
     mine = _identity(args, world)
+    if (out / "state.pt").exists() and not run.exists():
+        return (f"{out} holds a saved state but no run.json (the arguments it was started "
+                "with); use another --out")
     if run.exists() and (out / "state.pt").exists():
         try:
             saved = json.loads(run.read_text())
@@ -156,7 +162,7 @@ def _log_lines(log: Path, below: int) -> list[str]:
             if line.endswith("\n") and json.loads(line)["step"] < below]
 
 
-def _train(rank: int, world: int, args: dict) -> None:
+def _train(rank: int, world: int, args: dict, host_ranks: int | None = None) -> None:
     from baselines import registry
 
     device = torch.device(args["device"])
@@ -166,7 +172,11 @@ def _train(rank: int, world: int, args: dict) -> None:
     cfg, window, cu = _model(args)
     options = {"layout": args["layout"], **{k: args[k] for k in ("ranks_per_node", "backward")
                                              if args[k] is not None}}
-    tr = Trainer(cfg, attention=registry.get(args["method"]), attention_options=options,
+    method = registry.get(args["method"])
+    # nodes for the byte log: the double ring's (its --ranks-per-node, or the method's own
+    # default, e.g. double_ring's 2), else the host's ranks (all local ranks are one host)
+    rpn = {**method.options, **options}.get("ranks_per_node") or host_ranks or world
+    tr = Trainer(cfg, attention=method, attention_options=options,
                  cp_degree=args["cp_degree"] or world, data_parallel=args["data_parallel"],
                  checkpointing=args["checkpointing"], fused_head=not args["plain_head"],
                  dtype=getattr(torch, args["dtype"]), device=device, lr=args["lr"],
@@ -179,9 +189,9 @@ def _train(rank: int, world: int, args: dict) -> None:
         start = tr.load(state)["step"]
     say = print if rank == 0 else (lambda *a, **k: None)
     mask = "".join([f", window {window[0]}" if window else "",
-                    f", {len(cu) - 1} documents" if cu else ""])
-    ring = "".join([f", {args['ranks_per_node']} ranks per node" if args["ranks_per_node"]
-                    else "", f", backward {args['backward']}" if args["backward"] else ""])
+                    f", {len(cu) - 1} document{'s' * (len(cu) > 2)}" if cu else ""])
+    ring = "".join([f", {rpn} ranks per node" if rpn < world else "",
+                    f", backward {args['backward']}" if args["backward"] else ""])
     say(f"{args['model']} ({param_count(cfg):,} parameters, {cfg.num_heads} heads, "
         f"{cfg.num_kv_heads} K/V heads), {world} ranks (CP {tr.cp_size} x DP {tr.dp_size}), "
         f"{args['method']} {args['layout']}{ring}{mask}, checkpointing {args['checkpointing']}, "
@@ -196,22 +206,23 @@ def _train(rank: int, world: int, args: dict) -> None:
         batch = tr.local_batch(args["seq_len"], batch=args["batch"], seed=step, cu_seqlens=cu)
         comm.barrier()
         t0 = time.perf_counter()
-        with comm.count_bytes(args["ranks_per_node"]) as sent:
+        with comm.count_bytes(rpn) as sent:
             loss = tr.step(*batch, cu_seqlens=cu)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         dt = time.perf_counter() - t0
         if rank == 0:
-            # what rank 0's attention layers sent (burst.comm's forward and backward phases;
-            # not the checks, the loss or DDP/FSDP), and how much of it left its node of
-            # --ranks-per-node ranks
+            # what rank 0's attention layers sent (burst.comm's forward and backward phases,
+            # with a recomputed forward; not the checks, the loss or DDP/FSDP), and how much
+            # of it left its node of rpn ranks
             row = {"step": step, "loss": loss, "seconds": dt, "tokens_per_s": tokens / dt,
                    **{f"attention_sent{k}_bytes": sum(sent.sent(p, link) for p in PASSES)
                       for k, link in (("", None), ("_inter_node", "inter"))}}
             with open(log, "a") as f:
                 f.write(json.dumps(row) + "\n")
             say(f"step {step + 1:>5}/{args['steps']}  loss {loss:.4f}  {dt:7.2f} s  "
-                f"{tokens / dt:9.0f} tokens/s", flush=True)
+                f"{tokens / dt:9.0f} tokens/s  attention sent "
+                f"{row['attention_sent_bytes'] / 2**20:.3f} MiB", flush=True)
         if (step + 1) % args["save_every"] == 0 or step + 1 == args["steps"]:
             tr.save(state, meta={"step": step + 1})
     say(f"done: {args['steps']} steps; state in {state}, losses in {log}", flush=True)
@@ -236,7 +247,8 @@ def main(argv=None) -> None:
                 device=device)[0]
             if problem:
                 raise SystemExit(problem)
-            _train(comm.rank(), comm.world_size(), args)
+            _train(comm.rank(), comm.world_size(), args,
+                   host_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or None)
         finally:
             comm.destroy()
         return

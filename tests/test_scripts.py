@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from baselines import registry
+from burst.engine import CONFIGS
 from burst.spawn import spawn
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,16 +91,23 @@ def test_each_training_option_reaches_the_model(tmp_path, monkeypatch):
         # the optimizer acts after step 0; the mask and the K/V heads change its loss already
         differs = got[1] != plain[1] if name in ("decay", "sgd") else got[0] != plain[0]
         assert differs, (name, got, plain)
-    # the double ring and the backward move other bytes (logged per step), not other losses:
-    # in a flat ring of 4, rank 0 sends to rank 1 alone, inside its node of 2; in the double ring
-    # it also sends to the other node
+    # the double ring and the backward move other bytes, not other losses: each step logs
+    # what rank 0's attention sent, equal to the byte formula of its layers, in all and across
+    # nodes of 2 (a flat ring, or one without the right backward, sends other counts)
     double = {b: losses(f"double_{b}", "--world", "4", "--ranks-per-node", "2", "--backward", b)
               for b in ("burst", "ring")}
     assert max(abs(a - b) for a, b in zip(*double.values(), strict=True)) < 1e-10, double
-    sent = {b: json.loads((tmp_path / f"double_{b}" / "steps.jsonl").open().readline())
-            for b in double}
-    assert all(r["attention_sent_inter_node_bytes"] > 0 for r in sent.values()), sent
-    assert sent["burst"]["attention_sent_bytes"] != sent["ring"]["attention_sent_bytes"], sent
+    cfg = CONFIGS["tiny"]
+    for b in double:
+        got = json.loads((tmp_path / f"double_{b}" / "steps.jsonl").open().readline())
+        vol = registry.get("burst").bytes(
+            world=4, batch=1, seq_local=16, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim, elem=8, acc_elem=8, backward=b, ranks_per_node=2,
+            node_size=2, layout="zigzag", causal=True)
+        want = [cfg.num_layers * (vol.sent("forward", link) + vol.sent("backward", link))
+                for link in (None, "inter")]
+        assert [got["attention_sent_bytes"], got["attention_sent_inter_node_bytes"]] == want, (
+            b, got, want)
     # documents change the data too (positions restart): the mask is checked against the
     # engine's loss on the same batch with and without it
     masked, unmasked = spawn(_first_loss_with_documents, 1, args=([0, 16, 32, 48, 64],))[0]
@@ -138,6 +147,11 @@ def test_a_training_run_killed_between_saves_resumes_with_the_same_losses(tmp_pa
     res = _train(tmp_path / "bad", "--world", "3", "--cp-degree", "2", "--steps", "1")
     assert res.returncode != 0 and "does not divide the world of 3" in res.stderr, res.stderr
     assert not (tmp_path / "bad").exists()
+    # a saved state without the arguments it was started with is not resumed with any
+    (straight / "run.json").unlink()
+    res = _train(straight, "--world", "1", "--steps", "8", "--lr", "0.1")
+    assert res.returncode != 0 and "holds a saved state but no run.json" in res.stderr, (
+        res.stderr[-3000:])
     # 2 DP groups of 1 sequence each: another global batch, so not the same run
     res = _train(broken, "--world", "2", "--cp-degree", "1", "--steps", "8")
     assert res.returncode != 0 and "global_batch: 1 then, 2 now" in res.stderr, res.stderr[-3000:]
