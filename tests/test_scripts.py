@@ -147,6 +147,18 @@ def test_a_training_run_killed_between_saves_resumes_with_the_same_losses(tmp_pa
     res = _train(tmp_path / "bad", "--world", "3", "--cp-degree", "2", "--steps", "1")
     assert res.returncode != 0 and "does not divide the world of 3" in res.stderr, res.stderr
     assert not (tmp_path / "bad").exists()
+    # under torchrun (2 processes, gloo): the same losses, and a resume there
+    launched = tmp_path / "torchrun"
+    for steps in ("2", "3"):
+        res = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+             "2", str(ROOT / "scripts" / "train.py"), "--out", str(launched), "--seq-len", "64",
+             "--dtype", "float64", "--save-every", "2", "--steps", steps],
+            cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+    assert "resuming at step 2" in res.stdout, res.stdout
+    got = _losses(launched)
+    assert max(abs(a - b) for (_, a), (_, b) in zip(got, want[:3], strict=True)) < 1e-12, got
     # a saved state without the arguments it was started with is not resumed with any
     (straight / "run.json").unlink()
     res = _train(straight, "--world", "1", "--steps", "8", "--lr", "0.1")
