@@ -403,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
                          "path; one per call (default: a800, the paper's cluster)")
     ap.add_argument("--out", default=None, help="results folder to write run folders into "
                     "(default: none; only the summary is printed)")
+    ap.add_argument("--gpus-per-node", type=int, default=None,
+                    help="place every scale on nodes of this many GPUs, the same world (the "
+                         "rows go to sweep <name>-<N>gpn; default: the spec's placement)")
     raw = list(sys.argv[1:] if argv is None else argv)
     if sum(x == "--hardware" or x.startswith("--hardware=") for x in raw) > 1:
         ap.error("--hardware given more than once: one profile per run (the last one would "
@@ -423,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     for s in a.specs:
         try:
             spec = load_spec(s)
+            if a.gpus_per_node is not None:
+                spec = spec.on_nodes_of(a.gpus_per_node)
             rows = simulate_spec(spec, hw, a.out)
         except (SpecError, ValueError) as e:
             print(f"simulate {s}: {e}", file=sys.stderr)

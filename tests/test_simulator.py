@@ -1426,3 +1426,35 @@ def test_a_systems_defaults_yield_to_the_options_a_spec_sets():
     keys = ("time_s", "bytes_sent_forward", "bytes_sent_backward")
     assert [rows[None][k] for k in keys] == [rows["burst"][k] for k in keys]
     assert rows["ring"]["bytes_sent_backward"] != rows["burst"]["bytes_sent_backward"]
+
+
+def test_a_spec_placed_on_other_nodes_keeps_its_world(capsys, tmp_path):
+    """`simulate --gpus-per-node N` (SweepSpec.on_nodes_of): the same world on nodes of N, the
+    options tied to the node follow it, and the rows go to a sweep of their own."""
+    import json
+
+    from suites.simulate import main, simulate_spec
+    from suites.spec import SpecError, load_spec
+
+    spec = load_spec("paper_kernel_32gpu")
+    four = spec.on_nodes_of(4)
+    assert four.name == "paper_kernel_32gpu-4gpn"
+    assert [(s.nodes, s.ranks_per_node, s.seq_lens) for s in four.scales] == [
+        (8, 4, spec.scales[0].seq_lens)]
+    rows = {(r["label"], r["seq_len"]): r for r in simulate_spec(four, "a800")}
+    opts = {label: json.loads(r["method_options"]) for (label, _), r in rows.items()}
+    assert opts["BurstAttention"]["ranks_per_node"] == 4  # "@node"
+    assert opts["LoongTrain-USP"]["ulysses_degree"] == 4  # "@node"
+    assert opts["LoongTrain-DoubleRing"]["ranks_per_node"] == 8  # "@world/4": its inner ring
+    assert all((r["nodes"], r["ranks_per_node"], r["world"]) == (8, 4, 32) for r in rows.values())
+    # its inner ring of 8 now crosses a node boundary: slower than on nodes of 8
+    eight = {(r["label"], r["seq_len"]): r for r in simulate_spec(spec, "a800")}
+    key = ("LoongTrain-DoubleRing", 131072)
+    assert rows[key]["time_s"] > eight[key]["time_s"]
+    assert spec.on_nodes_of(64).scales[0].ranks_per_node == 32  # one node of the whole world
+    with pytest.raises(SpecError, match="world 32 does not split into nodes of 3 GPUs"):
+        spec.on_nodes_of(3)
+    assert main(["paper_kernel_32gpu", "--gpus-per-node", "4", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "paper_kernel_32gpu-4gpn" / "simulated-a800" / "rows.jsonl").exists()
+    assert main(["paper_kernel_32gpu", "--gpus-per-node", "3"]) == 2
+    assert "does not split into nodes of 3" in capsys.readouterr().err
