@@ -221,23 +221,22 @@ class SweepSpec:
 
     def on_nodes_of(self, gpus_per_node: int) -> SweepSpec:
         """The same sweep with every scale on nodes of ``gpus_per_node`` GPUs, the same world
-        (a world below it: one node of the world's GPUs). Options tied to the node (``"node"``
+        (a world below it: one node of the world's GPUs). Options tied to the node (``"@node"``
         placeholders) follow; named ``<name>-<gpus_per_node>gpn``, so its rows never mix with
         the spec's own. SpecError when a world does not split into such nodes."""
         if (isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int)
                 or gpus_per_node < 1):
             raise SpecError([f"gpus_per_node={gpus_per_node!r}: expected a whole number >= 1"],
                             self.name)
-        bad = sorted({sc.world for sc in self.scales
-                      if sc.world % min(sc.world, gpus_per_node)})
-        if bad:
-            raise SpecError([f"world {w} does not split into nodes of {gpus_per_node} GPUs; "
-                             f"valid: {', '.join(map(str, divisors(w)))}" for w in bad],
-                            self.name)
-        scales = []
+        scales, problems = [], []
         for sc in self.scales:
             rpn = min(sc.world, gpus_per_node)
+            if sc.world % rpn:
+                problems.append(f"world {sc.world} does not split into nodes of {gpus_per_node} "
+                                f"GPUs; valid: {', '.join(map(str, divisors(sc.world)))}")
             scales.append(Scale(nodes=sc.world // rpn, ranks_per_node=rpn, seq_lens=sc.seq_lens))
+        if problems:
+            raise SpecError(sorted(set(problems)), self.name)
         return replace(self, name=f"{self.name}-{gpus_per_node}gpn", scales=tuple(scales))
 
 
