@@ -17,8 +17,10 @@ double ring are one node) to ``<out>/steps.jsonl``. Started again with the same 
 resumes from its last save, with the losses it would have had (the steps logged after that save
 are run again and their lines replaced), also on another number of ranks (``--world``);
 the other arguments but ``--steps``, ``--save-every`` and ``--time-limit-min`` must be those it
-started with (``<out>/run.json``), and so must the global batch (``--batch`` sequences per DP
-group x the DP size). Rank 0 alone reads and writes ``--out``.
+started with (``<out>/run.json``; a default named, such as the model's own ``--kv-heads``, is the
+same argument), and so must the global batch (``--batch`` sequences per DP group x the DP size).
+Arguments the engine would refuse (a method, layout, length or ``--ranks-per-node`` that cannot
+run on the ranks) are refused before any rank starts. Rank 0 alone reads and writes ``--out``.
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from burst import comm  # noqa: E402
 from burst.engine import CHECKPOINTING, CONFIGS, Trainer, param_count  # noqa: E402
+from burst.engine.attention_call import resolve_attention  # noqa: E402
+from burst.engine.checkpointing import check_mode  # noqa: E402
 from burst.engine.parallel import DATA_PARALLEL, cp_degree_ok  # noqa: E402
-from burst.engine.trainer import DTYPES, OPTIMIZERS  # noqa: E402
+from burst.engine.trainer import DTYPES, OPTIMIZERS, seq_len_problems  # noqa: E402
 from burst.masks import MaskSpec  # noqa: E402
 from burst.spawn import spawn  # noqa: E402
 
@@ -88,10 +92,22 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _identity(args: dict, world: int) -> dict:
-    """What a resumed run must keep: its arguments but RESUMABLE, and its global batch
-    (``--batch`` sequences per DP group x the DP size, whatever the world)."""
+    """What a resumed run must keep: its arguments but RESUMABLE, with the defaults they leave
+    to the model and the method written out (``--kv-heads 2`` names the tiny model's own
+    K/V heads, ``--backward burst`` the burst method's own backward: the same run), and its
+    global batch (``--batch`` sequences per DP group x the DP size, whatever the world).
+    ValueError for an unknown model or method."""
+    from baselines import registry
+
+    if args["model"] not in CONFIGS:
+        raise ValueError(f"unknown model {args['model']!r}; valid: {', '.join(sorted(CONFIGS))}")
+    own = registry.get(args["method"]).options
     dp = world // (args["cp_degree"] or world)
     return {**{k: v for k, v in args.items() if k not in RESUMABLE},
+            "kv_heads": (CONFIGS[args["model"]].num_kv_heads if args["kv_heads"] is None
+                         else args["kv_heads"]),
+            **{k: own.get(k) if args[k] is None else args[k]
+               for k in ("ranks_per_node", "backward")},
             "global_batch": args["batch"] * dp}
 
 
@@ -114,6 +130,39 @@ def _model(args: dict):
     return cfg, window, cu
 
 
+def _attention(args: dict):
+    """(registry method, the options train.py gives it); ValueError for an unknown method."""
+    from baselines import registry
+
+    options = {"layout": args["layout"], **{k: args[k] for k in ("ranks_per_node", "backward")
+                                             if args[k] is not None}}
+    return registry.get(args["method"]), options
+
+
+def _preflight(args: dict, world: int) -> None:
+    """ValueError naming every reason the arguments cannot train on ``world`` ranks, asked on
+    one process before any rank starts: the checks each rank's Trainer makes of its setup and
+    first batch (the method's own, the layout's split, the checkpointing mode, the documents)."""
+    cfg, _, cu = _model(args)
+    method, options = _attention(args)
+    cp, seq = args["cp_degree"] or world, args["seq_len"]
+    _, layout = resolve_attention(method, options)
+    problems = seq_len_problems(cfg, seq, cp_size=cp, layout=layout,
+                                checkpointing=args["checkpointing"])
+    checks = [lambda: check_mode(args["checkpointing"], layout),
+              lambda: method.check(world=cp, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
+                                   seq_local=seq // cp, causal=True, **options)]
+    if cu is not None:
+        checks.append(lambda: MaskSpec(causal=True, cu_seqlens=cu).check_length(seq))
+    for check in checks:
+        try:
+            check()
+        except ValueError as e:
+            problems.append(str(e))
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
 def _check_run(args: dict, world: int) -> str | None:
     """Why the run in ``--out`` cannot go on with these arguments on ``world`` ranks (None: it
     can); records the arguments of a new run. Called on one process (rank 0). The recorded
@@ -123,12 +172,12 @@ def _check_run(args: dict, world: int) -> str | None:
         return (f"--cp-degree {args['cp_degree']} does not divide the world of {world} ranks "
                 "(nothing was written)")
     try:
-        _model(args)
+        _preflight(args, world)
+        mine = _identity(args, world)
     except ValueError as e:
         return f"{e} (nothing was written)"
     out = Path(args["out"])
     run = out / "run.json"
-    mine = _identity(args, world)
     if (out / "state.pt").exists() and not run.exists():
         return (f"{out} holds a saved state but no run.json (the arguments it was started "
                 "with); use another --out")
@@ -140,6 +189,11 @@ def _check_run(args: dict, world: int) -> str | None:
         # an argument added since that run was started: it ran with the default
         defaults = vars(_parser().parse_args(["--out", str(out)]))
         saved = {**{k: v for k, v in defaults.items() if k in mine}, **saved}
+        try:  # one written before the defaults were written out: write them out now
+            saved = {**saved, **{k: v for k, v in _identity({**defaults, **saved}, world).items()
+                                 if k in ("kv_heads", "ranks_per_node", "backward")}}
+        except ValueError as e:
+            return f"{run} names a run this version cannot rebuild ({e}); use another --out"
         differ = {k: (saved.get(k), v) for k, v in mine.items() if saved.get(k) != v}
         if differ:
             return (f"{out} holds a run started with other arguments ("
@@ -163,16 +217,12 @@ def _log_lines(log: Path, below: int) -> list[str]:
 
 
 def _train(rank: int, world: int, args: dict, host_ranks: int | None = None) -> None:
-    from baselines import registry
-
     device = torch.device(args["device"])
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
         torch.cuda.set_device(device)
     cfg, window, cu = _model(args)
-    options = {"layout": args["layout"], **{k: args[k] for k in ("ranks_per_node", "backward")
-                                             if args[k] is not None}}
-    method = registry.get(args["method"])
+    method, options = _attention(args)
     # nodes for the byte log: the double ring's (its --ranks-per-node, or the method's own
     # default, e.g. double_ring's 2), else the host's ranks (all local ranks are one host)
     rpn = {**method.options, **options}.get("ranks_per_node") or host_ranks or world

@@ -76,15 +76,19 @@ def test_each_training_option_reaches_the_model(tmp_path, monkeypatch):
         return [loss for _, loss in _losses(tmp_path / name)]
 
     # a start that failed before its first save does not bind the folder to its arguments
-    with pytest.raises(Exception, match="unknown method 'rign'"):
-        losses("plain", "--method", "rign")
-    plain = losses("plain")
-    # a run started before these options existed resumes with their defaults
     run = tmp_path / "plain" / "run.json"
+    run.parent.mkdir()
+    run.write_text(json.dumps({"method": "ring", "lr": 0.5}))
+    plain = losses("plain")
+    # a run started before these options existed resumes with their defaults, and naming a
+    # default (the model's K/V heads, the method's backward) names the same run
     old = {k: v for k, v in json.loads(run.read_text()).items()
            if k not in ("window", "doc_len", "kv_heads", "optimizer", "weight_decay")}
     run.write_text(json.dumps(old))
-    assert losses("plain", "--steps", "3")[:2] == plain
+    same = ("--kv-heads", str(CONFIGS["tiny"].num_kv_heads), "--backward", "burst")
+    assert losses("plain", "--steps", "3", *same)[:2] == plain
+    with pytest.raises(SystemExit, match="kv_heads: 2 then, 4 now"):
+        losses("plain", "--steps", "4", "--kv-heads", "4")
     for name, args in {"window": ("--window", "8"), "gqa": ("--kv-heads", "4"),
                        "decay": ("--weight-decay", "0.5"), "sgd": ("--optimizer", "sgd")}.items():
         got = losses(name, *args)
@@ -121,7 +125,13 @@ def test_each_training_option_reaches_the_model(tmp_path, monkeypatch):
     assert abs(got - masked) < 1e-12 and abs(got - unmasked) > 1e-6, (got, masked, unmasked)
     for args, why in [(("--kv-heads", "3"), "not divisible by num_kv_heads=3"),
                       (("--window", "-1"), "--window -1"),
-                      (("--doc-len", "0"), "--doc-len must be >= 1")]:
+                      (("--doc-len", "0"), "--doc-len must be >= 1"),
+                      (("--method", "rign"), "unknown method 'rign'"),
+                      (("--ranks-per-node", "3"), "not divisible by ranks_per_node=3"),
+                      (("--seq-len", "100"), "100 is not divisible by 8 (zigzag layout"),
+                      (("--method", "ring", "--layout", "striped"),
+                       "layout 'striped' is not supported"),
+                      (("--checkpointing", "selective_half"), "needs the striped layout")]:
         with pytest.raises(SystemExit, match=re.escape(why)):  # before any rank starts
             train.main(["--out", str(tmp_path / "bad"), "--steps", "1", *args])
         assert not (tmp_path / "bad").exists()

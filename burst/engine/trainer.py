@@ -50,7 +50,7 @@ from burst.engine.parallel import (
 from burst.layout import chunks_per_rank, divisors
 from burst.masks import MaskSpec
 
-__all__ = ["DTYPES", "OPTIMIZERS", "Trainer"]
+__all__ = ["DTYPES", "OPTIMIZERS", "Trainer", "seq_len_problems"]
 
 # float16 is left out: without loss scaling and fp32 master weights its optimizer step underflows
 DTYPES = (torch.float32, torch.float64, torch.bfloat16)
@@ -85,6 +85,25 @@ def _positive_number(x, zero: bool = False) -> bool:
         x = x.item()
     return (isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
             and (x >= 0 if zero else x > 0))
+
+
+def seq_len_problems(config: ModelConfig, seq_len: int, *, cp_size: int, layout: str,
+                     checkpointing: str) -> list[str]:
+    """Why sequences of ``seq_len`` tokens cannot train on a CP group of ``cp_size`` ranks in
+    this layout and checkpointing mode (empty: they can). Needs no process group, so a launcher
+    can ask before any rank starts (scripts/train.py); the Trainer asks it of every batch."""
+    problems = []
+    parts = cp_size * chunks_per_rank(layout)
+    if seq_len % parts:
+        problems.append(f"sequence length {seq_len} is not divisible by {parts} ({layout}"
+                        f" layout over {cp_size} CP ranks needs a multiple of {parts})")
+    elif checkpointing == "selective_half" and (seq_len // cp_size) % 2:
+        problems.append(f"checkpointing 'selective_half' halves the local sequence; local "
+                        f"length {seq_len // cp_size} is odd (use a multiple of {2 * cp_size})")
+    if seq_len > config.max_seq_len:
+        problems.append(f"sequence length {seq_len} exceeds the config's max_seq_len "
+                        f"{config.max_seq_len}")
+    return problems
 
 
 @torch.no_grad()
@@ -376,18 +395,8 @@ class Trainer:
     # -- data -----------------------------------------------------------------------------------
 
     def _check_seq_len(self, seq_len: int) -> None:
-        problems = []
-        parts = self.cp_size * chunks_per_rank(self.layout)
-        if seq_len % parts:
-            problems.append(f"sequence length {seq_len} is not divisible by {parts} ({self.layout}"
-                            f" layout over {self.cp_size} CP ranks needs a multiple of {parts})")
-        elif self.checkpointing == "selective_half" and (seq_len // self.cp_size) % 2:
-            problems.append(f"checkpointing 'selective_half' halves the local sequence; local "
-                            f"length {seq_len // self.cp_size} is odd (use a multiple of "
-                            f"{2 * self.cp_size})")
-        if seq_len > self.config.max_seq_len:
-            problems.append(f"sequence length {seq_len} exceeds the config's max_seq_len "
-                            f"{self.config.max_seq_len}")
+        problems = seq_len_problems(self.config, seq_len, cp_size=self.cp_size,
+                                    layout=self.layout, checkpointing=self.checkpointing)
         if problems:
             raise ValueError("Trainer: " + "; ".join(problems))
 
