@@ -818,16 +818,21 @@ def test_labels_and_scales_do_not_depend_on_spelling():
 
 
 def test_a_sweep_folder_reads_its_newest_run_with_rows(tmp_path):
-    """A run that died before its first row (run.json only) must not hide the run before it."""
+    """A run that died before its first row (run.json only, or the empty table a refused SLURM
+    submission leaves) must not hide the run before it."""
     older = _run_dir(tmp_path, "20250101T000000Z-1", _rows([("ring", 64, 2.0, "ok")]))
     newer = tmp_path / "sweep" / "20250102T000000Z-1"
     newer.mkdir()
     store.write_meta(newer, {"baseline": "ring", "cells": ["ring-64"],
                              "created": "2025-01-02T00:00:00Z"})
     store.write_meta(older, {**store.read_meta(older), "created": "2025-01-01T00:00:00Z"})
-    assert store.latest_run(tmp_path / "sweep") == newer
-    assert store.latest_run(tmp_path / "sweep", with_rows=True) == older
-    assert list(store.load(tmp_path / "sweep")["cell_id"]) == ["ring-64"]
+    for table in (False, True):
+        if table:
+            store.consolidate(newer)  # what run_sweep writes when the executor raises
+            assert (newer / store.TABLE).exists()
+        assert store.latest_run(tmp_path / "sweep") == newer
+        assert store.latest_run(tmp_path / "sweep", with_rows=True) == older
+        assert list(store.load(tmp_path / "sweep")["cell_id"]) == ["ring-64"]
 
 
 def test_an_impossible_cell_of_a_skip_invalid_method_is_a_skipped_row(tmp_path):

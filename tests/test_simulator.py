@@ -1458,3 +1458,13 @@ def test_a_spec_placed_on_other_nodes_keeps_its_world(capsys, tmp_path):
     assert (tmp_path / "paper_kernel_32gpu-4gpn" / "simulated-a800" / "rows.jsonl").exists()
     assert main(["paper_kernel_32gpu", "--gpus-per-node", "3"]) == 2
     assert "does not split into nodes of 3" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--check", "--write"], ["--hardware", "h100"]])
+def test_calibrate_refuses_what_would_overwrite_the_fit_wrongly(argv, capsys):
+    """The paper's tables calibrate the a800 profile only (fitting another GPU's profile on them
+    rewrote the committed fit), and --check never writes, so --check --write is refused, not
+    half obeyed; both before any fit runs."""
+    with pytest.raises(SystemExit) as e:
+        calibrate.main(argv)
+    assert e.value.code == 2 and "error:" in capsys.readouterr().err
