@@ -4,7 +4,8 @@
 
 The simulated tables come from ``make figures`` (the simulator on the paper sweeps, then the
 analytic breakdowns); measured tables are whatever the harness wrote under results/. A figure
-whose tables are absent is still drawn, with a note, so the set is always complete.
+whose tables are absent is still drawn, with a note, so the set is always complete; a results
+folder with no table at all is refused (every figure would be empty).
 """
 
 from __future__ import annotations
@@ -83,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(a.results).is_dir():
         ap.error(f"--results {a.results}: no such folder")
     tables = load_tables(a.results)
+    if not (len(tables.simulated) or len(tables.measured) or len(tables.breakdowns)):
+        ap.error(f"--results {a.results} holds no result table (no sweep run, nothing simulated):"
+                 " every figure would be empty; `make figures` simulates the paper's sweeps "
+                 "into results/simulated and draws them")
     for note in tables.notes + unused_sweeps(tables):
         print(f"note: {note}", file=sys.stderr)
     done = render_all(tables, a.out, a.only)

@@ -249,7 +249,7 @@ def test_two_labels_of_one_system_are_two_lines(fixture_tables):
     assert lines["burstengine w/o sele-ckpt"].get_linestyle() == "--"
 
 
-def test_loading_keeps_each_profiles_latest_run_and_refuses_a_missing_folder(tmp_path):
+def test_loading_keeps_each_profiles_latest_run_and_refuses_a_missing_folder(tmp_path, capsys):
     from paper_figures.make import main
     from paper_figures.tables import load_tables
     from suites.simulate import simulate_spec
@@ -274,9 +274,13 @@ def test_loading_keeps_each_profiles_latest_run_and_refuses_a_missing_folder(tmp
     assert sorted(tables.simulated["hardware"]) == ["a800", "h100"]
     assert sorted(tables.measured["hardware"]) == ["NVIDIA A800-SXM4-80GB",
                                                    "NVIDIA H100 80GB HBM3"]
-    with pytest.raises(SystemExit) as e:
-        main(["--results", str(tmp_path / "no_such_folder"), "--out", str(tmp_path / "o")])
-    assert e.value.code == 2 and not (tmp_path / "o").exists()
+    # a missing folder, and one without any table (every figure would be empty), are refused
+    (tmp_path / "empty").mkdir()
+    for folder, why in (("no_such_folder", "no such folder"), ("empty", "holds no result table")):
+        with pytest.raises(SystemExit) as e:
+            main(["--results", str(tmp_path / folder), "--out", str(tmp_path / "o")])
+        assert e.value.code == 2 and not (tmp_path / "o").exists()
+        assert why in capsys.readouterr().err
 
 
 def test_cpu_figure_keeps_cells_without_a_number_and_draws_the_long_sweep(fixture_tables,
