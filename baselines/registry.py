@@ -96,6 +96,9 @@ class Method:
         why = self.unavailable()
         if why:
             problems.append(why)
+        why = self._unknown_options(options)
+        if why:  # the checks below would be handed an option they do not know
+            raise ValueError(f"method {self.name!r} {why}")
         lay = opts.get("layout", self.default_layout)
         if lay not in self.layouts:
             problems.append(f"layout {lay!r} is not supported; valid layouts: "
@@ -125,6 +128,15 @@ class Method:
     def _accepted(self) -> set[str] | None:  # read once: inspect costs ~25 us a call
         return accepted_options(self.fn)
 
+    def _unknown_options(self, options: dict) -> str | None:
+        accepted = self._accepted
+        unknown = sorted(set(options) - accepted) if accepted is not None else []
+        if not unknown:
+            return None
+        valid = sorted(accepted - set(getattr(self.fn, "refuses", ())))
+        return (f"has no option {', '.join(map(repr, unknown))}; valid options: "
+                f"{', '.join(valid) or '(none)'}")
+
     def __call__(self, q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
                  group=None, **options):
         # clear errors for every method, the packages' and the user's too
@@ -133,12 +145,9 @@ class Method:
             causal = MaskSpec(causal=causal).causal
         except ValueError as e:
             raise ValueError(f"method {self.name!r}: {e}") from None
-        accepted = self._accepted
-        unknown = sorted(set(options) - accepted) if accepted is not None else []
-        if unknown:  # was a bare TypeError ("unexpected keyword argument")
-            valid = sorted(accepted - set(getattr(self.fn, "refuses", ())))
-            raise ValueError(f"method {self.name!r} has no option {', '.join(map(repr, unknown))};"
-                             f" valid options: {', '.join(valid) or '(none)'}")
+        why = self._unknown_options(options)
+        if why:  # was a bare TypeError ("unexpected keyword argument")
+            raise ValueError(f"method {self.name!r} {why}")
         return self.fn(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group,
                        **{**self.options, **options})
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -178,6 +179,8 @@ def _check_run(args: dict, world: int) -> str | None:
         return f"{e} (nothing was written)"
     out = Path(args["out"])
     run = out / "run.json"
+    if out.exists() and not out.is_dir():
+        return f"--out {out} is a file, not a folder (nothing was written)"
     if (out / "state.pt").exists() and not run.exists():
         return (f"{out} holds a saved state but no run.json (the arguments it was started "
                 "with); use another --out")
@@ -283,6 +286,14 @@ def main(argv=None) -> None:
     for k in ("steps", "save_every", "seq_len", "batch", "world"):
         if args[k] < 1:
             raise SystemExit(f"--{k.replace('_', '-')} must be >= 1, got {args[k]}")
+    for k, low in (("lr", 0.0), ("time_limit_min", 0.0)):
+        if not args[k] > low or not math.isfinite(args[k]):
+            raise SystemExit(f"--{k.replace('_', '-')} must be a number > 0, got {args[k]}")
+    if not args["weight_decay"] >= 0 or not math.isfinite(args["weight_decay"]):
+        raise SystemExit(f"--weight-decay must be a number >= 0, got {args['weight_decay']}")
+    if args["device"] == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device here (--device cpu runs on "
+                         "gloo ranks)")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun, SLURM via torchrun
         device = None
         if args["device"] == "cuda":

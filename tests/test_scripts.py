@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from baselines import registry
 from burst.engine import CONFIGS
@@ -131,10 +132,20 @@ def test_each_training_option_reaches_the_model(tmp_path, monkeypatch):
                       (("--seq-len", "100"), "100 is not divisible by 8 (zigzag layout"),
                       (("--method", "ring", "--layout", "striped"),
                        "layout 'striped' is not supported"),
-                      (("--checkpointing", "selective_half"), "needs the striped layout")]:
+                      (("--checkpointing", "selective_half"), "needs the striped layout"),
+                      (("--method", "ring", "--layout", "contiguous", "--backward", "ring"),
+                       "method 'ring' has no option 'backward'"),
+                      (("--lr", "-1"), "--lr must be a number > 0"),
+                      (("--weight-decay", "-1"), "--weight-decay must be a number >= 0"),
+                      (("--time-limit-min", "0"), "--time-limit-min must be a number > 0"),
+                      *([(("--device", "cuda"), "torch sees no CUDA device")]
+                        if not torch.cuda.is_available() else [])]:
         with pytest.raises(SystemExit, match=re.escape(why)):  # before any rank starts
             train.main(["--out", str(tmp_path / "bad"), "--steps", "1", *args])
         assert not (tmp_path / "bad").exists()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit, match="is a file, not a folder"):
+        train.main(["--out", str(tmp_path / "file"), "--steps", "1"])
 
 
 def test_a_training_run_killed_between_saves_resumes_with_the_same_losses(tmp_path):
