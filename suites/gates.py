@@ -199,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--update", action="store_true", help="rewrite the expected values")
     p.add_argument("--expected", type=Path, default=EXPECTED)
     args = p.parse_args(argv)
+    if not args.update and not args.expected.is_file():
+        p.error(f"--expected {args.expected}: no such file (--update writes it)")
     got = collect()
     expected = load_expected(args.expected)
     diff = compare(expected, got)

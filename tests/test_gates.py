@@ -44,3 +44,10 @@ def test_selective_half_keeps_half_the_cache_of_selective(values):
     half = values["kept.selective_half.fused.cache"]
     full = values["kept.selective.fused.cache"]
     assert full > 0 and half * 2 == full
+
+
+def test_a_missing_expected_file_is_named_not_diffed(tmp_path, capsys):
+    """A misspelled --expected printed every gate as moved; it is refused before collecting."""
+    with pytest.raises(SystemExit) as e:
+        gates.main(["--expected", str(tmp_path / "gates_expectd.json")])
+    assert e.value.code == 2 and "no such file" in capsys.readouterr().err
