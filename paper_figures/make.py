@@ -83,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown figure(s) {bad}; valid: {', '.join(names)}")
     if not Path(a.results).is_dir():
         ap.error(f"--results {a.results}: no such folder")
+    if Path(a.out).exists() and not Path(a.out).is_dir():
+        ap.error(f"--out {a.out} is a file, not a folder")
     tables = load_tables(a.results)
     if not (len(tables.simulated) or len(tables.measured) or len(tables.breakdowns)):
         ap.error(f"--results {a.results} holds no result table (no sweep run, nothing simulated):"

@@ -387,8 +387,8 @@ def _main(argv: list[str] | None) -> int:
         return 1
     except OSError as e:  # a full or read-only disk: what, where; rows already written stay
         where = f" ({e.filename})" if e.filename else ""
-        print(f"burst-bench {args.cmd}: {e.strerror or e}{where}; rows written before it are "
-              "kept and a rerun resumes", file=sys.stderr)
+        then = "; rows written before it are kept and a rerun resumes" if args.cmd == "run" else ""
+        print(f"burst-bench {args.cmd}: {e.strerror or e}{where}{then}", file=sys.stderr)
         return 1
 
 

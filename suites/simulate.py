@@ -411,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--hardware given more than once: one profile per run (the last one would "
                  "silently win); run again for another profile")
     a = ap.parse_args(argv)
+    if a.out is not None and Path(a.out).exists() and not Path(a.out).is_dir():
+        ap.error(f"--out {a.out} is a file, not a folder")
     from suites.spec import SpecError, load_spec
 
     errors = 0
@@ -419,6 +421,9 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"simulate: {e}", file=sys.stderr)
         return 2
+    if a.gpus_per_node is not None and a.gpus_per_node > hw.gpus_per_node:
+        ap.error(f"--gpus-per-node {a.gpus_per_node}: the {hw.name} profile has "
+                 f"{hw.gpus_per_node} GPUs per node")
     if hw.sources.get("attention_kernel.fwd_eta_max", "").startswith("assumed"):
         print(f"note: the {hw.name} profile's attention-kernel efficiency is assumed, not "
               f"calibrated on measurements (its sources: {hw.path}); read its numbers as "

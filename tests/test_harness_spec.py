@@ -747,6 +747,7 @@ def test_run_exit_code_signals_and_disk_errors(tmp_path, monkeypatch, capsys):
     assert cli.main(["show", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "No space left on device (/results/x/rows.jsonl)" in err and "Traceback" not in err
+    assert "a rerun resumes" not in err  # `show` resumes nothing (only `run` says so)
     monkeypatch.undo()
     d = _run_dir(tmp_path, "20250101T000000Z-1", _rows([("ring", 64, 2.0, "ok")]))
     monkeypatch.setattr(pd.DataFrame, "to_csv", full)

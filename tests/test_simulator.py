@@ -1458,6 +1458,13 @@ def test_a_spec_placed_on_other_nodes_keeps_its_world(capsys, tmp_path):
     assert (tmp_path / "paper_kernel_32gpu-4gpn" / "simulated-a800" / "rows.jsonl").exists()
     assert main(["paper_kernel_32gpu", "--gpus-per-node", "3"]) == 2
     assert "does not split into nodes of 3" in capsys.readouterr().err
+    # more GPUs per node than the profile's nodes have: refused once, not an error row per cell
+    (tmp_path / "file").write_text("")
+    for argv, why in ((["--gpus-per-node", "16"], "the a800 profile has 8 GPUs per node"),
+                      (["--out", str(tmp_path / "file")], "is a file, not a folder")):
+        with pytest.raises(SystemExit) as e:
+            main(["paper_kernel_32gpu", *argv])
+        assert e.value.code == 2 and why in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", [["--check", "--write"], ["--hardware", "h100"]])
