@@ -92,6 +92,11 @@ def _run(args) -> int:
     from suites.run import replace_slurm, run_sweep
     from suites.spec import load_spec
 
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ValueError(f"--out {args.out} is a file, not a folder")
+    if args.new and args.retry_failed:
+        raise ValueError("--retry-failed reruns the failed cells of an earlier run; a --new run "
+                         "has none: use one or the other")
     spec = load_spec(args.spec)
     slurm = replace_slurm(spec.slurm, partition=args.partition, account=args.account,
                           time_min=args.time, constraint=args.constraint, qos=args.qos)
@@ -100,6 +105,9 @@ def _run(args) -> int:
     if given and args.executor in ("inline", "local"):
         print(f"note: {', '.join(given)} apply to SLURM jobs only; the {args.executor} executor "
               "ignores them (its limit per cell is the spec's timeout_min)", file=sys.stderr)
+    if args.job_folder is not None and args.executor == "inline":
+        print("note: --job-folder holds the local and slurm executors' jobs; the inline "
+              "executor runs in this process and ignores it", file=sys.stderr)
     res = run_sweep(spec, executor=args.executor, out=args.out, run_id=args.run_id,
                     new=args.new, retry_failed=args.retry_failed, slurm=slurm,
                     job_folder=args.job_folder, stream=sys.stdout)
@@ -112,6 +120,10 @@ def _run(args) -> int:
     return 0
 
 
+RAW_COLUMNS = ("label,seq_len,world,status,time_s,tokens_per_s,bytes_sent_forward,"
+               "bytes_sent_backward,saved_bytes,max_err")
+
+
 def _cmd_show(args) -> int:
     from results import store
     from results.tables import render
@@ -122,10 +134,17 @@ def _cmd_show(args) -> int:
                                or store.latest_run(args.results, with_rows=True) is None):
         print(_newest_note(newest))
         return 0
+    shaped = [f"--{k}" for k in ("metric", "baseline") if getattr(args, k) is not None]
+    if args.raw and shaped:
+        raise ValueError(f"{' and '.join(shaped)} shape the summary; --raw prints columns "
+                         "(--columns) instead: use one or the other")
+    if args.columns is not None and not args.raw:
+        raise ValueError("--columns picks the columns of --raw; add --raw")
     df = store.load(args.results)
     if args.raw:
-        cols = [c for c in args.columns.split(",") if c in df.columns]
-        unknown = [c for c in args.columns.split(",") if c not in df.columns]
+        columns = (args.columns or RAW_COLUMNS).split(",")
+        cols = [c for c in columns if c in df.columns]
+        unknown = [c for c in columns if c not in df.columns]
         if unknown:
             raise ValueError(f"--columns: no column {', '.join(map(repr, unknown))}; the row "
                              "schema is in results/README.md")
@@ -193,6 +212,8 @@ def _cmd_compare(args) -> int:
     from results.tables import METRICS, compare, no_match_reason, regressions, render
 
     _check_metrics((args.metric,))
+    if args.out and Path(args.out).is_dir():
+        raise ValueError(f"--out {args.out} is a folder; give the path of the CSV to write")
     if args.fail_above is not None and not (args.fail_above >= 0 and args.fail_above < math.inf):
         raise ValueError(f"--fail-above {args.fail_above:g}: give a percentage >= 0")
 
@@ -293,8 +314,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--baseline", help="label to compute speedups against (default: the "
                    "spec's)")
     s.add_argument("--raw", action="store_true", help="print raw columns instead")
-    s.add_argument("--columns", default="label,seq_len,world,status,time_s,tokens_per_s,"
-                   "bytes_sent_forward,bytes_sent_backward,saved_bytes,max_err")
+    s.add_argument("--columns", help="with --raw: the columns (default: " + RAW_COLUMNS + ")")
     s.set_defaults(fn=_cmd_show)
 
     s = sub.add_parser("compare", help="compare two result sets cell by cell")

@@ -447,7 +447,16 @@ def test_cli_user_errors_are_messages_not_tracebacks(tmp_path, capsys):
             (["run", str(_write(tmp_path, GOOD_TINY)), "--executor", "dry-run", "--out",
               str(tmp_path / "o"), "--run-id", "../escaped"], "a run id is one folder"),
             (["run", str(_write(tmp_path, GOOD_TINY)), "--executor", "dry-run", "--out",
-              str(tmp_path / "o"), "--run-id", str(tmp_path / "abs")], "a run id is one folder")):
+              str(tmp_path / "o"), "--run-id", str(tmp_path / "abs")], "a run id is one folder"),
+            # flags that were silently ignored, and an --out of the wrong kind (a file error
+            # after the work, or a traceback)
+            (["show", str(d), "--columns", "label"], "--columns picks the columns of --raw"),
+            (["show", str(d), "--raw", "--metric", "time_s"], "--metric shape the summary"),
+            (["compare", str(d), str(d), "--out", str(tmp_path)], "is a folder; give the path"),
+            (["run", str(_write(tmp_path, GOOD_TINY)), "--new", "--retry-failed"],
+             "a --new run has none"),
+            (["run", str(_write(tmp_path, GOOD_TINY)), "--out", str(d / "rows.jsonl")],
+             "is a file, not a folder")):
         assert cli.main(argv) == 2, argv
         assert msg in capsys.readouterr().err, argv
     assert not (tmp_path / "escaped").exists() and not (tmp_path / "abs").exists()
