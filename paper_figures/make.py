@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", help="figure names (default: all)")
     a = ap.parse_args(argv)
     names = [m.NAME for m in FIGURES]
+    if a.only == []:  # `--only` and no name: not "all" by accident
+        ap.error(f"--only needs figure names; valid: {', '.join(names)}")
     bad = sorted(set(a.only or []) - set(names))
     if bad:
         ap.error(f"unknown figure(s) {bad}; valid: {', '.join(names)}")

@@ -558,9 +558,12 @@ def load_spec(spec: str | Path) -> SweepSpec:
     else:  # pragma: no cover - Python 3.10
         import tomli as tomllib
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise SpecError([f"not valid TOML: {e}"], str(path)) from None
+    except UnicodeDecodeError as e:  # TOML is UTF-8: a binary or other-encoded file
+        raise SpecError([f"not UTF-8 text, so not TOML ({e.reason} at byte {e.start})"],
+                        str(path)) from None
     return parse_spec(data, name=path.stem, source=_shown(path))
 
 

@@ -282,9 +282,11 @@ def test_loading_keeps_each_profiles_latest_run_and_refuses_a_missing_folder(tmp
         assert e.value.code == 2 and not (tmp_path / "o").exists()
         assert why in capsys.readouterr().err
     (tmp_path / "o").write_text("")
-    with pytest.raises(SystemExit) as e:
-        main(["--results", str(tmp_path / "results"), "--out", str(tmp_path / "o")])
-    assert e.value.code == 2 and "is a file, not a folder" in capsys.readouterr().err
+    for argv, why in ((["--out", str(tmp_path / "o")], "is a file, not a folder"),
+                      (["--only"], "--only needs figure names")):  # not "all" by accident
+        with pytest.raises(SystemExit) as e:
+            main(["--results", str(tmp_path / "results"), *argv])
+        assert e.value.code == 2 and why in capsys.readouterr().err
 
 
 def test_cpu_figure_keeps_cells_without_a_number_and_draws_the_long_sweep(fixture_tables,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+from pathlib import Path
 
 import pytest
 
@@ -425,6 +426,11 @@ def test_cli_read_only_commands(tmp_path, capsys, monkeypatch):
     assert ei.value.code == 0 and "simulate" in capsys.readouterr().out
 
 
+def _binary(path: Path) -> Path:
+    path.write_bytes(b"\xff\xfe\x00name")
+    return path
+
+
 def test_cli_user_errors_are_messages_not_tracebacks(tmp_path, capsys):
     """Each was a traceback (or a silent wrong answer) before (found by a harness audit)."""
     rows = _rows([("ring", 64, 2.0, "ok"), ("burst", 64, 1.0, "ok")])
@@ -456,7 +462,9 @@ def test_cli_user_errors_are_messages_not_tracebacks(tmp_path, capsys):
             (["run", str(_write(tmp_path, GOOD_TINY)), "--new", "--retry-failed"],
              "a --new run has none"),
             (["run", str(_write(tmp_path, GOOD_TINY)), "--out", str(d / "rows.jsonl")],
-             "is a file, not a folder")):
+             "is a file, not a folder"),
+            (["run", str(_binary(tmp_path / "bin.toml")), "--executor", "dry-run"],
+             "bin.toml: 1 problem:\n  - not UTF-8 text")):
         assert cli.main(argv) == 2, argv
         assert msg in capsys.readouterr().err, argv
     assert not (tmp_path / "escaped").exists() and not (tmp_path / "abs").exists()
