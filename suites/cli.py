@@ -39,8 +39,11 @@ def _cmd_list(args) -> int:
     if not folder.is_dir():
         raise ValueError(f"--dir {folder}: no such folder")
     ref = "<name>" if folder == SPEC_DIR else f"{folder}/<name>.toml"  # how `run` finds it
+    paths = sorted(folder.glob("*.toml"))
+    if not paths:
+        raise ValueError(f"--dir {folder}: no spec file (*.toml) in it")
     print(f"sweeps in {folder} (burst-bench run {ref}):")
-    for path in sorted(folder.glob("*.toml")):
+    for path in paths:
         name = path.stem if folder == SPEC_DIR else str(path)
         try:
             spec = load_spec(path)
