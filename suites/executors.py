@@ -185,7 +185,8 @@ def _skip_if_too_few_gpus(cells: list[Cell], run: Run, ctx: RunContext,
     for c in cells:
         append_row(run.rows, failure_row(
             c, f"needs {c.world} GPUs on this machine ({executor} executor), found {have}; run "
-               "it with --executor slurm --retry-failed", ctx, "skipped"))
+               f"it on a machine with {c.world} GPUs, or with --executor slurm (--retry-failed "
+               "runs this run's skipped cells again)", ctx, "skipped"))
     return []
 
 
