@@ -24,11 +24,12 @@ import tempfile
 import time
 
 import torch
+from _args import positive_int  # scripts/, the folder a script runs from
 
 from baselines import registry
 from baselines.tp import AttentionBlockWeights
 from burst import comm
-from burst.layout import shard
+from burst.layout import chunks_per_rank, shard
 from burst.reference import reference_attention
 from burst.spawn import spawn
 
@@ -45,6 +46,27 @@ LINEUP = (
     ("usp", "usp", dict(ulysses_degree=2, layout="zigzag")),
     ("tp (block)", "tp", {}),
 )
+
+
+def _problems(lineup, args) -> list[str]:
+    """Why methods of the line-up cannot run these sizes, found before the reference is
+    computed (inside the ranks they would end the run with a traceback)."""
+    runs = []
+    for _, name, opts in lineup:
+        method = registry.get(name)
+        runs.append((method, {**method.options, **opts}))
+    parts = args.world * max(chunks_per_rank(method.layout(opts)) for method, opts in runs)
+    if args.tokens % parts:
+        return [f"--tokens {args.tokens} is not a multiple of {parts} (the layouts of these "
+                f"methods over {args.world} ranks); use {args.tokens + (-args.tokens) % parts}"]
+    out = []
+    for method, opts in runs:
+        try:
+            method.check(world=args.world, heads=args.heads, kv_heads=args.heads,
+                         seq_local=args.tokens // args.world, causal=args.causal, **opts)
+        except ValueError as e:
+            out.append(str(e))
+    return out
 
 
 def _reference(q, k, v, do, causal):
@@ -181,19 +203,29 @@ def _table(per_rank: list[list[dict]], args) -> str:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--world", type=int, default=4)
-    p.add_argument("--tokens", type=int, default=4096, help="global sequence length")
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--world", type=positive_int, default=4)
+    p.add_argument("--tokens", type=positive_int, default=4096, help="global sequence length")
+    p.add_argument("--heads", type=positive_int, default=8)
+    p.add_argument("--head-dim", type=positive_int, default=64)
+    p.add_argument("--repeats", type=positive_int, default=3)
     p.add_argument("--no-causal", dest="causal", action="store_false")
     p.add_argument("--methods", nargs="*", help="labels or registry names (default: all)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    lineup = [row for row in LINEUP
-              if not args.methods or row[0] in args.methods or row[1] in args.methods]
-    if not args.causal:
-        lineup = [row for row in lineup if not registry.get(row[1]).causal_only]
+    valid = list(dict.fromkeys(x for label, name, _ in LINEUP for x in (label, name)))
+    unknown = [m for m in args.methods or () if m not in valid]
+    if unknown:
+        p.error(f"unknown --methods {', '.join(map(repr, unknown))}; valid: "
+                f"{', '.join(map(repr, valid))}")
+    if args.methods:
+        lineup = [row for row in LINEUP if row[0] in args.methods or row[1] in args.methods]
+    else:  # all, less those a full mask rules out; named ones are checked below and refused
+        lineup = [row for row in LINEUP
+                  if args.causal or not registry.get(row[1]).causal_only]
+    problems = _problems(lineup, args)
+    if problems:
+        p.error("; ".join(problems) + "; change --world, --tokens or --heads, or leave these "
+                "methods out with --methods")
     t0 = time.perf_counter()
     data = _inputs(args)
     ref = _reference(data["q"], data["k"], data["v"], data["do"], args.causal)

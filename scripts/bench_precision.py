@@ -24,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
+from _args import positive_int  # noqa: E402  (scripts/, the folder a script runs from)
 
 from burst.emulate import emulate_attn  # noqa: E402
 from burst.layout import LAYOUTS  # noqa: E402
@@ -68,8 +69,8 @@ def ratios(dtype: torch.dtype, world: int, seed: int, seq_local: int = 16,
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4, 8, 16])
-    ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--worlds", type=positive_int, nargs="+", default=[2, 4, 8, 16])
+    ap.add_argument("--seeds", type=positive_int, default=20)
     ap.add_argument("--shapes", nargs="+", choices=tuple(SHAPES), default=list(SHAPES))
     args = ap.parse_args(argv)
     torch.set_num_threads(1)

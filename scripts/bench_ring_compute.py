@@ -38,14 +38,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
+from _args import positive_int  # noqa: E402  (scripts/, the folder a script runs from)
 
 from burst.emulate import RingEmulator  # noqa: E402
 from burst.kernel import acc_dtype, block_backward, block_forward  # noqa: E402
+from burst.layout import LAYOUTS, chunks_per_rank  # noqa: E402
 from burst.masks import CAUSAL  # noqa: E402
 from burst.merge import row_delta as _delta  # noqa: E402
 from burst.timing import time_call  # noqa: E402
 
 TARGET_FWD, TARGET_FWD_BWD = 1.15, 1.25
+DTYPES = ("float32", "float64", "bfloat16", "float16")
 
 
 def _interleaved(fns: dict, repeats: int) -> dict:
@@ -114,17 +117,24 @@ def _profile(ring_fwd, ring_bwd) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seq-local", type=int, default=4096)
-    ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--head-dim", type=int, default=64)
-    ap.add_argument("--worlds", type=int, nargs="+", default=[4, 8])
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--layout", default="zigzag")
+    ap.add_argument("--seq-local", type=positive_int, default=4096)
+    ap.add_argument("--heads", type=positive_int, default=8)
+    ap.add_argument("--head-dim", type=positive_int, default=64)
+    ap.add_argument("--worlds", type=positive_int, nargs="+", default=[4, 8])
+    ap.add_argument("--dtype", default="float32", choices=DTYPES)
+    ap.add_argument("--layout", default="zigzag", choices=LAYOUTS)
     ap.add_argument("--backward", default="burst", choices=("burst", "ring"))
     ap.add_argument("--rank", type=int, default=0)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=positive_int, default=3)
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args(argv)
+    if not 0 <= args.rank < min(args.worlds):
+        ap.error(f"--rank {args.rank} is not a rank of every world in --worlds; valid: 0 to "
+                 f"{min(args.worlds) - 1}")
+    chunks = chunks_per_rank(args.layout)
+    if args.seq_local % chunks:
+        ap.error(f"--seq-local {args.seq_local} is not a multiple of {chunks} (the {args.layout} "
+                 f"layout cuts each rank's tokens into {chunks} chunks)")
     torch.set_num_threads(1)
     print(f"ring compute per rank / ideal (1/G of one causal kernel call over the whole "
           f"sequence); {args.seq_local} tokens/rank, {args.heads} heads x {args.head_dim}, "

@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
+from _args import positive_int  # noqa: E402  (scripts/, the folder a script runs from)
 
 import burst.masks as M  # noqa: E402
 from burst.emulate import emulate_attn  # noqa: E402
@@ -54,13 +55,20 @@ def _largest_mask(spec, world, layout, n) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--world", type=int, default=4)
-    ap.add_argument("--seq-local", type=int, default=4096)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--head-dim", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--big", type=int, default=1 << 20, help="tokens of the planned-only case")
+    ap.add_argument("--world", type=positive_int, default=4)
+    ap.add_argument("--seq-local", type=positive_int, default=4096)
+    ap.add_argument("--heads", type=positive_int, default=4)
+    ap.add_argument("--head-dim", type=positive_int, default=64)
+    ap.add_argument("--repeats", type=positive_int, default=3)
+    ap.add_argument("--big", type=positive_int, default=1 << 20,
+                    help="tokens of the planned-only case (>= 2)")
     args = ap.parse_args(argv)
+    if args.seq_local % 2:
+        ap.error(f"--seq-local {args.seq_local} is odd; the zigzag layout cuts each rank's tokens "
+                 "into 2 chunks: give an even number")
+    if args.big < 2:
+        ap.error(f"--big {args.big} is too short: its documents are cut at random positions in "
+                 "1..big-1; give at least 2")
     torch.set_num_threads(1)
     g, n = args.world, args.seq_local
     gen = torch.Generator().manual_seed(0)

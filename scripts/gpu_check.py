@@ -761,14 +761,31 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds > 0")
+    return value
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, type=Path, help="folder for rows.jsonl / rows.csv")
     ap.add_argument("--dry-run", action="store_true", help="the whole flow, tiny, on CPU")
     ap.add_argument("--sections", default=",".join(SECTIONS),
                     help=f"comma-separated subset of {', '.join(SECTIONS)}")
-    ap.add_argument("--budget-s", type=float, default=None, help="global time budget (s)")
+    ap.add_argument("--budget-s", type=_positive_seconds, default=None,
+                    help="global time budget (s)")
     args = ap.parse_args(argv)
+    wanted = [s for s in args.sections.split(",") if s]
+    bad = [s for s in wanted if s not in SECTIONS]
+    if bad:
+        ap.error(f"unknown sections {bad}; valid: {', '.join(SECTIONS)}")
+    if not wanted:
+        ap.error(f"--sections names no section; valid: {', '.join(SECTIONS)}")
     if not args.dry_run and not torch.cuda.is_available():
         build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
         print(f"gpu_check: no CUDA device here (torch {torch.__version__}, {build}, python "
@@ -777,10 +794,6 @@ def main(argv=None) -> int:
     sz = DRY if args.dry_run else FULL
     if args.budget_s:
         sz = Sizes(**{**sz.__dict__, "budget_s": args.budget_s})
-    wanted = [s for s in args.sections.split(",") if s]
-    bad = [s for s in wanted if s not in SECTIONS]
-    if bad:
-        ap.error(f"unknown sections {bad}; valid: {', '.join(SECTIONS)}")
     if sz.device == "cpu":
         torch.set_num_threads(min(2, torch.get_num_threads()))
     budget = Budget(sz.budget_s, T_START)

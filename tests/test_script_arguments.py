@@ -1,0 +1,48 @@
+"""The benchmark and GPU-check scripts refuse bad arguments in one line, before any work: no
+traceback, no empty table, no silent fallback to a default."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(("script", "args", "message"), [
+    ("bench_methods.py", ["--methods", "brust"], "unknown --methods 'brust'; valid: 'burst'"),
+    ("bench_methods.py", ["--methods", "ring", "brust"], "unknown --methods 'brust'"),
+    ("bench_methods.py", ["--repeats", "0"], "argument --repeats: '0' is not a whole number"),
+    ("bench_methods.py", ["--world", "0"], "argument --world: '0' is not a whole number"),
+    ("bench_methods.py", ["--tokens", "100"], "--tokens 100 is not a multiple of 8"),
+    ("bench_methods.py", ["--world", "1"], "leave these methods out with --methods"),
+    ("bench_methods.py", ["--methods", "zigzag_ring", "--no-causal"],
+     "leave these methods out with --methods"),
+    ("bench_ring_compute.py", ["--rank", "5"], "--rank 5 is not a rank of every world"),
+    ("bench_ring_compute.py", ["--rank", "-1"], "--rank -1 is not a rank of every world"),
+    ("bench_ring_compute.py", ["--dtype", "float33"], "invalid choice: 'float33'"),
+    ("bench_ring_compute.py", ["--layout", "zigzg"], "invalid choice: 'zigzg'"),
+    ("bench_ring_compute.py", ["--repeats", "0"], "argument --repeats: '0' is not a whole"),
+    ("bench_ring_compute.py", ["--seq-local", "3"], "--seq-local 3 is not a multiple of 2"),
+    ("bench_precision.py", ["--worlds", "0"], "argument --worlds: '0' is not a whole number"),
+    ("bench_precision.py", ["--seeds", "0"], "argument --seeds: '0' is not a whole number"),
+    ("bench_window_plan.py", ["--seq-local", "0"], "argument --seq-local: '0' is not a whole"),
+    ("bench_window_plan.py", ["--seq-local", "3"], "--seq-local 3 is odd"),
+    ("bench_window_plan.py", ["--repeats", "0"], "argument --repeats: '0' is not a whole"),
+    ("bench_window_plan.py", ["--big", "1"], "--big 1 is too short"),
+    ("gpu_check.py", ["--budget-s", "0"], "argument --budget-s: '0' is not a finite number"),
+    ("gpu_check.py", ["--budget-s", "-5"], "argument --budget-s: '-5' is not a finite number"),
+    ("gpu_check.py", ["--sections", "bogus"], "unknown sections ['bogus']; valid: tests"),
+    ("gpu_check.py", ["--sections", ","], "--sections names no section"),
+])
+def test_bad_arguments_are_refused(script, args, message, tmp_path):
+    if script == "gpu_check.py":  # a folder of the test's own, should a run start after all
+        args = ["--out", str(tmp_path), *args]
+    res = subprocess.run([sys.executable, f"scripts/{script}", *args], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0, res.stdout[-3000:]
+    assert "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert message in res.stderr, res.stderr[-3000:]
