@@ -98,7 +98,8 @@ class Method:
             problems.append(why)
         why = self._unknown_options(options)
         if why:  # the checks below would be handed an option they do not know
-            raise ValueError(f"method {self.name!r} {why}")
+            problems.append(f"it {why}")
+            raise ValueError(f"method {self.name!r} cannot run this case: " + "; ".join(problems))
         lay = opts.get("layout", self.default_layout)
         if lay not in self.layouts:
             problems.append(f"layout {lay!r} is not supported; valid layouts: "

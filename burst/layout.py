@@ -28,6 +28,7 @@ __all__ = [
     "chunks_per_rank",
     "divisors",
     "global_positions",
+    "length_problem",
     "local_index",
     "shard",
     "unshard",
@@ -52,16 +53,23 @@ def chunks_per_rank(layout: str) -> int:
     return 2 if layout == "zigzag" else 1
 
 
+def length_problem(seq_len: int, world: int, layout: str) -> str | None:
+    """Why ``seq_len`` tokens cannot be split over ``world`` ranks in ``layout`` (None: they
+    can); the one wording of the rule for the sharding, the engine, sweeps and scripts."""
+    parts = world * chunks_per_rank(layout)
+    if seq_len % parts:
+        return (f"sequence length {seq_len} is not divisible by {parts} ({layout} layout over "
+                f"{world} ranks needs a multiple of {parts}); pad to "
+                f"{seq_len + (-seq_len) % parts} or change the world size")
+    return None
+
+
 def _check_global_len(seq_len: int, world: int, layout: str) -> None:
     if isinstance(world, bool) or not isinstance(world, numbers.Integral) or world < 1:
         raise ValueError(f"world={world!r} must be a whole number of ranks >= 1")
-    parts = world * chunks_per_rank(layout)
-    if seq_len % parts:
-        raise ValueError(
-            f"sequence length {seq_len} is not divisible by {parts} "
-            f"({layout} layout over {world} ranks needs a multiple of {parts}); "
-            f"pad to {seq_len + (-seq_len) % parts} or change the world size"
-        )
+    why = length_problem(seq_len, world, layout)
+    if why:
+        raise ValueError(why)
 
 
 def local_index(seq_len: int, world: int, rank: int, layout: str) -> torch.Tensor:

@@ -29,7 +29,7 @@ from _args import positive_int  # scripts/, the folder a script runs from
 from baselines import registry
 from baselines.tp import AttentionBlockWeights
 from burst import comm
-from burst.layout import chunks_per_rank, shard
+from burst.layout import length_problem, shard
 from burst.reference import reference_attention
 from burst.spawn import spawn
 
@@ -51,21 +51,18 @@ LINEUP = (
 def _problems(lineup, args) -> list[str]:
     """Why methods of the line-up cannot run these sizes, found before the reference is
     computed (inside the ranks they would end the run with a traceback)."""
-    runs = []
-    for _, name, opts in lineup:
-        method = registry.get(name)
-        runs.append((method, {**method.options, **opts}))
-    parts = args.world * max(chunks_per_rank(method.layout(opts)) for method, opts in runs)
-    if args.tokens % parts:
-        return [f"--tokens {args.tokens} is not a multiple of {parts} (the layouts of these "
-                f"methods over {args.world} ranks); use {args.tokens + (-args.tokens) % parts}"]
     out = []
-    for method, opts in runs:
-        try:
-            method.check(world=args.world, heads=args.heads, kv_heads=args.heads,
-                         seq_local=args.tokens // args.world, causal=args.causal, **opts)
-        except ValueError as e:
-            out.append(str(e))
+    for label, name, opts in lineup:
+        method = registry.get(name)
+        why = length_problem(args.tokens, args.world, method.layout(opts))
+        if why is None:
+            try:
+                method.check(world=args.world, heads=args.heads, kv_heads=args.heads,
+                             seq_local=args.tokens // args.world, causal=args.causal, **opts)
+            except ValueError as e:
+                why = str(e)
+        if why:
+            out.append(f"{label}: {why}")
     return out
 
 

@@ -217,7 +217,7 @@ def cell_problem(cell: Cell) -> str | None:
     """Why this cell cannot run anywhere (shape, layout, degrees, checkpointing), or None.
     Availability on this machine (packages, GPU) is not a cell problem."""
     from baselines import registry
-    from burst.layout import LAYOUTS, chunks_per_rank
+    from burst.layout import LAYOUTS, length_problem
 
     method = registry.get(cell.method)
     if method.level == "block":
@@ -233,11 +233,9 @@ def cell_problem(cell: Cell) -> str | None:
     if unknown:
         return unknown[0][1]
     layout = method.layout(cell.options)
-    if layout in LAYOUTS and cell.seq_len % (cell.world * chunks_per_rank(layout)):
-        parts = cell.world * chunks_per_rank(layout)
-        return (f"seq_len {cell.seq_len} is not divisible by {parts} ({layout} layout over "
-                f"{cell.world} ranks); use a multiple of {parts}, e.g. "
-                f"{cell.seq_len + (-cell.seq_len) % parts}")
+    why = length_problem(cell.seq_len, cell.world, layout) if layout in LAYOUTS else None
+    if why:
+        return why
     if cell.workload == "train_step":
         from burst.engine.checkpointing import check_mode
         from burst.engine.configs import get_config

@@ -139,8 +139,8 @@ def _cmd_show(args) -> int:
         return 0
     shaped = [f"--{k}" for k in ("metric", "baseline") if getattr(args, k) is not None]
     if args.raw and shaped:
-        raise ValueError(f"{' and '.join(shaped)} shape the summary; --raw prints columns "
-                         "(--columns) instead: use one or the other")
+        raise ValueError(f"{' and '.join(shaped)} shape{'s' * (len(shaped) == 1)} the summary; "
+                         "--raw prints columns (--columns) instead: use one or the other")
     if args.columns is not None and not args.raw:
         raise ValueError("--columns picks the columns of --raw; add --raw")
     df = store.load(args.results)

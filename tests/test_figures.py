@@ -283,8 +283,8 @@ def test_loading_keeps_each_profiles_latest_run_and_refuses_a_missing_folder(tmp
         assert why in capsys.readouterr().err
     (tmp_path / "o").write_text("")
     for argv, why in ((["--out", str(tmp_path / "o")], "is a file, not a folder"),
-                      (["--only"], "--only needs figure names")):  # not "all" by accident
-        with pytest.raises(SystemExit) as e:
+                      (["--out", str(tmp_path / "o2"), "--only"], "--only needs figure names")):
+        with pytest.raises(SystemExit) as e:  # --only with no name: not "all" by accident
             main(["--results", str(tmp_path / "results"), *argv])
         assert e.value.code == 2 and why in capsys.readouterr().err
 

@@ -458,7 +458,7 @@ def test_cli_user_errors_are_messages_not_tracebacks(tmp_path, capsys):
             # after the work, or a traceback)
             (["show", str(d), "--columns", "label"], "--columns picks the columns of --raw"),
             (["list", "--dir", str(d)], "no spec file (*.toml) in it"),
-            (["show", str(d), "--raw", "--metric", "time_s"], "--metric shape the summary"),
+            (["show", str(d), "--raw", "--metric", "time_s"], "--metric shapes the summary"),
             (["compare", str(d), str(d), "--out", str(tmp_path)], "is a folder; give the path"),
             (["run", str(_write(tmp_path, GOOD_TINY)), "--new", "--retry-failed"],
              "a --new run has none"),

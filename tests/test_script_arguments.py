@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
     ("bench_methods.py", ["--methods", "ring", "brust"], "unknown --methods 'brust'"),
     ("bench_methods.py", ["--repeats", "0"], "argument --repeats: '0' is not a whole number"),
     ("bench_methods.py", ["--world", "0"], "argument --world: '0' is not a whole number"),
-    ("bench_methods.py", ["--tokens", "100"], "--tokens 100 is not a multiple of 8"),
+    ("bench_methods.py", ["--tokens", "100"], "sequence length 100 is not divisible by 8"),
     ("bench_methods.py", ["--world", "1"], "leave these methods out with --methods"),
     ("bench_methods.py", ["--methods", "zigzag_ring", "--no-causal"],
      "leave these methods out with --methods"),

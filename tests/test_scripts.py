@@ -85,7 +85,8 @@ def test_each_training_option_reaches_the_model(tmp_path, monkeypatch):
     # default (the model's K/V heads, the method's backward) names the same run
     old = {k: v for k, v in json.loads(run.read_text()).items()
            if k not in ("window", "doc_len", "kv_heads", "optimizer", "weight_decay")}
-    run.write_text(json.dumps(old))
+    # (and one written before the defaults were resolved: None where they were left)
+    run.write_text(json.dumps({**old, "backward": None, "ranks_per_node": None}))
     same = ("--kv-heads", str(CONFIGS["tiny"].num_kv_heads), "--backward", "burst")
     assert losses("plain", "--steps", "3", *same)[:2] == plain
     with pytest.raises(SystemExit, match="kv_heads: 2 then, 4 now"):
@@ -134,7 +135,7 @@ def test_each_training_option_reaches_the_model(tmp_path, monkeypatch):
                        "layout 'striped' is not supported"),
                       (("--checkpointing", "selective_half"), "needs the striped layout"),
                       (("--method", "ring", "--layout", "contiguous", "--backward", "ring"),
-                       "method 'ring' has no option 'backward'"),
+                       "method 'ring' cannot run this case: it has no option 'backward'"),
                       (("--lr", "-1"), "--lr must be a number > 0"),
                       (("--weight-decay", "-1"), "--weight-decay must be a number >= 0"),
                       (("--time-limit-min", "0"), "--time-limit-min must be a number > 0"),

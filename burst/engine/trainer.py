@@ -47,7 +47,7 @@ from burst.engine.parallel import (
     make_groups,
     wrap_data_parallel,
 )
-from burst.layout import chunks_per_rank, divisors
+from burst.layout import divisors, length_problem
 from burst.masks import MaskSpec
 
 __all__ = ["DTYPES", "OPTIMIZERS", "Trainer", "seq_len_problems"]
@@ -93,10 +93,9 @@ def seq_len_problems(config: ModelConfig, seq_len: int, *, cp_size: int, layout:
     this layout and checkpointing mode (empty: they can). Needs no process group, so a launcher
     can ask before any rank starts (scripts/train.py); the Trainer asks it of every batch."""
     problems = []
-    parts = cp_size * chunks_per_rank(layout)
-    if seq_len % parts:
-        problems.append(f"sequence length {seq_len} is not divisible by {parts} ({layout}"
-                        f" layout over {cp_size} CP ranks needs a multiple of {parts})")
+    why = length_problem(seq_len, cp_size, layout)
+    if why:
+        problems.append(why)
     elif checkpointing == "selective_half" and (seq_len // cp_size) % 2:
         problems.append(f"checkpointing 'selective_half' halves the local sequence; local "
                         f"length {seq_len // cp_size} is odd (use a multiple of {2 * cp_size})")
