@@ -792,7 +792,7 @@ def main(argv=None) -> int:
               f"{sys.executable}); nothing to do (use --dry-run to check the script on CPU)")
         return 0
     sz = DRY if args.dry_run else FULL
-    if args.budget_s:
+    if args.budget_s is not None:
         sz = Sizes(**{**sz.__dict__, "budget_s": args.budget_s})
     if sz.device == "cpu":
         torch.set_num_threads(min(2, torch.get_num_threads()))

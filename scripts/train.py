@@ -98,17 +98,15 @@ def _identity(args: dict, world: int) -> dict:
     K/V heads, ``--backward burst`` the burst method's own backward: the same run), and its
     global batch (``--batch`` sequences per DP group x the DP size, whatever the world).
     ValueError for an unknown model or method."""
-    from baselines import registry
-
     if args["model"] not in CONFIGS:
         raise ValueError(f"unknown model {args['model']!r}; valid: {', '.join(sorted(CONFIGS))}")
-    own = registry.get(args["method"]).options
+    method, options = _attention(args)
+    effective = {**method.options, **options}
     dp = world // (args["cp_degree"] or world)
     return {**{k: v for k, v in args.items() if k not in RESUMABLE},
             "kv_heads": (CONFIGS[args["model"]].num_kv_heads if args["kv_heads"] is None
                          else args["kv_heads"]),
-            **{k: own.get(k) if args[k] is None else args[k]
-               for k in ("ranks_per_node", "backward")},
+            **{k: effective.get(k) for k in ("ranks_per_node", "backward")},
             "global_batch": args["batch"] * dp}
 
 
@@ -286,11 +284,11 @@ def main(argv=None) -> None:
     for k in ("steps", "save_every", "seq_len", "batch", "world"):
         if args[k] < 1:
             raise SystemExit(f"--{k.replace('_', '-')} must be >= 1, got {args[k]}")
-    for k, low in (("lr", 0.0), ("time_limit_min", 0.0)):
-        if not args[k] > low or not math.isfinite(args[k]):
-            raise SystemExit(f"--{k.replace('_', '-')} must be a number > 0, got {args[k]}")
-    if not args["weight_decay"] >= 0 or not math.isfinite(args["weight_decay"]):
-        raise SystemExit(f"--weight-decay must be a number >= 0, got {args['weight_decay']}")
+    for k, zero in (("lr", False), ("time_limit_min", False), ("weight_decay", True)):
+        x = args[k]
+        if not math.isfinite(x) or x < 0 or (x == 0 and not zero):
+            raise SystemExit(f"--{k.replace('_', '-')} must be a number {'>=' if zero else '>'} "
+                             f"0, got {x}")
     if args["device"] == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch sees no CUDA device here (--device cpu runs on "
                          "gloo ranks)")
