@@ -129,14 +129,24 @@ class Method:
     def _accepted(self) -> set[str] | None:  # read once: inspect costs ~25 us a call
         return accepted_options(self.fn)
 
+    def option_problems(self, names, *, refused: bool = True) -> list[tuple[str, str]]:
+        """(option, why) for each of ``names`` this method does not take: one not in its
+        function's signature, and (``refused``) one its package's function takes only to refuse
+        by value (``fn.refuses``: a spec naming it can never run; a call passing None may)."""
+        accepted, no = self._accepted, set(getattr(self.fn, "refuses", ()))
+        valid = None if accepted is None else ", ".join(sorted(accepted - no)) or "(none)"
+        out = []
+        for k in sorted(names):
+            if refused and k in no:
+                out.append((k, f"does not support {k} (the package's function has no such "
+                               "argument)"))
+            elif accepted is not None and k not in accepted:
+                out.append((k, f"has no option {k!r}; valid options: {valid}"))
+        return out
+
     def _unknown_options(self, options: dict) -> str | None:
-        accepted = self._accepted
-        unknown = sorted(set(options) - accepted) if accepted is not None else []
-        if not unknown:
-            return None
-        valid = sorted(accepted - set(getattr(self.fn, "refuses", ())))
-        return (f"has no option {', '.join(map(repr, unknown))}; valid options: "
-                f"{', '.join(valid) or '(none)'}")
+        why = [msg for _, msg in self.option_problems(options, refused=False)]
+        return "; ".join(why) or None
 
     def __call__(self, q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
                  group=None, **options):

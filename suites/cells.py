@@ -151,34 +151,9 @@ def expand(spec: SweepSpec) -> list[Cell]:
     return cells
 
 
-def _accepted_options(fn) -> set[str] | None:
-    """Keyword options a method function accepts beyond the common ones (None: any), less those
-    it takes only to refuse them by name at call time (``fn.refuses``)."""
-    from baselines import registry
-
-    accepted = registry.accepted_options(fn)
-    return None if accepted is None else accepted - set(getattr(fn, "refuses", ()))
-
-
 def _block_level(name: str, method) -> str:
     return (f"{name!r} is block-level ({method.description}); the harness times attention cores "
             "(q, k, v -> out) and the engine's attention; use its block_fn directly")
-
-
-def _unknown_options(name: str, method, given: set[str]) -> list[tuple[str, str]]:
-    """(option, why) for each of ``given`` (option names; ``window`` when a window is passed)
-    that ``method`` does not take: one a package refuses, or one not in its signature."""
-    refused = set(getattr(method.fn, "refuses", ()))
-    accepted = _accepted_options(method.fn)
-    out = []
-    for k in sorted(given):
-        if k in refused:
-            out.append((k, f"{name!r} does not support {k} (the package's function has no "
-                           "such argument)"))
-        elif accepted is not None and k not in accepted:
-            out.append((k, f"{name!r} has no option {k!r}; valid options: "
-                           f"{', '.join(sorted(accepted)) or '(none)'}"))
-    return out
 
 
 def mask_option_problems(options: dict) -> list[str]:
@@ -204,7 +179,7 @@ def option_problems(i: int, m: MethodSpec, window: bool = False) -> list[str]:
     out = []
     out += [f"{where}.options.{p}" for p in mask_option_problems(m.options)]
     given = (set(m.options) - {"window", "cu_seqlens"}) | ({"window"} if window else set())
-    out += [f"{where}.options.{k}: {msg}" for k, msg in _unknown_options(m.name, method, given)]
+    out += [f"{where}.options.{k}: {m.name!r} {msg}" for k, msg in method.option_problems(given)]
     for k, v in m.options.items():
         try:
             placeholder_value(v, 1, 1)
@@ -229,9 +204,9 @@ def cell_problem(cell: Cell) -> str | None:
     if masks:
         return f"option {masks[0]}"
     given = set(cell.options) | ({"window"} if cell.window is not None else set())
-    unknown = _unknown_options(cell.method, method, given)
+    unknown = method.option_problems(given)
     if unknown:
-        return unknown[0][1]
+        return f"{cell.method!r} {unknown[0][1]}"
     layout = method.layout(cell.options)
     why = length_problem(cell.seq_len, cell.world, layout) if layout in LAYOUTS else None
     if why:

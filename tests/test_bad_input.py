@@ -283,9 +283,15 @@ def test_an_adapters_unknown_option_lists_only_the_options_it_really_takes():
     from baselines import registry
 
     q, k, v = _qkv()
+    from suites.cells import option_problems
+    from suites.spec import MethodSpec
+
     for name, valid in (("ring_flash_attn", "layout"), ("yunchang", "layout, ulysses_degree")):
         with pytest.raises(ValueError, match=f"has no option 'lyout'; valid options: {valid}$"):
             registry.get(name)(q, k, v, causal=True, lyout="zigzag")
+        # a sweep spec is checked by the same rule (it offered window, cu_seqlens and backend)
+        assert option_problems(0, MethodSpec(name=name, label="x", options={"lyout": 1})) == [
+            f"methods[0] (x).options.lyout: {name!r} has no option 'lyout'; valid options: {valid}"]
     out = registry.get("burst")(q, k, v, causal=np.bool_(True))
     assert torch.equal(out, registry.get("burst")(q, k, v, causal=True))
 
