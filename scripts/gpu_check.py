@@ -52,6 +52,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
+from _args import positive_float  # noqa: E402  (scripts/, the folder a script runs from)
 
 from burst import flops  # noqa: E402
 from burst.emulate import RingEmulator  # noqa: E402
@@ -761,23 +762,13 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds > 0")
-    return value
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, type=Path, help="folder for rows.jsonl / rows.csv")
     ap.add_argument("--dry-run", action="store_true", help="the whole flow, tiny, on CPU")
     ap.add_argument("--sections", default=",".join(SECTIONS),
                     help=f"comma-separated subset of {', '.join(SECTIONS)}")
-    ap.add_argument("--budget-s", type=_positive_seconds, default=None,
+    ap.add_argument("--budget-s", type=positive_float, default=None,
                     help="global time budget (s)")
     args = ap.parse_args(argv)
     wanted = [s for s in args.sections.split(",") if s]

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import sys
 import time
@@ -37,6 +36,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _args import nonnegative_float, positive_float, positive_int  # noqa: E402  (scripts/)
 
 from burst import comm  # noqa: E402
 from burst.engine import CHECKPOINTING, CONFIGS, Trainer, param_count  # noqa: E402
@@ -56,38 +57,39 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="folder of state.pt, steps.jsonl, run.json")
     p.add_argument("--model", default="tiny", choices=sorted(CONFIGS))
-    p.add_argument("--world", type=int, default=4,
+    p.add_argument("--world", type=positive_int, default=4,
                    help="local gloo ranks (ignored under torchrun, which sets the world)")
-    p.add_argument("--cp-degree", type=int, default=None,
+    p.add_argument("--cp-degree", type=positive_int, default=None,
                    help="ranks per context-parallel group (default: all; the rest is DP)")
     p.add_argument("--data-parallel", default="ddp", choices=DATA_PARALLEL)
     p.add_argument("--method", default="burst", help="attention method (baselines.registry)")
     p.add_argument("--layout", default="zigzag", choices=("contiguous", "zigzag", "striped"))
-    p.add_argument("--ranks-per-node", type=int, default=None,
+    p.add_argument("--ranks-per-node", type=positive_int, default=None,
                    help="the topology-aware double ring: an intra-node ring of this many ranks "
                         "(default: a flat ring)")
     p.add_argument("--backward", default=None, choices=("burst", "ring", "auto"),
                    help="BurstAttention's backward (default: the method's)")
     p.add_argument("--checkpointing", default="selective", choices=CHECKPOINTING)
     p.add_argument("--plain-head", action="store_true", help="unfused LM head + loss")
-    p.add_argument("--kv-heads", type=int, default=None,
+    p.add_argument("--kv-heads", type=positive_int, default=None,
                    help="K/V heads (GQA; default: the model config's)")
     p.add_argument("--window", type=int, default=None,
                    help="sliding window: each token sees itself and the WINDOW tokens before it")
-    p.add_argument("--doc-len", type=int, default=None,
+    p.add_argument("--doc-len", type=positive_int, default=None,
                    help="documents of DOC_LEN tokens (the last may be shorter), each attending "
                         "only within itself, positions restarting at each")
-    p.add_argument("--seq-len", type=int, default=1024)
-    p.add_argument("--batch", type=int, default=1, help="sequences per data-parallel group")
-    p.add_argument("--steps", type=int, default=20, help="total steps of the run")
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seq-len", type=positive_int, default=1024)
+    p.add_argument("--batch", type=positive_int, default=1,
+                   help="sequences per data-parallel group")
+    p.add_argument("--steps", type=positive_int, default=20, help="total steps of the run")
+    p.add_argument("--lr", type=positive_float, default=3e-3)
     p.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
-    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--weight-decay", type=nonnegative_float, default=0.0)
     p.add_argument("--seed", type=int, default=0, help="initial weights")
     p.add_argument("--dtype", default="float32", choices=[str(d).split(".")[1] for d in DTYPES])
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    p.add_argument("--save-every", type=int, default=10)
-    p.add_argument("--time-limit-min", type=float, default=24 * 60,
+    p.add_argument("--save-every", type=positive_int, default=10)
+    p.add_argument("--time-limit-min", type=positive_float, default=24 * 60,
                    help="local ranks: the whole run's limit (a hung rank is killed at it)")
     return p
 
@@ -123,8 +125,6 @@ def _model(args: dict):
             raise ValueError(f"--window {args['window']}: {e}") from None
     cu = None
     if args["doc_len"] is not None:
-        if args["doc_len"] < 1:
-            raise ValueError(f"--doc-len must be >= 1, got {args['doc_len']}")
         cu = [*range(0, args["seq_len"], args["doc_len"]), args["seq_len"]]
     return cfg, window, cu
 
@@ -280,18 +280,11 @@ def _train(rank: int, world: int, args: dict, host_ranks: int | None = None) -> 
 
 
 def main(argv=None) -> None:
-    args = vars(_parser().parse_args(argv))
-    for k in ("steps", "save_every", "seq_len", "batch", "world"):
-        if args[k] < 1:
-            raise SystemExit(f"--{k.replace('_', '-')} must be >= 1, got {args[k]}")
-    for k, zero in (("lr", False), ("time_limit_min", False), ("weight_decay", True)):
-        x = args[k]
-        if not math.isfinite(x) or x < 0 or (x == 0 and not zero):
-            raise SystemExit(f"--{k.replace('_', '-')} must be a number {'>=' if zero else '>'} "
-                             f"0, got {x}")
+    ap = _parser()
+    args = vars(ap.parse_args(argv))
     if args["device"] == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: torch sees no CUDA device here (--device cpu runs on "
-                         "gloo ranks)")
+        ap.error("--device cuda: torch sees no CUDA device here (--device cpu runs on gloo "
+                 "ranks)")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun, SLURM via torchrun
         device = None
         if args["device"] == "cuda":

@@ -24,6 +24,7 @@ def _module(monkeypatch):
     spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "gpu_check", mod)  # dataclasses look their module up
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # its _args, as when run as a script
     spec.loader.exec_module(mod)
     return mod
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,11 +58,21 @@ def scripts():
     ("gpu_check.py", ["--budget-s", "-5"], "argument --budget-s: '-5' is not a finite number"),
     ("gpu_check.py", ["--sections", "bogus"], "unknown sections ['bogus']; valid: tests"),
     ("gpu_check.py", ["--sections", ","], "--sections names no section"),
+    ("train.py", ["--steps", "0"], "argument --steps: '0' is not a whole number >= 1"),
+    ("train.py", ["--doc-len", "0"], "argument --doc-len: '0' is not a whole number"),
+    ("train.py", ["--kv-heads", "0"], "argument --kv-heads: '0' is not a whole number"),
+    ("train.py", ["--lr", "-1"], "argument --lr: '-1' is not a finite number > 0"),
+    ("train.py", ["--lr", "nan"], "argument --lr: 'nan' is not a finite number > 0"),
+    ("train.py", ["--weight-decay", "-1"], "--weight-decay: '-1' is not a finite number >= 0"),
+    ("train.py", ["--time-limit-min", "0"], "argument --time-limit-min: '0' is not a finite"),
+    *([("train.py", ["--device", "cuda"], "torch sees no CUDA device")]
+      if not torch.cuda.is_available() else []),
 ])
 def test_bad_arguments_are_refused(script, args, message, tmp_path, scripts, capsys):
-    if script == "gpu_check.py":  # a folder of the test's own, should a run start after all
-        args = ["--out", str(tmp_path), *args]
+    if script in ("gpu_check.py", "train.py"):  # a folder of the test's own, should a run start
+        args = ["--out", str(tmp_path / "out"), *args]
     with pytest.raises(SystemExit) as e:  # any other exception (a traceback) fails the test
         scripts(script).main(args)
-    assert e.value.code not in (0, None)
+    assert e.value.code == 2  # argparse's usage error, not a failed run
     assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

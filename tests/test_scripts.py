@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from baselines import registry
 from burst.engine import CONFIGS
@@ -127,7 +126,6 @@ def test_each_training_option_reaches_the_model(tmp_path, monkeypatch):
     assert abs(got - masked) < 1e-12 and abs(got - unmasked) > 1e-6, (got, masked, unmasked)
     for args, why in [(("--kv-heads", "3"), "not divisible by num_kv_heads=3"),
                       (("--window", "-1"), "--window -1"),
-                      (("--doc-len", "0"), "--doc-len must be >= 1"),
                       (("--method", "rign"), "unknown method 'rign'"),
                       (("--ranks-per-node", "3"), "not divisible by ranks_per_node=3"),
                       (("--seq-len", "100"), "100 is not divisible by 8 (zigzag layout"),
@@ -136,11 +134,7 @@ def test_each_training_option_reaches_the_model(tmp_path, monkeypatch):
                       (("--checkpointing", "selective_half"), "needs the striped layout"),
                       (("--method", "ring", "--layout", "contiguous", "--backward", "ring"),
                        "method 'ring' cannot run this case: it has no option 'backward'"),
-                      (("--lr", "-1"), "--lr must be a number > 0"),
-                      (("--weight-decay", "-1"), "--weight-decay must be a number >= 0"),
-                      (("--time-limit-min", "0"), "--time-limit-min must be a number > 0"),
-                      *([(("--device", "cuda"), "torch sees no CUDA device")]
-                        if not torch.cuda.is_available() else [])]:
+                      ]:
         with pytest.raises(SystemExit, match=re.escape(why)):  # before any rank starts
             train.main(["--out", str(tmp_path / "bad"), "--steps", "1", *args])
         assert not (tmp_path / "bad").exists()
