@@ -24,10 +24,12 @@ import time
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # keep the profiler's start/stop lines quiet
 
 import torch  # noqa: E402
+from _args import positive_int  # noqa: E402  (scripts/, the folder a script runs from)
 
 from burst import flops  # noqa: E402
 from burst.engine import ModelConfig, Trainer, count_attention_flops
 from burst.engine.fused_loss import fused_linear_cross_entropy, plain_cross_entropy
+from burst.engine.trainer import seq_len_problems
 from burst.memory import ProfilerPeak, SavedBytes
 from burst.spawn import spawn
 
@@ -162,15 +164,20 @@ def bench_modes(seq: int, repeats: int, world: int = 2) -> None:
           f"{attn_total:.4g})")
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--seq", type=int, default=2048, help="global sequence of table 2")
+    ap.add_argument("--repeats", type=positive_int, default=5)
+    ap.add_argument("--seq", type=positive_int, default=2048, help="global sequence of table 2")
     ap.add_argument("--quick", action="store_true", help="fewer tokens and repeats (smoke run)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     tokens, repeats = (TOKENS // 4, 2) if args.quick else (TOKENS, args.repeats)
+    seq = args.seq // (4 if args.quick else 1)
+    for mode in MODES:  # before table 1's minutes, not inside table 2's ranks
+        why = seq_len_problems(MODEL, seq, cp_size=2, layout="striped", checkpointing=mode)
+        if why:
+            ap.error(f"--seq {args.seq}{' (/4 with --quick)' * args.quick}: {why[0]}")
     bench_head(repeats, tokens)
-    bench_modes(args.seq // (4 if args.quick else 1), repeats)
+    bench_modes(seq, repeats)
 
 
 if __name__ == "__main__":
