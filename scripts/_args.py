@@ -17,7 +17,6 @@ def positive_int(text: str) -> int:
     return value
 
 
-
 def _finite(text: str, ok, what: str) -> float:
     try:
         value = float(text)
