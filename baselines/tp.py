@@ -147,10 +147,12 @@ def _split_qkv(qkv, w: AttentionBlockWeights):
 
 
 def attention_block_reference(x_BSE, weights: AttentionBlockWeights, *, causal: bool = False,
-                              softmax_scale: float | None = None) -> torch.Tensor:
+                              softmax_scale: float | None = None, window=None,
+                              cu_seqlens=None) -> torch.Tensor:
     """The whole block on one process with plain matmuls (the float64 oracle in tests)."""
     q, k, v = _split_qkv(x_BSE @ torch.cat([weights.wq, weights.wk, weights.wv], dim=1), weights)
-    out, _ = reference_attention(q, k, v, causal=causal, scale=softmax_scale)
+    out, _ = reference_attention(q, k, v, causal=causal, window=window, cu_seqlens=cu_seqlens,
+                                 scale=softmax_scale)
     return out.reshape(*x_BSE.shape[:2], -1) @ weights.wo
 
 
@@ -215,8 +217,8 @@ def _block_problems(x, weights, backend, group) -> list[str]:
 
 
 def tp_attention_block(x_BSE, weights: AttentionBlockWeights | None, *, causal: bool = False,
-                       group=None, softmax_scale: float | None = None,
-                       backend: str = "auto") -> torch.Tensor:
+                       group=None, softmax_scale: float | None = None, window=None,
+                       cu_seqlens=None, backend: str = "auto") -> torch.Tensor:
     """Megatron TP+SP attention block over ``group`` (the tensor-parallel group).
 
     Args:
@@ -224,16 +226,25 @@ def tp_attention_block(x_BSE, weights: AttentionBlockWeights | None, *, causal: 
         weights: this rank's share, ``full_weights.shard(rank, world)`` (heads/G query heads,
             kv_heads/G kv heads).
         causal: causal mask over the global sequence.
+        window, cu_seqlens: a (left, right) sliding window and document boundaries, in global
+            positions (``burst.masks.MaskSpec``); each rank attends over the whole gathered
+            sequence with its heads, so the mask costs no traffic.
     Returns:
         y (batch, seq_local, hidden): this rank's shard of the block output.
     """
     problems = _block_problems(x_BSE, weights, backend, group)
+    try:
+        spec = MaskSpec(causal=causal, window=window, cu_seqlens=cu_seqlens)
+        if not problems:  # documents must cover the gathered sequence, checked before it is
+            spec.check_length(x_BSE.shape[1] * comm.world_size(group))
+    except ValueError as e:
+        problems.append(str(e))
     if problems:
         raise ValueError("tp: " + "; ".join(problems))
     scale = resolve_scale(weights.head_dim, softmax_scale)
     w_qkv = torch.cat([weights.wq, weights.wk, weights.wv], dim=1)
     q, k, v = _split_qkv(_GatherLinear.apply(x_BSE.contiguous(), w_qkv, group), weights)
-    out = local_attention(q, k, v, spec=MaskSpec(causal=causal), scale=scale, backend=backend)
+    out = local_attention(q, k, v, spec=spec, scale=scale, backend=backend)
     partial_y = out.reshape(*out.shape[:2], -1) @ weights.wo
     return _ReduceScatterSeq.apply(partial_y, group)
 

@@ -117,8 +117,18 @@ def _block_cases(world: int) -> list[dict]:
                batch=2, ranks_per_node=None, weights=True, seed=1),
           dict(causal=False, heads=world, kv_heads=world, head_dim=8, hidden=32, seq_local=4,
                batch=1, ranks_per_node=2 if world == 4 else None, weights=True, seed=2)]
+    n = 4 * world  # a window, and documents with one straddling ranks (and with a window)
+    docs = (0, 3, n - 1, n)
+    cs += [dict(causal=True, heads=world, kv_heads=world, head_dim=8, hidden=16, seq_local=4,
+                batch=1, ranks_per_node=None, weights=True, seed=4, **mask)
+           for mask in (dict(window=(3, 0)), dict(cu_seqlens=docs),
+                        dict(window=(2, 0), cu_seqlens=docs))]
+    cs.append(dict(causal=False, heads=world, kv_heads=world, head_dim=8, hidden=16,
+                   seq_local=4, batch=1, ranks_per_node=None, weights=True, seed=5,
+                   window=(2, 1)))
     if world == 4:
-        for weights in (False, "whole"):  # none, or the whole weights instead of a share
+        # none, the whole weights instead of a share, or documents short of the sequence
+        for weights in (False, "whole", "short_docs"):
             cs.append(dict(causal=True, heads=4, kv_heads=4, head_dim=8, hidden=32,
                            seq_local=4, batch=1, ranks_per_node=None, weights=weights, seed=3))
     return cs
@@ -138,19 +148,23 @@ def _run_block(c: dict, rank: int, world: int) -> dict:
     dy = torch.randn(c["batch"], n, c["hidden"], generator=g, dtype=torch.float64)
     x_loc = shard(x, layout="contiguous").float().requires_grad_()
     if c["weights"] is not True:
+        given = {False: None, "whole": full,
+                 "short_docs": full.shard(rank, world)}[c["weights"]]
         try:
-            tp_attention_block(x_loc, full.map(torch.Tensor.float) if c["weights"] else None,
-                               causal=c["causal"])
+            tp_attention_block(x_loc, None if given is None else given.map(torch.Tensor.float),
+                               causal=c["causal"],
+                               cu_seqlens=(0, n - 1) if c["weights"] == "short_docs" else None)
         except ValueError as e:
             return {"raised": str(e)}
         return {"raised": None}
     ref_w = full.map(lambda t: t.clone().requires_grad_())
     ref_x = x.clone().requires_grad_()
-    y_ref = attention_block_reference(ref_x, ref_w, causal=c["causal"])
+    mask = {k: c[k] for k in ("window", "cu_seqlens") if k in c}
+    y_ref = attention_block_reference(ref_x, ref_w, causal=c["causal"], **mask)
     y_ref.backward(dy)
     mine = full.shard(rank, world).map(lambda t: t.float().contiguous().requires_grad_())
     with comm.count_bytes(ranks_per_node=c["ranks_per_node"]) as cnt:
-        y = tp_attention_block(x_loc, mine, causal=c["causal"])
+        y = tp_attention_block(x_loc, mine, causal=c["causal"], **mask)
         y.backward(shard(dy, layout="contiguous").float())
     ref_mine = AttentionBlockWeights(ref_w.wq.grad, ref_w.wk.grad, ref_w.wv.grad, ref_w.wo.grad,
                                      c["heads"], c["kv_heads"]).shard(rank, world)
@@ -210,8 +224,10 @@ def test_tp_block_parity_and_bytes(world):
         for rank in range(world):
             r = per_rank[rank][i]
             if c["weights"] is not True:  # G x the output, silently, with the whole weights
-                want = ("needs this rank's projection weights" if not c["weights"] else
-                        "a 1-way share (the whole weights) but the group has 4 ranks")
+                want = {False: "needs this rank's projection weights",
+                        "whole": "a 1-way share (the whole weights) but the group has 4 ranks",
+                        "short_docs": "cu_seqlens ends at 15 but the global sequence has 16 "
+                                      "tokens"}[c["weights"]]
                 if not r["raised"] or want not in r["raised"]:
                     failures.append(f"tp with weights={c['weights']}: got {r['raised']!r}")
                 continue
