@@ -98,22 +98,32 @@ def _identity(args: dict, world: int) -> dict:
     """What a resumed run must keep: its arguments but RESUMABLE, with the defaults they leave
     to the model and the method written out (``--kv-heads 2`` names the tiny model's own
     K/V heads, ``--backward burst`` the burst method's own backward: the same run), and its
-    global batch (``--batch`` sequences per DP group x the DP size, whatever the world).
-    ValueError for an unknown model or method."""
+    global batch (``--batch`` sequences per DP group x the DP size, whatever the world); a
+    window or documents spanning the whole sequence are no mask. ValueError for an unknown
+    model or method."""
     if args["model"] not in CONFIGS:
         raise ValueError(f"unknown model {args['model']!r}; valid: {', '.join(sorted(CONFIGS))}")
     method, options = _attention(args)
     effective = {**method.options, **options}
     dp = world // (args["cp_degree"] or world)
-    return {**{k: v for k, v in args.items() if k not in RESUMABLE},
+    return {**{k: v for k, v in _whole_sequence_masks(args).items() if k not in RESUMABLE},
             "kv_heads": (CONFIGS[args["model"]].num_kv_heads if args["kv_heads"] is None
                          else args["kv_heads"]),
             **{k: effective.get(k) for k in ("ranks_per_node", "backward")},
             "global_batch": args["batch"] * dp}
 
 
+def _whole_sequence_masks(args: dict) -> dict:
+    """``args`` with a --window or --doc-len that spans the whole sequence dropped: causal
+    attention over one document is no mask at all, the same run (and no mask's faster path)."""
+    n = args["seq_len"]
+    return {**args, **{k: None for k, last in (("window", n - 1), ("doc_len", n))
+                       if args[k] is not None and args[k] >= last}}
+
+
 def _model(args: dict):
     """(model config, window, cu_seqlens) the arguments ask for; ValueError if they cannot be."""
+    args = _whole_sequence_masks(args)
     cfg = CONFIGS[args["model"]]
     if args["kv_heads"] is not None:
         cfg = dataclasses.replace(cfg, num_kv_heads=args["kv_heads"])

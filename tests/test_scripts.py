@@ -143,6 +143,26 @@ def test_each_training_option_reaches_the_model(tmp_path, monkeypatch):
         train.main(["--out", str(tmp_path / "file"), "--steps", "1"])
 
 
+def test_a_mask_spanning_the_whole_sequence_is_no_mask(monkeypatch):
+    """scripts/train.py: --doc-len >= --seq-len (one document) and --window >= --seq-len - 1
+    are causal attention unmasked: the same run (a resume may name either) on the unmasked
+    path; a shorter one is kept."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    train = importlib.import_module("train")
+
+    def args(*extra):
+        return vars(train._parser().parse_args(["--out", "x", "--seq-len", "64", *extra]))
+
+    plain = train._identity(args(), 4)
+    for extra in (("--doc-len", "64"), ("--doc-len", "100"), ("--window", "63"),
+                  ("--window", "63", "--doc-len", "64")):
+        assert train._identity(args(*extra), 4) == plain, extra
+        assert train._model(args(*extra))[1:] == (None, None), extra
+    assert train._model(args("--doc-len", "63"))[2] == [0, 63, 64]
+    assert train._model(args("--window", "62"))[1] == (62, 0)
+    assert train._identity(args("--window", "62"), 4) != plain
+
+
 def test_a_training_run_killed_between_saves_resumes_with_the_same_losses(tmp_path):
     """scripts/train.py: a run that died after its last save (steps 4 and 5 logged, not saved)
     resumes from that save, on another number of ranks, runs those steps again and ends with
