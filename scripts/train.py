@@ -202,7 +202,8 @@ def _check_run(args: dict, world: int) -> str | None:
         saved = {**{k: v for k, v in defaults.items() if k in mine}, **saved}
         try:  # one written before the defaults were written out: write them out now
             saved = {**saved, **{k: v for k, v in _identity({**defaults, **saved}, world).items()
-                                 if k in ("kv_heads", "ranks_per_node", "backward")}}
+                                 if k in ("kv_heads", "ranks_per_node", "backward", "window",
+                                          "doc_len")}}
         except ValueError as e:
             return f"{run} names a run this version cannot rebuild ({e}); use another --out"
         differ = {k: (saved.get(k), v) for k, v in mine.items() if saved.get(k) != v}

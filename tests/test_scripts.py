@@ -88,6 +88,9 @@ def test_each_training_option_reaches_the_model(tmp_path, monkeypatch):
     run.write_text(json.dumps({**old, "backward": None, "ranks_per_node": None}))
     same = ("--kv-heads", str(CONFIGS["tiny"].num_kv_heads), "--backward", "burst")
     assert losses("plain", "--steps", "3", *same)[:2] == plain
+    # one recorded with a whole-sequence document, before that was resolved to no mask
+    run.write_text(json.dumps({**json.loads(run.read_text()), "doc_len": 64}))
+    assert losses("plain", "--steps", "3", "--doc-len", "100")[:2] == plain
     with pytest.raises(SystemExit, match="kv_heads: 2 then, 4 now"):
         losses("plain", "--steps", "4", "--kv-heads", "4")
     for name, args in {"window": ("--window", "8"), "gqa": ("--kv-heads", "4"),
