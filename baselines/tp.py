@@ -235,7 +235,7 @@ def tp_attention_block(x_BSE, weights: AttentionBlockWeights | None, *, causal: 
     problems = _block_problems(x_BSE, weights, backend, group)
     try:
         spec = MaskSpec(causal=causal, window=window, cu_seqlens=cu_seqlens)
-        if not problems:  # documents must cover the gathered sequence, checked before it is
+        if not problems:  # documents must cover the gathered sequence: ask before gathering
             spec.check_length(x_BSE.shape[1] * comm.world_size(group))
     except ValueError as e:
         problems.append(str(e))

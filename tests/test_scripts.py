@@ -136,8 +136,7 @@ def test_each_training_option_reaches_the_model(tmp_path, monkeypatch):
                        "layout 'striped' is not supported"),
                       (("--checkpointing", "selective_half"), "needs the striped layout"),
                       (("--method", "ring", "--layout", "contiguous", "--backward", "ring"),
-                       "method 'ring' cannot run this case: it has no option 'backward'"),
-                      ]:
+                       "method 'ring' cannot run this case: it has no option 'backward'")]:
         with pytest.raises(SystemExit, match=re.escape(why)):  # before any rank starts
             train.main(["--out", str(tmp_path / "bad"), "--steps", "1", *args])
         assert not (tmp_path / "bad").exists()
