@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from burst.comm import ranks_per_node_ok, ring_shape
 
 __all__ = ["METHODS", "Volume", "auto_backward", "formula_options", "method_bytes",
-           "ring_attention_bytes", "ulysses_kv_heads"]
+           "ring_attention_bytes", "ring_hop_bytes", "ulysses_kv_heads"]
 
 
 @dataclass
@@ -77,6 +77,15 @@ def _units(batch, seq_local, heads, kv_heads, head_dim, elem, acc_elem, grad_ele
     return dict(kv=2 * bn * kv_heads * head_dim * elem, qdo=2 * bn * heads * head_dim * elem,
                 dl=2 * bn * heads * acc_elem, dq=bn * heads * head_dim * grad,
                 dkdv=2 * bn * kv_heads * head_dim * grad)
+
+
+def ring_hop_bytes(backward: str, *, batch: int, seq_local: int, heads: int, kv_heads: int,
+                   head_dim: int, elem: int, acc_elem: int = 4,
+                   grad_elem: int | None = None) -> tuple[int, int]:
+    """(payload, accumulator) bytes of one backward ring hop: Q, dO, D, LSE and the trailing dQ
+    (burst), or K, V and the trailing dK, dV (ring). The forward's hop is K, V."""
+    u = _units(batch, seq_local, heads, kv_heads, head_dim, elem, acc_elem, grad_elem)
+    return (u["qdo"] + u["dl"], u["dq"]) if backward == "burst" else (u["kv"], u["dkdv"])
 
 
 def auto_backward(**shape) -> str:
@@ -102,7 +111,9 @@ def ring_attention_bytes(*, world: int, batch: int, seq_local: int, heads: int, 
     if backward not in ("burst", "ring"):
         raise ValueError(f"backward={backward!r}: expected 'burst' or 'ring'")
     u = _units(batch, seq_local, heads, kv_heads, head_dim, elem, acc_elem, grad_elem)
-    pay, acc = (u["qdo"] + u["dl"], u["dq"]) if backward == "burst" else (u["kv"], u["dkdv"])
+    pay, acc = ring_hop_bytes(backward, batch=batch, seq_local=seq_local, heads=heads,
+                              kv_heads=kv_heads, head_dim=head_dim, elem=elem,
+                              acc_elem=acc_elem, grad_elem=grad_elem)
     vol = Volume()
     g = world
     if ranks_per_node == 1:  # a flat ring with every hop between nodes (burst.comm.ring_shape)
@@ -274,20 +285,20 @@ def _ulysses(c: _Case, *, layout: str = "contiguous") -> Volume:
     return vol
 
 
-def _ring_pass_into(vol: Volume, c: _Case, members: Sequence[int], span: int, pay: int,
-                    acc: int, backward: str = "ring", q_pay: int = 0, q_acc: int = 0) -> None:
-    """A flat ring over ``members`` (c.rank among them): K/V forward, then the classic backward
-    (``pay``/``acc`` travel to the next member) or the burst one (``q_pay``/``q_acc`` travel to
-    the previous member, as ``burst.attention`` sends them)."""
+def _ring_pass_into(vol: Volume, c: _Case, members: Sequence[int], span: int, kv: int,
+                    backward: str, pay: int, acc: int) -> None:
+    """A flat ring over ``members`` (c.rank among them): K/V (``kv``) forward, then the
+    backward's ``pay`` and trailing ``acc`` (``ring_hop_bytes``), to the next member for the
+    classic backward, to the previous one for the burst backward (as ``burst.attention``)."""
     r = len(members)
     pos = members.index(c.rank)
-    vol.add("forward", c.link(members[(pos + 1) % r]), span * pay)
-    d, bpay, bacc = (1, pay, acc) if backward == "ring" else (-1, q_pay, q_acc)
+    vol.add("forward", c.link(members[(pos + 1) % r]), span * kv)
+    d = 1 if backward == "ring" else -1
     to, home = members[(pos + d) % r], members[(pos - d * span) % r]
-    vol.add("backward", c.link(to), span * bpay)
+    vol.add("backward", c.link(to), span * pay)
     if span > 0:
-        vol.add("backward", c.link(to), span * bacc)
-        vol.add("backward", c.link(home), bacc)
+        vol.add("backward", c.link(to), span * acc)
+        vol.add("backward", c.link(home), acc)
 
 
 def _usp(c: _Case, *, ulysses_degree: int = 2, layout: str = "contiguous",
@@ -305,14 +316,14 @@ def _usp_volume(c: _Case, u: int, layout: str, backward: str, *, truncate: bool)
     ring_idx, u_idx = divmod(c.rank, u)
     vol = Volume()
     _ulysses_into(vol, c, [ring_idx * u + j for j in range(u)])
-    hk = ulysses_kv_heads(c.kv_heads, u)
-    pay = 2 * c.bn * hk * c.head_dim * c.elem  # U*n tokens x hk/U heads
-    acc = 2 * c.bn * hk * c.head_dim * c.acc_elem
-    q_pay = 2 * c.bn * c.heads * (c.head_dim * c.elem + c.acc_elem)  # Q, dO + D, LSE
-    q_acc = c.bn * c.heads * c.head_dim * c.acc_elem  # dQ
+    # a ring unit is U*n tokens x H/U, hk/U heads: the bytes of n tokens x H, hk heads
+    hop = dict(batch=c.batch, seq_local=c.seq_local, heads=c.heads,
+               kv_heads=ulysses_kv_heads(c.kv_heads, u), head_dim=c.head_dim, elem=c.elem,
+               acc_elem=c.acc_elem)
+    kv, _ = ring_hop_bytes("ring", **hop)
+    pay, acc = ring_hop_bytes(backward, **hop)
     span = c.span(r, u * c.seq_local, layout) if truncate else r - 1
-    _ring_pass_into(vol, c, [i * u + u_idx for i in range(r)], span, pay, acc, backward, q_pay,
-                    q_acc)
+    _ring_pass_into(vol, c, [i * u + u_idx for i in range(r)], span, kv, backward, pay, acc)
     return vol
 
 

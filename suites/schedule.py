@@ -6,7 +6,10 @@ efficiency) and bytes per rank (``burst.volume``, the formulas the byte-counter 
 priced by the profile's link bandwidths. The schedule says how they combine (DESIGN.md 3):
 
   flat ring      each of the S = G-1 steps takes max(compute, hop); the last block is computed
-                 with nothing left to send; the backward's accumulators take one more hop home.
+                 with nothing left to send. Backward: step 0 sends the payload (K, V or Q, dO,
+                 D, LSE), steps 1..S-1 the payload and the previous step's accumulator (dK, dV
+                 or dQ) on the same link, step S the last accumulator, which then hops home:
+                 a ring bound by its link takes exactly its bytes over the bandwidth.
                  A flat ring that spans nodes waits every step for its one inter-node hop, on
                  one NIC (the other GPUs of the node are not crossing).
   double ring    M rounds of L steps: L-1 NVLink hops, and one inter-node hop made by all L GPUs
@@ -319,11 +322,9 @@ def _ring_span(shape: AttnShape, layout: str, members: int, m: int, nodes: int) 
 # Phase times
 
 
-def _flat_ring(steps: list[float], span: int, hop: float, end: float) -> float:
-    """sum over sent blocks of max(compute, hop) + the last block + the trailing end hop."""
-    if span == 0:
-        return steps[0]
-    return sum(max(c, hop) for c in steps[:span]) + steps[span] + end
+def _flat_ring(steps: list[float], hops: list[float], end: float) -> float:
+    """sum over computed blocks of max(compute, the hop in flight meanwhile) + the end hop."""
+    return sum(max(c, h) for c, h in zip(steps[:len(hops)], hops, strict=True)) + end
 
 
 def _double_ring(steps: list[float], nodes: int, local: int, hop_intra: float,
@@ -337,13 +338,18 @@ def _double_ring(steps: list[float], nodes: int, local: int, hop_intra: float,
 
 
 def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, vol, boundary_senders,
-                 efficiency: float = 1.0):
+                 efficiency: float = 1.0, acc_elem: int = 4):
     """Forward and backward seconds of a (flat or double) ring of ``members`` ranks. A double
     ring's ``vol`` is labelled by its own rings ("intra" = inner-ring hops, "inter" = outer)."""
     out = {}
     double = bool(plan.ring_local) and plan.ring_local < members
     nodes = members // plan.ring_local if double else 1
     span = _ring_span(shape, plan.layout, members, m, nodes)
+
+    def hop(nbytes):  # a flat ring's hop; boundary_senders GPUs of a node cross at once
+        return hw.link_seconds(nbytes, "inter" if boundary_senders else "intra",
+                               boundary_senders or 1)
+
     for pass_ in ("forward", "backward"):
         steps = [c / efficiency for c in
                  step_compute(hw, shape, plan.layout, members, m, heads, kv_heads, pass_)]
@@ -361,16 +367,26 @@ def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, vol, bounda
             hop_intra = hw.link_seconds(b_intra / max(n_intra, 1), inner)
             hop_inter = hw.link_seconds(b_inter / max(n_inter, 1), outer,
                                         min(local, topo.local))
+            # the accumulators' M*L inner and M outer hops are spread over the payload's hops
+            # and the last one priced at half an inner hop: approximate where the flat ring is
+            # exact (at the paper's shapes its steps wait for no hop: docs/simulator.md)
             end = 0.5 * hop_intra if pass_ == "backward" else 0.0
             t = _double_ring(steps, nodes, local, hop_intra, hop_inter, end)
         else:
-            link = "inter" if boundary_senders else "intra"
-            hop = hw.link_seconds(sent / max(span, 1), link, boundary_senders or 1)
-            # the accumulators' last hop home: about half a step's message for Burst's backward
-            # (fp32 dQ of Q, dO, D, LSE + dQ), two thirds for the ring's (fp32 dK, dV of K, V,
-            # dK, dV); priced at half for both (at most a sixth of one hop too little)
-            end = 0.5 * hop if pass_ == "backward" and span > 0 else 0.0
-            t = _flat_ring(steps, span, hop, end)
+            if span == 0:
+                hops, end = [0.0], 0.0
+            elif pass_ == "forward":  # K, V for the next step, while this one computes
+                hops, end = [hop(sent / span)] * span + [0.0], 0.0
+            else:  # step 0 sends the payload; steps 1..S-1 the payload and the previous
+                # step's accumulator; step S the last accumulator; then it goes home
+                grad = shape.elem if plan.options.get("grad_acc") == "input" else None
+                pay, acc = volume.ring_hop_bytes(
+                    plan.backward, batch=shape.batch, seq_local=m, heads=heads,
+                    kv_heads=kv_heads, head_dim=shape.head_dim, elem=shape.elem,
+                    acc_elem=acc_elem, grad_elem=grad)
+                hops = [hop(pay)] + [hop(pay + acc)] * (span - 1) + [hop(acc)]
+                end = hop(acc)
+            t = _flat_ring(steps, hops, end)
         out[pass_] = (t, sum(steps[:span + 1]))
     return out
 
@@ -429,7 +445,7 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
         hops = (_method_bytes(method, plan.options, shape, g, n, plan.ring_local, acc_elem)
                 if plan.ring_local else vol)  # a double ring's bytes by its own rings
         ph = _ring_phases(hw, shape, topo, plan, g, n, shape.heads, shape.kv_heads, hops,
-                          1 if crosses else 0, efficiency)
+                          1 if crosses else 0, efficiency, acc_elem)
         fwd, bwd = ph["forward"], ph["backward"]
     elif plan.kind == "usp":
         u = plan.ulysses
@@ -441,7 +457,7 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
         # every rank of a Ulysses group runs its own ring: U GPUs of a node cross at once
         senders = min(u, topo.local) if crosses else 0
         ph = _ring_phases(hw, sub, topo, inner, g // u, u * n, hu, hku, ring, senders,
-                          efficiency)
+                          efficiency, acc_elem)
         fwd, bwd = ((ph[p][0] + collective_seconds(hw, a2a.sent(p), u, topo), ph[p][1])
                     for p in ("forward", "backward"))
     elif plan.kind in ("ulysses", "tp", "allgather"):
