@@ -63,7 +63,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="ranks per context-parallel group (default: all; the rest is DP)")
     p.add_argument("--data-parallel", default="ddp", choices=DATA_PARALLEL)
     p.add_argument("--method", default="burst", help="attention method (baselines.registry)")
-    p.add_argument("--layout", default="zigzag", choices=("contiguous", "zigzag", "striped"))
+    p.add_argument("--layout", default=None, choices=("contiguous", "zigzag", "striped"),
+                   help="how the sequence is split over the ranks (default: the method's own, "
+                        "e.g. zigzag for burst, contiguous for ring)")
     p.add_argument("--ranks-per-node", type=positive_int, default=None,
                    help="the topology-aware double ring: an intra-node ring of this many ranks "
                         "(default: a flat ring)")
@@ -97,7 +99,8 @@ def _parser() -> argparse.ArgumentParser:
 def _identity(args: dict, world: int) -> dict:
     """What a resumed run must keep: its arguments but RESUMABLE, with the defaults they leave
     to the model and the method written out (``--kv-heads 2`` names the tiny model's own
-    K/V heads, ``--backward burst`` the burst method's own backward: the same run), and its
+    K/V heads, ``--backward burst`` and ``--layout zigzag`` the burst method's own backward and
+    layout: the same run), and its
     global batch (``--batch`` sequences per DP group x the DP size, whatever the world); a
     window or documents spanning the whole sequence are no mask. ValueError for an unknown
     model or method."""
@@ -110,6 +113,7 @@ def _identity(args: dict, world: int) -> dict:
             "kv_heads": (CONFIGS[args["model"]].num_kv_heads if args["kv_heads"] is None
                          else args["kv_heads"]),
             **{k: effective.get(k) for k in ("ranks_per_node", "backward")},
+            "layout": resolve_attention(method, options)[1],
             "global_batch": args["batch"] * dp}
 
 
@@ -143,8 +147,8 @@ def _attention(args: dict):
     """(registry method, the options train.py gives it); ValueError for an unknown method."""
     from baselines import registry
 
-    options = {"layout": args["layout"], **{k: args[k] for k in ("ranks_per_node", "backward")
-                                             if args[k] is not None}}
+    options = {k: args[k] for k in ("layout", "ranks_per_node", "backward")
+               if args[k] is not None}
     return registry.get(args["method"]), options
 
 
@@ -202,8 +206,8 @@ def _check_run(args: dict, world: int) -> str | None:
         saved = {**{k: v for k, v in defaults.items() if k in mine}, **saved}
         try:  # one written before the defaults were written out: write them out now
             saved = {**saved, **{k: v for k, v in _identity({**defaults, **saved}, world).items()
-                                 if k in ("kv_heads", "ranks_per_node", "backward", "window",
-                                          "doc_len")}}
+                                 if k in ("kv_heads", "ranks_per_node", "backward", "layout",
+                                          "window", "doc_len")}}
         except ValueError as e:
             return f"{run} names a run this version cannot rebuild ({e}); use another --out"
         differ = {k: (saved.get(k), v) for k, v in mine.items() if saved.get(k) != v}
@@ -235,6 +239,7 @@ def _train(rank: int, world: int, args: dict, host_ranks: int | None = None) -> 
         torch.cuda.set_device(device)
     cfg, window, cu = _model(args)
     method, options = _attention(args)
+    layout = resolve_attention(method, options)[1]
     # nodes for the byte log: the double ring's (its --ranks-per-node, or the method's own
     # default, e.g. double_ring's 2), else the host's ranks (all local ranks are one host)
     rpn = {**method.options, **options}.get("ranks_per_node") or host_ranks or world
@@ -256,7 +261,7 @@ def _train(rank: int, world: int, args: dict, host_ranks: int | None = None) -> 
                     f", backward {args['backward']}" if args["backward"] else ""])
     say(f"{args['model']} ({param_count(cfg):,} parameters, {cfg.num_heads} heads, "
         f"{cfg.num_kv_heads} K/V heads), {world} ranks (CP {tr.cp_size} x DP {tr.dp_size}), "
-        f"{args['method']} {args['layout']}{ring}{mask}, checkpointing {args['checkpointing']}, "
+        f"{args['method']} {layout}{ring}{mask}, checkpointing {args['checkpointing']}, "
         f"{args['seq_len']} tokens x {args['batch']} per DP group; "
         + (f"resuming at step {start}" if start else "from the start"), flush=True)
     if rank == 0:  # drop what ran after the last save: it runs again

@@ -165,6 +165,25 @@ def test_a_mask_spanning_the_whole_sequence_is_no_mask(monkeypatch):
     assert train._identity(args("--window", "62"), 4) != plain
 
 
+def test_without_layout_each_method_trains_on_its_own(monkeypatch):
+    """scripts/train.py without --layout splits the sequence as the method does by default
+    (contiguous for ring, which refuses zigzag), and naming that layout is the same run."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    train = importlib.import_module("train")
+
+    def args(*extra):
+        return vars(train._parser().parse_args(["--out", "x", "--seq-len", "64", *extra]))
+
+    for method, own in (("ring", "contiguous"), ("burst", "zigzag"),
+                        ("striped_ring", "striped"), ("ulysses", "contiguous")):
+        train._preflight(args("--method", method), 4)  # no ValueError
+        named = train._identity(args("--method", method, "--layout", own), 4)
+        assert train._identity(args("--method", method), 4) == named
+        assert named["layout"] == own
+    with pytest.raises(ValueError, match="layout 'zigzag' is not supported"):
+        train._preflight(args("--method", "ring", "--layout", "zigzag"), 4)
+
+
 def test_a_training_run_killed_between_saves_resumes_with_the_same_losses(tmp_path):
     """scripts/train.py: a run that died after its last save (steps 4 and 5 logged, not saved)
     resumes from that save, on another number of ranks, runs those steps again and ends with
