@@ -11,9 +11,11 @@ algorithms; each maps to the registry entry that implements the same algorithm h
                                                                     -> double_ring, L = G/4
   loongtrain_usp         InternEvo's head x context parallel: Ulysses inside a node
                                                                     -> usp, degree = node
-  burst                  BurstAttention alone (the kernel table)    -> burst, double ring
+  burst                  BurstAttention alone (the kernel table)    -> burst, double ring,
+                                                                       grad_acc = input
   burstengine            BurstAttention ring (optimised backward, topology-aware double ring)
-                         + fused LM head/loss                       -> burst + fused_head
+                         + fused LM head/loss                -> burst, grad_acc = input,
+                                                                + fused_head
   burstengine_usp        Ulysses inside a node, BurstAttention across nodes
                                                   -> usp, backward = burst, + fused_head
 
@@ -33,6 +35,11 @@ context ring of 8 (``baselines/InternEvo/exp.sh``: cp 8, hp = 8 x nodes / 8), so
 U = 4 on 32 GPUs, while the kernel benchmark uses U = 8 (``kernel_bench/bench_usp.sh``). Priced
 with U = 4, the 32-GPU training rows move by under 0.5% and their memory not at all, so both
 tables use U = node here.
+
+BurstEngine's dQ travels in the input dtype (Burst-Attention/burst_attn/burst_attn_interface.py,
+OpBurstAttn.backward: ``dq = torch.zeros_like(q)``, sent as is), hence grad_acc = input. Its
+Burst-USP's ring does the same, but the registry's usp has no such option, so that one ring
+prices dQ in fp32 (at 32K-64K tokens per GPU its hops hide behind the kernels either way).
 
 "@node" in an option stands for the cell's ranks per node, "@world/4" for its world size over 4
 (``suites.cells.placeholder_value``), so one entry serves 32 and 64 GPU runs alike.
@@ -68,10 +75,12 @@ PAPER_METHODS: dict[str, PaperMethod] = {
     "loongtrain_usp": PaperMethod("usp", "LoongTrain-USP",
                                   {"ulysses_degree": "@node", "layout": "zigzag"}),
     "burst": PaperMethod("burst", "BurstAttention",
-                         {"layout": "zigzag", "backward": "burst", "ranks_per_node": "@node"}),
+                         {"layout": "zigzag", "backward": "burst", "ranks_per_node": "@node",
+                          "grad_acc": "input"}),
     "burstengine": PaperMethod("burst", "Burst-Ring",
                                {"layout": "zigzag", "backward": "burst",
-                                "ranks_per_node": "@node"}, fused_head=True),
+                                "ranks_per_node": "@node", "grad_acc": "input"},
+                               fused_head=True),
     "burstengine_usp": PaperMethod("usp", "Burst-USP",
                                    {"ulysses_degree": "@node", "layout": "zigzag",
                                     "backward": "burst"}, fused_head=True),

@@ -12,9 +12,12 @@ priced by the profile's link bandwidths. The schedule says how they combine (DES
                  a ring bound by its link takes exactly its bytes over the bandwidth.
                  A flat ring that spans nodes waits every step for its one inter-node hop, on
                  one NIC (the other GPUs of the node are not crossing).
-  double ring    M rounds of L steps: L-1 NVLink hops, and one inter-node hop made by all L GPUs
-                 of a node at once (they share the node's NICs) that hides behind those L-1
-                 steps: round = max(sum of L-1 steps, inter hop) + last step.
+  double ring    M rounds (burst.ring._double), each an inner flat ring of L steps on NVLink
+                 (its accumulators home within it) while one inter-node hop, made by all L GPUs
+                 of a node at once (they share the node's NICs), carries the next outer block
+                 and the previous round's accumulators: round = max(inner ring, inter hop);
+                 the last round's accumulators then cross home. Bound by either link, it takes
+                 that link's bytes over its bandwidth.
   ulysses        all-to-all of q, k, v, then the whole sequence for H/U heads, all-to-all of o;
                  backward mirrors it (dO in, dq/dk/dv out). Nothing overlaps.
   usp            Ulysses inside groups of U ranks, a flat ring across the G/U groups on blocks of
@@ -250,17 +253,11 @@ def method_volume(method: str, options: dict | None, shape: AttnShape, topo: Top
                          topo.local, acc_elem, rank=rank)
 
 
-def _usp_parts(method: str, options: dict | None, plan: Plan, shape: AttnShape, topo: Topo,
-               acc_elem: int):
-    """(total, Ulysses part, ring part) of usp's bytes on rank 0: the total from the formula,
-    the all-to-alls from Ulysses' formula over U ranks, the ring's hops the rest."""
-    total = method_volume(method, options, shape, topo, acc_elem=acc_elem)
-    a2a = _method_bytes("ulysses", {}, shape, plan.ulysses, shape.seq_len // topo.world,
-                        topo.local, acc_elem)
-    ring = volume.Volume()
-    for p in ("forward", "backward"):
-        ring.add(p, "ring", total.sent(p) - a2a.sent(p))
-    return total, a2a, ring
+def _usp_a2a(plan: Plan, shape: AttnShape, topo: Topo, acc_elem: int) -> volume.Volume:
+    """Bytes of usp's all-to-alls on rank 0: Ulysses' formula over its U ranks (the ring's
+    hops are the rest of ``method_volume``)."""
+    return _method_bytes("ulysses", {}, shape, plan.ulysses, shape.seq_len // topo.world,
+                         topo.local, acc_elem)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,71 +319,73 @@ def _ring_span(shape: AttnShape, layout: str, members: int, m: int, nodes: int) 
 # Phase times
 
 
-def _flat_ring(steps: list[float], hops: list[float], end: float) -> float:
-    """sum over computed blocks of max(compute, the hop in flight meanwhile) + the end hop."""
-    return sum(max(c, h) for c, h in zip(steps[:len(hops)], hops, strict=True)) + end
+def _ring_pass(steps: list[float], span: int, hop: Callable[[float], float], pay: float,
+               acc: float | None = None) -> float:
+    """Steps 0..span of a ring (``burst.ring._ring_pass``): each step computes while the next
+    payload hops (none after the last step); in the backward each step's accumulator hops one
+    step behind on the same link (steps 1..span carry it) and the last then hops home."""
+    if span == 0:
+        return steps[0]
+    if acc is None:
+        hops, end = [hop(pay)] * span + [0.0], 0.0
+    else:
+        hops, end = [hop(pay)] + [hop(pay + acc)] * (span - 1) + [hop(acc)], hop(acc)
+    return sum(max(c, h) for c, h in zip(steps[:span + 1], hops, strict=True)) + end
 
 
-def _double_ring(steps: list[float], nodes: int, local: int, hop_intra: float,
-                 hop_inter: float, end: float) -> float:
+def _double_ring(steps: list[float], nodes: int, local: int, hop_in: Callable[[float], float],
+                 hop_out: Callable[[float], float], pay: float, acc: float | None) -> float:
+    """M rounds (``burst.ring._double``): each passes an outer block around the inner ring while
+    the next outer block and the previous round's accumulators cross to the next node; the last
+    round's accumulators then cross home."""
     total = 0.0
     for r in range(nodes):
-        block = steps[r * local:(r + 1) * local]
-        inner = sum(max(c, hop_intra) for c in block[:-1])
-        total += max(inner, hop_inter if r < nodes - 1 else 0.0) + block[-1]
-    return total + end
+        inner = _ring_pass(steps[r * local:(r + 1) * local], local - 1, hop_in, pay, acc)
+        crossing = (pay if r < nodes - 1 else 0.0) + (acc if acc is not None and r else 0.0)
+        total += max(inner, hop_out(crossing))
+    return total + (hop_out(acc) if acc is not None else 0.0)
 
 
-def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, vol, boundary_senders,
+def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, boundary_senders,
                  efficiency: float = 1.0, acc_elem: int = 4):
-    """Forward and backward seconds of a (flat or double) ring of ``members`` ranks. A double
-    ring's ``vol`` is labelled by its own rings ("intra" = inner-ring hops, "inter" = outer)."""
+    """Forward and backward seconds of a (flat or double) ring of ``members`` ranks holding
+    ``m`` tokens of ``heads`` (``kv_heads``) heads each; its hops carry the bytes of
+    ``burst.volume.ring_hop_bytes``, those ``burst.volume.method_bytes`` counts (a test holds
+    a ring bound by its links to exactly those bytes over the bandwidth)."""
     out = {}
     double = bool(plan.ring_local) and plan.ring_local < members
     nodes = members // plan.ring_local if double else 1
     span = _ring_span(shape, plan.layout, members, m, nodes)
+    grad = shape.elem if plan.options.get("grad_acc") == "input" else None
+    hop_kw = dict(batch=shape.batch, seq_local=m, heads=heads, kv_heads=kv_heads,
+                  head_dim=shape.head_dim, elem=shape.elem, acc_elem=acc_elem, grad_elem=grad)
+    kv = volume.ring_hop_bytes("ring", **hop_kw)[0]
+    pay, acc = volume.ring_hop_bytes(plan.backward, **hop_kw)
+    if double:
+        local = plan.ring_local
+        # hops run in lockstep, so the slowest link prices each: an inner ring longer than
+        # a node, or one whose windows straddle node boundaries (L = 6 on nodes of 8),
+        # crosses a NIC; outer hops leave the node for min(L, node) of its GPUs at once
+        # (all of them when L >= node)
+        inner = "inter" if local > topo.local or topo.local % local else "intra"
+        outer = "inter" if topo.world > topo.local else "intra"
 
-    def hop(nbytes):  # a flat ring's hop; boundary_senders GPUs of a node cross at once
-        return hw.link_seconds(nbytes, "inter" if boundary_senders else "intra",
-                               boundary_senders or 1)
+        def hop_in(nbytes):
+            return hw.link_seconds(nbytes, inner)
+
+        def hop_out(nbytes):
+            return hw.link_seconds(nbytes, outer, min(local, topo.local))
+    else:
+        def hop_in(nbytes):  # boundary_senders GPUs of a node cross nodes at once
+            return hw.link_seconds(nbytes, "inter" if boundary_senders else "intra",
+                                   boundary_senders or 1)
 
     for pass_ in ("forward", "backward"):
         steps = [c / efficiency for c in
                  step_compute(hw, shape, plan.layout, members, m, heads, kv_heads, pass_)]
-        sent = vol.sent(pass_)
-        if double:
-            local = plan.ring_local
-            n_intra, n_inter = nodes * (local - 1), nodes - 1
-            b_intra, b_inter = vol.sent(pass_, "intra"), vol.sent(pass_, "inter")
-            # hops run in lockstep, so the slowest link prices each: an inner ring longer than
-            # a node, or one whose windows straddle node boundaries (L = 6 on nodes of 8),
-            # crosses a NIC; outer hops leave the node for min(L, node) of its GPUs at once
-            # (all of them when L >= node)
-            inner = "inter" if local > topo.local or topo.local % local else "intra"
-            outer = "inter" if topo.world > topo.local else "intra"
-            hop_intra = hw.link_seconds(b_intra / max(n_intra, 1), inner)
-            hop_inter = hw.link_seconds(b_inter / max(n_inter, 1), outer,
-                                        min(local, topo.local))
-            # the accumulators' M*L inner and M outer hops are spread over the payload's hops
-            # and the last one priced at half an inner hop: approximate where the flat ring is
-            # exact (at the paper's shapes its steps wait for no hop: docs/simulator.md)
-            end = 0.5 * hop_intra if pass_ == "backward" else 0.0
-            t = _double_ring(steps, nodes, local, hop_intra, hop_inter, end)
-        else:
-            if span == 0:
-                hops, end = [0.0], 0.0
-            elif pass_ == "forward":  # K, V for the next step, while this one computes
-                hops, end = [hop(sent / span)] * span + [0.0], 0.0
-            else:  # step 0 sends the payload; steps 1..S-1 the payload and the previous
-                # step's accumulator; step S the last accumulator; then it goes home
-                grad = shape.elem if plan.options.get("grad_acc") == "input" else None
-                pay, acc = volume.ring_hop_bytes(
-                    plan.backward, batch=shape.batch, seq_local=m, heads=heads,
-                    kv_heads=kv_heads, head_dim=shape.head_dim, elem=shape.elem,
-                    acc_elem=acc_elem, grad_elem=grad)
-                hops = [hop(pay)] + [hop(pay + acc)] * (span - 1) + [hop(acc)]
-                end = hop(acc)
-            t = _flat_ring(steps, hops, end)
+        p, a = (kv, None) if pass_ == "forward" else (pay, acc)
+        t = (_double_ring(steps, nodes, plan.ring_local, hop_in, hop_out, p, a) if double
+             else _ring_pass(steps, span, hop_in, p, a))
         out[pass_] = (t, sum(steps[:span + 1]))
     return out
 
@@ -442,21 +441,20 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
     crosses = g > topo.local
     if plan.kind == "ring":
         vol = method_volume(method, options, shape, topo, acc_elem=acc_elem)
-        hops = (_method_bytes(method, plan.options, shape, g, n, plan.ring_local, acc_elem)
-                if plan.ring_local else vol)  # a double ring's bytes by its own rings
-        ph = _ring_phases(hw, shape, topo, plan, g, n, shape.heads, shape.kv_heads, hops,
+        ph = _ring_phases(hw, shape, topo, plan, g, n, shape.heads, shape.kv_heads,
                           1 if crosses else 0, efficiency, acc_elem)
         fwd, bwd = ph["forward"], ph["backward"]
     elif plan.kind == "usp":
         u = plan.ulysses
-        vol, a2a, ring = _usp_parts(method, options, plan, shape, topo, acc_elem)
+        vol = method_volume(method, options, shape, topo, acc_elem=acc_elem)
+        a2a = _usp_a2a(plan, shape, topo, acc_elem)
         hu = shape.heads // u
         hku = max(1, volume.ulysses_kv_heads(shape.kv_heads, u) // u)
         sub = dataclasses.replace(shape, heads=hu, kv_heads=hku)
         inner = Plan("ring", layout=plan.layout, backward=plan.backward)
         # every rank of a Ulysses group runs its own ring: U GPUs of a node cross at once
         senders = min(u, topo.local) if crosses else 0
-        ph = _ring_phases(hw, sub, topo, inner, g // u, u * n, hu, hku, ring, senders,
+        ph = _ring_phases(hw, sub, topo, inner, g // u, u * n, hu, hku, senders,
                           efficiency, acc_elem)
         fwd, bwd = ((ph[p][0] + collective_seconds(hw, a2a.sent(p), u, topo), ph[p][1])
                     for p in ("forward", "backward"))
