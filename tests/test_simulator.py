@@ -828,7 +828,12 @@ def test_papers_second_kernel_measurement_is_reported_next_to_the_fit(evals):
     assert (r["published"], r["log"]) == (104.59, 71.98)
     assert r["log_vs_published"] == pytest.approx(71.98 / 104.59 - 1)
     assert r["sim_vs_log"] == pytest.approx(r["simulated"] / 71.98 - 1)
-    assert "The paper's second measurement of the kernel cells" in calibrate.DOC.read_text()
+    from suites.simulator_doc import _repeat_lines
+
+    doc = calibrate.DOC.read_text()
+    assert "The paper's second measurement of the kernel cells" in doc
+    (line,) = _repeat_lines(list(reps.values()))
+    assert line in doc and line.count(" the published table orders ") == 3  # 128K-512K
 
 
 def test_kernel_curve_matches_the_papers_profiled_calls():
