@@ -31,7 +31,7 @@ from functools import lru_cache, partial
 
 import torch
 
-from baselines.checks import check_call, degree_problems, layout_problems
+from baselines.checks import check_call, degree_problems, grad_acc_problems, layout_problems
 from baselines.registry import Method, register
 from baselines.ulysses import heads_to_seq, replicate_kv, seq_to_heads
 from burst import burst_attn, comm
@@ -74,7 +74,8 @@ def _ring_order(seq_local: int, world: int, degree: int, ring_pos: int, layout: 
 
 def usp_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = None, group=None,
              ulysses_degree: int = 2, layout: str = "contiguous", backward: str = "ring",
-             window: tuple[int, int] | None = None, cu_seqlens=None, backend: str = "auto"):
+             window: tuple[int, int] | None = None, cu_seqlens=None, backend: str = "auto",
+             grad_acc: str = "fp32"):
     """Ulysses (degree U) x ring (R = G/U) attention.
 
     Args:
@@ -84,11 +85,14 @@ def usp_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = Non
         ulysses_degree: U, the size of the Ulysses (head-parallel) groups; divides G.
         backward: ``ring`` (yunchang's classic ring backward) or ``burst`` (BurstEngine's
             Burst-USP: Ulysses inside a node, BurstAttention's backward across nodes).
+        grad_acc: the ring's travelling gradient accumulators (dK, dV or dQ) in ``fp32`` or
+            in the ``input`` dtype (BurstEngine's dQ), as ``burst_attn``'s.
     Returns:
         out shaped like q.
     """
     check_call(METHOD, q, k, v, causal=causal, group=group,
-               options=dict(layout=layout, ulysses_degree=ulysses_degree, backward=backward),
+               options=dict(layout=layout, ulysses_degree=ulysses_degree, backward=backward,
+                            grad_acc=grad_acc),
                backend=backend)
     g, n = comm.world_size(group), q.shape[1]
     # the mask and scale are checked again inside burst_attn, after the all-to-alls: check
@@ -102,17 +106,17 @@ def usp_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = Non
     qh, kh, vh = (t.index_select(1, perm) for t in (qh, kh, vh))
     out = burst_attn(qh, kh, vh, causal=causal, softmax_scale=softmax_scale, layout=layout,
                      group=ring, backward=backward, window=window, cu_seqlens=cu_seqlens,
-                     backend=backend)
+                     backend=backend, grad_acc=grad_acc)
     return heads_to_seq(out.index_select(1, inv), uly)
 
 
 def _requires(*, world, heads, kv_heads, seq_local, layout, ulysses_degree, backward="ring",
-              **_):
+              grad_acc="fp32", **_):
     out = degree_problems("ulysses_degree", ulysses_degree, world, heads, kv_heads,
                           kv_replicate=True)
     if backward not in ("ring", "burst"):
         out.append(f"backward={backward!r}; valid: ring, burst")
-    out += layout_problems(layout, seq_local, LAYOUTS)
+    out += layout_problems(layout, seq_local, LAYOUTS) + grad_acc_problems(grad_acc)
     return out
 
 
@@ -123,7 +127,7 @@ METHOD = register(Method(
                 "ring attention across the groups (backward=ring: classic; burst: Burst-USP)",
     default_layout="contiguous",
     layouts=LAYOUTS,
-    options={"layout": "contiguous", "ulysses_degree": 2, "backward": "ring"},
+    options={"layout": "contiguous", "ulysses_degree": 2, "backward": "ring", "grad_acc": "fp32"},
     requires=_requires,
     volume=partial(method_bytes, "usp"),
 ))

@@ -302,8 +302,8 @@ def _ring_pass_into(vol: Volume, c: _Case, members: Sequence[int], span: int, kv
 
 
 def _usp(c: _Case, *, ulysses_degree: int = 2, layout: str = "contiguous",
-         backward: str = "ring") -> Volume:
-    return _usp_volume(c, ulysses_degree, layout, backward, truncate=True)
+         backward: str = "ring", grad_acc: str = "fp32") -> Volume:
+    return _usp_volume(_grads_in(c, grad_acc), ulysses_degree, layout, backward, truncate=True)
 
 
 def _usp_volume(c: _Case, u: int, layout: str, backward: str, *, truncate: bool) -> Volume:
@@ -319,7 +319,7 @@ def _usp_volume(c: _Case, u: int, layout: str, backward: str, *, truncate: bool)
     # a ring unit is U*n tokens x H/U, hk/U heads: the bytes of n tokens x H, hk heads
     hop = dict(batch=c.batch, seq_local=c.seq_local, heads=c.heads,
                kv_heads=ulysses_kv_heads(c.kv_heads, u), head_dim=c.head_dim, elem=c.elem,
-               acc_elem=c.acc_elem)
+               acc_elem=c.acc_elem, grad_elem=c.grad_elem)
     kv, _ = ring_hop_bytes("ring", **hop)
     pay, acc = ring_hop_bytes(backward, **hop)
     span = c.span(r, u * c.seq_local, layout) if truncate else r - 1

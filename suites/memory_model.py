@@ -135,7 +135,8 @@ def _attention_buffers(shape: AttnShape, plan: Plan, world: int,
         # heads (the same bytes as n tokens x H heads), a ring of G/U ranks
         hk = volume.ulysses_kv_heads(hk, plan.ulysses)
         gathered = b * n * (2 * h + 2 * hk) * d * e if plan.ulysses > 1 else 0
-        sub = Plan("ring", layout=plan.layout, backward=plan.backward)
+        sub = Plan("ring", layout=plan.layout, backward=plan.backward,
+                   options={"grad_acc": (plan.options or {}).get("grad_acc", "fp32")})
         return gathered + _attention_buffers(dataclasses.replace(shape, kv_heads=hk), sub, world,
                                              members=world // plan.ulysses)
     # ulysses / tp / allgather: the gathered inputs and their gradients

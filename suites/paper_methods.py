@@ -17,7 +17,7 @@ algorithms; each maps to the registry entry that implements the same algorithm h
                          + fused LM head/loss                -> burst, grad_acc = input,
                                                                 + fused_head
   burstengine_usp        Ulysses inside a node, BurstAttention across nodes
-                                                  -> usp, backward = burst, + fused_head
+                                 -> usp, backward = burst, grad_acc = input, + fused_head
 
 Checkpointing (paper README): the paper's ``selective`` is every layer recomputed except the
 attention output and LSE (our ``selective``); its ``none`` ("w/o sele-ckpt") is full layer
@@ -37,9 +37,8 @@ with U = 4, the 32-GPU training rows move by under 0.5% and their memory not at 
 tables use U = node here.
 
 BurstEngine's dQ travels in the input dtype (Burst-Attention/burst_attn/burst_attn_interface.py,
-OpBurstAttn.backward: ``dq = torch.zeros_like(q)``, sent as is), hence grad_acc = input. Its
-Burst-USP's ring does the same, but the registry's usp has no such option, so that one ring
-prices dQ in fp32 (at 32K-64K tokens per GPU its hops hide behind the kernels either way).
+OpBurstAttn.backward: ``dq = torch.zeros_like(q)``, sent as is), hence grad_acc = input for its
+three systems (Burst-USP's ring is the same burst_attn).
 
 "@node" in an option stands for the cell's ranks per node, "@world/4" for its world size over 4
 (``suites.cells.placeholder_value``), so one entry serves 32 and 64 GPU runs alike.
@@ -83,7 +82,7 @@ PAPER_METHODS: dict[str, PaperMethod] = {
                                fused_head=True),
     "burstengine_usp": PaperMethod("usp", "Burst-USP",
                                    {"ulysses_degree": "@node", "layout": "zigzag",
-                                    "backward": "burst"}, fused_head=True),
+                                    "backward": "burst", "grad_acc": "input"}, fused_head=True),
 }
 
 

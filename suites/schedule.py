@@ -451,7 +451,8 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
         hu = shape.heads // u
         hku = max(1, volume.ulysses_kv_heads(shape.kv_heads, u) // u)
         sub = dataclasses.replace(shape, heads=hu, kv_heads=hku)
-        inner = Plan("ring", layout=plan.layout, backward=plan.backward)
+        inner = Plan("ring", layout=plan.layout, backward=plan.backward,
+                     options={"grad_acc": plan.options.get("grad_acc", "fp32")})
         # every rank of a Ulysses group runs its own ring: U GPUs of a node cross at once
         senders = min(u, topo.local) if crosses else 0
         ph = _ring_phases(hw, sub, topo, inner, g // u, u * n, hu, hku, senders,

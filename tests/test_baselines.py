@@ -75,8 +75,10 @@ def _core_cases(world: int) -> list[dict]:
         for m in ("ring", "allgather", "ulysses", "usp"):  # sliding window (ring span 1)
             add(m, causal=True, window=(5, 0), options=dict(layout="contiguous"))
         add("zigzag_ring", causal=True, cu_seqlens=(0, 5, 21, 32))  # documents
-        for m, opts in (("zigzag_ring", {}), ("burst", dict(backward="burst"))):
-            # gradients travel in bf16 (TransformerEngine's dK/dV): bytes and the naive-error rule
+        for m, opts in (("zigzag_ring", {}), ("burst", dict(backward="burst")),
+                        ("usp", dict(ulysses_degree=2, layout="zigzag", backward="burst"))):
+            # gradients travel in bf16 (TransformerEngine's dK/dV, BurstEngine's dQ): bytes and
+            # the naive-error rule
             add(m, causal=True, dtype="bfloat16", naive=True, seq_local=32, head_dim=32,
                 options=dict(opts, grad_acc="input"))
         # bad inputs: each must raise a ValueError naming the rule before any communication
@@ -92,8 +94,9 @@ def _core_cases(world: int) -> list[dict]:
             add(m, seq_local=8, cu_seqlens=(0, 3, 6), expect_error="cu_seqlens")
             add(m, causal=True, window=(-1, 0), expect_error="window=(-1, 0)")
         add("allgather", seq_local=7, expect_error="not divisible by 2")
-        add("zigzag_ring", causal=True, options=dict(grad_acc="bf16"),
-            expect_error="grad_acc='bf16'; valid: fp32, input")
+        for m in ("zigzag_ring", "usp"):
+            add(m, causal=True, options=dict(grad_acc="bf16"),
+                expect_error="grad_acc='bf16'; valid: fp32, input")
         add("tp", expect_error="block-level")
         add("ring_flash_attn", expect_error="pip install ring-flash-attn flash-attn")
         add("yunchang", expect_error="pip install yunchang")

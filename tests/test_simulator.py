@@ -182,6 +182,7 @@ def test_slower_kernels_hide_behind_transfers_only_where_steps_wait():
     ("burst", {"backward": "burst"}, 16, 16),
     ("usp", {"ulysses_degree": 8}, 32, 8),  # LoongTrain-USP's kernel cells: a ring of 4
     ("usp", {"ulysses_degree": 8, "backward": "burst"}, 16, 8),
+    ("usp", {"ulysses_degree": 8, "backward": "burst", "grad_acc": "input"}, 16, 8),
 ])
 def test_a_flat_ring_bound_by_its_link_takes_its_bytes_over_the_bandwidth(method, opts, world,
                                                                            local):
