@@ -110,10 +110,10 @@ def ring_attention_bytes(*, world: int, batch: int, seq_local: int, heads: int, 
     """
     if backward not in ("burst", "ring"):
         raise ValueError(f"backward={backward!r}: expected 'burst' or 'ring'")
-    u = _units(batch, seq_local, heads, kv_heads, head_dim, elem, acc_elem, grad_elem)
-    pay, acc = ring_hop_bytes(backward, batch=batch, seq_local=seq_local, heads=heads,
-                              kv_heads=kv_heads, head_dim=head_dim, elem=elem,
-                              acc_elem=acc_elem, grad_elem=grad_elem)
+    hop = dict(batch=batch, seq_local=seq_local, heads=heads, kv_heads=kv_heads,
+               head_dim=head_dim, elem=elem, acc_elem=acc_elem, grad_elem=grad_elem)
+    kv = ring_hop_bytes("ring", **hop)[0]
+    pay, acc = ring_hop_bytes(backward, **hop)
     vol = Volume()
     g = world
     if ranks_per_node == 1:  # a flat ring with every hop between nodes (burst.comm.ring_shape)
@@ -125,7 +125,7 @@ def ring_attention_bytes(*, world: int, batch: int, seq_local: int, heads: int, 
         def link_to(peer):
             return "intra" if rank // size == (peer % g) // size else "inter"
 
-        vol.add("forward", link_to(rank + 1), s * u["kv"])
+        vol.add("forward", link_to(rank + 1), s * kv)
         # the burst backward sends queries to rank-1 (burst.attention), the ring one K/V to rank+1
         d = -1 if backward == "burst" else 1
         link, home_link = link_to(rank + d), link_to(rank - d * s)
@@ -135,8 +135,8 @@ def ring_attention_bytes(*, world: int, batch: int, seq_local: int, heads: int, 
             vol.add("backward", home_link, acc)
         return vol
     m, l_ = g // ranks_per_node, ranks_per_node
-    vol.add("forward", "intra", m * (l_ - 1) * u["kv"])
-    vol.add("forward", "inter", (m - 1) * u["kv"])
+    vol.add("forward", "intra", m * (l_ - 1) * kv)
+    vol.add("forward", "inter", (m - 1) * kv)
     vol.add("backward", "intra", m * (l_ - 1) * pay + m * l_ * acc)
     vol.add("backward", "inter", (m - 1) * pay + m * acc)
     return vol

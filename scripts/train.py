@@ -106,14 +106,14 @@ def _identity(args: dict, world: int) -> dict:
     model or method."""
     if args["model"] not in CONFIGS:
         raise ValueError(f"unknown model {args['model']!r}; valid: {', '.join(sorted(CONFIGS))}")
-    method, options = _attention(args)
+    method, options, layout = _attention(args)
     effective = {**method.options, **options}
     dp = world // (args["cp_degree"] or world)
     return {**{k: v for k, v in _whole_sequence_masks(args).items() if k not in RESUMABLE},
             "kv_heads": (CONFIGS[args["model"]].num_kv_heads if args["kv_heads"] is None
                          else args["kv_heads"]),
             **{k: effective.get(k) for k in ("ranks_per_node", "backward")},
-            "layout": resolve_attention(method, options)[1],
+            "layout": layout,
             "global_batch": args["batch"] * dp}
 
 
@@ -144,12 +144,14 @@ def _model(args: dict):
 
 
 def _attention(args: dict):
-    """(registry method, the options train.py gives it); ValueError for an unknown method."""
+    """(registry method, the options train.py gives it, the layout they resolve to: the
+    method's own unless --layout names one); ValueError for an unknown method."""
     from baselines import registry
 
+    method = registry.get(args["method"])
     options = {k: args[k] for k in ("layout", "ranks_per_node", "backward")
                if args[k] is not None}
-    return registry.get(args["method"]), options
+    return method, options, resolve_attention(method, options)[1]
 
 
 def _preflight(args: dict, world: int) -> None:
@@ -157,9 +159,8 @@ def _preflight(args: dict, world: int) -> None:
     one process before any rank starts: the checks each rank's Trainer makes of its setup and
     first batch (the method's own, the layout's split, the checkpointing mode, the documents)."""
     cfg, _, cu = _model(args)
-    method, options = _attention(args)
+    method, options, layout = _attention(args)
     cp, seq = args["cp_degree"] or world, args["seq_len"]
-    _, layout = resolve_attention(method, options)
     problems = seq_len_problems(cfg, seq, cp_size=cp, layout=layout,
                                 checkpointing=args["checkpointing"])
     checks = [lambda: check_mode(args["checkpointing"], layout),
@@ -238,8 +239,7 @@ def _train(rank: int, world: int, args: dict, host_ranks: int | None = None) -> 
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
         torch.cuda.set_device(device)
     cfg, window, cu = _model(args)
-    method, options = _attention(args)
-    layout = resolve_attention(method, options)[1]
+    method, options, layout = _attention(args)
     # nodes for the byte log: the double ring's (its --ranks-per-node, or the method's own
     # default, e.g. double_ring's 2), else the host's ranks (all local ranks are one host)
     rpn = {**method.options, **options}.get("ranks_per_node") or host_ranks or world

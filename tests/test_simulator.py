@@ -196,9 +196,10 @@ def test_a_flat_ring_bound_by_its_link_takes_its_bytes_over_the_bandwidth(method
     topo = Topo(world, local)
     t = attention_timing(hw, method, opts, MHA, topo)
     if method == "usp":  # the ring across nodes, after the all-to-alls inside each node
-        a2a = method_bytes("ulysses", world=8, batch=1, seq_local=MHA.seq_len // world,
-                           heads=40, kv_heads=40, head_dim=128, elem=2, acc_elem=4)
         senders = opts["ulysses_degree"]
+        a2a = method_bytes("ulysses", world=senders, batch=MHA.batch,
+                           seq_local=MHA.seq_len // world, heads=MHA.heads,
+                           kv_heads=MHA.kv_heads, head_dim=MHA.head_dim, elem=MHA.elem)
         for phase, s in (("forward", t.forward_s), ("backward", t.backward_s)):
             ring = t.volume.sent(phase) - a2a.sent(phase)
             assert s == pytest.approx(collective_seconds(hw, a2a.sent(phase), senders, topo)
