@@ -27,7 +27,7 @@ import math
 import re
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -565,6 +565,22 @@ def vocab_choice(result: Fit, alternative: int = 32000) -> dict:
         "worst_memory_error": (summary(result.evals)["memory_max_abs_error"],
                                summary(other)["memory_max_abs_error"]),
     }
+
+
+def whole_window(hw: hwmod.Hardware, impls: dict[str, Implementation]) -> list[dict]:
+    """LoongTrain-Ring's 14B training rows with the inner ring over all the GPUs: the window of
+    InternEvo's other 13B config (thunlp/BurstEngine evaluation/baselines/InternEvo/configs/
+    13B_llama2.py: window_size = context_size = cp_size, one flat ring across the nodes), next
+    to the published number. A check of that config, not part of the fit."""
+    out = []
+    for r, cell in paper_cells():
+        if (r["method"], cell.model, r["status"]) != ("loongtrain_double_ring", "14b", "ok"):
+            continue
+        flat = replace(cell, options={**cell.options, "ranks_per_node": cell.world})
+        p = predict(flat, hw, impls[cell.paper])
+        out.append({"label": r["label"], "world": cell.world, "published": r["tokens_per_s"],
+                    "rel_error": _metric(flat, p.time_s) / r["tokens_per_s"] - 1})
+    return out
 
 
 def kernel_repeats(evals: list[dict]) -> list[dict]:

@@ -58,6 +58,13 @@ def test_calibration_targets(evals):
         e["table"], e["model"], e["world"], e["method"], e["checkpointing"]) not in KNOWN_MISSES]
     assert len(rest) == 36 and max(rest) <= 0.25
     assert s["max_abs_error"] <= 0.75  # the two known misses (LoongTrain-Ring 14B training)
+    # nor does InternEvo's other 13B config explain them: its window is the whole ring, a
+    # different schedule (the rows move), which still leaves both rows over 25%
+    flat = calibrate.whole_window(HW, implementations())
+    fitted = {e["label"]: e["rel_error"] for e in evals if e["method"] ==
+              "loongtrain_double_ring" and e["model"] == "14b" and e["rel_error"] is not None}
+    assert {f["label"] for f in flat} == set(fitted) and len(flat) == 2
+    assert all(f["rel_error"] > 0.25 and f["rel_error"] != fitted[f["label"]] for f in flat)
 
 
 def test_published_memory_within_15_percent(evals):
@@ -114,7 +121,7 @@ def test_doc_matches_shipped_constants(evals):
                   calibrate.kernel_memory_table):
         for line in table(evals).splitlines():
             assert line in doc, line
-    for line in _misses(evals):
+    for line in _misses(evals, calibrate.whole_window(HW, implementations())):
         assert line in doc, line
     # the README's fit block (suites.simulator_doc.update_readme): summary and error table
     readme = (calibrate.DOC.parent.parent / "README.md").read_text()
