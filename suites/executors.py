@@ -175,6 +175,10 @@ def run_inline(cells: list[Cell], run: Run, ctx: RunContext) -> None:
                 todo = left
 
 
+def _gpus(n: int) -> str:
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"
+
+
 def _skip_if_too_few_gpus(cells: list[Cell], run: Run, ctx: RunContext,
                           executor: str = "inline") -> list[Cell]:
     import torch
@@ -184,9 +188,9 @@ def _skip_if_too_few_gpus(cells: list[Cell], run: Run, ctx: RunContext,
         return cells
     for c in cells:
         append_row(run.rows, failure_row(
-            c, f"needs {c.world} GPUs on this machine ({executor} executor), found {have}; run "
-               f"it on a machine with {c.world} GPUs, or with --executor slurm (--retry-failed "
-               "runs this run's skipped cells again)", ctx, "skipped"))
+            c, f"needs {_gpus(c.world)} on this machine ({executor} executor), found {have}; run "
+               f"it on a machine with {_gpus(c.world)}, or with --executor slurm", ctx,
+            "skipped"))
     return []
 
 

@@ -344,6 +344,9 @@ def _skip_invalid(cells: list[Cell], run: Run, ctx: RunContext) -> list[Cell]:
     return keep
 
 
+WHY_CHARS = 240  # a failed cell's reason in the summary; longer ones are cut, marked "..."
+
+
 def summary_text(table, spec: SweepSpec | None = None, *, baseline: str | None = None,
                  metrics: tuple[str, ...] | None = None) -> str:
     """Methods side by side for each cell: time per step with speedup against the baseline,
@@ -367,7 +370,8 @@ def summary_text(table, spec: SweepSpec | None = None, *, baseline: str | None =
     failed: dict[tuple, list[str]] = {}  # one line per (status, method, reason)
     for _, r in table[table["status"] != "ok"].iterrows():
         err = str(r.get("error") or "").strip().splitlines()
-        key = (r["status"], r["label"], (err[-1] if err else "")[:160])
+        why = err[-1] if err else ""  # the whole reason is in the row's error column
+        key = (r["status"], r["label"], why if len(why) <= WHY_CHARS else why[:WHY_CHARS] + "...")
         failed.setdefault(key, []).append(f"{r['seq_len']}@{r['world']}")
     if failed:
         parts.append("\n".join(f"{st}: {label} at seq_len@world {', '.join(at)}: {why}"

@@ -869,6 +869,35 @@ def test_an_impossible_cell_of_a_skip_invalid_method_is_a_skipped_row(tmp_path):
     assert row["status"] == "skipped" and "ulysses" in row["error"]
 
 
+def test_a_cell_without_its_gpus_is_skipped_and_the_summary_gives_the_whole_reason(
+        tmp_path, monkeypatch):
+    """On a machine without enough GPUs a cuda cell is a skipped row that says what it needs;
+    the summary printed its reason cut at 160 characters, mid-parenthesis, and now keeps it
+    whole (a longer one is cut visibly, with "...")."""
+    import torch
+
+    from suites.executors import Run, _skip_if_too_few_gpus
+    from suites.rows import RunContext
+    from suites.run import WHY_CHARS, summary_text
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    spec = load_spec(_write(tmp_path, 'workload = "attention"\nseq_lens = [64]\nworld = 1\n'
+                            'device = "cuda"\n[shape]\nheads = 2\nhead_dim = 8\n'
+                            '[[methods]]\nname = "ring"\n'))
+    run = Run(tmp_path / "run")
+    run.dir.mkdir()
+    ctx = RunContext("r", "inline", "{}", None, None)
+    assert _skip_if_too_few_gpus(expand(spec), run, ctx) == []
+    (row,) = store.read_rows(run.rows)
+    why = ("needs 1 GPU on this machine (inline executor), found 0; run it on a machine with "
+           "1 GPU, or with --executor slurm")
+    assert row["status"] == "skipped" and row["error"] == why
+    table = store.consolidate(run.dir)
+    assert f"skipped: ring at seq_len@world 64@1: {why}\n" in summary_text(table)
+    long = table.assign(error="x" * (WHY_CHARS + 1))
+    assert f": {'x' * WHY_CHARS}...\n" in summary_text(long)
+
+
 def test_an_attention_key_in_a_train_step_method_names_its_workload(tmp_path):
     """The ONLY_FOR rule runs both ways in a method table: a train_step method's causal or
     heads (its model decides them) says which workload takes it, as checkpointing does."""
