@@ -17,7 +17,9 @@ priced by the profile's link bandwidths. The schedule says how they combine (DES
                  of a node at once (they share the node's NICs), carries the next outer block
                  and the previous round's accumulators: round = max(inner ring, inter hop);
                  the last round's accumulators then cross home. Bound by either link, it takes
-                 that link's bytes over its bandwidth.
+                 that link's bytes over its bandwidth. An inner ring longer than a node crosses
+                 a NIC every step, from one GPU per node, which also makes its outer hop: both
+                 go through that GPU's one NIC.
   ulysses        all-to-all of q, k, v, then the whole sequence for H/U heads, all-to-all of o;
                  backward mirrors it (dO in, dq/dk/dv out). Nothing overlaps.
   usp            Ulysses inside groups of U ranks, a flat ring across the G/U groups on blocks of
@@ -27,9 +29,11 @@ priced by the profile's link bandwidths. The schedule says how they combine (DES
                  (reached by no cell: 'tp' is block-level, so the harness and the simulator
                  make a tp cell an error row; checked against no run).
 
-Causal balance comes from the layout through ``plan_pair``: contiguous makes the slowest rank do
-a full block every step, zigzag and striped half a block. Every step also pays memory-bound
-accumulator traffic (fp32 merge of (o, lse) forward; dq or dk/dv accumulation backward).
+A masked edge tile (DENSE) costs its whole rectangle: the kernel shim runs it with its mask as
+a bias. Causal balance comes from the layout through ``plan_pair``: contiguous makes the
+slowest rank do a full block every step, zigzag and striped half a block. Every step also
+pays memory-bound accumulator traffic (fp32 merge of (o, lse) forward; dq or dk/dv
+accumulation backward).
 
 Names: G ranks, N global tokens, n = N/G local, H heads, Hk kv heads, d head dim, U Ulysses degree.
 """
@@ -44,7 +48,7 @@ from dataclasses import dataclass, field
 from burst import flops as F
 from burst import volume
 from burst.comm import ranks_per_node_ok, ring_shape
-from burst.masks import CAUSAL, STRICT, MaskSpec, plan_pair, ring_span
+from burst.masks import CAUSAL, DENSE, STRICT, MaskSpec, plan_pair, ring_span
 from suites.hardware import Hardware
 
 __all__ = ["ELEM", "AttnShape", "AttnTiming", "Plan", "Topo", "acc_bytes", "attention_timing",
@@ -268,10 +272,20 @@ def _pair_seconds(hw: Hardware, shape: AttnShape, layout: str, g: int, q_rank: i
                   k_rank: int, m: int, heads: int, pass_: str) -> tuple[float, bool]:
     """Kernel time of one (query rank, key rank) pair of G ranks with m tokens each, call by
     call from ``burst.masks.plan_pair`` at the efficiency of each call's smaller side; and
-    whether the pair has any call (fully masked pairs cost nothing, not even a merge)."""
+    whether the pair has any call (fully masked pairs cost nothing, not even a merge).
+
+    A DENSE call (a window's or a document's edge, at most ``burst.masks.TILE`` a side) runs
+    torch's memory-efficient kernel with its mask as a bias (``burst.kernel``: no flash kernel
+    takes one), which computes the whole rectangle: its work is the rectangle, priced at the
+    same efficiency (that kernel's own rate is not profiled)."""
     calls = plan_pair(shape.mask, layout, g, q_rank, k_rank, m)
     scale = shape.pair_flops(heads) * (F.BACKWARD_OVER_FORWARD if pass_ == "backward" else 1)
-    return sum(hw.attn_seconds(c.visible_pairs * scale,
+
+    def work(c):
+        rows, cols = c.q.stop - c.q.start, c.k.stop - c.k.start
+        return rows * cols if c.kind == DENSE else c.visible_pairs
+
+    return sum(hw.attn_seconds(work(c) * scale,
                                min(c.q.stop - c.q.start, c.k.stop - c.k.start), pass_,
                                causal=c.kind in (CAUSAL, STRICT), dtype=shape.dtype)
                for c in calls), bool(calls)
@@ -334,15 +348,19 @@ def _ring_pass(steps: list[float], span: int, hop: Callable[[float], float], pay
 
 
 def _double_ring(steps: list[float], nodes: int, local: int, hop_in: Callable[[float], float],
-                 hop_out: Callable[[float], float], pay: float, acc: float | None) -> float:
+                 hop_out: Callable[[float], float], pay: float, acc: float | None,
+                 shared: Callable[[float, float], float] | None = None) -> float:
     """M rounds (``burst.ring._double``): each passes an outer block around the inner ring while
     the next outer block and the previous round's accumulators cross to the next node; the last
-    round's accumulators then cross home."""
+    round's accumulators then cross home. ``shared(inner bytes, outer bytes)``: where the inner
+    ring crosses nodes too, its hops and the outer hop share the NICs, a floor on each round."""
     total = 0.0
+    inner_bytes = pay * (local - 1) + (acc * local if acc is not None else 0.0)
     for r in range(nodes):
         inner = _ring_pass(steps[r * local:(r + 1) * local], local - 1, hop_in, pay, acc)
         crossing = (pay if r < nodes - 1 else 0.0) + (acc if acc is not None and r else 0.0)
-        total += max(inner, hop_out(crossing))
+        total += max(inner, hop_out(crossing),
+                     shared(inner_bytes, crossing) if shared else 0.0)
     return total + (hop_out(acc) if acc is not None else 0.0)
 
 
@@ -375,6 +393,18 @@ def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, boundary_se
 
         def hop_out(nbytes):
             return hw.link_seconds(nbytes, outer, min(local, topo.local))
+
+        shared = None
+        if inner == outer == "inter":
+            senders = min(local, topo.local)
+
+            def shared(inner_bytes, outer_bytes):
+                # one GPU per node sends the inner ring's crossing hops while every sender
+                # makes its outer hop: the node's pooled NICs carry both, and that GPU gets at
+                # most one NIC (hw.inter_gbps)
+                return max(hw.link_seconds(outer_bytes + inner_bytes / senders, "inter",
+                                           senders),
+                           hw.link_seconds(outer_bytes + inner_bytes, "inter", 1))
     else:
         def hop_in(nbytes):  # boundary_senders GPUs of a node cross nodes at once
             return hw.link_seconds(nbytes, "inter" if boundary_senders else "intra",
@@ -384,8 +414,8 @@ def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, boundary_se
         steps = [c / efficiency for c in
                  step_compute(hw, shape, plan.layout, members, m, heads, kv_heads, pass_)]
         p, a = (kv, None) if pass_ == "forward" else (pay, acc)
-        t = (_double_ring(steps, nodes, plan.ring_local, hop_in, hop_out, p, a) if double
-             else _ring_pass(steps, span, hop_in, p, a))
+        t = (_double_ring(steps, nodes, plan.ring_local, hop_in, hop_out, p, a, shared)
+             if double else _ring_pass(steps, span, hop_in, p, a))
         out[pass_] = (t, sum(steps[:span + 1]))
     return out
 

@@ -288,8 +288,8 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
     if not mem.fits:
         return Prediction("oom", attn=attn, memory=mem, parts=parts, checkpointing=ckpt,
                           recompute=again,
-                          error=f"predicted OOM: {mem.reserved_gib:.1f} GiB reserved > "
-                                f"{mem.usable / 2**30:.1f} GiB usable on {hw.name}")
+                          error=f"predicted OOM: {mem.reserved_gib:.2f} GiB reserved > "
+                                f"{mem.usable / 2**30:.2f} GiB usable on {hw.name}")
     return Prediction("ok", time_s=time_s, attn=attn, memory=mem, parts=parts,
                       checkpointing=ckpt, recompute=again)
 

@@ -330,7 +330,8 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
         "of all L GPUs of a node (sharing the node's NICs) hides behind a round of L NVLink "
         "steps "
         "(inner rings shorter than a node: min(L, node) GPUs share the NICs; longer ones cross "
-        "a NIC at every inner step); the inter-node hop also carries the previous round's "
+        "a NIC at every inner step, from one GPU of each node, whose outer hop then shares its "
+        "one NIC); the inter-node hop also carries the previous round's "
         "accumulators, and the last round's cross home after it. A node's NICs are "
         "pooled among the job's GPUs on it: "
         "every GPU that crosses nodes at once gets at most one NIC, up to the node's NICs, "
@@ -344,10 +345,17 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
         "needs the projection weights), so a spec naming `tp` is refused before anything "
         "runs, as by the harness (a `tp` cell given to `simulate_cell` is an `error` row); "
         "the TP formula in `suites.schedule` is reached by no cell and checked against no run.",
+        "A window's or document's edge tile (a DENSE call, at most 1024 tokens a side) runs "
+        "the memory-efficient kernel with its mask as a bias, as `burst.kernel` does: it is "
+        "priced on its whole rectangle, at the same efficiency (that kernel's own rate is not "
+        "profiled).",
         "- **dtype**: work runs at the peak of its dtype (`Hardware.peak`): 16-bit at the "
         "tensor-core peak; float32 attention at a third of the TF32 peak (torch's "
         "memory-efficient kernel, where the kernel shim sends float32, computes it as three "
-        "TF32 products on sm80+), float32 GEMMs on the CUDA cores; float64 at the FP64 peak. "
+        "TF32 products on sm80+), float32 GEMMs on the CUDA cores; float64 at the FP64 peak "
+        "(float64 attention runs the `torch` kernel backend, which materialises each call's "
+        "scores: the memory counts them, the time is the fused price at that peak, a lower "
+        "bound without the scores' memory traffic). "
         "The efficiencies are calibrated on 16-bit kernels only and assumed to carry over; "
         "MFU is reported for 16-bit cells only, as in measured rows.",
         "- **training step** (`suites.step_model`): per layer dense GEMMs, memory-bound "

@@ -239,6 +239,26 @@ def test_a_double_ring_bound_by_one_link_takes_its_bytes_over_that_links_bandwid
                 link, phase)
 
 
+@pytest.mark.parametrize("method, opts, world, local", [
+    ("burst", {"ranks_per_node": 4, "backward": "burst"}, 16, 2),
+    ("burst", {"ranks_per_node": 4, "backward": "ring"}, 8, 1),
+    ("double_ring", {"ranks_per_node": 8}, 32, 4),
+])
+def test_a_double_ring_whose_inner_ring_crosses_nodes_gets_one_nic_per_gpu(
+        method, opts, world, local):
+    """An inner ring longer than a node crosses a NIC at every step, from one GPU of each node,
+    while the outer hop leaves the node too: with free compute, both go through that GPU's one
+    NIC, so the ring takes all the bytes a rank sends over one NIC. Each hop was priced on a
+    NIC of its own, twice the bandwidth a GPU gets (README: --gpus-per-node 4)."""
+    hw = HW.with_values(peak_tflops=1e12, hbm_gbps=1e12, nvlink_gbps=1e15,
+                        nvlink_latency_us=0.0, nic_latency_us=0.0)
+    t = attention_timing(hw, method, opts, MHA, Topo(world, local))
+    for phase, s in (("forward", t.forward_s), ("backward", t.backward_s)):
+        for rank in range(opts["ranks_per_node"]):
+            sent = t.rank_volume(rank).sent(phase)
+            assert s == pytest.approx(sent / (hw.inter_gbps(1) * 1e9), rel=1e-6), (phase, rank)
+
+
 def test_zigzag_balances_causal_work():
     zig, contiguous = _t("burst", layout="zigzag"), _t("burst", layout="contiguous")
     # the slowest rank's work: 16 of 31.5 blocks (0.51), in half-size calls that the kernel
@@ -967,6 +987,20 @@ def test_windowed_attention_is_priced_by_the_same_tiles_for_every_method():
     # on 8 GPUs each Ulysses rank runs the same plan for 1/8 of the heads
     u8 = attention_timing(HW, "ulysses", {}, shape, Topo(8, 8))
     assert u8.compute_forward_s == pytest.approx(t["ulysses"].compute_forward_s / 8, rel=1e-12)
+
+
+def test_a_masked_tile_costs_its_whole_rectangle():
+    """A window's edge tile is one DENSE call (burst.masks), which burst.kernel runs on torch's
+    memory-efficient kernel with the mask as a bias: it computes every pair of the rectangle,
+    so a 1024-token block under a window costs what the unmasked block costs (it was priced on
+    its visible pairs: 38% of it for a window of 511)."""
+    for window in ((511, 0), (100, 0)):
+        masked = dataclasses.replace(MHA, seq_len=1024, window=window)
+        unmasked = dataclasses.replace(MHA, seq_len=1024, causal=False)
+        t, u = (attention_timing(HW, "burst", {"layout": "contiguous"}, s, Topo(1, 8))
+                for s in (masked, unmasked))
+        assert t.compute_forward_s == pytest.approx(u.compute_forward_s, rel=1e-12)
+        assert t.compute_backward_s == pytest.approx(u.compute_backward_s, rel=1e-12)
 
 
 def test_windowed_ulysses_counts_its_fp32_gradient_accumulators():
