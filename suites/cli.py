@@ -37,7 +37,8 @@ def _cmd_list(args) -> int:
 
     folder = Path(args.dir) if args.dir else SPEC_DIR
     if not folder.is_dir():
-        raise ValueError(f"--dir {folder}: no such folder")
+        raise ValueError(f"--dir {folder}: " + ("a file, not a folder" if folder.exists()
+                                                else "no such folder"))
     ref = "<name>" if folder == SPEC_DIR else f"{folder}/<name>.toml"  # how `run` finds it
     paths = sorted(folder.glob("*.toml"))
     if not paths:
@@ -95,8 +96,9 @@ def _run(args) -> int:
     from suites.run import replace_slurm, run_sweep
     from suites.spec import load_spec
 
-    if Path(args.out).exists() and not Path(args.out).is_dir():
-        raise ValueError(f"--out {args.out} is a file, not a folder")
+    for flag, folder in (("--out", args.out), ("--job-folder", args.job_folder)):
+        if folder is not None and Path(folder).exists() and not Path(folder).is_dir():
+            raise ValueError(f"{flag} {folder} is a file, not a folder")
     if args.new and args.retry_failed:
         raise ValueError("--retry-failed reruns the failed cells of an earlier run; a --new run "
                          "has none: use one or the other")
@@ -173,9 +175,15 @@ def _cmd_show(args) -> int:
     missing = set(meta.get("cells", [])) - set(df["cell_id"]) if "cell_id" in df else set()
     if missing:  # an interrupted run looked complete
         print(f"{len(missing)} of {len(meta['cells'])} cells of run {run.name} have no row "
-              "(interrupted, or still running): `burst-bench run <its spec> --out <its "
-              f"folder> --run-id {run.name}` resumes it")
+              f"(interrupted, or still running): `{_resume_command(run, meta)}` resumes it")
     return 0
+
+
+def _resume_command(run: Path, meta: dict) -> str:
+    """The command that resumes ``run``: its spec as the run recorded it, the results folder
+    it was written into (<out>/<sweep>/<run id>) and its id."""
+    spec = meta.get("source") or "<its spec>"
+    return f"burst-bench run {spec} --out {run.parent.parent} --run-id {run.name}"
 
 
 def _newest_without_rows(path: Path) -> Path | None:
@@ -194,11 +202,11 @@ def _newest_note(run: Path) -> str:
     from results import store
     from suites.executors import pending_jobs
 
-    cells = len(store.read_meta(run).get("cells", []))
+    meta = store.read_meta(run)
+    cells = len(meta.get("cells", []))
     jobs = len(pending_jobs(run, "slurm")) + len(pending_jobs(run, "local"))
     return (f"run {run.name} has no row yet ({cells} cells, {jobs} with submitted jobs not yet "
-            "collected): `burst-bench run <its spec> --out <its folder> --run-id "
-            f"{run.name}` collects and resumes it")
+            f"collected): `{_resume_command(run, meta)}` collects and resumes it")
 
 
 def _check_metrics(metrics) -> None:
@@ -217,6 +225,8 @@ def _cmd_compare(args) -> int:
     _check_metrics((args.metric,))
     if args.out and Path(args.out).is_dir():
         raise ValueError(f"--out {args.out} is a folder; give the path of the CSV to write")
+    if args.out and not Path(args.out).parent.is_dir():  # before the comparison, not after it
+        raise ValueError(f"--out {args.out}: no folder {Path(args.out).parent}")
     if args.fail_above is not None and not (args.fail_above >= 0 and args.fail_above < math.inf):
         raise ValueError(f"--fail-above {args.fail_above:g}: give a percentage >= 0")
 

@@ -188,9 +188,9 @@ def _skip_if_too_few_gpus(cells: list[Cell], run: Run, ctx: RunContext,
         return cells
     for c in cells:
         append_row(run.rows, failure_row(
-            c, f"needs {_gpus(c.world)} on this machine ({executor} executor), found {have}; run "
-               f"it on a machine with {_gpus(c.world)}, or with --executor slurm", ctx,
-            "skipped"))
+            c, f"needs {_gpus(c.world)} on this machine ({executor} executor), found {have}; "
+               f"resume the run with --retry-failed on a machine with {_gpus(c.world)}, or with "
+               "--executor slurm --retry-failed", ctx, "skipped"))
     return []
 
 

@@ -200,10 +200,14 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
             else set()
         queued = set(pending_jobs(resumed, "slurm")) - skip  # a dead driver's: not rerun
         ignore = skip | queued
-        todo = [c for c in cells if cell_problem(c) is None and c.cell_id not in ignore]
+        invalid = [c for c in cells if c.cell_id not in ignore and cell_problem(c) is not None]
+        todo = [c for c in cells if c.cell_id not in ignore and c not in invalid]
         if skip or queued:
             print(f"{len(skip)} cells already done, {len(queued)} with jobs of an earlier driver "
                   f"to collect, in {resumed}", file=stream)
+        for c in invalid:  # a skip_invalid method's cell: a skipped row, no job
+            print(f"# not submitted, a skipped row: [{c.cell_id}] {c.describe()}: "
+                  f"{cell_problem(c)}", file=stream)
         dry_run(todo, slurm=slurm, sweep=spec.name, folder=str(folder), stream=stream)
         return RunResult(None, None, 0)
 
@@ -374,10 +378,11 @@ def summary_text(table, spec: SweepSpec | None = None, *, baseline: str | None =
         key = (r["status"], r["label"], why if len(why) <= WHY_CHARS else why[:WHY_CHARS] + "...")
         failed.setdefault(key, []).append(f"{r['seq_len']}@{r['world']}")
     if failed:
+        simulated = "source" in table and (table["source"] == "simulated").all()
         parts.append("\n".join(f"{st}: {label} at seq_len@world {', '.join(at)}: {why}"
                                for (st, label, why), at in failed.items())
-                     + "\n(a resumed run counts these cells as done; --retry-failed runs "
-                       "them again)")
+                     + ("" if simulated else "\n(a resumed run counts these cells as done; "
+                        "--retry-failed runs them again)"))
     return "\n\n".join(parts)
 
 

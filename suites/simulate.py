@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             spec = load_spec(s)
             if a.gpus_per_node is not None:
-                spec = spec.on_nodes_of(a.gpus_per_node)
+                spec = spec.on_nodes_of(a.gpus_per_node, hw.gpus_per_node)
             rows = simulate_spec(spec, hw, a.out)
         except (SpecError, ValueError) as e:
             print(f"simulate {s}: {e}", file=sys.stderr)

@@ -219,11 +219,12 @@ class SweepSpec:
     def backend(self) -> str:
         return "nccl" if self.device == "cuda" else "gloo"
 
-    def on_nodes_of(self, gpus_per_node: int) -> SweepSpec:
+    def on_nodes_of(self, gpus_per_node: int, most: int | None = None) -> SweepSpec:
         """The same sweep with every scale on nodes of ``gpus_per_node`` GPUs, the same world
         (a world below it: one node of the world's GPUs). Options tied to the node (``"@node"``
         placeholders) follow; named ``<name>-<gpus_per_node>gpn``, so its rows never mix with
-        the spec's own. SpecError when a world does not split into such nodes."""
+        the spec's own. SpecError when a world does not split into such nodes (the valid sizes
+        it lists stop at ``most``, the GPUs a node has)."""
         if (isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int)
                 or gpus_per_node < 1):
             raise SpecError([f"gpus_per_node={gpus_per_node!r}: expected a whole number >= 1"],
@@ -232,8 +233,9 @@ class SweepSpec:
         for sc in self.scales:
             rpn = min(sc.world, gpus_per_node)
             if sc.world % rpn:
+                valid = [d for d in divisors(sc.world) if most is None or d <= most]
                 problems.append(f"world {sc.world} does not split into nodes of {gpus_per_node} "
-                                f"GPUs; valid: {', '.join(map(str, divisors(sc.world)))}")
+                                f"GPUs; valid: {', '.join(map(str, valid))}")
             scales.append(Scale(nodes=sc.world // rpn, ranks_per_node=rpn, seq_lens=sc.seq_lens))
         if problems:
             raise SpecError(sorted(set(problems)), self.name)

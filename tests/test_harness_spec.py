@@ -242,6 +242,18 @@ def test_dry_run_shows_the_per_run_job_folder(tmp_path, capsys):
     assert want in capsys.readouterr().out
 
 
+def test_dry_run_names_the_cells_that_will_be_skipped_rows(tmp_path, capsys):
+    """A skip_invalid method's impossible cell gets no job: the dry run left it out without a
+    word, so its total disagreed with `burst-bench list` (found by a CLI audit)."""
+    assert cli.main(["run", "paper_main_7b", "--executor", "dry-run", "--out",
+                     str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    skipped = [line for line in out.splitlines() if line.startswith("# not submitted")]
+    assert len(skipped) == 1 and "Deepspeed-Ulysses" in skipped[0]
+    assert "does not divide 32 query heads" in skipped[0]
+    assert "# total: 19 cells" in out and len(expand(load_spec("paper_main_7b"))) == 20
+
+
 def test_dry_run_of_a_resumed_sweep_counts_only_what_is_left(tmp_path):
     """The GPU-hours a dry run prints are those of the cells the resumed run has not done."""
     from suites.run import _spec_hash, run_sweep
@@ -465,7 +477,15 @@ def test_cli_user_errors_are_messages_not_tracebacks(tmp_path, capsys):
             (["run", str(_write(tmp_path, GOOD_TINY)), "--out", str(d / "rows.jsonl")],
              "is a file, not a folder"),
             (["run", str(_binary(tmp_path / "bin.toml")), "--executor", "dry-run"],
-             "bin.toml: 1 problem:\n  - not UTF-8 text")):
+             "bin.toml: 1 problem:\n  - not UTF-8 text"),
+            # found by a CLI audit: a CSV into a missing folder failed after the comparison
+            # (exit 1, pandas' message); a file as --job-folder failed inside submitit; a
+            # file as --dir was "no such folder"
+            (["compare", str(d), str(d), "--out", str(tmp_path / "nodir" / "c.csv")],
+             "no folder"),
+            (["run", str(_write(tmp_path, GOOD_TINY)), "--executor", "dry-run",
+              "--job-folder", str(d / "rows.jsonl")], "--job-folder"),
+            (["list", "--dir", str(d / "rows.jsonl")], "a file, not a folder")):
         assert cli.main(argv) == 2, argv
         assert msg in capsys.readouterr().err, argv
     assert not (tmp_path / "escaped").exists() and not (tmp_path / "abs").exists()
@@ -730,9 +750,14 @@ def test_a_broken_run_file_is_named_and_does_not_block_the_sweep(tmp_path, capsy
 def test_show_says_which_cells_of_an_interrupted_run_have_no_row(tmp_path, capsys):
     """A run stopped by SIGTERM showed a clean table of the cells it reached, exit 0."""
     d = _run_dir(tmp_path, "20250101T000000Z-1", _rows([("ring", 64, 2.0, "ok")]))
-    store.write_meta(d, {"baseline": "ring", "cells": ["ring-64", "burst-64", "ring-128"]})
+    store.write_meta(d, {"baseline": "ring", "cells": ["ring-64", "burst-64", "ring-128"],
+                         "source": "my/spec.toml"})
     assert cli.main(["show", str(d)]) == 0
-    assert "2 of 3 cells of run 20250101T000000Z-1 have no row" in capsys.readouterr().out
+    # the command that resumes it, spelt out: the results folder is the one above the sweep's
+    # (it said `--out <its folder>`, which read as the run folder and nested a second run)
+    assert ("2 of 3 cells of run 20250101T000000Z-1 have no row (interrupted, or still "
+            f"running): `burst-bench run my/spec.toml --out {tmp_path} --run-id "
+            "20250101T000000Z-1` resumes it") in capsys.readouterr().out
 
 
 def test_run_exit_code_signals_and_disk_errors(tmp_path, monkeypatch, capsys):
@@ -889,13 +914,16 @@ def test_a_cell_without_its_gpus_is_skipped_and_the_summary_gives_the_whole_reas
     ctx = RunContext("r", "inline", "{}", None, None)
     assert _skip_if_too_few_gpus(expand(spec), run, ctx) == []
     (row,) = store.read_rows(run.rows)
-    why = ("needs 1 GPU on this machine (inline executor), found 0; run it on a machine with "
-           "1 GPU, or with --executor slurm")
+    why = ("needs 1 GPU on this machine (inline executor), found 0; resume the run with "
+           "--retry-failed on a machine with 1 GPU, or with --executor slurm --retry-failed")
     assert row["status"] == "skipped" and row["error"] == why
     table = store.consolidate(run.dir)
     assert f"skipped: ring at seq_len@world 64@1: {why}\n" in summary_text(table)
     long = table.assign(error="x" * (WHY_CHARS + 1))
     assert f": {'x' * WHY_CHARS}...\n" in summary_text(long)
+    # a simulation has no resume: its summary does not offer --retry-failed
+    assert "--retry-failed" in summary_text(table.assign(error="oom"))
+    assert "--retry-failed" not in summary_text(table.assign(error="oom", source="simulated"))
 
 
 def test_an_attention_key_in_a_train_step_method_names_its_workload(tmp_path):
@@ -1076,7 +1104,7 @@ def test_show_names_a_newest_run_that_has_no_row_yet(tmp_path, capsys):
     store.append_row(new / "jobs.jsonl", {"cell_id": "a", "job_id": "5_0", "kind": "slurm"})
     (new / store.ROWS).write_bytes(b'{"cell_id": "a", "sta')  # a torn first row is no row
     note = ("run 20250102T000000Z-2 has no row yet (3 cells, 1 with submitted jobs not yet "
-            "collected): `burst-bench run <its spec> --out <its folder> --run-id "
+            f"collected): `burst-bench run <its spec> --out {tmp_path} --run-id "
             "20250102T000000Z-2` collects and resumes it")
     assert cli.main(["show", str(new)]) == 0
     assert capsys.readouterr().out.strip() == note

@@ -1564,7 +1564,8 @@ def test_a_spec_placed_on_other_nodes_keeps_its_world(capsys, tmp_path):
     assert main(["paper_kernel_32gpu", "--gpus-per-node", "4", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "paper_kernel_32gpu-4gpn" / "simulated-a800" / "rows.jsonl").exists()
     assert main(["paper_kernel_32gpu", "--gpus-per-node", "3"]) == 2
-    assert "does not split into nodes of 3" in capsys.readouterr().err
+    # the sizes it offers are those the profile's nodes hold (it listed 16 and 32 on a800)
+    assert "does not split into nodes of 3 GPUs; valid: 1, 2, 4, 8\n" in capsys.readouterr().err
     # more GPUs per node than the profile's nodes have: refused once, not an error row per cell
     (tmp_path / "file").write_text("")
     for argv, why in ((["--gpus-per-node", "16"], "the a800 profile has 8 GPUs per node"),
