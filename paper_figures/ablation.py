@@ -45,9 +45,20 @@ def speedups(values: list[float]) -> list[float]:
     return [float("nan") if base is None or pd.isna(v) else v / base for v in values]
 
 
-def make(tables):
+def _rows(tables) -> pd.DataFrame:
     df = rows_for(tables, "train_step")
-    df = df[df["sweep"] == SWEEP].copy()
+    return df[df["sweep"] == SWEEP].copy()
+
+
+def drawn_rows(tables) -> pd.DataFrame:
+    """The rows of ``SWEEP`` the figure draws: the A800 simulation's (measured rows are not
+    drawn)."""
+    df = _rows(tables)
+    return df[df["source"] == "simulated"]
+
+
+def make(tables):
+    df = _rows(tables)
     lens = sorted(df["seq_len"].unique()) if len(df) else []
     fig, axes = new_figure(max(1, len(lens)), 2, width=4.0, height=3.0)
     if not len(df):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from paper_figures.common import fmt_tokens, new_figure, note_empty
+from paper_figures.common import fmt_tokens, legend, new_figure, note_empty
 from paper_figures.palette import MODEL_COLORS
 
 NAME = "attention_share"
@@ -29,6 +29,6 @@ def make(tables):
     ax.set_xlabel("sequence length (tokens)")
     ax.set_ylabel("attention share of FLOPs (%)")
     ax.set_ylim(0, 100)
-    ax.legend(fontsize=7)
+    legend(ax, fontsize=7)
     fig.tight_layout()
     return fig, df

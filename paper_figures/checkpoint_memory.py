@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from paper_figures.common import fmt_tokens, new_figure, note_empty
+from paper_figures.common import fmt_tokens, legend, new_figure, note_empty
 from paper_figures.palette import MODE_COLORS
 from suites.hardware import GIB, load
 
@@ -37,6 +37,6 @@ def make(tables):
         ax.set_xlabel(f"sequence length (tokens), {int(df['world'].iloc[0])} GPUs")
         ax.set_ylabel("checkpointed activations per GPU (GiB)" if j == 0 else "")
         ax.set_title(model.upper(), fontsize=9)
-        ax.legend(fontsize=7)
+        legend(ax, fontsize=7)
     fig.tight_layout()
     return fig, df

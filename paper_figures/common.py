@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import matplotlib
@@ -12,7 +13,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-__all__ = ["MFU_LABEL", "OUT", "fmt_tokens", "new_figure", "note_empty", "save", "seq_label"]
+__all__ = ["MFU_LABEL", "OUT", "fmt_tokens", "legend", "new_figure", "note_empty", "save",
+           "seq_label", "wrap_path"]
 
 OUT = Path(__file__).resolve().parent / "out"
 # the MFU every figure draws: burst.flops' model_flops_causal (the paper's convention)
@@ -38,6 +40,24 @@ def fmt_tokens(x, _pos=None) -> str:
 
 def note_empty(ax, text: str = "no rows for this panel") -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="0.4")
+
+
+def wrap_path(path: str, width: int = 36) -> str:
+    """A folder's path in lines of about ``width`` characters, broken after a '/' (a long
+    --results path in a panel's note must not widen the panel)."""
+    lines = [""]
+    for piece in re.findall(r"[^/]*/|[^/]+$", str(path)):  # each part with its '/'
+        if lines[-1] and len(lines[-1]) + len(piece) > width:
+            lines.append("")
+        lines[-1] += piece
+    return "\n".join(lines)
+
+
+def legend(ax, **kw):
+    """The axes' legend, only where something is labelled (else matplotlib warns "No artists
+    with labels found", and a figure of no series gets an empty legend box)."""
+    handles, _ = ax.get_legend_handles_labels()
+    return ax.legend(**kw) if handles else None
 
 
 def save(fig, data: pd.DataFrame, name: str, out: Path | str = OUT) -> list[Path]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import pandas as pd
 
 from paper_figures._bars import mark_failures
-from paper_figures.common import new_figure, note_empty, seq_label
+from paper_figures.common import new_figure, note_empty, seq_label, wrap_path
 from paper_figures.palette import ORDER, series_color
 from suites.hardware import GIB
 
@@ -78,6 +78,18 @@ def _rows(tables, sweep: str) -> pd.DataFrame:
     # a row without a byte count is missing, not zero (results/README.md)
     df["bytes"] = df["bytes_sent_forward"] + df["bytes_sent_backward"]
     return df
+
+
+def _drawn(df: pd.DataFrame) -> bool:
+    """A sweep's panels are drawn when it has a measured row (the formula's lines alone are
+    not a measurement)."""
+    return bool(len(df)) and bool((df["source"] == "measured").any())
+
+
+def drawn_rows(tables) -> pd.DataFrame:
+    """The rows of ``SWEEP`` and ``LONG`` the figure draws (none of a sweep not measured)."""
+    parts = [d for d in (_rows(tables, s) for s in (SWEEP, LONG)) if _drawn(d)]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["sweep"])
 
 
 def _by_label(df: pd.DataFrame):
@@ -198,10 +210,10 @@ def make(tables):
     styles = series_styles([(lab, d["system"].iloc[0]) for lab, d in _by_label(every)])
     for ax_row, sweep, draw in ((axes[0], SWEEP, _scaling), (axes[1], LONG, _long)):
         df = frames[sweep]
-        if not len(df) or not (df["source"] == "measured").any():
+        if not _drawn(df):
             for ax in ax_row:
-                note_empty(ax, f"no measured CPU sweep {sweep} in results/ yet\n"
-                               f"(burst-bench run {sweep})")
+                note_empty(ax, f"no measured CPU sweep {sweep} in\n{wrap_path(tables.where())} "
+                               f"yet\n(burst-bench run {sweep})")
             continue
         rows += [dict(r, sweep=sweep) for r in draw(ax_row, df, styles)]
     fig.suptitle("Measured on local CPU ranks (gloo), next to the simulator's byte formula (at "

@@ -11,7 +11,7 @@ import pandas as pd
 
 from burst.flops import BACKWARD_OVER_FORWARD
 from paper_figures._bars import line_labels, mark_failures, rows_for
-from paper_figures.common import fmt_tokens, new_figure, note_empty
+from paper_figures.common import fmt_tokens, legend, new_figure, note_empty
 from paper_figures.palette import SOURCE_MARKERS, series_color
 
 NAME = "kernel_tflops"
@@ -36,9 +36,19 @@ def shape(df: pd.DataFrame) -> str:
             f"{_one(df['dtype'], lambda v: DTYPES.get(v, str(v)))}")
 
 
-def make(tables):
+def _rows(tables) -> pd.DataFrame:
     df = rows_for(tables, "attention")
-    df = df[(df["world"] == 32) & ((df["sweep"] == SWEEP) | (df["source"] == "paper"))]
+    return df[(df["world"] == 32) & ((df["sweep"] == SWEEP) | (df["source"] == "paper"))]
+
+
+def drawn_rows(tables) -> pd.DataFrame:
+    """The rows of ``SWEEP`` the figure draws (simulated on the A800, measured on A800s)."""
+    df = _rows(tables)
+    return df[df["source"] != "paper"]
+
+
+def make(tables):
+    df = _rows(tables)
     fig, axes = new_figure(1, 1, width=5.2, height=3.6)
     ax = axes[0][0]
     if not len(df):
@@ -79,7 +89,7 @@ def make(tables):
     ax.set_xlabel("sequence length (tokens), 32 GPUs")
     ax.set_ylabel("attention TFLOP/s per GPU")
     ax.set_ylim(0, None)
-    ax.legend(fontsize=7, loc="center right")
+    legend(ax, fontsize=7, loc="center right")
     ax.set_title(f"Attention forward+backward, {shape(df)}: simulated (lines), published "
                  "(\u25c6);\nTFLOP/s: flash-attention convention (backward = "
                  f"{BACKWARD_OVER_FORWARD:g} \u00d7 forward, causal = half of N\u00b2); at the "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from burst.engine.fused_loss import LOSS_CHUNK
-from paper_figures.common import fmt_tokens, new_figure, note_empty
+from paper_figures.common import fmt_tokens, legend, new_figure, note_empty
 from paper_figures.palette import MODEL_COLORS
 from suites.hardware import GIB, load
 from suites.implementations import Implementation
@@ -37,6 +37,6 @@ def make(tables):
     # the counting rule the crossover depends on (suites.memory_model.head_bytes)
     ax.set_title(f"plain: N/G x V logits at {Implementation.logits_bytes:g} B (fp32 + fp32 grad); "
                  f"fused: one chunk of {LOSS_CHUNK} tokens", fontsize=7)
-    ax.legend(fontsize=7)
+    legend(ax, fontsize=7)
     fig.tight_layout()
     return fig, df

@@ -17,9 +17,22 @@ METRICS = (("tokens_per_s", "tokens/s per GPU", 1.0),
            ("mfu_model_flops_causal", MFU_LABEL, 100.0))
 
 
-def make(tables):
+def _rows(tables) -> pd.DataFrame:
     df = rows_for(tables, "train_step")
-    df = df[df["sweep"].isin(SWEEPS) | (df["source"] == "paper")]
+    return df[df["sweep"].isin(SWEEPS) | (df["source"] == "paper")]
+
+
+def drawn_rows(tables) -> pd.DataFrame:
+    """The rows of ``SWEEPS`` the figure draws: its panels' (simulated on the A800, measured on
+    A800s), at each panel's length."""
+    df = _rows(tables)
+    parts = [d for d in (panel_rows(df, model, world) for model, world in PANELS) if len(d)]
+    df = pd.concat(parts, ignore_index=True) if parts else df.iloc[0:0]
+    return df[df["source"] != "paper"]
+
+
+def make(tables):
+    df = _rows(tables)
     fig, axes = new_figure(len(PANELS), len(METRICS), width=3.6, height=3.4)
     plotted = []
     for j, (model, world) in enumerate(PANELS):

@@ -3,9 +3,10 @@
     python -m paper_figures [--results results] [--out paper_figures/out] [--only NAME ...]
 
 The simulated tables come from ``make figures`` (the simulator on the paper sweeps, then the
-analytic breakdowns); measured tables are whatever the harness wrote under results/. A figure
-whose tables are absent is still drawn, with a note, so the set is always complete; a results
-folder with no table at all is refused (every figure would be empty).
+analytic breakdowns); measured tables are whatever the harness wrote under results/ (a row is
+measured, simulated or published by its ``source`` column, wherever it lies). A figure whose
+tables are absent is still drawn, with a note (``undrawn``: one line per figure), so the set is
+always complete; a results folder with no table at all is refused (every figure would be empty).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+
+import pandas as pd
 
 from paper_figures import (
     ablation,
@@ -28,7 +31,7 @@ from paper_figures import (
 from paper_figures.common import OUT, save
 from paper_figures.tables import RESULTS, Tables, load_tables
 
-__all__ = ["FIGURES", "main", "render_all"]
+__all__ = ["FIGURES", "main", "render_all", "undrawn", "unused_sweeps"]
 
 FIGURES = (main_throughput, memory_bars, ablation, weak_scaling, kernel_tflops,
            attention_share, logits_memory, checkpoint_memory, cpu_sweep)
@@ -45,14 +48,71 @@ def render_all(tables: Tables, out: Path | str = OUT, only: list[str] | None = N
     return done
 
 
+def sweeps_of(mod) -> list[str]:
+    """The sweeps one figure reads (its SWEEP, SWEEPS, LONG), in that order."""
+    out: list[str] = []
+    for attr in ("SWEEP", "SWEEPS", "LONG"):
+        v = getattr(mod, attr, None)
+        out += [v] if isinstance(v, str) else list(v or ())
+    return out
+
+
 def drawn_sweeps() -> set[str]:
     """The sweeps the figures read (each module's SWEEP, SWEEPS, LONG)."""
-    out: set[str] = set()
-    for mod in FIGURES:
-        for attr in ("SWEEP", "SWEEPS", "LONG"):
-            v = getattr(mod, attr, None)
-            out.update([v] if isinstance(v, str) else v or ())
+    return {s for mod in FIGURES for s in sweeps_of(mod)}
+
+
+# what a sweep figure draws of its sweeps (``drawn_rows``), unless the module says (DRAWS)
+DRAWS = "the a800 simulation and runs measured on A800 GPUs"
+
+
+def _found(tables, sweeps: list[str]) -> list[str]:
+    """Where the rows of ``sweeps`` that were loaded come from: 'simulated on h200', ..."""
+    out = []
+    for src, df in (("simulated", tables.simulated), ("measured", tables.measured)):
+        if df is None or not len(df) or "sweep" not in df:
+            continue
+        d = df[df["sweep"].isin(sweeps)]
+        for hw in dict.fromkeys(d.get("hardware", pd.Series(dtype=object)).fillna("?")
+                                .astype(str)):
+            out.append(f"{src} on {hw}")
     return out
+
+
+def undrawn(tables, only: list[str] | None = None) -> list[str]:
+    """One note per figure (of ``only``, default all) that has nothing to draw of a sweep it
+    reads, or no breakdowns: the figure is still written, but a reader of the command's output
+    must not take it for drawn (rows simulated on another profile, measured elsewhere, or
+    absent)."""
+    where = tables.where()
+    simulated = f"{where}simulated" if tables.root is not None else "results/simulated"
+    notes, analytic = [], []
+    for mod in FIGURES:
+        if only and mod.NAME not in only:
+            continue
+        sweeps = sweeps_of(mod)
+        if not sweeps:  # the analytic figures (suites.breakdowns)
+            if not len(tables.breakdowns):
+                analytic.append(mod.NAME)
+            continue
+        drawn = mod.drawn_rows(tables)
+        have = set(drawn["sweep"].dropna().astype(str)) if len(drawn) else set()
+        missing = [s for s in sweeps if s not in have]
+        if not missing:
+            continue
+        found = _found(tables, missing)
+        why = (f" (its rows there are {', '.join(found)}; the figure draws "
+               f"{getattr(mod, 'DRAWS', DRAWS)})" if found else "")
+        hint = "; ".join(f"burst-bench run {s}" if mod is cpu_sweep else
+                         f"burst-bench simulate {s} --hardware a800 --out {simulated}"
+                         for s in missing)
+        notes.append(f"{mod.NAME}: nothing of sweep(s) {', '.join(missing)} to draw in "
+                     f"{where}{why}; drawn without {'it' if len(missing) == 1 else 'them'} "
+                     f"({hint})")
+    if analytic:
+        notes.append(f"{', '.join(analytic)}: no breakdowns.csv in {simulated}; drawn empty "
+                     f"(python -m suites.breakdowns --out {simulated}/breakdowns.csv)")
+    return notes
 
 
 def unused_sweeps(tables) -> list[str]:
@@ -84,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"unknown figure(s) {bad}; valid: {', '.join(names)}")
     if not Path(a.results).is_dir():
-        ap.error(f"--results {a.results}: no such folder")
+        ap.error(f"--results {a.results}: " + ("a file, not a folder" if Path(a.results).exists()
+                                                 else "no such folder"))
     if Path(a.out).exists() and not Path(a.out).is_dir():
         ap.error(f"--out {a.out} is a file, not a folder")
     tables = load_tables(a.results)
@@ -92,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--results {a.results} holds no result table (no sweep run, nothing simulated):"
                  " every figure would be empty; `make figures` simulates the paper's sweeps "
                  "into results/simulated and draws them")
-    for note in tables.notes + unused_sweeps(tables):
+    for note in tables.notes + unused_sweeps(tables) + undrawn(tables, a.only):
         print(f"note: {note}", file=sys.stderr)
     done = render_all(tables, a.out, a.only)
     for name, paths in done.items():

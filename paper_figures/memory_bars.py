@@ -17,6 +17,13 @@ PANELS = (("7b", 32), ("7b", 64), ("14b", 32), ("14b", 64))
 YMAX_GIB = 160.0  # about twice an A800's memory: predicted peaks above it are clipped
 
 
+def drawn_rows(tables) -> pd.DataFrame:
+    """The rows of ``SWEEPS`` the figure draws: those of main_throughput's panels."""
+    from paper_figures import main_throughput
+
+    return main_throughput.drawn_rows(tables)
+
+
 def make(tables):
     df = rows_for(tables, "train_step")
     df = df[df["sweep"].isin(SWEEPS) | (df["source"] == "paper")].copy()

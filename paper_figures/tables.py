@@ -6,12 +6,16 @@
 
 ``system`` is the paper's system name when a row reproduces one (spec JSON ``paper``), else the
 registry method: it picks the colour (``palette``) and lines rows of different sources up.
+A row is measured, simulated or published by its ``source`` column (the schema's provenance),
+wherever its run lies: ``results/simulated/`` is only where ``make figures`` puts the simulated
+runs (a row without a source is taken from where it lies: simulated there, measured elsewhere).
 Everything here only reads files; figures are pure functions of a ``Tables``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +27,8 @@ __all__ = ["RESULTS", "Tables", "add_system", "load_tables"]
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 SIMULATED = "simulated"  # results/simulated/<sweep>/simulated-<hardware>/table.csv
-SKIP = {SIMULATED, "paper_reference", "__pycache__"}
+SKIP = {"paper_reference", "__pycache__"}
+SOURCES = ("measured", "simulated", "paper")  # the schema's ``source`` values, Tables' frames
 
 
 def _empty() -> pd.DataFrame:
@@ -38,6 +43,19 @@ class Tables:
     breakdowns: pd.DataFrame = field(default_factory=pd.DataFrame)
     notes: list[str] = field(default_factory=list)
     """What loading left out that a reader should know (older runs with more rows)."""
+    root: Path | None = None
+    """The results folder the tables were read from (None: tables built by hand)."""
+
+    def where(self) -> str:
+        """The folder read, as a figure or a note names it (relative to the working directory
+        when inside it)."""
+        if self.root is None:
+            return "the tables given"
+        try:
+            rel = Path(os.path.relpath(Path(self.root).resolve(), Path.cwd()))
+        except ValueError:  # another drive
+            return f"{self.root}/"
+        return f"{self.root if rel.parts[:1] == ('..',) else rel}/"
 
 
 def _system(row) -> str:
@@ -54,18 +72,38 @@ def add_system(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def _frames(runs: list[Path]) -> pd.DataFrame:
+def _concat(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    return add_system(pd.concat(parts, ignore_index=True)) if parts else _empty()
+
+
+def _frames(runs: list[Path], results: Path) -> tuple[dict[str, list[pd.DataFrame]],
+                                                      set[Path]]:
+    """The rows of ``runs`` per source (``SOURCES``), by each row's ``source`` column; a row
+    without one is simulated under ``results/simulated``, else measured. Also the runs that
+    gave simulated rows."""
     from results import store
 
-    parts = []
+    parts: dict[str, list[pd.DataFrame]] = {k: [] for k in SOURCES}
+    simulated_runs = set()
     for run in runs:
         try:  # from its rows, as burst-bench show reads it (a table may lag behind its rows)
-            parts.append(store.load(run))
+            df = store.load(run)
         except (OSError, ValueError, pd.errors.EmptyDataError):
             continue
-    if not parts:
-        return _empty()
-    return add_system(pd.concat(parts, ignore_index=True))
+        fallback = "simulated" if results / SIMULATED in run.parents else "measured"
+        if not len(df):
+            parts[fallback].append(df)
+            continue
+        src = df["source"] if "source" in df else pd.Series(None, index=df.index, dtype=object)
+        src = src.where(src.notna() & (src.astype(str) != ""), fallback).astype(str)
+        src = src.where(src.isin(SOURCES), "measured")  # any other provenance: not ours
+        for kind in SOURCES:
+            sel = src == kind
+            if sel.any():
+                parts[kind].append(df[sel])
+        if (src == "simulated").any():
+            simulated_runs.add(run)
+    return parts, simulated_runs
 
 
 def _row_count(run: Path) -> int:
@@ -96,20 +134,26 @@ def _run_hardware(run: Path) -> str:
     return ""
 
 
-def _latest_tables(root: Path, notes: list[str]) -> list[Path]:
+def _latest_tables(root: Path, notes: list[str], depth: int = 1) -> list[Path]:
     """The latest run folder of every sweep folder under ``root``, per hardware
     (``_run_hardware``: a run on another profile or GPU does not hide the A800 one): the
     run ``results.store.latest_run`` picks (by creation time, not name), so a figure never shows
     an older run than ``burst-bench show``. Runs are never mixed; an older run with more rows
-    than the one shown is named in ``notes``."""
+    than the one shown is named in ``notes``. A folder without runs is a folder of sweep
+    folders (``results/simulated``, or any other: ``simulate --out``), ``depth`` levels down."""
     from results import store
 
     if not root.is_dir():
         return []
     out = []
     for sweep in sorted(p for p in root.iterdir() if p.is_dir() and p.name not in SKIP):
+        found = store.runs_by_time(sweep)
+        if not found:
+            if depth > 0:
+                out += _latest_tables(sweep, notes, depth - 1)
+            continue
         by_hw: dict[str, list[Path]] = {}
-        for run in store.runs_by_time(sweep):
+        for run in found:
             by_hw.setdefault(_run_hardware(run), []).append(run)
         for runs in by_hw.values():
             counts = {r: _row_count(r) for r in runs}
@@ -125,25 +169,44 @@ def _latest_tables(root: Path, notes: list[str]) -> list[Path]:
 PAPER_PROFILE = "a800"  # the paper's cluster: the profile its figures draw
 
 
-def load_tables(results: Path | str = RESULTS) -> Tables:
+def _published(extra: list[pd.DataFrame]) -> pd.DataFrame:
+    """The reference tables' published rows (``results.paper``), and rows with
+    ``source=paper`` found in the results folder that are not one of them."""
     from results.paper import paper_rows
 
+    paper = add_system(pd.DataFrame(paper_rows()))
+    if not extra:
+        return paper
+    keys = ["workload", "model", "world", "seq_len", "label", "checkpointing"]
+    more = _concat(extra)
+    known = set(map(tuple, paper.reindex(columns=keys).astype(str).to_numpy()))
+    new = [tuple(k) not in known for k in more.reindex(columns=keys).astype(str).to_numpy()]
+    return pd.concat([paper, more[new]], ignore_index=True)
+
+
+def load_tables(results: Path | str = RESULTS) -> Tables:
     results = Path(results)
     if not results.is_dir():
         raise FileNotFoundError(f"no results folder {results}")
     breakdowns = results / SIMULATED / "breakdowns.csv"
+    if not breakdowns.exists() and (results / "breakdowns.csv").exists():
+        breakdowns = results / "breakdowns.csv"  # --results results/simulated
     notes: list[str] = []
-    simulated = _frames(_latest_tables(results / SIMULATED, notes))
+    parts, simulated_runs = _frames(_latest_tables(results, notes), results)
+    simulated = _concat(parts["simulated"])
     if len(simulated) and "hardware" in simulated:
         profiles = sorted(set(simulated["hardware"].dropna().astype(str)))
         if PAPER_PROFILE not in profiles:  # the figures drew empty, with no word why
+            held = (results / SIMULATED if all(results / SIMULATED in r.parents
+                                               for r in simulated_runs) else results)
             notes.append(f"the paper's figures draw the {PAPER_PROFILE} simulation (the "
-                         f"paper's cluster); {results / SIMULATED} holds only "
+                         f"paper's cluster); {held} holds only "
                          f"{', '.join(profiles)}: simulate --hardware {PAPER_PROFILE} there")
     return Tables(
-        paper=add_system(pd.DataFrame(paper_rows())),
+        paper=_published(parts["paper"]),
         simulated=simulated,
-        measured=_frames(_latest_tables(results, notes)),
+        measured=_concat(parts["measured"]),
         breakdowns=pd.read_csv(breakdowns) if breakdowns.exists() else pd.DataFrame(),
         notes=notes,
+        root=results,
     )

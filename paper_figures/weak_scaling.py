@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from paper_figures._bars import line_labels, mark_failures, rows_for
-from paper_figures.common import MFU_LABEL, new_figure, note_empty
+from paper_figures.common import MFU_LABEL, legend, new_figure, note_empty
 from paper_figures.palette import SOURCE_MARKERS, series_color
 
 NAME = "weak_scaling"
@@ -15,9 +15,14 @@ SWEEP = "paper_weak_scaling"
 METRICS = (("tokens_per_s", "tokens/s per GPU"), ("mfu_model_flops_causal", MFU_LABEL))
 
 
-def make(tables):
+def drawn_rows(tables) -> pd.DataFrame:
+    """The rows of ``SWEEP`` the figure draws (simulated on the A800, measured on A800s)."""
     df = rows_for(tables, "train_step")
-    df = df[df["sweep"] == SWEEP]
+    return df[df["sweep"] == SWEEP]
+
+
+def make(tables):
+    df = drawn_rows(tables)
     fig, axes = new_figure(2, 1, width=4.4, height=3.4)
     if not len(df):
         for ax in axes[0]:
@@ -58,7 +63,7 @@ def make(tables):
                 ax.set_ylim(bottom=low / 2.5)
         else:
             ax.set_ylim(0, None)
-    axes[0][0].legend(fontsize=7)
+    legend(axes[0][0], fontsize=7)
     fig.suptitle("Weak scaling, 7B, simulated on A800 nodes (at the floor: \u00d7 out of memory, "
                  "\u25cb cannot run, \u25b3 error, \u25bd timeout)", fontsize=10)
     fig.tight_layout()

@@ -276,7 +276,9 @@ def test_loading_keeps_each_profiles_latest_run_and_refuses_a_missing_folder(tmp
                                                    "NVIDIA H100 80GB HBM3"]
     # a missing folder, and one without any table (every figure would be empty), are refused
     (tmp_path / "empty").mkdir()
-    for folder, why in (("no_such_folder", "no such folder"), ("empty", "holds no result table")):
+    (tmp_path / "a_file").write_text("")
+    for folder, why in (("no_such_folder", "no such folder"), ("empty", "holds no result table"),
+                        ("a_file", "a file, not a folder")):
         with pytest.raises(SystemExit) as e:
             main(["--results", str(tmp_path / folder), "--out", str(tmp_path / "o")])
         assert e.value.code == 2 and not (tmp_path / "o").exists()
@@ -699,3 +701,96 @@ def test_published_rows_take_the_profiles_peak_and_the_models_shapes():
         if r["workload"] == "train_step":
             cfg = get_config(r["model"])
             assert (r["heads"], r["head_dim"]) == (cfg.num_heads, cfg.head_dim)
+
+
+# ---- provenance by the source column, and a word for every figure that has nothing to draw
+
+def test_rows_are_measured_or_simulated_by_their_source_column_not_their_folder(tmp_path,
+                                                                                capsys):
+    """`simulate --out sim` then `figures --results sim`: the simulated rows were read as
+    measured, dropped from every figure, and the command said nothing (a legend warning only)."""
+    import warnings
+
+    from paper_figures.make import main
+    from paper_figures.tables import load_tables
+    from results import store
+    from suites.simulate import simulate_spec
+
+    simulate_spec("paper_kernel_32gpu", "h200", tmp_path / "sim")
+    simulate_spec("paper_kernel_32gpu", "a800", tmp_path / "a800")
+    tables = load_tables(tmp_path / "sim")
+    assert len(tables.simulated) == 16 and not len(tables.measured)
+    assert set(tables.simulated["hardware"]) == {"h200"}
+    assert any("holds only h200" in n for n in tables.notes), tables.notes
+    # one level further down (a folder of sweep folders, as results/simulated is), read too
+    assert len(load_tables(tmp_path).simulated) == 32
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="No artists with labels")
+        assert main(["--results", str(tmp_path / "sim"), "--out", str(tmp_path / "f"),
+                     "--only", "kernel_tflops"]) == 0
+    err = capsys.readouterr().err
+    assert "kernel_tflops: nothing of sweep(s) paper_kernel_32gpu to draw" in err, err
+    assert "simulated on h200" in err and "no figure draws" not in err, err
+    # on the paper's profile the same layout is drawn: lines, and no note
+    assert main(["--results", str(tmp_path / "a800"), "--out", str(tmp_path / "g"),
+                 "--only", "kernel_tflops"]) == 0
+    assert "kernel_tflops" not in capsys.readouterr().err
+    kern = pd.read_csv(tmp_path / "g" / "kernel_tflops.csv")
+    assert (kern["source"] == "simulated").sum() == 16
+    # a row without a source keeps the folder's meaning: simulated under results/simulated
+    row = {k: v for k, v in simulate_spec("paper_kernel_32gpu", "a800")[0].items()
+           if k != "source"}
+    for where in ("simulated/mine", "mine"):
+        run = tmp_path / "res" / where / "run0"
+        run.mkdir(parents=True)
+        store.append_row(run / store.ROWS, row)
+    tables = load_tables(tmp_path / "res")
+    assert len(tables.simulated) == 1 and len(tables.measured) == 1
+
+
+def test_a_figure_with_nothing_to_draw_says_so(fixture_tables):
+    from paper_figures.make import undrawn
+
+    assert undrawn(fixture_tables) == []
+    sim = fixture_tables.simulated.assign(hardware="h100")
+    notes = undrawn(_with(fixture_tables, simulated=sim), only=["kernel_tflops", "cpu_sweep"])
+    (kern,) = notes  # the CPU figure draws its measured rows still
+    assert kern.startswith("kernel_tflops: nothing of sweep(s) paper_kernel_32gpu to draw")
+    assert "simulated on h100" in kern
+    notes = undrawn(Tables(paper=fixture_tables.paper))
+    names = {n.split(":")[0] for n in notes}
+    assert names == {"main_throughput", "memory_bars", "ablation", "weak_scaling",
+                     "kernel_tflops", "cpu_sweep",
+                     "attention_share, logits_memory, checkpoint_memory"}, notes
+    assert all("\n" not in n for n in notes)
+
+
+def test_no_legend_warning_from_a_figure_without_labelled_series(fixture_tables, tmp_path):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="No artists with labels")
+        render_all(Tables(paper=fixture_tables.paper), tmp_path)
+        render_all(Tables(), tmp_path)
+
+
+def test_the_cpu_figure_names_the_folder_it_read(fixture_tables, tmp_path):
+    """Its empty panels said 'no measured CPU sweep ... in results/' whatever --results read."""
+    import warnings
+
+    from paper_figures import cpu_sweep
+    from paper_figures.tables import load_tables
+
+    (tmp_path / "r2" / "simulated").mkdir(parents=True)
+    fixture_tables.breakdowns.to_csv(tmp_path / "r2" / "simulated" / "breakdowns.csv")
+    tables = load_tables(tmp_path / "r2")
+    with warnings.catch_warnings():  # a long path must not widen the panel
+        warnings.filterwarnings("error", message="Tight layout not applied")
+        fig, _ = cpu_sweep.make(tables)
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    folder = f"{tmp_path / 'r2'}/"
+    assert len(texts) == 4 and all(folder in t.replace("\n", "") for t in texts), texts
+    assert not any("results/" in t for t in texts)
+    from paper_figures.common import wrap_path
+
+    assert wrap_path("/a/bb/ccc/d", 6) == "/a/bb/\nccc/d" and wrap_path("x/", 6) == "x/"
