@@ -45,6 +45,7 @@ from burst.engine.attention_call import resolve_attention  # noqa: E402
 from burst.engine.checkpointing import check_mode  # noqa: E402
 from burst.engine.parallel import DATA_PARALLEL, cp_degree_ok  # noqa: E402
 from burst.engine.trainer import DTYPES, OPTIMIZERS, seq_len_problems  # noqa: E402
+from burst.layout import chunks_per_rank  # noqa: E402
 from burst.masks import MaskSpec  # noqa: E402
 from burst.spawn import spawn  # noqa: E402
 
@@ -117,6 +118,11 @@ def _identity(args: dict, world: int) -> dict:
             "global_batch": args["batch"] * dp}
 
 
+def _count(n: int, word: str) -> str:
+    """``1 rank``, ``2 ranks``."""
+    return f"{n} {word}{'s' * (n != 1)}"
+
+
 def _whole_sequence_masks(args: dict) -> dict:
     """``args`` with a --window or --doc-len that spans the whole sequence dropped: causal
     attention over one document is no mask at all, the same run (and no mask's faster path)."""
@@ -145,10 +151,16 @@ def _model(args: dict):
 
 def _attention(args: dict):
     """(registry method, the options train.py gives it, the layout they resolve to: the
-    method's own unless --layout names one); ValueError for an unknown method."""
+    method's own unless --layout names one); ValueError for an unknown method or one that is
+    not an attention core (a block-level one, such as tp, needs the block's weights)."""
     from baselines import registry
 
     method = registry.get(args["method"])
+    if getattr(method, "level", "core") != "core":
+        raise ValueError(f"method {args['method']!r} is {method.level}-level (it needs the "
+                         "attention block's projection weights, not q, k, v), so it cannot be "
+                         "the model's attention; use a core method: "
+                         + ", ".join(registry.names(available_only=True, level="core")))
     options = {k: args[k] for k in ("layout", "ranks_per_node", "backward")
                if args[k] is not None}
     return method, options, resolve_attention(method, options)[1]
@@ -163,9 +175,13 @@ def _preflight(args: dict, world: int) -> None:
     cp, seq = args["cp_degree"] or world, args["seq_len"]
     problems = seq_len_problems(cfg, seq, cp_size=cp, layout=layout,
                                 checkpointing=args["checkpointing"])
+    # a length that does not split over the ranks is reported once (with the length to pad
+    # to); the method is asked about the rest at that padded length
+    parts = cp * chunks_per_rank(layout)
+    seq_local = (seq + (-seq) % parts) // cp
     checks = [lambda: check_mode(args["checkpointing"], layout),
               lambda: method.check(world=cp, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
-                                   seq_local=seq // cp, causal=True, **options)]
+                                   seq_local=seq_local, causal=True, **options)]
     if cu is not None:
         checks.append(lambda: MaskSpec(causal=True, cu_seqlens=cu).check_length(seq))
     for check in checks:
@@ -183,8 +199,8 @@ def _check_run(args: dict, world: int) -> str | None:
     arguments bind only once a state was saved: a start that failed before its first save (an
     unknown method, a length the layout cannot split) is replaced by the next one."""
     if not cp_degree_ok(args["cp_degree"] or world, world):
-        return (f"--cp-degree {args['cp_degree']} does not divide the world of {world} ranks "
-                "(nothing was written)")
+        return (f"--cp-degree {args['cp_degree']} does not divide the world of "
+                f"{_count(world, 'rank')} (nothing was written)")
     try:
         _preflight(args, world)
         mine = _identity(args, world)
@@ -255,12 +271,17 @@ def _train(rank: int, world: int, args: dict, host_ranks: int | None = None) -> 
     if comm.gather_objects(state.exists() if rank == 0 else None, device=device)[0]:
         start = tr.load(state)["step"]
     say = print if rank == 0 else (lambda *a, **k: None)
+    if start >= args["steps"]:  # the log and the state stay as they are
+        say(f"{out} is already at step {start} >= --steps {args['steps']}: nothing to do "
+            "(a larger --steps trains on)", flush=True)
+        return
     mask = "".join([f", window {window[0]}" if window else "",
-                    f", {len(cu) - 1} document{'s' * (len(cu) > 2)}" if cu else ""])
-    ring = "".join([f", {rpn} ranks per node" if rpn < world else "",
+                    f", {_count(len(cu) - 1, 'document')}" if cu else ""])
+    ring = "".join([f", {_count(rpn, 'rank')} per node" if rpn < world else "",
                     f", backward {args['backward']}" if args["backward"] else ""])
-    say(f"{args['model']} ({param_count(cfg):,} parameters, {cfg.num_heads} heads, "
-        f"{cfg.num_kv_heads} K/V heads), {world} ranks (CP {tr.cp_size} x DP {tr.dp_size}), "
+    say(f"{args['model']} ({param_count(cfg):,} parameters, {_count(cfg.num_heads, 'head')}, "
+        f"{_count(cfg.num_kv_heads, 'K/V head')}), {_count(world, 'rank')} (CP {tr.cp_size} x "
+        f"DP {tr.dp_size}), "
         f"{args['method']} {layout}{ring}{mask}, checkpointing {args['checkpointing']}, "
         f"{args['seq_len']} tokens x {args['batch']} per DP group; "
         + (f"resuming at step {start}" if start else "from the start"), flush=True)
@@ -292,10 +313,21 @@ def _train(rank: int, world: int, args: dict, host_ranks: int | None = None) -> 
                 f"{row['attention_sent_bytes'] / 2**20:.3f} MiB", flush=True)
         if (step + 1) % args["save_every"] == 0 or step + 1 == args["steps"]:
             tr.save(state, meta={"step": step + 1})
-    say(f"done: {args['steps']} steps; state in {state}, losses in {log}", flush=True)
+    say(f"done: {_count(args['steps'], 'step')}; state in {state}, losses in {log}",
+        flush=True)
 
 
 def main(argv=None) -> None:
+    try:
+        _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C: the ranks were stopped (spawn kills them first)
+        if os.environ.get("RANK", "0") == "0":  # one line, not one per torchrun process
+            print("interrupted; run the same command again to resume from the last saved "
+                  "step", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
+
+
+def _main(argv=None) -> None:
     ap = _parser()
     args = vars(ap.parse_args(argv))
     if args["device"] == "cuda" and not torch.cuda.is_available():

@@ -130,6 +130,10 @@ def test_each_training_option_reaches_the_model(tmp_path, monkeypatch):
     for args, why in [(("--kv-heads", "3"), "not divisible by num_kv_heads=3"),
                       (("--window", "-1"), "--window -1"),
                       (("--method", "rign"), "unknown method 'rign'"),
+                      # block-level (it needs the block's weights): by its level, not its name
+                      (("--method", "tp"), "method 'tp' is block-level"),
+                      (("--method", "baselines.tp:METHOD"),
+                       "method 'baselines.tp:METHOD' is block-level"),
                       (("--ranks-per-node", "3"), "not divisible by ranks_per_node=3"),
                       (("--seq-len", "100"), "100 is not divisible by 8 (zigzag layout"),
                       (("--method", "ring", "--layout", "striped"),
@@ -182,6 +186,67 @@ def test_without_layout_each_method_trains_on_its_own(monkeypatch):
         assert named["layout"] == own
     with pytest.raises(ValueError, match="layout 'zigzag' is not supported"):
         train._preflight(args("--method", "ring", "--layout", "zigzag"), 4)
+
+
+def test_a_length_that_does_not_split_is_reported_once(monkeypatch):
+    """scripts/train.py: a --seq-len the ranks cannot split is one clause (with the length to
+    pad to), not that and the method's local length after it; the method's other problems
+    are still named."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    train = importlib.import_module("train")
+
+    def problems(*extra):
+        args = vars(train._parser().parse_args(["--out", "x", "--seq-len", "127", *extra]))
+        with pytest.raises(ValueError) as e:
+            train._preflight(args, 2)
+        return str(e.value)
+
+    got = problems()
+    assert got.startswith("sequence length 127 is not divisible by 4") and "pad to 128" in got
+    assert "local sequence length" not in got and got.endswith("change the world size"), got
+    got = problems("--method", "ring", "--layout", "zigzag")
+    assert "local sequence length" not in got, got
+    assert "method 'ring' cannot run this case: layout 'zigzag' is not supported" in got, got
+
+
+def test_a_run_says_what_it_did_in_plain_words(tmp_path, monkeypatch, capfd):
+    """scripts/train.py: one rank, one step, one K/V head in the singular; a run already at or
+    past --steps says so and does nothing (no "resuming", no "done"); Ctrl-C is one line and
+    exit 130, not a traceback."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    train = importlib.import_module("train")
+    out = tmp_path / "run"
+
+    def run(steps):
+        train.main(["--out", str(out), "--world", "1", "--steps", steps, "--seq-len", "64",
+                    "--dtype", "float64", "--kv-heads", "1"])
+        return capfd.readouterr().out
+
+    got = run("1")
+    assert "1 K/V head)" in got and "1 rank (CP 1 x DP 1)" in got, got
+    assert "done: 1 step;" in got, got
+    assert "resuming at step 1" in run("2")
+    log = (out / "steps.jsonl").read_text()
+    got = run("1")
+    assert got == f"{out} is already at step 2 >= --steps 1: nothing to do (a larger --steps " \
+                  "trains on)\n", got
+    assert (out / "steps.jsonl").read_text() == log
+
+    def interrupted(*_, **__):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "spawn", interrupted)
+    monkeypatch.delenv("RANK", raising=False)
+    try:  # (a KeyboardInterrupt escaping main would stop pytest itself: caught here)
+        train.main(["--out", str(out), "--world", "1", "--steps", "3", "--seq-len", "64",
+                    "--dtype", "float64", "--kv-heads", "1"])
+        ended = None
+    except BaseException as e:  # noqa: BLE001
+        ended = e
+    assert isinstance(ended, SystemExit) and ended.code == 130, repr(ended)
+    err = capfd.readouterr().err
+    assert err == ("interrupted; run the same command again to resume from the last saved "
+                   "step\n"), err
 
 
 def test_a_training_run_killed_between_saves_resumes_with_the_same_losses(tmp_path):
