@@ -239,6 +239,11 @@ def _validate(q, k, v, *, layout, group, ranks_per_node, backward, backend, grad
         problems.append(f"unknown backward {backward!r}; valid: {', '.join(BACKWARD_SCHEMES)}")
     if backend not in BACKENDS:
         problems.append(f"unknown kernel backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    else:  # a backend that cannot run these tensors fails here, not inside the first ring step
+        try:  # (after a transfer is posted, which leaves the group stuck for later calls)
+            resolve_backend(backend, q)
+        except ValueError as e:
+            problems.append(str(e))
     if grad_acc not in volume.GRAD_ACC:
         problems.append(f"unknown grad_acc {grad_acc!r}; valid: {', '.join(volume.GRAD_ACC)}")
     why = comm.ranks_per_node_problem(comm.world_size(group), ranks_per_node)

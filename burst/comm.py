@@ -188,6 +188,10 @@ class ByteCount:
 @contextlib.contextmanager
 def count_bytes(ranks_per_node: int | None = None):
     """Count every byte this rank sends and receives inside the block (counters may nest)."""
+    if ranks_per_node is not None and not ranks_per_node_ok(1, ranks_per_node):
+        # 0 labelled every link intra, -1 every link inter, "2" failed at the first transfer
+        raise ValueError("count_bytes: ranks_per_node must be a whole number >= 1 (or None: "
+                         f"$LOCAL_WORLD_SIZE, else one node), got {ranks_per_node!r}")
     c = ByteCount(ranks_per_node=ranks_per_node)
     _COUNTERS.append(c)
     try:

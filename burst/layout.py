@@ -100,6 +100,15 @@ def _group_info(group) -> tuple[int, int]:
     return comm.world_size(group), comm.rank(group)
 
 
+def _seq_dim(x: torch.Tensor, dim: int, who: str) -> int:
+    """``dim`` as a non-negative index of ``x``'s dimensions (an out-of-range one was wrapped
+    round, gathering along another dimension)."""
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -x.ndim <= dim < x.ndim:
+        raise ValueError(f"{who}: dim={dim!r} is not a dimension of a {x.ndim}-dim tensor; "
+                         f"valid: {-x.ndim} to {x.ndim - 1}")
+    return dim % x.ndim
+
+
 def shard(x: torch.Tensor, *, layout: str, group=None, dim: int = 1, world: int | None = None,
           rank: int | None = None) -> torch.Tensor:
     """This rank's part of a full-sequence tensor ``x`` (sequence along ``dim``).
@@ -113,6 +122,7 @@ def shard(x: torch.Tensor, *, layout: str, group=None, dim: int = 1, world: int 
                          f"rank={rank!r}), or neither to take them from the process group")
     if world is None:
         world, rank = _group_info(group)
+    dim = _seq_dim(x, dim, "shard")
     idx = local_index(x.shape[dim], world, rank, layout).to(x.device)
     return x.index_select(dim, idx)
 
@@ -122,7 +132,7 @@ def unshard(x_local: torch.Tensor, *, layout: str, group=None, dim: int = 1) -> 
     from burst import comm
 
     check_layout(layout)
-    dim = dim % x_local.ndim
+    dim = _seq_dim(x_local, dim, "unshard")  # before the gather: every rank refuses it alike
     world = comm.world_size(group)
     parts = comm.all_gather_list(x_local.contiguous(), group=group)
     full_len = x_local.shape[dim] * world

@@ -322,3 +322,23 @@ def test_a_torch_below_the_floor_is_refused_at_import():
     # the same floor as pip's (pyproject.toml)
     text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
     assert f'"torch>={burst.MIN_TORCH[0]}.{burst.MIN_TORCH[1]}",' in text
+
+
+def test_a_dimension_or_node_size_out_of_range_is_refused():
+    """Found by an API audit: ``unshard(dim=-5)`` of a 4-dim shard wrapped round and gathered
+    along head_dim, ``shard(dim=4)`` was an IndexError, and ``count_bytes`` labelled every
+    link intra-node for ranks_per_node=0 and inter-node for -1."""
+    from burst import comm
+    from burst.layout import shard, unshard
+
+    x = torch.randn(1, 8, 2, 4)
+    for dim in (-5, 4, 1.0, True):
+        with pytest.raises(ValueError, match=f"dim={dim!r} is not a dimension of a 4-dim"):
+            unshard(x, layout="zigzag", dim=dim)
+        with pytest.raises(ValueError, match="valid: -4 to 3"):
+            shard(x, layout="zigzag", dim=dim, world=2, rank=0)
+    assert torch.equal(unshard(x, layout="zigzag", dim=-3), x)  # one rank: its shard is all
+    for bad in (0, -1, "2", 2.0):
+        with (pytest.raises(ValueError, match="ranks_per_node must be a whole number >= 1"),
+              comm.count_bytes(ranks_per_node=bad)):
+            pass

@@ -311,6 +311,27 @@ def test_unbounded_windows_big_nodes_and_double_backward(tmp_path):
     assert "rank 1 is not a member of the process group" in ranks[1][2]["non-member"]
 
 
+def _a_refused_backend_then_a_good_call(rank, world):
+    from burst import burst_attn
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 8, 2, 4) for _ in range(3))
+    try:
+        burst_attn(q, k, v, causal=True, backend="cuda_sdpa")  # CPU tensors
+        refused = ""
+    except ValueError as e:
+        refused = str(e)
+    return refused, burst_attn(q, k, v, causal=True).shape
+
+
+def test_a_refused_call_leaves_the_group_usable():
+    """A backend that cannot run the tensors was found inside the first ring step, after its
+    first transfer was posted: every later call on the group waited for the process group's
+    timeout (found by an API audit). It is refused before any collective now."""
+    for refused, shape in spawn(_a_refused_backend_then_a_good_call, 2, timeout_s=15):
+        assert "needs CUDA tensors" in refused and shape == (1, 8, 2, 4)
+
+
 def test_registry_accepts_a_node_bigger_than_the_group():
     from baselines import registry
 
