@@ -323,6 +323,34 @@ def test_a_failed_save_keeps_the_previous_file_and_a_bad_state_is_refused(tmp_pa
         Trainer("tiny", dtype=torch.float64, optimizer="sgd").load(path)
 
 
+def test_weights_of_another_model_are_refused_before_any_is_copied(tmp_path):
+    """Found by an API audit: loading a 3-layer checkpoint into the 2-layer tiny model raised
+    torch's size-mismatch error only after copying the 16 weights that fit, so a caller that
+    went on trained a mix of both; and the whole training state given as weights was an
+    AttributeError."""
+    import dataclasses
+
+    tr = Trainer("tiny", dtype=torch.float64)
+    before = {k: v.clone() for k, v in tr.model_state_dict().items()}
+    other = Trainer(dataclasses.replace(tr.config, num_layers=3), dtype=torch.float64, seed=5)
+    path = tmp_path / "other.pt"
+    other.save(path)
+    with pytest.raises(ValueError, match=r"not this model's .*: \d+ unknown \(layers\.2\..*"
+                                         "nothing was loaded"):
+        tr.load(path)
+    wide = Trainer(dataclasses.replace(tr.config, vocab_size=2 * tr.config.vocab_size),
+                   dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"2 of another shape: embed_tokens.weight"):
+        tr.load_state_dict(wide.state_dict())
+    after = tr.model_state_dict()
+    assert all(torch.equal(after[k], v) for k, v in before.items())  # nothing was copied
+    with pytest.raises(ValueError, match=r"Trainer\(state_dict=...\): this is a "
+                                         r"Trainer.state_dict\(\)"):
+        Trainer("tiny", state_dict=tr.state_dict())
+    with pytest.raises(ValueError, match="1 missing"):
+        Trainer("tiny", state_dict={k: v for k, v in before.items() if k != "norm.weight"})
+
+
 # ---------------------------------------------------------------------------------------------
 # bad input
 

@@ -179,7 +179,12 @@ class Trainer:
         self.checkpointing, self.ignore_index = checkpointing, ignore_index
         self.device = torch.device(device)
         model = CausalLM.build(cfg, seed=seed, dtype=dtype, device=self.device)
+        # the whole weights' names and shapes, whatever wrapper shards them later
+        self._weight_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
         if state_dict is not None:
+            why = self._weights_problem(state_dict)
+            if why:
+                raise ValueError(f"Trainer(state_dict=...): {why}")
             model.load_state_dict({k: v.to(dtype) for k, v in state_dict.items()}, strict=True)
         self.model = model
         # what every rank must run alike: a rank with another causal window, layout, scale,
@@ -307,7 +312,40 @@ class Trainer:
                 or not isinstance(optim.get("param_groups"), list)):
             raise ValueError("not a Trainer.state_dict(): 'model' must be a dict of tensors "
                              "and 'optimizer' a dict with 'param_groups'")
+        why = self._weights_problem(state["model"])  # before anything is copied: torch's own
+        if why:  # loading copies every weight that fits before it raises for the others
+            raise ValueError(why)
         return optim
+
+    def _weights_problem(self, weights) -> str | None:
+        """Why ``weights`` are not this model's whole weights (names and shapes), else None."""
+        if not isinstance(weights, dict):
+            return f"weights must be a dict of tensors, got {type(weights).__name__}"
+        if {"model", "optimizer", "optimizer_name"} <= set(weights):
+            return ("this is a Trainer.state_dict() (weights and optimizer): load it with "
+                    "Trainer.load_state_dict, or give its 'model' entry")
+        not_tensors = sorted(k for k, v in weights.items() if not isinstance(v, torch.Tensor))
+        if not_tensors:
+            return f"not tensors: {', '.join(map(str, not_tensors[:5]))}"
+        mine = self._weight_shapes
+
+        def few(names, sep=", "):
+            return sep.join(names[:3]) + (f"{sep}..." if len(names) > 3 else "")
+
+        problems = []
+        missing, extra = sorted(set(mine) - set(weights)), sorted(set(weights) - set(mine))
+        if missing:
+            problems.append(f"{len(missing)} missing ({few(missing)})")
+        if extra:
+            problems.append(f"{len(extra)} unknown ({few(extra)})")
+        wrong = [f"{k} {tuple(weights[k].shape)} (this model: {mine[k]})"
+                 for k in sorted(set(mine) & set(weights)) if tuple(weights[k].shape) != mine[k]]
+        if wrong:
+            problems.append(f"{len(wrong)} of another shape: {few(wrong, '; ')}")
+        if problems:
+            return ("the weights are not this model's (another size or model?): "
+                    + "; ".join(problems) + "; nothing was loaded")
+        return None
 
     def save(self, path, meta: dict | None = None) -> None:
         """Write ``state_dict()`` to one file, with ``meta`` (plain values: the caller's step,
