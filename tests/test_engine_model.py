@@ -367,6 +367,18 @@ def test_bad_input_errors():
         Trainer("tiny", attention=42)
     with pytest.raises(ValueError, match="unknown layout 'diagonal'"):
         Trainer("tiny", attention_options={"layout": "diagonal"})
+    # a misspelt option name or value: refused here, not in the first step's forward
+    # (a TypeError ten frames deep; found by an API audit)
+    from baselines import registry
+
+    for attention, options, why in (
+            (None, {"layuot": "zigzag"}, "burst has no option 'layuot'; valid options: "
+                                         "backend, backward, grad_acc, layout, ranks_per_node"),
+            (None, {"backward": "bust"}, "unknown backward 'bust'; valid: auto, burst, ring"),
+            (None, {"return_lse": True}, "burst has no option 'return_lse'"),
+            (registry.get("ring"), {"layuot": "zigzag"}, "method 'ring' has no option 'layuot'")):
+        with pytest.raises(ValueError, match=re.escape(f"attention_options: {why}")):
+            Trainer("tiny", attention=attention, attention_options=options)
     with pytest.raises(ValueError, match="world of 4 ranks is not divisible by the context-"
                                          "parallel degree 3; valid degrees: 1, 2, 4"):
         make_groups(3, world=4)

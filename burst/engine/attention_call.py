@@ -24,14 +24,16 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import inspect
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from burst import comm, flops
-from burst.attention import burst_attn
+from burst import comm, flops, volume
+from burst.attention import BACKWARD_SCHEMES, burst_attn
+from burst.kernel import BACKENDS
 from burst.layout import check_layout
 
 __all__ = [
@@ -84,12 +86,34 @@ def resolve_attention(attention, options: dict | None) -> tuple[Callable, str]:
         raise ValueError(f"attention_options {taken}: the engine sets these itself (causal "
                          "always, the group from cp_group/cp_degree, window and documents from "
                          "Trainer(window=...) and the batch's cu_seqlens); remove them")
+    problems = _option_problems(method, opts)
+    if problems:  # found at construction, not ten frames into the first step's forward
+        raise ValueError("attention_options: " + "; ".join(problems))
     if hasattr(method, "layout") and callable(method.layout):
         layout = method.layout(opts)
     else:  # a plain function: contiguous unless the options name a layout (registry rule)
         layout = opts.get("layout", "contiguous")
     check_layout(layout)
     return method, layout
+
+
+def _option_problems(method, opts: dict) -> list[str]:
+    """Option names the method does not take (and, for the engine's own burst, values it does
+    not know); a method of another kind checks its options when it is called."""
+    if isinstance(method, BurstMethod):
+        valid = (set(inspect.signature(burst_attn).parameters) - {"q", "k", "v", "return_lse"}
+                 - RESERVED)  # the model takes the output alone
+        out = [f"burst has no option {k!r}; valid options: {', '.join(sorted(valid))}"
+               for k in sorted(set(opts) - valid)]
+        for key, choices in (("backward", BACKWARD_SCHEMES), ("backend", BACKENDS),
+                             ("grad_acc", volume.GRAD_ACC)):
+            if key in opts and opts[key] not in choices:
+                out.append(f"unknown {key} {opts[key]!r}; valid: {', '.join(choices)}")
+        return out
+    if callable(getattr(method, "option_problems", None)):  # a registry method
+        return [f"method {getattr(method, 'name', method)!r} {why}"
+                for _, why in method.option_problems(opts, refused=False)]
+    return []
 
 
 # ---------------------------------------------------------------------------------------------
