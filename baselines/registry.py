@@ -187,6 +187,9 @@ def names(available_only: bool = False, level: str | None = None) -> list[str]:
 def get(name: str) -> Method:
     """The registered method, or one loaded from an import path ``package.module:function``."""
     _load_builtins()
+    if not isinstance(name, str):
+        raise ValueError(f"a method name is a string (a registered name or "
+                         f"'package.module:function'), got {name!r}")
     if name in _REGISTRY:
         return _REGISTRY[name]
     if ":" in name:

@@ -304,6 +304,9 @@ def burst_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = N
     if ranks_per_node is not None and not isinstance(ranks_per_node, bool):
         with contextlib.suppress(TypeError):  # a numpy integer is the same count; _validate
             ranks_per_node = operator.index(ranks_per_node)  # names anything else
+    if type(return_lse).__name__ not in ("bool", "bool_"):  # Python's or numpy's; "no" was
+        raise ValueError(f"burst_attn: return_lse={return_lse!r} must be True or False")  # truthy
+    return_lse = bool(return_lse)
     _validate(q, k, v, layout=layout, group=group, ranks_per_node=ranks_per_node,
               backward=backward, backend=backend, grad_acc=grad_acc)
     spec = MaskSpec(causal=causal, window=window,

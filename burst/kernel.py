@@ -85,7 +85,9 @@ def resolve_scale(head_dim: int, scale: float | None = None) -> float:
         raise ValueError(f"head_dim must be >= 1, got {head_dim}")
     if scale is None:
         return head_dim ** -0.5
-    try:
+    try:  # a number (a one-element tensor too), not a string that float() would read
+        if isinstance(scale, str | bytes | bool):
+            raise TypeError
         value = float(scale)
     except (TypeError, ValueError):
         raise ValueError(f"softmax_scale={scale!r} must be a positive finite number") from None

@@ -18,6 +18,7 @@ defined at module level and a script must call ``spawn`` under ``if __name__ == 
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 import pickle
 import signal
@@ -135,8 +136,13 @@ def _kill(processes) -> set[int]:
 def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
           threads: int = 1, timeout_s: float = 300.0) -> list:
     """Run ``fn(rank, world, *args)`` on ``world`` fresh processes; return their results."""
-    if world < 1:
-        raise ValueError(f"world={world}: need at least one rank")
+    try:  # a Python or numpy integer; not a bool, a float or a string
+        count = None if isinstance(world, bool) else operator.index(world)
+    except TypeError:
+        count = None
+    if count is None or count < 1:
+        raise ValueError(f"world={world!r}: need a whole number of ranks >= 1")
+    world = count
     if backend == "nccl" and world > torch.cuda.device_count():
         # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), at the first collective
         raise ValueError(f"backend='nccl' needs one GPU per rank: world={world}, "

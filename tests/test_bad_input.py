@@ -342,3 +342,30 @@ def test_a_dimension_or_node_size_out_of_range_is_refused():
         with (pytest.raises(ValueError, match="ranks_per_node must be a whole number >= 1"),
               comm.count_bytes(ranks_per_node=bad)):
             pass
+
+
+def test_loose_arguments_are_refused_by_name():
+    """Found by an API audit: a string scale was read as a number, return_lse="no" returned a
+    tuple, registry.get(None) and spawn(fn, "2") were TypeErrors from inside, and a Trainer on
+    a missing GPU was an AssertionError from torch."""
+    import numpy as np
+
+    from baselines import registry
+    from burst.engine.trainer import Trainer
+    from burst.spawn import spawn
+
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="softmax_scale='0.1' must be a positive finite"):
+        burst_attn(q, k, v, softmax_scale="0.1")
+    assert burst_attn(q, k, v, softmax_scale=torch.tensor(0.5)).shape == q.shape
+    with pytest.raises(ValueError, match="return_lse='no' must be True or False"):
+        burst_attn(q, k, v, return_lse="no")
+    assert len(burst_attn(q, k, v, return_lse=np.bool_(True))) == 2
+    with pytest.raises(ValueError, match="a method name is a string"):
+        registry.get(None)
+    for world in ("2", 2.0, True, 0):
+        with pytest.raises(ValueError, match=f"world={world!r}: need a whole number of ranks"):
+            spawn(print, world)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="torch sees no CUDA device"):
+            Trainer("tiny", device="cuda")

@@ -178,6 +178,8 @@ class Trainer:
         self.config, self.layout, self.dtype = cfg, layout, dtype
         self.checkpointing, self.ignore_index = checkpointing, ignore_index
         self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"Trainer: device={device!r}, but torch sees no CUDA device here")
         model = CausalLM.build(cfg, seed=seed, dtype=dtype, device=self.device)
         # the whole weights' names and shapes, whatever wrapper shards them later
         self._weight_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
