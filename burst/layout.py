@@ -128,7 +128,10 @@ def shard(x: torch.Tensor, *, layout: str, group=None, dim: int = 1, world: int 
 
 
 def unshard(x_local: torch.Tensor, *, layout: str, group=None, dim: int = 1) -> torch.Tensor:
-    """Gather every rank's shard and restore global token order (inverse of ``shard``)."""
+    """Gather every rank's shard and restore global token order (inverse of ``shard``).
+
+    Every rank of the group passes a shard of the same shape and dtype, as for ``burst_attn``:
+    a mismatch fails in the transport (gloo aborts the process; NCCL may hang)."""
     from burst import comm
 
     check_layout(layout)

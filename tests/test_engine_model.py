@@ -349,6 +349,23 @@ def test_weights_of_another_model_are_refused_before_any_is_copied(tmp_path):
         Trainer("tiny", state_dict=tr.state_dict())
     with pytest.raises(ValueError, match="1 missing"):
         Trainer("tiny", state_dict={k: v for k, v in before.items() if k != "norm.weight"})
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    with pytest.raises(ValueError, match=r"notes.txt is not a file Trainer.save wrote \("):
+        tr.load(tmp_path / "notes.txt")  # was torch's "KeyError: 101"
+
+
+def test_batch_helpers_refuse_what_step_would_refuse_later():
+    """An API audit: local_batch(8.0) gave float positions and local_batch(batch=0) empty
+    tensors that only step() refused; shard_batch of 1-d tensors was an IndexError."""
+    tr = Trainer("tiny")
+    for kw, why in ((dict(seq_len=8.0), "seq_len=8.0"), (dict(seq_len=0), "seq_len=0"),
+                    (dict(seq_len=8, batch=0), "batch=0"), (dict(seq_len=True), "seq_len=True")):
+        with pytest.raises(ValueError, match=f"{why} must be a whole number >= 1"):
+            tr.local_batch(**kw)
+    assert tr.local_batch(np.int64(8), batch=np.int64(1))[2].dtype == torch.int64
+    flat = torch.zeros(8, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"must be \(batch, seq_len\) tensors of one shape"):
+        tr.shard_batch(flat, flat, flat)
 
 
 # ---------------------------------------------------------------------------------------------

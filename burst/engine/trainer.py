@@ -378,8 +378,12 @@ class Trainer:
         if comm.rank() == 0:
             try:
                 state = torch.load(path, map_location="cpu", weights_only=True)
-            except Exception as e:  # noqa: BLE001  (every rank must learn of it)
+            except OSError as e:  # a missing or unreadable file: as the OS says it
                 error = e
+            except Exception as e:  # noqa: BLE001  (every rank must learn of it)
+                # torch's own words for a file of another kind are "KeyError: 101" and the like
+                error = ValueError(f"{path} is not a file Trainer.save wrote "
+                                   f"({type(e).__name__}: {e})")
         self._raise_if_any(error, f"the load of {path}")
         self.load_state_dict(state)
         meta = state.get("meta", {}) if isinstance(state, dict) else None
@@ -443,6 +447,11 @@ class Trainer:
         """This rank's (tokens, targets, positions), each (batch, seq_len / cp), generated at
         this rank's global indices (no rank builds the whole sequence). DP replicas get
         different sequences."""
+        bad = [f"{name}={v!r} must be a whole number >= 1" for name, v in
+               (("seq_len", seq_len), ("batch", batch))
+               if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1]
+        if bad:  # 8.0 gave float positions, 0 empty tensors that step() refused later
+            raise ValueError("Trainer.local_batch: " + "; ".join(bad))
         self._check_seq_len(seq_len)
         if cu_seqlens is not None:
             MaskSpec(causal=True, cu_seqlens=cu_seqlens).check_length(seq_len)
@@ -454,6 +463,10 @@ class Trainer:
 
     def shard_batch(self, tokens, targets, positions):
         """This rank's shard of full (batch, seq_len) tensors, in the attention's layout."""
+        shapes = [tuple(getattr(t, "shape", ())) for t in (tokens, targets, positions)]
+        if any(len(sh) != 2 for sh in shapes) or len(set(shapes)) != 1:
+            raise ValueError(f"Trainer.shard_batch: tokens, targets and positions must be "
+                             f"(batch, seq_len) tensors of one shape, got {shapes}")
         self._check_seq_len(tokens.shape[1])
         return shard_batch(tokens, targets, positions, layout=self.layout, group=self.cp_group)
 
