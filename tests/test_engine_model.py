@@ -393,7 +393,8 @@ def test_bad_input_errors():
                                          "backend, backward, grad_acc, layout, ranks_per_node"),
             (None, {"backward": "bust"}, "unknown backward 'bust'; valid: auto, burst, ring"),
             (None, {"return_lse": True}, "burst has no option 'return_lse'"),
-            (registry.get("ring"), {"layuot": "zigzag"}, "method 'ring' has no option 'layuot'")):
+            (registry.get("ring"), {"layuot": "zigzag"},
+             "method 'ring' cannot run this case: it has no option 'layuot'")):
         with pytest.raises(ValueError, match=re.escape(f"attention_options: {why}")):
             Trainer("tiny", attention=attention, attention_options=options)
     with pytest.raises(ValueError, match="world of 4 ranks is not divisible by the context-"

@@ -111,8 +111,8 @@ def _option_problems(method, opts: dict) -> list[str]:
                 out.append(f"unknown {key} {opts[key]!r}; valid: {', '.join(choices)}")
         return out
     if callable(getattr(method, "option_problems", None)):  # a registry method
-        return [f"method {getattr(method, 'name', method)!r} {why}"
-                for _, why in method.option_problems(opts, refused=False)]
+        return [f"method {getattr(method, 'name', method)!r} cannot run this case: it {why}"
+                for _, why in method.option_problems(opts, refused=False)]  # (its check's words)
     return []
 
 
