@@ -38,7 +38,8 @@ from burst.masks import MaskSpec, plan_pair, ring_span
 from burst.merge import merge_into, new_accumulators, row_delta
 from burst.ring import run_ring
 
-__all__ = ["BACKWARD_SCHEMES", "BlockSteps", "burst_attn", "ring_attention"]
+__all__ = ["BACKWARD_SCHEMES", "CHOICES", "BlockSteps", "burst_attn", "choice_problems",
+           "ring_attention"]
 
 BACKWARD_SCHEMES = ("auto", "burst", "ring")
 
@@ -217,6 +218,18 @@ def qkv_problems(q, k, v) -> list[str]:
     return problems
 
 
+CHOICES = {"backward": ("backward", BACKWARD_SCHEMES), "backend": ("kernel backend", BACKENDS),
+           "grad_acc": ("grad_acc", volume.GRAD_ACC)}
+"""burst_attn's options that take one of a few names: (what a message calls it, the names)."""
+
+
+def choice_problems(**options) -> list[str]:
+    """One message (unknown <option> <value>; valid: ...) per ``CHOICES`` option whose value
+    is not one of its names."""
+    return [f"unknown {CHOICES[k][0]} {v!r}; valid: {', '.join(CHOICES[k][1])}"
+            for k, v in options.items() if v not in CHOICES[k][1]]
+
+
 def _validate(q, k, v, *, layout, group, ranks_per_node, backward, backend, grad_acc="fp32"):
     problems = qkv_problems(q, k, v)
     if any("expected 4 dims" in p for p in problems):
@@ -235,17 +248,12 @@ def _validate(q, k, v, *, layout, group, ranks_per_node, backward, backend, grad
                             f"({layout} layout holds {parts} chunks per rank)")
     except ValueError as e:
         problems.append(str(e))
-    if backward not in BACKWARD_SCHEMES:
-        problems.append(f"unknown backward {backward!r}; valid: {', '.join(BACKWARD_SCHEMES)}")
-    if backend not in BACKENDS:
-        problems.append(f"unknown kernel backend {backend!r}; valid: {', '.join(BACKENDS)}")
-    else:  # a backend that cannot run these tensors fails here, not inside the first ring step
-        try:  # (after a transfer is posted, which leaves the group stuck for later calls)
+    problems += choice_problems(backward=backward, backend=backend, grad_acc=grad_acc)
+    if backend in BACKENDS:  # one that cannot run these tensors fails here, not inside the
+        try:  # first ring step (after a transfer is posted: the group stuck for later calls)
             resolve_backend(backend, q)
         except ValueError as e:
             problems.append(str(e))
-    if grad_acc not in volume.GRAD_ACC:
-        problems.append(f"unknown grad_acc {grad_acc!r}; valid: {', '.join(volume.GRAD_ACC)}")
     why = comm.ranks_per_node_problem(comm.world_size(group), ranks_per_node)
     if why:
         problems.append(why)

@@ -200,14 +200,15 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
             else set()
         queued = set(pending_jobs(resumed, "slurm")) - skip  # a dead driver's: not rerun
         ignore = skip | queued
-        invalid = [c for c in cells if c.cell_id not in ignore and cell_problem(c) is not None]
-        todo = [c for c in cells if c.cell_id not in ignore and c not in invalid]
+        why = {c.cell_id: cell_problem(c) for c in cells if c.cell_id not in ignore}
+        todo = [c for c in cells if c.cell_id in why and why[c.cell_id] is None]
         if skip or queued:
             print(f"{len(skip)} cells already done, {len(queued)} with jobs of an earlier driver "
                   f"to collect, in {resumed}", file=stream)
-        for c in invalid:  # a skip_invalid method's cell: a skipped row, no job
-            print(f"# not submitted, a skipped row: [{c.cell_id}] {c.describe()}: "
-                  f"{cell_problem(c)}", file=stream)
+        for c in cells:  # a skip_invalid method's cell: a skipped row, no job
+            if why.get(c.cell_id):
+                print(f"# not submitted, a skipped row: [{c.cell_id}] {c.describe()}: "
+                      f"{why[c.cell_id]}", file=stream)
         dry_run(todo, slurm=slurm, sweep=spec.name, folder=str(folder), stream=stream)
         return RunResult(None, None, 0)
 

@@ -333,18 +333,23 @@ def _ring_span(shape: AttnShape, layout: str, members: int, m: int, nodes: int) 
 # Phase times
 
 
+def _ring_hops(span: int, pay: float, acc: float | None) -> tuple[list[float], float]:
+    """Bytes each of steps 0..span sends (``burst.ring._ring_pass``), and the last
+    accumulator's hop home: each step's payload goes out while it computes (none after the
+    last step); in the backward each step's accumulator hops one step behind on the same link
+    (steps 1..span carry it) and the last then hops home. No hop without a second member."""
+    if span == 0:
+        return [0.0], 0.0
+    if acc is None:
+        return [pay] * span + [0.0], 0.0
+    return [pay] + [pay + acc] * (span - 1) + [acc], acc
+
+
 def _ring_pass(steps: list[float], span: int, hop: Callable[[float], float], pay: float,
                acc: float | None = None) -> float:
-    """Steps 0..span of a ring (``burst.ring._ring_pass``): each step computes while the next
-    payload hops (none after the last step); in the backward each step's accumulator hops one
-    step behind on the same link (steps 1..span carry it) and the last then hops home."""
-    if span == 0:
-        return steps[0]
-    if acc is None:
-        hops, end = [hop(pay)] * span + [0.0], 0.0
-    else:
-        hops, end = [hop(pay)] + [hop(pay + acc)] * (span - 1) + [hop(acc)], hop(acc)
-    return sum(max(c, h) for c, h in zip(steps[:span + 1], hops, strict=True)) + end
+    """Steps 0..span of a ring: each takes max(compute, its hop) (``_ring_hops``)."""
+    hops, end = _ring_hops(span, pay, acc)
+    return sum(max(c, hop(h)) for c, h in zip(steps[:span + 1], hops, strict=True)) + hop(end)
 
 
 def _double_ring(steps: list[float], nodes: int, local: int, hop_in: Callable[[float], float],
@@ -355,7 +360,8 @@ def _double_ring(steps: list[float], nodes: int, local: int, hop_in: Callable[[f
     round's accumulators then cross home. ``shared(inner bytes, outer bytes)``: where the inner
     ring crosses nodes too, its hops and the outer hop share the NICs, a floor on each round."""
     total = 0.0
-    inner_bytes = pay * (local - 1) + (acc * local if acc is not None else 0.0)
+    hops, home = _ring_hops(local - 1, pay, acc)
+    inner_bytes = sum(hops) + home
     for r in range(nodes):
         inner = _ring_pass(steps[r * local:(r + 1) * local], local - 1, hop_in, pay, acc)
         crossing = (pay if r < nodes - 1 else 0.0) + (acc if acc is not None and r else 0.0)

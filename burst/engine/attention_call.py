@@ -31,9 +31,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from burst import comm, flops, volume
-from burst.attention import BACKWARD_SCHEMES, burst_attn
-from burst.kernel import BACKENDS
+from burst import comm, flops
+from burst.attention import CHOICES, burst_attn, choice_problems
 from burst.layout import check_layout
 
 __all__ = [
@@ -105,11 +104,7 @@ def _option_problems(method, opts: dict) -> list[str]:
                  - RESERVED)  # the model takes the output alone
         out = [f"burst has no option {k!r}; valid options: {', '.join(sorted(valid))}"
                for k in sorted(set(opts) - valid)]
-        for key, choices in (("backward", BACKWARD_SCHEMES), ("backend", BACKENDS),
-                             ("grad_acc", volume.GRAD_ACC)):
-            if key in opts and opts[key] not in choices:
-                out.append(f"unknown {key} {opts[key]!r}; valid: {', '.join(choices)}")
-        return out
+        return out + choice_problems(**{k: opts[k] for k in CHOICES if k in opts})
     if callable(getattr(method, "option_problems", None)):  # a registry method
         return [f"method {getattr(method, 'name', method)!r} cannot run this case: it {why}"
                 for _, why in method.option_problems(opts, refused=False)]  # (its check's words)
