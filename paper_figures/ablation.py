@@ -100,11 +100,11 @@ def make(tables):
             ax.set_ylabel(ylabel if j == 0 else "")
             if i == 0:
                 ax.set_title(f"{where}, {seq_label(n)} tokens", fontsize=9)
-            rows += [{"seq_len": n, "step": s, "metric": metric,
+            rows += [{"seq_len": n, "label": s, "step": tick, "metric": metric,
                       "value": None if pd.isna(v) else v,
                       "status": st if pd.isna(v) else "ok",
                       "speedup": None if up is None or pd.isna(up) else up}
-                     for s, v, st, up in zip(steps, vals, why, ups, strict=True)]
+                     for s, tick, v, st, up in zip(steps, ticks, vals, why, ups, strict=True)]
     fig.suptitle("BurstEngine options added one at a time (simulated, A800)", fontsize=10)
     fig.tight_layout()
     return fig, pd.DataFrame(rows)

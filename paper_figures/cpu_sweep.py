@@ -5,7 +5,8 @@ counter: markers; the simulator's formula for the same cells: lines) and the mea
 over the sweep's baseline. Bottom (``cpu_long``, 256K and 1M tokens on 8 ranks, sliding window):
 bytes per rank against the formula, and the measured transient peak memory per rank. Cells
 without a number (skipped, oom, error, timeout) are marked at the bottom of their panel and kept
-in the CSV with their status and an empty value.
+in the CSV with their status and an empty value. Measured runs of a sweep on several machines:
+the newest machine's rows are drawn.
 
 Methods can send the same bytes (ring, burst[bwd=ring] and zigzag_ring do): each method has its
 own marker, line style and width (``series_styles``: earlier ones wider and larger, so that a
@@ -13,6 +14,8 @@ line or marker drawn over an equal one leaves it visible), and a panel names the
 values coincide (``coinciding``)."""
 
 from __future__ import annotations
+
+import json
 
 import pandas as pd
 
@@ -70,6 +73,9 @@ def _rows(tables, sweep: str) -> pd.DataFrame:
         d = df[(df["sweep"] == sweep) & (df["workload"] == "attention")].copy()
         if src == "simulated":  # one line per label
             d = d[d["hardware"] == HARDWARE]
+        elif d["hardware"].nunique() > 1:  # runs on several machines: the newest one's
+            newest = d.sort_values("date", na_position="first")["hardware"].iloc[-1]
+            d = d[d["hardware"] == newest]
         d["source"] = src
         parts.append(d)
     if not parts:
@@ -137,6 +143,16 @@ def _legend(ax, styles: dict, labels: list[str]) -> None:
                        for lab in labels], fontsize=6, loc="lower right")
 
 
+def _baseline(ok: pd.DataFrame) -> str:
+    """The sweep spec's baseline where it has a number, else ring, else the first label."""
+    specs = ok["sweep_spec"].dropna() if "sweep_spec" in ok else []
+    named = json.loads(specs.iloc[0]).get("baseline") if len(specs) else None
+    for label in (named, "ring"):
+        if label and (ok["label"] == label).any():
+            return label
+    return ok["label"].iloc[0]
+
+
 def _int_ticks(ax, ticks, fmt=str) -> None:
     ax.set_xticks(list(ticks), [fmt(t) for t in ticks])
     ax.minorticks_off()
@@ -152,7 +168,7 @@ def _scaling(axes, df: pd.DataFrame, styles: dict) -> list[dict]:
     ax = axes[1]
     mea = df[df["source"] == "measured"]
     ok = mea[mea["status"] == "ok"]
-    base_label = "ring" if (ok["label"] == "ring").any() else ok["label"].iloc[0]
+    base_label = _baseline(ok)
     base = ok[ok["label"] == base_label].set_index("world")["time_s"]
     for label, d in _by_label(mea):
         st = styles[label]

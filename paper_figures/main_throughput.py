@@ -15,6 +15,7 @@ SWEEPS = ("paper_main_7b", "paper_main_14b")  # suites/specs: the main table
 PANELS = (("7b", 32), ("7b", 64), ("14b", 32), ("14b", 64))
 METRICS = (("tokens_per_s", "tokens/s per GPU", 1.0),
            ("mfu_model_flops_causal", MFU_LABEL, 100.0))
+UNITS = {"tokens_per_s": "tokens/s per GPU", "mfu_model_flops_causal": "%"}  # of the CSV values
 
 
 def _rows(tables) -> pd.DataFrame:
@@ -43,7 +44,7 @@ def make(tables):
                 note_empty(ax)
                 continue
             d = panel_bars(ax, sub, metric, label_order(sub), scale=scale)
-            d["model"], d["world"], d["metric"] = model, world, metric
+            d["model"], d["world"], d["metric"], d["unit"] = model, world, metric, UNITS[metric]
             plotted.append(d)
             seq = seq_label(sub["seq_len"].iloc[0])
             ax.set_title(f"{model.upper()}, {world} GPUs, {seq} tokens", fontsize=9)

@@ -76,11 +76,11 @@ def _concat(parts: list[pd.DataFrame]) -> pd.DataFrame:
     return add_system(pd.concat(parts, ignore_index=True)) if parts else _empty()
 
 
-def _frames(runs: list[Path], results: Path) -> tuple[dict[str, list[pd.DataFrame]],
-                                                      set[Path]]:
+def _frames(runs: list[Path], results: Path, notes: list[str]
+            ) -> tuple[dict[str, list[pd.DataFrame]], set[Path]]:
     """The rows of ``runs`` per source (``SOURCES``), by each row's ``source`` column; a row
     without one is simulated under ``results/simulated``, else measured. Also the runs that
-    gave simulated rows."""
+    gave simulated rows. A run that cannot be read is named in ``notes`` with the reason."""
     from results import store
 
     parts: dict[str, list[pd.DataFrame]] = {k: [] for k in SOURCES}
@@ -88,9 +88,14 @@ def _frames(runs: list[Path], results: Path) -> tuple[dict[str, list[pd.DataFram
     for run in runs:
         try:  # from its rows, as burst-bench show reads it (a table may lag behind its rows)
             df = store.load(run)
-        except (OSError, ValueError, pd.errors.EmptyDataError):
+        except (OSError, ValueError, pd.errors.EmptyDataError) as e:
+            notes.append(f"{run}: not drawn, its rows cannot be read ({e}); "
+                         f"burst-bench show {run} says the same")
             continue
         fallback = "simulated" if results / SIMULATED in run.parents else "measured"
+        if len(df) and "hardware" in df:  # a cell skipped before it ran names no hardware
+            named = df["hardware"].notna() & (df["hardware"].astype(str) != "")
+            df["hardware"] = df["hardware"].where(named, _run_hardware(run) or None)
         if not len(df):
             parts[fallback].append(df)
             continue
@@ -117,8 +122,8 @@ def _row_count(run: Path) -> int:
 
 
 def _run_hardware(run: Path) -> str:
-    """A run's hardware: run.json's (simulated runs), else its first row's (measured runs
-    record the device per row)."""
+    """A run's hardware: run.json's (simulated runs), else that of its first row that names one
+    (measured runs record the device per row; a cell skipped before it ran names none)."""
     from results import store
 
     hw = store.read_meta(run).get("hardware")
@@ -126,11 +131,16 @@ def _run_hardware(run: Path) -> str:
         return str(hw)
     try:
         with open(run / store.ROWS) as f:
-            for line in f:
-                if line.strip():
-                    return str(json.loads(line).get("hardware") or "")
-    except (OSError, ValueError):
-        pass
+            lines = [line for line in f if line.strip()]
+    except OSError:
+        return ""
+    for line in lines:
+        try:
+            hw = json.loads(line).get("hardware")
+        except ValueError:  # a torn line: the next may name it
+            continue
+        if hw:
+            return str(hw)
     return ""
 
 
@@ -192,7 +202,7 @@ def load_tables(results: Path | str = RESULTS) -> Tables:
     if not breakdowns.exists() and (results / "breakdowns.csv").exists():
         breakdowns = results / "breakdowns.csv"  # --results results/simulated
     notes: list[str] = []
-    parts, simulated_runs = _frames(_latest_tables(results, notes), results)
+    parts, simulated_runs = _frames(_latest_tables(results, notes), results, notes)
     simulated = _concat(parts["simulated"])
     if len(simulated) and "hardware" in simulated:
         profiles = sorted(set(simulated["hardware"].dropna().astype(str)))

@@ -51,7 +51,9 @@ def make(tables):
                 rows += [{"system": system, "label": label, "source": src,
                           "world": r["world"], "seq_len": r["seq_len"], "status": r["status"],
                           "metric": metric, "value": r[metric] * scale if pd.notna(r[metric])
-                          and r["status"] == "ok" else None} for r in s.to_dict("records")]
+                          and r["status"] == "ok" else None,
+                          "unit": "%" if scale == 100.0 else "tokens/s per GPU"}
+                         for r in s.to_dict("records")]
         ax.set_xscale("log", base=2)
         ax.set_xticks([1, 2, 4, 8, 16, 32, 64], ["1", "2", "4", "8", "16", "32", "64"])
         ax.set_xlabel("GPUs (32K tokens each)")

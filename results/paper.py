@@ -63,8 +63,10 @@ def kernel_rows(path: str | os.PathLike | None = None) -> list[dict]:
     out = []
     for r in _read(_dir(path) / KERNEL_CSV):
         row = _base(r, "attention")
+        # one attention layer: nothing recomputed, no LM head, as the harness's attention rows
         row.update(batch=int(r["batch"]), heads=int(r["heads"]), kv_heads=int(r["heads"]),
-                   head_dim=int(r["head_dim"]), nodes=int(r["nodes"]),
+                   head_dim=int(r["head_dim"]), nodes=int(r["nodes"]), checkpointing="none",
+                   fused_head=False,
                    attn_tflops=float(r["tflops_per_gpu"]) if r["tflops_per_gpu"] else None)
         out.append(row)
     return out

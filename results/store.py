@@ -137,6 +137,7 @@ def read_rows(path: str | os.PathLike, offset: int = 0, *,
         f.seek(offset)
         data = f.read()
     lines = data.split(b"\n")
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     out = []
     for i, line in enumerate(lines):
         if not line.strip():
@@ -144,7 +145,7 @@ def read_rows(path: str | os.PathLike, offset: int = 0, *,
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
-            if i >= len(lines) - 2:  # the last line (with or without its newline): torn write
+            if i == last:  # the last line (with or without its newline): a torn write
                 continue
             raise ValueError(f"{path}: line {i + 1} is not valid JSON (not the last line, so "
                              "not a torn write); fix or remove it") from None
@@ -345,10 +346,12 @@ def load(path: str | os.PathLike):
     if not path.exists():
         raise ValueError(f"{path} does not exist; give a run folder, a sweep folder, rows.jsonl, "
                          ".parquet or .csv")
+    if path.name == ROWS:  # a run's rows: as its folder (cell order, speedups)
+        return consolidate(path.parent, write=False)
     if path.suffix == ".jsonl":
         return _frame(_last_per_cell(read_rows(path)))
     if path.suffix == ".parquet":
         return pd.read_parquet(path)
-    if path.suffix == ".csv":
-        return pd.read_csv(path)
+    if path.suffix == ".csv":  # an empty field is missing; a label "NA" stays a label
+        return pd.read_csv(path, keep_default_na=False, na_values=[""])
     raise ValueError(f"cannot read {path}: expected a folder, .jsonl, .parquet or .csv")

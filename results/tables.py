@@ -38,12 +38,23 @@ def _missing(x) -> bool:
     return x is None or (isinstance(x, float) and math.isnan(x))
 
 
+def _key_value(v):
+    """None for a missing value; a whole float as its int (a column with one empty value is
+    float in pandas: its 1.0 is the other table's 1)."""
+    if _missing(v):
+        return None
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
 def _keys(df, cols) -> list[str]:
-    """One hashable string per row for the given columns (None and NaN compare equal)."""
+    """One hashable string per row for the given columns (None and NaN compare equal, and a
+    whole float its int)."""
     cols = [c for c in cols if c in df.columns]
     out = []
     for vals in df[cols].itertuples(index=False, name=None):
-        out.append(json.dumps([None if _missing(v) else v for v in vals], default=str))
+        out.append(json.dumps([_key_value(v) for v in vals], default=str))
     return out
 
 
@@ -165,7 +176,7 @@ def compare_keys(a, b) -> list[str]:
 
 
 def _values(df, col) -> list:
-    return sorted({json.dumps(None if _missing(v) else v, default=str) for v in df[col]})
+    return sorted({json.dumps(_key_value(v), default=str) for v in df[col]})
 
 
 def no_match_reason(a, b) -> str:

@@ -4,6 +4,7 @@ from empty tables (a note instead of a crash). Figures are pure functions of the
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -12,6 +13,8 @@ from paper_figures.make import FIGURES, render_all
 from paper_figures.tables import Tables, add_system
 from results.paper import paper_rows
 from suites.breakdowns import breakdown_rows
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _sim(rows: list[dict], **over) -> list[dict]:
@@ -291,6 +294,86 @@ def test_loading_keeps_each_profiles_latest_run_and_refuses_a_missing_folder(tmp
         assert e.value.code == 2 and why in capsys.readouterr().err
 
 
+def test_measured_runs_are_grouped_by_the_hardware_their_rows_name(tmp_path):
+    """A measured run's first row is often a cell skipped before it ran (skip_invalid), with no
+    hardware: the run's GPU is the first one a row names, so a newer H100 run does not hide
+    the A800 one, and the skipped cell is drawn as the A800 run's. A run that cannot be read is
+    named in the notes (it vanished without a word)."""
+    from paper_figures import main_throughput
+    from paper_figures.tables import load_tables
+    from results import store
+
+    sim = store.read_rows(ROOT / "results/simulated/paper_main_14b/simulated-a800/rows.jsonl")
+    rows = ([r for r in sim if r["status"] == "skipped"]  # as the harness writes them: first
+            + [r for r in sim if r["status"] != "skipped"])
+    for i, gpu in enumerate(("NVIDIA A800-SXM4-80GB", "NVIDIA H100 80GB HBM3")):
+        run = tmp_path / "results" / "paper_main_14b" / f"run{i}"
+        run.mkdir(parents=True)
+        store.write_meta(run, {"created": f"2026-01-0{i + 1}T00:00:00Z"})
+        for r in rows:
+            store.append_row(run / store.ROWS, dict(r, source="measured", device="cuda",
+                             hardware=None if r["status"] == "skipped" else gpu))
+    tables = load_tables(tmp_path / "results")
+    drawn = main_throughput.drawn_rows(tables)
+    mea = drawn[drawn["source"] == "measured"]
+    assert len(mea) == len(rows) and (mea["status"] == "skipped").sum() == 2
+    assert set(mea["hardware"]) == {"NVIDIA A800-SXM4-80GB"}
+    assert tables.notes == []
+    bad = tmp_path / "results" / "paper_main_14b" / "run0" / store.ROWS
+    lines = bad.read_text().splitlines(keepends=True)
+    bad.write_text("".join(lines[:3] + ["not json\n"] + lines[3:]))
+    tables = load_tables(tmp_path / "results")
+    assert not (main_throughput.drawn_rows(tables)["source"] == "measured").any()
+    assert any("run0: not drawn, its rows cannot be read" in n and "line 4" in n
+               for n in tables.notes), tables.notes
+
+
+def test_cpu_figure_draws_one_machine_and_the_specs_baseline(tmp_path):
+    """Two measured runs of cpu_scaling on different machines crashed every figure (a speedup
+    indexed by world with each world twice); the newest machine's rows are drawn. The speedup
+    is over the spec's baseline, not ring by name."""
+    import shutil
+
+    from paper_figures import cpu_sweep
+    from paper_figures.tables import load_tables
+    from results import store
+
+    src = next(p for p in (ROOT / "results/cpu_scaling").iterdir() if (p / store.ROWS).exists())
+    rows = store.read_rows(src / store.ROWS)
+    shutil.copytree(src, tmp_path / "results/cpu_scaling/a")
+    b = tmp_path / "results/cpu_scaling/b"
+    b.mkdir()
+    meta = store.read_meta(src)
+    store.write_meta(b, dict(meta, created="2099-01-01T00:00:00Z"))
+    for r in rows:
+        spec = json.loads(r["sweep_spec"])
+        store.append_row(b / store.ROWS, dict(
+            r, hardware="another CPU" if r.get("hardware") else None, date="2099-01-01",
+            sweep_spec=json.dumps(dict(spec, baseline="burst"))))
+    tables = load_tables(tmp_path / "results")
+    host = next(r["hardware"] for r in rows if r.get("hardware"))
+    assert set(tables.measured["hardware"]) == {host, "another CPU"}
+    _, data = cpu_sweep.make(tables)
+    mea = data[(data["source"] == "measured") & (data["sweep"] == "cpu_scaling")]
+    assert len(mea) and set(mea["metric"]) == {"bytes_sent", "speedup_vs_burst"}
+    burst = mea[(mea["label"] == "burst") & (mea["status"] == "ok")
+                & (mea["metric"] == "speedup_vs_burst")]
+    assert burst["value"].tolist() == pytest.approx([1.0] * len(burst))
+
+
+def test_published_kernel_rows_compare_with_the_simulated_cells():
+    """The published attention rows are one layer with nothing recomputed and no LM head, as
+    the harness's and the simulator's: compare matched none of them (checkpointing and
+    fused_head were empty)."""
+    from results import paper, store
+    from results.tables import compare
+
+    published = pd.DataFrame(paper.kernel_rows())
+    sim = store.load(ROOT / "results/simulated/paper_kernel_32gpu/simulated-a800")
+    c = compare(published, sim, "attn_tflops", names=("paper", "sim"))
+    assert len(c) == 16 and (c["status_sim"] == "ok").all()
+
+
 def test_cpu_figure_keeps_cells_without_a_number_and_draws_the_long_sweep(fixture_tables,
                                                                           tmp_path):
     done = render_all(fixture_tables, tmp_path, only=["cpu_sweep"])
@@ -554,7 +637,7 @@ def test_ablation_keeps_the_specs_step_order_and_speeds_up_over_the_first_step(c
         spec_steps = [m["label"] for m in tomllib.load(f)["methods"]]
     fig, data = committed[1]["ablation"]
     for (n, metric), d in data.groupby(["seq_len", "metric"], sort=False):
-        assert d["step"].tolist() == spec_steps, (n, metric)
+        assert d["label"].tolist() == spec_steps, (n, metric)
         if metric == "tokens_per_s":
             v = d["value"].tolist()
             assert d["speedup"].tolist() == pytest.approx([x / v[0] for x in v])
@@ -568,6 +651,7 @@ def test_ablation_keeps_the_specs_step_order_and_speeds_up_over_the_first_step(c
     ticks = [t.get_text() for t in fig.axes[-1].get_xticklabels()]
     assert ticks[:5] == spec_steps[:5]
     assert ticks[5] == "+ selective ckpt (half cache) + striped layout"
+    assert data.drop_duplicates("label")["step"].tolist() == ticks  # the CSV names what is drawn
 
 
 def test_ablation_step_labels_name_a_layout_change():

@@ -961,6 +961,45 @@ def test_a_torn_last_line_given_its_newline_is_ignored_by_readers(tmp_path):
     assert [r["cell_id"] for r in store.read_rows(rows)] == ["c0"]
 
 
+def test_a_bad_line_before_a_last_line_without_newline_is_an_error(tmp_path):
+    """Only the last line with text can be a torn write: a bad line before a last row that
+    lacks its newline was read as "the last line" and dropped without a word."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_bytes(b'{"cell_id": "a", "status": "ok"}\n{"cell_id": "b", "sta\n'
+                     b'{"cell_id": "c", "status": "ok"}')
+    with pytest.raises(ValueError, match="line 2 is not valid JSON"):
+        store.read_rows(rows)
+    store.repair(rows)  # gives the whole last row its newline: the same verdict after it
+    with pytest.raises(ValueError, match="line 2 is not valid JSON"):
+        store.read_rows(rows)
+
+
+def test_loading_a_runs_rows_file_or_csv_keeps_what_its_folder_gives(tmp_path):
+    """store.load of a run's rows.jsonl has the run's speedups and cell order, as the folder
+    does; a table.csv keeps a label "NA" a label (pandas read it as missing)."""
+    rows = _rows([("NA", 64, 1.0, "ok"), ("ring", 64, 2.0, "ok")])
+    d = _run_dir(tmp_path, "20250101T000000Z-1", rows)
+    assert store.consolidate(d)["speedup"].tolist() == [2.0, 1.0]  # and writes table.csv
+    for got in (store.load(d / store.ROWS), store.load(d / store.CSV)):
+        assert got["label"].tolist() == ["NA", "ring"]
+        assert got["speedup"].tolist() == [2.0, 1.0]
+
+
+def test_compare_matches_a_whole_float_key_with_its_int():
+    """A key column with one empty value is float in pandas: its 1.0 is the other table's 1
+    (every cell was "missing", said as "nodes: 1 in a, 1.0 in b")."""
+    import pandas as pd
+
+    base = dict(workload="attention", seq_len=8192, world=2, nodes=1, status="ok",
+                label="ring", time_s=1.0)
+    a = pd.DataFrame([base, {**base, "seq_len": 16384}])
+    b = pd.DataFrame([{**base, "time_s": 2.0}, {**base, "seq_len": 16384, "nodes": None}])
+    assert b["nodes"].dtype == float
+    c = compare(a, b, "time_s").set_index("seq_len")
+    assert c.loc[8192, "status_b"] == "ok" and c.loc[8192, "ratio"] == pytest.approx(2.0)
+    assert c.loc[16384, "status_b"] == "missing"  # no nodes is not one node
+
+
 def test_rows_and_run_meta_reach_the_disk(tmp_path, monkeypatch):
     """append_row fsyncs the rows file; write_meta fsyncs its temporary file before the
     rename (a crash leaves the old run.json or the new one, never an empty one)."""
