@@ -70,6 +70,10 @@ class Method:
     counted: bool = True
     """Whether its traffic goes through ``burst.comm`` (the byte counter sees it); False for
     the adapters of external packages, whose bytes the harness leaves empty, not 0."""
+    row_saves: bool = True
+    """Whether all it saves for backward is rows of its output (out, LSE), as the engine's
+    ``selective_half`` cache needs; False for Ulysses and USP (their all-to-all's index
+    tensors)."""
 
     def __post_init__(self):
         if self.level not in LEVELS:

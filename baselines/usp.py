@@ -130,4 +130,5 @@ METHOD = register(Method(
     options={"layout": "contiguous", "ulysses_degree": 2, "backward": "ring", "grad_acc": "fp32"},
     requires=_requires,
     volume=partial(method_bytes, "usp"),
+    row_saves=False,  # its Ulysses part also saves the all-to-all's index tensors
 ))

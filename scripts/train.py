@@ -15,10 +15,11 @@ included; ``_inter_node``: those that left its node, i.e. the double ring's node
 ``--ranks-per-node`` ranks (or the method's own), else torchrun's host; local ranks without a
 double ring are one node) to ``<out>/steps.jsonl``. Started again with the same ``--out``, a run
 resumes from its last save, with the losses it would have had (the steps logged after that save
-are run again and their lines replaced), also on another number of ranks (``--world``);
-the other arguments but ``--steps``, ``--save-every`` and ``--time-limit-min`` must be those it
-started with (``<out>/run.json``; a default named, such as the model's own ``--kv-heads``, is the
-same argument), and so must the global batch (``--batch`` sequences per DP group x the DP size).
+are run again and their lines replaced), also on another number of ranks (``--world``), CP
+degree, ``--batch`` or ``--data-parallel`` wrapper, as long as the global batch (``--batch``
+sequences per DP group x the DP size) stays; the other arguments but ``--steps``,
+``--save-every`` and ``--time-limit-min`` must be those it started with (``<out>/run.json``; a
+default named, such as the model's own ``--kv-heads``, is the same argument).
 Arguments the engine would refuse (a method, layout, length or ``--ranks-per-node`` that cannot
 run on the ranks) are refused before any rank starts. Rank 0 alone reads and writes ``--out``.
 """
@@ -52,6 +53,9 @@ from burst.spawn import spawn  # noqa: E402
 PASSES = ("forward", "backward")  # the attention's phases in burst.comm's byte counter
 # what may change when a run is resumed; everything else is the run's identity
 RESUMABLE = ("out", "steps", "save_every", "time_limit_min", "world")
+# the layout over the ranks: a resume may change it (Trainer.load restores on any CP x DP layout
+# and DP wrapper) as long as the global batch, which the identity keeps, stays
+LAYOUT = ("cp_degree", "batch", "data_parallel")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -110,7 +114,8 @@ def _identity(args: dict, world: int) -> dict:
     method, options, layout = _attention(args)
     effective = {**method.options, **options}
     dp = world // (args["cp_degree"] or world)
-    return {**{k: v for k, v in _whole_sequence_masks(args).items() if k not in RESUMABLE},
+    return {**{k: v for k, v in _whole_sequence_masks(args).items()
+               if k not in RESUMABLE + LAYOUT},
             "kv_heads": (CONFIGS[args["model"]].num_kv_heads if args["kv_heads"] is None
                          else args["kv_heads"]),
             **{k: effective.get(k) for k in ("ranks_per_node", "backward")},
@@ -179,7 +184,7 @@ def _preflight(args: dict, world: int) -> None:
     # to); the method is asked about the rest at that padded length
     parts = cp * chunks_per_rank(layout)
     seq_local = (seq + (-seq) % parts) // cp
-    checks = [lambda: check_mode(args["checkpointing"], layout),
+    checks = [lambda: check_mode(args["checkpointing"], layout, method),
               lambda: method.check(world=cp, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
                                    seq_local=seq_local, causal=True, **options)]
     if cu is not None:
@@ -232,7 +237,8 @@ def _check_run(args: dict, world: int) -> str | None:
             return (f"{out} holds a run started with other arguments ("
                     + ", ".join(f"{k}: {a!r} then, {b!r} now" for k, (a, b) in
                                 sorted(differ.items()))
-                    + "); use another --out, or the same arguments")
+                    + "); use another --out, or the same arguments (--world, --cp-degree, "
+                    "--batch and --data-parallel may change where the global batch stays)")
         return None
     out.mkdir(parents=True, exist_ok=True)
     tmp = run.with_name(run.name + ".tmp")

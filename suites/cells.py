@@ -216,13 +216,9 @@ def cell_problem(cell: Cell) -> str | None:
         from burst.engine.configs import get_config
 
         try:
-            check_mode(cell.checkpointing, layout)
+            check_mode(cell.checkpointing, layout, method)
         except ValueError as e:
             return str(e)
-        if cell.checkpointing == "selective_half" and cell.method in ("ulysses", "usp"):
-            return (f"checkpointing 'selective_half' caches per-row tensors, but {cell.method!r} "
-                    "also saves its all-to-all's index tensors (burst.engine.checkpointing); "
-                    "use 'selective'")
         limit = get_config(cell.model).max_seq_len
         if cell.seq_len > limit:
             return f"seq_len {cell.seq_len} exceeds model {cell.model!r}'s max_seq_len {limit}"

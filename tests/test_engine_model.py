@@ -133,6 +133,8 @@ def test_bad_state_dict_names_the_key():
     biased = hf.config.to_dict() | {"attention_bias": True}
     with pytest.raises(ValueError, match="attention_bias=True is not supported"):
         from_hf(sd, biased)
+    with pytest.raises(ValueError, match="attention_dropout=0.1 is not supported"):
+        from_hf(sd, hf.config.to_dict() | {"attention_dropout": 0.1})
     # another architecture, Mistral's sliding window (ignored: logits off by 0.17) and a zero
     # rope_theta (read as 10000) were loaded without an error
     for change, match in (({"model_type": "qwen2"}, "model_type='qwen2' is not supported"),
@@ -321,6 +323,25 @@ def test_a_failed_save_keeps_the_previous_file_and_a_bad_state_is_refused(tmp_pa
     with pytest.raises(ValueError, match="the state is of a 'adamw' optimizer, this Trainer's "
                                          "is 'sgd'"):
         Trainer("tiny", dtype=torch.float64, optimizer="sgd").load(path)
+
+
+def test_save_refuses_meta_that_load_cannot_read_back(tmp_path):
+    """Found by an engine audit: a numpy step or a Path in meta was pickled over the last good
+    file, and load (weights_only) then called the file 'not a file Trainer.save wrote'."""
+    import numpy as np
+
+    tr = Trainer("tiny", dtype=torch.float64)
+    path = tmp_path / "state.pt"
+    tr.save(path, meta={"step": 3, "args": {"seq": [16, (1, 2)], "tag": None}})
+    saved = path.read_bytes()
+    for meta, why in (({"step": np.int64(3)}, r"meta\['step'\] is a int64"),
+                      ({"out": tmp_path}, r"meta\['out'\] is a PosixPath"),
+                      ({"a": [1, {2: 3}]}, r"meta\['a'\]\[1\] has a key 2 that is not a str")):
+        with pytest.raises(ValueError, match=why):
+            tr.save(path, meta=meta)
+        assert path.read_bytes() == saved
+    assert Trainer("tiny", dtype=torch.float64).load(path) == {
+        "step": 3, "args": {"seq": [16, (1, 2)], "tag": None}}
 
 
 def test_weights_of_another_model_are_refused_before_any_is_copied(tmp_path):
@@ -649,6 +670,25 @@ def test_from_hf_refuses_a_bool_rope_theta():
 def test_trainer_refuses_a_bool_lr():
     with pytest.raises(ValueError, match="lr=True must be a positive number"):
         Trainer("tiny", lr=True)
+
+
+def test_trainer_takes_numpy_integers_and_refuses_what_fails_later():
+    """Found by an engine audit: a numpy loss_chunk passed the check and failed at the first
+    step, a numpy seed was a bare TypeError inside the model; Ulysses with selective_half
+    passed the constructor and failed in the first forward on every rank."""
+    import numpy as np
+
+    from baselines import registry
+
+    tr = Trainer("tiny", dtype=torch.float64, loss_chunk=np.int64(8), seed=np.int64(1))
+    ref = Trainer("tiny", dtype=torch.float64, loss_chunk=8, seed=1)
+    batch = tr.local_batch(16, batch=1)
+    assert tr.step(*batch) == ref.step(*batch)
+    with pytest.raises(ValueError, match="seed='1' must be a whole number"):
+        Trainer("tiny", seed="1")
+    with pytest.raises(ValueError, match="'ulysses' also saves its all-to-all's index tensors"):
+        Trainer("tiny", attention=registry.get("ulysses"), attention_options={"layout": "striped"},
+                checkpointing="selective_half")
 
 
 def test_the_replica_checksum_is_exact_past_float64_and_past_one_chunk():

@@ -186,6 +186,10 @@ def test_without_layout_each_method_trains_on_its_own(monkeypatch):
         assert named["layout"] == own
     with pytest.raises(ValueError, match="layout 'zigzag' is not supported"):
         train._preflight(args("--method", "ring", "--layout", "zigzag"), 4)
+    # found by an audit: accepted here, then refused by every rank in the first forward
+    with pytest.raises(ValueError, match="'ulysses' also saves its all-to-all's index tensors"):
+        train._preflight(args("--method", "ulysses", "--layout", "striped", "--checkpointing",
+                              "selective_half"), 2)
 
 
 def test_a_length_that_does_not_split_is_reported_once(monkeypatch):
@@ -295,3 +299,13 @@ def test_a_training_run_killed_between_saves_resumes_with_the_same_losses(tmp_pa
     # 2 DP groups of 1 sequence each: another global batch, so not the same run
     res = _train(broken, "--world", "2", "--cp-degree", "1", "--steps", "8")
     assert res.returncode != 0 and "global_batch: 1 then, 2 now" in res.stderr, res.stderr[-3000:]
+    # the same global batch on another layout and DP wrapper is the same run (an audit found
+    # --cp-degree, --batch and --data-parallel bound to the first run's)
+    one, moved = tmp_path / "one", tmp_path / "moved"
+    assert _train(one, "--world", "1", "--batch", "2", "--steps", "3").returncode == 0
+    assert _train(moved, "--world", "2", "--cp-degree", "1", "--steps", "2").returncode == 0
+    res = _train(moved, "--world", "2", "--cp-degree", "2", "--batch", "2", "--data-parallel",
+                 "fsdp", "--steps", "3")
+    assert res.returncode == 0 and "resuming at step 2" in res.stdout, res.stderr[-3000:]
+    assert max(abs(a - b) for (_, a), (_, b) in zip(_losses(moved), _losses(one), strict=True)
+               ) < 1e-10

@@ -56,7 +56,9 @@ from burst.flops import CHECKPOINTING
 __all__ = ["CHECKPOINTING", "ActivationCache", "CacheEntry", "check_mode", "run_layer"]
 
 
-def check_mode(mode: str, layout: str) -> None:
+def check_mode(mode: str, layout: str, method=None) -> None:
+    """Refuse a checkpointing mode this layout or attention ``method`` cannot run (a registry
+    entry with ``row_saves=False``: selective_half keeps half of each saved tensor's rows)."""
     if mode not in CHECKPOINTING:
         raise ValueError(f"unknown checkpointing mode {mode!r}; valid modes: "
                          f"{', '.join(CHECKPOINTING)}")
@@ -65,6 +67,10 @@ def check_mode(mode: str, layout: str) -> None:
                          f"halves of all ranks must form a prefix of the sequence), but the "
                          f"attention uses {layout!r}; pass attention_options={{'layout': "
                          f"'striped'}} or use checkpointing 'selective'")
+    if mode == "selective_half" and not getattr(method, "row_saves", True):
+        raise ValueError(f"checkpointing 'selective_half' caches per-row tensors, but "
+                         f"{getattr(method, 'name', method)!r} also saves its all-to-all's "
+                         f"index tensors; use 'selective'")
 
 
 class _Anchor(torch.autograd.Function):

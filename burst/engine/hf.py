@@ -55,6 +55,10 @@ def config_from_hf(hf_config, *, max_seq_len: int | None = None) -> ModelConfig:
         if _get(hf_config, flag, False):
             problems.append(f"{flag}=True is not supported (the engine's projections have no "
                             "bias)")
+    dropout = _get(hf_config, "attention_dropout", 0.0) or 0.0
+    if dropout != 0:  # HF applies it in training: fine-tuning here would train another model
+        problems.append(f"attention_dropout={dropout!r} is not supported (the engine has no "
+                        "dropout; load a config with 0.0)")
     act = _get(hf_config, "hidden_act", "silu")
     if act != "silu":
         problems.append(f"hidden_act={act!r} is not supported (SwiGLU uses 'silu')")

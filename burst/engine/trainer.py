@@ -149,7 +149,7 @@ class Trainer:
         method, layout = resolve_attention(attention, attention_options)
         problems = []
         try:
-            check_mode(checkpointing, layout)
+            check_mode(checkpointing, layout, method)
         except ValueError as e:
             problems.append(str(e))
         if dtype not in DTYPES:
@@ -158,6 +158,8 @@ class Trainer:
         if (not isinstance(loss_chunk, numbers.Integral) or isinstance(loss_chunk, bool)
                 or loss_chunk < 1):
             problems.append(f"loss_chunk={loss_chunk!r} must be a whole number of tokens >= 1")
+        if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
+            problems.append(f"seed={seed!r} must be a whole number")
         if not _positive_number(lr):
             problems.append(f"lr={lr!r} must be a positive number")
         if not _positive_number(weight_decay, zero=True):
@@ -175,6 +177,7 @@ class Trainer:
         if problems:
             raise ValueError("Trainer: " + "; ".join(problems))
 
+        loss_chunk, seed = int(loss_chunk), int(seed)  # numpy integers included
         self.config, self.layout, self.dtype = cfg, layout, dtype
         self.checkpointing, self.ignore_index = checkpointing, ignore_index
         self.device = torch.device(device)
@@ -360,6 +363,7 @@ class Trainer:
         if comm.rank() == 0:
             tmp = path.with_name(f"{path.name}.tmp")
             try:
+                _check_plain(meta or {}, "meta")  # what load's weights_only reader takes
                 with open(tmp, "wb") as f:
                     torch.save({**state, "meta": dict(meta or {})}, f)
                     f.flush()
@@ -646,3 +650,27 @@ class Trainer:
                                      "rank); the step was not applied, the weights are as before")
         self.optimizer.step()
         return loss
+
+
+_PLAIN = (type(None), bool, int, float, str)
+
+
+def _check_plain(value, where: str) -> None:
+    """Refuse what ``torch.load(weights_only=True)`` cannot read back (a numpy scalar, a Path,
+    an object): ``save`` would write a file that ``load`` refuses, over the last good one."""
+    if type(value) in _PLAIN:
+        return
+    if type(value) in (list, tuple):
+        for i, v in enumerate(value):
+            _check_plain(v, f"{where}[{i}]")
+        return
+    if type(value) is dict:
+        for k, v in value.items():
+            if type(k) is not str:
+                raise ValueError(f"{where} has a key {k!r} that is not a str; nothing was "
+                                 "saved")
+            _check_plain(v, f"{where}[{k!r}]")
+        return
+    raise ValueError(f"{where} is a {type(value).__name__} ({value!r}): Trainer.save keeps "
+                     "plain values (None, bool, int, float, str and lists, tuples and dicts "
+                     "of them) that load can read back; nothing was saved")
