@@ -7,9 +7,10 @@
 
 Rows follow ``results.schema`` with ``source="simulated"``, ``executor="simulate"`` and
 ``hardware`` = the profile, so tables and figures treat them like measured rows. A cell that a
-real run could not start (a method that cannot split the shape) is an ``error`` row (a
-``skipped`` row from ``simulate_spec``, as a sweep records it), one whose
-predicted peak exceeds the profile's usable memory an ``oom`` row (with the predicted bytes).
+real run could not start (a method that cannot split the shape) is an ``error`` row from
+``simulate_cell``; ``simulate_spec`` refuses such a spec as a sweep does, unless the method has
+``skip_invalid = true`` (then a ``skipped`` row, as a sweep records it). A cell whose predicted
+peak exceeds the profile's usable memory is an ``oom`` row (with the predicted bytes).
 
 How a prediction is made (docs/simulator.md): ``suites.schedule`` times one attention layer from
 the kernel calls and the bytes of ``burst.volume``; ``suites.step_model`` builds the training step
