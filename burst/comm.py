@@ -383,7 +383,10 @@ def subgroup(rank_lists: list[list[int]], *, parent=None, purpose: str = ""):
     """The group (among ``rank_lists``, a partition of ``parent``'s global ranks) holding this
     rank. Created once (per default process group) and cached. With parent = the world every
     rank creates every group in the same order; inside a smaller parent only the members
-    synchronise."""
+    synchronise. Under NCCL with a bound device (``init(device_id=...)``) torch creates a group
+    by splitting the world's communicator, a call every rank of the world must make: so each
+    rank must call this the same number of times in the same order, which every caller here
+    does (each rank of every parent makes one group per call; not yet run on GPUs)."""
     _fresh_caches()
     key = (tuple(map(tuple, rank_lists)), purpose)
     if key in _SUB_CACHE:

@@ -2,6 +2,7 @@
 """The GPU check (issue 8): one command for a one-GPU machine, torch preinstalled, no internet.
 
     bash scripts/gpu_check.sh --out results/gpu/<run>          # on the GPU machine, < 8 minutes
+    BURST_GIT_COMMIT=<sha> bash scripts/gpu_check.sh --out "$OUT/gpu"   # a copy without .git
     python scripts/gpu_check.py --dry-run --out /tmp/x         # the same flow, tiny, on CPU (CI)
 
 Sections, each with its own time budget, skipped (a row says so) when the global deadline nears:
@@ -15,7 +16,10 @@ Sections, each with its own time budget, skipped (a row says so) when the global
           the whole sequence (same FLOPs): the per-step efficiency, forward and burst backward;
   engine  one training step of a ~1B model (hidden 2048, 16 layers, 16 heads of 128) at
           32K-128K tokens, fused head on/off x each checkpointing mode: tokens/s, MFU (H200 peak
-          989 TFLOP/s, DESIGN.md 4) under each ``burst.flops`` convention, CUDA peak memory;
+          989 TFLOP/s, DESIGN.md 4) under each ``burst.flops`` convention, CUDA peak memory.
+          Each step starts from an emptied allocator cache, so its reserved peak is its own;
+          its time includes growing the cache again (a few percent). A step the measured
+          peaks predict out of memory is a skipped row;
   maxseq  the longest sequence that fits for each checkpointing mode: a linear fit of the
           engine section's peak memory predicts it, one step there checks it (retry 0.8x on OOM,
           capped by the time left: then the row says "fits at least").
@@ -89,7 +93,7 @@ class Sizes:
 
 
 FULL = Sizes("cuda", torch.bfloat16, 450.0,
-             dict(tests=110, kernel=75, ring=45, engine=125, maxseq=80),
+             dict(tests=150, kernel=75, ring=45, engine=115, maxseq=60),
              (32768, 65536, 131072), 40, 128, 8, 131072, (32768, 65536, 131072), "1b", 16384)
 DRY = Sizes("cpu", torch.float32, 40.0,
             dict(tests=25, kernel=4, ring=4, engine=6, maxseq=4),
@@ -264,6 +268,9 @@ def _run_in_group(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedP
             raise
         finally:
             _GROUPS.discard(p.pid)
+    # a rank a killed test spawned outlives it in the session and keeps the GPU: end it
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(p.pid, signal.SIGKILL)
     return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 
@@ -274,12 +281,25 @@ def _run_in_group(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedP
 _PYTEST_STATUS = {"PASSED": "ok", "FAILED": "error", "ERROR": "error", "SKIPPED": "skipped"}
 
 
+def _progress_rows(rows: Rows, text: str) -> int:
+    """A row per test that pytest -v's progress lines name as finished (no junit file after a
+    kill or a crash); how many."""
+    n = 0
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and "::" in parts[0] and parts[1] in _PYTEST_STATUS:
+            rows.write(workload="gpu_tests", method="pytest", label=parts[0],
+                       status=_PYTEST_STATUS[parts[1]])
+            n += 1
+    return n
+
+
 def section_tests(rows: Rows, sz: Sizes, budget: Budget, out: Path, dry: bool) -> None:
     junit = out / "junit_gpu.xml"
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/test_gpu.py", "-v", "-rs",
            "-o", "addopts=", "-p", "no:cacheprovider", f"--junitxml={junit}"]
     if importlib.util.find_spec("pytest_timeout") is not None:  # a hung test fails alone
-        cmd.append("--timeout=60")
+        cmd.append("--timeout=150")  # the training-script test starts CUDA + NCCL 3 times
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if dry:
         env["CUDA_VISIBLE_DEVICES"] = ""  # the dry run checks the plumbing: every test skips
@@ -292,16 +312,17 @@ def section_tests(rows: Rows, sz: Sizes, budget: Budget, out: Path, dry: bool) -
         text = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (
             e.stdout or "")
         (out / "pytest_gpu.txt").write_text(text[-200000:])
-        # no junit file after a kill: the verbose progress lines still name each finished test
-        for line in text.splitlines():
-            parts = line.split()
-            if len(parts) >= 2 and "::" in parts[0] and parts[1] in _PYTEST_STATUS:
-                rows.write(workload="gpu_tests", method="pytest", label=parts[0],
-                           status=_PYTEST_STATUS[parts[1]])
+        _progress_rows(rows, text)
         rows.write(workload="gpu_tests", label="pytest -m gpu", status="timeout",
                    time_s=time.monotonic() - t0, error="pytest exceeded the section budget")
         return
-    cases = ET.parse(junit).getroot().iter("testcase") if junit.exists() else []
+    if not junit.exists():  # pytest died (a CUDA abort in a test): its progress lines remain
+        n = _progress_rows(rows, res.stdout)
+        rows.write(workload="gpu_tests", label="pytest -m gpu (summary)", status="error",
+                   time_s=time.monotonic() - t0, error="pytest wrote no junit file",
+                   spec={"returncode": res.returncode, "summary": tail[0], "cases": n})
+        return
+    cases = ET.parse(junit).getroot().iter("testcase")
     n = 0
     for case in cases:
         n += 1
@@ -564,8 +585,9 @@ def _trainer(sz: Sizes):
     from burst.engine.trainer import Trainer
 
     cfg = _model_config(sz.engine_model)
+    # lr ~0: the steps measure, they need not train (a non-finite loss would end the section)
     kw = dict(attention_options={"layout": "striped"}, device=sz.device, dtype=sz.dtype,
-              checkpointing="none", fused_head=True, seed=0)
+              checkpointing="none", fused_head=True, seed=0, lr=1e-12)
     if sz.device != "cuda":
         return Trainer(cfg, **kw), cfg
     original = engine_model.CausalLM.reset_parameters
@@ -634,9 +656,10 @@ def section_engine(rows: Rows, sz: Sizes, budget: Budget, state: dict) -> None:
     tr, cfg = res
     state.update(trainer=tr, config=cfg, times={}, peaks={})
     oom: dict = {}
+    capacity = torch.cuda.get_device_properties(0).total_memory if sz.device == "cuda" else None
     n0 = sz.engine_seqs[0]
     status, res, err = _guard(lambda: _engine_step(tr, sz, n0, "none", True))  # warm-up
-    _engine_row(rows, sz, cfg, n0, "none", True, status, res, err, "train_step",
+    _engine_row(rows, sz, cfg, n0, "none", True, status, res, err, "train_step_warmup",
                 "warm-up step (first use: allocations, kernel choice)")
     for n in sz.engine_seqs:
         combos = [(m, f) for f in (True, False) for m in MODES]
@@ -646,8 +669,12 @@ def section_engine(rows: Rows, sz: Sizes, budget: Budget, state: dict) -> None:
             label = f"1 step, {mode}, {'fused' if fused else 'plain'} head"
             prev = state["times"].get((mode, fused))
             est = prev[1] * _hw(cfg, n, mode) / _hw(cfg, prev[0], mode) if prev else 0.0
+            need = _extrapolate(state["peaks"].get(mode, []), n)  # fused: a plain head's floor
             why = (f"out of memory at {oom[(mode, fused)]} tokens already"
                    if (mode, fused) in oom else
+                   f"predicted out of memory: ~{need / 2**30:.0f} GiB at {n} tokens (the "
+                   f"measured peaks' line) > 0.92 x {capacity / 2**30:.0f} GiB"
+                   if need and capacity and need > 0.92 * capacity else
                    f"estimated {est:.0f} s > {budget.left():.0f} s left"
                    if est > budget.left() else None)
             if why:
@@ -671,6 +698,14 @@ def _hw(cfg, n, mode):
 
 # ---------------------------------------------------------------------------------------------
 # maxseq
+
+
+def _extrapolate(pts, n: int) -> float | None:
+    """The peak memory at ``n`` tokens on the line through the last two measured peaks."""
+    if len(pts) < 2:
+        return None
+    (n1, m1), (n2, m2) = pts[-2], pts[-1]
+    return m2 + (m2 - m1) / (n2 - n1) * (n - n2)
 
 
 def _predict(pts, capacity) -> float | None:

@@ -36,4 +36,12 @@ if torch.cuda.is_available():
     echo "gpu_check.sh: expandable_segments probe failed; the default CUDA allocator is used"
   fi
 fi
-exec timeout -k 5 470 "$PY" scripts/gpu_check.py "$@"
+# the script's budget (--budget-s, default 450 s) + its watchdog's 10 s + 10 s of margin
+limit=470
+prev=
+for a in "$@"; do
+  case "$prev" in --budget-s) limit=$(awk -v b="$a" 'BEGIN { printf "%d", b + 20.999 }') ;; esac
+  case "$a" in --budget-s=*) limit=$(awk -v b="${a#*=}" 'BEGIN { printf "%d", b + 20.999 }') ;; esac
+  prev=$a
+done
+exec timeout -k 5 "$limit" "$PY" scripts/gpu_check.py "$@"

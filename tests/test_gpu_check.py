@@ -199,3 +199,47 @@ def test_an_interrupted_gpu_check_takes_the_pytest_group_with_it(tmp_path, monke
     finally:
         signal.signal(signal.SIGTERM, old)
     _assert_gone(int(pidfile.read_text()), "the interrupt")
+
+
+def test_a_rank_left_behind_by_a_finished_pytest_is_ended(tmp_path, monkeypatch):
+    """A test killed by pytest-timeout leaves the rank it spawned running in pytest's session
+    (holding the GPU for the later sections) although pytest itself exits normally."""
+    mod = _module(monkeypatch)
+    pidfile = tmp_path / "child.pid"
+    leaver = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', "
+              "'import time; time.sleep(60)'], stdout=subprocess.DEVNULL, "
+              "stderr=subprocess.DEVNULL); open(sys.argv[1], 'w').write(str(p.pid))")
+    res = mod._run_in_group([sys.executable, "-c", leaver, str(pidfile)], timeout=30.0)
+    assert res.returncode == 0
+    _assert_gone(int(pidfile.read_text()), "its pytest")
+
+
+def test_a_pytest_that_dies_without_junit_keeps_its_finished_tests(tmp_path, monkeypatch):
+    """A CUDA abort inside a test ends pytest before its junit file: the tests its progress
+    lines name as done were lost, with one summary row."""
+    mod = _module(monkeypatch)
+    progress = ("tests/test_gpu.py::test_a PASSED                [ 50%]\n"
+                "tests/test_gpu.py::test_b FAILED                [100%]\n"
+                "Fatal Python error: Aborted\n")
+    monkeypatch.setattr(mod, "_run_in_group", lambda cmd, timeout, **kw:
+                        subprocess.CompletedProcess(cmd, -6, progress, ""))
+    rows = mod.Rows(tmp_path, {})
+    mod.section_tests(rows, mod.DRY, mod.Budget(30.0), tmp_path, True)
+    got = [(r["label"], r["status"]) for r in rows.written]
+    assert got[:2] == [("tests/test_gpu.py::test_a", "ok"), ("tests/test_gpu.py::test_b", "error")]
+    assert got[2] == ("pytest -m gpu (summary)", "error")
+    assert rows.written[2]["error"] == "pytest wrote no junit file"
+
+
+def test_the_shell_timeout_follows_the_budget(tmp_path):
+    """gpu_check.sh's kill came at 470 s whatever --budget-s said: a larger budget was cut
+    before the script's own watchdog could write its rows."""
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\n[ "$1" = -c ] && exit 0\ntr "\\0" " " < /proc/$PPID/cmdline\n')
+    fake.chmod(0o755)
+    for args, limit in (([], "470"), (["--budget-s", "600"], "620"),
+                        (["--budget-s=100.5"], "121")):
+        r = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), *args],
+                           env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake)},
+                           capture_output=True, text=True, timeout=60)
+        assert r.stdout.startswith(f"timeout -k 5 {limit} {fake} scripts/gpu_check.py"), r.stdout
