@@ -120,8 +120,14 @@ def _run(args) -> int:
         print(f"rows: {res.run_dir / 'rows.jsonl'}\ntable: {res.run_dir / 'table.parquet'} "
               f"(and table.csv)")
         # a cell that failed or hung is not a result (oom and skipped are: the cell cannot run)
-        bad = res.table[res.table["status"].isin(("error", "timeout"))]
-        return 1 if len(bad) else 0
+        status = res.table["status"]
+        if len(status) and not (status == "ok").any():
+            counts = ", ".join(f"{n} {st}" for st, n in status.value_counts().items())
+            print(f"nothing was measured: no cell of {len(status)} ran to a number ({counts})",
+                  file=sys.stderr)
+            if (status == "skipped").all():  # nothing ran at all: not a result of this run
+                return 1
+        return 1 if status.isin(("error", "timeout")).any() else 0
     return 0
 
 
@@ -172,6 +178,9 @@ def _cmd_show(args) -> int:
     print(summary_text(df, baseline=baseline, metrics=metrics))
     if newest is not None:  # the sweep folder's latest run has no row: the table is an older one
         print(f"shown: run {run.name}; " + _newest_note(newest))
+    elif run is not None and run != path and len(runs := store.runs_by_time(path)) > 1:
+        print(f"shown: run {run.name}, the latest created of {len(runs)} runs in {path} "
+              f"(another: burst-bench show {path}/<run id>)")
     missing = set(meta.get("cells", [])) - set(df["cell_id"]) if "cell_id" in df else set()
     if missing:  # an interrupted run looked complete
         print(f"{len(missing)} of {len(meta['cells'])} cells of run {run.name} have no row "

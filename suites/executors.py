@@ -482,7 +482,7 @@ def pending_jobs(run_dir: Path, kind: str) -> dict[str, dict]:
             if not r.get("collected") and r.get("kind") == kind and r["job_id"] not in rows}
 
 
-def _local_job_alive(pid: int | None) -> bool:
+def local_job_alive(pid: int | None) -> bool:
     """The recorded process still runs and is still submitit's (not a reused pid)."""
     if not pid:
         return False
@@ -518,15 +518,15 @@ def _adopt(cells: list[Cell], run: Run, kind: str, ctx: RunContext, poll_s: floa
         # wait no longer than the limit the submitting driver would have enforced
         deadline = rec.get("submitted", 0) + local_limit_s(cell)
         pid = rec.get("pid")
-        while _local_job_alive(pid) and not _has_outcome(job) and time.time() < deadline:
+        while local_job_alive(pid) and not _has_outcome(job) and time.time() < deadline:
             time.sleep(poll_s)
         if _has_outcome(job):
             _collect(job, cell, run, ctx)
-        elif _local_job_alive(pid):  # running past its limit: a timeout, as it would have been
+        elif local_job_alive(pid):  # running past its limit: a timeout, as it would have been
             _time_out(job, cell, run, ctx)
         else:  # it died without a result (with the driver, say): run the cell again
             left.append(cell)
-        if _local_job_alive(pid):  # ranks left waiting on a failed one, or past the limit:
+        if local_job_alive(pid):  # ranks left waiting on a failed one, or past the limit:
             os.kill(pid, signal.SIGINT)  # stop them (submitit's LocalJob.cancel) before timing
     if pending:
         print(f"waiting for {len(pending)} job(s) an earlier driver submitted", flush=True)

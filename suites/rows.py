@@ -36,14 +36,19 @@ class RunContext:
 _OOM = ("OutOfMemoryError", "CUDA out of memory", "out of memory", "can't allocate memory",
         "DefaultCPUAllocator: not enough memory", "std::bad_alloc", "MemoryError",
         "OUT_OF_MEMORY")  # the last: SLURM's state for a job its memory limit killed
-_TIMEOUT = ("timed-out", "timed out", "TIMEOUT", "did not finish within", "exceeded its time limit")
+# matched in any case: gloo says "Timed out waiting ...ms for recv", its store "wait timeout",
+# NCCL's watchdog "collective operation timeout"; SLURM's state "TIMEOUT" as written (a bare
+# "timeout" is in every traceback through comm.init's timeout_s)
+_TIMEOUT = ("timed-out", "timed out", "wait timeout", "operation timeout",
+            "did not finish within", "exceeded its time limit")
 
 
 def classify(error_text: str) -> str:
     """oom | timeout | error, from the text of a failure."""
     if any(s in error_text for s in _OOM):
         return "oom"
-    if any(s in error_text for s in _TIMEOUT):
+    lowered = error_text.lower()
+    if "TIMEOUT" in error_text or any(s in lowered for s in _TIMEOUT):
         return "timeout"
     return "error"
 

@@ -223,6 +223,7 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
         ids = [c.cell_id for c in cells]
         skip = _done(store.read_rows(run.rows), retry_failed)
         todo = [c for c in cells if c.cell_id not in skip]
+        _refuse_other_executors_jobs(run.dir, todo, executor)
         # a finished run is left as it is (a committed one stays clean), unless its baseline
         # changed: the table's speedups follow the spec's baseline
         if todo or not meta or meta.get("baseline") != spec.baseline:
@@ -371,6 +372,8 @@ def summary_text(table, spec: SweepSpec | None = None, *, baseline: str | None =
         title = METRICS[m][0]
         if m == "time_s" and baseline:
             title += f", speedup vs {baseline}"
+        if m == "max_err":  # an ok cell without one was not checked, not found exact
+            title += " (-: not checked, above the spec's error_max_tokens)"
         parts.append(render(summary(table, m, baseline=baseline), title=title))
     failed: dict[tuple, list[str]] = {}  # one line per (status, method, reason)
     for _, r in table[table["status"] != "ok"].iterrows():
@@ -385,6 +388,28 @@ def summary_text(table, spec: SweepSpec | None = None, *, baseline: str | None =
                      + ("" if simulated else "\n(a resumed run counts these cells as done; "
                         "--retry-failed runs them again)"))
     return "\n\n".join(parts)
+
+
+def _refuse_other_executors_jobs(run_dir: Path, todo: list, executor: str) -> None:
+    """A cell whose job an earlier driver of another executor submitted, still running (a local
+    job) or not known to have ended (SLURM), is collected by that executor alone: run here, it
+    would be measured twice at once, the two timings sharing the machine."""
+    from suites.executors import local_job_alive
+
+    held = {}
+    for kind in ("local", "slurm"):
+        if kind == executor:
+            continue
+        jobs = pending_jobs(run_dir, kind)
+        cells = [c.cell_id for c in todo if c.cell_id in jobs
+                 and (kind == "slurm" or local_job_alive(jobs[c.cell_id].get("pid")))]
+        if cells:
+            held[kind] = cells
+    if held:
+        raise ValueError(f"run {run_dir.name} has jobs of an earlier driver not yet collected ("
+                         + "; ".join(f"{len(v)} {k}" for k, v in held.items())
+                         + "): resume it with " + " or ".join(f"--executor {k}" for k in held)
+                         + ", which collects them (or wait for them to end)")
 
 
 def replace_slurm(base: SlurmSpec, **overrides) -> SlurmSpec:

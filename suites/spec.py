@@ -372,9 +372,20 @@ def _method(r: _Reader, t: dict, where: str, workload: str) -> MethodSpec | None
               "default")
         label = None
     if label is None:
-        label = base.label if base else default_label(name, options)
+        label = _paper_label(base, name, options, ckpt, fused) if base else \
+            default_label(name, options)
     return MethodSpec(name=name, label=label, options=opts, checkpointing=ckpt, fused_head=fused,
                       paper=paper, skip_invalid=bool(skip))
+
+
+def _paper_label(base, name: str, options: dict, ckpt: str, fused: bool) -> str:
+    """The paper's label, with what the entry changes of the paper's system in brackets (the
+    paper's label alone would match the published rows of another setup)."""
+    changed = [f"name={name}"] if name != base.name else []
+    changed += [f"{k}={v}" for k, v in sorted(options.items()) if base.options.get(k) != v]
+    changed += [f"checkpointing={ckpt}"] if ckpt != base.checkpointing else []
+    changed += [f"fused_head={str(fused).lower()}"] if fused != base.fused_head else []
+    return f"{base.label} [{','.join(changed)}]" if changed else base.label
 
 
 def default_label(name: str, options: dict) -> str:
@@ -474,6 +485,10 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
             s = _scale(r, t, f"scales[{i}].", top_lens)
             if s is not None:
                 scales.append(s)
+        entries = [t for t in (r.get(data, "scales", "", list) or []) if isinstance(t, dict)]
+        if top_lens is not None and entries and all("seq_lens" in t for t in entries):
+            r.add("seq_lens", "every [[scales]] entry gives its own seq_lens, so these are "
+                  "never run: remove them, or leave seq_lens out of an entry to use them")
     else:
         s = _scale(r, {k: data[k] for k in _SCALE if k in data}, "", top_lens)
         if s is not None:

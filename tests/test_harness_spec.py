@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -844,6 +845,12 @@ def test_failure_texts_classify_as_documented():
     assert classify("terminate called after throwing an instance of 'std::bad_alloc'") == "oom"
     assert classify("RuntimeError: [gloo] Connection timed out waiting for rank 1") == "timeout"
     assert classify("the job exceeded its time limit of 75 s without a result") == "timeout"
+    # found by a harness audit: a hung rank under the local executor was an error row
+    assert classify("rank 0 raised RuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:81] "
+                    "Timed out waiting 60000ms for recv operation to complete") == "timeout"
+    assert classify("torch.distributed.DistStoreError: wait timeout after 60000ms") == "timeout"
+    assert classify("Watchdog caught collective operation timeout: WorkNCCL(...)") == "timeout"
+    assert classify('File "burst/comm.py", in init(timeout_s=60)\nValueError: x') == "error"
     assert classify("ValueError: bad input") == "error"
 
 
@@ -938,7 +945,7 @@ def test_an_attention_key_in_a_train_step_method_names_its_workload(tmp_path):
 
 
 def test_run_exit_code_is_0_when_cells_ran_out_of_memory_or_were_skipped(tmp_path,
-                                                                          monkeypatch):
+                                                                          monkeypatch, capsys):
     """oom and skipped are results (the cell cannot run there), not a failed run."""
     import pandas as pd
 
@@ -950,6 +957,15 @@ def test_run_exit_code_is_0_when_cells_ran_out_of_memory_or_were_skipped(tmp_pat
 
     monkeypatch.setattr(run_mod, "run_sweep", lambda *a, **k: Res())
     assert cli.main(["run", str(SPEC_DIR / "smoke.toml")]) == 0
+    # a sweep of which no cell ran at all (no GPU here, no length any layout splits) measured
+    # nothing: it said nothing and exited 0 (a harness audit); every cell oom is a finding
+    Res.table = pd.DataFrame({"status": ["skipped", "skipped"]})
+    assert cli.main(["run", str(SPEC_DIR / "smoke.toml")]) == 1
+    assert "nothing was measured: no cell of 2 ran to a number (2 skipped)" in (
+        capsys.readouterr().err)
+    Res.table = pd.DataFrame({"status": ["oom", "skipped"]})
+    assert cli.main(["run", str(SPEC_DIR / "smoke.toml")]) == 0
+    assert "nothing was measured" in capsys.readouterr().err
 
 
 def test_a_torn_last_line_given_its_newline_is_ignored_by_readers(tmp_path):
@@ -1150,6 +1166,52 @@ def test_show_names_a_newest_run_that_has_no_row_yet(tmp_path, capsys):
     assert cli.main(["show", str(tmp_path / "sweep")]) == 0
     out = capsys.readouterr().out
     assert "speedup vs ring" in out and f"shown: run {old.name}; {note}" in out
+    # two runs with rows: the one shown is named (a run resumed by another spec is not the
+    # latest created, and its table was taken for the other's)
+    newer = _run_dir(tmp_path, "20250103T000000Z-3", rows)
+    store.write_meta(newer, {**store.read_meta(newer), "created": "2025-01-03T00:00:00Z"})
+    assert cli.main(["show", str(tmp_path / "sweep")]) == 0
+    assert (f"shown: run {newer.name}, the latest created of 3 runs in {tmp_path / 'sweep'}"
+            in capsys.readouterr().out)
+    assert cli.main(["show", str(newer)]) == 0
+    assert "shown:" not in capsys.readouterr().out
+
+
+def test_a_cell_with_another_executors_job_uncollected_is_not_run_twice(tmp_path, monkeypatch):
+    """A harness audit: a local run whose driver alone was interrupted (its job running on),
+    resumed with the inline executor, measured the cell again beside that job, both timings on
+    the same cores, and the job was never collected. A job that ended is no obstacle."""
+    import sys
+
+    from suites import run as runmod
+
+    spec = load_spec(_write(tmp_path, GOOD, "sweep"))
+    cells = expand(spec)
+    run = tmp_path / "out" / spec.name / "r1"
+    run.mkdir(parents=True)
+    store.write_meta(run, {"spec_hash": runmod._spec_hash(spec), "baseline": spec.baseline,
+                           "cells": [c.cell_id for c in cells]})
+    ran = []
+    monkeypatch.setattr(runmod, "run_inline", lambda todo, run_, ctx: ran.extend(todo))
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "submitit"])
+    try:
+        store.append_row(run / "jobs.jsonl", {"cell_id": cells[0].cell_id, "job_id": "7",
+                                              "kind": "local", "pid": live.pid, "tasks": 1})
+        store.append_row(run / "jobs.jsonl", {"cell_id": cells[1].cell_id, "job_id": "8_0",
+                                              "kind": "slurm", "tasks": 1})
+        with pytest.raises(ValueError, match=r"run r1 has jobs of an earlier driver not yet "
+                           r"collected \(1 local; 1 slurm\): resume it with --executor local "
+                           r"or --executor slurm"):
+            runmod.run_sweep(spec, out=tmp_path / "out", run_id="r1", stream=io.StringIO())
+        assert ran == []
+    finally:
+        live.kill()
+        live.wait()
+    (run / "jobs.jsonl").unlink()  # the local job ended without a row: the cell runs again
+    store.append_row(run / "jobs.jsonl", {"cell_id": cells[0].cell_id, "job_id": "7",
+                                          "kind": "local", "pid": live.pid, "tasks": 1})
+    runmod.run_sweep(spec, out=tmp_path / "out", run_id="r1", stream=io.StringIO())
+    assert [c.cell_id for c in ran] == [c.cell_id for c in cells]
 
 
 def test_an_edited_spec_names_the_unfinished_run_it_leaves(tmp_path, monkeypatch):
@@ -1192,3 +1254,31 @@ def test_an_edited_spec_names_the_unfinished_run_it_leaves(tmp_path, monkeypatch
     runmod.run_sweep(dataclasses.replace(spec, repeats=spec.repeats + 3), out=tmp_path / "out",
                      stream=buf)
     assert "note: run" not in buf.getvalue()
+
+
+def test_a_paper_entry_that_changes_the_system_does_not_keep_its_label(tmp_path):
+    """A harness audit: {paper = "deepspeed_ulysses", name = "ring"} ran ring labelled
+    "Deepspeed-Ulysses", the label its rows are matched to the published ones by."""
+    text = ('workload = "train_step"\nmodel = "tiny"\nseq_lens = [64]\nworld = 2\n'
+            '[[methods]]\npaper = "burstengine"\n'
+            '[[methods]]\npaper = "burstengine"\ncheckpointing = "full"\n'
+            '[[methods]]\npaper = "megatron_cp"\noptions = { grad_acc = "fp32" }\n'
+            '[[methods]]\npaper = "deepspeed_ulysses"\nname = "ring"\nfused_head = true\n'
+            '[[methods]]\npaper = "burstengine"\ncheckpointing = "full"\nlabel = "Mine"\n')
+    spec = load_spec(_write(tmp_path, text, "paper_labels"))
+    assert [m.label for m in spec.methods] == [
+        "Burst-Ring", "Burst-Ring [checkpointing=full]", "Megatron [grad_acc=fp32]",
+        "Deepspeed-Ulysses [name=ring,fused_head=true]", "Mine"]
+
+
+def test_top_level_lengths_that_no_scale_uses_are_refused(tmp_path):
+    """A harness audit: top-level seq_lens were dropped without a word (never run, never
+    checked) when every [[scales]] entry gave its own."""
+    text = ('workload = "attention"\nseq_lens = [999999, 4096]\n[shape]\nheads = 2\n'
+            'head_dim = 8\n[[methods]]\nname = "ring"\n[[scales]]\nworld = 2\nseq_lens = [256]\n')
+    with pytest.raises(SpecError, match="every \\[\\[scales\\]\\] entry gives its own seq_lens"):
+        load_spec(_write(tmp_path, text, "lens"))
+    both = text.replace("999999", "512").replace("seq_lens = [256]\n",
+                                                  "seq_lens = [256]\n[[scales]]\nworld = 4\n")
+    scales = load_spec(_write(tmp_path, both, "lens2")).scales  # one entry uses them: fine
+    assert [list(s.seq_lens) for s in scales] == [[256], [512, 4096]]
