@@ -214,7 +214,7 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
 
     run = Run(select_run(spec, Path(out), run_id, new))
     if not run.dir.exists() and not new and run_id is None:
-        _note_unfinished_other(run.dir.parent, spec, stream)
+        _note_unfinished_other(run.dir.parent, spec, stream, tuple(c.cell_id for c in cells))
     run.dir.mkdir(parents=True, exist_ok=True)
     with store.RunLock(run.dir):
         store.repair(run.rows)  # a row torn by a killed writer is dropped; its cell runs again
@@ -278,9 +278,11 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
     return RunResult(run.dir, table, len(todo))
 
 
-def _note_unfinished_other(sweep_dir: Path, spec: SweepSpec, stream) -> None:
-    """A spec edited after an interrupted run starts a new run: say that the older one is left
-    unfinished (it resumes only with its own spec)."""
+def _note_unfinished_other(sweep_dir: Path, spec: SweepSpec, stream,
+                           ids: tuple[str, ...] = ()) -> None:
+    """A spec edited after a run starts a new run: say that the older one is left unfinished
+    (it resumes only with its own spec), or that it holds rows of cells (``ids``) that the new
+    run measures again."""
     last = store.latest_run(sweep_dir) if sweep_dir.exists() else None
     if last is None:
         return
@@ -289,13 +291,18 @@ def _note_unfinished_other(sweep_dir: Path, spec: SweepSpec, stream) -> None:
         return
     cells = meta.get("cells", [])
     try:
-        left = len(set(cells) - {r.get("cell_id") for r in store.read_rows(last / store.ROWS)})
+        have = {r.get("cell_id") for r in store.read_rows(last / store.ROWS)}
     except ValueError:  # another run's broken rows file is not this run's business
         return
+    left = len(set(cells) - have)
     if left:
         print(f"note: run {last.name} of this sweep, of another spec, has {left} of "
               f"{len(cells)} cells without a row; this spec starts a new run (that one resumes "
               "with its own spec)", file=stream, flush=True)
+    elif shared := len(have & set(ids)):
+        print(f"note: run {last.name} of this sweep, of another spec, has rows of {shared} of "
+              f"these {len(ids)} cells; this spec starts a new run, which measures every cell "
+              "(a run resumes only with its own spec)", file=stream, flush=True)
 
 
 def _code(commit, dirty) -> str:

@@ -1251,9 +1251,19 @@ def test_an_edited_spec_names_the_unfinished_run_it_leaves(tmp_path, monkeypatch
     (old / "rows.jsonl").write_text("garbage\n" + (old / "rows.jsonl").read_text())
     store.write_meta(old, {**store.read_meta(old), "created": "2099-01-02T00:00:00Z"})
     buf = io.StringIO()
-    runmod.run_sweep(dataclasses.replace(spec, repeats=spec.repeats + 3), out=tmp_path / "out",
-                     stream=buf)
+    third = dataclasses.replace(spec, repeats=spec.repeats + 3)
+    done = runmod.run_sweep(third, out=tmp_path / "out", stream=buf).run_dir
     assert "note: run" not in buf.getvalue()
+    # a finished run of cells the edited spec keeps (a method added): those are measured again,
+    # which a harness audit found said nowhere
+    more = dataclasses.replace(third, methods=third.methods[:1])
+    store.write_meta(old, {**store.read_meta(old), "created": "2000-01-01T00:00:00Z"})
+    store.write_meta(done, {**store.read_meta(done), "created": "2099-01-03T00:00:00Z"})
+    buf = io.StringIO()
+    runmod.run_sweep(more, out=tmp_path / "out", stream=buf)
+    n = len(expand(more))
+    assert (f"note: run {done.name} of this sweep, of another spec, has rows of {n} of these {n} "
+            "cells; this spec starts a new run, which measures every cell") in buf.getvalue()
 
 
 def test_a_paper_entry_that_changes_the_system_does_not_keep_its_label(tmp_path):
