@@ -187,7 +187,9 @@ class RunLock:
         except BlockingIOError:
             os.close(self._fd)
             raise RunLockedError(f"{self.path.parent} is being written by another running sweep; "
-                               "wait for it or pass --new for a separate run") from None
+                               "wait for it, or pass --new for a separate run (on the same "
+                               "machine the two would share its cores, and time each other)"
+                               ) from None
         return self
 
     def __exit__(self, *exc):

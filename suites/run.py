@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -97,6 +98,14 @@ def select_run(spec: SweepSpec, out: Path, run_id: str | None = None, new: bool 
                              "length, warmup, repeats, seed, ...): its rows would mix; drop "
                              "--run-id (this spec's own run is then resumed or started) or "
                              "name a new run id")
+        if named.exists() and not store.read_meta(named).get("spec_hash"):
+            # no record of its spec: its rows must be of this spec's cells
+            foreign = ({r.get("cell_id") for r in store.read_rows(named / store.ROWS)}
+                       - {c.cell_id for c in expand(spec)})
+            if foreign:
+                raise ValueError(f"run {named} has no run.json, and rows of {len(foreign)} "
+                                 "cells that are not this spec's: they would mix into its "
+                                 "table; name a new run id")
         return named
     if not new and sweep_dir.exists():  # newest first: a later run of another spec is passed
         for run in reversed(store.runs_by_time(sweep_dir)):
@@ -239,6 +248,7 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
             store.drop_tables(run.dir)
         print(f"sweep {spec.name}: {len(cells)} cells, {len(cells) - len(todo)} already done, "
               f"running {len(todo)} ({executor}) -> {run.dir}", file=stream, flush=True)
+        _note_shared_cores(todo, executor, stream)
         # a retried cell keeps its old failure row (history); the table keeps the newest row
         run = Run(run.dir, start=run.rows.stat().st_size if run.rows.exists() else 0,
                   skip=frozenset(skip))
@@ -395,6 +405,17 @@ def summary_text(table, spec: SweepSpec | None = None, *, baseline: str | None =
                      + ("" if simulated else "\n(a resumed run counts these cells as done; "
                         "--retry-failed runs them again)"))
     return "\n\n".join(parts)
+
+
+def _note_shared_cores(todo: list, executor: str, stream) -> None:
+    """CPU ranks beyond this machine's cores share them: their times measure overheads and
+    contention, not speed (a note, not a refusal: bytes and errors are still exact)."""
+    cores = os.cpu_count() or 1
+    world = max((c.world for c in todo if c.device == "cpu"), default=0)
+    if executor in ("inline", "local") and world > cores:
+        print(f"note: up to {world} CPU ranks on {cores} cores: ranks share cores, so times "
+              "measure overheads and contention, not speed (bytes and errors are exact)",
+              file=stream, flush=True)
 
 
 def _refuse_other_executors_jobs(run_dir: Path, todo: list, executor: str) -> None:

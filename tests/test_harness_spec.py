@@ -1066,9 +1066,9 @@ def test_a_run_folder_without_run_json_is_not_resumed(tmp_path):
     out = tmp_path / "out"
     stray = out / a.name / "20260101T000000Z-1"
     stray.mkdir(parents=True)
-    store.append_row(stray / store.ROWS, {"cell_id": "x", "status": "ok"})
+    store.append_row(stray / store.ROWS, {"cell_id": expand(a)[0].cell_id, "status": "ok"})
     assert select_run(a, out) != stray
-    assert select_run(a, out, run_id=stray.name) == stray
+    assert select_run(a, out, run_id=stray.name) == stray  # its rows are this spec's cells
 
 
 def test_no_speedup_against_a_baseline_cell_that_failed():
@@ -1292,3 +1292,36 @@ def test_top_level_lengths_that_no_scale_uses_are_refused(tmp_path):
                                                   "seq_lens = [256]\n[[scales]]\nworld = 4\n")
     scales = load_spec(_write(tmp_path, both, "lens2")).scales  # one entry uses them: fine
     assert [list(s.seq_lens) for s in scales] == [[256], [512, 4096]]
+
+
+def test_cpu_ranks_beyond_the_cores_are_named(tmp_path, monkeypatch):
+    """A harness audit: world 8 on 2 cores printed "ok 76.1 ms" as if it meant speed."""
+    import os
+
+    from suites import run as runmod
+
+    spec = load_spec(_write(tmp_path, GOOD, "sweep"))
+    monkeypatch.setattr(runmod, "run_inline", lambda todo, run_, ctx: None)
+    worlds = max(c.world for c in expand(spec))
+    for cores, said in ((worlds - 1, True), (worlds, False)):
+        monkeypatch.setattr(os, "cpu_count", lambda cores=cores: cores)
+        buf = io.StringIO()
+        runmod.run_sweep(spec, out=tmp_path / f"out{cores}", stream=buf)
+        assert (f"note: up to {worlds} CPU ranks on {cores} cores" in buf.getvalue()) == said
+
+
+def test_a_named_run_without_run_json_takes_only_this_specs_rows(tmp_path):
+    """A harness audit: --run-id on a folder without run.json resumed it with any spec, and
+    another spec's rows (a longer length) landed in this one's table."""
+    from suites.run import select_run
+
+    spec = load_spec(_write(tmp_path, GOOD, "sweep"))
+    mine = expand(spec)[0].cell_id
+    run = tmp_path / "out" / spec.name / "orphan"
+    run.mkdir(parents=True)
+    assert select_run(spec, tmp_path / "out", "orphan") == run  # empty: fine
+    store.append_row(run / store.ROWS, {"cell_id": mine, "status": "ok"})
+    assert select_run(spec, tmp_path / "out", "orphan") == run  # its own rows: fine
+    store.append_row(run / store.ROWS, {"cell_id": "not-of-this-spec", "status": "ok"})
+    with pytest.raises(ValueError, match="has no run.json, and rows of 1 cells that are not"):
+        select_run(spec, tmp_path / "out", "orphan")
