@@ -332,16 +332,17 @@ def test_save_refuses_meta_that_load_cannot_read_back(tmp_path):
 
     tr = Trainer("tiny", dtype=torch.float64)
     path = tmp_path / "state.pt"
-    tr.save(path, meta={"step": 3, "args": {"seq": [16, (1, 2)], "tag": None}})
+    tr.save(path, meta={"step": 3, "args": {"seq": [16, (1, 2)], "tag": None, 2: 3}})
     saved = path.read_bytes()
     for meta, why in (({"step": np.int64(3)}, r"meta\['step'\] is a int64"),
                       ({"out": tmp_path}, r"meta\['out'\] is a PosixPath"),
-                      ({"a": [1, {2: 3}]}, r"meta\['a'\]\[1\] has a key 2 that is not a str")):
+                      ({"a": [1, {"x": object()}]}, r"meta\['a'\]\[1\]\['x'\] is a object"),
+                      ({np.int64(1): 0}, r"meta key np.int64\(1\) is a int64")):
         with pytest.raises(ValueError, match=why):
             tr.save(path, meta=meta)
         assert path.read_bytes() == saved
     assert Trainer("tiny", dtype=torch.float64).load(path) == {
-        "step": 3, "args": {"seq": [16, (1, 2)], "tag": None}}
+        "step": 3, "args": {"seq": [16, (1, 2)], "tag": None, 2: 3}}
 
 
 def test_weights_of_another_model_are_refused_before_any_is_copied(tmp_path):

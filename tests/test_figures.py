@@ -316,7 +316,8 @@ def test_measured_runs_are_grouped_by_the_hardware_their_rows_name(tmp_path):
     tables = load_tables(tmp_path / "results")
     drawn = main_throughput.drawn_rows(tables)
     mea = drawn[drawn["source"] == "measured"]
-    assert len(mea) == len(rows) and (mea["status"] == "skipped").sum() == 2
+    skipped = sum(r["status"] == "skipped" for r in rows)
+    assert len(mea) == len(rows) and (mea["status"] == "skipped").sum() == skipped > 0
     assert set(mea["hardware"]) == {"NVIDIA A800-SXM4-80GB"}
     assert tables.notes == []
     bad = tmp_path / "results" / "paper_main_14b" / "run0" / store.ROWS
@@ -338,7 +339,7 @@ def test_cpu_figure_draws_one_machine_and_the_specs_baseline(tmp_path):
     from paper_figures.tables import load_tables
     from results import store
 
-    src = next(p for p in (ROOT / "results/cpu_scaling").iterdir() if (p / store.ROWS).exists())
+    src = store.latest_run(ROOT / "results/cpu_scaling", with_rows=True)
     rows = store.read_rows(src / store.ROWS)
     shutil.copytree(src, tmp_path / "results/cpu_scaling/a")
     b = tmp_path / "results/cpu_scaling/b"

@@ -944,9 +944,10 @@ def test_an_attention_key_in_a_train_step_method_names_its_workload(tmp_path):
                for p in ei.value.problems), ei.value.problems
 
 
-def test_run_exit_code_is_0_when_cells_ran_out_of_memory_or_were_skipped(tmp_path,
-                                                                          monkeypatch, capsys):
-    """oom and skipped are results (the cell cannot run there), not a failed run."""
+def test_run_exit_code_is_0_when_cells_ran_out_of_memory_or_were_skipped_unless_none_ran(
+        tmp_path, monkeypatch, capsys):
+    """oom and skipped are results (the cell cannot run there), not a failed run, unless no
+    cell ran at all (every one skipped: exit 1)."""
     import pandas as pd
 
     from suites import run as run_mod
@@ -1168,11 +1169,13 @@ def test_show_names_a_newest_run_that_has_no_row_yet(tmp_path, capsys):
     assert "speedup vs ring" in out and f"shown: run {old.name}; {note}" in out
     # two runs with rows: the one shown is named (a run resumed by another spec is not the
     # latest created, and its table was taken for the other's)
-    newer = _run_dir(tmp_path, "20250103T000000Z-3", rows)
+    newer = _run_dir(tmp_path, "20250103T000000Z-3",
+                     _rows([("ring", 64, 7.25, "ok"), ("burst", 64, 1.0, "ok")]))
     store.write_meta(newer, {**store.read_meta(newer), "created": "2025-01-03T00:00:00Z"})
     assert cli.main(["show", str(tmp_path / "sweep")]) == 0
-    assert (f"shown: run {newer.name}, the latest created of 3 runs in {tmp_path / 'sweep'}"
-            in capsys.readouterr().out)
+    out = capsys.readouterr().out
+    assert "7250.0" in out  # its table (ms), not the older run's
+    assert f"shown: run {newer.name}, the latest created of 3 runs in {tmp_path / 'sweep'}" in out
     assert cli.main(["show", str(newer)]) == 0
     assert "shown:" not in capsys.readouterr().out
 
@@ -1256,14 +1259,16 @@ def test_an_edited_spec_names_the_unfinished_run_it_leaves(tmp_path, monkeypatch
     assert "note: run" not in buf.getvalue()
     # a finished run of cells the edited spec keeps (a method added): those are measured again,
     # which a harness audit found said nowhere
-    more = dataclasses.replace(third, methods=third.methods[:1])
+    extra = dataclasses.replace(third.methods[0], label="extra")
+    more = dataclasses.replace(third, methods=(*third.methods, extra))
     store.write_meta(old, {**store.read_meta(old), "created": "2000-01-01T00:00:00Z"})
     store.write_meta(done, {**store.read_meta(done), "created": "2099-01-03T00:00:00Z"})
     buf = io.StringIO()
     runmod.run_sweep(more, out=tmp_path / "out", stream=buf)
-    n = len(expand(more))
-    assert (f"note: run {done.name} of this sweep, of another spec, has rows of {n} of these {n} "
-            "cells; this spec starts a new run, which measures every cell") in buf.getvalue()
+    n, kept = len(expand(more)), len(expand(third))
+    assert kept < n
+    assert (f"note: run {done.name} of this sweep, of another spec, has rows of {kept} of these "
+            f"{n} cells; this spec starts a new run, which measures every cell") in buf.getvalue()
 
 
 def test_a_paper_entry_that_changes_the_system_does_not_keep_its_label(tmp_path):

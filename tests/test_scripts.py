@@ -299,13 +299,20 @@ def test_a_training_run_killed_between_saves_resumes_with_the_same_losses(tmp_pa
     # 2 DP groups of 1 sequence each: another global batch, so not the same run
     res = _train(broken, "--world", "2", "--cp-degree", "1", "--steps", "8")
     assert res.returncode != 0 and "global_batch: 1 then, 2 now" in res.stderr, res.stderr[-3000:]
-    # the same global batch on another layout and DP wrapper is the same run (an audit found
-    # --cp-degree, --batch and --data-parallel bound to the first run's)
+
+
+def test_a_resume_may_change_cp_degree_batch_and_dp_wrapper(tmp_path):
+    """scripts/train.py: the same global batch on another layout and DP wrapper is the same run,
+    with the losses of one never interrupted (an engine audit found --cp-degree, --batch and
+    --data-parallel bound to the first run's, against the docstring and the README)."""
     one, moved = tmp_path / "one", tmp_path / "moved"
-    assert _train(one, "--world", "1", "--batch", "2", "--steps", "3").returncode == 0
-    assert _train(moved, "--world", "2", "--cp-degree", "1", "--steps", "2").returncode == 0
+    res = _train(one, "--world", "1", "--batch", "2", "--steps", "3")
+    assert res.returncode == 0, res.stderr[-3000:]
+    res = _train(moved, "--world", "2", "--cp-degree", "1", "--steps", "2")
+    assert res.returncode == 0, res.stderr[-3000:]
     res = _train(moved, "--world", "2", "--cp-degree", "2", "--batch", "2", "--data-parallel",
                  "fsdp", "--steps", "3")
     assert res.returncode == 0 and "resuming at step 2" in res.stdout, res.stderr[-3000:]
-    assert max(abs(a - b) for (_, a), (_, b) in zip(_losses(moved), _losses(one), strict=True)
-               ) < 1e-10
+    got, want = _losses(moved), _losses(one)
+    assert [s for s, _ in got] == [0, 1, 2], got
+    assert max(abs(a - b) for (_, a), (_, b) in zip(got, want, strict=True)) < 1e-10, (got, want)

@@ -666,9 +666,7 @@ def _check_plain(value, where: str) -> None:
         return
     if type(value) is dict:
         for k, v in value.items():
-            if type(k) is not str:
-                raise ValueError(f"{where} has a key {k!r} that is not a str; nothing was "
-                                 "saved")
+            _check_plain(k, f"{where} key {k!r}")
             _check_plain(v, f"{where}[{k!r}]")
         return
     raise ValueError(f"{where} is a {type(value).__name__} ({value!r}): Trainer.save keeps "
