@@ -227,6 +227,14 @@ def _check_metrics(metrics) -> None:
                          f"{', '.join(METRICS)}")
 
 
+def _made_by(df) -> str:
+    """The commits and machines a table's rows come from, in a few words."""
+    def values(col):
+        got = sorted({str(v)[:8] for v in df[col].dropna()}) if col in df else []
+        return ", ".join(got) or "unknown"
+    return f"commit {values('git_commit')} on {values('hostname')}"
+
+
 def _cmd_compare(args) -> int:
     from results import store
     from results.tables import METRICS, compare, no_match_reason, regressions, render
@@ -265,6 +273,9 @@ def _cmd_compare(args) -> int:
     print(render(show, title=f"{METRICS[args.metric][0]}: {args.a} (a) vs {args.b} (b); "
                              "speedup = how many times better b is; spread = (max - min) / "
                              "median over repeats"))
+    made = [_made_by(t) for t in (a, b)]
+    if made[0] != made[1]:  # another commit or machine: the ratio is not the code's alone
+        print(f"note: {names[0]} comes from {made[0]}, {names[1]} from {made[1]}")
     if args.out:
         df.to_csv(args.out, index=False)
         print(f"written {args.out}")
@@ -342,7 +353,9 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("compare", help="compare two result sets cell by cell")
     s.add_argument("a")
     s.add_argument("b")
-    s.add_argument("--metric", default="time_s")
+    s.add_argument("--metric", default="time_s",
+                   help="the column compared (default time_s); e.g. max_err, bytes_sent, "
+                   "tokens_per_s, mem_peak_bytes")
     s.add_argument("--names", help="names of the two sets, e.g. before,after")
     s.add_argument("--out", help="also write the comparison as CSV")
     s.add_argument("--fail-above", type=float, metavar="PCT",

@@ -257,6 +257,13 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
                          data_dir=data_dir, **code_provenance(data_dir))
         if todo and skip:
             _warn_mixed_code(store.read_rows(run.rows), ctx, stream)
+        if not todo and cells:  # a finished run (the committed one, on a fresh clone, say)
+            rows = store.read_rows(run.rows)
+            made = sorted({f"{_code(r.get('git_commit'), r.get('git_dirty'))} on "
+                           f"{r.get('hostname') or 'unknown'}" for r in rows})
+            print(f"nothing to run: every cell has a row in run {run.dir.name} (from "
+                  f"{', '.join(made) or 'unknown code'}); the table below is that run's, and "
+                  "--new measures every cell again", file=stream, flush=True)
         try:
             with _Progress(run.rows, cells, len(cells) - len(todo), stream):
                 todo = _skip_invalid(todo, run, ctx)

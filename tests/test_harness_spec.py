@@ -1330,3 +1330,39 @@ def test_a_named_run_without_run_json_takes_only_this_specs_rows(tmp_path):
     store.append_row(run / store.ROWS, {"cell_id": "not-of-this-spec", "status": "ok"})
     with pytest.raises(ValueError, match="has no run.json, and rows of 1 cells that are not"):
         select_run(spec, tmp_path / "out", "orphan")
+
+
+def test_compare_names_the_commits_and_machines_when_they_differ(tmp_path, capsys):
+    """A fresh-user audit: a committed run of another commit and machine compared with one's
+    own said nothing of it; the ratio is then not the code's alone."""
+    a = _run_dir(tmp_path, "a", _rows([("ring", 64, 2.0, "ok")], git_commit="1111111111",
+                                      hostname="vm"))
+    b = _run_dir(tmp_path, "b", _rows([("ring", 64, 1.0, "ok")], git_commit="2222222222",
+                                      hostname="laptop"))
+    assert cli.main(["compare", str(a), str(b)]) == 0
+    assert "note: a comes from commit 11111111 on vm, b from commit 22222222 on laptop" in (
+        capsys.readouterr().out)
+    assert cli.main(["compare", str(a), str(a)]) == 0
+    assert "note:" not in capsys.readouterr().out
+
+
+def test_a_finished_run_resumed_says_nothing_ran_and_whose_rows_it_shows(tmp_path, monkeypatch):
+    """A fresh-user audit: `burst-bench run smoke` on a fresh clone resumed the committed run of
+    another commit and machine, ran nothing and reprinted its table without a word."""
+    from suites import run as runmod
+
+    spec = load_spec(_write(tmp_path, GOOD, "sweep"))
+    monkeypatch.setattr(runmod, "run_inline", lambda todo, run_, ctx: [
+        store.append_row(run_.rows, dict(empty_row(), cell_id=c.cell_id, label=c.label,
+                                         status="ok", time_s=1.0, seq_len=c.seq_len,
+                                         world=c.world, git_commit="abcdef0123",
+                                         git_dirty=False, hostname="elsewhere"))
+        for c in todo])
+    buf = io.StringIO()
+    first = runmod.run_sweep(spec, out=tmp_path / "out", stream=buf).run_dir
+    assert "nothing to run" not in buf.getvalue()
+    buf = io.StringIO()
+    runmod.run_sweep(spec, out=tmp_path / "out", stream=buf)
+    assert (f"nothing to run: every cell has a row in run {first.name} (from abcdef01 on "
+            "elsewhere); the table below is that run's, and --new measures every cell again"
+            ) in buf.getvalue()
