@@ -327,6 +327,19 @@ def _run_dir(tmp_path, name, rows, baseline="ring"):
     return d
 
 
+def _run_of_spec(tmp_path):
+    """GOOD's spec, its cells and its run folder r1 (run.json written, no rows yet)."""
+    from suites import run as runmod
+
+    spec = load_spec(_write(tmp_path, GOOD, "sweep"))
+    cells = expand(spec)
+    run = tmp_path / "out" / spec.name / "r1"
+    run.mkdir(parents=True)
+    store.write_meta(run, {"spec_hash": runmod._spec_hash(spec), "baseline": spec.baseline,
+                           "cells": [c.cell_id for c in cells]})
+    return spec, cells, run
+
+
 def test_tables_summary_speedup_compare(tmp_path):
     import pandas as pd
 
@@ -1088,12 +1101,7 @@ def test_a_resumed_run_holds_no_stale_table_while_it_adds_rows(tmp_path, monkeyp
 
     from suites import run as runmod
 
-    spec = load_spec(_write(tmp_path, GOOD, "sweep"))
-    cells = expand(spec)
-    run = tmp_path / "out" / spec.name / "r1"
-    run.mkdir(parents=True)
-    store.write_meta(run, {"spec_hash": runmod._spec_hash(spec), "baseline": spec.baseline,
-                           "cells": [c.cell_id for c in cells]})
+    spec, cells, run = _run_of_spec(tmp_path)
 
     def row(c):
         return dict(empty_row(), cell_id=c.cell_id, label=c.label, status="ok", time_s=1.0,
@@ -1188,12 +1196,7 @@ def test_a_cell_with_another_executors_job_uncollected_is_not_run_twice(tmp_path
 
     from suites import run as runmod
 
-    spec = load_spec(_write(tmp_path, GOOD, "sweep"))
-    cells = expand(spec)
-    run = tmp_path / "out" / spec.name / "r1"
-    run.mkdir(parents=True)
-    store.write_meta(run, {"spec_hash": runmod._spec_hash(spec), "baseline": spec.baseline,
-                           "cells": [c.cell_id for c in cells]})
+    spec, cells, run = _run_of_spec(tmp_path)
     ran = []
     monkeypatch.setattr(runmod, "run_inline", lambda todo, run_, ctx: ran.extend(todo))
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "submitit"])
