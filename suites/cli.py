@@ -229,10 +229,10 @@ def _check_metrics(metrics) -> None:
 
 def _made_by(df) -> str:
     """The commits and machines a table's rows come from, in a few words."""
-    def values(col):
-        got = sorted({str(v)[:8] for v in df[col].dropna()}) if col in df else []
+    def values(col, chars=None):
+        got = sorted({str(v)[:chars] for v in df[col].dropna()}) if col in df else []
         return ", ".join(got) or "unknown"
-    return f"commit {values('git_commit')} on {values('hostname')}"
+    return f"commit {values('git_commit', 8)} on {values('hostname')}"
 
 
 def _cmd_compare(args) -> int:

@@ -1341,9 +1341,10 @@ def test_compare_names_the_commits_and_machines_when_they_differ(tmp_path, capsy
     a = _run_dir(tmp_path, "a", _rows([("ring", 64, 2.0, "ok")], git_commit="1111111111",
                                       hostname="vm"))
     b = _run_dir(tmp_path, "b", _rows([("ring", 64, 1.0, "ok")], git_commit="2222222222",
-                                      hostname="laptop"))
+                                      hostname="laptop-of-a-user"))
     assert cli.main(["compare", str(a), str(b)]) == 0
-    assert "note: a comes from commit 11111111 on vm, b from commit 22222222 on laptop" in (
+    assert ("note: a comes from commit 11111111 on vm, b from commit 22222222 on "
+            "laptop-of-a-user") in (
         capsys.readouterr().out)
     assert cli.main(["compare", str(a), str(a)]) == 0
     assert "note:" not in capsys.readouterr().out
