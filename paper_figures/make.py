@@ -153,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--results {a.results} holds no result table (no sweep run, nothing simulated):"
                  " every figure would be empty; `make figures` simulates the paper's sweeps "
                  "into results/simulated and draws them")
-    for note in tables.notes + unused_sweeps(tables) + undrawn(tables, a.only):
+    unused = unused_sweeps(tables) if a.only is None else []  # asked for some: not the rest
+    for note in tables.notes + unused + undrawn(tables, a.only):
         print(f"note: {note}", file=sys.stderr)
     done = render_all(tables, a.out, a.only)
     for name, paths in done.items():

@@ -440,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if spec.device != "cuda":
             print(f"note: {spec.name} is a {spec.device} spec; priced on {hw.name} GPUs")
+        width = max([28, *(len(r["label"]) for r in rows)])  # a long label keeps its column
         for r in rows:
             val = r["status"]
             if val == "ok" and r["workload"] == "attention":
@@ -450,11 +451,11 @@ def main(argv: list[str] | None = None) -> int:
                     f", MFU {100 * mfu:.1f}%" if mfu is not None else "")
             elif r.get("error"):  # why it was not priced, on the console too (not only --out)
                 val = f"{val}: {r['error'].splitlines()[0]}"  # whole: a cut one misleads
-            print(f"{r['label']:28s} seq={r['seq_len']:>8d} world={r['world']:>3d} {val}")
+            print(f"{r['label']:{width}s} seq={r['seq_len']:>8d} world={r['world']:>3d} {val}")
             errors += r["status"] == "error"
         where = (str(Path(a.out) / spec.name / run_id(hw)) if a.out is not None
                  else "nothing written (--out keeps the rows)")
-        print(json.dumps({"spec": s, "rows": len(rows), "written": where}))
+        print(json.dumps({"spec": s, "hardware": hw.name, "rows": len(rows), "written": where}))
     return 1 if errors else 0
 
 

@@ -757,6 +757,15 @@ def test_a_sweep_no_figure_draws_is_named():
     assert unused_sweeps(Tables(measured=mine[mine.sweep == "cpu_scaling"])) == []
 
 
+def test_figures_only_does_not_note_the_sweeps_of_other_figures(tmp_path, capsys):
+    """A walkthrough: `figures --only kernel_tflops` named the sweeps no figure draws (smoke, ...)
+    although one figure was asked for."""
+    from paper_figures.make import main
+
+    assert main(["--only", "kernel_tflops", "--out", str(tmp_path)]) == 0
+    assert "no figure draws sweep" not in capsys.readouterr().err
+
+
 def test_the_reference_tables_are_the_papers():
     """results/paper_reference holds copies of the task's published tables
     (../shared/paper_reference); the figures' and the fit's published values are read from the

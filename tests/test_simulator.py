@@ -1310,6 +1310,9 @@ def test_simulate_console_says_why_and_takes_one_profile(capsys, tmp_path):
     skipped = [line for line in out.splitlines() if " skipped" in line]
     assert skipped and all("skipped: " in line and "ulysses" in line for line in skipped)
     assert '"written": "nothing written (--out keeps the rows)"' in out  # it said nothing
+    assert '"hardware": "a800"' in out  # the profile it priced on, also when defaulted
+    cols = {line.index(" seq=") for line in out.splitlines() if " seq=" in line}
+    assert len(cols) == 1, cols  # "LoongTrain-Ring w/o sele-ckpt" ran into its length
     with pytest.raises(SystemExit) as ei:
         main(["paper_main_7b", "--hardware", "a800", "--hardware", "h100"])
     assert ei.value.code == 2 and "--hardware given more than once" in capsys.readouterr().err
