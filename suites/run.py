@@ -39,6 +39,7 @@ from suites.executors import (
     Run,
     dry_run,
     job_base,
+    local_job_alive,
     pending_jobs,
     run_inline,
     submit_cells,
@@ -429,8 +430,6 @@ def _refuse_other_executors_jobs(run_dir: Path, todo: list, executor: str) -> No
     """A cell whose job an earlier driver of another executor submitted, still running (a local
     job) or not known to have ended (SLURM), is collected by that executor alone: run here, it
     would be measured twice at once, the two timings sharing the machine."""
-    from suites.executors import local_job_alive
-
     held = {}
     for kind in ("local", "slurm"):
         if kind == executor:

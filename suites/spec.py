@@ -477,7 +477,8 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
             if k in data:
                 r.add(k, "give the machine size either at the top level or in [[scales]], "
                       "not both")
-        for i, t in enumerate(r.get(data, "scales", "", list) or []):
+        given = r.get(data, "scales", "", list) or []
+        for i, t in enumerate(given):
             if not isinstance(t, dict):
                 r.add(f"scales[{i}]", f"{t!r} is not a table; write [[scales]] entries")
                 continue
@@ -485,7 +486,7 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
             s = _scale(r, t, f"scales[{i}].", top_lens)
             if s is not None:
                 scales.append(s)
-        entries = [t for t in (r.get(data, "scales", "", list) or []) if isinstance(t, dict)]
+        entries = [t for t in given if isinstance(t, dict)]
         if top_lens is not None and entries and all("seq_lens" in t for t in entries):
             r.add("seq_lens", "every [[scales]] entry gives its own seq_lens, so these are "
                   "never run: remove them, or leave seq_lens out of an entry to use them")

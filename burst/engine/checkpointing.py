@@ -69,8 +69,9 @@ def check_mode(mode: str, layout: str, method=None) -> None:
                          f"'striped'}} or use checkpointing 'selective'")
     if mode == "selective_half" and not getattr(method, "row_saves", True):
         raise ValueError(f"checkpointing 'selective_half' caches per-row tensors, but "
-                         f"{getattr(method, 'name', method)!r} also saves its all-to-all's "
-                         f"index tensors; use 'selective'")
+                         f"{getattr(method, 'name', method)!r} also saves tensors that are not "
+                         f"rows of its output (Ulysses' and USP's: their all-to-all's index "
+                         f"tensors); use 'selective'")
 
 
 class _Anchor(torch.autograd.Function):
