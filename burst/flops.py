@@ -101,7 +101,10 @@ def _convention_fwd(batch: int, seq_len: int, heads: int, head_dim: int, causal:
                     window: tuple[int, int] | None) -> float:
     """Forward FLOPs as the conventions count them: N^2 (x 0.5 causal); with a sliding window,
     the exact attended pairs (half or all of N^2 would count pairs the window never computes,
-    and a windowed run's MFU would exceed 1)."""
+    and a windowed run's MFU would exceed 1). A window that spans the sequence (sides of N - 1
+    tokens) masks nothing and is counted as no window: one mask, one count."""
+    if window is not None and window[0] >= seq_len - 1 and (causal or window[1] >= seq_len - 1):
+        window = None
     if window is not None:
         return attention_flops(batch, seq_len, heads, head_dim, causal=causal, window=window)
     return attention_flops_halved(batch, seq_len, heads, head_dim, causal=causal)

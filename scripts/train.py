@@ -9,19 +9,20 @@
 Each step's batch comes from ``burst.engine.data`` (synthetic runs of equal tokens, so the loss
 goes down) with the step number as its seed, so a resumed run sees the batches the uninterrupted
 one would have. Every ``--save-every`` steps and at the end the whole training state goes to
-``<out>/state.pt`` (``Trainer.save``: weights and optimizer, written atomically), and each step's
-loss, time, tokens/s and the bytes rank 0's attention layers sent (a recomputed forward
-included; ``_inter_node``: those that left its node, i.e. the double ring's node of
-``--ranks-per-node`` ranks (or the method's own), else torchrun's host; local ranks without a
-double ring are one node) to ``<out>/steps.jsonl``. Started again with the same ``--out``, a run
-resumes from its last save, with the losses it would have had (the steps logged after that save
-are run again and their lines replaced), also on another number of ranks (``--world``), CP
-degree, ``--batch`` or ``--data-parallel`` wrapper, as long as the global batch (``--batch``
-sequences per DP group x the DP size) stays; the other arguments but ``--steps``,
-``--save-every`` and ``--time-limit-min`` must be those it started with (``<out>/run.json``; a
-default named, such as the model's own ``--kv-heads``, is the same argument).
-Arguments the engine would refuse (a method, layout, length or ``--ranks-per-node`` that cannot
-run on the ranks) are refused before any rank starts. Rank 0 alone reads and writes ``--out``.
+``<out>/state.pt`` (``Trainer.save``: weights and optimizer, written atomically), and each
+step's loss, time (the slowest rank's), tokens/s per rank, the layout (world, CP and DP sizes)
+and the bytes rank 0's attention layers sent (a recomputed forward included; ``_inter_node``:
+those that left its node, i.e. the double ring's node of ``--ranks-per-node`` ranks (or the
+method's own), else torchrun's host; local ranks without a double ring are one node) to
+``<out>/steps.jsonl``. Started again with the same ``--out``, a run resumes from its last save,
+with the losses it would have had (the steps logged after that save are run again and their
+lines replaced), also on another number of ranks (``--world``), CP degree, ``--batch`` or
+``--data-parallel`` wrapper, as long as the global batch (``--batch`` sequences per DP group x
+the DP size) stays; the other arguments but ``--steps``, ``--save-every`` and
+``--time-limit-min`` must be those it started with (``<out>/run.json``; a default named, such as
+the model's own ``--kv-heads``, is the same argument). Arguments the engine would refuse (a
+method, layout, length or ``--ranks-per-node`` that cannot run on the ranks) are refused before
+any rank starts. Rank 0 alone reads and writes ``--out``.
 """
 
 from __future__ import annotations
@@ -304,18 +305,24 @@ def _train(rank: int, world: int, args: dict, host_ranks: int | None = None) -> 
             loss = tr.step(*batch, cu_seqlens=cu)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        dt = time.perf_counter() - t0
+        # the step took as long as its slowest rank
+        dt = comm.all_reduce(torch.tensor([time.perf_counter() - t0], dtype=torch.float64,
+                                          device=device), op="max").item()
         if rank == 0:
             # what rank 0's attention layers sent (burst.comm's forward and backward phases,
             # with a recomputed forward; not the checks, the loss or DDP/FSDP), and how much
             # of it left its node of rpn ranks
-            row = {"step": step, "loss": loss, "seconds": dt, "tokens_per_s": tokens / dt,
+            # tokens/s per rank (GPU), as the harness' rows count it; world, CP and DP tell the
+            # lines of a run resumed on another layout apart
+            row = {"step": step, "loss": loss, "seconds": dt,
+                   "tokens_per_s": tokens / dt / world, "world": world, "cp": tr.cp_size,
+                   "dp": tr.dp_size,
                    **{f"attention_sent{k}_bytes": sum(sent.sent(p, link) for p in PASSES)
                       for k, link in (("", None), ("_inter_node", "inter"))}}
             with open(log, "a") as f:
                 f.write(json.dumps(row) + "\n")
             say(f"step {step + 1:>5}/{args['steps']}  loss {loss:.4f}  {dt:7.2f} s  "
-                f"{tokens / dt:9.0f} tokens/s  attention sent "
+                f"{tokens / dt / world:9.0f} tokens/s/rank  attention sent "
                 f"{row['attention_sent_bytes'] / 2**20:.3f} MiB", flush=True)
         if (step + 1) % args["save_every"] == 0 or step + 1 == args["steps"]:
             tr.save(state, meta={"step": step + 1})

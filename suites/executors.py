@@ -285,9 +285,53 @@ def _outcomes(job) -> dict[int, tuple[str, object]]:
 
 def _ready(job) -> bool:
     """The cell's outcome is known: rank 0 has its result (its row needs every rank, through
-    the final all-reduce), or a rank has failed (the others may now wait on it for ever), or
-    the job ended (and SLURM did not put it back in its queue)."""
-    return _has_outcome(job) or (job.done() and not _requeued(job))
+    the final all-reduce), or a rank has failed or vanished (the others may now wait on it
+    for ever), or the job ended (and SLURM did not put it back in its queue)."""
+    return (_has_outcome(job) or bool(_vanished_local_tasks(job))
+            or (job.done() and not _requeued(job)))
+
+
+_SEEN_LOCAL_TASKS: dict[str, set[int]] = {}
+"""Tasks of each local job seen running by an earlier poll (job folder -> task indices)."""
+
+
+def _child_pids(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:  # a kernel without CONFIG_PROC_CHILDREN: read every process's parent
+        pass
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+    return out
+
+
+def _vanished_local_tasks(job) -> list[int]:
+    """Tasks of a running local job whose process is gone without a result file: killed
+    (SIGKILL, the kernel's OOM killer) or crashed (a segfault). submitit's controller waits
+    for every task and reports the job running, so without this the task's peers waited in a
+    collective until its timeout (up to 10 min) and the row named no rank. A task counts as
+    started once it (or a task started after it) has been seen running: the controller starts
+    them one after another. Linux only (/proc); [] for other jobs."""
+    import submitit
+
+    if not isinstance(job, submitit.LocalJob) or not Path("/proc/self").exists():
+        return []
+    running = set()
+    for child in _child_pids(int(job.job_id)):
+        with contextlib.suppress(OSError):  # ended meanwhile (a zombie's environ is empty)
+            env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+            running |= {int(e.split(b"=", 1)[1]) for e in env
+                        if e.startswith(b"SUBMITIT_LOCAL_GLOBALID=")}
+    seen = _SEEN_LOCAL_TASKS.setdefault(str(job.paths.folder), set())
+    seen |= running
+    if not seen or job.done():  # an ended job's tasks are judged by _collect
+        return []
+    started = set(range(max(seen) + 1))
+    got = _outcomes(job)  # read after the processes: a task writes its result, then exits
+    return sorted(i for i in started - running if i not in got)
 
 
 # SLURM states of a job that will run (again): after a node failure or a preemption SLURM
@@ -319,10 +363,17 @@ def _state(job, mode: str = "standard") -> str:
 
 
 def _collect(job, cell: Cell, run: Run, ctx: RunContext) -> None:
+    vanished = _vanished_local_tasks(job)
     got = _outcomes(job)
     failed = sorted(i for i, (o, _) in got.items() if o == "error")
-    silent = [i for i in range(job.num_tasks) if i not in got and job.task(i).done()]
-    if failed and silent:  # a rank died without a word (killed, crashed): the others only
+    silent = sorted({i for i in range(job.num_tasks) if i not in got and job.task(i).done()}
+                    | set(vanished))
+    if vanished and not failed and 0 not in got:  # its peers wait on it: do not wait with them
+        row = failure_row(cell, f"rank(s) {', '.join(map(str, vanished))} ended without a "
+                          "result while the job ran (killed: SIGKILL or the kernel's OOM "
+                          "killer, or crashed); the other ranks were cancelled. Logs: "
+                          f"{job.paths.folder}", ctx, "error", job_id=str(job.job_id))
+    elif failed and silent:  # a rank died without a word (killed, crashed): the others only
         i = failed[0]      # timed out waiting for it, which is not the cell's timeout
         row = failure_row(cell, f"rank(s) {', '.join(map(str, silent))} ended without a "
                           f"result (killed or crashed); rank {i} then raised:\n{got[i][1]}",
@@ -518,9 +569,10 @@ def _adopt(cells: list[Cell], run: Run, kind: str, ctx: RunContext, poll_s: floa
         # wait no longer than the limit the submitting driver would have enforced
         deadline = rec.get("submitted", 0) + local_limit_s(cell)
         pid = rec.get("pid")
-        while local_job_alive(pid) and not _has_outcome(job) and time.time() < deadline:
+        while (local_job_alive(pid) and not _has_outcome(job) and time.time() < deadline
+               and not _vanished_local_tasks(job)):
             time.sleep(poll_s)
-        if _has_outcome(job):
+        if _has_outcome(job) or _vanished_local_tasks(job):
             _collect(job, cell, run, ctx)
         elif local_job_alive(pid):  # running past its limit: a timeout, as it would have been
             _time_out(job, cell, run, ctx)

@@ -302,4 +302,7 @@ def measure(cell: Cell) -> dict:
                                   world=cell.world, peak=peak_tf, cfg=cfg,
                                   checkpointing=cell.checkpointing, heads=cell.heads,
                                   head_dim=cell.head_dim, causal=cell.causal, window=cell.window))
+    if out["status"] != "ok":  # a wrong or non-finite result has no rate: nothing to average
+        out.update({k: None for k in out if k.startswith(("time_s", "tokens_per_s", "attn_tflops",
+                                                          "tflops_", "mfu_"))})
     return out

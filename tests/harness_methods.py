@@ -6,6 +6,7 @@ All have the registry's call signature."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import torch
@@ -45,6 +46,15 @@ def ignores_causal(q, k, v, *, causal, softmax_scale=None, group=None):
 def die_on_rank1(q, k, v, *, causal, softmax_scale=None, group=None):
     if comm.rank() == 1:
         os._exit(7)  # the process vanishes without a traceback, like a killed rank
+    return user_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group)
+
+
+def killed_on_rank1(q, k, v, *, causal, softmax_scale=None, group=None):
+    """Rank 1 is SIGKILLed (the OOM killer, a user's kill -9) while rank 0 is busy elsewhere:
+    nothing tells rank 0, which would notice only at its next collective."""
+    if comm.rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(120)
     return user_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group)
 
 

@@ -113,6 +113,9 @@ def test_each_training_option_reaches_the_model(tmp_path, monkeypatch):
     cfg = CONFIGS["tiny"]
     for (m, b), args in runs.items():
         got = json.loads((tmp_path / args[0] / "steps.jsonl").open().readline())
+        # per rank, as the harness counts it (it was the whole job's), with the layout
+        assert (got["world"], got["cp"], got["dp"]) == (4, 4, 1)
+        assert got["tokens_per_s"] * got["seconds"] == pytest.approx(64 / 4)
         vol = registry.get(m).bytes(
             world=4, batch=1, seq_local=16, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
             head_dim=cfg.head_dim, elem=8, acc_elem=8, node_size=2, layout="zigzag",

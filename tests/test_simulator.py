@@ -921,6 +921,13 @@ def test_attn_tflops_counts_one_way_for_measured_and_simulated_rows():
                              heads=h, head_dim=d, window=win, causal=True), "a800")
     assert row["status"] == "ok"
     assert row["attn_tflops"] == pytest.approx(exact / row["time_s"] / 4 / 1e12)
+    # a window that spans the sequence masks nothing: the FLOPs of no window (it was credited
+    # N/2 pairs more, the exact causal count against the convention's N^2/2)
+    for causal, span in ((True, (n - 1, 0)), (True, (n, 7)), (False, (n - 1, n - 1))):
+        assert (F.attention_kernel_flops(1, n, h, d, causal, span)
+                == F.attention_kernel_flops(1, n, h, d, causal))
+    assert F.attention_kernel_flops(1, n, h, d, False, (n - 1, n - 2)) == 3.5 * F.attention_flops(
+        1, n, h, d, causal=False, window=(n - 1, n - 2))
 
 
 def test_windowed_train_step_mfu_counts_the_window():
