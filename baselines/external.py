@@ -98,8 +98,27 @@ def ring_flash_attn_adapter(q, k, v, *, causal: bool = False, softmax_scale: flo
     """ring-flash-attention's ring (contiguous), zigzag or stripe function over ``group``."""
     _refuse_unsupported("ring_flash_attn", window, cu_seqlens, backend)
     check_call(RING_FLASH_ATTN, q, k, v, causal=causal, group=group, options=dict(layout=layout))
+    if problem := _rfa_peers_problem(group):
+        raise ValueError(problem)
     fn = getattr(importlib.import_module("ring_flash_attn"), _RFA_FUNCS[layout])
     return fn(q, k, v, softmax_scale=softmax_scale, causal=causal, group=group)
+
+
+def _rfa_peers_problem(group) -> str | None:
+    """Early ring-flash-attention releases (zhuzilin/ring-flash-attention
+    ring_flash_attn/utils.py: RingComm without ``dist.get_global_rank``) hand group-local rank
+    numbers to ``dist.P2POp``, which takes global ones: on a sub-group (the Trainer's CP group
+    when DP > 1) they send to the wrong ranks, an NCCL hang or silently wrong data."""
+    if group is None or comm.world_size(group) == comm.world_size():
+        return None
+    import inspect
+
+    if "get_global_rank" in inspect.getsource(importlib.import_module("ring_flash_attn.utils")):
+        return None
+    return ("the installed ring-flash-attn sends to group-local rank numbers (its RingComm "
+            "predates dist.get_global_rank) and cannot run on a sub-group of "
+            f"{comm.world_size(group)} of {comm.world_size()} ranks; upgrade it "
+            "(pip install -U ring-flash-attn) or run it on the whole world")
 
 
 def _rfa_requires(*, seq_local, causal, layout, **_):

@@ -303,6 +303,7 @@ def section_tests(rows: Rows, sz: Sizes, budget: Budget, out: Path, dry: bool) -
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if dry:
         env["CUDA_VISIBLE_DEVICES"] = ""  # the dry run checks the plumbing: every test skips
+    junit.unlink(missing_ok=True)  # a reused --out: an earlier run's file is not this one's
     t0 = time.monotonic()
     try:
         res = _run_in_group(cmd, timeout=max(5.0, budget.left()), cwd=REPO, env=env)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -369,3 +370,30 @@ def test_loose_arguments_are_refused_by_name():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="torch sees no CUDA device"):
             Trainer("tiny", device="cuda")
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_an_old_ring_flash_attn_is_refused_on_a_sub_group(tmp_path, monkeypatch, fixed):
+    """Early ring-flash-attn releases send to group-local rank numbers as if global: on the
+    Trainer's CP sub-group (DP > 1) an NCCL hang or wrong data. Refused by name; a release
+    that maps them (dist.get_global_rank) runs, as does the whole world."""
+    from baselines import external
+
+    pkg = tmp_path / "ring_flash_attn"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    mapping = "dist.get_global_rank(group, peer)" if fixed else "peer"
+    (pkg / "utils.py").write_text(f"class RingComm:\n    def peer(self):\n"
+                                  f"        return {mapping}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for m in ("ring_flash_attn", "ring_flash_attn.utils"):
+        monkeypatch.delitem(sys.modules, m, raising=False)
+    sizes = {"cp": 2, None: 4}
+    monkeypatch.setattr(external.comm, "world_size", lambda group=None: sizes[group])
+    assert external._rfa_peers_problem(None) is None
+    problem = external._rfa_peers_problem("cp")
+    if fixed:
+        assert problem is None
+    else:
+        assert "sub-group of 2 of 4 ranks" in problem
+        assert "pip install -U ring-flash-attn" in problem

@@ -223,6 +223,9 @@ def test_a_pytest_that_dies_without_junit_keeps_its_finished_tests(tmp_path, mon
                 "Fatal Python error: Aborted\n")
     monkeypatch.setattr(mod, "_run_in_group", lambda cmd, timeout, **kw:
                         subprocess.CompletedProcess(cmd, -6, progress, ""))
+    # an earlier run's junit file in a reused --out was read as this run's results
+    (tmp_path / "junit_gpu.xml").write_text(
+        '<testsuite><testcase classname="tests.test_gpu" name="test_old"/></testsuite>')
     rows = mod.Rows(tmp_path, {})
     mod.section_tests(rows, mod.DRY, mod.Budget(30.0), tmp_path, True)
     got = [(r["label"], r["status"]) for r in rows.written]

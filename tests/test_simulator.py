@@ -609,16 +609,32 @@ def test_each_dtype_runs_at_its_own_peak():
 # Bytes per rank: simulator == byte counter on real gloo ranks
 
 WORLD, RPN = 4, 2
+# (method, options, cell): causal MHA float32 unless the cell says otherwise; a window, GQA,
+# bf16 (elements of 2 bytes, accumulators of 4), each layout and backward
 BYTE_CASES = [
-    ("burst", {"backward": "burst"}),
-    ("burst", {"backward": "burst", "ranks_per_node": 2}),
-    ("burst", {"backward": "ring", "ranks_per_node": 2}),
-    ("zigzag_ring", {}),
-    ("ulysses", {}),
-    ("usp", {"ulysses_degree": 2}),
-    ("allgather", {}),
+    ("burst", {"backward": "burst"}, {}),
+    ("burst", {"backward": "burst", "ranks_per_node": 2}, {}),
+    ("burst", {"backward": "ring", "ranks_per_node": 2}, {}),
+    ("burst", {"backward": "burst", "layout": "contiguous"}, {"window": (5, 0)}),
+    ("burst", {"backward": "ring", "layout": "striped"}, {"window": (5, 0)}),
+    ("burst", {"backward": "burst", "grad_acc": "input"}, {"dtype": "bfloat16"}),
+    ("burst", {"backward": "auto", "layout": "contiguous"}, {"kv_heads": 1, "window": (5, 0)}),
+    ("burst", {"backward": "auto"}, {"kv_heads": 2, "dtype": "bfloat16"}),
+    ("burst", {"backward": "burst", "layout": "contiguous"}, {"causal": False, "window": (3, 2)}),
+    ("ring", {}, {"window": (5, 0)}),
+    ("zigzag_ring", {}, {}),
+    ("striped_ring", {}, {"kv_heads": 2}),
+    ("double_ring", {"ranks_per_node": 2}, {"dtype": "bfloat16"}),
+    ("ulysses", {}, {}),
+    ("usp", {"ulysses_degree": 2}, {}),
+    ("usp", {"ulysses_degree": 2, "backward": "burst"}, {"kv_heads": 2}),
+    ("allgather", {}, {"window": (5, 0)}),
 ]
 SHAPE = dict(batch=1, seq_local=8, heads=4, kv_heads=4, head_dim=8)
+
+
+def _cell(cell: dict) -> dict:
+    return {"causal": True, "window": None, "kv_heads": 4, "dtype": "float32"} | cell
 
 
 def _count_rank(rank: int, world: int, cases):
@@ -629,36 +645,40 @@ def _count_rank(rank: int, world: int, cases):
     torch.manual_seed(0)
     out = []
     n = SHAPE["seq_local"] * world
-    for name, opts in cases:
+    for name, opts, cell in cases:
+        c = _cell(cell)
         method = registry.get(name)
         lay = method.layout(opts)
-        q, k, v = (torch.randn(1, n, 4, 8, dtype=torch.float32) for _ in range(3))
+        dt = getattr(torch, c["dtype"])
+        q = torch.randn(1, n, 4, 8, dtype=dt)
+        k, v = (torch.randn(1, n, c["kv_heads"], 8, dtype=dt) for _ in range(2))
         q, k, v = (shard(t, layout=lay).requires_grad_() for t in (q, k, v))
-        with comm.count_bytes(ranks_per_node=RPN) as c:
+        with comm.count_bytes(ranks_per_node=RPN) as cnt:
             with comm.phase("forward"):
-                o = method(q, k, v, causal=True, **opts)
+                o = method(q, k, v, causal=c["causal"], window=c["window"], **opts)
             with comm.phase("backward"):
-                o.sum().backward()
-        out.append({p: c.sent(phase=p) for p in ("forward", "backward")}
-                   | {lk: c.sent(link=lk) for lk in ("intra", "inter")})
+                o.float().sum().backward()
+        out.append({p: cnt.sent(phase=p) for p in ("forward", "backward")}
+                   | {lk: cnt.sent(link=lk) for lk in ("intra", "inter")})
     return out
 
 
 def test_simulated_bytes_equal_counted_bytes():
     """Every byte column of a simulated row equals the byte counter's, taken like a measured
-    row's: the maximum over ranks of each column."""
-    per_rank = spawn(_count_rank, WORLD, args=(BYTE_CASES,), timeout_s=120)
+    row's: the maximum over ranks of each column; with windows (a contiguous ring shortened),
+    GQA, bf16 elements with fp32 accumulators, every layout, backward and ring method."""
+    per_rank = spawn(_count_rank, WORLD, args=(BYTE_CASES,), timeout_s=180)
     counted = [{col: max(r[i][col] for r in per_rank) for col in per_rank[0][i]}
                for i in range(len(BYTE_CASES))]
-    for (name, opts), got in zip(BYTE_CASES, counted, strict=True):
+    for (name, opts, cell), got in zip(BYTE_CASES, counted, strict=True):
+        c = _cell(cell)
         row = simulate_cell(dict(workload="attention", method=name, options=opts,
                                  seq_len=SHAPE["seq_local"] * WORLD, world=WORLD,
-                                 ranks_per_node=RPN, heads=4, head_dim=8, dtype="float32"),
-                            "a800")
+                                 ranks_per_node=RPN, heads=4, head_dim=8, **c), "a800")
         assert row["status"] == "ok", (name, row["error"])
         want = {"forward": row["bytes_sent_forward"], "backward": row["bytes_sent_backward"],
                 "intra": row["bytes_sent_intra"], "inter": row["bytes_sent_inter"]}
-        assert got == want, (name, opts, got, want)
+        assert got == want, (name, opts, cell, got, want)
 
 
 @pytest.mark.parametrize("sweep", ["cpu_scaling", "cpu_long"])
