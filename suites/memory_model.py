@@ -173,12 +173,14 @@ def attention_memory(hw: Hardware, shape: AttnShape, plan: Plan, world: int,
 def layer_activation_bytes(cfg, tokens: int, elem: int = BF16) -> dict[str, float]:
     """Bytes one decoder layer saves for backward without checkpointing, by tensor.
 
-    Counted on burst.engine.model's layer: two RMSNorms (input and output kept), q/k/v after
-    rotary, attention out + fp32 lse, the SwiGLU gate, up, activation and product."""
+    Counted on burst.engine.model's layer, equal to what it keeps (a test measures it): two
+    RMSNorms (input and output kept, and each row's fp32 1/rms), q/k/v after rotary, attention
+    out + fp32 lse, the SwiGLU gate, up, activation and product."""
     h, d = cfg.hidden_size, cfg.hidden_size // cfg.num_heads
     kvd = cfg.num_kv_heads * d
     return {
         "norms": tokens * 4 * h * elem,
+        "norm_stats": tokens * 2 * acc_bytes(elem),
         "qkv": tokens * (h + 2 * kvd) * elem,
         "attention_out": tokens * h * elem,
         "lse": tokens * cfg.num_heads * acc_bytes(elem),

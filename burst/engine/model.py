@@ -25,6 +25,7 @@ from torch import nn
 from burst.engine.attention_call import AttentionCall, BurstMethod
 from burst.engine.checkpointing import ActivationCache, run_layer
 from burst.engine.configs import ModelConfig
+from burst.first_order import first_order
 from burst.engine.fused_loss import (
     IGNORE_INDEX,
     LOSS_CHUNK,
@@ -35,6 +36,36 @@ from burst.engine.fused_loss import (
 __all__ = ["CausalLM", "DecoderLayer", "RMSNorm", "Rope", "apply_rope", "rope_cos_sin"]
 
 
+class _RMSNormFn(torch.autograd.Function):
+    """Llama's RMSNorm, keeping for backward only its input and the per-row 1/rms (fp32).
+    Written with autograd it also kept an fp32 copy of the input and the normalized rows, twice
+    the input again in fp32 (bf16: 4x the input's bytes): 2 of a layer's 7 hidden-size
+    activations, which the memory model (suites.memory_model) did not count."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        # statistics in fp32 (float64 for float64 runs), as Llama does; the product in x's dtype
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        xf = x.to(acc)
+        rstd = torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return weight * (xf * rstd).to(x.dtype)
+
+    @staticmethod
+    @first_order
+    def backward(ctx, dy):
+        x, weight, rstd = ctx.saved_tensors
+        acc = rstd.dtype
+        xhat = x.to(acc) * rstd
+        dweight = None
+        if ctx.needs_input_grad[1]:  # the forward's product used the rounded rows
+            dweight = (dy.to(acc) * xhat.to(x.dtype).to(acc)).reshape(-1, x.shape[-1]).sum(0)
+            dweight = dweight.to(weight.dtype)
+        g = dy.to(acc) * weight.to(acc)  # d loss / d normalized rows
+        dx = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))
+        return dx.to(x.dtype), dweight, None
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float):
         super().__init__()
@@ -42,11 +73,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # statistics in fp32 (float64 for float64 runs), as Llama does; the product in x's dtype
-        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-        xf = x.to(acc)
-        xf = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return _RMSNormFn.apply(x, self.weight, self.eps)
 
 
 @dataclass(frozen=True)
