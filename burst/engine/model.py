@@ -25,13 +25,13 @@ from torch import nn
 from burst.engine.attention_call import AttentionCall, BurstMethod
 from burst.engine.checkpointing import ActivationCache, run_layer
 from burst.engine.configs import ModelConfig
-from burst.first_order import first_order
 from burst.engine.fused_loss import (
     IGNORE_INDEX,
     LOSS_CHUNK,
     fused_linear_cross_entropy,
     plain_cross_entropy,
 )
+from burst.first_order import first_order
 
 __all__ = ["CausalLM", "DecoderLayer", "RMSNorm", "Rope", "apply_rope", "rope_cos_sin"]
 
