@@ -92,3 +92,54 @@ def test_ring_step_forward(benchmark):
 
     benchmark(run)
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "plain"])
+def test_lm_head_and_loss(benchmark, fused):
+    """The LM head + cross-entropy, forward and backward: fused (chunks of logits) or plain."""
+    from burst.engine.fused_loss import fused_linear_cross_entropy, plain_cross_entropy
+
+    g = torch.Generator().manual_seed(0)
+    t, e, vocab = 1024 * SCALE, 256, 8192
+    hid = torch.randn(t, e, generator=g).to(DEVICE).requires_grad_()
+    w = (torch.randn(vocab, e, generator=g) * 0.02).to(DEVICE).requires_grad_()
+    tgt = torch.randint(0, vocab, (t,), generator=g).to(DEVICE)
+    loss_fn = fused_linear_cross_entropy if fused else plain_cross_entropy
+
+    def run():
+        hid.grad = w.grad = None
+        loss = loss_fn(hid, w, tgt)
+        loss.backward()
+        _sync()
+        return loss
+
+    loss = benchmark(run)
+    assert torch.isfinite(loss) and torch.isfinite(hid.grad).all()
+
+
+@pytest.mark.parametrize("mode", ["none", "selective"])
+def test_engine_layer(benchmark, mode):
+    """One decoder layer of the engine (single rank, BurstAttention), forward and backward,
+    without checkpointing and with selective checkpointing (its recompute around the cache)."""
+    from burst.engine import CausalLM, ModelConfig
+    from burst.engine.checkpointing import run_layer
+    from burst.engine.model import rope_cos_sin
+
+    cfg = ModelConfig(hidden_size=H * D, num_layers=1, num_heads=H, num_kv_heads=H // 2,
+                      ffn_size=2 * H * D, vocab_size=256)
+    model = CausalLM.build(cfg, device=DEVICE)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, S, cfg.hidden_size, generator=g).to(DEVICE).requires_grad_()
+    rope = rope_cos_sin(torch.arange(S, device=DEVICE)[None], cfg.head_dim, cfg.rope_theta,
+                        x.dtype)
+
+    def run():
+        x.grad = None
+        out = run_layer(model.layers[0], 0, x, rope, attention=model.attention, mode=mode,
+                        cache=model.cache)
+        out.sum().backward()
+        _sync()
+        return out
+
+    out = benchmark(run)
+    assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()

@@ -54,7 +54,8 @@ BYTE_SHAPES = [dict(batch=1, seq_local=16, heads=4, kv_heads=4, head_dim=16),
 GATE_WORLD, GATE_NODE = 4, 2
 FLOP_MODELS = ("7b", "14b", "llama3-8b")
 FLOP_SEQS = (32768, 131072, 1048576, 4194304)
-SIM_SPECS = ("paper_kernel_32gpu", "paper_main_7b", "paper_main_14b")
+SIM_SPECS = ("paper_kernel_32gpu", "paper_main_7b", "paper_main_14b", "paper_ablation",
+             "paper_weak_scaling")
 
 
 def _key(*parts) -> str:
@@ -139,6 +140,8 @@ def _simulated() -> dict:
         for r in simulate_spec(spec, "a800"):
             base = _key("sim", spec, r["label"] or r["method"], r["world"], r["seq_len"],
                         r.get("checkpointing") or "-")
+            if _key(base, "status") in out:  # two cells of a spec must not share a gate
+                raise ValueError(f"gate {base} names two cells of {spec}")
             out[_key(base, "status")] = r["status"]
             for col in ("tokens_per_s", "attn_tflops", "mem_reserved_bytes"):
                 if r.get(col) is not None:

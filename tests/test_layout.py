@@ -28,6 +28,30 @@ def test_zigzag_and_striped_positions():
     assert local_index(8, 2, 1, "contiguous").tolist() == [4, 5, 6, 7]
 
 
+def _causal_pairs(layout: str, world: int, q_rank: int, k_rank: int, n: int) -> int:
+    """Causal (query, key) pairs between two ranks' shards: the work of one ring step."""
+    qp = global_positions(n, world, q_rank, layout)
+    kp = global_positions(n, world, k_rank, layout)
+    return int((qp[:, None] >= kp[None, :]).sum())
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+def test_zigzag_and_striped_balance_every_ring_step(world):
+    """At ring step s rank r attends to the keys of rank r - s: with zigzag every rank has the
+    same causal work at every step (steps after the first: n^2/2 pairs each), with striped the
+    same up to the diagonal (n(n+1)/2 or n(n-1)/2 pairs); contiguous leaves half the ranks idle."""
+    n = 8
+    for step in range(1, world):
+        work = {lay: [_causal_pairs(lay, world, r, (r - step) % world, n) for r in range(world)]
+                for lay in LAYOUTS}
+        assert work["zigzag"] == [n * n // 2] * world
+        assert set(work["striped"]) <= {n * (n + 1) // 2, n * (n - 1) // 2}
+        assert sum(w == 0 for w in work["contiguous"]) == step  # ranks below the source idle
+    # the first step (a rank's own shard) is balanced too, but not equal to the others
+    for lay in ("zigzag", "striped"):
+        assert len({_causal_pairs(lay, world, r, r, n) for r in range(world)}) == 1
+
+
 def test_bad_layout_and_length():
     with pytest.raises(ValueError, match="unknown layout 'spiral'"):
         local_index(8, 2, 0, "spiral")
@@ -57,7 +81,7 @@ def _roundtrip(rank: int, world: int) -> list[str]:
     return failures
 
 
-@pytest.mark.parametrize("world", [3, 4])
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
 def test_shard_unshard_roundtrip_on_ranks(world):
     results = spawn(_roundtrip, world, timeout_s=120)
     assert results == [[]] * world, results
