@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -1370,3 +1371,27 @@ def test_a_finished_run_resumed_says_nothing_ran_and_whose_rows_it_shows(tmp_pat
     assert (f"nothing to run: every cell has a row in run {first.name} (from abcdef01 on "
             "elsewhere); the table below is that run's, and --new measures every cell again"
             ) in buf.getvalue()
+
+
+def test_a_terminal_gets_a_progress_bar_over_cells(tmp_path):
+    """On a terminal the run shows a tqdm bar over its cells, with each finished cell and its
+    outcome; rows of cells that are not this run's do not move it."""
+    from results.store import append_row
+    from suites.run import _Progress
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    cells = expand(load_spec("smoke"))[:3]
+    rows, out = tmp_path / "rows.jsonl", Tty()
+    with _Progress(rows, cells, 1, out) as progress:
+        append_row(rows, {"cell_id": cells[1].cell_id, "status": "ok", "time_s": 0.0125})
+        append_row(rows, {"cell_id": "another-run", "status": "ok", "time_s": 1.0})
+        append_row(rows, {"cell_id": cells[2].cell_id, "status": "oom", "time_s": None,
+                          "error": "CUDA out of memory"})
+    text = out.getvalue()
+    assert progress.count == 3
+    assert re.search(r"3/3 \[\d\d:\d\d<\d\d:\d\d", text), text  # tqdm's count, elapsed<ETA
+    assert "oom (CUDA out of memory)" in text
+    assert "[2/3]" not in text  # not the log lines a pipe gets
