@@ -97,14 +97,22 @@ def attention_flops_halved(batch: int, seq_len: int, heads: int, head_dim: int, 
 BACKWARD_OVER_FORWARD = 2.5  # flash-attention convention: backward FLOPs = 2.5 x forward
 
 
+def _masking(window, seq_len: int, causal: bool):
+    """The window, or None when it spans the sequence (burst.masks.MaskSpec.over)."""
+    if window is None:
+        return None
+    from burst.masks import MaskSpec
+
+    return MaskSpec(causal=causal, window=window).over(seq_len).window
+
+
 def _convention_fwd(batch: int, seq_len: int, heads: int, head_dim: int, causal: bool,
                     window: tuple[int, int] | None) -> float:
     """Forward FLOPs as the conventions count them: N^2 (x 0.5 causal); with a sliding window,
     the exact attended pairs (half or all of N^2 would count pairs the window never computes,
     and a windowed run's MFU would exceed 1). A window that spans the sequence (sides of N - 1
     tokens) masks nothing and is counted as no window: one mask, one count."""
-    if window is not None and window[0] >= seq_len - 1 and (causal or window[1] >= seq_len - 1):
-        window = None
+    window = _masking(window, seq_len, causal)
     if window is not None:
         return attention_flops(batch, seq_len, heads, head_dim, causal=causal, window=window)
     return attention_flops_halved(batch, seq_len, heads, head_dim, causal=causal)
@@ -143,6 +151,7 @@ def _attn_fwd(cfg, batch: int, seq_len: int, causal_halved: bool,
     """Attention forward FLOPs of every layer (a window: the attended pairs of the causal
     model in every convention)."""
     hd = cfg.hidden_size // cfg.num_heads
+    window = _masking(window, seq_len, True)  # the model is causal
     causal = causal_halved or window is not None
     return cfg.num_layers * _convention_fwd(batch, seq_len, cfg.num_heads, hd, causal, window)
 

@@ -327,7 +327,9 @@ def _vanished_local_tasks(job) -> list[int]:
                         if e.startswith(b"SUBMITIT_LOCAL_GLOBALID=")}
     seen = _SEEN_LOCAL_TASKS.setdefault(str(job.paths.folder), set())
     seen |= running
-    if not seen or job.done():  # an ended job's tasks are judged by _collect
+    # an ended job's tasks are judged by _collect; its controller's pid, not job.done(): an
+    # adopted job (an earlier driver's) has no process handle and reads as done at once
+    if not seen or not local_job_alive(int(job.job_id)):
         return []
     started = set(range(max(seen) + 1))
     got = _outcomes(job)  # read after the processes: a task writes its result, then exits

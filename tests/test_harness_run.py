@@ -374,6 +374,22 @@ def test_a_local_rank_killed_is_named_at_once(tmp_path):
     assert "rank 0" not in killed["error"]  # rank 0 was asleep, not failing: it was cancelled
     assert after["status"] == "ok", after["error"]
     assert not _gone(tmp_path)
+    # the same job adopted by a later driver (the submitting one died)
+
+    class DriverDied(Exception):
+        pass
+
+    def die(jobs):
+        raise DriverDied
+
+    spec = _spec(tmp_path, text.replace('[[methods]]\nname = "burst"\n', ""), "killed2")
+    kw = dict(executor="local", out=tmp_path / "out2", stream=_quiet())
+    with pytest.raises(DriverDied):
+        run_sweep(spec, on_submit=die, **kw)
+    res = run_sweep(spec, on_submit=lambda jobs: pytest.fail("the cell ran again"), **kw)
+    (row,) = store.read_rows(res.run_dir / "rows.jsonl")
+    assert "rank(s) 1 ended without a result while the job ran" in row["error"], row["error"]
+    assert not _gone(tmp_path)
 
 
 def test_local_jobs_outlive_a_dead_driver(tmp_path):

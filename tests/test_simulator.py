@@ -946,6 +946,11 @@ def test_attn_tflops_counts_one_way_for_measured_and_simulated_rows():
     for causal, span in ((True, (n - 1, 0)), (True, (n, 7)), (False, (n - 1, n - 1))):
         assert (F.attention_kernel_flops(1, n, h, d, causal, span)
                 == F.attention_kernel_flops(1, n, h, d, causal))
+    from burst.engine.configs import get_config
+
+    for conv in F.CONVENTIONS:  # the model conventions too (dense counted it causal)
+        assert (F.model_flops(get_config("tiny"), 1, n, conv, "full", (n - 1, 0))
+                == F.model_flops(get_config("tiny"), 1, n, conv, "full")), conv
     assert F.attention_kernel_flops(1, n, h, d, False, (n - 1, n - 2)) == 3.5 * F.attention_flops(
         1, n, h, d, causal=False, window=(n - 1, n - 2))
 
