@@ -319,6 +319,25 @@ def _left_behind(tmp_path) -> list[str]:
     return out
 
 
+
+class DriverDied(Exception):
+    pass
+
+
+def _adopted_row(spec, out) -> dict:
+    """The row of a spec's one cell whose driver died right after submitting it, collected by
+    the next driver (which must not run the cell again)."""
+    def die(jobs):
+        raise DriverDied
+
+    kw = dict(executor="local", out=out, stream=_quiet())
+    with pytest.raises(DriverDied):
+        run_sweep(spec, on_submit=die, **kw)
+    res = run_sweep(spec, on_submit=lambda jobs: pytest.fail("the cell ran again"), **kw)
+    (row,) = store.read_rows(res.run_dir / "rows.jsonl")
+    return row
+
+
 def test_a_local_job_deaf_to_its_time_limit_is_a_timeout_row(tmp_path, monkeypatch):
     """A rank stuck where submitit's warning signal cannot reach it (tests.slurm_support:
     stuck_attention ignores it) ran past the limit and ended as an 'error'; the driver now
@@ -340,18 +359,8 @@ def test_a_local_job_deaf_to_its_time_limit_is_a_timeout_row(tmp_path, monkeypat
     assert not _gone(tmp_path)
     # the same, adopted by a later driver (the submitting one died): a timeout row at the same
     # limit, not a rerun of the cell
-    class DriverDied(Exception):
-        pass
-
-    def die(jobs):
-        raise DriverDied
-
-    spec = _spec(tmp_path, text.replace('[[methods]]\nname = "ring"\n', ""), "deaf2")
-    kw = dict(executor="local", out=tmp_path / "out2", stream=_quiet())
-    with pytest.raises(DriverDied):
-        run_sweep(spec, on_submit=die, **kw)
-    res = run_sweep(spec, on_submit=lambda jobs: pytest.fail("the cell ran again"), **kw)
-    (row,) = store.read_rows(res.run_dir / "rows.jsonl")
+    row = _adopted_row(_spec(tmp_path, text.replace('[[methods]]\nname = "ring"\n', ""),
+                             "deaf2"), tmp_path / "out2")
     assert row["status"] == "timeout" and "time limit of 10 s" in row["error"], row["error"]
     assert not _gone(tmp_path)
 
@@ -375,19 +384,8 @@ def test_a_local_rank_killed_is_named_at_once(tmp_path):
     assert after["status"] == "ok", after["error"]
     assert not _gone(tmp_path)
     # the same job adopted by a later driver (the submitting one died)
-
-    class DriverDied(Exception):
-        pass
-
-    def die(jobs):
-        raise DriverDied
-
-    spec = _spec(tmp_path, text.replace('[[methods]]\nname = "burst"\n', ""), "killed2")
-    kw = dict(executor="local", out=tmp_path / "out2", stream=_quiet())
-    with pytest.raises(DriverDied):
-        run_sweep(spec, on_submit=die, **kw)
-    res = run_sweep(spec, on_submit=lambda jobs: pytest.fail("the cell ran again"), **kw)
-    (row,) = store.read_rows(res.run_dir / "rows.jsonl")
+    row = _adopted_row(_spec(tmp_path, text.replace('[[methods]]\nname = "burst"\n', ""),
+                             "killed2"), tmp_path / "out2")
     assert "rank(s) 1 ended without a result while the job ran" in row["error"], row["error"]
     assert not _gone(tmp_path)
 
