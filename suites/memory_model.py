@@ -174,8 +174,8 @@ def layer_activation_bytes(cfg, tokens: int, elem: int = BF16) -> dict[str, floa
     """Bytes one decoder layer saves for backward without checkpointing, by tensor.
 
     Counted on burst.engine.model's layer, equal to what it keeps (a test measures it): two
-    RMSNorms (input and output kept, and each row's fp32 1/rms), q/k/v after rotary, attention
-    out + fp32 lse, the SwiGLU gate, up, activation and product."""
+    RMSNorms (input and output kept, and each row's 1/rms in fp32, float64 in float64 runs),
+    q/k/v after rotary, attention out + fp32 lse, the SwiGLU gate, up, activation and product."""
     h, d = cfg.hidden_size, cfg.hidden_size // cfg.num_heads
     kvd = cfg.num_kv_heads * d
     return {

@@ -230,10 +230,19 @@ def test_no_method_drops_a_second_derivative_silently():
     for ck in ("full", "selective"):  # the checkpointed layer's own backward ran with grad off
         tr = Trainer("tiny", dtype=torch.float64, checkpointing=ck, fused_head=False)
         tok, tgt, pos = tr.local_batch(16, batch=1)
+        # the final RMSNorm would refuse first (its own message below); without it the
+        # checkpointed layer's backward is the first hand-written one the gradient meets
+        tr.model.norm = torch.nn.Identity()
         loss = torch.nn.functional.cross_entropy(tr.model(tok, pos).flatten(0, 1),
                                                  tgt.flatten())
-        with pytest.raises(RuntimeError, match="no second derivative"):
+        with pytest.raises(RuntimeError, match="^Recompute: no second derivative"):
             torch.autograd.grad(loss, next(tr.model.parameters()), create_graph=True)
+    from burst.engine.model import RMSNorm
+
+    norm = RMSNorm(8, 1e-6).double()
+    x = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(RuntimeError, match="^RMSNormFn: no second derivative"):
+        torch.autograd.grad((norm(x) * torch.randn(3, 8).double()).sum(), x, create_graph=True)
     hidden = torch.randn(6, 8, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(11, 8, dtype=torch.float64)
     loss = fused_linear_cross_entropy(hidden, weight, torch.randint(0, 11, (6,)))

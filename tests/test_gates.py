@@ -51,3 +51,20 @@ def test_a_missing_expected_file_is_named_not_diffed(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         gates.main(["--expected", str(tmp_path / "gates_expectd.json")])
     assert e.value.code == 2 and "no such file" in capsys.readouterr().err
+
+
+def test_two_simulated_cells_may_not_share_a_gate(monkeypatch):
+    """A gate key names a cell by label, world, length and checkpointing; a spec with two cells
+    under one key would let the second overwrite the first's gate, so it is refused."""
+    import suites.simulate
+
+    row = dict(label="Burst-Ring", method="burst", world=32, seq_len=1 << 20,
+               checkpointing="selective", status="ok", tokens_per_s=100.0)
+    monkeypatch.setattr(gates, "SIM_SPECS", ("one_spec",))
+    monkeypatch.setattr(suites.simulate, "simulate_spec",
+                        lambda spec, hw: [row, dict(row, tokens_per_s=90.0)])
+    with pytest.raises(ValueError, match="names two cells of one_spec"):
+        gates._simulated()
+    monkeypatch.setattr(suites.simulate, "simulate_spec",
+                        lambda spec, hw: [row, dict(row, checkpointing="full")])
+    assert len(gates._simulated()) == 4  # status and tokens/s of each

@@ -39,7 +39,8 @@ def _causal_pairs(layout: str, world: int, q_rank: int, k_rank: int, n: int) -> 
 def test_zigzag_and_striped_balance_every_ring_step(world):
     """At ring step s rank r attends to the keys of rank r - s: with zigzag every rank has the
     same causal work at every step (steps after the first: n^2/2 pairs each), with striped the
-    same up to the diagonal (n(n+1)/2 or n(n-1)/2 pairs); contiguous leaves half the ranks idle."""
+    same up to the diagonal (n(n+1)/2 or n(n-1)/2 pairs); contiguous leaves `step` ranks idle
+    (ranks 0..step-1, whose keys come from ranks after them)."""
     n = 8
     for step in range(1, world):
         work = {lay: [_causal_pairs(lay, world, r, (r - step) % world, n) for r in range(world)]
