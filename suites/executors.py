@@ -294,6 +294,10 @@ def _ready(job) -> bool:
 _SEEN_LOCAL_TASKS: dict[str, set[int]] = {}
 """Tasks of each local job seen running by an earlier poll (job folder -> task indices)."""
 
+_ALL_STARTED_S = 30.0
+"""A local controller this old has started every task: it starts them in one loop, right after
+it starts (submitit.local.local.Controller.start_tasks)."""
+
 
 def _child_pids(pid: int) -> list[int]:
     try:
@@ -308,32 +312,59 @@ def _child_pids(pid: int) -> list[int]:
     return out
 
 
-def _vanished_local_tasks(job) -> list[int]:
-    """Tasks of a running local job whose process is gone without a result file: killed
-    (SIGKILL, the kernel's OOM killer) or crashed (a segfault). submitit's controller waits
-    for every task and reports the job running, so without this the task's peers waited in a
-    collective until its timeout (up to 10 min) and the row named no rank. A task counts as
-    started once it (or a task started after it) has been seen running: the controller starts
-    them one after another. Linux only (/proc); [] for other jobs."""
-    import submitit
-
-    if not isinstance(job, submitit.LocalJob) or not Path("/proc/self").exists():
-        return []
+def _running_tasks(pid: int) -> set[int]:
+    """Task indices of the local job whose controller is ``pid`` that have a live process."""
     running = set()
-    for child in _child_pids(int(job.job_id)):
+    for child in _child_pids(pid):
         with contextlib.suppress(OSError):  # ended meanwhile (a zombie's environ is empty)
             env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
             running |= {int(e.split(b"=", 1)[1]) for e in env
                         if e.startswith(b"SUBMITIT_LOCAL_GLOBALID=")}
+    return running
+
+
+def _age_s(pid: int) -> float:
+    """Seconds since process ``pid`` started (0 if it cannot be read)."""
+    try:
+        start = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return uptime - start / os.sysconf("SC_CLK_TCK")
+
+
+def _vanished_local_tasks(job) -> list[int]:
+    """Tasks of a running local job whose process is gone without a result file: killed
+    (SIGKILL, the kernel's OOM killer) or crashed (a segfault). submitit's controller waits
+    for every task and reports the job running, so without this the task's peers waited in a
+    collective until its timeout (up to 10 min) and the row named no rank.
+
+    A task counts as started once it, or a task after it, has been seen running (the controller
+    starts them in order), and every task has once the controller is ``_ALL_STARTED_S`` old. A
+    task is gone only if two reads of the process list, 0.2 s apart, both miss it: the kernel's
+    children list may miss a child while another starts or exits. Linux only (/proc); [] for
+    other jobs."""
+    import submitit
+
+    if not isinstance(job, submitit.LocalJob) or not Path("/proc/self").exists():
+        return []
+    pid = int(job.job_id)
+    running = _running_tasks(pid)
     seen = _SEEN_LOCAL_TASKS.setdefault(str(job.paths.folder), set())
     seen |= running
     # an ended job's tasks are judged by _collect; its controller's pid, not job.done(): an
     # adopted job (an earlier driver's) has no process handle and reads as done at once
-    if not seen or not local_job_alive(int(job.job_id)):
+    if not seen or not local_job_alive(pid):
         return []
-    started = set(range(max(seen) + 1))
-    got = _outcomes(job)  # read after the processes: a task writes its result, then exits
-    return sorted(i for i in started - running if i not in got)
+    started = range(job.num_tasks if _age_s(pid) >= _ALL_STARTED_S else max(seen) + 1)
+    gone = set(started) - running
+    if gone:  # outcomes read after the processes: a task writes its result, then exits
+        gone -= set(_outcomes(job))
+    if gone:
+        time.sleep(0.2)
+        gone -= _running_tasks(pid)
+        gone -= set(_outcomes(job))  # one the first read missed may have finished since
+    return sorted(gone)
 
 
 # SLURM states of a job that will run (again): after a node failure or a preemption SLURM
@@ -409,6 +440,7 @@ def _collect(job, cell: Cell, run: Run, ctx: RunContext) -> None:
     append_row(run.rows, row)
     append_row(run.dir / "jobs.jsonl", {"cell_id": cell.cell_id, "job_id": str(job.job_id),
                                         "collected": True})
+    _SEEN_LOCAL_TASKS.pop(str(job.paths.folder), None)
     if not job.done():  # ranks left waiting on a failed one: free their slots
         job.cancel(check=False)
 
@@ -468,6 +500,7 @@ def _time_out(job, cell: Cell, run: Run, ctx: RunContext) -> None:
         job_id=str(job.job_id)))
     append_row(run.dir / "jobs.jsonl", {"cell_id": cell.cell_id, "job_id": str(job.job_id),
                                         "collected": True})
+    _SEEN_LOCAL_TASKS.pop(str(job.paths.folder), None)
 
 
 UNKNOWN_LIMIT_S = 600.0

@@ -388,6 +388,40 @@ def test_a_local_rank_killed_is_named_at_once(tmp_path):
                              "killed2"), tmp_path / "out2")
     assert "rank(s) 1 ended without a result while the job ran" in row["error"], row["error"]
     assert not _gone(tmp_path)
+    from suites import executors  # a collected job's tasks are forgotten
+
+    assert not [f for f in executors._SEEN_LOCAL_TASKS if f.startswith(str(tmp_path))]
+
+
+def _vanished_with(monkeypatch, tmp_path, reads, *, age_s=1.0, seen=(), results=()):
+    """``_vanished_local_tasks`` of a 2-task local job whose process list reads as ``reads``
+    (one set per read), whose controller is ``age_s`` old and whose ``results`` tasks have
+    written their result."""
+    import submitit
+
+    from suites import executors
+
+    job = submitit.LocalJob(folder=tmp_path, job_id="4242", tasks=[0, 1])
+    reads = iter(reads)
+    monkeypatch.setattr(executors, "_running_tasks", lambda pid: set(next(reads)))
+    monkeypatch.setattr(executors, "_age_s", lambda pid: age_s)
+    monkeypatch.setattr(executors, "local_job_alive", lambda pid: True)
+    monkeypatch.setattr(executors, "_outcomes", lambda j: {i: ("success", {}) for i in results})
+    monkeypatch.setitem(executors._SEEN_LOCAL_TASKS, str(job.paths.folder), set(seen))
+    return executors._vanished_local_tasks(job)
+
+
+def test_a_vanished_rank_is_read_twice_and_the_last_one_counts(monkeypatch, tmp_path):
+    """The kernel's children list may miss a live child while another starts or exits: one
+    read that missed rank 1 failed the cell, naming a rank that ran. A rank is gone only if two
+    reads miss it. The highest rank killed before the driver first saw it was never counted
+    as started (its peers then waited in a collective until its timeout); once the controller
+    is old enough to have started every task, it is."""
+    assert _vanished_with(monkeypatch, tmp_path, [{0}, {0, 1}], seen={0, 1}) == []
+    assert _vanished_with(monkeypatch, tmp_path, [{0}, {0}], seen={0, 1}) == [1]
+    assert _vanished_with(monkeypatch, tmp_path, [{0}, {0}], seen={0, 1}, results={1}) == []
+    assert _vanished_with(monkeypatch, tmp_path, [{0}, {0}], age_s=1.0) == []  # still starting
+    assert _vanished_with(monkeypatch, tmp_path, [{0}, {0}], age_s=60.0) == [1]
 
 
 def test_local_jobs_outlive_a_dead_driver(tmp_path):
