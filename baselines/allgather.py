@@ -8,9 +8,10 @@ GQA. TransformerEngine's ``AttnFuncWithCPAndKVAllGather`` implements it; like TE
 local K/V shards for backward (memory) and gather them again there, and reduce-scatter dK/dV in
 the input dtype.
 
-Forward: gather K/V, then for each source rank's block plan the kernel calls with
-``burst.masks.plan_pair`` (fully masked pairs are skipped, zigzag's half-visible pairs become one
-call on half the rows), merging by log-sum-exp into fp32 accumulators (``burst.merge``).
+Forward: gather K/V, then for each source rank's block the ring's own step
+(``burst.attention.BlockSteps``: ``burst.masks.plan_pair`` skips fully masked pairs and makes
+zigzag's half-visible pairs one call on half the rows, merged by log-sum-exp into fp32
+accumulators).
 Backward: gather K/V again, local dQ and per-source dK/dV (fp32), reduce-scatter dK/dV.
 
 Bytes per rank (``burst.volume``): forward (G-1)*kv, backward 2*(G-1)*kv, kv = one local K+V.
@@ -27,11 +28,12 @@ import torch
 from baselines.checks import check_call, layout_problems
 from baselines.registry import Method, register
 from burst import comm
+from burst.attention import BlockSteps
 from burst.first_order import first_order
-from burst.kernel import acc_dtype, block_backward, block_forward, resolve_scale
+from burst.kernel import acc_dtype, resolve_scale
 from burst.layout import LAYOUTS
-from burst.masks import MaskSpec, plan_pair
-from burst.merge import merge_into, new_accumulators, row_delta
+from burst.masks import MaskSpec
+from burst.merge import new_accumulators, row_delta
 from burst.volume import method_bytes
 
 __all__ = ["allgather_attn"]
@@ -40,17 +42,14 @@ __all__ = ["allgather_attn"]
 class _AllGatherAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, spec: MaskSpec, layout: str, group, scale: float, backend: str):
-        g, me, n = comm.world_size(group), comm.rank(group), q.shape[1]
+        g, me = comm.world_size(group), comm.rank(group)
         with comm.phase("forward"):
             k_all = comm.all_gather_list(k, group=group)
             v_all = comm.all_gather_list(v, group=group)
         out, lse = new_accumulators(q, acc_dtype(q.dtype))
+        steps = BlockSteps(spec, layout, g, scale, backend)
         for src in range(g):
-            for c in plan_pair(spec, layout, g, me, src, n):
-                o, lse_blk = block_forward(q[:, c.q], k_all[src][:, c.k], v_all[src][:, c.k],
-                                           scale=scale, kind=c.kind, bounds=c.bounds,
-                                           backend=backend)
-                merge_into(out, lse, o, lse_blk, rows=c.q)
+            steps.forward(q, k_all[src], v_all[src], out, lse, q_rank=me, k_rank=src)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = (spec, layout, group, scale, backend)
@@ -71,16 +70,11 @@ class _AllGatherAttention(torch.autograd.Function):
             dq = torch.zeros(q.shape, dtype=acc, device=q.device)
             dk_all = torch.zeros((k.shape[0], g * n, *k.shape[2:]), dtype=acc, device=k.device)
             dv_all = torch.zeros_like(dk_all)
+            steps = BlockSteps(spec, layout, g, scale, backend)
             for src in range(g):
-                dk_src, dv_src = dk_all[:, src * n:(src + 1) * n], dv_all[:, src * n:(src + 1) * n]
-                for c in plan_pair(spec, layout, g, me, src, n):
-                    gq, gk, gv = block_backward(dout[:, c.q], q[:, c.q], k_all[src][:, c.k],
-                                                v_all[src][:, c.k], lse[:, :, c.q],
-                                                delta[:, :, c.q], scale=scale, kind=c.kind,
-                                                bounds=c.bounds, backend=backend)
-                    dq[:, c.q] += gq
-                    dk_src[:, c.k] += gk
-                    dv_src[:, c.k] += gv
+                piece = slice(src * n, (src + 1) * n)
+                steps.backward(dout, q, k_all[src], v_all[src], lse, delta, dq,
+                               dk_all[:, piece], dv_all[:, piece], q_rank=me, k_rank=src)
             # piece i of the gathered sequence is rank i's shard: reduce-scatter hands it home
             dk = comm.reduce_scatter(dk_all.to(k.dtype), dim=1, group=group)
             dv = comm.reduce_scatter(dv_all.to(v.dtype), dim=1, group=group)
