@@ -11,7 +11,7 @@ from __future__ import annotations
 from burst import comm
 from burst.attention import qkv_problems
 from burst.kernel import BACKENDS
-from burst.layout import LAYOUTS, chunks_per_rank, divisors
+from burst.layout import LAYOUTS, divisors, local_length_problem
 from burst.volume import GRAD_ACC
 
 __all__ = ["check_call", "degree_problems", "divisors", "grad_acc_problems", "layout_problems",
@@ -34,11 +34,8 @@ def layout_problems(layout: str, seq_local: int, layouts=LAYOUTS) -> list[str]:
     """The local length must split into the layout's chunks (zigzag: 2 per rank)."""
     if layout not in layouts:
         return []  # Method.check reports the unsupported layout with the valid ones
-    parts = chunks_per_rank(layout)
-    if seq_local % parts:
-        return [f"local sequence length {seq_local} is not divisible by {parts} "
-                f"({layout} layout holds {parts} chunks per rank)"]
-    return []
+    why = local_length_problem(seq_local, layout)
+    return [why] if why else []
 
 
 def check_call(method, q, k, v, *, causal: bool, group, options: dict,

@@ -33,7 +33,7 @@ from burst.kernel import (
     resolve_backend,
     resolve_scale,
 )
-from burst.layout import check_layout, chunks_per_rank, divisors
+from burst.layout import divisors, local_length_problem
 from burst.masks import MaskSpec, plan_pair, ring_span
 from burst.merge import merge_into, new_accumulators, row_delta
 from burst.ring import run_ring
@@ -241,11 +241,8 @@ def _validate(q, k, v, *, layout, group, ranks_per_node, backward, backend, grad
         problems.append(f"{q.shape[2]} query heads are not divisible by {k.shape[2]} kv heads; "
                         f"valid kv head counts: {', '.join(map(str, divisors(q.shape[2])))}")
     try:
-        check_layout(layout)
-        parts = chunks_per_rank(layout)
-        if q.shape[1] % parts:
-            problems.append(f"local sequence length {q.shape[1]} is not divisible by {parts} "
-                            f"({layout} layout holds {parts} chunks per rank)")
+        if why := local_length_problem(q.shape[1], layout):
+            problems.append(why)
     except ValueError as e:
         problems.append(str(e))
     problems += choice_problems(backward=backward, backend=backend, grad_acc=grad_acc)

@@ -32,7 +32,7 @@ from burst.attention import BACKWARD_SCHEMES, BlockSteps, qkv_problems
 from burst.comm import ranks_per_node_problem, ring_shape
 from burst.first_order import first_order
 from burst.kernel import BACKENDS, acc_dtype, resolve_scale
-from burst.layout import check_layout, chunks_per_rank, local_index
+from burst.layout import length_problem, local_index
 from burst.masks import MaskSpec, ring_span
 from burst.merge import new_accumulators, row_delta
 from burst.ring import visit_order
@@ -168,11 +168,8 @@ def _validate(q, k, v, *, world, layout, ranks_per_node, backend) -> None:
     if not isinstance(world, int) or world < 1:
         problems.append(f"world={world!r}: expected an int >= 1")
     else:
-        check_layout(layout)
-        parts = world * chunks_per_rank(layout)
-        if q.shape[1] % parts:
-            problems.append(f"sequence length {q.shape[1]} is not divisible by {parts} "
-                            f"({layout} layout over {world} ranks)")
+        if why := length_problem(q.shape[1], world, layout):
+            problems.append(why)
         why = ranks_per_node_problem(world, ranks_per_node)
         if why:
             problems.append(why)

@@ -29,6 +29,7 @@ __all__ = [
     "divisors",
     "global_positions",
     "length_problem",
+    "local_length_problem",
     "local_index",
     "shard",
     "unshard",
@@ -61,6 +62,16 @@ def length_problem(seq_len: int, world: int, layout: str) -> str | None:
         return (f"sequence length {seq_len} is not divisible by {parts} ({layout} layout over "
                 f"{world} ranks needs a multiple of {parts}); pad to "
                 f"{seq_len + (-seq_len) % parts} or change the world size")
+    return None
+
+
+def local_length_problem(seq_local: int, layout: str) -> str | None:
+    """Why a rank's ``seq_local`` tokens cannot be its shard in ``layout`` (None: they can);
+    the one wording of the rule for a shard that is already split."""
+    parts = chunks_per_rank(layout)
+    if seq_local % parts:
+        return (f"local sequence length {seq_local} is not divisible by {parts} ({layout} "
+                f"layout holds {parts} chunks per rank)")
     return None
 
 

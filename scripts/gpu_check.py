@@ -26,9 +26,10 @@ Sections, each with its own time budget, skipped (a row says so) when the global
 Sections run in the order tests, ring, engine, maxseq, kernel (``SECTIONS``: why kernel last).
 Every number is a ``results.schema`` row appended (and flushed) to <out>/rows.jsonl and
 <out>/rows.csv as soon as it exists, so a kill loses nothing; OOM is a row with status oom. An
-<out> used before keeps its rows and gains this run's, told apart by ``run_id`` (the start
-time); junit_gpu.xml and env.json are this run's alone. A watchdog ends the process at the hard deadline after writing a timeout row. A short table is
-printed last. Without a GPU (and without --dry-run) it says so in one line and exits 0.
+<out> used before keeps its rows and gains this run's, told apart by ``run_id`` (the start time);
+junit_gpu.xml and env.json are this run's alone. A watchdog ends the process at the hard deadline
+after writing a timeout row. A short table is printed last. Without a GPU (and without --dry-run)
+it says so in one line and exits 0.
 """
 
 from __future__ import annotations
