@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from functools import partial
 
-from baselines.checks import grad_acc_problems, layout_problems
+from baselines.checks import layout_problems
 from baselines.registry import Method, register
 from burst import burst_attn
+from burst.attention import choice_problems
 from burst.comm import ranks_per_node_problem
 from burst.layout import LAYOUTS
 from burst.volume import method_bytes
@@ -23,9 +24,8 @@ def _burst(q, k, v, *, causal, softmax_scale, group, layout="zigzag", backward="
 
 def _requires(*, world, seq_local, layout="zigzag", ranks_per_node=None, backward="auto",
               grad_acc="fp32", **_):
-    out = layout_problems(layout, seq_local) + grad_acc_problems(grad_acc)
-    if backward not in ("auto", "burst", "ring"):
-        out.append(f"backward={backward!r}; valid: auto, burst, ring")
+    out = layout_problems(layout, seq_local) + choice_problems(backward=backward,
+                                                                 grad_acc=grad_acc)
     why = ranks_per_node_problem(world, ranks_per_node)
     return out + [why] if why else out
 

@@ -9,10 +9,9 @@ listing everything that is wrong together with the valid choices (STYLE.md, prin
 from __future__ import annotations
 
 from burst import comm
-from burst.attention import qkv_problems
+from burst.attention import choice_problems, qkv_problems
 from burst.kernel import BACKENDS
 from burst.layout import LAYOUTS, divisors, local_length_problem
-from burst.volume import GRAD_ACC
 
 __all__ = ["check_call", "degree_problems", "divisors", "grad_acc_problems", "layout_problems",
            "qkv_problems"]
@@ -25,9 +24,8 @@ def _join(xs) -> str:
 
 
 def grad_acc_problems(grad_acc) -> list[str]:
-    if grad_acc in GRAD_ACC:
-        return []
-    return [f"grad_acc={grad_acc!r}; valid: {', '.join(GRAD_ACC)}"]
+    """burst_attn's wording (``burst.attention.choice_problems``)."""
+    return choice_problems(grad_acc=grad_acc)
 
 
 def layout_problems(layout: str, seq_local: int, layouts=LAYOUTS) -> list[str]:

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 
 from burst import flops as F
 from burst import volume
+from burst.attention import choice_problems
 from burst.comm import ranks_per_node_ok, ring_shape
 from burst.masks import CAUSAL, DENSE, STRICT, MaskSpec, plan_pair, ring_span
 from suites.hardware import Hardware
@@ -202,8 +203,8 @@ def plan_for(method: str, options: dict | None, topo: Topo, shape: AttnShape) ->
         backward = opts.get("backward", backward)
         if backward == "auto":
             backward = _auto_backward(shape, topo, opts.get("ranks_per_node"))
-        if backward not in ("burst", "ring"):
-            raise ValueError(f"backward={backward!r}; valid: auto, burst, ring")
+        if why := choice_problems(backward=backward):
+            raise ValueError(why[0])
         rpn = opts.get("ranks_per_node", topo.local if double else None)
         if not ranks_per_node_ok(topo.world, rpn):
             raise ValueError(f"ranks_per_node={rpn} does not divide world={topo.world}")

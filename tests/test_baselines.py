@@ -96,7 +96,7 @@ def _core_cases(world: int) -> list[dict]:
         add("allgather", seq_local=7, expect_error="not divisible by 2")
         for m in ("zigzag_ring", "usp"):
             add(m, causal=True, options=dict(grad_acc="bf16"),
-                expect_error="grad_acc='bf16'; valid: fp32, input")
+                expect_error="unknown grad_acc 'bf16'; valid: fp32, input")
         add("tp", expect_error="block-level")
         add("ring_flash_attn", expect_error="pip install ring-flash-attn flash-attn")
         add("yunchang", expect_error="pip install yunchang")
