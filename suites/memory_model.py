@@ -112,19 +112,17 @@ def _attention_buffers(shape: AttnShape, plan: Plan, world: int,
     before the last), and a collective over one rank returns its input (``burst.comm``)."""
     b, n, d, e = shape.batch, shape.seq_len // world, shape.head_dim, shape.elem
     h, hk = shape.heads, shape.kv_heads
-    kv = 2 * b * n * hk * d * e
     acc = acc_bytes(e)
     members = world if members is None else members
     if plan.kind == "ring":
-        # the travelling gradient accumulators: fp32, or the input dtype (grad_acc="input")
+        # one hop's payload and travelling accumulators (fp32, or the input dtype with
+        # grad_acc="input"): Q, dO, D, LSE + dQ (burst: dK, dV accumulate locally, in fp32) or
+        # K, V + dK, dV (ring: dQ accumulates locally)
         travel = e if (plan.options or {}).get("grad_acc") == "input" else None
-        if plan.backward == "burst":  # Q, dO, D, LSE travel + fp32 dQ; dK, dV accumulate locally
-            data = 2 * b * n * h * d * e + 2 * b * n * h * acc
-            grads = b * n * h * d * (travel or acc)
-            local = 2 * b * n * hk * d * acc
-        else:  # K, V + dK, dV travel; dQ accumulates locally
-            data, grads = kv, 2 * b * n * hk * d * (travel or acc)
-            local = b * n * h * d * acc
+        data, grads = volume.ring_hop_bytes(plan.backward, batch=b, seq_local=n, heads=h,
+                                            kv_heads=hk, head_dim=d, elem=e, acc_elem=acc,
+                                            grad_elem=travel)
+        local = (2 * b * n * hk * d if plan.backward == "burst" else b * n * h * d) * acc
         if members == 1:
             return grads + local
         bufs = 3 if plan.ring_local else 2  # double ring: one more block in flight across nodes
