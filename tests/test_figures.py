@@ -786,10 +786,11 @@ def test_published_rows_take_the_profiles_peak_and_the_models_shapes():
     """results.paper wrote the A800 peak and the models' heads a second time; the peak stays
     a constant there (results does not import suites) and must equal the profile's."""
     from burst.engine.configs import get_config
+    from burst.flops import peak_tflops
     from results.paper import PEAK_TFLOPS
     from suites.hardware import load
 
-    assert load("a800").peak_tflops == PEAK_TFLOPS
+    assert load("a800").peak_tflops == PEAK_TFLOPS == peak_tflops("NVIDIA A800-SXM4-80GB")
     for r in paper_rows():
         assert r["peak_tflops"] == PEAK_TFLOPS
         if r["workload"] == "train_step":

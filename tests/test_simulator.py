@@ -15,6 +15,7 @@ import re
 import pytest
 
 from burst import comm
+from burst.flops import peak_tflops
 from burst.layout import shard
 from burst.spawn import spawn
 from burst.volume import method_bytes
@@ -540,6 +541,8 @@ def test_hardware_profiles_give_every_value_a_source(tmp_path):
         unlabelled = {k: s for k, s in hw.sources.items() if not s.startswith(kinds)}
         assert not unlabelled, (n, unlabelled)
         assert hw.usable_gib < hw.memory_gib, n
+        # MFU's peak is one number per GPU: a simulated row's and a measured row's
+        assert hw.peak_tflops == peak_tflops(n.upper()), n
     bad = tmp_path / "bad.toml"
     bad.write_text('name = "bad"\n[gpu]\npeak_bf16_tflops = 3\n')
     with pytest.raises(ValueError, match="peak_bf16_tflops"):
