@@ -13,6 +13,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from results.tables import seq_label  # noqa: E402
+
 __all__ = ["MFU_LABEL", "OUT", "fmt_tokens", "legend", "new_figure", "note_empty", "save",
            "seq_label", "wrap_path"]
 
@@ -27,11 +29,6 @@ def new_figure(ncols: int = 1, nrows: int = 1, *, width: float = 4.2, height: fl
     fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows),
                              squeeze=False, **kw)
     return fig, axes
-
-
-def seq_label(n: int) -> str:
-    n = int(n)
-    return f"{n >> 20}M" if n >= 1 << 20 and n % (1 << 20) == 0 else f"{n >> 10}K"
 
 
 def fmt_tokens(x, _pos=None) -> str:

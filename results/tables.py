@@ -12,7 +12,7 @@ import json
 import math
 
 __all__ = ["MATCH_KEYS", "METRICS", "add_speedup", "compare", "compare_keys", "no_match_reason",
-           "regressions", "render", "summary"]
+           "regressions", "render", "seq_label", "summary"]
 
 MATCH_KEYS = ("workload", "model", "seq_len", "batch", "heads", "kv_heads", "head_dim", "causal",
               "window", "dtype", "world", "nodes", "device")
@@ -32,6 +32,15 @@ METRICS: dict[str, tuple[str, float, str, bool]] = {
     "mem_reserved_bytes": ("reserved memory (MiB)", 2.0**-20, "{:.1f}", False),
     "max_err": ("max abs error vs float64 reference", 1.0, "{:.1e}", False),
 }
+
+
+def seq_label(n) -> str:
+    """A sequence length as tables and figures write it: 1M, 1536K, 1000 (exact, never
+    rounded: 1.5M is 1536K)."""
+    n = int(n)
+    if n >= 1 << 20 and n % (1 << 20) == 0:
+        return f"{n >> 20}M"
+    return f"{n >> 10}K" if n >= 1 << 10 and n % (1 << 10) == 0 else str(n)
 
 
 def _missing(x) -> bool:

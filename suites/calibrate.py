@@ -34,6 +34,7 @@ import numpy as np
 
 from burst.flops import BACKWARD_OVER_FORWARD, attention_flops, attention_kernel_flops, rate_columns
 from results.paper import paper_rows
+from results.tables import seq_label
 from suites import hardware as hwmod
 from suites.implementations import PATH as IMPL_PATH
 from suites.implementations import Implementation, implementations
@@ -507,8 +508,7 @@ def error_table(evals: list[dict]) -> str:
     lines = ["| table | model | GPUs | seq | method | ckpt | published | simulated | error | "
              "status paper/sim | memory GiB paper/sim |", "|" + "---|" * 11]
     for e in evals:
-        seq = f"{e['seq_len'] // 1024}K" if e["seq_len"] < 1 << 20 else \
-            f"{e['seq_len'] / (1 << 20):g}M"
+        seq = seq_label(e["seq_len"])
         mem = f"{_num(e['mem_paper_gib'])} / {_num(e['mem_sim_gib'])}" if e["mem_sim_gib"] \
             else ""
         lines.append(f"| {e['table']} | {e['model']} | {e['world']} | {seq} | {e['label']} | "

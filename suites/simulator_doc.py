@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from results.tables import seq_label
 from suites import hardware as hwmod
 
 __all__ = ["MISSES", "README_END", "README_START", "update_readme", "write_doc"]
@@ -119,7 +120,7 @@ def _misses(evals: list[dict], flat: list[dict]) -> list[str]:
     meg = [e for e in wrong_oom if e["method"] == "megatron_cp" and e["table"] == "kernel"]
     if meg:
         out.append("- " + MISSES["megatron_kernel"].format(
-            cells=", ".join(_seq(e["seq_len"]) for e in meg),
+            cells=", ".join(seq_label(e["seq_len"]) for e in meg),
             mem=", ".join(f"{e['mem_sim_gib']:.1f} GiB" for e in meg)))
     lt = [e for e in evals if e["method"].startswith("loongtrain") and e["mem_rel_error"]
           is not None]
@@ -140,10 +141,6 @@ def _misses(evals: list[dict], flat: list[dict]) -> list[str]:
                           for e in skipped)
         out.append(f"- {MISSES['cannot_run'].format(cells=cells)}")
     return out
-
-
-def _seq(n: int) -> str:
-    return f"{n >> 20}M" if n >= 1 << 20 else f"{n >> 10}K"
 
 
 def _first(e: dict) -> str:

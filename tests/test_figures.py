@@ -889,3 +889,12 @@ def test_the_cpu_figure_names_the_folder_it_read(fixture_tables, tmp_path):
     from paper_figures.common import wrap_path
 
     assert wrap_path("/a/bb/ccc/d", 6) == "/a/bb/\nccc/d" and wrap_path("x/", 6) == "x/"
+
+
+def test_one_sequence_label_everywhere():
+    """Figures, the simulator's doc and the fit table each formatted lengths; the doc's rounded
+    1.5M down to "1M". One function now, exact."""
+    from results.tables import seq_label
+
+    assert [seq_label(n) for n in (1000, 4096, 1 << 20, 3 << 19, 4 << 20, 1536.0)] == \
+        ["1000", "4K", "1M", "1536K", "4M", "1536"]
