@@ -106,7 +106,10 @@ def ring_attention_bytes(*, world: int, batch: int, seq_local: int, heads: int, 
     default ``acc_elem`` (D and LSE always travel in ``acc_elem``).
 
     ``ranks_per_node`` selects the double ring (None: flat). ``node_size`` is the physical node
-    used to label links (default: ``ranks_per_node``, or one node for a flat ring).
+    that labels a flat ring's links (default: one node; a node per rank with
+    ``ranks_per_node=1``). A double ring's hops are labelled by its own rings, inner "intra"
+    and outer "inter", whatever ``node_size``; ``method_bytes`` relabels them by the physical
+    nodes where the two differ.
     """
     if backward not in ("burst", "ring"):
         raise ValueError(f"backward={backward!r}: expected 'burst' or 'ring'")
