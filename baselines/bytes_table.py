@@ -26,7 +26,7 @@ CASES = (  # (G ranks, query heads, kv heads)
 )
 
 
-def _rows(world: int, heads: int, kv_heads: int) -> list[tuple[str, str, dict]]:
+def _rows(world: int, heads: int) -> list[tuple[str, str, dict]]:
     multi = world > NODE
     rpn = {"ranks_per_node": NODE} if multi else {}
     u = NODE if multi else 2
@@ -63,7 +63,7 @@ def table(world: int, heads: int, kv_heads: int) -> str:
              f"H = {heads}, H_kv = {kv_heads} ({kind})", "",
              "| method | options | forward | backward | inter-node (fwd+bwd) | MiB/rank at 1M |",
              "|---|---|---:|---:|---:|---:|"]
-    for name, desc, opts in _rows(world, heads, kv_heads):
+    for name, desc, opts in _rows(world, heads):
         key = name.split(" ")[0]
         vols = [method_bytes(key, **shape, **opts, rank=r, node_size=NODE, causal=True)
                 for r in range(world)]

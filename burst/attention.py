@@ -107,7 +107,7 @@ class _RingAttention(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
         spec, layout, rg, scale, scheme, backend, span, grad_acc, lse_out = ctx.args
-        g, me, n = rg.world, rg.me, q.shape[1]
+        g, me = rg.world, rg.me
         acc = acc_dtype(q.dtype)
         travel = acc if grad_acc == "fp32" else q.dtype  # the accumulators that travel
         dout = torch.zeros_like(out) if dout is None else dout.contiguous()
@@ -119,10 +119,10 @@ class _RingAttention(torch.autograd.Function):
                 backend = _backend_for_dlse(backend, q, dout, delta, dlse, rg)
             if scheme == "burst":
                 dq, dk, dv = _backward_burst(q, k, v, dout, delta, lse, spec, layout, rg, scale,
-                                             backend, span, g, me, n, acc, travel)
+                                             backend, span, g, me, acc, travel)
             else:
                 dq, dk, dv = _backward_ring(q, k, v, dout, delta, lse, spec, layout, rg, scale,
-                                            backend, span, g, me, n, acc, travel)
+                                            backend, span, g, me, acc, travel)
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None,
                 None, None, None)
 
@@ -157,7 +157,7 @@ def _backend_for_dlse(backend: str, q, dout, delta, dlse, rg) -> str:
     return "torch"
 
 
-def _backward_burst(q, k, v, dout, delta, lse, spec, layout, rg, scale, backend, span, g, me, n,
+def _backward_burst(q, k, v, dout, delta, lse, spec, layout, rg, scale, backend, span, g, me,
                     acc, travel):
     dk = torch.zeros(k.shape, dtype=acc, device=k.device)
     dv = torch.zeros(v.shape, dtype=acc, device=v.device)
@@ -175,7 +175,7 @@ def _backward_burst(q, k, v, dout, delta, lse, spec, layout, rg, scale, backend,
     return dq, dk, dv
 
 
-def _backward_ring(q, k, v, dout, delta, lse, spec, layout, rg, scale, backend, span, g, me, n,
+def _backward_ring(q, k, v, dout, delta, lse, spec, layout, rg, scale, backend, span, g, me,
                    acc, travel):
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     steps = BlockSteps(spec, layout, g, scale, backend)

@@ -152,8 +152,7 @@ def _attention_buffers(shape: AttnShape, plan: Plan, world: int,
     return gathered + b * n * (h + 2 * hk) * d * acc
 
 
-def attention_memory(hw: Hardware, shape: AttnShape, plan: Plan, world: int,
-                     impl: Implementation) -> MemoryEstimate:
+def attention_memory(hw: Hardware, shape: AttnShape, plan: Plan, world: int) -> MemoryEstimate:
     """One attention layer forward + backward: inputs, outputs, grads, lse, buffers."""
     b, n, d, e = shape.batch, shape.seq_len // world, shape.head_dim, shape.elem
     h, hk = shape.heads, shape.kv_heads

@@ -262,7 +262,7 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
         return Prediction("error", error=str(e))
     half = None
     if cell.workload == "attention":
-        mem = attention_memory(hw, shape, plan, cell.world, impl)
+        mem = attention_memory(hw, shape, plan, cell.world)
         time_s = attn.total_s
         parts = {"attention_forward": attn.forward_s, "attention_backward": attn.backward_s}
     else:

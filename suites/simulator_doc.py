@@ -296,7 +296,6 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
     fitted = {c["name"] for c in result.constants}
     fitted |= {f"{result.hw.name}.{k}" for k in ("fwd_eta_max", "t_half_tokens",
                                                   "nic_efficiency", "allocator_overhead")}
-    hw_fit = [c for c in result.constants]
     lines = [
         "# The paper-scale simulator and its calibration",
         "",
@@ -387,7 +386,8 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
         "",
         "| constant | value | fitted on |",
         "|---|---|---|",
-        *[f"| `{c['name']}` | {_fmt(float(c['value']))} | {c['fitted_on']} |" for c in hw_fit],
+        *[f"| `{c['name']}` | {_fmt(float(c['value']))} | {c['fitted_on']} |"
+          for c in result.constants],
         "",
         *_vocab_lines(vocab_choice(result)),
         "",

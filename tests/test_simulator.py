@@ -1041,12 +1041,11 @@ def test_a_masked_tile_costs_its_whole_rectangle():
 def test_windowed_ulysses_counts_its_fp32_gradient_accumulators():
     """A window tiles Ulysses' whole-sequence attention, whose calls merge into fp32 dq, dk, dv:
     the memory estimate grows by exactly those, and not without a window."""
-    from suites.implementations import OURS
     from suites.memory_model import FP32, attention_memory
     from suites.schedule import plan_for
 
     topo, windowed = Topo(8, 8), dataclasses.replace(MHA, window=(4096, 0))
-    plain, win = (attention_memory(HW, s, plan_for("ulysses", {}, topo, s), 8, OURS)
+    plain, win = (attention_memory(HW, s, plan_for("ulysses", {}, topo, s), 8)
                   for s in (MHA, windowed))
     n = MHA.seq_len // 8
     extra = MHA.batch * n * (MHA.heads + 2 * MHA.kv_heads) * MHA.head_dim * FP32
@@ -1056,12 +1055,11 @@ def test_windowed_ulysses_counts_its_fp32_gradient_accumulators():
 def test_attention_layer_memory_parts_by_hand():
     """Each counted part of one attention layer, written out (a factor in one part moved no OOM
     verdict and no ordering: only the gates' stored snapshot noticed)."""
-    from suites.implementations import OURS
     from suites.memory_model import attention_memory
     from suites.schedule import plan_for
 
     shape = dataclasses.replace(MHA, kv_heads=8)  # GQA: q, out, dout, dq per query head
-    parts = attention_memory(HW, shape, plan_for("burst", {}, TOPO, shape), 32, OURS).parts
+    parts = attention_memory(HW, shape, plan_for("burst", {}, TOPO, shape), 32).parts
     b, n, h, hk, d = 1, shape.seq_len // 32, 40, 8, 128
     assert parts["inputs_outputs"] == b * n * (2 * h + 2 * hk) * d * 2  # q, out; k, v (bf16)
     assert parts["grads"] == b * n * (2 * h + 2 * hk) * d * 2  # dout, dq; dk, dv
