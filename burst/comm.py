@@ -1,4 +1,6 @@
-"""The one module that calls torch.distributed, and the byte counter.
+"""The one module that calls torch.distributed, and the byte counter. (One documented exception:
+the engine's data parallelism hands its gradients to torch's DDP/FSDP and its checkpoints to
+torch.distributed.checkpoint, which call it themselves: ``burst.engine.parallel``.)
 
 Everything that moves data between ranks (ring point-to-point, all-gather, reduce-scatter,
 all-to-all, all-reduce, small picklable objects) goes through here, so that ``count_bytes``

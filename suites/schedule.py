@@ -195,7 +195,8 @@ def _registry_defaults(method: str) -> dict:
 
 
 def plan_for(method: str, options: dict | None, topo: Topo, shape: AttnShape) -> Plan:
-    """Reduce a registry method and its options to a schedule plan (defaults from the registry)."""
+    """Reduce a registry method and its options to a schedule plan (defaults from the registry's
+    entry; without the registry, the schedule's own ``RING_METHODS`` / ``OTHER_KINDS``)."""
     opts = {**_registry_defaults(method), **(options or {})}
     if method in RING_METHODS:
         layout, backward, double = RING_METHODS[method]
