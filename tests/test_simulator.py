@@ -1619,3 +1619,17 @@ def test_calibrate_refuses_what_would_overwrite_the_fit_wrongly(argv, capsys):
     with pytest.raises(SystemExit) as e:
         calibrate.main(argv)
     assert e.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+def test_a_causal_call_never_costs_more_than_the_same_call_unmasked():
+    """A causal block computes its diagonal tiles whole, t(t+b)/2 pairs of work; below one tile
+    (t < b) that was more than the t^2 of the whole block, so a causal call of 64 tokens was
+    priced 1.3x the unmasked one (16 tokens: 4.5x) and striped layouts with a few tokens per
+    rank lost to contiguous ones."""
+    for n in (8, 16, 32, 64, 96, 128, 256, 4096):
+        c = dict(workload="attention", method="burst", seq_len=n, world=1, heads=32,
+                 head_dim=128)
+        causal, full = (simulate_cell(dict(c, causal=m), "a800")["time_s"] for m in (True, False))
+        assert causal <= full * (1 + 1e-12), (n, causal / full)
+    for t in (1, 2, 50, 127, 128, 129, 1000):  # the useful fraction of a causal call's work
+        assert HW.attn_efficiency(t, causal=True) <= HW.attn_efficiency(t) * (1 + 1e-12), t

@@ -171,12 +171,13 @@ class Hardware:
     def attn_efficiency(self, t: float, pass_: str = "forward", causal: bool = False) -> float:
         """Fraction of peak (useful FLOPs) of an attention call whose smaller side has ``t``
         tokens. A causal (diagonal) call also computes its diagonal tiles whole: t(t+b)/2
-        pairs of work for t(t+1)/2 useful ones, b = ``causal_tile_tokens``."""
+        pairs of work for t(t+1)/2 useful ones, b = ``causal_tile_tokens``; a call within one
+        tile (t < b) computes t^2, never more than the same call unmasked."""
         if pass_ not in ("forward", "backward"):
             raise ValueError(f"pass_={pass_!r}; valid: forward, backward")
         eta = self.fwd_eta_max * t / (t + self.t_half_tokens)
         if causal:
-            eta *= (t + 1) / (t + self.causal_tile_tokens)
+            eta *= max((t + 1) / (t + self.causal_tile_tokens), (t + 1) / (2 * t))
         return eta * (self.bwd_over_fwd if pass_ == "backward" else 1.0)
 
     def attn_seconds(self, flops: float, t: float, pass_: str = "forward",
