@@ -344,7 +344,10 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
         "A window's or document's edge tile (a DENSE call, at most 1024 tokens a side) runs "
         "the memory-efficient kernel with its mask as a bias, as `burst.kernel` does: it is "
         "priced on its whole rectangle, at the same efficiency (that kernel's own rate is not "
-        "profiled).",
+        "profiled). So a window just short of the sequence can be priced above no window "
+        "(1.31x for `striped_ring`, 4096 tokens on 4 ranks, window 2048; under 0.1% from 64K "
+        "tokens), and Ulysses with any window adds its fp32 dq, dk, dv (its tiled calls merge "
+        "into them) to the memory, as the code does.",
         "- **dtype**: work runs at the peak of its dtype (`Hardware.peak`): 16-bit at the "
         "tensor-core peak; float32 attention at a third of the TF32 peak (torch's "
         "memory-efficient kernel, where the kernel shim sends float32, computes it as three "
@@ -370,7 +373,11 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
         "- **memory** (`suites.memory_model`): ZeRO-3 states (or the system's own sharding), "
         "checkpoints per mode, one "
         "layer's backward peak with the method's buffers, the plain or fused head, and what "
-        "a system holds for the whole sequence; over the usable memory = an `oom` row.",
+        "a system holds for the whole sequence; over the usable memory = an `oom` row. The "
+        "fused head holds an fp32 weight gradient of the vocabulary (V x E x 4 bytes, as "
+        "`burst.engine.fused_loss` allocates), so with few tokens per rank it holds more than "
+        "the plain head's logits (14B, 32K tokens on 16 GPUs: 21.5 against 19.8 GiB); its gain "
+        "is at long local sequences.",
         "- **systems** (`suites/implementations.toml`): what the compared systems do beyond "
         "their algorithm (Megatron's distributed optimizer, "
         "DeepSpeed's whole-layer recomputation, ...), each with its source. A system's fitted "

@@ -13,8 +13,8 @@ Per decoder layer (FLOPs from ``burst.flops``; attention from ``suites.schedule`
              max(compute, collectives). Weights whole on every rank (Megatron's distributed
              optimizer): one gradient reduce-scatter and one weight all-gather per step instead
 The LM head (plain or fused: the same FLOPs and logits traffic, in chunks for the fused one,
-whose gain is memory, ``suites.memory_model``), the loss and the optimizer (memory-bound Adam on
-the 1/G shard, or on the CPU with offload) are added once.
+whose gain is memory at long local sequences, ``suites.memory_model``), the loss and the
+optimizer (memory-bound Adam on the 1/G shard, or on the CPU with offload) are added once.
 
 Elementwise bytes per token per layer are counted on burst.engine.model's layer: two RMSNorms
 (read + write), rotary on q and k, two residual adds, SwiGLU (read gate and up, write product).
