@@ -113,7 +113,6 @@ METHOD = register(Method(
     fn=allgather_attn,
     description="Llama 3 context parallelism: all-gather K/V, local attention (zigzag), "
                 "reduce-scatter dK/dV",
-    default_layout="zigzag",
     layouts=LAYOUTS,
     options={"layout": "zigzag"},
     requires=_requires,

@@ -35,7 +35,6 @@ burst_method = register(Method(
     fn=_burst,
     description="BurstAttention: K/V ring forward, Q/dO/D/LSE + trailing dQ backward "
                 "(optionally topology-aware double ring)",
-    default_layout="zigzag",
     layouts=LAYOUTS,
     options={"layout": "zigzag", "backward": "burst"},
     requires=_requires,

@@ -88,7 +88,6 @@ METHOD = register(Method(
     fn=double_ring_attn,
     description="LoongTrain-style double ring (inner ring per node, outer ring across nodes), "
                 "classic K/V/dK/dV backward",
-    default_layout="zigzag",
     layouts=LAYOUTS,
     options={"layout": "zigzag", "ranks_per_node": 2},
     requires=_requires,

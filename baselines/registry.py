@@ -47,13 +47,12 @@ class Method:
     fn: Callable
     """fn(q, k, v, *, causal, softmax_scale, group, **options) -> out."""
     description: str
-    default_layout: str = "contiguous"
-    """Layout the inputs must be sharded in, unless options["layout"] overrides it."""
     layouts: tuple[str, ...] = ("contiguous",)
     """Layouts the method accepts in options["layout"]."""
     causal_only: bool = False
     options: dict = field(default_factory=dict)
-    """Default options."""
+    """Default options; ``layout`` is the layout the inputs must be sharded in (contiguous when
+    absent), unless a call's options name another."""
     requires: Callable[..., list[str]] | None = None
     """requires(world=, heads=, kv_heads=, seq_local=, causal=, **options) -> list of problems."""
     unavailable: Callable[[], str | None] = lambda: None
@@ -90,7 +89,7 @@ class Method:
         return None if d is None else (d,) if isinstance(d, str) else tuple(d)
 
     def layout(self, options: dict | None = None) -> str:
-        return {**self.options, **(options or {})}.get("layout", self.default_layout)
+        return {**self.options, **(options or {})}.get("layout", "contiguous")
 
     def check(self, *, world: int, heads: int, kv_heads: int, seq_local: int, causal: bool,
               **options) -> None:
@@ -104,7 +103,7 @@ class Method:
         if why:  # the checks below would be handed an option they do not know
             problems.append(f"it {why}")
             raise ValueError(f"method {self.name!r} cannot run this case: " + "; ".join(problems))
-        lay = opts.get("layout", self.default_layout)
+        lay = self.layout(opts)
         if lay not in self.layouts:
             problems.append(f"layout {lay!r} is not supported; valid layouts: "
                             f"{', '.join(self.layouts)}")

@@ -67,7 +67,7 @@ for _name, _fn, _layout, _desc in (
      "ring attention with striped causal load balance (Striped Attention)"),
 ):
     _METHODS[_name] = register(Method(
-        name=_name, fn=_fn, description=_desc, default_layout=_layout, layouts=(_layout,),
+        name=_name, fn=_fn, description=_desc, layouts=(_layout,),
         causal_only=_layout != "contiguous", options={"layout": _layout}, requires=_requires,
         volume=partial(method_bytes, _name),
     ))

@@ -266,7 +266,6 @@ METHOD = register(Method(
     fn=_core_entry,
     description="Megatron tensor + sequence parallel attention block (all-gather seq, heads "
                 "split, reduce-scatter); block-level",
-    default_layout="contiguous",
     layouts=("contiguous",),
     requires=_requires,
     volume=partial(method_bytes, "tp"),

@@ -129,7 +129,6 @@ METHOD = register(Method(
     fn=ulysses_attn,
     description="DeepSpeed-Ulysses: all-to-all seq->heads, full-sequence local attention, "
                 "all-to-all back (kv heads replicated up to the degree when fewer)",
-    default_layout="contiguous",
     layouts=LAYOUTS,
     options={"layout": "contiguous"},
     requires=_requires,

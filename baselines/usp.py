@@ -125,7 +125,6 @@ METHOD = register(Method(
     fn=usp_attn,
     description="USP (yunchang): Ulysses inside groups of ulysses_degree consecutive ranks x "
                 "ring attention across the groups (backward=ring: classic; burst: Burst-USP)",
-    default_layout="contiguous",
     layouts=LAYOUTS,
     options={"layout": "contiguous", "ulysses_degree": 2, "backward": "ring", "grad_acc": "fp32"},
     requires=_requires,

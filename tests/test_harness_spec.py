@@ -174,7 +174,7 @@ def test_key_cell_and_value_problems_come_in_one_report(tmp_path):
         load_spec(_write(tmp_path, text))
     probs = "\n".join(ei.value.problems)
     for part in ("repeatz", "seq_len@world 100@4", "64@4 appears more than once",
-                 "backward='burts'", "'tp' is block-level"):
+                 "unknown backward 'burts'", "'tp' is block-level"):
         assert part in probs, (part, probs)
     empty = "workload = 'attention'\nscales = []\n[shape]\nheads = 4\nhead_dim = 8\n" \
             "[[methods]]\nname = 'burst'\n"
