@@ -39,7 +39,7 @@ COLORS: dict[str, str] = {
 # the order methods appear in, left to right (baselines first, ours last as in the paper)
 ORDER = ("megatron_cp", "deepspeed_ulysses", "loongtrain_double_ring", "loongtrain_usp",
          "burst", "burstengine", "burstengine_usp", "ring", "zigzag_ring", "striped_ring",
-         "allgather", "ulysses", "tp", "double_ring", "usp")
+         "allgather", "ulysses", "tp", "double_ring", "usp", "ring_flash_attn", "yunchang")
 
 # figures whose lines are models or checkpointing modes, not methods, take their colours from
 # viridis, which no method uses, so that no line reads as a method's

@@ -73,7 +73,7 @@ from results.schema import COLUMNS, empty_row  # noqa: E402
 # a fault inside a library kernel is sticky (every later CUDA call of the process fails), so it
 # must not cost the ring, engine and max-length rows of a run that cannot be repeated
 SECTIONS = ("tests", "ring", "engine", "maxseq", "kernel")
-MODES = ("none", "full", "selective", "selective_half")
+MODES = flops.CHECKPOINTING
 
 
 @dataclass(frozen=True)

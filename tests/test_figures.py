@@ -898,3 +898,12 @@ def test_one_sequence_label_everywhere():
 
     assert [seq_label(n) for n in (1000, 4096, 1 << 20, 3 << 19, 4 << 20, 1536.0)] == \
         ["1000", "4K", "1M", "1536K", "4M", "1536"]
+
+
+def test_every_coloured_method_has_a_place_in_the_order():
+    """ORDER ranks the bars and lines; a method missing from it (ring_flash_attn and yunchang
+    were) was drawn after every other, wherever it belonged."""
+    from paper_figures import palette
+
+    assert set(palette.ORDER) == set(palette.COLORS) and len(set(palette.ORDER)) == len(
+        palette.ORDER)
