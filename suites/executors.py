@@ -367,6 +367,14 @@ def _vanished_local_tasks(job) -> list[int]:
     return sorted(gone)
 
 
+def _forget_local_tasks(job) -> None:
+    """Drop what the polls saw of a collected local job's tasks."""
+    import submitit
+
+    if isinstance(job, submitit.LocalJob):
+        _SEEN_LOCAL_TASKS.pop(str(job.paths.folder), None)
+
+
 # SLURM states of a job that will run (again): after a node failure or a preemption SLURM
 # requeues it by default, while submitit counts NODE_FAIL / PREEMPTED as finished
 REQUEUED_STATES = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "CONFIGURING",
@@ -440,7 +448,7 @@ def _collect(job, cell: Cell, run: Run, ctx: RunContext) -> None:
     append_row(run.rows, row)
     append_row(run.dir / "jobs.jsonl", {"cell_id": cell.cell_id, "job_id": str(job.job_id),
                                         "collected": True})
-    _SEEN_LOCAL_TASKS.pop(str(job.paths.folder), None)
+    _forget_local_tasks(job)
     if not job.done():  # ranks left waiting on a failed one: free their slots
         job.cancel(check=False)
 
@@ -500,7 +508,7 @@ def _time_out(job, cell: Cell, run: Run, ctx: RunContext) -> None:
         job_id=str(job.job_id)))
     append_row(run.dir / "jobs.jsonl", {"cell_id": cell.cell_id, "job_id": str(job.job_id),
                                         "collected": True})
-    _SEEN_LOCAL_TASKS.pop(str(job.paths.folder), None)
+    _forget_local_tasks(job)
 
 
 UNKNOWN_LIMIT_S = 600.0
