@@ -424,3 +424,30 @@ def test_nccl_spawn_needs_a_gpu_per_rank():
     gpus = torch.cuda.device_count()
     with pytest.raises(ValueError, match=f"needs one GPU per rank: world={gpus + 1}"):
         spawn(_aborts_on_rank1, gpus + 1, backend="nccl")
+
+
+def test_a_phase_label_ends_with_its_block():
+    """Bytes are filed under the phase of the innermost ``comm.phase`` block; a label that
+    outlived its block (at its end or on an exception) would file later traffic, issued
+    outside any block, under it (no current caller would show it: each opens its own)."""
+    from burst import comm
+
+    assert comm._PHASE.get() == "forward"
+    with comm.phase("backward"):
+        with comm.phase("loss"):
+            assert comm._PHASE.get() == "loss"
+        assert comm._PHASE.get() == "backward"
+    with pytest.raises(RuntimeError), comm.phase("backward"):
+        raise RuntimeError("a failed step")
+    assert comm._PHASE.get() == "forward"
+
+
+def test_auto_backward_takes_burst_on_a_tie():
+    """burst_attn's "auto" picks the backward that sends fewer bytes, burst on a tie (one rank:
+    nothing is sent either way)."""
+    from burst.volume import auto_backward
+
+    shape = dict(batch=1, seq_local=16, heads=8, kv_heads=8, head_dim=64, elem=2, acc_elem=4)
+    assert auto_backward(world=1, **shape) == "burst"
+    assert auto_backward(world=4, **shape) == "burst"
+    assert auto_backward(world=4, **dict(shape, kv_heads=1)) == "ring"  # GQA: K/V are small
