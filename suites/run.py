@@ -200,26 +200,9 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
         raise ValueError(f"unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}")
     slurm = slurm or spec.slurm
     cells = expand(spec)
-    if executor == "dry-run":  # what a run would submit now: the cells its run has not done
-        resumed = select_run(spec, Path(out), run_id, new)
-        # a new run's id is its start time, unless named
-        rid = resumed.name if resumed.exists() or run_id else "<run_id>"
-        folder = (job_base(Path(job_folder).absolute(), spec.name, rid) if job_folder
-                  else Path(out).resolve() / spec.name / rid / "jobs")
-        skip = _done(store.read_rows(resumed / "rows.jsonl"), retry_failed) if resumed.exists() \
-            else set()
-        queued = set(pending_jobs(resumed, "slurm")) - skip  # a dead driver's: not rerun
-        ignore = skip | queued
-        why = {c.cell_id: cell_problem(c) for c in cells if c.cell_id not in ignore}
-        todo = [c for c in cells if c.cell_id in why and why[c.cell_id] is None]
-        if skip or queued:
-            print(f"{len(skip)} cells already done, {len(queued)} with jobs of an earlier driver "
-                  f"to collect, in {resumed}", file=stream)
-        for c in cells:  # a skip_invalid method's cell: a skipped row, no job
-            if why.get(c.cell_id):
-                print(f"# not submitted, a skipped row: [{c.cell_id}] {c.describe()}: "
-                      f"{why[c.cell_id]}", file=stream)
-        dry_run(todo, slurm=slurm, sweep=spec.name, folder=str(folder), stream=stream)
+    if executor == "dry-run":
+        _dry_run_sweep(spec, cells, out=out, run_id=run_id, new=new, retry_failed=retry_failed,
+                       slurm=slurm, job_folder=job_folder, stream=stream)
         return RunResult(None, None, 0)
 
     run = Run(select_run(spec, Path(out), run_id, new))
@@ -274,17 +257,7 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
                     submit_cells(todo, kind=executor, run=run, ctx=ctx, slurm=slurm,
                                  folder=job_folder, on_submit=on_submit)
         except KeyboardInterrupt as e:  # Ctrl-C: the table of what ran, and how to go on
-            with _no_sigint():  # a second Ctrl-C must not leave the table half written
-                store.consolidate(run.dir)  # first: a hung-up terminal fails the print below
-            kept = len(_done(store.read_rows(run.rows), False) & set(ids))
-            jobs = {"slurm": "; its SLURM jobs keep running (scancel stops them) and are "
-                             "collected when it resumes",
-                    "local": "; a local job still running is waited for when it resumes, one "
-                             "that died runs again"}.get(executor, "")
-            again = "the same command" + (" without --new" if new else "")
-            with contextlib.suppress(OSError):  # SIGHUP: the terminal is gone (EIO)
-                print(f"\ninterrupted: {kept} of {len(cells)} cells have a row in {run.dir}; "
-                      f"{again} resumes this run{jobs}", file=stream, flush=True)
+            _report_interrupt(run, cells, ids, executor=executor, new=new, stream=stream)
             e.reported = True  # the CLI adds no second message
             raise
         except Exception:  # SLURM refused the array, a full disk, ...: the table of what ran
@@ -294,6 +267,45 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
         table = store.consolidate(run.dir)
     print(summary_text(table, spec), file=stream, flush=True)
     return RunResult(run.dir, table, len(todo))
+
+
+def _dry_run_sweep(spec: SweepSpec, cells, *, out, run_id, new, retry_failed, slurm,
+                   job_folder, stream) -> None:
+    """What a run would submit now: the cells its run has not done."""
+    resumed = select_run(spec, Path(out), run_id, new)
+    # a new run's id is its start time, unless named
+    rid = resumed.name if resumed.exists() or run_id else "<run_id>"
+    folder = (job_base(Path(job_folder).absolute(), spec.name, rid) if job_folder
+              else Path(out).resolve() / spec.name / rid / "jobs")
+    skip = _done(store.read_rows(resumed / "rows.jsonl"), retry_failed) if resumed.exists() \
+        else set()
+    queued = set(pending_jobs(resumed, "slurm")) - skip  # a dead driver's: not rerun
+    ignore = skip | queued
+    why = {c.cell_id: cell_problem(c) for c in cells if c.cell_id not in ignore}
+    todo = [c for c in cells if c.cell_id in why and why[c.cell_id] is None]
+    if skip or queued:
+        print(f"{len(skip)} cells already done, {len(queued)} with jobs of an earlier driver "
+              f"to collect, in {resumed}", file=stream)
+    for c in cells:  # a skip_invalid method's cell: a skipped row, no job
+        if why.get(c.cell_id):
+            print(f"# not submitted, a skipped row: [{c.cell_id}] {c.describe()}: "
+                  f"{why[c.cell_id]}", file=stream)
+    dry_run(todo, slurm=slurm, sweep=spec.name, folder=str(folder), stream=stream)
+
+
+def _report_interrupt(run: Run, cells, ids, *, executor: str, new: bool, stream) -> None:
+    """After Ctrl-C: the table of what ran, and how to go on."""
+    with _no_sigint():  # a second Ctrl-C must not leave the table half written
+        store.consolidate(run.dir)  # first: a hung-up terminal fails the print below
+    kept = len(_done(store.read_rows(run.rows), False) & set(ids))
+    jobs = {"slurm": "; its SLURM jobs keep running (scancel stops them) and are "
+                     "collected when it resumes",
+            "local": "; a local job still running is waited for when it resumes, one "
+                     "that died runs again"}.get(executor, "")
+    again = "the same command" + (" without --new" if new else "")
+    with contextlib.suppress(OSError):  # SIGHUP: the terminal is gone (EIO)
+        print(f"\ninterrupted: {kept} of {len(cells)} cells have a row in {run.dir}; "
+              f"{again} resumes this run{jobs}", file=stream, flush=True)
 
 
 def _note_unfinished_other(sweep_dir: Path, spec: SweepSpec, stream,
