@@ -416,6 +416,36 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
         r.add("name", f"{name!r}: a sweep name is one folder under results/ (letters, digits, "
                       "'_', '.', '-'; not starting with '.' or '-')")
 
+    shape, model = _shape_or_model(r, data, workload, dtype)
+    methods, baseline = _methods(r, data, workload, shape)
+    scales = _scales(r, data)
+    slurm = _slurm(r, data)
+
+    if "scales" in data and not scales and not r.problems:
+        r.add("scales", "no scale: give at least one [[scales]] entry")
+    spec = None
+    try:
+        spec = SweepSpec(name=name, workload=workload, methods=tuple(methods),
+                         scales=tuple(scales), device=device, dtype=dtype, shape=shape,
+                         model=model, baseline=baseline, slurm=slurm, source=source, **kw)
+    except (TypeError, ValueError):  # too broken to build: its own problems say why
+        if not r.problems:
+            raise
+    if spec is not None and methods and scales:  # the cells' problems in the same report
+        from suites.cells import cell_problems
+
+        try:
+            more = cell_problems(spec)
+        except (TypeError, ValueError, KeyError, AttributeError) as e:  # a broken [shape]
+            more = [] if r.problems else [f"cells: {e}"]
+        r.problems += [p for p in more if p not in r.problems]
+    if r.problems:
+        raise SpecError(r.problems, source)
+    return spec
+
+
+def _shape_or_model(r: _Reader, data: dict, workload, dtype):
+    """The attention [shape] or the train_step model, each refused under the other workload."""
     shape = model = None
     if workload == "attention":
         t = r.get(data, "shape", "", dict, {})
@@ -444,7 +474,11 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
         if dtype == "float16":
             r.add("dtype", "'float16': the engine trains in float32, bfloat16 or float64 "
                   "(float16 would need loss scaling; burst.engine.trainer)")
+    return shape, model
 
+
+def _methods(r: _Reader, data: dict, workload, shape):
+    """The [[methods]] entries (with their options' problems, unique labels) and the baseline."""
     methods, positions = [], []
     raw = r.get(data, "methods", "", list)
     if raw is not None and not raw:
@@ -469,7 +503,11 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
     baseline = r.get(data, "baseline", "", str, None)
     if baseline is not None and methods and baseline not in labels:
         r.add("baseline", f"{baseline!r} is not a method label; valid: {', '.join(labels)}")
+    return methods, baseline
 
+
+def _scales(r: _Reader, data: dict) -> list:
+    """The [[scales]] entries, or the one scale of the top-level machine size."""
     scales = []
     top_lens = r.int_list(data, "seq_lens", "", None)
     if "scales" in data:
@@ -494,7 +532,11 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
         s = _scale(r, {k: data[k] for k in _SCALE if k in data}, "", top_lens)
         if s is not None:
             scales.append(s)
+    return scales
 
+
+def _slurm(r: _Reader, data: dict) -> SlurmSpec:
+    """The [slurm] table."""
     slurm = SlurmSpec()
     t = r.get(data, "slurm", "", dict, {})
     if t:
@@ -510,28 +552,7 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
         sk["setup"] = tuple(setup or ())
         sk["additional"] = r.get(t, "additional", "slurm.", dict, {}) or {}
         slurm = SlurmSpec(**sk)
-
-    if "scales" in data and not scales and not r.problems:
-        r.add("scales", "no scale: give at least one [[scales]] entry")
-    spec = None
-    try:
-        spec = SweepSpec(name=name, workload=workload, methods=tuple(methods),
-                         scales=tuple(scales), device=device, dtype=dtype, shape=shape,
-                         model=model, baseline=baseline, slurm=slurm, source=source, **kw)
-    except (TypeError, ValueError):  # too broken to build: its own problems say why
-        if not r.problems:
-            raise
-    if spec is not None and methods and scales:  # the cells' problems in the same report
-        from suites.cells import cell_problems
-
-        try:
-            more = cell_problems(spec)
-        except (TypeError, ValueError, KeyError, AttributeError) as e:  # a broken [shape]
-            more = [] if r.problems else [f"cells: {e}"]
-        r.problems += [p for p in more if p not in r.problems]
-    if r.problems:
-        raise SpecError(r.problems, source)
-    return spec
+    return slurm
 
 
 def _model_problems(name: str) -> list[str]:
