@@ -74,7 +74,8 @@ class _AllGatherAttention(torch.autograd.Function):
             for src in range(g):
                 piece = slice(src * n, (src + 1) * n)
                 steps.backward(dout, q, k_all[src], v_all[src], lse, delta, dq,
-                               dk_all[:, piece], dv_all[:, piece], q_rank=me, k_rank=src)
+                               dk_all[:, piece], dv_all[:, piece], q_rank=me, k_rank=src,
+                               out_BSHD=out)
             # piece i of the gathered sequence is rank i's shard: reduce-scatter hands it home
             dk = comm.reduce_scatter(dk_all.to(k.dtype), dim=1, group=group)
             dv = comm.reduce_scatter(dv_all.to(v.dtype), dim=1, group=group)

@@ -55,11 +55,11 @@ class _LocalAttention(torch.autograd.Function):
         delta = row_delta(dout, out, acc)
         if spec.is_plain:
             dq, dk, dv = block_backward(dout, q, k, v, lse, delta, scale=scale,
-                                        kind=_plain_kind(spec), backend=backend)
+                                        kind=_plain_kind(spec), backend=backend, out_BSHD=out)
         else:
             dq, dk, dv = (torch.zeros(x.shape, dtype=acc, device=x.device) for x in (q, k, v))
             _one_rank(spec, scale, backend).backward(dout, q, k, v, lse, delta, dq, dk, dv,
-                                                     q_rank=0, k_rank=0)
+                                                     q_rank=0, k_rank=0, out_BSHD=out)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
 
 

@@ -70,12 +70,15 @@ class BlockSteps:
             merge_into(out_BSHD, lse_BHS, o, lse_blk, rows=c.q)
 
     def backward(self, do_BSHD, q_BSHD, k_BSHD, v_BSHD, lse_BHS, delta_BHS, dq_BSHD, dk_BSHD,
-                 dv_BSHD, *, q_rank: int, k_rank: int) -> None:
+                 dv_BSHD, *, q_rank: int, k_rank: int, out_BSHD=None) -> None:
+        """``out_BSHD``: the queries' output where it is at hand and delta is rowsum(dO * out)
+        (``burst.kernel.block_backward``)."""
         for c in plan_pair(self.spec, self.layout, self.world, q_rank, k_rank, q_BSHD.shape[1]):
             gq, gk, gv = block_backward(do_BSHD[:, c.q], q_BSHD[:, c.q], k_BSHD[:, c.k],
                                         v_BSHD[:, c.k], lse_BHS[:, :, c.q], delta_BHS[:, :, c.q],
                                         scale=self.scale, kind=c.kind, bounds=c.bounds,
-                                        backend=self.backend)
+                                        backend=self.backend,
+                                        out_BSHD=None if out_BSHD is None else out_BSHD[:, c.q])
             dq_BSHD[:, c.q] += gq
             dk_BSHD[:, c.k] += gk
             dv_BSHD[:, c.k] += gv
@@ -120,9 +123,10 @@ class _RingAttention(torch.autograd.Function):
             if scheme == "burst":
                 dq, dk, dv = _backward_burst(q, k, v, dout, delta, lse, spec, layout, rg, scale,
                                              backend, span, g, me, acc, travel)
-            else:
+            else:  # the local rows' output stands for D unless an lse gradient moved D
                 dq, dk, dv = _backward_ring(q, k, v, dout, delta, lse, spec, layout, rg, scale,
-                                            backend, span, g, me, acc, travel)
+                                            backend, span, g, me, acc, travel,
+                                            out if dlse is None else None)
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None,
                 None, None, None)
 
@@ -176,13 +180,14 @@ def _backward_burst(q, k, v, dout, delta, lse, spec, layout, rg, scale, backend,
 
 
 def _backward_ring(q, k, v, dout, delta, lse, spec, layout, rg, scale, backend, span, g, me,
-                   acc, travel):
+                   acc, travel, out):
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     steps = BlockSteps(spec, layout, g, scale, backend)
 
     def step(src, kv, acc_out):
         kb, vb = kv  # my queries, keys of src
-        steps.backward(dout, q, kb, vb, lse, delta, dq, *acc_out, q_rank=me, k_rank=src)
+        steps.backward(dout, q, kb, vb, lse, delta, dq, *acc_out, q_rank=me, k_rank=src,
+                       out_BSHD=out)
 
     like = [torch.empty(k.shape, dtype=travel, device=k.device),
             torch.empty(v.shape, dtype=travel, device=v.device)]

@@ -142,10 +142,11 @@ class RingEmulator:
                                       self.lse[src], delta[src], grads[src][0], grads[rank][1],
                                       grads[rank][2], q_rank=src, k_rank=rank)
 
-        def ring(src):
+        def ring(src):  # the queries' own output stands for D, as in burst.attention
             return lambda: s.backward(do[rank], self.q[rank], self.k[src], self.v[src],
                                       self.lse[rank], delta[rank], grads[rank][0], grads[src][1],
-                                      grads[src][2], q_rank=rank, k_rank=src)
+                                      grads[src][2], q_rank=rank, k_rank=src,
+                                      out_BSHD=self.out[rank])
 
         if scheme == "burst":
             return [(src, burst(src)) for src in self.order(rank, direction=-1)]

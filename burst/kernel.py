@@ -300,7 +300,7 @@ def _torch_fwd(q, k, v, scale, causal, mask):
     return out, lse
 
 
-def _torch_bwd(do, q, k, v, lse, delta, scale, causal, mask):
+def _torch_bwd(do, q, k, v, lse, delta, scale, causal, mask, out=None):  # takes delta itself
     acc = acc_dtype(q.dtype)
     g = q.shape[2] // k.shape[2]
     qf = q.to(acc).transpose(1, 2)
@@ -333,8 +333,8 @@ def _cpu_flash_fwd(q, k, v, scale, causal, mask):
     return out.transpose(1, 2), lse.to(acc_dtype(q.dtype)).contiguous()
 
 
-def _cpu_flash_bwd(do, q, k, v, lse, delta, scale, causal, mask):
-    out = _stand_in_out(do, delta)
+def _cpu_flash_bwd(do, q, k, v, lse, delta, scale, causal, mask, out=None):
+    out = _stand_in_out(do, delta) if out is None else out
     dq, dk, dv = _aten(
         "_scaled_dot_product_flash_attention_for_cpu_backward",
         grad_out=do.transpose(1, 2), query=q.transpose(1, 2), key=k.transpose(1, 2),
@@ -382,10 +382,10 @@ def _pad_head_dim(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return ts if pad == 0 else tuple(torch.nn.functional.pad(t, (0, pad)) for t in ts)
 
 
-def _cuda_sdpa_bwd(do, q, k, v, lse, delta, scale, causal, mask):
+def _cuda_sdpa_bwd(do, q, k, v, lse, delta, scale, causal, mask, out=None):
     b, sq, h, _ = q.shape
     sk, hk = k.shape[1], k.shape[2]
-    out = _stand_in_out(do, delta)
+    out = _stand_in_out(do, delta) if out is None else out
     zero = _scalar_zero(q.device)
     if mask is None and _sdpa_flash_ok(q, FULL):
         dq, dk, dv = _aten(
@@ -449,11 +449,11 @@ def _flash_attn_fwd(q, k, v, scale, causal, mask):
     return out[..., : q.shape[-1]], lse.float()
 
 
-def _flash_attn_bwd(do, q, k, v, lse, delta, scale, causal, mask):
+def _flash_attn_bwd(do, q, k, v, lse, delta, scale, causal, mask, out=None):
     assert mask is None, "flash_attn takes no dense mask (resolve_backend routes those away)"
     fai = _flash_attn_module()
     params = _fa_params("_flash_attn_backward")
-    out = _stand_in_out(do, delta)
+    out = _stand_in_out(do, delta) if out is None else out.contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     kw = dict(dout=do.contiguous(), q=q, k=k, v=v, out=out, softmax_lse=lse.float().contiguous(),
               dq=dq, dk=dk, dv=dv, dropout_p=0.0, softmax_scale=scale, causal=causal,
@@ -560,26 +560,34 @@ def block_forward(q_BSHD, k_BSHD, v_BSHD, *, scale: float | None = None, kind: s
 
 def block_backward(do_BSHD, q_BSHD, k_BSHD, v_BSHD, lse_BHS, delta_BHS, *,
                    scale: float | None = None, kind: str = FULL, mask: torch.Tensor | None = None,
-                   bounds=None, backend: str = "auto"):
+                   bounds=None, backend: str = "auto", out_BSHD: torch.Tensor | None = None):
     """Gradients (dq, dk, dv) of one block, given the *global* lse and delta of the query rows
-    (a DENSE block by ``mask`` or ``bounds``, as in ``block_forward``)."""
+    (a DENSE block by ``mask`` or ``bounds``, as in ``block_forward``).
+
+    ``out_BSHD``: the rows' attention output, where the caller holds it and delta is
+    rowsum(dO * out) (no lse gradient): kernels that insist on ``out`` take it instead of
+    building a stand-in (the ring backward keeps its queries' output; the burst backward's
+    visiting rows bring D, not O)."""
     scale = resolve_scale(q_BSHD.shape[-1], scale)
     _check_square(kind, q_BSHD, k_BSHD)
     bwd = _BWD[resolve_backend(backend, q_BSHD, kind)]
     if not q_BSHD.shape[1] or not k_BSHD.shape[1]:  # nothing attends: no gradient
         return tuple(torch.zeros_like(x) for x in (q_BSHD, k_BSHD, v_BSHD))
     do_BSHD, q_BSHD, k_BSHD, v_BSHD = _unit_stride(do_BSHD, q_BSHD, k_BSHD, v_BSHD)
+    if out_BSHD is not None:
+        (out_BSHD,) = _unit_stride(out_BSHD)
     if kind == STRICT:
         dq, dk, dv = (torch.zeros_like(x) for x in (q_BSHD, k_BSHD, v_BSHD))
         if q_BSHD.shape[1] > 1:
             g = bwd(do_BSHD[:, 1:], q_BSHD[:, 1:], k_BSHD[:, :-1], v_BSHD[:, :-1],
-                    lse_BHS[:, :, 1:], delta_BHS[:, :, 1:], scale, True, None)
+                    lse_BHS[:, :, 1:], delta_BHS[:, :, 1:], scale, True, None,
+                    out=None if out_BSHD is None else out_BSHD[:, 1:])
             dq[:, 1:], dk[:, :-1], dv[:, :-1] = g
         return dq, dk, dv
     if kind != DENSE:
         return bwd(do_BSHD, q_BSHD, k_BSHD, v_BSHD, lse_BHS, delta_BHS, scale, kind == CAUSAL,
-                   None)
+                   None, out=out_BSHD)
     # rows with lse -inf see no key anywhere: lse 0 makes their P = exp(-inf - 0) = 0, not NaN
     lse_BHS = torch.where(torch.isneginf(lse_BHS), torch.zeros_like(lse_BHS), lse_BHS)
     return bwd(do_BSHD, q_BSHD, k_BSHD, v_BSHD, lse_BHS, delta_BHS, scale, False,
-               _dense_mask(mask, bounds, k_BSHD.shape[1], q_BSHD.device))
+               _dense_mask(mask, bounds, k_BSHD.shape[1], q_BSHD.device), out=out_BSHD)
