@@ -19,12 +19,13 @@ Contract, identical on every backend (tests/test_kernel_shim.py, tests/test_gpu.
   - a row that sees no key gets out 0 and lse -inf (the CPU flash op returns lse 0 there, and the
     memory-efficient CUDA op may return NaN; both are fixed here).
   - Backward takes ``delta`` instead of ``out``: BurstAttention's backward circulates D, never O
-    (DESIGN.md 3). Kernels that insist on ``out`` get a stand-in with the same row sums against
-    dO: out' = dO * D / |dO|^2 (|out'| <= |O| by Cauchy-Schwarz, so it cannot overflow); the
-    kernels use ``out`` only to form D. In bf16/fp16, D is instead written on a row's three
-    largest |dO| entries so that the kernels' fp32 sum of exact products is D itself (rounding
-    out' moved D by 2^-8 |D|, the whole gradient where the softmax is nearly one-hot). Rows
-    whose lse is -inf (no visible key) get zero grads.
+    (DESIGN.md 3). A caller that holds the rows' own output (the ring backward: its queries stay
+    home) may pass it as ``out_BSHD``; otherwise kernels that insist on ``out`` get a stand-in with
+    the same row sums against dO: out' = dO * D / |dO|^2 (|out'| <= |O| by Cauchy-Schwarz, so it
+    cannot overflow); the kernels use ``out`` only to form D. In bf16/fp16, D is instead written on
+    a row's three largest |dO| entries so that the kernels' fp32 sum of exact products is D itself
+    (rounding out' moved D by 2^-8 |D|, the whole gradient where the softmax is nearly one-hot).
+    Rows whose lse is -inf (no visible key) get zero grads.
     With an lse gradient, delta = D - dlse has no such bound (and no stand-in exists where dO
     is zero): ``burst.attention`` then runs that backward on the ``torch`` backend.
 
