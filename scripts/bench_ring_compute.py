@@ -16,7 +16,9 @@ no block overhead. For causal zigzag, rank r's queries (chunks r and 2G-1-r) aga
 sequence's keys under the causal mask they need attend to c(r c) + c(c+1)/2 + c((2G-1-r) c) +
 c(c+1)/2 = (2G-1)c^2 + c(c+1) pairs (c = N/2G): the same for every r, exactly 1/G of the
 N(N+1)/2 causal pairs of the whole sequence. So the fair ideal is 1/G of one causal kernel call
-of all N queries against all N keys: the same kernel, the same mask kind, the same FLOPs. (A
+of all N queries against all N keys: the same kernel, the same mask kind, the same FLOPs, given
+its own output as a monolithic backward is (the burst scheme's visiting rows bring D, not O, so
+each of its steps builds a stand-in output for the kernel: ``burst.kernel``). (A
 single call of the rank's own queries against the whole K/V needs a dense mask, and a dense mask
 makes the kernel compute all n x N pairs, twice the FLOPs: that denominator would flatter any
 ring; the kernel's bottom-right causal variant, which would do it in two calls, is not what the
@@ -86,9 +88,9 @@ def measure(world: int, args) -> dict:
     out, lse = block_forward(q, k, v, kind=CAUSAL)
     delta = _delta(do, out, acc)
 
-    def mono_bwd():
+    def mono_bwd():  # a monolithic call has its output: no stand-in (the ring's steps do)
         _delta(do, out, acc)
-        block_backward(do, q, k, v, lse, delta, kind=CAUSAL)
+        block_backward(do, q, k, v, lse, delta, kind=CAUSAL, out_BSHD=out)
 
     t = _interleaved({"ring_fwd": ring_fwd, "mono_fwd": lambda: block_forward(q, k, v,
                                                                               kind=CAUSAL),
