@@ -9,11 +9,11 @@ listing everything that is wrong together with the valid choices (STYLE.md, prin
 from __future__ import annotations
 
 from burst import comm
-from burst.attention import choice_problems, qkv_problems
+from burst.attention import qkv_problems
 from burst.kernel import BACKENDS
 from burst.layout import LAYOUTS, divisors, local_length_problem
 
-__all__ = ["check_call", "degree_problems", "divisors", "grad_acc_problems", "layout_problems",
+__all__ = ["check_call", "degree_problems", "divisors", "layout_problems",
            "qkv_problems"]
 
 
@@ -21,11 +21,6 @@ __all__ = ["check_call", "degree_problems", "divisors", "grad_acc_problems", "la
 
 def _join(xs) -> str:
     return ", ".join(map(str, xs))
-
-
-def grad_acc_problems(grad_acc) -> list[str]:
-    """burst_attn's wording (``burst.attention.choice_problems``)."""
-    return choice_problems(grad_acc=grad_acc)
 
 
 def layout_problems(layout: str, seq_local: int, layouts=LAYOUTS) -> list[str]:

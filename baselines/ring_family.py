@@ -24,16 +24,17 @@ from __future__ import annotations
 
 from functools import partial
 
-from baselines.checks import check_call, grad_acc_problems, layout_problems
+from baselines.checks import check_call, layout_problems
 from baselines.registry import Method, register
 from burst import burst_attn
+from burst.attention import choice_problems
 from burst.volume import method_bytes
 
 __all__ = ["ring_attn", "striped_ring_attn", "zigzag_ring_attn"]
 
 
 def _requires(*, seq_local, layout, grad_acc="fp32", **_):
-    return layout_problems(layout, seq_local) + grad_acc_problems(grad_acc)
+    return layout_problems(layout, seq_local) + choice_problems(grad_acc=grad_acc)
 
 
 def _adapter(name: str, layout: str):

@@ -31,10 +31,11 @@ from functools import lru_cache, partial
 
 import torch
 
-from baselines.checks import check_call, degree_problems, grad_acc_problems, layout_problems
+from baselines.checks import check_call, degree_problems, layout_problems
 from baselines.registry import Method, register
 from baselines.ulysses import heads_to_seq, replicate_kv, seq_to_heads
 from burst import burst_attn, comm
+from burst.attention import choice_problems
 from burst.kernel import resolve_scale
 from burst.layout import global_positions
 from burst.masks import MaskSpec
@@ -116,7 +117,7 @@ def _requires(*, world, heads, kv_heads, seq_local, layout, ulysses_degree, back
                           kv_replicate=True)
     if backward not in ("ring", "burst"):
         out.append(f"backward={backward!r}; valid: ring, burst")
-    out += layout_problems(layout, seq_local, LAYOUTS) + grad_acc_problems(grad_acc)
+    out += layout_problems(layout, seq_local, LAYOUTS) + choice_problems(grad_acc=grad_acc)
     return out
 
 
