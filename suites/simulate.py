@@ -407,6 +407,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus-per-node", type=int, default=None,
                     help="place every scale on nodes of this many GPUs, the same world (the "
                          "rows go to sweep <name>-<N>gpn; default: the spec's placement)")
+    ap.add_argument("--longest", action="store_true",
+                    help="for each method and scale, the longest sequence that fits (the "
+                         "spec's seq_lens are ignored; suites.longest); --out writes the rows "
+                         "at those lengths as sweep <name>-longest")
     raw = list(sys.argv[1:] if argv is None else argv)
     if sum(x == "--hardware" or x.startswith("--hardware=") for x in raw) > 1:
         ap.error("--hardware given more than once: one profile per run (the last one would "
@@ -434,14 +438,20 @@ def main(argv: list[str] | None = None) -> int:
             spec = load_spec(s)
             if a.gpus_per_node is not None:
                 spec = spec.on_nodes_of(a.gpus_per_node, hw.gpus_per_node)
-            rows = simulate_spec(spec, hw, a.out)
+            if a.longest:
+                from suites.longest import longest_spec
+
+                fits = longest_spec(spec, hw, a.out)
+                rows, name = [f.row for f in fits], f"{spec.name}-longest"
+            else:
+                rows, name = simulate_spec(spec, hw, a.out), spec.name
         except (SpecError, ValueError) as e:
             print(f"simulate {s}: {e}", file=sys.stderr)
             return 2
         if spec.device != "cuda":
             print(f"note: {spec.name} is a {spec.device} spec; priced on {hw.name} GPUs")
         width = max([28, *(len(r["label"]) for r in rows)])  # a long label keeps its column
-        for r in rows:
+        for i, r in enumerate(rows):
             val = r["status"]
             if val == "ok" and r["workload"] == "attention":
                 val = f"{r['attn_tflops']:.1f} TFLOP/s per GPU"
@@ -451,9 +461,14 @@ def main(argv: list[str] | None = None) -> int:
                     f", MFU {100 * mfu:.1f}%" if mfu is not None else "")
             elif r.get("error"):  # why it was not priced, on the console too (not only --out)
                 val = f"{val}: {r['error'].splitlines()[0]}"  # whole: a cut one misleads
+            if a.longest:  # the longest fit, and why the next length on the grid is not one
+                f = fits[i]
+                val = (f"longest fit, {val}, {r['mem_reserved_bytes'] / 2**30:.1f} GiB; "
+                       f"at {f.stop_len}: {f.stop.splitlines()[0]}" if f.seq_len
+                       else f"nothing fits; {val}")
             print(f"{r['label']:{width}s} seq={r['seq_len']:>8d} world={r['world']:>3d} {val}")
             errors += r["status"] == "error"
-        where = (str(Path(a.out) / spec.name / run_id(hw)) if a.out is not None
+        where = (str(Path(a.out) / name / run_id(hw)) if a.out is not None
                  else "nothing written (--out keeps the rows)")
         print(json.dumps({"spec": s, "hardware": hw.name, "rows": len(rows), "written": where}))
     return 1 if errors else 0

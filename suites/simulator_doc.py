@@ -280,6 +280,30 @@ def _repeat_lines(reps: list[dict]) -> list[str]:
     ]
 
 
+LONGEST_SPECS = ("paper_main_7b", "paper_main_14b")
+"""The specs whose longest fits docs/simulator.md lists (``suites.longest``)."""
+
+
+def _longest_section(hw) -> list[str]:
+    from suites.longest import longest_spec, longest_table
+
+    return [
+        "## Longest sequence that fits",
+        "",
+        f"The planning question before a long run, on the {hw.name} profile with the constants "
+        "above: for each method of the paper's training specs, the longest sequence whose "
+        "predicted peak fits, on a grid of 1024 tokens per rank (`burst-bench simulate "
+        f"{' '.join(LONGEST_SPECS)} --longest`; `suites.longest`). The last column is the "
+        "next length on the grid and why it is not priced: predicted OOM, or the engine "
+        "config's `max_seq_len` guard (4M for both models; the memory at 4M shows the room "
+        "left). The misses above carry over: without selective checkpointing, LoongTrain ran "
+        "out of memory in the paper at 2M tokens (7b on 32 GPUs; 14b on 64) where these "
+        "tables fit it longer.",
+        "",
+        *[line for name in LONGEST_SPECS for line in (longest_table(longest_spec(name, hw)), "")],
+    ]
+
+
 def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None = None) -> None:
     from suites.calibrate import (
         attention_rate_table,
@@ -445,6 +469,7 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
         "",
         attention_rate_table(result.evals),
         "",
+        *_longest_section(result.hw),
         "## Ranking of methods per panel",
         "",
         "| panel | preserved | published order | simulated order |",

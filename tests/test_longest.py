@@ -1,0 +1,157 @@
+"""suites.longest: the longest sequence a cell fits, searched over the simulator's predictions.
+
+The search is checked against the pointwise predictions it is built on: the length it returns
+is ok and the next grid length is not; every cell of the paper's training specs is ok exactly
+when its length is at most the search's answer; and the assumption the search rests on (nothing
+fits past the first length that does not) holds on a scan of every paper cell.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from suites.cells import expand
+from suites.hardware import load
+from suites.longest import longest, longest_spec, longest_table
+from suites.simulate import main as simulate_main
+from suites.simulate import predict
+from suites.spec import load_spec
+
+HW = load("a800")
+SPECS = ("paper_main_7b", "paper_main_14b")
+
+
+def _cell(spec: str, label: str, world: int):
+    return next(c for c in expand(load_spec(spec)) if c.label == label and c.world == world)
+
+
+@pytest.fixture(scope="module")
+def fits():
+    return {name: longest_spec(name, HW) for name in SPECS}
+
+
+def test_the_answer_fits_and_the_next_length_does_not():
+    c = _cell("paper_main_7b", "Burst-Ring", 32)
+    f = longest(c, HW)
+    step = 1024 * c.world
+    assert f.seq_len is not None and f.seq_len % step == 0 and f.stop_len == f.seq_len + step
+    assert f.row["status"] == "ok" and f.row["seq_len"] == f.seq_len
+    assert predict(dataclasses.replace(c, seq_len=f.seq_len), HW).status == "ok"
+    nxt = predict(dataclasses.replace(c, seq_len=f.stop_len), HW)
+    assert nxt.status == "oom" and f.stop == f"oom: {nxt.error}"
+    # the paper ran this cell at 2M tokens; the search finds more room above it
+    assert f.seq_len > c.seq_len
+    # a finer grid lands within one coarse step of the coarse answer
+    fine = longest(c, HW, unit=256)
+    assert f.seq_len <= fine.seq_len < f.stop_len
+
+
+def test_every_paper_cell_is_ok_exactly_up_to_the_longest_fit(fits):
+    """Pointwise predictions at the specs' own lengths agree with the search."""
+    for name in SPECS:
+        by_key = {(f.cell.label, f.cell.world): f for f in fits[name]}
+        for c in expand(load_spec(name)):
+            f = by_key[(c.label, c.world)]
+            ok = predict(c, HW).status == "ok"
+            assert ok == (f.seq_len is not None and c.seq_len <= f.seq_len), (name, c.label)
+
+
+def test_nothing_fits_past_the_first_length_that_does_not(fits):
+    """The search's assumption, on a scan of every paper cell up to twice its stop length:
+    the statuses are ok, then never ok again, and the reserved memory does not fall."""
+    for name in SPECS:
+        for f in fits[name]:
+            step = 1024 * f.cell.world
+            top = 2 * f.stop_len // step
+            seen_bad, last_mem = False, 0
+            for k in range(1, top + 1, max(1, top // 48)):
+                p = predict(dataclasses.replace(f.cell, seq_len=k * step), HW)
+                assert not (seen_bad and p.status == "ok"), (name, f.cell.label, k)
+                seen_bad |= p.status != "ok"
+                if p.memory is not None:
+                    assert p.memory.reserved >= last_mem, (name, f.cell.label, k)
+                    last_mem = p.memory.reserved
+
+
+def test_cells_that_fit_nothing_say_why(fits):
+    by_label = {(f.cell.label, f.cell.world): f for f in fits["paper_main_14b"]}
+    meg = by_label[("Megatron", 32)]  # weights and optimizer alone exceed the GPU
+    assert meg.seq_len is None and meg.row["status"] == "oom" and meg.row["seq_len"] == 32 * 1024
+    assert meg.stop.startswith("oom: predicted OOM")
+    ds = by_label[("Deepspeed-Ulysses", 32)]  # 40 heads over 32 ranks: skip_invalid in the spec
+    assert ds.seq_len is None and ds.row["status"] == "skipped"
+    assert "does not divide 40 query heads" in ds.stop
+    # the same cell outside the spec is an error, as simulate_cell makes it
+    assert longest(ds.cell, HW).row["status"] == "error"
+
+
+def test_the_model_configs_guard_ends_a_search_that_memory_does_not(fits):
+    by_label = {(f.cell.label, f.cell.world): f for f in fits["paper_main_7b"]}
+    f = by_label[("Burst-Ring", 64)]
+    assert f.seq_len == 1 << 22 and "max_seq_len" in f.stop and f.stop.startswith("error:")
+    assert f.row["mem_reserved_bytes"] < 0.8 * HW.usable_bytes
+
+
+def test_the_table_has_a_line_per_cell(fits):
+    table = longest_table(fits["paper_main_7b"]).splitlines()
+    assert len(table) == 2 + len(fits["paper_main_7b"])
+    assert any("| Burst-Ring | 7b | 32 | selective | 2." in line for line in table)
+    assert any(line.startswith("| Megatron | 7b | 32 |") for line in table)
+
+
+@pytest.mark.parametrize("unit", [0, -1024, True, 1.5])
+def test_a_bad_unit_is_refused(unit):
+    with pytest.raises(ValueError, match="unit="):
+        longest(_cell("paper_main_7b", "Burst-Ring", 32), HW, unit=unit)
+
+
+def test_cli_prints_and_writes_the_longest_fits(tmp_path, capsys, fits):
+    rc = simulate_main(["paper_main_7b", "--longest", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    lines = [x for x in out.splitlines() if "world=" in x]
+    assert len(lines) == len(fits["paper_main_7b"])
+    assert sum("longest fit" in x for x in lines) == sum(
+        f.seq_len is not None for f in fits["paper_main_7b"])
+    assert any("nothing fits; skipped" in x for x in lines)  # Ulysses on 64 ranks, 32 heads
+    run = tmp_path / "paper_main_7b-longest" / "simulated-a800"
+    rows = [json.loads(x) for x in (run / "rows.jsonl").read_text().splitlines()]
+    assert [r["seq_len"] for r in rows] == [f.row["seq_len"] for f in fits["paper_main_7b"]]
+    assert {r["sweep"] for r in rows} == {"paper_main_7b-longest"}
+    assert json.loads(out.splitlines()[-1])["written"] == str(run)
+
+
+def test_docs_show_the_longest_fits_of_the_shipped_model(fits):
+    """docs/simulator.md's tables (regenerated by ``python -m suites.calibrate``) and the
+    README's example are what the shipped profile and systems give now."""
+    from pathlib import Path
+
+    from suites.simulator_doc import LONGEST_SPECS
+
+    root = Path(__file__).resolve().parent.parent
+    doc = (root / "docs" / "simulator.md").read_text()
+    assert set(LONGEST_SPECS) == set(SPECS)
+    for name in SPECS:
+        for line in longest_table(fits[name]).splitlines():
+            assert line in doc, line
+    got = {(f.cell.label, f.cell.world): f.seq_len for f in fits["paper_main_7b"]}
+    lt = {got[("LoongTrain-Ring", 32)], got[("LoongTrain-USP", 32)]}
+    assert len(lt) == 1
+    readme = " ".join((root / "README.md").read_text().split())
+    assert (f"7b on 32 A800s, BurstEngine fits {got[('Burst-Ring', 32)] / 2**20:.2f}M tokens "
+            f"with selective checkpointing where LoongTrain-Ring and LoongTrain-USP fit "
+            f"{lt.pop() / 2**20:.2f}M") in readme
+
+
+def test_a_cell_that_never_runs_out_stops_at_the_search_limit(monkeypatch):
+    import suites.longest as L
+
+    monkeypatch.setattr(L, "LIMIT", 100 * 1024)
+    cell = {"workload": "attention", "method": "burst", "seq_len": 1024, "world": 1,
+            "heads": 1, "head_dim": 8}
+    f = longest(cell, HW)
+    assert f.seq_len == 100 * 1024 and f.stop_len == 101 * 1024
+    assert f.stop == "past the search limit of 102400 tokens" and f.row["status"] == "ok"
