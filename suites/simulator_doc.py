@@ -296,9 +296,9 @@ def _longest_section(hw) -> list[str]:
         f"{' '.join(LONGEST_SPECS)} --longest`; `suites.longest`). The last column is the "
         "next length on the grid and why it is not priced: predicted OOM, or the engine "
         "config's `max_seq_len` guard (4M for both models; the memory at 4M shows the room "
-        "left). The misses above carry over: without selective checkpointing, LoongTrain ran "
-        "out of memory in the paper at 2M tokens (7b on 32 GPUs; 14b on 64) where these "
-        "tables fit it longer.",
+        "left). The misses above carry over: without selective checkpointing, the paper's "
+        "LoongTrain-Ring ran out of memory at 2M tokens on 7b and 32 GPUs, and both "
+        "LoongTrain systems at 2M on 14b and 64 GPUs, where these tables fit them longer.",
         "",
         *[line for name in LONGEST_SPECS for line in (longest_table(longest_spec(name, hw)), "")],
     ]
