@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from paper_figures.common import fmt_tokens, legend, new_figure, note_empty
+from paper_figures.common import legend, memory_axes, new_figure, note_empty
 from paper_figures.palette import MODE_COLORS
 from suites.hardware import GIB, load
 
@@ -29,13 +29,8 @@ def make(tables):
         for mode, d in df[df["model"] == model].groupby("series", sort=False):
             ax.plot(d["seq_len"], d["GiB"], marker="o", ms=3, color=MODE_COLORS.get(mode, "0.5"),
                     label=mode)
-        ax.axhline(USABLE_GIB, color="black", lw=0.8, ls="--",
-                   label=f"usable on an A800 ({USABLE_GIB:g} GiB)")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.xaxis.set_major_formatter(fmt_tokens)
-        ax.set_xlabel(f"sequence length (tokens), {int(df['world'].iloc[0])} GPUs")
-        ax.set_ylabel("checkpointed activations per GPU (GiB)" if j == 0 else "")
+        memory_axes(ax, USABLE_GIB, int(df["world"].iloc[0]),
+                    "checkpointed activations per GPU (GiB)" if j == 0 else "")
         ax.set_title(model.upper(), fontsize=9)
         legend(ax, fontsize=7)
     fig.tight_layout()

@@ -15,8 +15,8 @@ import seaborn as sns  # noqa: E402
 
 from results.tables import seq_label  # noqa: E402
 
-__all__ = ["MFU_LABEL", "OUT", "fmt_tokens", "legend", "new_figure", "note_empty", "save",
-           "seq_label", "wrap_path"]
+__all__ = ["MFU_LABEL", "OUT", "fmt_tokens", "legend", "memory_axes", "new_figure",
+           "note_empty", "save", "seq_label", "wrap_path"]
 
 OUT = Path(__file__).resolve().parent / "out"
 # the MFU every figure draws: burst.flops' model_flops_causal (the paper's convention)
@@ -33,6 +33,18 @@ def new_figure(ncols: int = 1, nrows: int = 1, *, width: float = 4.2, height: fl
 
 def fmt_tokens(x, _pos=None) -> str:
     return seq_label(x) if x >= 1024 else f"{int(x)}"
+
+
+def memory_axes(ax, usable_gib: float, world: int, ylabel: str) -> None:
+    """A memory-per-GPU against sequence-length panel: log-log, token ticks, and the usable
+    memory of an A800 (the simulator's OOM line) dashed."""
+    ax.axhline(usable_gib, color="black", lw=0.8, ls="--",
+               label=f"usable on an A800 ({usable_gib:g} GiB)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.xaxis.set_major_formatter(fmt_tokens)
+    ax.set_xlabel(f"sequence length (tokens), {world} GPUs")
+    ax.set_ylabel(ylabel)
 
 
 def note_empty(ax, text: str = "no rows for this panel") -> None:

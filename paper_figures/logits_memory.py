@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from burst.engine.fused_loss import LOSS_CHUNK
-from paper_figures.common import fmt_tokens, legend, new_figure, note_empty
+from paper_figures.common import legend, memory_axes, new_figure, note_empty
 from paper_figures.palette import MODEL_COLORS
 from suites.hardware import GIB, load
 from suites.implementations import Implementation
@@ -27,13 +27,7 @@ def make(tables):
     for (model, series), d in df.groupby(["model", "series"], sort=False):
         ax.plot(d["seq_len"], d["GiB"], "-" if series == "plain head" else ":", marker="o",
                 ms=3, color=MODEL_COLORS.get(model, "0.4"), label=f"{model.upper()} {series}")
-    ax.axhline(USABLE_GIB, color="black", lw=0.8, ls="--",
-               label=f"usable on an A800 ({USABLE_GIB:g} GiB)")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.xaxis.set_major_formatter(fmt_tokens)
-    ax.set_xlabel(f"sequence length (tokens), {int(df['world'].iloc[0])} GPUs")
-    ax.set_ylabel("LM head + loss peak per GPU (GiB)")
+    memory_axes(ax, USABLE_GIB, int(df["world"].iloc[0]), "LM head + loss peak per GPU (GiB)")
     # the counting rule the crossover depends on (suites.memory_model.head_bytes)
     ax.set_title(f"plain: N/G x V logits at {Implementation.logits_bytes:g} B (fp32 + fp32 grad); "
                  f"fused: one chunk of {LOSS_CHUNK} tokens", fontsize=7)
