@@ -520,3 +520,57 @@ def test_no_data_parallel_wrapper_without_data_parallelism_and_one_num_targets()
         assert "num_targets=" in targets and "differs across the data-parallel groups" in targets
         assert ("is not divisible by 4" if rank == 2 else
                 "another rank's input is invalid") in short, (rank, short)
+
+
+def _bucketed_sum(rank: int, world: int, limit: int) -> dict:
+    from burst.engine import parallel
+
+    parallel.GRAD_BUCKET_BYTES = limit
+    sizes = [(7, torch.float64), (3, torch.float32), (40, torch.float64), (5, torch.float32),
+             (2, torch.float64), (64, torch.float32)]
+    params = []
+    for i, (n, dt) in enumerate(sizes):
+        p = torch.nn.Parameter(torch.zeros(n, dtype=dt))
+        p.grad = torch.arange(n, dtype=dt) * (rank + 1) + i
+        params.append(p)
+    params[2] = torch.nn.Parameter(torch.zeros(8, 5, dtype=torch.float64))
+    params[2].grad = (torch.arange(40, dtype=torch.float64) * (rank + 1) + 2).view(5, 8).t()
+    assert not params[2].grad.is_contiguous()  # summed through a copy
+    params.append(torch.nn.Parameter(torch.zeros(3)))  # no gradient: left alone
+    grad_ptrs = {p.grad.data_ptr(): i for i, p in enumerate(params) if p.grad is not None}
+    messages, all_reduce = [], comm.all_reduce
+
+    def logged(x, **kw):  # each message: its bytes, and which gradient it is if summed in place
+        messages.append((x.numel() * x.element_size(), grad_ptrs.get(x.data_ptr())))
+        return all_reduce(x, **kw)
+
+    parallel.comm.all_reduce = logged
+    with comm.count_bytes() as c:
+        parallel.all_reduce_grads(params, None)
+    return {"grads": [p.grad.clone() if p.grad is not None else None for p in params],
+            "sent": c.sent("grad_sync"), "messages": messages}
+
+
+@pytest.mark.parametrize("limit", [1 << 28, 64])
+def test_gradients_are_summed_in_buckets(limit):
+    """all_reduce_grads sums every gradient over the group whatever the bucket size: one flat
+    message per dtype with the default buckets; with 64-byte buckets several messages, a
+    gradient larger than a bucket in place (and a non-contiguous one through a copy)."""
+    world = 2
+    out = spawn(_bucketed_sum, world, args=(limit,), timeout_s=120)
+    sizes = [7, 3, 40, 5, 2, 64]
+    dts = [torch.float64, torch.float32] * 3
+    for r, res in enumerate(out):
+        for i, (n, dt) in enumerate(zip(sizes, dts, strict=True)):
+            want = sum(torch.arange(n, dtype=dt) * (k + 1) + i for k in range(world))
+            got = res["grads"][i] if i != 2 else res["grads"][i].t().reshape(-1)
+            assert torch.equal(got, want), (r, i)
+        assert res["grads"][-1] is None
+    # one flat message per dtype: fp64 (7+40+2) x 8 and fp32 (3+5+64) x 4 bytes; or buckets of
+    # consecutive gradients up to 64 bytes, a gradient alone in its bucket summed in place
+    # unless it is not contiguous
+    want = ([(392, None), (288, None)] if limit == 1 << 28 else
+            [(56, 0), (320, None), (16, 4), (32, None), (256, 5)])
+    assert out[0]["messages"] == want
+    # 2 x ceil(bytes / G) per message to the one other rank
+    assert out[0]["sent"] == sum(2 * -(-b // world) for b, _ in want)
