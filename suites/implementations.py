@@ -50,6 +50,14 @@ class Implementation:
     weights and gradients sharded too."""
     vocab_size: int = 0
     """Vocabulary its training runs built (its tokenizer / model config); 0: the model's."""
+    sharded_states: bool = True
+    """Whether its training runs shard the model states over the G ranks of a cell (ZeRO-3, or
+    with ``replicated_bytes_per_param`` the optimizer alone). False: this project's engine
+    (``burst.engine.Trainer``), which keeps the weights, their gradients and torch's AdamW
+    moments whole on every rank of the context-parallel group, all in the model's dtype (no
+    fp32 master copy), and sums the gradients over the group with one all-reduce after the
+    backward (``burst.engine.parallel.all_reduce_grads``); its FSDP shards over data-parallel
+    replicas, which a cell does not have."""
     optimizer_offload: bool = False
     """Its training runs keep the fp32 optimizer state (master weights, Adam moments) on the
     host and step the optimizer there (training cells only)."""
@@ -71,7 +79,8 @@ class Implementation:
         return replace(self, **values)
 
 
-OURS = Implementation(name="burst-bench", selective_caches_gathered_qkv=True)
+OURS = Implementation(name="burst-bench", selective_caches_gathered_qkv=True,
+                      sharded_states=False)
 _FIELDS = {f.name for f in fields(Implementation)} - {"name", "sources"}
 
 

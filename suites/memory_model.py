@@ -5,14 +5,17 @@ bytes, named after what it is. The only calibrated constant is the hardware prof
 overhead (reserved / allocated). A cell is predicted OOM when the reserved peak exceeds the
 profile's usable memory.
 
-Training step (ZeRO-3 over all G ranks unless the system profile says otherwise):
+Training step (the paper's systems: ZeRO-3 over all G ranks unless their profile says
+otherwise; this project's engine: nothing sharded, ``Implementation.sharded_states``):
   model states   params bf16 + grads bf16 + fp32 master, m, v = 16 bytes / parameter / G
                  (ZeRO, Rajbhandari et al. 2020: 2 + 2 + K, K = 12); with offload only the bf16
                  parameter and gradient shards stay on the GPU; a system with
                  ``replicated_bytes_per_param`` r (Megatron's distributed optimizer) holds
-                 r bytes / parameter whole and shards only the fp32 optimizer (12 / G)
+                 r bytes / parameter whole and shards only the fp32 optimizer (12 / G); this
+                 project's engine holds weights, gradients and AdamW's two moments whole, in
+                 the model's dtype: 4 x 2 = 8 bytes / parameter in bf16
   gathered       the current and the prefetched layer's full bf16 parameters + one layer's bf16
-                 gradients before their reduce-scatter
+                 gradients before their reduce-scatter (ZeRO-3 only)
   checkpoints    per layer: the layer input (full, selective, selective_half); plus the cached
                  attention output and lse (selective; half of them for selective_half), and
                  for this project's Ulysses / USP their q, k, v after the all-to-all; no
@@ -27,7 +30,11 @@ Training step (ZeRO-3 over all G ranks unless the system profile says otherwise)
                  copy and gradient + the fp32 weight gradient (burst.engine.fused_loss)
   implementation what a system's training framework holds for the whole sequence
                  (``global_token_bytes`` per token); an attention layer alone has none
-The peak is the larger of the head moment (all checkpoints + head) and the last layer's backward.
+  grad sync      this project's engine on more than one rank: after the backward, the model
+                 states + the flat copy of one bucket of gradients (``all_reduce_grads``: at
+                 most ``GRAD_BUCKET_BYTES``, 256 MiB)
+The peak is the largest of the head moment (all checkpoints + head), the last layer's backward
+and the grad sync.
 "bf16" above is the model's dtype (``AttnShape.dtype``): float32 and float64 models hold their
 weights, gradients and activations in it and keep no master copy.
 """
@@ -40,13 +47,15 @@ from dataclasses import dataclass, field
 from burst import volume
 from burst.engine.configs import vocab_params
 from burst.engine.fused_loss import LOSS_CHUNK
+from burst.engine.parallel import GRAD_BUCKET_BYTES
 from burst.masks import MaskSpec
 from suites.hardware import GIB, Hardware
 from suites.implementations import Implementation
 from suites.schedule import AttnShape, Plan, acc_bytes
 
 __all__ = ["MemoryEstimate", "attention_memory", "checkpoint_bytes", "head_bytes",
-           "layer_activation_bytes", "train_memory", "zero_bytes_per_param"]
+           "layer_activation_bytes", "replicated_bytes_per_param", "train_memory",
+           "zero_bytes_per_param"]
 
 BF16, FP32 = 2, 4
 
@@ -56,6 +65,13 @@ def zero_bytes_per_param(elem: int = BF16) -> int:
     moments in at least fp32, and an fp32 master copy of 16-bit weights (ZeRO, arXiv 1910.02054,
     3.1: 2 + 2 + 12 = 16 for mixed precision)."""
     return 2 * elem + 2 * acc_bytes(elem) + (FP32 if elem < FP32 else 0)
+
+
+def replicated_bytes_per_param(elem: int = BF16) -> int:
+    """Model states per parameter of this project's engine: weight, gradient and torch AdamW's
+    two moments (``exp_avg``, ``exp_avg_sq``, allocated like the parameter), all in the model's
+    dtype, whole on every rank (``Implementation.sharded_states``)."""
+    return 4 * elem
 
 
 @dataclass
@@ -220,6 +236,11 @@ def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
         optimizer = 0 if offload else (zero_bytes_per_param(e) - 2 * e) * params / world
         states = impl.replicated_bytes_per_param * params + optimizer
         gathered = 0.0
+    if not impl.sharded_states:  # this project's engine: everything whole, in the model's dtype
+        if offload:
+            raise ValueError("offload: this project's engine keeps its optimizer state on the "
+                             "GPU (it has no ZeRO offload)")
+        states, gathered = replicated_bytes_per_param(e) * params, 0.0
     checkpoints = cfg.num_layers * checkpoint_bytes(cfg, tokens, checkpointing, e)
     if (checkpointing == "selective" and impl.selective_caches_gathered_qkv
             and plan.kind in ("ulysses", "usp")):  # q, k, v after the all-to-all, every layer
@@ -237,5 +258,8 @@ def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
     base = {"model_states": states, "checkpoints": checkpoints, "implementation": extra}
     at_head = {**base, "head": head}
     at_layer = {**base, "gathered_params": gathered, "layer_backward": layer_peak}
-    parts = at_head if sum(at_head.values()) > sum(at_layer.values()) else at_layer
-    return _finish(parts, hw)
+    moments = [at_head, at_layer]
+    if not impl.sharded_states and world > 1:  # all_reduce_grads' flat copy of one bucket
+        moments.append({"model_states": states,
+                        "grad_sync_buffer": min(e * params, GRAD_BUCKET_BYTES)})
+    return _finish(max(moments, key=lambda m: sum(m.values())), hw)

@@ -229,6 +229,10 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
                                          "node (a spec sets nodes or gpus_per_node, a cell "
                                          "given in Python nodes or ranks_per_node)")
     offload = (offload or impl.optimizer_offload) and cell.workload == "train_step"
+    if offload and not impl.sharded_states:
+        return Prediction("error", error="offload: this project's engine keeps its optimizer "
+                                         "state on the GPU (it has no ZeRO offload); a paper "
+                                         "system (cell.paper) can offload")
     try:  # a profile that gives no peak for this dtype (or no host link) cannot price it
         hw.peak(cell.dtype, "attention"), hw.peak(cell.dtype, "gemm")
         if offload:
@@ -281,7 +285,8 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
         step = train_step_timing(hw, cfg, shape=shape, topo=topo, attn=attn,
                                  checkpointing=ckpt, params=params, half_attn=half,
                                  offload=offload,
-                                 sharded_params=not impl.replicated_bytes_per_param)
+                                 sharded_params=not impl.replicated_bytes_per_param,
+                                 sharded_states=impl.sharded_states)
         time_s, parts = step.total_s, step.parts
     again = None  # the attention forward backward runs again (its bytes count too)
     if cell.workload == "train_step":

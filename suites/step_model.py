@@ -11,7 +11,9 @@ Per decoder layer (FLOPs from ``burst.flops``; attention from ``suites.schedule`
   ZeRO-3     all-gather the layer's bf16 parameters before forward and again before backward,
              reduce-scatter its gradients after; prefetched, so a layer takes
              max(compute, collectives). Weights whole on every rank (Megatron's distributed
-             optimizer): one gradient reduce-scatter and one weight all-gather per step instead
+             optimizer): one gradient reduce-scatter and one weight all-gather per step instead;
+             nothing sharded (this project's engine): one all-reduce of the gradients in the
+             model's dtype after the backward, and the optimizer on every parameter
 The LM head (plain or fused: the same FLOPs and logits traffic, in chunks for the fused one,
 whose gain is memory at long local sequences, ``suites.memory_model``), the loss and the
 optimizer (memory-bound Adam on the 1/G shard, or on the CPU with offload) are added once.
@@ -27,7 +29,7 @@ from dataclasses import dataclass, field
 from burst import flops as F
 from burst.engine.configs import vocab_params
 from suites.hardware import Hardware
-from suites.memory_model import zero_bytes_per_param
+from suites.memory_model import replicated_bytes_per_param, zero_bytes_per_param
 from suites.schedule import AttnShape, AttnTiming, Topo, acc_bytes, collective_seconds
 
 __all__ = ["StepTiming", "train_step_timing"]
@@ -51,14 +53,17 @@ def _elementwise_bytes(cfg, tokens: int, elem: int = BF16) -> float:
 def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: AttnTiming,
                       checkpointing: str, params: int,
                       half_attn: AttnTiming | None = None,
-                      offload: bool = False, sharded_params: bool = True) -> StepTiming:
+                      offload: bool = False, sharded_params: bool = True,
+                      sharded_states: bool = True) -> StepTiming:
     """Seconds of one training step on the slowest rank.
 
     ``attn`` times one attention layer of this shape; ``half_attn`` (selective_half only) the
     forward of the same method on the first half of the sequence. ``sharded_params`` False: the
     weights stay whole on every rank (Megatron's distributed optimizer): no per-layer
     all-gathers, but one reduce-scatter of the fp32 main gradients and one all-gather of the
-    updated weights per step, after the backward (not overlapped).
+    updated weights per step, after the backward (not overlapped). ``sharded_states`` False:
+    nothing is sharded (this project's engine): one all-reduce of the gradients in the model's
+    dtype after the backward (not overlapped), and the optimizer steps every parameter.
     """
     g, b, seq = topo.world, shape.batch, shape.seq_len
     layers = cfg.num_layers
@@ -83,13 +88,18 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
         per_step = (collective_seconds(hw, params * acc_bytes(e) * (g - 1) / g, g, topo, "gather")
                     + collective_seconds(hw, params * e * (g - 1) / g, g, topo, "gather"))
         gather = 0.0
+    if not sharded_states:  # an all-reduce = a reduce-scatter + an all-gather of the same bytes
+        per_step = 2 * collective_seconds(hw, params * e * (g - 1) / g, g, topo, "gather")
+        gather = 0.0
     fwd = max(dense + elem + a_fwd, gather)
     bwd = max(2 * dense + 2 * elem + a_bwd + recompute, 2 * gather)
     # head + loss: 3 passes of the head GEMM, the loss reads/writes the logits a few times
     logits_bytes = tokens * cfg.vocab_size * (e + 4 + 4)
     head_s = hw.gemm_seconds(3 * head, dtype) + hw.hbm_seconds(2 * logits_bytes)
     shard = params / g
-    if offload:
+    if not sharded_states:  # read and write every param, grad, m, v (no master copy)
+        opt = hw.hbm_seconds(params * replicated_bytes_per_param(e) * 2)
+    elif offload:
         opt = hw.offload_seconds(shard, e)
     else:  # read and write params, grads, (master,) m, v
         opt = hw.hbm_seconds(shard * zero_bytes_per_param(e) * 2)

@@ -243,6 +243,25 @@ def test_a_layer_keeps_what_the_memory_model_counts(dtype):
     assert kept.bytes == sum(layer_activation_bytes(cfg, t, dtype.itemsize).values())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_trainer_holds_the_model_states_the_simulator_counts(dtype):
+    """After an AdamW step the engine holds, per parameter, its weight, its gradient and two
+    moments, all in the model's dtype (no fp32 master copy): what suites.memory_model counts
+    for this project's engine (``replicated_bytes_per_param``: 8 bytes in bf16, where a
+    mixed-precision ZeRO system holds 16)."""
+    from burst.engine.configs import param_count
+    from suites.memory_model import replicated_bytes_per_param
+
+    cfg = get_config("tiny")
+    tr = Trainer(cfg, dtype=dtype, checkpointing="none", fused_head=True)
+    tr.step(*tr.local_batch(64))
+    tensors = [t for p in tr.model.parameters() for t in (p, p.grad)]
+    tensors += [t for st in tr.optimizer.state.values() for t in st.values()
+                if isinstance(t, torch.Tensor) and t.dim() > 0]  # not the scalar step counts
+    held = sum(t.numel() * t.element_size() for t in tensors)
+    assert held == replicated_bytes_per_param(dtype.itemsize) * param_count(cfg)
+
+
 def test_checkpointing_cache_and_recompute_flops():
     cfg, runs = get_config("tiny"), {m: _mode_run(m) for m in flops.CHECKPOINTING}
     loss0, grads0 = runs["none"][:2]

@@ -26,6 +26,10 @@ from suites.schedule import AttnShape, Topo, attention_timing, collective_second
 from suites.simulate import as_cell, predict, simulate_cell
 
 HW = load("a800")
+# this project's attention and checkpointing in an engine that shards its model states over
+# every rank (ZeRO-3, as BurstEngine does); this project's own engine keeps them whole
+# (Implementation.sharded_states), which at 7B-14B fills the GPU before any activation
+ZERO3 = dataclasses.replace(OURS, sharded_states=True)
 # rows no single efficiency per system explains (docs/simulator.md, "What the model misses")
 KNOWN_MISSES = {("main", "14b", 32, "loongtrain_double_ring", "selective"),
                 ("main", "14b", 32, "loongtrain_double_ring", "full")}
@@ -281,7 +285,7 @@ def _train(**kw):
                 ranks_per_node=8, options={"ranks_per_node": 8}, checkpointing="selective",
                 fused_head=True)
     cell.update(kw)
-    return predict(as_cell(cell), HW)
+    return predict(as_cell(cell), HW, ZERO3)
 
 
 def test_topology_comes_from_the_profile_or_is_an_error():
@@ -393,8 +397,8 @@ def test_no_checkpointing_counts_each_activation_once():
 
     cell = dict(workload="train_step", method="burst", model="7b", seq_len=1 << 16, world=8,
                 ranks_per_node=8)
-    none = predict({**cell, "checkpointing": "none"}, HW).memory
-    full = predict({**cell, "checkpointing": "full"}, HW).memory.parts
+    none = predict({**cell, "checkpointing": "none"}, HW, ZERO3).memory
+    full = predict({**cell, "checkpointing": "full"}, HW, ZERO3).memory.parts
     act = sum(layer_activation_bytes(get_config("7b"), (1 << 16) // 8).values())
     # the layer moment of "none": its kept activations + the last layer's gradients and
     # buffers (full's layer_backward minus its recomputed activations); a second copy of the
@@ -430,9 +434,58 @@ def test_fused_head_saves_memory_not_time():
 def test_zero_offload_moves_optimizer_state_off_the_gpu():
     cell = as_cell(dict(workload="train_step", method="burst", model="7b", seq_len=32768,
                         world=1, checkpointing="selective", fused_head=True))
-    on_gpu, offloaded = predict(cell, HW), predict(cell, HW, offload=True)
+    on_gpu, offloaded = predict(cell, HW, ZERO3), predict(cell, HW, ZERO3, offload=True)
     assert on_gpu.status == "oom"  # 16 bytes per parameter of 6.7B on one 80 GiB GPU
     assert offloaded.status == "ok" and offloaded.memory.reserved < 0.5 * on_gpu.memory.reserved
+
+
+def test_this_projects_engine_is_priced_with_its_states_whole(monkeypatch):
+    """A cell of this project's engine (no paper system) holds weights, gradients and AdamW
+    moments whole in the model's dtype on every rank (burst.engine.Trainer: no ZeRO-3 across
+    the context-parallel group), sums its gradients with one all-reduce after the backward
+    (one flat copy of them), steps the optimizer on every parameter and cannot offload; the
+    same cell priced with ZeRO-3 shards all of it."""
+    from burst.engine.configs import get_config, param_count
+    from suites import memory_model
+    from suites.memory_model import replicated_bytes_per_param
+
+    cell = as_cell(dict(workload="train_step", method="burst", model="7b", seq_len=1 << 15,
+                        world=8, ranks_per_node=8, checkpointing="full", fused_head=True))
+    params = param_count(get_config("7b"))
+    ours, zero = predict(cell, HW), predict(cell, HW, ZERO3)
+    assert ours.memory.parts["model_states"] == replicated_bytes_per_param(2) * params == 8 * params
+    assert zero.memory.parts["model_states"] == 16 * params / 8
+    assert "gathered_params" not in ours.memory.parts
+    # the grad sync holds the states + one bucket's flat copy of the gradients: not the peak
+    # here, but it is with buckets as large as every gradient (the engine's single flat
+    # message before it summed in buckets: 13 GiB more at 7b)
+    assert "grad_sync_buffer" not in ours.memory.parts
+    monkeypatch.setattr(memory_model, "GRAD_BUCKET_BYTES", 1 << 40)
+    assert predict(cell, HW).memory.parts == {"model_states": 8 * params,
+                                              "grad_sync_buffer": 2 * params}
+    # one all-reduce (= reduce-scatter + all-gather) of the bf16 gradients, not overlapped,
+    # against ZeRO-3's per-layer gathers and reduce-scatters hidden behind compute
+    ar = 2 * collective_seconds(HW, params * 2 * 7 / 8, 8, Topo(8, 8), "gather")
+    assert ours.parts["zero_collectives"] == pytest.approx(ar)
+    assert ours.parts["optimizer"] == pytest.approx(8 * zero.parts["optimizer"] / 2)
+    assert ours.time_s > zero.time_s
+    assert predict(cell, HW, offload=True).error.startswith("offload: this project's engine")
+    # on one rank there is nothing to sum: no buffer, no collective
+    one = predict(dataclasses.replace(cell, world=1, nodes=1, ranks_per_node=1,
+                                      seq_len=1 << 12), HW)
+    assert "grad_sync_buffer" not in one.memory.parts and one.parts["zero_collectives"] == 0
+
+
+def test_the_ablation_is_the_paper_systems():
+    """paper_ablation prices BurstEngine as the paper ran it (ZeRO-3), step by step; this
+    project's engine, which keeps a 14B model's states whole, runs out of memory there."""
+    from suites.cells import expand
+    from suites.spec import load_spec
+
+    cells = expand(load_spec("paper_ablation"))
+    assert {c.paper for c in cells} == {"burstengine"}
+    assert all(predict(c, HW).status == "ok" for c in cells)
+    assert all(predict(c, HW, OURS).status == "oom" for c in cells)
 
 
 def test_system_profile_offload_applies_to_training_cells():
@@ -596,7 +649,7 @@ def test_each_dtype_runs_at_its_own_peak():
     assert rows["float32"]["time_s"] / rows["bfloat16"]["time_s"] == pytest.approx(6, rel=0.05)
     assert rows["float32"]["bytes_sent_forward"] == 2 * rows["bfloat16"]["bytes_sent_forward"]
     train = dict(workload="train_step", method="burst", model="7b", seq_len=1 << 17, world=8,
-                 checkpointing="selective", fused_head=True)
+                 checkpointing="selective", fused_head=True, paper="burstengine")
     bf16, fp32 = (predict({**train, "dtype": dt}, HW) for dt in ("bfloat16", "float32"))
     assert fp32.parts["layers_forward"] > 5 * bf16.parts["layers_forward"]
     # float32 weights, gradients and activations, no master copy: same states, twice the
@@ -967,7 +1020,8 @@ def test_windowed_train_step_mfu_counts_the_window():
 
     n = 1 << 19
     b = dict(workload="train_step", method="burst", model="7b", world=8, ranks_per_node=8,
-             seq_len=n, checkpointing="full", fused_head=True, dtype="bfloat16")
+             seq_len=n, checkpointing="full", fused_head=True, dtype="bfloat16",
+             paper="burstengine")
     win = simulate_cell({**b, "window": (4096, 0)}, HW)
     assert win["status"] == "ok"
     for conv in F.CONVENTIONS:  # no 16-bit work runs faster than its efficiency allows
@@ -989,7 +1043,8 @@ def test_keys_of_the_other_workload_and_unknown_workloads_are_rejected():
     the workload: a train_step cell's causal=False or heads were silently replaced by its
     model's, an attention cell's checkpointing or model silently ignored; an unknown workload
     was an 'unknown model config None'. Default values ignore nothing and pass."""
-    step = dict(workload="train_step", method="burst", model="7b", world=8, seq_len=1 << 16)
+    step = dict(workload="train_step", method="burst", model="7b", world=8, seq_len=1 << 16,
+                paper="burstengine")
     attn = dict(workload="attention", method="burst", world=8, seq_len=1 << 16, heads=8,
                 head_dim=64)
     for cell, key, workload in ((dict(step, causal=False), "causal", "train_step"),
@@ -1138,9 +1193,9 @@ def test_ulysses_selective_cache_holds_its_gathered_qkv():
     cell = dict(workload="train_step", method="ulysses", model="7b", seq_len=1 << 18,
                 world=32, ranks_per_node=8, dtype="bfloat16", checkpointing="selective",
                 options={"layout": "contiguous"})
-    lean = dataclasses.replace(OURS, selective_caches_gathered_qkv=False)
+    lean = dataclasses.replace(ZERO3, selective_caches_gathered_qkv=False)
     ours, other = (predict(as_cell(cell), HW, impl).memory.parts["checkpoints"]
-                   for impl in (OURS, lean))
+                   for impl in (ZERO3, lean))
     tokens, layers, heads, head_dim = (1 << 18) // 32, 32, 32, 128  # 7b: MHA
     assert ours - other == layers * tokens * 3 * heads * head_dim * 2
 
@@ -1324,10 +1379,10 @@ def test_tied_embeddings_are_one_matrix_not_two_in_the_layers_share(monkeypatch)
 
     cell = dict(workload="train_step", model="7b", method="burst", seq_len=1 << 17, world=8,
                 options={"layout": "zigzag"}, checkpointing="selective")
-    untied = predict(cell, HW)
+    untied = predict(cell, HW, ZERO3)
     tied_cfg = dataclasses.replace(configs.get_config("7b"), tie_embeddings=True)
     monkeypatch.setattr(simulate, "_model_config", lambda name: tied_cfg)
-    tied = predict(cell, HW)
+    tied = predict(cell, HW, ZERO3)
     assert tied.parts["zero_collectives"] == pytest.approx(untied.parts["zero_collectives"])
     assert tied.memory.parts["gathered_params"] == pytest.approx(
         untied.memory.parts["gathered_params"])
