@@ -24,6 +24,9 @@ Sections, each with its own time budget, skipped (a row says so) when the global
           engine section's peak memory predicts it, one step there checks it (retry 0.8x on OOM,
           capped by the time left: then the row says "fits at least").
 Sections run in the order tests, ring, engine, maxseq, kernel (``SECTIONS``: why kernel last).
+Each engine and ``burst.kernel`` row also holds the simulator's prediction for its cell on this
+GPU's hardware profile (``spec.simulated``: ``_simulated``), printed last as measured over
+simulated, so that a run checks the profile (h200's kernel efficiency is assumed).
 Every number is a ``results.schema`` row appended (and flushed) to <out>/rows.jsonl and
 <out>/rows.csv as soon as it exists, so a kill loses nothing; OOM is a row with status oom. An
 <out> used before keeps its rows and gains this run's, told apart by ``run_id`` (the start time);
@@ -433,7 +436,11 @@ def section_kernel(rows: Rows, sz: Sizes, budget: Budget) -> None:
                 last[(name, pas)] = (n, t)
                 if name == "torch_sdpa":
                     base_time[(n, pas)] = t
-                spec = {"kernel": kernel_name("auto", q, CAUSAL)} if name == "burst.kernel" else {}
+                spec = {}
+                if name == "burst.kernel":
+                    spec = {"kernel": kernel_name("auto", q, CAUSAL),
+                            **_simulated(sz, workload="attention", method="burst", seq_len=n,
+                                         heads=sz.heads, head_dim=sz.head_dim)}
                 rows.write(status="ok", time_s=t, time_s_min=min(ts), time_s_max=max(ts),
                            attn_tflops=fl / t / 1e12, tokens_per_s=n / t,
                            speedup=(base_time[(n, pas)] / t) if (n, pas) in base_time else None,
@@ -570,12 +577,41 @@ def _windowed_ring(rows: Rows, sz: Sizes, budget: Budget, q, k, v, do, common: d
 
 
 def _model_config(name: str):
-    from burst.engine.configs import ModelConfig, get_config
+    from burst.engine.configs import get_config
 
-    if name == "1b":  # ~1B parameters, fits one GPU with AdamW at 32K-128K tokens
-        return ModelConfig(hidden_size=2048, num_layers=16, num_heads=16, num_kv_heads=16,
-                           ffn_size=5632, vocab_size=32000)
     return get_config(name)
+
+
+def sim_profile(sz: Sizes) -> str | None:
+    """The simulator's hardware profile for this GPU, by its name (None: no profile); the dry
+    run prices on h200, the GPU this project is lent, to exercise the path."""
+    if sz.device != "cuda":
+        return "h200"
+    name = torch.cuda.get_device_name().lower()
+    return next((p for p in ("h200", "h100", "a800", "a100") if p in name), None)
+
+
+def _simulated(sz: Sizes, **cell) -> dict:
+    """What ``suites.simulate`` predicts for the cell this row measured, on this GPU's profile:
+    {"simulated": {profile, status, time_s, forward_s, reserved_bytes, ...}} for the row's spec,
+    so that a run checks the simulator (its h200 kernel efficiency is assumed, not measured)."""
+    prof = sim_profile(sz)
+    if prof is None:
+        return {}
+    from suites.hardware import load
+    from suites.simulate import predict
+
+    try:
+        p = predict(dict(cell, world=1, batch=1, dtype=str(sz.dtype).replace("torch.", "")),
+                    load(prof))
+    except Exception as e:  # the measurement stands; the prediction says why it is missing
+        return {"simulated": {"profile": prof, "error": f"{type(e).__name__}: {e}"}}
+    out = {"profile": prof, "status": p.status, "error": p.error, "time_s": p.time_s}
+    if p.attn is not None:
+        out.update(forward_s=p.attn.forward_s, backward_s=p.attn.backward_s)
+    if p.memory is not None:
+        out.update(allocated_bytes=p.memory.allocated, reserved_bytes=p.memory.reserved)
+    return {"simulated": out}
 
 
 def _trainer(sz: Sizes):
@@ -641,6 +677,10 @@ def _engine_row(rows: Rows, sz: Sizes, cfg, n, mode, fused, status, res, err, wo
                   method_options=json.dumps({"layout": "striped"}), warmup=0, repeats=1)
     spec = dict(extra or {}, params=param_count(cfg), layers=cfg.num_layers,
                 hidden=cfg.hidden_size, ffn=cfg.ffn_size, vocab=cfg.vocab_size)
+    if status in ("ok", "oom") and n:
+        spec.update(_simulated(sz, workload="train_step", method="burst", model=sz.engine_model,
+                               seq_len=n, checkpointing=mode, fused_head=fused,
+                               options={"layout": "striped"}))
     if status != "ok":
         return rows.write(status=status, error=err, spec=spec, **common)
     t, peak = res
@@ -800,6 +840,34 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _sim_lines(rows: list[dict], dry: bool = False) -> str:
+    """Each measured row next to the simulator's prediction for it (``_simulated``): time and
+    reserved memory, measured over simulated."""
+    def ratio(a, b):
+        return f"{a / b:.2f}" if a and b else "-"
+
+    lines = []
+    for r in rows:
+        try:
+            sim = json.loads(r.get("spec") or "{}").get("simulated")
+        except (TypeError, ValueError):
+            sim = None
+        if not sim or r.get("status") not in ("ok", "oom"):
+            continue
+        if not lines:
+            lines = [f"simulator ({sim['profile']} profile) against this run, measured / "
+                     "simulated" + (" (dry run: a CPU priced as that GPU, the path checked, "
+                                    "not the model)" if dry else ""),
+                     f"{'label':<46}{'seq':>8}  {'status':<10}{'time':>8}{'reserved':>10}"]
+        fwd_only = (r.get("label") or "").endswith(" fwd")
+        t_sim = sim.get("forward_s") if fwd_only else sim.get("time_s")
+        lines.append(f"{(r.get('label') or '')[:45]:<46}{r.get('seq_len') or 0:>8}  "
+                     f"{r['status'] + '/' + str(sim.get('status')):<10}"
+                     f"{ratio(r.get('time_s'), t_sim):>8}"
+                     f"{ratio(r.get('mem_reserved_bytes'), sim.get('reserved_bytes')):>10}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, type=Path, help="folder for rows.jsonl / rows.csv")
@@ -872,6 +940,7 @@ def main(argv=None) -> int:
               f"{time.monotonic() - t0:.1f} s", flush=True)
     watchdog.cancel()
     print(_table(rows.written), flush=True)
+    print(_sim_lines(rows.written, sz.device != "cuda"), flush=True)
     return 0
 
 

@@ -59,7 +59,7 @@ def test_named_configs_and_param_counts():
 
 
 def test_config_errors_name_the_field():
-    with pytest.raises(ValueError, match="unknown model config '8b'.*tiny, 7b, 14b, llama3-8b"):
+    with pytest.raises(ValueError, match="unknown model config '8b'.*tiny, 1b, 7b, 14b, llama3-8b"):
         get_config("8b")
     with pytest.raises(ValueError, match="num_heads=6 is not divisible by num_kv_heads=4; "
                                          "valid kv head counts: 1, 2, 3, 6"):

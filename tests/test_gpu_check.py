@@ -132,7 +132,18 @@ def test_dry_run_writes_rows_for_every_section(tmp_path):
     assert steps and all(r["tokens_per_s"] > 0 and r["tflops_model_flops_causal"] > 0
                          for r in steps)
     assert {r["checkpointing"] for r in by["train_step"]} >= {"none", "full"}
-    assert "workload" in res.stdout.splitlines()[-len(rows) - 2]  # the table comes last
+    # every measured engine step and kernel of ours carries the simulator's prediction for it
+    # (a CPU priced as the h200 profile here: the path, not the model)
+    for r in steps + ours:
+        sim = json.loads(r["spec"])["simulated"]
+        assert sim["profile"] == "h200" and sim["status"] == "ok" and sim["time_s"] > 0, sim
+        assert sim["reserved_bytes"] > 0 and 0 < sim["forward_s"] < sim["time_s"]
+    # the table, then each of those rows measured over simulated
+    lines = res.stdout.splitlines()
+    sim_at = next(i for i, x in enumerate(lines) if x.startswith("simulator (h200 profile)"))
+    assert "workload" in lines[sim_at - len(rows) - 2]
+    priced = [r for r in rows if r["status"] in ("ok", "oom") and "simulated" in r["spec"]]
+    assert len(lines) - sim_at - 2 == len(priced) >= len(steps) + len(ours)
 
 
 # a child that starts a grandchild (as pytest starts NCCL ranks), writes its pid, and waits
