@@ -155,3 +155,17 @@ def test_a_cell_that_never_runs_out_stops_at_the_search_limit(monkeypatch):
     f = longest(cell, HW)
     assert f.seq_len == 100 * 1024 and f.stop_len == 101 * 1024
     assert f.stop == "past the search limit of 102400 tokens" and f.row["status"] == "ok"
+
+
+def test_readme_quotes_this_projects_engine_against_the_papers_system(fits):
+    """The README's figures for engine_7b (this project's engine, states whole on every GPU)
+    next to the paper's BurstEngine: what the search gives now."""
+    from pathlib import Path
+
+    ours = {f.cell.label: f.seq_len for f in longest_spec("engine_7b", HW)}
+    paper = {(f.cell.label, f.cell.world): f.seq_len for f in fits["paper_main_7b"]}
+    assert predict(_cell("engine_7b", "burst, selective", 32), HW).status == "oom"
+    readme = " ".join((Path(__file__).resolve().parent.parent / "README.md").read_text().split())
+    assert (f"up to {ours['burst, selective'] / 2**20:.2f}M tokens with selective checkpointing "
+            f"and {ours['burst, full'] / 2**20:.2f}M with full recomputation, where the paper's "
+            f"BurstEngine (ZeRO-3) fits {paper[('Burst-Ring', 32)] / 2**20:.2f}M") in readme
