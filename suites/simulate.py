@@ -412,6 +412,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus-per-node", type=int, default=None,
                     help="place every scale on nodes of this many GPUs, the same world (the "
                          "rows go to sweep <name>-<N>gpn; default: the spec's placement)")
+    ap.add_argument("--engine", action="store_true",
+                    help="price every cell as this project's engine runs it, a paper system's "
+                         "too (what `burst-bench run` would measure; the spec's paper systems "
+                         "are priced as the paper ran them otherwise); rows go to sweep "
+                         "<name>-engine")
     ap.add_argument("--longest", action="store_true",
                     help="for each method and scale, the longest sequence that fits (the "
                          "spec's seq_lens are ignored; suites.longest); --out writes the rows "
@@ -443,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
             spec = load_spec(s)
             if a.gpus_per_node is not None:
                 spec = spec.on_nodes_of(a.gpus_per_node, hw.gpus_per_node)
+            if a.engine:
+                spec = spec.as_this_engine()
             if a.longest:
                 from suites.longest import longest_spec
 

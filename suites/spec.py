@@ -242,6 +242,16 @@ class SweepSpec:
         return replace(self, name=f"{self.name}-{gpus_per_node}gpn", scales=tuple(scales))
 
 
+    def as_this_engine(self) -> SweepSpec:
+        """The same sweep with no paper system: each method keeps its options and its paper
+        system's (already merged into them), and the simulator prices it as this project's
+        engine runs it, which is what ``burst-bench run`` measures (``suites.simulate``: a
+        cell without ``paper``). Named ``<name>-engine``, so its rows never mix with the
+        spec's own."""
+        return replace(self, name=f"{self.name}-engine",
+                       methods=tuple(replace(m, paper=None) for m in self.methods))
+
+
 # ---------------------------------------------------------------------------------------------
 # Parsing with every problem collected
 

@@ -488,6 +488,29 @@ def test_the_ablation_is_the_paper_systems():
     assert all(predict(c, HW, OURS).status == "oom" for c in cells)
 
 
+def test_engine_flag_prices_the_paper_specs_as_this_engine_runs_them(capsys):
+    """`simulate --engine`: every cell as this project's engine runs it (what `burst-bench run`
+    measures), the paper's systems' cells too: at the paper's scale they run out of memory
+    where the paper's systems fit. A spec with no paper system is priced the same."""
+    from suites.simulate import main, simulate_spec
+    from suites.spec import load_spec
+
+    spec = load_spec("paper_main_7b")
+    paper, ours = simulate_spec(spec, HW), simulate_spec(spec.as_this_engine(), HW)
+    assert sum(r["status"] == "ok" for r in paper) == 13  # 12 published numbers + one miss
+    assert {r["status"] for r in ours} == {"oom", "skipped"}  # Ulysses' 32 heads on 64 ranks
+    assert {r["sweep"] for r in ours} == {"paper_main_7b-engine"} and not any(
+        r.get("paper") for r in ours)
+    assert [r["label"] for r in ours] == [r["label"] for r in paper]
+    mine = load_spec("engine_7b")
+    keep = ("status", "time_s", "mem_reserved_bytes", "bytes_sent_forward")
+    assert [{k: r[k] for k in keep} for r in simulate_spec(mine.as_this_engine(), HW)] == \
+        [{k: r[k] for k in keep} for r in simulate_spec(mine, HW)]
+    assert main(["paper_main_7b", "--engine"]) == 0
+    out = capsys.readouterr().out
+    assert "tokens/s" not in out and out.count("oom: predicted OOM") == 19
+
+
 def test_system_profile_offload_applies_to_training_cells():
     """A system whose profile says optimizer_offload (InternEvo, DeepSpeed as the paper ran
     them) is priced with its optimizer state on the host, without the caller asking."""
