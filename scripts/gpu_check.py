@@ -582,29 +582,37 @@ def _model_config(name: str):
     return get_config(name)
 
 
-def sim_profile(sz: Sizes) -> str | None:
-    """The simulator's hardware profile for this GPU, by its name (None: no profile); the dry
-    run prices on h200, the GPU this project is lent, to exercise the path."""
+# the GPUs whose hardware profile describes them, by the name torch reports: exact models only
+# (a GH200, an A100 40GB or an H100 PCIe / NVL would be priced as another GPU)
+SIM_PROFILES = {"NVIDIA H200": "h200", "NVIDIA H100 80GB HBM3": "h100",
+                "NVIDIA A800-SXM4-80GB": "a800", "NVIDIA A100-SXM4-80GB": "a100"}
+
+
+def sim_profile(sz: Sizes, name: str | None = None) -> str | None:
+    """The simulator's hardware profile for this GPU (``SIM_PROFILES``; None: no profile, no
+    comparison); the dry run prices on h200, the GPU this project is lent, to exercise the
+    path."""
     if sz.device != "cuda":
         return "h200"
-    name = torch.cuda.get_device_name().lower()
-    return next((p for p in ("h200", "h100", "a800", "a100") if p in name), None)
+    return SIM_PROFILES.get((name or torch.cuda.get_device_name()).strip())
 
 
 def _simulated(sz: Sizes, **cell) -> dict:
     """What ``suites.simulate`` predicts for the cell this row measured, on this GPU's profile:
     {"simulated": {profile, status, time_s, forward_s, reserved_bytes, ...}} for the row's spec,
-    so that a run checks the simulator (its h200 kernel efficiency is assumed, not measured)."""
+    so that a run checks the simulator (its h200 kernel efficiency is assumed, not measured).
+    Never raises: the measurement stands, and the prediction says why it is missing (the
+    simulator's imports need tomllib or tomli, which the machine's own Python may lack)."""
     prof = sim_profile(sz)
     if prof is None:
         return {}
-    from suites.hardware import load
-    from suites.simulate import predict
-
     try:
+        from suites.hardware import load
+        from suites.simulate import predict
+
         p = predict(dict(cell, world=1, batch=1, dtype=str(sz.dtype).replace("torch.", "")),
                     load(prof))
-    except Exception as e:  # the measurement stands; the prediction says why it is missing
+    except Exception as e:
         return {"simulated": {"profile": prof, "error": f"{type(e).__name__}: {e}"}}
     out = {"profile": prof, "status": p.status, "error": p.error, "time_s": p.time_s}
     if p.attn is not None:
@@ -677,7 +685,7 @@ def _engine_row(rows: Rows, sz: Sizes, cfg, n, mode, fused, status, res, err, wo
                   method_options=json.dumps({"layout": "striped"}), warmup=0, repeats=1)
     spec = dict(extra or {}, params=param_count(cfg), layers=cfg.num_layers,
                 hidden=cfg.hidden_size, ffn=cfg.ffn_size, vocab=cfg.vocab_size)
-    if status in ("ok", "oom") and n:
+    if status in ("ok", "oom") and n and workload != "train_step_warmup":
         spec.update(_simulated(sz, workload="train_step", method="burst", model=sz.engine_model,
                                seq_len=n, checkpointing=mode, fused_head=fused,
                                options={"layout": "striped"}))

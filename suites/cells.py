@@ -214,6 +214,7 @@ def cell_problem(cell: Cell) -> str | None:
     if cell.workload == "train_step":
         from burst.engine.checkpointing import check_mode
         from burst.engine.configs import get_config
+        from burst.engine.trainer import DTYPES, seq_len_problems
 
         try:
             check_mode(cell.checkpointing, layout, method)
@@ -222,6 +223,14 @@ def cell_problem(cell: Cell) -> str | None:
         limit = get_config(cell.model).max_seq_len
         if cell.seq_len > limit:
             return f"seq_len {cell.seq_len} exceeds model {cell.model!r}'s max_seq_len {limit}"
+        dtypes = [str(d).replace("torch.", "") for d in DTYPES]
+        if cell.dtype not in dtypes:
+            return (f"the engine trains in {', '.join(dtypes)}, not {cell.dtype} (float16 "
+                    "would need loss scaling)")
+        why = seq_len_problems(get_config(cell.model), cell.seq_len, cp_size=cell.world,
+                               layout=layout, checkpointing=cell.checkpointing)
+        if why and layout in LAYOUTS:
+            return why[0]
     if cell.heads is None:
         return None
     portable = dataclasses.replace(method, unavailable=lambda: None)

@@ -3,8 +3,8 @@
     fit = longest(cell, "a800")        # Longest: seq_len, row at it, and why not longer
     fits = longest_spec("paper_main_7b", "h100")
 
-The search runs on a grid of ``unit`` tokens per rank (default 1024, on which every layout's
-length rule holds): it doubles from one unit until a length is not ``ok``, then bisects. It
+The search runs on a grid of ``unit`` tokens per rank (default 1024; any even number keeps every
+layout's length rule): it doubles from one unit until a length is not ``ok``, then bisects. It
 assumes memory grows with the sequence, so that nothing fits past the first length that does
 not (``tests/test_longest.py`` checks that on the paper's cells). The length that ends the
 search says why in ``stop``: an ``oom`` (the usual end), or a length the code cannot run, such
@@ -52,8 +52,11 @@ def longest(cell, hardware: str | Hardware, *, unit: int = UNIT, ctx=None,
     ``hardware`` (its own ``seq_len`` is ignored). A length the code cannot run is an
     ``invalid`` row, as in ``suites.simulate.predict``."""
     hw = hardware if isinstance(hardware, Hardware) else load(hardware)
-    if isinstance(unit, bool) or not isinstance(unit, int) or unit < 1:
-        raise ValueError(f"unit={unit!r}: expected a whole number of tokens per rank >= 1")
+    if isinstance(unit, bool) or not isinstance(unit, int) or unit < 2 or unit % 2:
+        raise ValueError(f"unit={unit!r}: expected an even number of tokens per rank >= 2 "
+                         "(zigzag and selective_half split each rank's tokens in two)")
+    if isinstance(cell, dict) and cell.get("seq_len") is None:  # its own is ignored anyway
+        cell = {**cell, "seq_len": cell.get("world") or 1}
     step = unit * as_cell(cell, hw.gpus_per_node).world
     base = dataclasses.replace(as_cell(cell, hw.gpus_per_node), seq_len=step)
 

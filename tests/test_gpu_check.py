@@ -99,6 +99,25 @@ def test_a_section_keeps_the_time_of_the_sections_after_it(monkeypatch):
 
 
 
+def test_the_simulator_comparison_names_exact_gpus_and_never_breaks_a_section(monkeypatch):
+    """Only a GPU its profile describes is compared (a GH200 is not an H200, an A100 40GB not
+    the 80GB profile); a prediction that cannot be made (no tomllib/tomli on the machine's own
+    Python: the simulator's profiles cannot be read) is an error inside the row, not a
+    section that dies."""
+    mod = _module(monkeypatch)
+    full = mod.FULL
+    assert mod.sim_profile(full, "NVIDIA H200") == "h200"
+    assert mod.sim_profile(full, "NVIDIA A800-SXM4-80GB") == "a800"
+    for other in ("NVIDIA GH200 480GB", "NVIDIA A100-SXM4-40GB", "NVIDIA H100 PCIe",
+                  "NVIDIA H200 NVL", "NVIDIA L40S"):
+        assert mod.sim_profile(full, other) is None, other
+    cell = dict(workload="attention", method="burst", seq_len=256, heads=2, head_dim=16)
+    assert mod._simulated(mod.DRY, **cell)["simulated"]["status"] == "ok"
+    monkeypatch.setitem(sys.modules, "suites.simulate", None)  # its import now fails
+    sim = mod._simulated(mod.DRY, **cell)["simulated"]
+    assert sim["profile"] == "h200" and sim["error"].startswith("ModuleNotFoundError")
+
+
 def test_dry_run_writes_rows_for_every_section(tmp_path):
     out = tmp_path / "gpu"
     res = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out)],
@@ -142,6 +161,7 @@ def test_dry_run_writes_rows_for_every_section(tmp_path):
     lines = res.stdout.splitlines()
     sim_at = next(i for i, x in enumerate(lines) if x.startswith("simulator (h200 profile)"))
     assert "workload" in lines[sim_at - len(rows) - 2]
+    assert not any("simulated" in r["spec"] for r in by["train_step_warmup"])
     priced = [r for r in rows if r["status"] in ("ok", "oom") and "simulated" in r["spec"]]
     assert len(lines) - sim_at - 2 == len(priced) >= len(steps) + len(ours)
 

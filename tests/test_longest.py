@@ -102,7 +102,7 @@ def test_the_table_has_a_line_per_cell(fits):
     assert any(line.startswith("| Megatron | 7b | 32 |") for line in table)
 
 
-@pytest.mark.parametrize("unit", [0, -1024, True, 1.5])
+@pytest.mark.parametrize("unit", [0, -1024, True, 1.5, 1, 3])
 def test_a_bad_unit_is_refused(unit):
     with pytest.raises(ValueError, match="unit="):
         longest(_cell("paper_main_7b", "Burst-Ring", 32), HW, unit=unit)
@@ -169,3 +169,18 @@ def test_readme_quotes_this_projects_engine_against_the_papers_system(fits):
     assert (f"up to {ours['burst, selective'] / 2**20:.2f}M tokens with selective checkpointing "
             f"and {ours['burst, full'] / 2**20:.2f}M with full recomputation, where the paper's "
             f"BurstEngine (ZeRO-3) fits {paper[('Burst-Ring', 32)] / 2**20:.2f}M") in readme
+
+
+def test_a_small_even_unit_keeps_every_length_rule():
+    """Any even unit is a grid every layout and selective_half accept: 2 tokens per rank on a
+    striped ring with the half cache finds a length the Trainer takes, and a cell given
+    without its (ignored) seq_len is searched too."""
+    from burst.engine.configs import get_config
+    from burst.engine.trainer import seq_len_problems
+
+    cell = dict(workload="train_step", method="burst", model="7b", world=8, ranks_per_node=8,
+                checkpointing="selective_half", options={"layout": "striped"}, fused_head=True)
+    f = longest(cell, HW, unit=2)
+    assert f.seq_len and f.seq_len % 16 == 0 and f.stop.startswith("oom")
+    assert not seq_len_problems(get_config("7b"), f.seq_len, cp_size=8, layout="striped",
+                                checkpointing="selective_half")

@@ -1711,3 +1711,16 @@ def test_a_causal_call_never_costs_more_than_the_same_call_unmasked():
         assert causal <= full * (1 + 1e-12), (n, causal / full)
     for t in (1, 2, 50, 127, 128, 129, 1000):  # the useful fraction of a causal call's work
         assert HW.attn_efficiency(t, causal=True) <= HW.attn_efficiency(t) * (1 + 1e-12), t
+
+
+def test_a_train_step_the_trainer_refuses_is_not_priced():
+    """What burst.engine.Trainer refuses is not a price: float16 (no loss scaling), and
+    selective_half on an odd local length (it halves each rank's tokens). Both were ok rows
+    through the Python API."""
+    step = dict(workload="train_step", method="burst", model="tiny", world=8, ranks_per_node=8,
+                options={"layout": "striped"})
+    fp16 = predict(dict(step, seq_len=64, dtype="float16"), HW)
+    assert fp16.status == "error" and "float16 would need loss scaling" in fp16.error
+    odd = predict(dict(step, seq_len=8 * 37, checkpointing="selective_half"), HW)
+    assert odd.status == "error" and "local length 37 is odd" in odd.error
+    assert predict(dict(step, seq_len=8 * 38, checkpointing="selective_half"), HW).status == "ok"

@@ -84,7 +84,7 @@ CONFIGS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_size=64,
                         vocab_size=256, max_seq_len=1 << 16),
     # ~1.1B parameters: the GPU check's model (scripts/gpu_check.py), which fits one 80-141 GB
-    # GPU with AdamW at 32K-128K tokens
+    # GPU with AdamW at 32K tokens, and at 128K with checkpointing
     "1b": ModelConfig(hidden_size=2048, num_layers=16, num_heads=16, num_kv_heads=16,
                       ffn_size=5632, vocab_size=32000),
     # BurstEngine paper (arXiv 2509.19836): LLaMA-7B and the 14B model, with the gated (SwiGLU)
