@@ -55,9 +55,10 @@ class Implementation:
     with ``replicated_bytes_per_param`` the optimizer alone). False: this project's engine
     (``burst.engine.Trainer``), which keeps the weights, their gradients and torch's AdamW
     moments whole on every rank of the context-parallel group, all in the model's dtype (no
-    fp32 master copy), and sums the gradients over the group with one all-reduce after the
-    backward (``burst.engine.parallel.all_reduce_grads``); its FSDP shards over data-parallel
-    replicas, which a cell does not have."""
+    fp32 master copy), and sums the gradients over the group with all-reduces in buckets after
+    the backward (``burst.engine.parallel.all_reduce_grads``); its FSDP shards over
+    data-parallel replicas, which a cell does not have (``suites.memory_model``: when it holds
+    which)."""
     optimizer_offload: bool = False
     """Its training runs keep the fp32 optimizer state (master weights, Adam moments) on the
     host and step the optimizer there (training cells only)."""

@@ -30,11 +30,10 @@ otherwise; this project's engine: nothing sharded, ``Implementation.sharded_stat
                  copy and gradient + the fp32 weight gradient (burst.engine.fused_loss)
   implementation what a system's training framework holds for the whole sequence
                  (``global_token_bytes`` per token); an attention layer alone has none
-  grad sync      this project's engine on more than one rank: after the backward, the model
-                 states + the flat copy of one bucket of gradients (``all_reduce_grads``: at
-                 most ``GRAD_BUCKET_BYTES``, 256 MiB)
-The peak is the largest of the head moment (all checkpoints + head), the last layer's backward
-and the grad sync.
+The peak is the larger of the head moment (all checkpoints + head) and the last layer's
+backward. This project's engine has a third moment, and holds its states by moment
+(``_engine_moments``): weights and AdamW moments in the forward, gradients growing in the
+backward, and at the optimizer step all four plus foreach AdamW's sqrt(v), 5 x e per parameter.
 "bf16" above is the model's dtype (``AttnShape.dtype``): float32 and float64 models hold their
 weights, gradients and activations in it and keep no master copy.
 """
@@ -212,15 +211,18 @@ def checkpoint_bytes(cfg, tokens: int, mode: str, elem: int = BF16) -> float:
 
 
 def head_bytes(cfg, tokens: int, fused: bool,
-               logits_bytes: float = Implementation.logits_bytes, elem: int = BF16) -> float:
-    """Peak bytes of the LM head + loss for ``tokens`` local tokens (module docstring)."""
+               logits_bytes: float = Implementation.logits_bytes, elem: int = BF16,
+               gathered: bool = True) -> float:
+    """Peak bytes of the LM head + loss for ``tokens`` local tokens (module docstring): with
+    ``gathered`` the head weight gathered whole (ZeRO-3) and its gradient, else (this project's
+    engine, whose weight is among its states) the gradient alone."""
     h, v = cfg.hidden_size, cfg.vocab_size
     if fused:
         acc = acc_bytes(elem)  # softmax and the weight gradient's sum (burst.engine.fused_loss)
         out = min(tokens, LOSS_CHUNK) * v * (elem + 2 * acc) + v * h * acc + tokens * h * elem
     else:
         out = tokens * v * logits_bytes + tokens * h * elem
-    return out + 2 * v * h * elem  # the gathered head weight and its gradient
+    return out + (2 if gathered else 1) * v * h * elem
 
 
 def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
@@ -236,11 +238,9 @@ def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
         optimizer = 0 if offload else (zero_bytes_per_param(e) - 2 * e) * params / world
         states = impl.replicated_bytes_per_param * params + optimizer
         gathered = 0.0
-    if not impl.sharded_states:  # this project's engine: everything whole, in the model's dtype
-        if offload:
-            raise ValueError("offload: this project's engine keeps its optimizer state on the "
-                             "GPU (it has no ZeRO offload)")
-        states, gathered = replicated_bytes_per_param(e) * params, 0.0
+    if not impl.sharded_states and offload:
+        raise ValueError("offload: this project's engine keeps its optimizer state on the GPU "
+                         "(it has no ZeRO offload)")
     checkpoints = cfg.num_layers * checkpoint_bytes(cfg, tokens, checkpointing, e)
     if (checkpointing == "selective" and impl.selective_caches_gathered_qkv
             and plan.kind in ("ulysses", "usp")):  # q, k, v after the all-to-all, every layer
@@ -253,13 +253,35 @@ def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
     mlp_grads = 2 * tokens * cfg.ffn_size * e
     layer_peak = (act + mlp_grads + _attention_buffers(shape, plan, world)
                   + _float64_scores(shape, plan, world))
-    head = head_bytes(cfg, tokens, fused_head, impl.logits_bytes, e)
+    head = head_bytes(cfg, tokens, fused_head, impl.logits_bytes, e, impl.sharded_states)
     extra = impl.global_token_bytes * shape.seq_len
+    if not impl.sharded_states:
+        return _finish(max(_engine_moments(cfg, e, params, layer_params, checkpoints, head,
+                                           layer_peak), key=lambda m: sum(m.values())), hw)
     base = {"model_states": states, "checkpoints": checkpoints, "implementation": extra}
     at_head = {**base, "head": head}
     at_layer = {**base, "gathered_params": gathered, "layer_backward": layer_peak}
-    moments = [at_head, at_layer]
-    if not impl.sharded_states and world > 1:  # all_reduce_grads' flat copy of one bucket
-        moments.append({"model_states": states,
-                        "grad_sync_buffer": min(e * params, GRAD_BUCKET_BYTES)})
-    return _finish(max(moments, key=lambda m: sum(m.values())), hw)
+    return _finish(at_head if sum(at_head.values()) > sum(at_layer.values()) else at_layer, hw)
+
+
+def _engine_moments(cfg, e: int, params: int, layer_params: float, checkpoints: float,
+                    head: float, layer_peak: float) -> list[dict]:
+    """This project's engine (``Implementation.sharded_states`` False) holds its states whole,
+    but not all of them all the time: ``Trainer`` sets every gradient to None before the
+    forward, so the forward and the head hold the weights and AdamW's two moments (3 x e per
+    parameter); the gradients grow in the backward as the checkpoints are freed (so the last
+    layer's backward holds the head's gradient and its own besides the checkpoints, and the end
+    of the backward holds every gradient and no checkpoint); the optimizer step then holds all
+    four and foreach AdamW's sqrt of the second moment for every parameter (torch.optim.adamw,
+    the default on CUDA), which is more than the gradient sync's one bucket
+    (``GRAD_BUCKET_BYTES``)."""
+    moments = replicated_bytes_per_param(e) // 4  # e: one copy of every parameter
+    weights_and_moments = 3 * moments * params
+    head_grad = cfg.vocab_size * cfg.hidden_size * e
+    return [
+        {"model_states": weights_and_moments, "checkpoints": checkpoints, "head": head},
+        {"model_states": weights_and_moments, "gradients": head_grad + layer_params * e,
+         "checkpoints": checkpoints, "layer_backward": layer_peak},
+        {"model_states": replicated_bytes_per_param(e) * params,
+         "optimizer_step": max(moments * params, min(e * params, GRAD_BUCKET_BYTES))},
+    ]

@@ -12,8 +12,9 @@ Per decoder layer (FLOPs from ``burst.flops``; attention from ``suites.schedule`
              reduce-scatter its gradients after; prefetched, so a layer takes
              max(compute, collectives). Weights whole on every rank (Megatron's distributed
              optimizer): one gradient reduce-scatter and one weight all-gather per step instead;
-             nothing sharded (this project's engine): one all-reduce of the gradients in the
-             model's dtype after the backward, and the optimizer on every parameter
+             nothing sharded (this project's engine): all-reduces of the gradients in the
+             model's dtype after the backward (in buckets, the bytes of one), and the optimizer
+             on every parameter
 The LM head (plain or fused: the same FLOPs and logits traffic, in chunks for the fused one,
 whose gain is memory at long local sequences, ``suites.memory_model``), the loss and the
 optimizer (memory-bound Adam on the 1/G shard, or on the CPU with offload) are added once.
