@@ -56,9 +56,10 @@ class Implementation:
     (``burst.engine.Trainer``), which keeps the weights, their gradients and torch's AdamW
     moments whole on every rank of the context-parallel group, all in the model's dtype (no
     fp32 master copy), and sums the gradients over the group with all-reduces in buckets after
-    the backward (``burst.engine.parallel.all_reduce_grads``); its FSDP shards over
+    the backward (``burst.engine.parallel.all_reduce_grads``); its default FSDP shards over
     data-parallel replicas, which a cell does not have (``suites.memory_model``: when it holds
-    which)."""
+    which). Its ``data_parallel="fsdp_world"``, which shards over every rank, is not priced: a
+    cell cannot ask for it."""
     optimizer_offload: bool = False
     """Its training runs keep the fp32 optimizer state (master weights, Adam moments) on the
     host and step the optimizer there (training cells only)."""

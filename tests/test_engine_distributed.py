@@ -80,6 +80,10 @@ def _cases(world: int) -> list[dict]:
         case("ulysses", layout="striped", checkpointing="selective_half",
              expect_error="also saves tensors that are not rows"),  # at construction
         case(layout="zigzag", seq=SEQ + 1, expect_error="is not divisible by"),
+        # FSDP over every rank, the CP ranks included (ZeRO-3's sharding at rest)
+        case(layout="zigzag", checkpointing="selective", data_parallel="fsdp_world"),
+        case(layout="striped", checkpointing="selective_half", data_parallel="fsdp_world",
+             dtype="float32"),
     ]
     if world == 4:
         cs += [case(layout="zigzag", checkpointing="selective", cp_degree=2),
@@ -87,6 +91,8 @@ def _cases(world: int) -> list[dict]:
                case(layout="striped", checkpointing="selective", cp_degree=2,
                     data_parallel="fsdp"),
                case("ring", checkpointing="full", cp_degree=1),
+               case(layout="zigzag", checkpointing="full", cp_degree=2,
+                    data_parallel="fsdp_world"),
                case(layout="zigzag", cp_degree=3, expect_error="not divisible by the context-"
                                                              "parallel degree 3")]
     return cs
@@ -126,7 +132,10 @@ def _run_case(c: dict, world: int) -> dict:
                 cache=tr.model.cache.peak_nbytes, cp=tr.cp_size, dp=tr.dp_size,
                 grad_sync=cnt.sent("grad_sync"), local_grad_bytes=sum(
                     (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).nbytes
-                    for p in tr.model.parameters()))
+                    for p in tr.model.parameters()),
+                params=sum(p.numel() for p in tr.model.parameters()),
+                local_params=sum((p.to_local() if hasattr(p, "to_local") else p).numel()
+                                 for p in tr.model.parameters()))
 
 
 TRAIN_STEPS, TRAIN_SEQ, TRAIN_LR, MATCH_STEPS = 20, 128, 1e-2, 5
@@ -193,8 +202,9 @@ def _resume_from_fsdp() -> float:
 
 def _resume_training(path: Path) -> dict:
     """A run saved with Trainer.save under FSDP (CP 2 x DP 2, AdamW) after 2 steps and loaded
-    into Trainers of another seed, under FSDP and DDP on the same layout, FSDP over 4 DP groups
-    and one CP group of 4 (the same global batch): each continues with the losses of the run
+    into Trainers of another seed, under FSDP and DDP on the same layout, FSDP over 4 DP groups,
+    FSDP over every rank (fsdp_world) and one CP group of 4 (the same global batch): each
+    continues with the losses of the run
     that went on. Weights alone (model_state_dict) lose AdamW's moments, and give other losses.
     A save before the first step changes nothing (torch fills an empty AdamW state with a
     zero-lr step, which counts as AdamW's first)."""
@@ -224,6 +234,7 @@ def _resume_training(path: Path) -> dict:
     for name, layout, batch, load in (
             ("fsdp", dict(cp_degree=2, data_parallel="fsdp"), BATCH, True),
             ("fsdp dp4", dict(cp_degree=1, data_parallel="fsdp"), BATCH // 2, True),
+            ("fsdp_world", dict(cp_degree=2, data_parallel="fsdp_world"), BATCH, True),
             ("ddp", dict(cp_degree=2), BATCH, True),
             ("cp4", dict(cp_degree=4), 2 * BATCH, True),
             ("weights alone", dict(cp_degree=2, state_dict=weights), BATCH, False)):
@@ -231,6 +242,14 @@ def _resume_training(path: Path) -> dict:
         meta = again.load(path) if load else {}
         out[name] = steps(again, (2, 3), batch)
         out[name + " meta"] = meta
+    # saved from FSDP over every rank and loaded under DDP: the run goes on as before
+    world = Trainer("tiny", cp_degree=2, data_parallel="fsdp_world", seed=5, **kw)
+    world.load(path)
+    out["from fsdp_world"] = steps(world, (2,))
+    world.save(path.with_name("world.pt"))
+    again = Trainer("tiny", cp_degree=2, seed=6, **kw)
+    again.load(path.with_name("world.pt"))
+    out["from fsdp_world"] += steps(again, (3,))
     # plain SGD keeps no per-parameter state (torch cannot load one: no device to put it on);
     # its lr is the saved one, not the new Trainer's
     sgd = Trainer("tiny", cp_degree=2, data_parallel="fsdp", optimizer="sgd", lr=0.1,
@@ -346,6 +365,12 @@ def test_loss_and_grads_match_single_process_float64(world):
             # an all-reduce sends 2 x ceil(buffer / G) to each of the G-1 others)
             cp = res["cp"]
             want_bytes = (cp - 1) * 2 * -(-res["local_grad_bytes"] // cp) if cp > 1 else 0
+            if c["data_parallel"] == "fsdp_world":  # FSDP reduce-scatters them, not burst.comm
+                want_bytes = 0
+                # each rank holds its 1/world of the weights (FSDP pads dim 0 to a multiple)
+                if world > 1 and not res["local_params"] < res["params"] / world * 1.25:
+                    failures.append(f"rank {r} {_label(c)}: {res['local_params']} of "
+                                    f"{res['params']} parameters held, not 1/{world}")
             if res["grad_sync"] != want_bytes:
                 failures.append(f"rank {r} {_label(c)}: grad all-reduce sent "
                                 f"{res['grad_sync']} bytes, expected {want_bytes}")
@@ -503,7 +528,7 @@ def test_a_saved_training_state_resumes_exactly_on_another_layout():
                 (name, out[name], want)
             assert out.get(name + " meta", {}) == {}, out
         # other CP / DP degrees sum the same tokens in another order
-        for name in ("fsdp dp4", "cp4"):
+        for name in ("fsdp dp4", "cp4", "fsdp_world", "from fsdp_world"):
             assert max(abs(a - b) for a, b in zip(out[name], want, strict=True)) < 1e-10, \
                 (name, out[name], want)
         assert abs(out["weights alone"][1] - want[1]) > 1e-4, out

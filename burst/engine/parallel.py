@@ -25,7 +25,10 @@ from burst.layout import divisors
 __all__ = ["DATA_PARALLEL", "GRAD_BUCKET_BYTES", "all_reduce_grads", "full_state",
            "hyperparameters", "load_full_state", "make_groups", "wrap_data_parallel"]
 
-DATA_PARALLEL = ("ddp", "fsdp")
+DATA_PARALLEL = ("ddp", "fsdp", "fsdp_world")
+"""torch's DDP or FSDP across the DP group; ``fsdp_world``: FSDP over every rank (CP x DP), so
+that the weights, their gradients and the optimizer state are sharded over the whole world at
+rest (ZeRO-3's sharding; gathered whole for the step, ``wrap_data_parallel``)."""
 
 
 def cp_degree_ok(cp_degree, world: int) -> bool:
@@ -104,6 +107,23 @@ def wrap_data_parallel(module: nn.Module, dp_group, kind: str) -> nn.Module:
     (gradients averaged over the DP group)."""
     if kind not in DATA_PARALLEL:
         raise ValueError(f"unknown data_parallel {kind!r}; valid: {', '.join(DATA_PARALLEL)}")
+    if kind == "fsdp_world":  # the whole world, CP ranks included, DP or not
+        if comm.world_size() == 1:
+            return module
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+
+        device = next(module.parameters()).device.type
+        # one root unit, as for fsdp: gathered whole before the forward and kept until the end
+        # of the backward (the checkpointed layers recompute with the weights they saw); the
+        # gradients are reduce-scattered as a mean over every rank, which the Trainer turns
+        # into the sum it needs (over CP: partial sums over the tokens; over DP: the loss is
+        # each rank's share of the global mean) by scaling the loss by the world size, and it
+        # does not all-reduce over CP (gloo has no pre-multiplied sum for a divide factor of 1)
+        fully_shard(module, mesh=DeviceMesh.from_group(dist.group.WORLD, device),
+                    reshard_after_forward=False)
+        return module
     # None is no DP here, not the world: DDP over the CP group duplicated the CP gradient sum
     # (a second all-reduce of every gradient, and a second copy of them, in every measured step)
     if dp_group is None or comm.world_size(dp_group) == 1:

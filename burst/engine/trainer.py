@@ -129,7 +129,9 @@ class Trainer:
         checkpointing: ``none``, ``full``, ``selective``, ``selective_half`` (striped layout).
         fused_head: fused LM head + cross-entropy in chunks of ``loss_chunk`` tokens.
         window: (left, right) sliding window of every layer's attention.
-        data_parallel: ``ddp`` or ``fsdp`` (torch's) across the DP group.
+        data_parallel: ``ddp`` or ``fsdp`` (torch's) across the DP group; ``fsdp_world``:
+            torch's FSDP over every rank, CP included, so that weights, gradients and optimizer
+            state are sharded over the world at rest (the gradients reduce-scattered over it).
         state_dict: initial weights with the engine's names (e.g. ``from_hf(...).state_dict()``).
     """
 
@@ -209,7 +211,8 @@ class Trainer:
             groups = [cp_degree, world // cp_degree]
         else:  # refused by make_groups on every rank that has it
             groups = ["cp_degree", repr(cp_degree)]
-        dp_kind = data_parallel if groups[-1] != 1 else None  # no wrapper without DP
+        # no wrapper without DP, but fsdp_world shards over the CP ranks too
+        dp_kind = data_parallel if groups[-1] != 1 or data_parallel == "fsdp_world" else None
         self._setup = _canonical([name, layout, window, effective, checkpointing, fused_head,
                                   loss_chunk, str(dtype), repr(cfg), ignore_index, optimizer,
                                   float(lr), float(weight_decay), dp_kind, groups])
@@ -220,6 +223,7 @@ class Trainer:
         model.checkpointing, model.fused_head, model.loss_chunk = (checkpointing, fused_head,
                                                                    loss_chunk)
         self._forward = wrap_data_parallel(model, self.dp_group, data_parallel)
+        self.shards_world = data_parallel == "fsdp_world" and world > 1
         params = list(model.parameters())
         self.optimizer_name = optimizer
         if optimizer == "adamw":
@@ -618,11 +622,14 @@ class Trainer:
             loss = self._forward(tokens, positions, targets, loss_scale=1.0 / count,
                                  cu_seqlens=cu_seqlens, ignore_index=self.ignore_index)
             # DP wrappers average over the DP group; the loss is already the global mean's share
-            (loss * self.dp_size).backward()
+            # (fsdp_world averages over every rank, CP included)
+            scale = comm.world_size() if self.shards_world else self.dp_size
+            (loss * scale).backward()
             if len(self.model.cache):
                 raise AssertionError(f"{len(self.model.cache)} cached attention entries were "
                                      "not consumed by backward")
-            all_reduce_grads(params, self.cp_group)
+            if not self.shards_world:
+                all_reduce_grads(params, self.cp_group)
         except BaseException:  # a failed call leaves the gradients of earlier calls as they were
             self.model.cache.clear()
             for p, g in zip(params, earlier, strict=True):
