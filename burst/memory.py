@@ -29,16 +29,21 @@ class SavedBytes:
     checkpointed layers) are transient and not counted.
 
     ``exclude``: storage pointers not to count (e.g. the parameters' ``untyped_storage()
-    .data_ptr()``: matmuls save their weights, which no checkpointing mode can free).
+    .data_ptr()``: matmuls save their weights, which no checkpointing mode can free), or a
+    function giving them, called at the first tensor saved (FSDP's weights are gathered into
+    new storage for the forward: they exist only then).
     """
 
     def __init__(self, exclude=()):
         self.bytes = 0
-        self._seen: set[int] = set(exclude)
+        self._exclude = exclude
+        self._seen: set[int] | None = None if callable(exclude) else set(exclude)
 
     def _pack(self, t: torch.Tensor):
         if torch._C._current_graph_task_id() != -1:  # inside backward: a recomputation
             return t
+        if self._seen is None:
+            self._seen = set(self._exclude())
         try:
             st = t.untyped_storage()
             key = st.data_ptr()

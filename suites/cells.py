@@ -55,6 +55,8 @@ class Cell:
     checkpointing: str = "none"
     fused_head: bool = False
     paper: str | None = None
+    data_parallel: str | None = None
+    """train_step: the engine's data_parallel (None: its default; left out of the id then)."""
     index: int = field(default=0, compare=False)
     """Position in the sweep (display and ordering only, not part of the id)."""
 
@@ -66,6 +68,8 @@ class Cell:
         d = dataclasses.asdict(self)
         for k in ("sweep", "timeout_min", "index"):
             d.pop(k)
+        if d["data_parallel"] is None:  # the ids of cells from before the field stay theirs
+            d.pop("data_parallel")
         return d
 
     @property
@@ -147,7 +151,8 @@ def expand(spec: SweepSpec) -> list[Cell]:
                     timeout_min=spec.timeout_min, model=spec.model,
                     checkpointing=m.checkpointing if spec.workload == "train_step" else "none",
                     fused_head=m.fused_head and spec.workload == "train_step",
-                    paper=m.paper, index=len(cells)))
+                    paper=m.paper, index=len(cells),
+                    data_parallel=m.data_parallel if spec.workload == "train_step" else None))
     return cells
 
 

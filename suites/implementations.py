@@ -58,8 +58,8 @@ class Implementation:
     fp32 master copy), and sums the gradients over the group with all-reduces in buckets after
     the backward (``burst.engine.parallel.all_reduce_grads``); its default FSDP shards over
     data-parallel replicas, which a cell does not have (``suites.memory_model``: when it holds
-    which). Its ``data_parallel="fsdp_world"``, which shards over every rank, is not priced: a
-    cell cannot ask for it."""
+    which). A cell's ``data_parallel="fsdp_world"`` shards them over every rank instead
+    (priced as such: ``suites.memory_model._engine_moments``, ``suites.step_model``)."""
     optimizer_offload: bool = False
     """Its training runs keep the fp32 optimizer state (master weights, Adam moments) on the
     host and step the optimizer there (training cells only)."""

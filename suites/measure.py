@@ -146,7 +146,8 @@ def _train_step(cell: Cell, dev: torch.device):
     trainer = Trainer(get_config(cell.model), attention=method,
                       attention_options=dict(cell.options), cp_group=None,
                       checkpointing=cell.checkpointing, fused_head=cell.fused_head,
-                      dtype=DTYPES[cell.dtype], device=dev, window=cell.window)
+                      dtype=DTYPES[cell.dtype], device=dev, window=cell.window,
+                      data_parallel=cell.data_parallel or "ddp")
     tokens, targets, positions = trainer.local_batch(cell.seq_len, cell.batch, cell.seed)
 
     def step():
@@ -154,7 +155,9 @@ def _train_step(cell: Cell, dev: torch.device):
 
     # parameters are saved by every matmul whatever the checkpointing: not activations; the
     # selective modes keep their attention outside autograd, in the model's cache
-    step.params = [p.untyped_storage().data_ptr() for p in trainer.model.parameters()]
+    # (asked at the first saved tensor: under fsdp_world they are the weights gathered for the
+    # step, which the module holds from its forward to the end of its backward)
+    step.params = lambda: [p.untyped_storage().data_ptr() for p in trainer.model.parameters()]
     step.cached = lambda: trainer.model.cache.peak_nbytes
     return step, lambda result: None
 

@@ -33,7 +33,9 @@ otherwise; this project's engine: nothing sharded, ``Implementation.sharded_stat
 The peak is the larger of the head moment (all checkpoints + head) and the last layer's
 backward. This project's engine has a third moment, and holds its states by moment
 (``_engine_moments``): weights and AdamW moments in the forward, gradients growing in the
-backward, and at the optimizer step all four plus foreach AdamW's sqrt(v), 5 x e per parameter.
+backward, and at the optimizer step all four plus foreach AdamW's sqrt(v), 5 x e per parameter
+(with ``data_parallel="fsdp_world"``: 1/G of them at rest, the weights gathered whole for the
+step and every gradient whole at the end of the backward).
 "bf16" above is the model's dtype (``AttnShape.dtype``): float32 and float64 models hold their
 weights, gradients and activations in it and keep no master copy.
 """
@@ -227,7 +229,8 @@ def head_bytes(cfg, tokens: int, fused: bool,
 
 def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
                  checkpointing: str, fused_head: bool, impl: Implementation,
-                 params: int, offload: bool = False) -> MemoryEstimate:
+                 params: int, offload: bool = False,
+                 world_sharded: bool = False) -> MemoryEstimate:
     """Peak bytes per rank of one training step (see the module docstring)."""
     b, n, e = shape.batch, shape.seq_len // world, shape.elem  # e: the model's dtype
     tokens = b * n
@@ -256,8 +259,9 @@ def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
     head = head_bytes(cfg, tokens, fused_head, impl.logits_bytes, e, impl.sharded_states)
     extra = impl.global_token_bytes * shape.seq_len
     if not impl.sharded_states:
-        return _finish(max(_engine_moments(cfg, e, params, layer_params, checkpoints, head,
-                                           layer_peak), key=lambda m: sum(m.values())), hw)
+        moments = _engine_moments(cfg, e, params, layer_params, checkpoints, head, layer_peak,
+                                  world if world_sharded else 1)
+        return _finish(max(moments, key=lambda m: sum(m.values())), hw)
     base = {"model_states": states, "checkpoints": checkpoints, "implementation": extra}
     at_head = {**base, "head": head}
     at_layer = {**base, "gathered_params": gathered, "layer_backward": layer_peak}
@@ -265,7 +269,7 @@ def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
 
 
 def _engine_moments(cfg, e: int, params: int, layer_params: float, checkpoints: float,
-                    head: float, layer_peak: float) -> list[dict]:
+                    head: float, layer_peak: float, shards: int = 1) -> list[dict]:
     """This project's engine (``Implementation.sharded_states`` False) holds its states whole,
     but not all of them all the time: ``Trainer`` sets every gradient to None before the
     forward, so the forward and the head hold the weights and AdamW's two moments (3 x e per
@@ -274,14 +278,28 @@ def _engine_moments(cfg, e: int, params: int, layer_params: float, checkpoints: 
     of the backward holds every gradient and no checkpoint); the optimizer step then holds all
     four and foreach AdamW's sqrt of the second moment for every parameter (torch.optim.adamw,
     the default on CUDA), which is more than the gradient sync's one bucket
-    (``GRAD_BUCKET_BYTES``)."""
-    moments = replicated_bytes_per_param(e) // 4  # e: one copy of every parameter
-    weights_and_moments = 3 * moments * params
+    (``GRAD_BUCKET_BYTES``).
+
+    With ``shards`` G > 1 (``data_parallel="fsdp_world"``: one FSDP unit over every rank) each
+    rank keeps 1/G of the weights, gradients and moments at rest, gathers the weights whole
+    for the forward and keeps them until the end of the backward, which ends with every
+    gradient whole before their reduce-scatter; the optimizer then steps its 1/G."""
+    one = replicated_bytes_per_param(e) // 4 * params  # one copy of every parameter
     head_grad = cfg.vocab_size * cfg.hidden_size * e
+    if shards > 1:
+        at_rest = 3 * one / shards  # this rank's weights and moments
+        return [
+            {"model_states": at_rest, "gathered_params": one, "checkpoints": checkpoints,
+             "head": head},
+            {"model_states": at_rest, "gathered_params": one,
+             "gradients": head_grad + layer_params * e, "checkpoints": checkpoints,
+             "layer_backward": layer_peak},
+            {"model_states": at_rest, "gathered_params": one, "gradients": one},
+            {"model_states": 4 * one / shards, "optimizer_step": one / shards},
+        ]
     return [
-        {"model_states": weights_and_moments, "checkpoints": checkpoints, "head": head},
-        {"model_states": weights_and_moments, "gradients": head_grad + layer_params * e,
+        {"model_states": 3 * one, "checkpoints": checkpoints, "head": head},
+        {"model_states": 3 * one, "gradients": head_grad + layer_params * e,
          "checkpoints": checkpoints, "layer_backward": layer_peak},
-        {"model_states": replicated_bytes_per_param(e) * params,
-         "optimizer_step": max(moments * params, min(e * params, GRAD_BUCKET_BYTES))},
+        {"model_states": 4 * one, "optimizer_step": max(one, min(e * params, GRAD_BUCKET_BYTES))},
     ]

@@ -80,7 +80,7 @@ _CELL_DEFAULTS = dict(sweep="adhoc", workload="attention", label=None, options=N
                       nodes=None, ranks_per_node=None, dtype="bfloat16", device="cuda",
                       warmup=0, repeats=1, seed=0, compute_error=False, profile_memory=False,
                       timeout_min=0.0, model=None, checkpointing="none", fused_head=False,
-                      paper=None)
+                      paper=None, data_parallel=None)
 
 
 _MINIMUM = dict(seq_len=1, world=1, batch=1, heads=1, kv_heads=0, head_dim=1, nodes=1,
@@ -229,6 +229,12 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
                                          "node (a spec sets nodes or gpus_per_node, a cell "
                                          "given in Python nodes or ranks_per_node)")
     offload = (offload or impl.optimizer_offload) and cell.workload == "train_step"
+    if cell.data_parallel is not None and cell.paper is not None and impl is _impl(cell):
+        return Prediction("error", error=f"data_parallel={cell.data_parallel!r} is this "
+                                         "project's engine's; a paper system is priced with "
+                                         "its own sharding (simulate --engine prices the cell "
+                                         "as this engine runs it)")
+    world_sharded = cell.data_parallel == "fsdp_world" and cell.world > 1
     if offload and not impl.sharded_states:
         return Prediction("error", error="offload: this project's engine keeps its optimizer "
                                          "state on the GPU (it has no ZeRO offload); a paper "
@@ -276,7 +282,7 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
         params = _param_count(cfg)
         mem = train_memory(hw, cfg, shape=shape, plan=plan, world=cell.world,
                            checkpointing=ckpt, fused_head=cell.fused_head, impl=impl,
-                           params=params, offload=offload)
+                           params=params, offload=offload, world_sharded=world_sharded)
         if ckpt == "selective_half":
             half_shape = dataclasses.replace(shape, seq_len=shape.seq_len // 2)
             half = attention_timing(hw, cell.method, opts, half_shape, topo,
@@ -286,7 +292,8 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
                                  checkpointing=ckpt, params=params, half_attn=half,
                                  offload=offload,
                                  sharded_params=not impl.replicated_bytes_per_param,
-                                 sharded_states=impl.sharded_states)
+                                 sharded_states=impl.sharded_states,
+                                 world_sharded=world_sharded)
         time_s, parts = step.total_s, step.parts
     again = None  # the attention forward backward runs again (its bytes count too)
     if cell.workload == "train_step":

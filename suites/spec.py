@@ -101,6 +101,9 @@ class MethodSpec:
     """train_step: none | full | selective | selective_half (``burst.flops.CHECKPOINTING``)."""
     fused_head: bool = False
     """train_step: fused LM head + loss (chunked logits)."""
+    data_parallel: str | None = None
+    """train_step: the engine's ``data_parallel`` (``burst.engine.parallel.DATA_PARALLEL``); None
+    is its default, ddp. ``fsdp_world`` shards the model states over every rank."""
     paper: str | None = None
     """The paper's method name this entry reproduces (``suites.paper_methods``), if any."""
     skip_invalid: bool = False
@@ -258,12 +261,14 @@ class SweepSpec:
 _TOP = {"name", "description", "workload", "device", "dtype", "batch", "shape", "model",
         "methods", "seq_lens", "world", "nodes", "gpus_per_node", "scales", "warmup", "repeats",
         "baseline", "seed", "timeout_min", "error_max_tokens", "profile_memory", "slurm"}
-_METHOD = {"name", "paper", "label", "options", "checkpointing", "fused_head", "skip_invalid"}
+_METHOD = {"name", "paper", "label", "options", "checkpointing", "fused_head", "data_parallel",
+           "skip_invalid"}
 _SHAPE = {"heads", "kv_heads", "head_dim", "causal", "window"}
 # the cell keys that apply to one workload only, and which: the parser rejects them on the other
 # one, and suites.simulate.as_cell does the same for a cell given in Python
 ONLY_FOR = {**dict.fromkeys(sorted(_SHAPE), "attention"),
-            **dict.fromkeys(("model", "checkpointing", "fused_head"), "train_step")}
+            **dict.fromkeys(("model", "checkpointing", "fused_head", "data_parallel"),
+                            "train_step")}
 _SCALE = {"world", "nodes", "gpus_per_node", "seq_lens"}
 _SLURM = {"partition", "account", "time_min", "constraint", "qos", "cpus_per_task", "mem_gb",
           "array_parallelism", "setup", "additional"}
@@ -370,6 +375,9 @@ def _method(r: _Reader, t: dict, where: str, workload: str) -> MethodSpec | None
     ckpt = r.get(t, "checkpointing", where, str, base.checkpointing if base else "none",
                  choices=CHECKPOINTING)
     fused = r.get(t, "fused_head", where, bool, base.fused_head if base else False)
+    from burst.engine.parallel import DATA_PARALLEL
+
+    dp = r.get(t, "data_parallel", where, str, None, choices=DATA_PARALLEL)
     skip = r.get(t, "skip_invalid", where, bool, False)
     for k in sorted(k for k in t if ONLY_FOR.get(k, workload) != workload):
         r.add(f"{where}{k}", f"only applies to workload = {ONLY_FOR[k]!r}")
@@ -385,6 +393,7 @@ def _method(r: _Reader, t: dict, where: str, workload: str) -> MethodSpec | None
         label = _paper_label(base, name, options, ckpt, fused) if base else \
             default_label(name, options)
     return MethodSpec(name=name, label=label, options=opts, checkpointing=ckpt, fused_head=fused,
+                      data_parallel=dp,
                       paper=paper, skip_invalid=bool(skip))
 
 

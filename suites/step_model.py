@@ -55,7 +55,7 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
                       checkpointing: str, params: int,
                       half_attn: AttnTiming | None = None,
                       offload: bool = False, sharded_params: bool = True,
-                      sharded_states: bool = True) -> StepTiming:
+                      sharded_states: bool = True, world_sharded: bool = False) -> StepTiming:
     """Seconds of one training step on the slowest rank.
 
     ``attn`` times one attention layer of this shape; ``half_attn`` (selective_half only) the
@@ -64,7 +64,10 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
     all-gathers, but one reduce-scatter of the fp32 main gradients and one all-gather of the
     updated weights per step, after the backward (not overlapped). ``sharded_states`` False:
     nothing is sharded (this project's engine): one all-reduce of the gradients in the model's
-    dtype after the backward (not overlapped), and the optimizer steps every parameter.
+    dtype after the backward (not overlapped), and the optimizer steps every parameter; with
+    ``world_sharded`` (its ``data_parallel="fsdp_world"``) the same bytes move as one all-gather
+    of the weights before the forward and one reduce-scatter of the gradients after the
+    backward, and the optimizer steps this rank's 1/G of them.
     """
     g, b, seq = topo.world, shape.batch, shape.seq_len
     layers = cfg.num_layers
@@ -99,7 +102,8 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
     head_s = hw.gemm_seconds(3 * head, dtype) + hw.hbm_seconds(2 * logits_bytes)
     shard = params / g
     if not sharded_states:  # read and write every param, grad, m, v (no master copy)
-        opt = hw.hbm_seconds(params * replicated_bytes_per_param(e) * 2)
+        opt = hw.hbm_seconds((shard if world_sharded else params)
+                             * replicated_bytes_per_param(e) * 2)
     elif offload:
         opt = hw.offload_seconds(shard, e)
     else:  # read and write params, grads, (master,) m, v

@@ -484,10 +484,24 @@ name = "burst"
 label = "burst none"
 checkpointing = "none"
 fused_head = true
+[[methods]]
+name = "burst"
+label = "burst fsdp_world"
+checkpointing = "selective"
+fused_head = true
+data_parallel = "fsdp_world"
 """
     res = run_sweep(_spec(tmp_path, text, "train"), out=tmp_path / "out",
                     stream=_quiet())
-    row, full, none = store.read_rows(res.run_dir / "rows.jsonl")
+    row, full, none, world = store.read_rows(res.run_dir / "rows.jsonl")
+    # the engine's data_parallel reaches the Trainer: FSDP's collectives sum the gradients
+    # (outside burst.comm), so only the loss's all-reduce is counted among the other bytes
+    assert world["status"] == "ok", world["error"]
+    assert json.loads(world["spec"])["data_parallel"] == "fsdp_world"
+    assert 0 < world["bytes_sent_other"] < row["bytes_sent_other"] / 10
+    assert world["bytes_sent_forward"] == row["bytes_sent_forward"]
+    # the weights FSDP gathers for the step are weights, not activations the forward keeps
+    assert world["saved_bytes"] == row["saved_bytes"]
     # what the forward keeps: every activation > input + cached attention > input alone (a
     # recomputation inside backward keeps nothing from forward to backward)
     assert none["saved_bytes"] > row["saved_bytes"] > full["saved_bytes"] > 0

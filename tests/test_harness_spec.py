@@ -1395,3 +1395,25 @@ def test_a_terminal_gets_a_progress_bar_over_cells(tmp_path):
     assert re.search(r"3/3 \[\d\d:\d\d<\d\d:\d\d", text), text  # tqdm's count, elapsed<ETA
     assert "oom (CUDA out of memory)" in text
     assert "[2/3]" not in text  # not the log lines a pipe gets
+
+
+def test_data_parallel_is_a_train_step_methods_key_with_the_engines_choices(tmp_path):
+    """A method's data_parallel reaches its cells (the engine's Trainer takes it); an attention
+    method's is refused by workload, and an unknown one with the valid choices."""
+    step = ('workload = "train_step"\nmodel = "tiny"\nseq_lens = [64]\nworld = 2\n'
+            '[[methods]]\nname = "burst"\ndata_parallel = "{}"\n')
+    spec = load_spec(_write(tmp_path, step.format("fsdp_world"), "dp"))
+    assert spec.methods[0].data_parallel == "fsdp_world"
+    from suites.cells import expand
+
+    assert [c.data_parallel for c in expand(spec)] == ["fsdp_world"]
+    with pytest.raises(SpecError) as ei:
+        load_spec(_write(tmp_path, step.format("zero"), "dp_bad"))
+    assert any("data_parallel" in p and "fsdp_world" in p for p in ei.value.problems), \
+        ei.value.problems
+    attn = ('workload = "attention"\nseq_lens = [64]\nworld = 2\n'
+            '[[methods]]\nname = "burst"\ndata_parallel = "ddp"\n')
+    with pytest.raises(SpecError) as ei:
+        load_spec(_write(tmp_path, attn, "dp_attn"))
+    assert any("methods[0].data_parallel" in p and "'train_step'" in p
+               for p in ei.value.problems), ei.value.problems

@@ -17,7 +17,7 @@ from suites.cells import expand
 from suites.hardware import load
 from suites.longest import longest, longest_spec, longest_table
 from suites.simulate import main as simulate_main
-from suites.simulate import predict
+from suites.simulate import predict, simulate_cell
 from suites.spec import load_spec
 
 HW = load("a800")
@@ -163,12 +163,16 @@ def test_readme_quotes_this_projects_engine_against_the_papers_system(fits):
     from pathlib import Path
 
     ours = {f.cell.label: f.seq_len for f in longest_spec("engine_7b", HW)}
+    world = simulate_cell(_cell("engine_7b", "burst, selective, fsdp_world", 32), HW)
+    assert world["status"] == "ok" and world["seq_len"] == 1 << 21
     paper = {(f.cell.label, f.cell.world): f.seq_len for f in fits["paper_main_7b"]}
     assert predict(_cell("engine_7b", "burst, selective", 32), HW).status == "oom"
     readme = " ".join((Path(__file__).resolve().parent.parent / "README.md").read_text().split())
     assert (f"up to {ours['burst, selective'] / 2**20:.2f}M tokens with selective checkpointing "
             f"and {ours['burst, full'] / 2**20:.2f}M with full recomputation, where the paper's "
             f"BurstEngine (ZeRO-3) fits {paper[('Burst-Ring', 32)] / 2**20:.2f}M") in readme
+    assert (f"fits 2M tokens, at {world['tokens_per_s']:.1f} tokens/s per GPU, and up to "
+            f"{ours['burst, selective, fsdp_world'] / 2**20:.2f}M") in readme
 
 
 def test_a_small_even_unit_keeps_every_length_rule():

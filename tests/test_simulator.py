@@ -1731,3 +1731,46 @@ def test_a_train_step_the_trainer_refuses_is_not_priced():
     odd = predict(dict(step, seq_len=8 * 37, checkpointing="selective_half"), HW)
     assert odd.status == "error" and "local length 37 is odd" in odd.error
     assert predict(dict(step, seq_len=8 * 38, checkpointing="selective_half"), HW).status == "ok"
+
+
+def test_the_engines_fsdp_world_shards_its_states_over_every_rank():
+    """A cell with data_parallel="fsdp_world" (burst.engine.parallel: one FSDP unit over every
+    rank) holds 1/G of the weights and moments at rest, the weights whole from its forward to
+    the end of its backward, every gradient whole before their reduce-scatter; it moves the
+    all-reduce's bytes (an all-gather and a reduce-scatter) and steps 1/G of the optimizer. A
+    paper system's cell cannot ask for it."""
+    from burst.engine.configs import get_config, param_count
+
+    params = param_count(get_config("7b"))
+    cell = as_cell(dict(workload="train_step", method="burst", model="7b", seq_len=1 << 15,
+                        world=8, ranks_per_node=8, checkpointing="full", fused_head=True))
+    ddp = predict(cell, HW)
+    world = predict(dataclasses.replace(cell, data_parallel="fsdp_world"), HW)
+    # 4K tokens per rank: the end of the backward is the peak
+    assert world.memory.parts == {"model_states": 6 * params / 8, "gathered_params": 2 * params,
+                                  "gradients": 2 * params}
+    assert world.memory.reserved < 0.6 * ddp.memory.reserved
+    assert world.parts["zero_collectives"] == pytest.approx(ddp.parts["zero_collectives"])
+    assert world.parts["optimizer"] == pytest.approx(ddp.parts["optimizer"] / 8)
+    paper = dict(workload="train_step", model="7b", seq_len=1 << 15, world=8, method="burst",
+                 paper="burstengine", data_parallel="fsdp_world")
+    assert predict(paper, HW).error.startswith("data_parallel='fsdp_world' is this project's")
+    assert predict(dict(paper, data_parallel=None), HW).status == "ok"
+
+
+def test_a_cell_keeps_its_id_unless_it_names_a_data_parallel():
+    """The stored runs' cell ids are those the specs expand to now (the data_parallel field
+    joined the id only where a method sets it)."""
+    import json
+    from pathlib import Path
+
+    from suites.cells import expand
+    from suites.spec import load_spec
+
+    root = Path(__file__).resolve().parent.parent / "results" / "simulated"
+    for run in sorted(root.glob("*/simulated-a800/run.json")):
+        meta = json.loads(run.read_text())
+        assert meta["cells"] == [c.cell_id for c in expand(load_spec(meta["sweep"]))], run
+    c = expand(load_spec("engine_7b"))
+    assert len({x.cell_id for x in c}) == 3 and c[2].data_parallel == "fsdp_world"
+    assert dataclasses.replace(c[2], data_parallel=None).cell_id != c[2].cell_id
