@@ -952,10 +952,16 @@ def test_an_attention_key_in_a_train_step_method_names_its_workload(tmp_path):
     heads (its model decides them) says which workload takes it, as checkpointing does."""
     text = ('workload = "train_step"\nmodel = "tiny"\nseq_lens = [64]\nworld = 2\n'
             '[[methods]]\nname = "burst"\ncausal = false\n')
-    with pytest.raises(SpecError) as ei:
-        load_spec(_write(tmp_path, text, "step"))
+    problems = _problems(tmp_path, text, "step")
     assert any("methods[0].causal" in p and "only applies to workload = 'attention'" in p
-               for p in ei.value.problems), ei.value.problems
+               for p in problems), problems
+
+
+def _problems(tmp_path, text: str, name: str) -> list[str]:
+    """The problems load_spec raises for this spec text (it must raise)."""
+    with pytest.raises(SpecError) as ei:
+        load_spec(_write(tmp_path, text, name))
+    return ei.value.problems
 
 
 def test_run_exit_code_is_0_when_cells_ran_out_of_memory_or_were_skipped_unless_none_ran(
@@ -1407,13 +1413,10 @@ def test_data_parallel_is_a_train_step_methods_key_with_the_engines_choices(tmp_
     from suites.cells import expand
 
     assert [c.data_parallel for c in expand(spec)] == ["fsdp_world"]
-    with pytest.raises(SpecError) as ei:
-        load_spec(_write(tmp_path, step.format("zero"), "dp_bad"))
-    assert any("data_parallel" in p and "fsdp_world" in p for p in ei.value.problems), \
-        ei.value.problems
+    problems = _problems(tmp_path, step.format("zero"), "dp_bad")
+    assert any("data_parallel" in p and "fsdp_world" in p for p in problems), problems
     attn = ('workload = "attention"\nseq_lens = [64]\nworld = 2\n'
             '[[methods]]\nname = "burst"\ndata_parallel = "ddp"\n')
-    with pytest.raises(SpecError) as ei:
-        load_spec(_write(tmp_path, attn, "dp_attn"))
+    problems = _problems(tmp_path, attn, "dp_attn")
     assert any("methods[0].data_parallel" in p and "'train_step'" in p
-               for p in ei.value.problems), ei.value.problems
+               for p in problems), problems
