@@ -111,6 +111,9 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
     parts = {"layers_forward": layers * fwd, "layers_backward": layers * bwd,
              "head": head_s, "optimizer": opt,
              "attention": layers * (a_fwd + a_bwd + a_again),
-             "zero_collectives": layers * 3 * gather + per_step}
+             # the model states' collectives: ZeRO-3's per-layer gathers and reduce-scatters,
+             # the distributed optimizer's, or this engine's all-reduces (fsdp_world: its one
+             # all-gather and reduce-scatter)
+             "state_collectives": layers * 3 * gather + per_step}
     return StepTiming(total_s=parts["layers_forward"] + parts["layers_backward"] + head_s + opt
                       + per_step, parts=parts)

@@ -468,14 +468,14 @@ def test_this_projects_engine_is_priced_with_its_states_whole():
     # all-reduces (= reduce-scatter + all-gather) of the bf16 gradients, not overlapped,
     # against ZeRO-3's per-layer gathers and reduce-scatters hidden behind compute
     ar = 2 * collective_seconds(HW, params * 2 * 7 / 8, 8, Topo(8, 8), "gather")
-    assert ours.parts["zero_collectives"] == pytest.approx(ar)
+    assert ours.parts["state_collectives"] == pytest.approx(ar)
     assert ours.parts["optimizer"] == pytest.approx(8 * zero.parts["optimizer"] / 2)
     assert ours.time_s > zero.time_s
     assert predict(cell, HW, offload=True).error.startswith("offload: this project's engine")
     # on one rank there is nothing to sum
     one = predict(dataclasses.replace(cell, world=1, nodes=1, ranks_per_node=1,
                                       seq_len=1 << 12), HW)
-    assert one.parts["zero_collectives"] == 0
+    assert one.parts["state_collectives"] == 0
 
 
 def test_the_ablation_is_the_paper_systems():
@@ -871,8 +871,8 @@ def test_replicated_weights_gather_once_per_step_not_per_layer():
     once = sum(collective_seconds(HW, params * b * 31 / 32, 32, Topo(32, 8), "gather")
                for b in (4, 2))  # fp32 main gradients reduce-scattered, bf16 weights gathered
     z, m = predict(cell, HW, zero3), predict(cell, HW, mega)
-    assert m.parts["zero_collectives"] == pytest.approx(once)
-    assert z.parts["zero_collectives"] != pytest.approx(once)
+    assert m.parts["state_collectives"] == pytest.approx(once)
+    assert z.parts["state_collectives"] != pytest.approx(once)
     assert m.time_s == pytest.approx(z.time_s - z.parts["layers_forward"]
                                      - z.parts["layers_backward"] + m.parts["layers_forward"]
                                      + m.parts["layers_backward"] + once)
@@ -1413,7 +1413,7 @@ def test_tied_embeddings_are_one_matrix_not_two_in_the_layers_share(monkeypatch)
     tied_cfg = dataclasses.replace(configs.get_config("7b"), tie_embeddings=True)
     monkeypatch.setattr(simulate, "_model_config", lambda name: tied_cfg)
     tied = predict(cell, HW, ZERO3)
-    assert tied.parts["zero_collectives"] == pytest.approx(untied.parts["zero_collectives"])
+    assert tied.parts["state_collectives"] == pytest.approx(untied.parts["state_collectives"])
     assert tied.memory.parts["gathered_params"] == pytest.approx(
         untied.memory.parts["gathered_params"])
 
@@ -1750,7 +1750,7 @@ def test_the_engines_fsdp_world_shards_its_states_over_every_rank():
     assert world.memory.parts == {"model_states": 6 * params / 8, "gathered_params": 2 * params,
                                   "gradients": 2 * params}
     assert world.memory.reserved < 0.6 * ddp.memory.reserved
-    assert world.parts["zero_collectives"] == pytest.approx(ddp.parts["zero_collectives"])
+    assert world.parts["state_collectives"] == pytest.approx(ddp.parts["state_collectives"])
     assert world.parts["optimizer"] == pytest.approx(ddp.parts["optimizer"] / 8)
     paper = dict(workload="train_step", model="7b", seq_len=1 << 15, world=8, method="burst",
                  paper="burstengine", data_parallel="fsdp_world")
