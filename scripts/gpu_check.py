@@ -576,12 +576,6 @@ def _windowed_ring(rows: Rows, sz: Sizes, budget: Budget, q, k, v, do, common: d
 # engine
 
 
-def _model_config(name: str):
-    from burst.engine.configs import get_config
-
-    return get_config(name)
-
-
 # the GPUs whose hardware profile describes them, by the name torch reports: exact models only
 # (a GH200, an A100 40GB or an H100 PCIe / NVL would be priced as another GPU)
 SIM_PROFILES = {"NVIDIA H200": "h200", "NVIDIA H100 80GB HBM3": "h100",
@@ -629,9 +623,10 @@ def _trainer(sz: Sizes):
     a 1B model that costs tens of seconds of the budget, and weight values do not change speed
     or memory, so on the GPU the default module init runs on the device instead."""
     from burst.engine import model as engine_model
+    from burst.engine.configs import get_config
     from burst.engine.trainer import Trainer
 
-    cfg = _model_config(sz.engine_model)
+    cfg = get_config(sz.engine_model)
     # lr ~0: the steps measure, they need not train (a non-finite loss would end the section)
     kw = dict(attention_options={"layout": "striped"}, device=sz.device, dtype=sz.dtype,
               checkpointing="none", fused_head=True, seed=0, lr=1e-12)

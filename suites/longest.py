@@ -57,8 +57,9 @@ def longest(cell, hardware: str | Hardware, *, unit: int = UNIT, ctx=None,
                          "(zigzag and selective_half split each rank's tokens in two)")
     if isinstance(cell, dict) and cell.get("seq_len") is None:  # its own is ignored anyway
         cell = {**cell, "seq_len": cell.get("world") or 1}
-    step = unit * as_cell(cell, hw.gpus_per_node).world
-    base = dataclasses.replace(as_cell(cell, hw.gpus_per_node), seq_len=step)
+    first = as_cell(cell, hw.gpus_per_node)
+    step = unit * first.world
+    base = dataclasses.replace(first, seq_len=step)
 
     def at(k: int):  # None past the search's limit
         if k * step > LIMIT:

@@ -48,15 +48,13 @@ from dataclasses import dataclass, field
 from burst import volume
 from burst.engine.configs import vocab_params
 from burst.engine.fused_loss import LOSS_CHUNK
-from burst.engine.parallel import GRAD_BUCKET_BYTES
 from burst.masks import MaskSpec
 from suites.hardware import GIB, Hardware
 from suites.implementations import Implementation
 from suites.schedule import AttnShape, Plan, acc_bytes
 
-__all__ = ["MemoryEstimate", "attention_memory", "checkpoint_bytes", "head_bytes",
-           "layer_activation_bytes", "replicated_bytes_per_param", "train_memory",
-           "zero_bytes_per_param"]
+__all__ = ["MemoryEstimate", "attention_memory", "checkpoint_bytes", "engine_bytes_per_param",
+           "head_bytes", "layer_activation_bytes", "train_memory", "zero_bytes_per_param"]
 
 BF16, FP32 = 2, 4
 
@@ -68,7 +66,7 @@ def zero_bytes_per_param(elem: int = BF16) -> int:
     return 2 * elem + 2 * acc_bytes(elem) + (FP32 if elem < FP32 else 0)
 
 
-def replicated_bytes_per_param(elem: int = BF16) -> int:
+def engine_bytes_per_param(elem: int = BF16) -> int:
     """Model states per parameter of this project's engine: weight, gradient and torch AdamW's
     two moments (``exp_avg``, ``exp_avg_sq``, allocated like the parameter), all in the model's
     dtype, whole on every rank (``Implementation.sharded_states``)."""
@@ -243,7 +241,7 @@ def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
         gathered = 0.0
     if not impl.sharded_states and offload:
         raise ValueError("offload: this project's engine keeps its optimizer state on the GPU "
-                         "(it has no ZeRO offload)")
+                         "(it has no ZeRO offload); a paper system (cell.paper) can offload")
     checkpoints = cfg.num_layers * checkpoint_bytes(cfg, tokens, checkpointing, e)
     if (checkpointing == "selective" and impl.selective_caches_gathered_qkv
             and plan.kind in ("ulysses", "usp")):  # q, k, v after the all-to-all, every layer
@@ -278,13 +276,13 @@ def _engine_moments(cfg, e: int, params: int, layer_params: float, checkpoints: 
     of the backward holds every gradient and no checkpoint); the optimizer step then holds all
     four and foreach AdamW's sqrt of the second moment for every parameter (torch.optim.adamw,
     the default on CUDA), which is more than the gradient sync's one bucket
-    (``GRAD_BUCKET_BYTES``).
+    (``burst.engine.parallel.GRAD_BUCKET_BYTES``).
 
     With ``shards`` G > 1 (``data_parallel="fsdp_world"``: one FSDP unit over every rank) each
     rank keeps 1/G of the weights, gradients and moments at rest, gathers the weights whole
     for the forward and keeps them until the end of the backward, which ends with every
     gradient whole before their reduce-scatter; the optimizer then steps its 1/G."""
-    one = replicated_bytes_per_param(e) // 4 * params  # one copy of every parameter
+    one = e * params  # one copy of every parameter
     head_grad = cfg.vocab_size * cfg.hidden_size * e
     if shards > 1:
         at_rest = 3 * one / shards  # this rank's weights and moments
@@ -301,5 +299,5 @@ def _engine_moments(cfg, e: int, params: int, layer_params: float, checkpoints: 
         {"model_states": 3 * one, "checkpoints": checkpoints, "head": head},
         {"model_states": 3 * one, "gradients": head_grad + layer_params * e,
          "checkpoints": checkpoints, "layer_backward": layer_peak},
-        {"model_states": 4 * one, "optimizer_step": max(one, min(e * params, GRAD_BUCKET_BYTES))},
+        {"model_states": 4 * one, "optimizer_step": one},
     ]

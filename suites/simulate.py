@@ -229,16 +229,13 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
                                          "node (a spec sets nodes or gpus_per_node, a cell "
                                          "given in Python nodes or ranks_per_node)")
     offload = (offload or impl.optimizer_offload) and cell.workload == "train_step"
-    if cell.data_parallel is not None and cell.paper is not None and impl is _impl(cell):
+    if cell.data_parallel is not None and impl.sharded_states:
         return Prediction("error", error=f"data_parallel={cell.data_parallel!r} is this "
-                                         "project's engine's; a paper system is priced with "
-                                         "its own sharding (simulate --engine prices the cell "
-                                         "as this engine runs it)")
+                                         "project's engine's; a system that shards its states "
+                                         "(a paper system) is priced with its own sharding "
+                                         "(simulate --engine prices the cell as this engine "
+                                         "runs it)")
     world_sharded = cell.data_parallel == "fsdp_world" and cell.world > 1
-    if offload and not impl.sharded_states:
-        return Prediction("error", error="offload: this project's engine keeps its optimizer "
-                                         "state on the GPU (it has no ZeRO offload); a paper "
-                                         "system (cell.paper) can offload")
     try:  # a profile that gives no peak for this dtype (or no host link) cannot price it
         hw.peak(cell.dtype, "attention"), hw.peak(cell.dtype, "gemm")
         if offload:
@@ -280,9 +277,12 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
         if impl.vocab_size:
             cfg = dataclasses.replace(cfg, vocab_size=impl.vocab_size)
         params = _param_count(cfg)
-        mem = train_memory(hw, cfg, shape=shape, plan=plan, world=cell.world,
-                           checkpointing=ckpt, fused_head=cell.fused_head, impl=impl,
-                           params=params, offload=offload, world_sharded=world_sharded)
+        try:  # e.g. offload asked of this project's engine, which has none
+            mem = train_memory(hw, cfg, shape=shape, plan=plan, world=cell.world,
+                               checkpointing=ckpt, fused_head=cell.fused_head, impl=impl,
+                               params=params, offload=offload, world_sharded=world_sharded)
+        except ValueError as e:
+            return Prediction("error", error=str(e))
         if ckpt == "selective_half":
             half_shape = dataclasses.replace(shape, seq_len=shape.seq_len // 2)
             half = attention_timing(hw, cell.method, opts, half_shape, topo,

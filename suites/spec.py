@@ -244,7 +244,6 @@ class SweepSpec:
             raise SpecError(sorted(set(problems)), self.name)
         return replace(self, name=f"{self.name}-{gpus_per_node}gpn", scales=tuple(scales))
 
-
     def as_this_engine(self) -> SweepSpec:
         """The same sweep with no paper system: each method keeps its options and its paper
         system's (already merged into them), and the simulator prices it as this project's

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from burst import flops as F
 from burst.engine.configs import vocab_params
 from suites.hardware import Hardware
-from suites.memory_model import replicated_bytes_per_param, zero_bytes_per_param
+from suites.memory_model import engine_bytes_per_param, zero_bytes_per_param
 from suites.schedule import AttnShape, AttnTiming, Topo, acc_bytes, collective_seconds
 
 __all__ = ["StepTiming", "train_step_timing"]
@@ -63,7 +63,7 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
     weights stay whole on every rank (Megatron's distributed optimizer): no per-layer
     all-gathers, but one reduce-scatter of the fp32 main gradients and one all-gather of the
     updated weights per step, after the backward (not overlapped). ``sharded_states`` False:
-    nothing is sharded (this project's engine): one all-reduce of the gradients in the model's
+    nothing is sharded (this project's engine): the gradients' all-reduces in the model's
     dtype after the backward (not overlapped), and the optimizer steps every parameter; with
     ``world_sharded`` (its ``data_parallel="fsdp_world"``) the same bytes move as one all-gather
     of the weights before the forward and one reduce-scatter of the gradients after the
@@ -103,7 +103,7 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
     shard = params / g
     if not sharded_states:  # read and write every param, grad, m, v (no master copy)
         opt = hw.hbm_seconds((shard if world_sharded else params)
-                             * replicated_bytes_per_param(e) * 2)
+                             * engine_bytes_per_param(e) * 2)
     elif offload:
         opt = hw.offload_seconds(shard, e)
     else:  # read and write params, grads, (master,) m, v

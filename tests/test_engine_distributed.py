@@ -547,7 +547,11 @@ def test_no_data_parallel_wrapper_without_data_parallelism_and_one_num_targets()
                 "another rank's input is invalid") in short, (rank, short)
 
 
-def _bucketed_sum(rank: int, world: int, limit: int) -> dict:
+def _bucketed_sums(rank: int, world: int, limits: tuple[int, ...]) -> dict:
+    return {limit: _bucketed_sum(rank, limit) for limit in limits}
+
+
+def _bucketed_sum(rank: int, limit: int) -> dict:
     from burst.engine import parallel
 
     parallel.GRAD_BUCKET_BYTES = limit
@@ -570,32 +574,36 @@ def _bucketed_sum(rank: int, world: int, limit: int) -> dict:
         return all_reduce(x, **kw)
 
     parallel.comm.all_reduce = logged
-    with comm.count_bytes() as c:
-        parallel.all_reduce_grads(params, None)
+    try:
+        with comm.count_bytes() as c:
+            parallel.all_reduce_grads(params, None)
+    finally:
+        parallel.comm.all_reduce = all_reduce
     return {"grads": [p.grad.clone() if p.grad is not None else None for p in params],
             "sent": c.sent("grad_sync"), "messages": messages}
 
 
-@pytest.mark.parametrize("limit", [1 << 28, 64])
-def test_gradients_are_summed_in_buckets(limit):
+def test_gradients_are_summed_in_buckets():
     """all_reduce_grads sums every gradient over the group whatever the bucket size: one flat
     message per dtype with the default buckets; with 64-byte buckets several messages, a
-    gradient larger than a bucket in place (and a non-contiguous one through a copy)."""
-    world = 2
-    out = spawn(_bucketed_sum, world, args=(limit,), timeout_s=120)
+    gradient larger than a bucket in place (and a non-contiguous one through a copy). One
+    spawn runs both bucket sizes."""
+    world, limits = 2, (1 << 28, 64)
+    out = spawn(_bucketed_sums, world, args=(limits,), timeout_s=120)
     sizes = [7, 3, 40, 5, 2, 64]
     dts = [torch.float64, torch.float32] * 3
-    for r, res in enumerate(out):
-        for i, (n, dt) in enumerate(zip(sizes, dts, strict=True)):
-            want = sum(torch.arange(n, dtype=dt) * (k + 1) + i for k in range(world))
-            got = res["grads"][i] if i != 2 else res["grads"][i].t().reshape(-1)
-            assert torch.equal(got, want), (r, i)
-        assert res["grads"][-1] is None
     # one flat message per dtype: fp64 (7+40+2) x 8 and fp32 (3+5+64) x 4 bytes; or buckets of
     # consecutive gradients up to 64 bytes, a gradient alone in its bucket summed in place
     # unless it is not contiguous
-    want = ([(392, None), (288, None)] if limit == 1 << 28 else
-            [(56, 0), (320, None), (16, 4), (32, None), (256, 5)])
-    assert out[0]["messages"] == want
-    # 2 x ceil(bytes / G) per message to the one other rank
-    assert out[0]["sent"] == sum(2 * -(-b // world) for b, _ in want)
+    messages = {1 << 28: [(392, None), (288, None)],
+                64: [(56, 0), (320, None), (16, 4), (32, None), (256, 5)]}
+    for limit in limits:
+        for r, res in enumerate(o[limit] for o in out):
+            for i, (n, dt) in enumerate(zip(sizes, dts, strict=True)):
+                want = sum(torch.arange(n, dtype=dt) * (k + 1) + i for k in range(world))
+                got = res["grads"][i] if i != 2 else res["grads"][i].t().reshape(-1)
+                assert torch.equal(got, want), (limit, r, i)
+            assert res["grads"][-1] is None
+        assert out[0][limit]["messages"] == messages[limit]
+        # 2 x ceil(bytes / G) per message to the one other rank
+        assert out[0][limit]["sent"] == sum(2 * -(-b // world) for b, _ in messages[limit])

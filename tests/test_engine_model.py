@@ -250,7 +250,7 @@ def test_the_trainer_holds_the_model_states_the_simulator_counts(dtype):
     for this project's engine (``replicated_bytes_per_param``: 8 bytes in bf16, where a
     mixed-precision ZeRO system holds 16)."""
     from burst.engine.configs import param_count
-    from suites.memory_model import replicated_bytes_per_param
+    from suites.memory_model import engine_bytes_per_param
 
     cfg = get_config("tiny")
     tr = Trainer(cfg, dtype=dtype, checkpointing="none", fused_head=True)
@@ -259,7 +259,7 @@ def test_the_trainer_holds_the_model_states_the_simulator_counts(dtype):
     tensors += [t for st in tr.optimizer.state.values() for t in st.values()
                 if isinstance(t, torch.Tensor) and t.dim() > 0]  # not the scalar step counts
     held = sum(t.numel() * t.element_size() for t in tensors)
-    assert held == replicated_bytes_per_param(dtype.itemsize) * param_count(cfg)
+    assert held == engine_bytes_per_param(dtype.itemsize) * param_count(cfg)
 
 
 def test_checkpointing_cache_and_recompute_flops():

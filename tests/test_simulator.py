@@ -448,7 +448,7 @@ def test_this_projects_engine_is_priced_with_its_states_whole():
     the optimizer on every parameter and cannot offload. The same cell priced with ZeRO-3
     shards all of it."""
     from burst.engine.configs import get_config, param_count
-    from suites.memory_model import head_bytes, replicated_bytes_per_param
+    from suites.memory_model import engine_bytes_per_param, head_bytes
 
     cfg = get_config("7b")
     cell = as_cell(dict(workload="train_step", method="burst", model="7b", seq_len=1 << 15,
@@ -457,7 +457,7 @@ def test_this_projects_engine_is_priced_with_its_states_whole():
     ours, zero = predict(cell, HW), predict(cell, HW, ZERO3)
     assert zero.memory.parts["model_states"] == 16 * params / 8
     # 4K tokens per rank: the optimizer step is the peak, 8 bytes of states + 2 of sqrt(v)
-    assert replicated_bytes_per_param(2) == 8
+    assert engine_bytes_per_param(2) == 8
     assert ours.memory.parts == {"model_states": 8 * params, "optimizer_step": 2 * params}
     # 256K tokens per rank: a moment of the backward, with 6 bytes of weights and moments
     long = predict(dataclasses.replace(cell, seq_len=1 << 21), HW).memory.parts
