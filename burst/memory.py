@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
-__all__ = ["ProfilerPeak", "SavedBytes", "cuda_peak", "reset_cuda_peak"]
+__all__ = ["ProfilerPeak", "SavedBytes", "cuda_peak", "parameter_storages", "reset_cuda_peak"]
 
 
 class SavedBytes:
@@ -28,28 +28,31 @@ class SavedBytes:
     is kept from forward to backward. Tensors saved while backward runs (the recomputation of
     checkpointed layers) are transient and not counted.
 
-    ``exclude``: storage pointers not to count (e.g. the parameters' ``untyped_storage()
-    .data_ptr()``: matmuls save their weights, which no checkpointing mode can free), or a
-    function giving them, called at the first tensor saved (FSDP's weights are gathered into
-    new storage for the forward: they exist only then).
+    ``exclude``: storage pointers not to count (e.g. ``parameter_storages(model)``: matmuls save
+    their weights, which no checkpointing mode can free), or a function giving them, asked again
+    at each new storage saved: FSDP gathers each unit's weights into new storage for its
+    forward only (per layer under ZeRO-3, freed when the layer is done), so the weights
+    gathered now are excluded, and an activation later saved at a freed weight's address is
+    counted.
     """
 
     def __init__(self, exclude=()):
         self.bytes = 0
-        self._exclude = exclude
-        self._seen: set[int] | None = None if callable(exclude) else set(exclude)
+        self._exclude = exclude if callable(exclude) else frozenset(exclude)
+        self._counted: set[int] = set()  # saved, so alive (not reused) until the backward
 
     def _pack(self, t: torch.Tensor):
         if torch._C._current_graph_task_id() != -1:  # inside backward: a recomputation
             return t
-        if self._seen is None:
-            self._seen = set(self._exclude())
         try:
             st = t.untyped_storage()
             key = st.data_ptr()
-            if key not in self._seen and st.nbytes() > 0:
-                self._seen.add(key)
-                self.bytes += st.nbytes()
+            if key in self._counted or st.nbytes() == 0:
+                return t
+            if key in (self._exclude() if callable(self._exclude) else self._exclude):
+                return t
+            self._counted.add(key)
+            self.bytes += st.nbytes()
         except (RuntimeError, NotImplementedError):  # tensors without storage (e.g. meta)
             pass
         return t
@@ -62,6 +65,21 @@ class SavedBytes:
     def __exit__(self, *exc):
         self._hooks.__exit__(*exc)
         return False
+
+
+def parameter_storages(module: torch.nn.Module) -> set[int]:
+    """Storage pointers of ``module``'s parameters that hold data now: under FSDP, the units
+    gathered at this moment (a sharded parameter's local shard is not what a matmul saves, and
+    a freed gathered one has no storage)."""
+    out = set()
+    for p in module.parameters():
+        try:
+            st = p.untyped_storage()
+            if st.nbytes() > 0:
+                out.add(st.data_ptr())
+        except (RuntimeError, NotImplementedError):  # a DTensor shard, or storage freed
+            pass
+    return out
 
 
 class ProfilerPeak:

@@ -95,7 +95,7 @@ def _measure_rank(rank: int, world: int) -> dict:
 def _kept_bytes() -> dict:
     from burst import flops
     from burst.engine import Trainer, get_config
-    from burst.memory import SavedBytes
+    from burst.memory import SavedBytes, parameter_storages
 
     out = {}
     for mode in flops.CHECKPOINTING:
@@ -103,8 +103,7 @@ def _kept_bytes() -> dict:
             tr = Trainer(get_config("tiny"), attention_options={"layout": "striped"},
                          checkpointing=mode, fused_head=fused, seed=0)
             tokens, targets, positions = tr.local_batch(64, batch=1, seed=0)
-            params = [p.untyped_storage().data_ptr() for p in tr.model.parameters()]
-            with SavedBytes(exclude=params) as s:
+            with SavedBytes(exclude=parameter_storages(tr.model)) as s:
                 loss = tr.model(tokens, positions, targets, loss_scale=1.0)
             cache = tr.model.cache.nbytes
             loss.backward()

@@ -33,7 +33,7 @@ from baselines import registry
 from burst import comm, flops
 from burst.flops import MFU_DTYPES, PEAK_TFLOPS, peak_tflops
 from burst.layout import local_index, shard
-from burst.memory import ProfilerPeak, SavedBytes, cuda_peak, reset_cuda_peak
+from burst.memory import ProfilerPeak, SavedBytes, cuda_peak, parameter_storages, reset_cuda_peak
 from suites import spec
 from suites.cells import Cell
 
@@ -155,9 +155,9 @@ def _train_step(cell: Cell, dev: torch.device):
 
     # parameters are saved by every matmul whatever the checkpointing: not activations; the
     # selective modes keep their attention outside autograd, in the model's cache
-    # (asked at the first saved tensor: under fsdp_world they are the weights gathered for the
-    # step, which the module holds from its forward to the end of its backward)
-    step.params = lambda: [p.untyped_storage().data_ptr() for p in trainer.model.parameters()]
+    # (asked at each new storage saved: under FSDP they are the weights gathered for the
+    # layer running now)
+    step.params = lambda: parameter_storages(trainer.model)
     step.cached = lambda: trainer.model.cache.peak_nbytes
     return step, lambda result: None
 

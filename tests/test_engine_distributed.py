@@ -607,3 +607,56 @@ def test_gradients_are_summed_in_buckets():
         assert out[0][limit]["messages"] == messages[limit]
         # 2 x ceil(bytes / G) per message to the one other rank
         assert out[0][limit]["sent"] == sum(2 * -(-b // world) for b, _ in messages[limit])
+
+
+def _gathered_while_layers_run(rank: int, world: int) -> dict:
+    """For each checkpointing mode: the layers whose weights are gathered (plain tensors, not
+    FSDP's DTensor shards) while each layer runs its forward, and while its backward runs."""
+    cfg = dataclasses.replace(get_config("tiny"), num_layers=4)
+    return {mode: _gathered_in_one_step(Trainer(cfg, checkpointing=mode, dtype=torch.float64,
+                                                attention_options={"layout": "zigzag"},
+                                                data_parallel="fsdp_world"))
+            for mode in ("none", "full", "selective")}
+
+
+def _gathered_in_one_step(tr: Trainer) -> dict:
+    from torch.distributed.tensor import DTensor
+
+    layers = tr.model.layers
+
+    def gathered():
+        return sorted(i for i, m in enumerate(layers)
+                      if not any(isinstance(p, DTensor) for p in m.parameters()))
+
+    seen = {"forward": [], "backward": []}
+
+    def pre(m, args, kwargs):
+        seen["forward"].append((args[2], gathered()))
+
+    def post(m, args, kwargs, out):
+        i = args[2]
+        out.register_hook(lambda g: seen["backward"].append((i, gathered())))
+
+    hooks = [m.register_forward_pre_hook(pre, with_kwargs=True) for m in layers]
+    hooks += [m.register_forward_hook(post, with_kwargs=True) for m in layers]
+    tr.forward_backward(*tr.local_batch(SEQ, batch=1))
+    for h in hooks:
+        h.remove()
+    seen["after"] = gathered()
+    return seen
+
+
+def test_fsdp_world_gathers_one_layer_at_a_time():
+    """ZeRO-3 (data_parallel="fsdp_world"): every decoder layer is its own FSDP unit, gathered
+    for its forward and freed after it, gathered again for its backward (recomputation
+    included) and freed after it; between steps every layer is a shard. FSDP may prefetch the
+    next layer to run in backward (the one before)."""
+    out = spawn(_gathered_while_layers_run, 2, timeout_s=120)
+    for rank in out:
+        for mode, seen in rank.items():
+            assert seen["forward"] == [(i, [i]) for i in range(4)], (mode, seen)
+            back = seen["backward"]
+            assert [i for i, _ in back] == [3, 2, 1, 0], (mode, back)
+            for i, now in back:
+                assert i in now and set(now) <= {i, i - 1}, (mode, back)
+            assert seen["after"] == [], (mode, seen)

@@ -490,10 +490,16 @@ label = "burst fsdp_world"
 checkpointing = "selective"
 fused_head = true
 data_parallel = "fsdp_world"
+[[methods]]
+name = "burst"
+label = "burst none fsdp_world"
+checkpointing = "none"
+fused_head = true
+data_parallel = "fsdp_world"
 """
     res = run_sweep(_spec(tmp_path, text, "train"), out=tmp_path / "out",
                     stream=_quiet())
-    row, full, none, world = store.read_rows(res.run_dir / "rows.jsonl")
+    row, full, none, world, none_world = store.read_rows(res.run_dir / "rows.jsonl")
     # the engine's data_parallel reaches the Trainer: FSDP's collectives sum the gradients
     # (outside burst.comm), so only the loss's all-reduce is counted among the other bytes
     assert world["status"] == "ok", world["error"]
@@ -501,7 +507,11 @@ data_parallel = "fsdp_world"
     assert 0 < world["bytes_sent_other"] < row["bytes_sent_other"] / 10
     assert world["bytes_sent_forward"] == row["bytes_sent_forward"]
     # the weights FSDP gathers for the step are weights, not activations the forward keeps
+    # the weights FSDP gathers layer by layer (ZeRO-3) are weights too, where the matmuls of a
+    # layer without checkpointing save them (each layer's gathered after the first tensor saved)
     assert world["saved_bytes"] == row["saved_bytes"]
+    assert none_world["status"] == "ok", none_world["error"]
+    assert none_world["saved_bytes"] == none["saved_bytes"]
     # what the forward keeps: every activation > input + cached attention > input alone (a
     # recomputation inside backward keeps nothing from forward to backward)
     assert none["saved_bytes"] > row["saved_bytes"] > full["saved_bytes"] > 0

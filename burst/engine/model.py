@@ -157,6 +157,14 @@ class DecoderLayer(nn.Module):
         h = x_BSE + self.self_attn.o_proj(attn_BSHD.reshape(b, s, -1))
         return h + self.mlp(self.post_attention_layernorm(h))
 
+    def forward(self, x_BSE: torch.Tensor, rope: Rope, index: int, *, attention, mode: str,
+                cache: ActivationCache, cu_seqlens=None) -> torch.Tensor:
+        """The layer under checkpointing ``mode`` (``run_layer``). Called through the module,
+        so that a wrapper's hooks (FSDP's per-layer gather and gradient reduce-scatter) run
+        around the whole layer, its recomputation in backward included."""
+        return run_layer(self, index, x_BSE, rope, attention=attention, mode=mode, cache=cache,
+                         cu_seqlens=cu_seqlens)
+
 
 class CausalLM(nn.Module):
     """The decoder plus LM head. ``forward`` returns logits, or the loss when targets are given.
@@ -221,8 +229,8 @@ class CausalLM(nn.Module):
         # without autograd (evaluation) nothing is saved, so there is nothing to checkpoint
         mode = self.checkpointing if torch.is_grad_enabled() else "none"
         for i, layer in enumerate(self.layers):
-            x = run_layer(layer, i, x, rope, attention=self.attention, mode=mode,
-                          cache=self.cache, cu_seqlens=cu_seqlens)
+            x = layer(x, rope, i, attention=self.attention, mode=mode, cache=self.cache,
+                      cu_seqlens=cu_seqlens)
         return self.norm(x)
 
     def forward(self, tokens_BS: torch.Tensor, positions_BS: torch.Tensor,

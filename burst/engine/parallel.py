@@ -28,7 +28,7 @@ __all__ = ["DATA_PARALLEL", "GRAD_BUCKET_BYTES", "all_reduce_grads", "full_state
 DATA_PARALLEL = ("ddp", "fsdp", "fsdp_world")
 """torch's DDP or FSDP across the DP group; ``fsdp_world``: FSDP over every rank (CP x DP), so
 that the weights, their gradients and the optimizer state are sharded over the whole world at
-rest (ZeRO-3's sharding; gathered whole for the step, ``wrap_data_parallel``)."""
+rest, and gathered one decoder layer at a time (ZeRO-3, ``wrap_data_parallel``)."""
 
 
 def cp_degree_ok(cp_degree, world: int) -> bool:
@@ -104,26 +104,20 @@ def all_reduce_grads(params: list[nn.Parameter], group) -> None:
 def wrap_data_parallel(module: nn.Module, dp_group, kind: str) -> nn.Module:
     """The module that runs forward: ``module`` itself without DP (``dp_group`` None, as
     ``make_groups`` returns it, or of one rank), else torch's DDP or FSDP over ``dp_group``
-    (gradients averaged over the DP group)."""
+    (gradients averaged over the DP group); ``fsdp_world``: FSDP over every rank."""
     if kind not in DATA_PARALLEL:
         raise ValueError(f"unknown data_parallel {kind!r}; valid: {', '.join(DATA_PARALLEL)}")
     if kind == "fsdp_world":  # the whole world, CP ranks included, DP or not
         if comm.world_size() == 1:
             return module
         import torch.distributed as dist
-        from torch.distributed.device_mesh import DeviceMesh
-        from torch.distributed.fsdp import fully_shard
 
-        device = next(module.parameters()).device.type
-        # one root unit, as for fsdp: gathered whole before the forward and kept until the end
-        # of the backward (the checkpointed layers recompute with the weights they saw); the
-        # gradients are reduce-scattered as a mean over every rank, which the Trainer turns
-        # into the sum it needs (over CP: partial sums over the tokens; over DP: the loss is
-        # each rank's share of the global mean) by scaling the loss by the world size, and it
-        # does not all-reduce over CP (gloo has no pre-multiplied sum for a divide factor of 1)
-        fully_shard(module, mesh=DeviceMesh.from_group(dist.group.WORLD, device),
-                    reshard_after_forward=False)
-        return module
+        # the gradients are reduce-scattered as a mean over every rank, which the Trainer
+        # turns into the sum it needs (over CP: partial sums over the tokens; over DP: the
+        # loss is each rank's share of the global mean) by scaling the loss by the world size,
+        # and it does not all-reduce over CP (gloo has no pre-multiplied sum for a divide
+        # factor of 1)
+        return _fully_shard(module, dist.group.WORLD)
     # None is no DP here, not the world: DDP over the CP group duplicated the CP gradient sum
     # (a second all-reduce of every gradient, and a second copy of them, in every measured step)
     if dp_group is None or comm.world_size(dp_group) == 1:
@@ -132,13 +126,21 @@ def wrap_data_parallel(module: nn.Module, dp_group, kind: str) -> nn.Module:
         from torch.nn.parallel import DistributedDataParallel
 
         return DistributedDataParallel(module, process_group=dp_group)
+    return _fully_shard(module, dp_group)
+
+
+def _fully_shard(module: nn.Module, group) -> nn.Module:
+    """torch's FSDP over ``group``, as ZeRO-3: one unit per decoder layer, gathered for its
+    forward and again for its backward (its recomputation included: a layer is one module call,
+    ``DecoderLayer.forward``), its gradients reduce-scattered as soon as its backward has made
+    them; and the root unit (embedding, final norm, head), gathered from the forward to the end
+    of the backward."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
-    device = next(module.parameters()).device.type
-    mesh = DeviceMesh.from_group(dp_group, device)
-    # one root unit that stays unsharded between forward and backward: the checkpointed layers
-    # recompute in backward with the same parameter tensors they saw in forward
+    mesh = DeviceMesh.from_group(group, next(module.parameters()).device.type)
+    for layer in module.layers:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=True)
     fully_shard(module, mesh=mesh, reshard_after_forward=False)
     return module
 
