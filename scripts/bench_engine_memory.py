@@ -30,7 +30,7 @@ from burst import flops  # noqa: E402
 from burst.engine import ModelConfig, Trainer, count_attention_flops
 from burst.engine.fused_loss import fused_linear_cross_entropy, plain_cross_entropy
 from burst.engine.trainer import seq_len_problems
-from burst.memory import ProfilerPeak, SavedBytes
+from burst.memory import ProfilerPeak, SavedBytes, parameter_storages
 from burst.spawn import spawn
 
 MiB = 2**20
@@ -97,15 +97,6 @@ def bench_head(repeats: int, tokens: int) -> None:
           f"{time_ratio:.3f}x (bound 1.2x), max relative gradient difference {err:.1e}")
 
 
-class _ActivationBytes(SavedBytes):
-    """SavedBytes without the parameters (matmuls save their weight, which is not memory
-    that checkpointing could save)."""
-
-    def __init__(self, model):
-        super().__init__()
-        self._seen.update(p.untyped_storage().data_ptr() for p in model.parameters())
-
-
 def _modes_rank(rank: int, world: int, seq: int, repeats: int) -> list[dict]:
     rows = []
     for mode in MODES:
@@ -113,7 +104,8 @@ def _modes_rank(rank: int, world: int, seq: int, repeats: int) -> list[dict]:
                      loss_chunk=512)
         batch = tr.local_batch(seq, batch=1)
         tr.step(*batch)  # warm-up
-        with _ActivationBytes(tr.model) as s:
+        # matmuls save their weights, which is not memory that checkpointing could save
+        with SavedBytes(exclude=parameter_storages(tr.model)) as s:
             loss = tr.model(batch[0], batch[2], batch[1], loss_scale=1.0)
         kept = s.bytes + tr.model.cache.nbytes
         cache = tr.model.cache.nbytes

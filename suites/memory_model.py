@@ -34,8 +34,8 @@ The peak is the larger of the head moment (all checkpoints + head) and the last 
 backward. This project's engine has a third moment, and holds its states by moment
 (``_engine_moments``): weights and AdamW moments in the forward, gradients growing in the
 backward, and at the optimizer step all four plus foreach AdamW's sqrt(v), 5 x e per parameter
-(with ``data_parallel="fsdp_world"``: 1/G of them at rest, the weights gathered whole for the
-step and every gradient whole at the end of the backward).
+(with ``data_parallel="fsdp_world"``: 1/G of them at rest, the embedding and head gathered for
+the step and the decoder layers one at a time, as ZeRO-3).
 "bf16" above is the model's dtype (``AttnShape.dtype``): float32 and float64 models hold their
 weights, gradients and activations in it and keep no master copy.
 """
@@ -278,21 +278,26 @@ def _engine_moments(cfg, e: int, params: int, layer_params: float, checkpoints: 
     the default on CUDA), which is more than the gradient sync's one bucket
     (``burst.engine.parallel.GRAD_BUCKET_BYTES``).
 
-    With ``shards`` G > 1 (``data_parallel="fsdp_world"``: one FSDP unit over every rank) each
-    rank keeps 1/G of the weights, gradients and moments at rest, gathers the weights whole
-    for the forward and keeps them until the end of the backward, which ends with every
-    gradient whole before their reduce-scatter; the optimizer then steps its 1/G."""
+    With ``shards`` G > 1 (``data_parallel="fsdp_world"``: torch's FSDP over every rank, one unit
+    per decoder layer and a root unit, ``burst.engine.parallel``) each rank keeps 1/G of the
+    weights, gradients and moments at rest. The root unit (embedding, final norm, head) is
+    gathered from the forward to the end of the backward, and its gradients stay whole until
+    then; a decoder layer is gathered only while it runs, in the backward with the layer before
+    it (FSDP's prefetch) and its own gradients before their reduce-scatter, as ZeRO-3's
+    ``gathered`` above; the gradients' shards grow to 1/G by the end of the backward; the
+    optimizer then steps its 1/G."""
     one = e * params  # one copy of every parameter
     head_grad = cfg.vocab_size * cfg.hidden_size * e
     if shards > 1:
         at_rest = 3 * one / shards  # this rank's weights and moments
+        root = one - cfg.num_layers * layer_params * e  # embedding, head, final norm
+        layers = 3 * layer_params * e  # two layers' weights and one layer's gradients
         return [
-            {"model_states": at_rest, "gathered_params": one, "checkpoints": checkpoints,
+            {"model_states": at_rest, "gathered_params": root, "checkpoints": checkpoints,
              "head": head},
-            {"model_states": at_rest, "gathered_params": one,
-             "gradients": head_grad + layer_params * e, "checkpoints": checkpoints,
-             "layer_backward": layer_peak},
-            {"model_states": at_rest, "gathered_params": one, "gradients": one},
+            {"model_states": at_rest, "gathered_params": root + layers, "gradients": head_grad,
+             "checkpoints": checkpoints, "layer_backward": layer_peak},
+            {"model_states": at_rest + one / shards, "gathered_params": root, "gradients": root},
             {"model_states": 4 * one / shards, "optimizer_step": one / shards},
         ]
     return [

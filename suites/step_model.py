@@ -65,9 +65,10 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
     updated weights per step, after the backward (not overlapped). ``sharded_states`` False:
     nothing is sharded (this project's engine): the gradients' all-reduces in the model's
     dtype after the backward (not overlapped), and the optimizer steps every parameter; with
-    ``world_sharded`` (its ``data_parallel="fsdp_world"``) the same bytes move as one all-gather
-    of the weights before the forward and one reduce-scatter of the gradients after the
-    backward, and the optimizer steps this rank's 1/G of them.
+    ``world_sharded`` (its ``data_parallel="fsdp_world"``) the decoder layers are gathered and
+    their gradients reduce-scattered as ZeRO-3's, the root unit (embedding, head) is gathered
+    once before the forward and its gradients reduce-scattered after the backward (not
+    overlapped), and the optimizer steps this rank's 1/G of the parameters.
     """
     g, b, seq = topo.world, shape.batch, shape.seq_len
     layers = cfg.num_layers
@@ -93,8 +94,9 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
                     + collective_seconds(hw, params * e * (g - 1) / g, g, topo, "gather"))
         gather = 0.0
     if not sharded_states:  # an all-reduce = a reduce-scatter + an all-gather of the same bytes
-        per_step = 2 * collective_seconds(hw, params * e * (g - 1) / g, g, topo, "gather")
-        gather = 0.0
+        whole = vocab_params(cfg) if world_sharded else params  # fsdp_world: its root unit
+        per_step = 2 * collective_seconds(hw, whole * e * (g - 1) / g, g, topo, "gather")
+        gather = gather if world_sharded else 0.0
     fwd = max(dense + elem + a_fwd, gather)
     bwd = max(2 * dense + 2 * elem + a_bwd + recompute, 2 * gather)
     # head + loss: 3 passes of the head GEMM, the loss reads/writes the logits a few times
@@ -112,8 +114,8 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
              "head": head_s, "optimizer": opt,
              "attention": layers * (a_fwd + a_bwd + a_again),
              # the model states' collectives: ZeRO-3's per-layer gathers and reduce-scatters,
-             # the distributed optimizer's, or this engine's all-reduces (fsdp_world: its one
-             # all-gather and reduce-scatter)
+             # the distributed optimizer's, or this engine's all-reduces (fsdp_world: ZeRO-3's
+             # and its root unit's all-gather and reduce-scatter)
              "state_collectives": layers * 3 * gather + per_step}
     return StepTiming(total_s=parts["layers_forward"] + parts["layers_backward"] + head_s + opt
                       + per_step, parts=parts)

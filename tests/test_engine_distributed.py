@@ -613,10 +613,18 @@ def _gathered_while_layers_run(rank: int, world: int) -> dict:
     """For each checkpointing mode: the layers whose weights are gathered (plain tensors, not
     FSDP's DTensor shards) while each layer runs its forward, and while its backward runs."""
     cfg = dataclasses.replace(get_config("tiny"), num_layers=4)
-    return {mode: _gathered_in_one_step(Trainer(cfg, checkpointing=mode, dtype=torch.float64,
-                                                attention_options={"layout": "zigzag"},
-                                                data_parallel="fsdp_world"))
-            for mode in ("none", "full", "selective")}
+    out = {mode: _gathered_in_one_step(Trainer(cfg, checkpointing=mode, dtype=torch.float64,
+                                               attention_options={"layout": "zigzag"},
+                                               data_parallel="fsdp_world"))
+           for mode in ("none", "full", "selective")}
+    # after an AdamW step: this rank's shards of the weights, gradients and both moments
+    tr = Trainer(cfg, dtype=torch.bfloat16, data_parallel="fsdp_world")
+    tr.step(*tr.local_batch(SEQ, batch=1))
+    local = [p.to_local() for p in tr.model.parameters()]
+    local += [p.grad.to_local() for p in tr.model.parameters()]
+    local += [t.to_local() for st in tr.optimizer.state.values() for t in st.values()
+              if isinstance(t, torch.Tensor) and t.dim() > 0]  # not the scalar step counts
+    return {"layers": out, "held": sum(t.numel() * t.element_size() for t in local)}
 
 
 def _gathered_in_one_step(tr: Trainer) -> dict:
@@ -650,10 +658,17 @@ def test_fsdp_world_gathers_one_layer_at_a_time():
     """ZeRO-3 (data_parallel="fsdp_world"): every decoder layer is its own FSDP unit, gathered
     for its forward and freed after it, gathered again for its backward (recomputation
     included) and freed after it; between steps every layer is a shard. FSDP may prefetch the
-    next layer to run in backward (the one before)."""
+    next layer to run in backward (the one before). After the step each rank holds 1/G of the
+    weights, gradients and AdamW moments, as the simulator counts."""
+    from burst.engine.configs import param_count
+    from suites.memory_model import engine_bytes_per_param
+
     out = spawn(_gathered_while_layers_run, 2, timeout_s=120)
+    params = param_count(dataclasses.replace(get_config("tiny"), num_layers=4))
     for rank in out:
-        for mode, seen in rank.items():
+        # at rest: 1/G of what the ddp engine holds (suites.memory_model._engine_moments)
+        assert rank["held"] == engine_bytes_per_param(2) * params / 2
+        for mode, seen in rank["layers"].items():
             assert seen["forward"] == [(i, [i]) for i in range(4)], (mode, seen)
             back = seen["backward"]
             assert [i for i, _ in back] == [3, 2, 1, 0], (mode, back)
