@@ -34,8 +34,9 @@ The peak is the larger of the head moment (all checkpoints + head) and the last 
 backward. This project's engine has a third moment, and holds its states by moment
 (``_engine_moments``): weights and AdamW moments in the forward, gradients growing in the
 backward, and at the optimizer step all four plus foreach AdamW's sqrt(v), 5 x e per parameter
-(with ``data_parallel="fsdp_world"``: 1/G of them at rest, the embedding and head gathered for
-the step and the decoder layers one at a time, as ZeRO-3).
+(with ``data_parallel="fsdp_world"``: 1/G of them at rest, in fp32 for a 16-bit model, so 16
+bytes / parameter / G as ZeRO's; the embedding and head gathered for the step and the decoder
+layers one at a time, as ZeRO-3).
 "bf16" above is the model's dtype (``AttnShape.dtype``): float32 and float64 models hold their
 weights, gradients and activations in it and keep no master copy.
 """
@@ -54,7 +55,8 @@ from suites.implementations import Implementation
 from suites.schedule import AttnShape, Plan, acc_bytes
 
 __all__ = ["MemoryEstimate", "attention_memory", "checkpoint_bytes", "engine_bytes_per_param",
-           "head_bytes", "layer_activation_bytes", "train_memory", "zero_bytes_per_param"]
+           "head_bytes", "layer_activation_bytes", "master_bytes", "train_memory",
+           "zero_bytes_per_param"]
 
 BF16, FP32 = 2, 4
 
@@ -66,11 +68,19 @@ def zero_bytes_per_param(elem: int = BF16) -> int:
     return 2 * elem + 2 * acc_bytes(elem) + (FP32 if elem < FP32 else 0)
 
 
-def engine_bytes_per_param(elem: int = BF16) -> int:
+def engine_bytes_per_param(elem: int = BF16, sharded: bool = False) -> int:
     """Model states per parameter of this project's engine: weight, gradient and torch AdamW's
     two moments (``exp_avg``, ``exp_avg_sq``, allocated like the parameter), all in the model's
-    dtype, whole on every rank (``Implementation.sharded_states``)."""
-    return 4 * elem
+    dtype, whole on every rank (``Implementation.sharded_states``); ``sharded`` (FSDP shards
+    them, ``data_parallel="fsdp_world"``): all four in fp32 for a 16-bit model (its master
+    weights, ``Trainer.master_weights``), 16 bytes like ZeRO's, before dividing by G."""
+    return 4 * (master_bytes(elem) if sharded else elem)
+
+
+def master_bytes(elem: int) -> int:
+    """Bytes per element of the weights FSDP keeps for a model of ``elem``-byte elements:
+    fp32 for a 16-bit model (mixed precision), else the model's own."""
+    return max(elem, FP32)
 
 
 @dataclass
@@ -278,27 +288,28 @@ def _engine_moments(cfg, e: int, params: int, layer_params: float, checkpoints: 
     the default on CUDA), which is more than the gradient sync's one bucket
     (``burst.engine.parallel.GRAD_BUCKET_BYTES``).
 
-    With ``shards`` G > 1 (``data_parallel="fsdp_world"``: torch's FSDP over every rank, one unit
-    per decoder layer and a root unit, ``burst.engine.parallel``) each rank keeps 1/G of the
-    weights, gradients and moments at rest. The root unit (embedding, final norm, head) is
-    gathered from the forward to the end of the backward, and its gradients stay whole until
-    then; a decoder layer is gathered only while it runs, in the backward with the layer before
-    it (FSDP's prefetch) and its own gradients before their reduce-scatter, as ZeRO-3's
-    ``gathered`` above; the gradients' shards grow to 1/G by the end of the backward; the
-    optimizer then steps its 1/G."""
+    With ``shards`` G > 1 (``data_parallel="fsdp_world"``: torch's FSDP over every rank, one
+    unit per decoder layer and a root unit, ``burst.engine.parallel``) each rank keeps 1/G of
+    the weights, gradients and moments at rest, in fp32 for a 16-bit model (master weights; the
+    gathered weights and gradients are in the model's dtype). The root unit (embedding, final
+    norm, head) is gathered from the forward to the end of the backward, and its gradients stay
+    whole until then; a decoder layer is gathered only while it runs, in the backward with the
+    layer before it (FSDP's prefetch) and its own gradients before their reduce-scatter, as
+    ZeRO-3's ``gathered`` above; the gradients' shards grow to 1/G by the end of the backward;
+    the optimizer then steps its 1/G."""
     one = e * params  # one copy of every parameter
     head_grad = cfg.vocab_size * cfg.hidden_size * e
     if shards > 1:
-        at_rest = 3 * one / shards  # this rank's weights and moments
+        shard = master_bytes(e) * params / shards  # one state's shard (fp32 for 16-bit)
         root = one - cfg.num_layers * layer_params * e  # embedding, head, final norm
         layers = 3 * layer_params * e  # two layers' weights and one layer's gradients
         return [
-            {"model_states": at_rest, "gathered_params": root, "checkpoints": checkpoints,
+            {"model_states": 3 * shard, "gathered_params": root, "checkpoints": checkpoints,
              "head": head},
-            {"model_states": at_rest, "gathered_params": root + layers, "gradients": head_grad,
-             "checkpoints": checkpoints, "layer_backward": layer_peak},
-            {"model_states": at_rest + one / shards, "gathered_params": root, "gradients": root},
-            {"model_states": 4 * one / shards, "optimizer_step": one / shards},
+            {"model_states": 3 * shard, "gathered_params": root + layers,
+             "gradients": head_grad, "checkpoints": checkpoints, "layer_backward": layer_peak},
+            {"model_states": 4 * shard, "gathered_params": root, "gradients": root},
+            {"model_states": 4 * shard, "optimizer_step": shard},
         ]
     return [
         {"model_states": 3 * one, "checkpoints": checkpoints, "head": head},

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from burst import flops as F
 from burst.engine.configs import vocab_params
 from suites.hardware import Hardware
-from suites.memory_model import engine_bytes_per_param, zero_bytes_per_param
+from suites.memory_model import engine_bytes_per_param, master_bytes, zero_bytes_per_param
 from suites.schedule import AttnShape, AttnTiming, Topo, acc_bytes, collective_seconds
 
 __all__ = ["StepTiming", "train_step_timing"]
@@ -66,9 +66,10 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
     nothing is sharded (this project's engine): the gradients' all-reduces in the model's
     dtype after the backward (not overlapped), and the optimizer steps every parameter; with
     ``world_sharded`` (its ``data_parallel="fsdp_world"``) the decoder layers are gathered and
-    their gradients reduce-scattered as ZeRO-3's, the root unit (embedding, head) is gathered
-    once before the forward and its gradients reduce-scattered after the backward (not
-    overlapped), and the optimizer steps this rank's 1/G of the parameters.
+    their gradients reduce-scattered as ZeRO-3's (in fp32 for a 16-bit model: its master
+    weights), the root unit (embedding, head) is gathered once before the forward and its
+    gradients reduce-scattered after the backward (not overlapped), and the optimizer steps
+    this rank's 1/G of the parameters.
     """
     g, b, seq = topo.world, shape.batch, shape.seq_len
     layers = cfg.num_layers
@@ -88,24 +89,30 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
     recompute = 0.0 if checkpointing == "none" else dense + elem + a_again
     layer_params = (params - vocab_params(cfg)) / layers
     gather = collective_seconds(hw, layer_params * e * (g - 1) / g, g, topo, "gather")
+    scatter = gather  # a layer's gradient reduce-scatter: the same bytes as its gather
     per_step = 0.0
     if not sharded_params:  # fp32 main gradients reduce-scattered, the new weights gathered
         per_step = (collective_seconds(hw, params * acc_bytes(e) * (g - 1) / g, g, topo, "gather")
                     + collective_seconds(hw, params * e * (g - 1) / g, g, topo, "gather"))
-        gather = 0.0
-    if not sharded_states:  # an all-reduce = a reduce-scatter + an all-gather of the same bytes
-        whole = vocab_params(cfg) if world_sharded else params  # fsdp_world: its root unit
-        per_step = 2 * collective_seconds(hw, whole * e * (g - 1) / g, g, topo, "gather")
-        gather = gather if world_sharded else 0.0
+        gather = scatter = 0.0
+    if not sharded_states and world_sharded:  # ZeRO-3's, and the root unit's gather and
+        # reduce-scatter; FSDP reduces a 16-bit model's gradients in fp32 (master weights)
+        m = master_bytes(e)
+        scatter = collective_seconds(hw, layer_params * m * (g - 1) / g, g, topo, "gather")
+        per_step = sum(collective_seconds(hw, vocab_params(cfg) * x * (g - 1) / g, g, topo,
+                                          "gather") for x in (e, m))
+    elif not sharded_states:  # an all-reduce = a reduce-scatter + an all-gather of the same
+        per_step = 2 * collective_seconds(hw, params * e * (g - 1) / g, g, topo, "gather")
+        gather = scatter = 0.0
     fwd = max(dense + elem + a_fwd, gather)
-    bwd = max(2 * dense + 2 * elem + a_bwd + recompute, 2 * gather)
+    bwd = max(2 * dense + 2 * elem + a_bwd + recompute, gather + scatter)
     # head + loss: 3 passes of the head GEMM, the loss reads/writes the logits a few times
     logits_bytes = tokens * cfg.vocab_size * (e + 4 + 4)
     head_s = hw.gemm_seconds(3 * head, dtype) + hw.hbm_seconds(2 * logits_bytes)
     shard = params / g
     if not sharded_states:  # read and write every param, grad, m, v (no master copy)
         opt = hw.hbm_seconds((shard if world_sharded else params)
-                             * engine_bytes_per_param(e) * 2)
+                             * engine_bytes_per_param(e, world_sharded) * 2)
     elif offload:
         opt = hw.offload_seconds(shard, e)
     else:  # read and write params, grads, (master,) m, v
@@ -116,6 +123,6 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
              # the model states' collectives: ZeRO-3's per-layer gathers and reduce-scatters,
              # the distributed optimizer's, or this engine's all-reduces (fsdp_world: ZeRO-3's
              # and its root unit's all-gather and reduce-scatter)
-             "state_collectives": layers * 3 * gather + per_step}
+             "state_collectives": layers * (2 * gather + scatter) + per_step}
     return StepTiming(total_s=parts["layers_forward"] + parts["layers_backward"] + head_s + opt
                       + per_step, parts=parts)

@@ -15,6 +15,7 @@ down and its first steps must give the losses of the same run on one process.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tempfile
 from pathlib import Path
 
@@ -659,15 +660,16 @@ def test_fsdp_world_gathers_one_layer_at_a_time():
     for its forward and freed after it, gathered again for its backward (recomputation
     included) and freed after it; between steps every layer is a shard. FSDP may prefetch the
     next layer to run in backward (the one before). After the step each rank holds 1/G of the
-    weights, gradients and AdamW moments, as the simulator counts."""
+    weights, gradients and AdamW moments (fp32 for a bf16 model), as the simulator counts."""
     from burst.engine.configs import param_count
     from suites.memory_model import engine_bytes_per_param
 
     out = spawn(_gathered_while_layers_run, 2, timeout_s=120)
     params = param_count(dataclasses.replace(get_config("tiny"), num_layers=4))
     for rank in out:
-        # at rest: 1/G of what the ddp engine holds (suites.memory_model._engine_moments)
-        assert rank["held"] == engine_bytes_per_param(2) * params / 2
+        # at rest: 1/G of fp32 states (master weights; suites.memory_model._engine_moments)
+        assert rank["held"] == engine_bytes_per_param(2, sharded=True) * params / 2 \
+            == 16 * params / 2
         for mode, seen in rank["layers"].items():
             assert seen["forward"] == [(i, [i]) for i in range(4)], (mode, seen)
             back = seen["backward"]
@@ -675,3 +677,74 @@ def test_fsdp_world_gathers_one_layer_at_a_time():
             for i, now in back:
                 assert i in now and set(now) <= {i, i - 1}, (mode, back)
             assert seen["after"] == [], (mode, seen)
+
+
+MP_LR = 1e-5  # below bfloat16's resolution for most weights of std 0.02 (2^-13 ~ 1.2e-4)
+
+
+def _mixed_precision(rank: int, world: int) -> dict:
+    """One AdamW step of the tiny model in float64, in bfloat16 under ddp, and in bfloat16 under
+    fsdp_world (fp32 master weights); then each bfloat16 state loaded into the other wrapper."""
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for name, kw in {"float64": dict(dtype=torch.float64),
+                     "ddp": dict(dtype=torch.bfloat16),
+                     "fsdp_world": dict(dtype=torch.bfloat16, data_parallel="fsdp_world")}.items():
+        tr = Trainer("tiny", lr=MP_LR, checkpointing="selective",
+                     attention_options={"layout": "zigzag"}, **kw)
+        seen = []
+        hook = tr.model.layers[0].register_forward_pre_hook(
+            lambda m, a, seen=seen: seen.extend({p.dtype for p in m.parameters()}))
+        before = {k: v.double() for k, v in tr.model_state_dict().items()}
+        loss = tr.forward_backward(*tr.local_batch(SEQ, batch=BATCH))
+        hook.remove()
+        grads = {n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad)
+                 .double().clone() for n, p in tr.model.named_parameters()}
+        tr.optimizer.step()
+        after = tr.model_state_dict()
+        states = {t.dtype for st in tr.optimizer.state.values() for t in st.values()
+                  if isinstance(t, torch.Tensor) and t.dim() > 0}
+        out[name] = dict(
+            loss=float(loss), grads=grads, master=tr.master_weights, computed_in=set(seen),
+            held={p.dtype for p in tr.model.parameters()} | {p.grad.dtype
+                                                             for p in tr.model.parameters()},
+            moments=states, saved={v.dtype for v in after.values()},
+            moved=sum(int(((after[k].double() - before[k]).abs() > MP_LR / 2).sum())
+                      for k in before) / sum(v.numel() for v in before.values()),
+            state=tr.state_dict(), weights=after)
+    # a bfloat16 run's state loads into the other wrapper: weights cast to what it holds
+    loaded = {}
+    for src, dst in (("ddp", "fsdp_world"), ("fsdp_world", "ddp")):
+        tr = Trainer("tiny", dtype=torch.bfloat16, lr=MP_LR, data_parallel=dst)
+        tr.load_state_dict(out[src]["state"])
+        got = tr.model_state_dict()
+        loaded[src] = all(torch.equal(got[k], v.to(got[k].dtype))
+                          for k, v in out[src]["weights"].items())
+        loaded[src] &= math.isfinite(tr.step(*tr.local_batch(SEQ, batch=BATCH)))
+    for v in out.values():
+        del v["state"], v["weights"]
+    return {"runs": out, "loaded": loaded}
+
+
+def test_fsdp_keeps_fp32_master_weights_of_a_bfloat16_model():
+    """Where FSDP shards a bfloat16 model it keeps fp32 master weights, gradients and AdamW
+    moments and gathers the weights in bfloat16 (mixed precision, as ZeRO): the forward computes
+    in bfloat16 (loss and gradients as close to float64 as ddp's), and a step of lr 1e-5, below
+    bfloat16's resolution for most weights, moves every weight float64 moves, where the
+    bfloat16 weights of ddp mostly stay put. States load across the two."""
+    out = spawn(_mixed_precision, 2, timeout_s=180)
+    for rank in out:
+        runs = rank["runs"]
+        ref, ddp, mp = runs["float64"], runs["ddp"], runs["fsdp_world"]
+        assert mp["master"] and not ddp["master"] and not ref["master"]
+        assert mp["computed_in"] == {torch.bfloat16} == ddp["computed_in"]
+        assert mp["held"] == mp["moments"] == mp["saved"] == {torch.float32}
+        assert ddp["held"] == ddp["moments"] == ddp["saved"] == {torch.bfloat16}
+        for run in (ddp, mp):
+            assert abs(run["loss"] - ref["loss"]) < 1e-2 * abs(ref["loss"])
+            assert max(_rel(run["grads"][n], g) for n, g in ref["grads"].items()) < 3e-2
+        assert ref["moved"] > 0.5
+        assert abs(mp["moved"] - ref["moved"]) < 0.01
+        assert ddp["moved"] < ref["moved"] / 2
+        assert rank["loaded"] == {"ddp": True, "fsdp_world": True}

@@ -101,10 +101,13 @@ def all_reduce_grads(params: list[nn.Parameter], group) -> None:
                     off += g.numel()
 
 
-def wrap_data_parallel(module: nn.Module, dp_group, kind: str) -> nn.Module:
+def wrap_data_parallel(module: nn.Module, dp_group, kind: str, *,
+                       compute_dtype: torch.dtype | None = None) -> nn.Module:
     """The module that runs forward: ``module`` itself without DP (``dp_group`` None, as
     ``make_groups`` returns it, or of one rank), else torch's DDP or FSDP over ``dp_group``
-    (gradients averaged over the DP group); ``fsdp_world``: FSDP over every rank."""
+    (gradients averaged over the DP group); ``fsdp_world``: FSDP over every rank. FSDP gathers
+    the weights in ``compute_dtype`` (None: theirs) and reduces the gradients in fp32 when it
+    differs: mixed precision over fp32 master weights."""
     if kind not in DATA_PARALLEL:
         raise ValueError(f"unknown data_parallel {kind!r}; valid: {', '.join(DATA_PARALLEL)}")
     if kind == "fsdp_world":  # the whole world, CP ranks included, DP or not
@@ -117,7 +120,7 @@ def wrap_data_parallel(module: nn.Module, dp_group, kind: str) -> nn.Module:
         # loss is each rank's share of the global mean) by scaling the loss by the world size,
         # and it does not all-reduce over CP (gloo has no pre-multiplied sum for a divide
         # factor of 1)
-        return _fully_shard(module, dist.group.WORLD)
+        return _fully_shard(module, dist.group.WORLD, compute_dtype)
     # None is no DP here, not the world: DDP over the CP group duplicated the CP gradient sum
     # (a second all-reduce of every gradient, and a second copy of them, in every measured step)
     if dp_group is None or comm.world_size(dp_group) == 1:
@@ -126,22 +129,26 @@ def wrap_data_parallel(module: nn.Module, dp_group, kind: str) -> nn.Module:
         from torch.nn.parallel import DistributedDataParallel
 
         return DistributedDataParallel(module, process_group=dp_group)
-    return _fully_shard(module, dp_group)
+    return _fully_shard(module, dp_group, compute_dtype)
 
 
-def _fully_shard(module: nn.Module, group) -> nn.Module:
+def _fully_shard(module: nn.Module, group, compute_dtype: torch.dtype | None) -> nn.Module:
     """torch's FSDP over ``group``, as ZeRO-3: one unit per decoder layer, gathered for its
     forward and again for its backward (its recomputation included: a layer is one module call,
     ``DecoderLayer.forward``), its gradients reduce-scattered as soon as its backward has made
     them; and the root unit (embedding, final norm, head), gathered from the forward to the end
     of the backward."""
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = DeviceMesh.from_group(group, next(module.parameters()).device.type)
+    first = next(module.parameters())
+    mesh = DeviceMesh.from_group(group, first.device.type)
+    mixed = compute_dtype is not None and compute_dtype != first.dtype
+    policy = (MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+              if mixed else MixedPrecisionPolicy())
     for layer in module.layers:
-        fully_shard(layer, mesh=mesh, reshard_after_forward=True)
-    fully_shard(module, mesh=mesh, reshard_after_forward=False)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=True, mp_policy=policy)
+    fully_shard(module, mesh=mesh, reshard_after_forward=False, mp_policy=policy)
     return module
 
 

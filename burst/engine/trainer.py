@@ -131,7 +131,10 @@ class Trainer:
         window: (left, right) sliding window of every layer's attention.
         data_parallel: ``ddp`` or ``fsdp`` (torch's) across the DP group; ``fsdp_world``:
             torch's FSDP over every rank, CP included, so that weights, gradients and optimizer
-            state are sharded over the world at rest (the gradients reduce-scattered over it).
+            state are sharded over the world (ZeRO-3: one unit per decoder layer). Where FSDP
+            shards a bfloat16 model it keeps fp32 master weights, gradients and AdamW moments
+            (``master_weights``) and computes in bfloat16; ddp, and FSDP on one rank, keep all
+            of them in ``dtype``.
         state_dict: initial weights with the engine's names (e.g. ``from_hf(...).state_dict()``).
     """
 
@@ -185,24 +188,6 @@ class Trainer:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"Trainer: device={device!r}, but torch sees no CUDA device here")
-        model = CausalLM.build(cfg, seed=seed, dtype=dtype, device=self.device)
-        # the whole weights' names and shapes, whatever wrapper shards them later
-        self._weight_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-        if state_dict is not None:
-            why = self._weights_problem(state_dict)
-            if why:
-                raise ValueError(f"Trainer(state_dict=...): {why}")
-            model.load_state_dict({k: v.to(dtype) for k, v in state_dict.items()}, strict=True)
-        self.model = model
-        # what every rank must run alike: a rank with another causal window, layout, scale,
-        # backward or checkpointing mode ran without an error and gave wrong losses and
-        # gradients on every rank, or hung in the ring; one with another optimizer, lr or
-        # weight decay trained its own copy of the weights; another CP degree or DP wrapper
-        # hung in the groups' creation or in DP's first collective. Compared across the world
-        # before any group is made (_check_replicas)
-        name = getattr(method, "name", None) or (  # a function: its import path (no address)
-            f"{getattr(method, '__module__', '')}.{getattr(method, '__qualname__', '')}")
-        effective = {**getattr(method, "options", {}), **(attention_options or {})}
         world = comm.world_size()
         if cp_degree is None:  # the (CP, DP) sizes of the groups given (their members are
             groups = [comm.world_size(cp_group),  # the caller's to agree on)
@@ -213,6 +198,30 @@ class Trainer:
             groups = ["cp_degree", repr(cp_degree)]
         # no wrapper without DP, but fsdp_world shards over the CP ranks too
         dp_kind = data_parallel if groups[-1] != 1 or data_parallel == "fsdp_world" else None
+        # FSDP (when it shards: over more than one rank) keeps fp32 master weights of a 16-bit
+        # model, sharded, and gathers them in the model's dtype (mixed precision, as ZeRO)
+        self.master_weights = (dtype.itemsize == 2 and dp_kind in ("fsdp", "fsdp_world")
+                               and world > 1)
+        param_dtype = torch.float32 if self.master_weights else dtype
+        model = CausalLM.build(cfg, seed=seed, dtype=param_dtype, device=self.device)
+        # the whole weights' names and shapes, whatever wrapper shards them later
+        self._weight_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        if state_dict is not None:
+            why = self._weights_problem(state_dict)
+            if why:
+                raise ValueError(f"Trainer(state_dict=...): {why}")
+            model.load_state_dict({k: v.to(param_dtype) for k, v in state_dict.items()},
+                                  strict=True)
+        self.model = model
+        # what every rank must run alike: a rank with another causal window, layout, scale,
+        # backward or checkpointing mode ran without an error and gave wrong losses and
+        # gradients on every rank, or hung in the ring; one with another optimizer, lr or
+        # weight decay trained its own copy of the weights; another CP degree or DP wrapper
+        # hung in the groups' creation or in DP's first collective. Compared across the world
+        # before any group is made (_check_replicas)
+        name = getattr(method, "name", None) or (  # a function: its import path (no address)
+            f"{getattr(method, '__module__', '')}.{getattr(method, '__qualname__', '')}")
+        effective = {**getattr(method, "options", {}), **(attention_options or {})}
         self._setup = _canonical([name, layout, window, effective, checkpointing, fused_head,
                                   loss_chunk, str(dtype), repr(cfg), ignore_index, optimizer,
                                   float(lr), float(weight_decay), dp_kind, groups])
@@ -222,7 +231,8 @@ class Trainer:
                                         self.cp_group, window)
         model.checkpointing, model.fused_head, model.loss_chunk = (checkpointing, fused_head,
                                                                    loss_chunk)
-        self._forward = wrap_data_parallel(model, self.dp_group, data_parallel)
+        self._forward = wrap_data_parallel(model, self.dp_group, data_parallel,
+                                           compute_dtype=dtype)
         self.shards_world = data_parallel == "fsdp_world" and world > 1
         params = list(model.parameters())
         self.optimizer_name = optimizer
