@@ -103,6 +103,8 @@ def _run(args) -> int:
         raise ValueError("--retry-failed reruns the failed cells of an earlier run; a --new run "
                          "has none: use one or the other")
     spec = load_spec(args.spec)
+    if args.data_parallel is not None:
+        spec = spec.with_data_parallel(args.data_parallel)
     slurm = replace_slurm(spec.slurm, partition=args.partition, account=args.account,
                           time_min=args.time, constraint=args.constraint, qos=args.qos)
     given = [f"--{k}" for k in ("partition", "account", "time", "constraint", "qos")
@@ -327,6 +329,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--run-id", help="write (or resume) this run folder")
     s.add_argument("--new", action="store_true", help="start a new run (default: resume the "
                    "latest run of this spec, skipping its done cells)")
+    s.add_argument("--data-parallel", default=None, metavar="{ddp,fsdp,fsdp_world}",
+                   help="train_step specs: run every method under the engine's data_parallel "
+                        "(fsdp_world: its states sharded over every GPU as ZeRO-3, as the "
+                        "paper's systems run); rows go to sweep <name>-<value>")
     s.add_argument("--retry-failed", action="store_true",
                    help="re-run oom/timeout/error and skipped cells")
     g = s.add_argument_group("SLURM (override the spec's [slurm] table)")

@@ -424,6 +424,11 @@ def main(argv: list[str] | None = None) -> int:
                          "too (what `burst-bench run` would measure; the spec's paper systems "
                          "are priced as the paper ran them otherwise); rows go to sweep "
                          "<name>-engine")
+    ap.add_argument("--data-parallel", default=None, metavar="{ddp,fsdp,fsdp_world}",
+                    help="train_step specs: every method under the engine's data_parallel, as "
+                         "`burst-bench run --data-parallel` runs it (a paper system's cell "
+                         "cannot take one: use it with --engine); rows go to sweep "
+                         "<name>[-engine]-<value>")
     ap.add_argument("--longest", action="store_true",
                     help="for each method and scale, the longest sequence that fits (the "
                          "spec's seq_lens are ignored; suites.longest); --out writes the rows "
@@ -457,6 +462,8 @@ def main(argv: list[str] | None = None) -> int:
                 spec = spec.on_nodes_of(a.gpus_per_node, hw.gpus_per_node)
             if a.engine:
                 spec = spec.as_this_engine()
+            if a.data_parallel is not None:
+                spec = spec.with_data_parallel(a.data_parallel)
             if a.longest:
                 from suites.longest import longest_spec
 

@@ -253,6 +253,23 @@ class SweepSpec:
         return replace(self, name=f"{self.name}-engine",
                        methods=tuple(replace(m, paper=None) for m in self.methods))
 
+    def with_data_parallel(self, data_parallel: str) -> SweepSpec:
+        """The same train_step sweep with every method run under the engine's
+        ``data_parallel`` (``burst.engine.parallel.DATA_PARALLEL``; e.g. ``fsdp_world``: the
+        model states sharded over every GPU, as the paper's ZeRO-3 systems do). Named
+        ``<name>-<data_parallel>``, so its rows never mix with the spec's own. SpecError for an
+        attention spec or an unknown value."""
+        from burst.engine.parallel import DATA_PARALLEL
+
+        if self.workload != "train_step":
+            raise SpecError([f"data_parallel={data_parallel!r}: only train_step specs run the "
+                             f"engine (this one's workload is {self.workload!r})"], self.name)
+        if data_parallel not in DATA_PARALLEL:
+            raise SpecError([f"unknown data_parallel {data_parallel!r}; valid: "
+                             f"{', '.join(DATA_PARALLEL)}"], self.name)
+        return replace(self, name=f"{self.name}-{data_parallel}", methods=tuple(
+            replace(m, data_parallel=data_parallel) for m in self.methods))
+
 
 # ---------------------------------------------------------------------------------------------
 # Parsing with every problem collected

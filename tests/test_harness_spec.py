@@ -1420,3 +1420,23 @@ def test_data_parallel_is_a_train_step_methods_key_with_the_engines_choices(tmp_
     problems = _problems(tmp_path, attn, "dp_attn")
     assert any("methods[0].data_parallel" in p and "'train_step'" in p
                for p in problems), problems
+
+
+def test_run_data_parallel_flag_runs_every_method_under_it(tmp_path, capsys):
+    """`burst-bench run SPEC --data-parallel fsdp_world`: every method of a train_step spec runs
+    the engine with its states sharded over every GPU (rows in the sweep <name>-fsdp_world,
+    cells whose ids say so); an attention spec or an unknown value is refused before
+    anything runs."""
+    assert cli.main(["run", "paper_main_7b", "--data-parallel", "fsdp_world", "--executor",
+                     "dry-run", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{tmp_path.resolve()}/paper_main_7b-fsdp_world/<run_id>/jobs" in out
+    cells = expand(load_spec("paper_main_7b").with_data_parallel("fsdp_world"))
+    assert {c.data_parallel for c in cells} == {"fsdp_world"} and len(cells) == 20
+    assert not {c.cell_id for c in cells} & {c.cell_id for c in expand(load_spec("paper_main_7b"))}
+    assert cli.main(["run", "paper_kernel_32gpu", "--data-parallel", "fsdp_world", "--executor",
+                     "dry-run", "--out", str(tmp_path)]) == 2
+    assert "only train_step specs run the engine" in capsys.readouterr().err
+    assert cli.main(["run", "paper_main_7b", "--data-parallel", "zero3", "--executor",
+                     "dry-run", "--out", str(tmp_path)]) == 2
+    assert "unknown data_parallel 'zero3'; valid: ddp, fsdp, fsdp_world" in capsys.readouterr().err

@@ -10,7 +10,9 @@ reaches where it does not (docs/simulator.md explains the misses).
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -516,6 +518,39 @@ def test_engine_flag_prices_the_paper_specs_as_this_engine_runs_them(capsys):
     assert main(["paper_main_7b", "--engine"]) == 0
     out = capsys.readouterr().out
     assert out.count("tokens/s") == 4 and out.count("oom: predicted OOM") == 15
+
+
+def test_data_parallel_flag_prices_the_paper_specs_under_fsdp_world(capsys):
+    """`simulate --engine --data-parallel fsdp_world`: the paper's specs in this engine with its
+    states sharded over every GPU as ZeRO-3 (`burst-bench run --data-parallel fsdp_world`): most
+    cells fit; this project's Ulysses and USP keep their post-all-to-all q, k, v in the
+    selective cache (docs/checkpointing), so their selective cells still do not. A paper
+    system's cell cannot take it, and an attention spec or an unknown value is refused."""
+    from suites.simulate import main, simulate_spec
+    from suites.spec import SpecError, load_spec
+
+    spec = load_spec("paper_main_7b")
+    world = spec.as_this_engine().with_data_parallel("fsdp_world")
+    assert world.name == "paper_main_7b-engine-fsdp_world"
+    rows = simulate_spec(world, HW)
+    assert [r["status"] for r in rows].count("ok") == 14
+    assert {(r["label"], r["world"]) for r in rows if r["status"] == "oom"} == {
+        (m, w) for m in ("Deepspeed-Ulysses", "LoongTrain-USP", "Burst-USP") for w in (32, 64)
+    } - {("Deepspeed-Ulysses", 64)}  # 32 heads over 64 ranks: skipped
+    assert {json.loads(r["spec"])["data_parallel"] for r in rows} == {"fsdp_world"}
+    paper = simulate_spec(spec.with_data_parallel("fsdp_world"), HW)
+    assert {r["status"] for r in paper} == {"error"}
+    assert "is this project's" in paper[0]["error"]
+    for bad, why in (("paper_kernel_32gpu", "only train_step specs"), ("paper_main_7b", "zero3")):
+        with pytest.raises(SpecError, match=why if bad != "paper_main_7b" else "unknown"):
+            load_spec(bad).with_data_parallel("fsdp_world" if bad != "paper_main_7b" else why)
+    assert main(["paper_main_7b", "--engine", "--data-parallel", "fsdp_world"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("tokens/s") == 14 and out.count("oom: predicted OOM") == 5
+    assert main(["paper_main_7b", "--engine", "--data-parallel", "zero3"]) == 2
+    assert "unknown data_parallel 'zero3'" in capsys.readouterr().err
+    readme = " ".join((Path(__file__).resolve().parent.parent / "README.md").read_text().split())
+    assert "prices that run: 14 of `paper_main_7b`'s 20 cells fit then" in readme
 
 
 def test_system_profile_offload_applies_to_training_cells():
