@@ -36,6 +36,7 @@ from burst import comm
 from burst.kernel import resolve_scale
 from burst.layout import LAYOUTS, global_positions
 from burst.masks import MaskSpec
+from burst.remake import remakeable
 from burst.volume import method_bytes, ulysses_kv_heads
 
 __all__ = ["all_to_all", "heads_to_seq", "replicate_kv", "seq_to_heads", "ulysses_attn"]
@@ -107,11 +108,17 @@ def ulysses_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None =
                     cu_seqlens=cu_seqlens)
     spec.check_length(n * g)
     scale = resolve_scale(q.shape[-1], softmax_scale)
-    qh, kh, vh = (seq_to_heads(t, group) for t in (q, replicate_kv(k, g), replicate_kv(v, g)))
     pos = _gathered_positions(n, g, layout, q.device)
-    if layout != "contiguous":  # rank order -> global order, so masks see true positions
-        order = torch.argsort(pos)
-        qh, kh, vh = (t.index_select(1, order) for t in (qh, kh, vh))
+
+    def gather(q, k, v):  # every token of this rank's heads, in global order
+        qh, kh, vh = (seq_to_heads(t, group) for t in (q, replicate_kv(k, g), replicate_kv(v, g)))
+        if layout != "contiguous":  # rank order -> global order, so masks see true positions
+            order = torch.argsort(pos)
+            qh, kh, vh = (t.index_select(1, order) for t in (qh, kh, vh))
+        return qh, kh, vh
+
+    # remakeable: a selective checkpoint keeps none of them, and gathers them again in backward
+    qh, kh, vh = remakeable(gather, q, k, v)
     out = local_attention(qh, kh, vh, spec=spec, scale=scale, backend=backend)
     if layout != "contiguous":
         out = out.index_select(1, pos)

@@ -39,6 +39,7 @@ from burst.attention import choice_problems
 from burst.kernel import resolve_scale
 from burst.layout import global_positions
 from burst.masks import MaskSpec
+from burst.remake import remakeable
 from burst.volume import method_bytes
 
 __all__ = ["usp_attn", "usp_groups"]
@@ -101,10 +102,15 @@ def usp_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = Non
     MaskSpec(causal=causal, window=window, cu_seqlens=cu_seqlens).check_length(n * g)
     resolve_scale(q.shape[-1], softmax_scale)
     uly, ring, ring_pos = usp_groups(group, ulysses_degree)
-    qh, kh, vh = (seq_to_heads(t, uly) for t in (q, replicate_kv(k, ulysses_degree),
-                                                  replicate_kv(v, ulysses_degree)))
     perm, inv = _ring_order(n, g, ulysses_degree, ring_pos, layout, q.device)
-    qh, kh, vh = (t.index_select(1, perm) for t in (qh, kh, vh))
+
+    def gather(q, k, v):  # the Ulysses group's tokens of this rank's heads, as its ring shard
+        qh, kh, vh = (seq_to_heads(t, uly) for t in (q, replicate_kv(k, ulysses_degree),
+                                                      replicate_kv(v, ulysses_degree)))
+        return tuple(t.index_select(1, perm) for t in (qh, kh, vh))
+
+    # remakeable: a selective checkpoint keeps none of them, and gathers them again in backward
+    qh, kh, vh = remakeable(gather, q, k, v)
     out = burst_attn(qh, kh, vh, causal=causal, softmax_scale=softmax_scale, layout=layout,
                      group=ring, backward=backward, window=window, cu_seqlens=cu_seqlens,
                      backend=backend, grad_acc=grad_acc)

@@ -31,7 +31,9 @@ all-gather of an X-byte shard sends X to every other member). Per rank, G member
     reduce-scatters dK, dV in the input dtype: forward (G-1)*kv, backward 2*(G-1)*kv.
   ulysses: four all-to-alls each way, each sending (G-1)/G of a local tensor: forward Q, K, V
     in and O out, backward dO in and dQ, dK, dV out. K/V count Hk' = Hk heads, or G heads when
-    Hk < G (kv heads are replicated up to the degree, see ``baselines.ulysses``).
+    Hk < G (kv heads are replicated up to the degree, see ``baselines.ulysses``). The engine's
+    selective checkpointing runs the Q, K, V ones again in backward (``regather_bytes``; USP's
+    too, over its Ulysses group).
   usp: Ulysses inside groups of U consecutive ranks, then a ring of R = G/U ranks (members
     u, U+u, ...) on the head-sharded, U-times longer blocks: a ring unit is U*n tokens x Hk'/U
     heads, i.e. the same bytes as Hk' heads of n tokens.
@@ -55,7 +57,7 @@ from dataclasses import dataclass, field
 from burst.comm import ranks_per_node_ok, ring_shape
 
 __all__ = ["METHODS", "Volume", "auto_backward", "formula_options", "method_bytes",
-           "ring_attention_bytes", "ring_hop_bytes", "ulysses_kv_heads"]
+           "regather_bytes", "ring_attention_bytes", "ring_hop_bytes", "ulysses_kv_heads"]
 
 
 @dataclass
@@ -271,13 +273,19 @@ def ulysses_kv_heads(kv_heads: int, degree: int) -> int:
                      "other (kv heads are split across, or replicated up to, the degree)")
 
 
-def _ulysses_into(vol: Volume, c: _Case, members: Sequence[int]) -> None:
+def _ulysses_into(vol: Volume, c: _Case, members: Sequence[int],
+                  regather: bool = False) -> None:
+    """Ulysses' all-to-alls over ``members``; ``regather``: those of Q, K, V alone, which the
+    engine's selective checkpointing runs again in backward (``regather_bytes``)."""
     g = len(members)
     if c.heads % g:
         raise ValueError(f"ulysses degree {g} does not divide {c.heads} query heads")
     hk = ulysses_kv_heads(c.kv_heads, g)
     q = c.bn * c.heads // g * c.head_dim * c.elem  # one split of Q (or O, dO, dQ)
     kv = 2 * c.bn * hk // g * c.head_dim * c.elem  # one split of K and V
+    if regather:
+        c.to_peers(vol, "forward", members, q + kv)
+        return
     for phase in ("forward", "backward"):  # Q, K, V in + O out; dO in + dQ, dK, dV out
         c.to_peers(vol, phase, members, 2 * q + kv)
 
@@ -376,8 +384,38 @@ def method_bytes(method: str, *, world: int, batch: int, seq_local: int, heads: 
     default one node), ``causal``, ``window`` and ``cu_seqlens`` (only windows and documents
     change a ring's span).
     """
+    c, options = _case(method, world=world, batch=batch, seq_local=seq_local, heads=heads,
+                       kv_heads=kv_heads, head_dim=head_dim, elem=elem, acc_elem=acc_elem,
+                       **options)
+    return _FORMULAS[method](c, **options)
+
+
+def regather_bytes(method: str, *, world: int, batch: int, seq_local: int, heads: int,
+                   kv_heads: int, head_dim: int, elem: int, acc_elem: int = 4,
+                   **options) -> Volume:
+    """Bytes one rank sends again in one layer's backward under the engine's selective
+    checkpointing (arguments as ``method_bytes``): Ulysses' and USP's all-to-alls of Q, K, V,
+    whose results the cache does not keep (``burst.remake``), labelled ``forward`` as the
+    method's own forward traffic; nothing for the other methods."""
+    c, options = _case(method, world=world, batch=batch, seq_local=seq_local, heads=heads,
+                       kv_heads=kv_heads, head_dim=head_dim, elem=elem, acc_elem=acc_elem,
+                       **options)
+    vol = Volume()
+    if method == "ulysses":
+        _ulysses_into(vol, c, range(c.world), regather=True)
+    elif method == "usp":
+        u = options.get("ulysses_degree", 2)
+        if c.world % u:
+            raise ValueError(f"ulysses_degree={u} does not divide the group of {c.world} ranks")
+        start = c.rank // u * u
+        _ulysses_into(vol, c, range(start, start + u), regather=True)
+    return vol
+
+
+def _case(method: str, *, world: int, batch: int, seq_local: int, heads: int, kv_heads: int,
+          head_dim: int, elem: int, acc_elem: int, **options) -> tuple[_Case, dict]:
+    """The case and the formula's own options of a ``method_bytes`` call."""
     own = list(formula_options(method))
-    fn = _FORMULAS[method]
     bad = sorted(set(options) - set(own) - set(_CASE_OPTIONS) - set(_NO_BYTES))
     if bad:
         raise ValueError(f"method {method!r} has no option(s) {', '.join(bad)}; valid: "
@@ -389,4 +427,4 @@ def method_bytes(method: str, *, world: int, batch: int, seq_local: int, heads: 
         options.pop(k, None)
     c = _Case(world=world, batch=batch, seq_local=seq_local, heads=heads, kv_heads=kv_heads,
               head_dim=head_dim, elem=elem, acc_elem=acc_elem, **case)
-    return fn(c, **options)
+    return c, options

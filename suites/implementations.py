@@ -41,9 +41,11 @@ class Implementation:
     selective_caches_attention: bool = True
     """Whether its 'selective' checkpointing keeps the attention output (else it recomputes the
     whole layer, attention included, like 'full')."""
-    selective_caches_gathered_qkv: bool = False
-    """Whether its 'selective' cache of Ulysses / USP also keeps the q, k, v they hold after
-    the all-to-all (this project's engine does: burst/engine/checkpointing.py)."""
+    selective_regathers: bool = False
+    """Whether its 'selective' checkpointing of Ulysses / USP gathers the q, k, v they hold after
+    the all-to-all again in backward (their all-to-alls' bytes and time counted), and caches the
+    head-sharded output their kernel saved besides the layer's output (this project's engine:
+    burst/engine/checkpointing.py, burst/remake.py)."""
     replicated_bytes_per_param: float = 0.0
     """Bytes per parameter every rank holds whole in training (Megatron's distributed optimizer
     shards only the fp32 optimizer state: bf16 weights 2 + fp32 main grads 4 = 6); 0: ZeRO-3,
@@ -81,8 +83,7 @@ class Implementation:
         return replace(self, **values)
 
 
-OURS = Implementation(name="burst-bench", selective_caches_gathered_qkv=True,
-                      sharded_states=False)
+OURS = Implementation(name="burst-bench", selective_regathers=True, sharded_states=False)
 _FIELDS = {f.name for f in fields(Implementation)} - {"name", "sources"}
 
 

@@ -35,7 +35,16 @@ from burst import flops as F
 from suites.hardware import Hardware, load
 from suites.implementations import OURS, Implementation, implementation
 from suites.memory_model import MemoryEstimate, attention_memory, train_memory
-from suites.schedule import AttnShape, AttnTiming, Topo, acc_bytes, attention_timing, plan_for
+from suites.schedule import (
+    AttnShape,
+    AttnTiming,
+    Topo,
+    acc_bytes,
+    attention_timing,
+    plan_for,
+    regather_seconds,
+    regather_volume,
+)
 from suites.spec import ONLY_FOR, WORKLOADS
 from suites.step_model import train_step_timing
 
@@ -57,6 +66,9 @@ class Prediction:
     recompute: AttnTiming | None = None
     """The attention forward that backward runs again (full: the whole; selective_half: the
     first half of every rank's rows), whose bytes the row counts too."""
+    regather: tuple = ()
+    """Every rank's bytes sent again in a layer's backward by this project's selective Ulysses /
+    USP (``suites.schedule.regather_volume``), rank 0's first; empty otherwise."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,7 +279,7 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
                                 efficiency=impl.attention_efficiency)
     except (ValueError, NotImplementedError) as e:
         return Prediction("error", error=str(e))
-    half = None
+    half, regather = None, ()
     if cell.workload == "attention":
         mem = attention_memory(hw, shape, plan, cell.world)
         time_s = attn.total_s
@@ -288,23 +300,30 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
             half = attention_timing(hw, cell.method, opts, half_shape, topo,
                                     acc_elem=acc_bytes(shape.elem),
                                     efficiency=impl.attention_efficiency)
+        regather_s = 0.0
+        if ckpt == "selective" and impl.selective_regathers and plan.kind in ("ulysses", "usp"):
+            regather_s = regather_seconds(hw, cell.method, opts, shape, topo,
+                                          acc_elem=acc_bytes(shape.elem))
+            regather = tuple(regather_volume(cell.method, opts, shape, topo,
+                                             acc_elem=acc_bytes(shape.elem), rank=r)
+                             for r in range(cell.world))
         step = train_step_timing(hw, cfg, shape=shape, topo=topo, attn=attn,
                                  checkpointing=ckpt, params=params, half_attn=half,
                                  offload=offload,
                                  sharded_params=not impl.replicated_bytes_per_param,
                                  sharded_states=impl.sharded_states,
-                                 world_sharded=world_sharded)
+                                 world_sharded=world_sharded, regather_s=regather_s)
         time_s, parts = step.total_s, step.parts
     again = None  # the attention forward backward runs again (its bytes count too)
     if cell.workload == "train_step":
         again = attn if ckpt == "full" else half if ckpt == "selective_half" else None
     if not mem.fits:
         return Prediction("oom", attn=attn, memory=mem, parts=parts, checkpointing=ckpt,
-                          recompute=again,
+                          recompute=again, regather=regather,
                           error=f"predicted OOM: {mem.reserved_gib:.2f} GiB reserved > "
                                 f"{mem.usable / 2**30:.2f} GiB usable on {hw.name}")
     return Prediction("ok", time_s=time_s, attn=attn, memory=mem, parts=parts,
-                      checkpointing=ckpt, recompute=again)
+                      checkpointing=ckpt, recompute=again, regather=regather)
 
 
 def _metrics(cell, hw: Hardware, p: Prediction) -> dict:
@@ -321,11 +340,15 @@ def _metrics(cell, hw: Hardware, p: Prediction) -> dict:
             cfg = _model_config(cell.model)
             reps = cfg.num_layers
 
-        def sent(phase=None, link=None) -> int:  # every layer, plus the forward that backward
-            extra = 0                            # runs again; the busiest rank, as measured
-            if p.recompute is not None and phase in (None, "forward"):
-                extra = max(v.sent("forward", link) for v in p.recompute.volumes)
-            return max(reps * (v.sent(phase, link) + extra) for v in p.attn.volumes)
+        def sent(phase=None, link=None) -> int:
+            """Every layer's bytes on each rank, plus what its backward sends again (the
+            forward it recomputes, the all-to-alls a selective Ulysses gathers again); the
+            busiest rank's, as measured."""
+            again = [p.recompute.volumes if p.recompute is not None else (), p.regather]
+            again = [v for v in again if v] if phase in (None, "forward") else []
+            return max(reps * (v.sent(phase, link) + sum(a[r].sent("forward", link)
+                                                         for a in again))
+                       for r, v in enumerate(p.attn.volumes))
 
         m.update(bytes_sent_forward=sent("forward"), bytes_sent_backward=sent("backward"),
                  bytes_sent_intra=sent(link="intra"), bytes_sent_inter=sent(link="inter"))

@@ -55,21 +55,23 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
                       checkpointing: str, params: int,
                       half_attn: AttnTiming | None = None,
                       offload: bool = False, sharded_params: bool = True,
-                      sharded_states: bool = True, world_sharded: bool = False) -> StepTiming:
+                      sharded_states: bool = True, world_sharded: bool = False,
+                      regather_s: float = 0.0) -> StepTiming:
     """Seconds of one training step on the slowest rank.
 
     ``attn`` times one attention layer of this shape; ``half_attn`` (selective_half only) the
-    forward of the same method on the first half of the sequence. ``sharded_params`` False: the
-    weights stay whole on every rank (Megatron's distributed optimizer): no per-layer
-    all-gathers, but one reduce-scatter of the fp32 main gradients and one all-gather of the
-    updated weights per step, after the backward (not overlapped). ``sharded_states`` False:
-    nothing is sharded (this project's engine): the gradients' all-reduces in the model's
-    dtype after the backward (not overlapped), and the optimizer steps every parameter; with
-    ``world_sharded`` (its ``data_parallel="fsdp_world"``) the decoder layers are gathered and
-    their gradients reduce-scattered as ZeRO-3's (in fp32 for a 16-bit model: its master
-    weights), the root unit (embedding, head) is gathered once before the forward and its
-    gradients reduce-scattered after the backward (not overlapped), and the optimizer steps
-    this rank's 1/G of the parameters.
+    forward of the same method on the first half of the sequence; ``regather_s`` the all-to-alls
+    a layer's recomputation runs again (this project's selective Ulysses / USP).
+    ``sharded_params`` False: the weights stay whole on every rank (Megatron's distributed
+    optimizer): no per-layer all-gathers, but one reduce-scatter of the fp32 main gradients and
+    one all-gather of the updated weights per step, after the backward (not overlapped).
+    ``sharded_states`` False: nothing is sharded (this project's engine): the gradients'
+    all-reduces in the model's dtype after the backward (not overlapped), and the optimizer
+    steps every parameter; with ``world_sharded`` (its ``data_parallel="fsdp_world"``) the decoder
+    layers are gathered and their gradients reduce-scattered as ZeRO-3's (in fp32 for a 16-bit
+    model: its master weights), the root unit (embedding, head) is gathered once before the
+    forward and its gradients reduce-scattered after the backward (not overlapped), and the
+    optimizer steps this rank's 1/G of the parameters.
     """
     g, b, seq = topo.world, shape.batch, shape.seq_len
     layers = cfg.num_layers
@@ -86,7 +88,7 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
                          "N/2 tokens (its forward runs again in backward)")
     a_again = {"none": 0.0, "full": a_fwd, "selective": 0.0,  # attention forward run again
                "selective_half": half_attn.forward_s if half_attn else 0.0}[checkpointing]
-    recompute = 0.0 if checkpointing == "none" else dense + elem + a_again
+    recompute = 0.0 if checkpointing == "none" else dense + elem + a_again + regather_s
     layer_params = (params - vocab_params(cfg)) / layers
     gather = collective_seconds(hw, layer_params * e * (g - 1) / g, g, topo, "gather")
     scatter = gather  # a layer's gradient reduce-scatter: the same bytes as its gather

@@ -87,6 +87,10 @@ def _cases(world: int) -> list[dict]:
              dtype="float32"),
     ]
     if world == 4:
+        # USP: Ulysses pairs x a ring of 2; its selective cache gathers q, k, v again
+        cs += [case("usp", checkpointing="selective", options={"ulysses_degree": 2}),
+               case("usp", checkpointing="selective", layout="zigzag",
+                    options={"ulysses_degree": 2, "backward": "burst"}, kv_heads=1)]
         cs += [case(layout="zigzag", checkpointing="selective", cp_degree=2),
                case(layout="striped", checkpointing="selective_half", cp_degree=2),
                case(layout="striped", checkpointing="selective", cp_degree=2,

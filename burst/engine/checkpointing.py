@@ -27,13 +27,13 @@ on the first half alone; that is exact because causal queries of the prefix see 
 (true of out and lse). A method that saves anything else (Ulysses' index tensors, say) gets a
 ValueError naming the tensor, never a silent approximation.
 
-What "selective" keeps therefore depends on the method: Ulysses and USP save the q, k, v they
-hold after their all-to-all (new tensors, not the layer's q, k, v), so their cache holds those as
-well as out and lse, about 3x to 3.7x a ring method's cache at the same shapes (4 ranks, the
-tiny model: 67,584 and 55,296 bytes against 18,432 for burst, ring and allgather). A Ulysses
-cache that keeps only out and lse would have to re-run the q/k/v all-to-alls in backward; it is
-not implemented, so compare their selective memory with this in mind (the simulator counts it:
-``Implementation.selective_caches_gathered_qkv``).
+Ulysses and USP save the q, k, v they hold after their all-to-all (new tensors, not the layer's
+q, k, v); they make them through ``burst.remake.remakeable``, so the cache keeps none of them and
+gathers them again from the recomputed q, k, v in backward: their all-to-alls run again (bytes
+for memory, as the paper's systems do when they recompute a layer but its attention). What their
+cache holds besides lse is two outputs, not one: the head-sharded one their kernel saved, and the
+layer's, after the all-to-all back (``nbytes``; the simulator counts both and the bytes:
+``Implementation.selective_regathers``).
 
 Entries are keyed by the layer's run in one forward (weakly: a forward whose graph is dropped
 without backward frees its entries with it), and freed when that run's backward has used them.
@@ -52,6 +52,7 @@ from burst import comm
 from burst.engine.attention_call import AttentionCall, recompute_phase
 from burst.first_order import first_order
 from burst.flops import CHECKPOINTING
+from burst.remake import recording
 
 __all__ = ["CHECKPOINTING", "ActivationCache", "CacheEntry", "check_mode", "run_layer"]
 
@@ -104,12 +105,19 @@ class CacheEntry:
         self.inputs: list[torch.Tensor] | None = None  # recomputed q, k, v, at backward only
         self.first_rows: list[torch.Tensor] | None = None  # recomputed first halves
         self.out_edge = self.in_edges = None
+        # tensors the method made from its inputs through burst.remake.remakeable: not kept,
+        # made again from the recomputed inputs in backward (Ulysses' gathered q, k, v)
+        self.recipes: list[tuple] = []  # (fn, which inputs) per remakeable call
+        self._made: dict[int, tuple[int, int, int]] = {}  # storage -> (recipe, output, offset)
+        self.remade: list[tuple | None] = []  # the recipes' outputs again, at backward only
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the cache (distinct storages)."""
+        """Bytes held by the cache (distinct storages): what the method saved, and the layer's
+        output where that is another tensor (Ulysses': its kernel saved the head-sharded one)."""
         seen, total = set(), 0
-        for t in [*self.kept, *(r for r, _ in self.rows)]:
+        out = [] if self.out is None else [self.out]
+        for t in [*self.kept, *(r for r, _ in self.rows), *out]:
             if _storage(t) not in seen:
                 seen.add(_storage(t))
                 total += t.untyped_storage().nbytes()
@@ -125,6 +133,9 @@ class CacheEntry:
             for i, (ptr, off) in enumerate(in_ptrs):
                 if _storage(t) == ptr:
                     return ("input", i, t.size(), t.stride(), t.storage_offset() - off)
+            if record is None and _storage(t) in self._made:
+                r, j, off = self._made[_storage(t)]
+                return ("made", r, j, t.size(), t.stride(), t.storage_offset() - off)
             t = t.detach()
             if record is not None:  # recompute of the first half: collect, in order
                 record.append(t)
@@ -148,6 +159,10 @@ class CacheEntry:
                 _, i, size, stride, rel = p
                 x = self.inputs[i]
                 return x.as_strided(size, stride, x.storage_offset() + rel)
+            if p[0] == "made":
+                _, r, j, size, stride, rel = p
+                x = self._remake(r)[j]
+                return x.as_strided(size, stride, x.storage_offset() + rel)
             if p[0] == "row":
                 second, dim = self.rows[p[1]]
                 return torch.cat([self.first_rows[p[1]], second], dim=dim)
@@ -155,12 +170,39 @@ class CacheEntry:
 
         return saved_tensors_hooks(pack, unpack)
 
+    def _record(self, inputs, fn, args, outs) -> None:
+        """A ``remakeable`` call of the method: outputs made from the method's inputs alone
+        (views of them), so the cache need not keep them. A call on anything else is left
+        alone: what it makes is kept as usual."""
+        views = []
+        for a in args:
+            i = next((i for i, x in enumerate(inputs) if _storage(a) == _storage(x)), None)
+            if i is None:
+                return
+            views.append((i, a.size(), a.stride(), a.storage_offset() - inputs[i].storage_offset()))
+        self.recipes.append((fn, views))
+        self.remade.append(None)
+        for j, o in enumerate(outs):
+            self._made.setdefault(_storage(o), (len(self.recipes) - 1, j, o.storage_offset()))
+
+    def _remake(self, r: int) -> tuple:
+        """Recipe ``r``'s outputs, made again from the recomputed inputs (once per backward;
+        a collective where the recipe communicates: every rank's backward unpacks them)."""
+        if self.remade[r] is None:
+            fn, views = self.recipes[r]
+            args = [self.inputs[i].as_strided(size, stride, self.inputs[i].storage_offset() + rel)
+                    for i, size, stride, rel in views]
+            with torch.no_grad():
+                self.remade[r] = tuple(fn(*args))
+        return self.remade[r]
+
     def run(self, q, k, v, anchor) -> torch.Tensor:
         """Forward: the method on q, k, v with autograd on; returns its output (detached)."""
         inputs = [q, k, v]
         if len({_storage(t) for t in inputs}) != 3:
             raise AssertionError("q, k, v must be separate tensors for the selective cache")
-        with torch.enable_grad(), self._hooks(inputs, q.shape, None):
+        with (torch.enable_grad(), self._hooks(inputs, q.shape, None),
+              recording(lambda *a: self._record(inputs, *a))):
             ins = [_Anchor.apply(t, anchor) for t in inputs]
             out = self.call(*ins, cu_seqlens=self.cu_seqlens)
         self.out_edge = get_gradient_edge(out)
@@ -201,6 +243,7 @@ class CacheEntry:
         self.inputs = [t.detach().contiguous() for t in (q, k, v)]
         grads = torch.autograd.grad([self.out_edge], self.in_edges, [dout.contiguous()])
         self.kept = self.rows = self.inputs = self.first_rows = self.out = None
+        self.remade = self.recipes = None
         self.out_edge = self.in_edges = None
         return grads
 
