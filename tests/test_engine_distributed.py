@@ -85,6 +85,9 @@ def _cases(world: int) -> list[dict]:
         case(layout="zigzag", checkpointing="selective", data_parallel="fsdp_world"),
         case(layout="striped", checkpointing="selective_half", data_parallel="fsdp_world",
              dtype="float32"),
+        # per-layer units: a layer's saved weights are freed after its forward, gathered again
+        case(layout="zigzag", checkpointing="none", data_parallel="fsdp_world", tie=True),
+        case("ulysses", checkpointing="selective", data_parallel="fsdp_world"),
     ]
     if world == 4:
         # USP: Ulysses pairs x a ring of 2; its selective cache gathers q, k, v again
