@@ -18,7 +18,9 @@ method's own), else torchrun's host; local ranks without a double ring are one n
 with the losses it would have had (the steps logged after that save are run again and their
 lines replaced), also on another number of ranks (``--world``), CP degree, ``--batch`` or
 ``--data-parallel`` wrapper, as long as the global batch (``--batch`` sequences per DP group x
-the DP size) stays; the other arguments but ``--steps``, ``--save-every`` and
+the DP size) stays (a bfloat16 run keeps fp32 master weights only where FSDP shards over more
+than one rank: resumed where it does not, they are rounded, with a warning, and its losses
+drift); the other arguments but ``--steps``, ``--save-every`` and
 ``--time-limit-min`` must be those it started with (``<out>/run.json``; a default named, such as
 the model's own ``--kv-heads``, is the same argument). Arguments the engine would refuse (a
 method, layout, length or ``--ranks-per-node`` that cannot run on the ranks) are refused before

@@ -18,7 +18,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from suites.spec import MethodSpec, Scale, SweepSpec
+from suites.spec import MethodSpec, Scale, SweepSpec, data_parallel_problems
 
 __all__ = ["Cell", "cell_problem", "cell_problems", "expand", "option_problems",
            "placeholder_value", "resolve_options"]
@@ -236,6 +236,10 @@ def cell_problem(cell: Cell) -> str | None:
                                layout=layout, checkpointing=cell.checkpointing)
         if why and layout in LAYOUTS:
             return why[0]
+        if cell.data_parallel is not None:
+            why = data_parallel_problems(cell.data_parallel)
+            if why:
+                return why[0]
     if cell.heads is None:
         return None
     portable = dataclasses.replace(method, unavailable=lambda: None)

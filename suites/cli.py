@@ -193,7 +193,7 @@ def _cmd_show(args) -> int:
 def _resume_command(run: Path, meta: dict) -> str:
     """The command that resumes ``run``: its spec as the run recorded it, the results folder
     it was written into (<out>/<sweep>/<run id>) and its id."""
-    spec = meta.get("source") or "<its spec>"
+    spec = " ".join([meta.get("source") or "<its spec>", *meta.get("source_args", [])])
     return f"burst-bench run {spec} --out {run.parent.parent} --run-id {run.name}"
 
 
@@ -329,7 +329,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--run-id", help="write (or resume) this run folder")
     s.add_argument("--new", action="store_true", help="start a new run (default: resume the "
                    "latest run of this spec, skipping its done cells)")
-    s.add_argument("--data-parallel", default=None, metavar="{ddp,fsdp,fsdp_world}",
+    s.add_argument("--data-parallel", default=None, metavar="{ddp,fsdp_world}",
                    help="train_step specs: run every method under the engine's data_parallel "
                         "(fsdp_world: its states sharded over every GPU as ZeRO-3, as the "
                         "paper's systems run); rows go to sweep <name>-<value>")

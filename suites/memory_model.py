@@ -294,20 +294,26 @@ def _engine_moments(cfg, e: int, params: int, layer_params: float, checkpoints: 
     norm, head) is gathered from the forward to the end of the backward, and its gradients stay
     whole until then; a decoder layer is gathered only while it runs, in the backward with the
     layer before it (FSDP's prefetch) and its own gradients before their reduce-scatter, as
-    ZeRO-3's ``gathered`` above; the gradients' shards grow to 1/G by the end of the backward;
-    the optimizer then steps its 1/G."""
+    ZeRO-3's ``gathered`` above, and the reduce-scatter's input, the unit's gradients copied
+    whole into one buffer of the reduce dtype (fp32 for a 16-bit model: torch's
+    ``foreach_reduce``); the gradients' shards grow to 1/G by the end of the backward; the
+    optimizer then steps its 1/G."""
     one = e * params  # one copy of every parameter
     head_grad = cfg.vocab_size * cfg.hidden_size * e
     if shards > 1:
-        shard = master_bytes(e) * params / shards  # one state's shard (fp32 for 16-bit)
-        root = one - cfg.num_layers * layer_params * e  # embedding, head, final norm
+        m = master_bytes(e)  # the states' and the reduce-scatter's bytes per element
+        shard = m * params / shards  # one state's shard (fp32 for 16-bit)
+        root_params = params - cfg.num_layers * layer_params  # embedding, head, final norm
+        root = root_params * e
         layers = 3 * layer_params * e  # two layers' weights and one layer's gradients
         return [
             {"model_states": 3 * shard, "gathered_params": root, "checkpoints": checkpoints,
              "head": head},
             {"model_states": 3 * shard, "gathered_params": root + layers,
-             "gradients": head_grad, "checkpoints": checkpoints, "layer_backward": layer_peak},
-            {"model_states": 4 * shard, "gathered_params": root, "gradients": root},
+             "gradients": head_grad, "reduce_scatter": layer_params * m,
+             "checkpoints": checkpoints, "layer_backward": layer_peak},
+            {"model_states": 4 * shard, "gathered_params": root, "gradients": root,
+             "reduce_scatter": root_params * m},
             {"model_states": 4 * shard, "optimizer_step": shard},
         ]
     return [

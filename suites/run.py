@@ -222,6 +222,7 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
         if todo or not meta or meta.get("baseline") != spec.baseline:
             store.write_meta(run.dir, {
                 "sweep": spec.name, "run_id": run.dir.name, "source": spec.source,
+                "source_args": list(spec.source_args),
                 "spec": spec.to_json(), "spec_hash": _spec_hash(spec), "baseline": spec.baseline,
                 "cells": list(dict.fromkeys([*meta.get("cells", []), *ids])),
                 "created": meta.get("created") or time.strftime("%Y-%m-%dT%H:%M:%SZ",

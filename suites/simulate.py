@@ -447,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
                          "too (what `burst-bench run` would measure; the spec's paper systems "
                          "are priced as the paper ran them otherwise); rows go to sweep "
                          "<name>-engine")
-    ap.add_argument("--data-parallel", default=None, metavar="{ddp,fsdp,fsdp_world}",
+    ap.add_argument("--data-parallel", default=None, metavar="{ddp,fsdp_world}",
                     help="train_step specs: every method under the engine's data_parallel, as "
                          "`burst-bench run --data-parallel` runs it (a paper system's cell "
                          "cannot take one: use it with --engine); rows go to sweep "

@@ -102,7 +102,7 @@ class MethodSpec:
     fused_head: bool = False
     """train_step: fused LM head + loss (chunked logits)."""
     data_parallel: str | None = None
-    """train_step: the engine's ``data_parallel`` (``burst.engine.parallel.DATA_PARALLEL``); None
+    """train_step: the engine's ``data_parallel`` (``CELL_DATA_PARALLEL``); None
     is its default, ddp. ``fsdp_world`` shards the model states over every rank."""
     paper: str | None = None
     """The paper's method name this entry reproduces (``suites.paper_methods``), if any."""
@@ -212,10 +212,14 @@ class SweepSpec:
     slurm: SlurmSpec = field(default_factory=SlurmSpec)
     source: str = ""
     """Path of the file the spec was read from."""
+    source_args: tuple[str, ...] = ()
+    """The ``burst-bench run`` arguments that made this sweep from that file (e.g.
+    ``--data-parallel fsdp_world``): a resume command names them too."""
 
     def to_json(self) -> str:
         d = asdict(self)
         d.pop("source")
+        d.pop("source_args")
         return json.dumps(d, sort_keys=True, default=list)
 
     @property
@@ -255,24 +259,44 @@ class SweepSpec:
 
     def with_data_parallel(self, data_parallel: str) -> SweepSpec:
         """The same train_step sweep with every method run under the engine's
-        ``data_parallel`` (``burst.engine.parallel.DATA_PARALLEL``; e.g. ``fsdp_world``: the
-        model states sharded over every GPU, as the paper's ZeRO-3 systems do). Named
+        ``data_parallel`` (``CELL_DATA_PARALLEL``: ``fsdp_world``, the model states sharded over
+        every GPU as the paper's ZeRO-3 systems do, or ``ddp``). Named
         ``<name>-<data_parallel>``, so its rows never mix with the spec's own. SpecError for an
-        attention spec or an unknown value."""
-        from burst.engine.parallel import DATA_PARALLEL
-
+        attention spec, another value, or a method that names another one itself (its label
+        would say what did not run)."""
+        problems = data_parallel_problems(data_parallel)
         if self.workload != "train_step":
-            raise SpecError([f"data_parallel={data_parallel!r}: only train_step specs run the "
-                             f"engine (this one's workload is {self.workload!r})"], self.name)
-        if data_parallel not in DATA_PARALLEL:
-            raise SpecError([f"unknown data_parallel {data_parallel!r}; valid: "
-                             f"{', '.join(DATA_PARALLEL)}"], self.name)
-        return replace(self, name=f"{self.name}-{data_parallel}", methods=tuple(
-            replace(m, data_parallel=data_parallel) for m in self.methods))
+            problems.append(f"data_parallel={data_parallel!r}: only train_step specs run the "
+                            f"engine (this one's workload is {self.workload!r})")
+        problems += [f"method {m.label!r} sets data_parallel = {m.data_parallel!r}; it would "
+                     f"run under {data_parallel!r}" for m in self.methods
+                     if m.data_parallel not in (None, data_parallel)]
+        if problems:
+            raise SpecError(problems, self.name)
+        return replace(self, name=f"{self.name}-{data_parallel}",
+                       source_args=(*self.source_args, "--data-parallel", data_parallel),
+                       methods=tuple(replace(m, data_parallel=data_parallel)
+                                     for m in self.methods))
 
 
 # ---------------------------------------------------------------------------------------------
 # Parsing with every problem collected
+
+CELL_DATA_PARALLEL = ("ddp", "fsdp_world")
+"""The engine's ``data_parallel`` values a cell can run (``burst.engine.parallel``): a cell's
+ranks are one context-parallel group, so ``fsdp``, which shards over data-parallel replicas,
+would run as ``ddp`` under another name."""
+
+
+def data_parallel_problems(value) -> list[str]:
+    """Why ``value`` is not a cell's data_parallel (empty when it is)."""
+    if value in CELL_DATA_PARALLEL:
+        return []
+    why = (" (fsdp shards over data-parallel replicas, which a cell has none of: its ranks are "
+           "one context-parallel group; fsdp_world shards over all of them)"
+           if value == "fsdp" else "")
+    return [f"unknown data_parallel {value!r}; valid: {', '.join(CELL_DATA_PARALLEL)}{why}"]
+
 
 _TOP = {"name", "description", "workload", "device", "dtype", "batch", "shape", "model",
         "methods", "seq_lens", "world", "nodes", "gpus_per_node", "scales", "warmup", "repeats",
@@ -391,9 +415,9 @@ def _method(r: _Reader, t: dict, where: str, workload: str) -> MethodSpec | None
     ckpt = r.get(t, "checkpointing", where, str, base.checkpointing if base else "none",
                  choices=CHECKPOINTING)
     fused = r.get(t, "fused_head", where, bool, base.fused_head if base else False)
-    from burst.engine.parallel import DATA_PARALLEL
-
-    dp = r.get(t, "data_parallel", where, str, None, choices=DATA_PARALLEL)
+    dp = r.get(t, "data_parallel", where, str, None)
+    for why in data_parallel_problems(dp) if dp is not None else ():
+        r.add(f"{where}data_parallel", why)
     skip = r.get(t, "skip_invalid", where, bool, False)
     for k in sorted(k for k in t if ONLY_FOR.get(k, workload) != workload):
         r.add(f"{where}{k}", f"only applies to workload = {ONLY_FOR[k]!r}")

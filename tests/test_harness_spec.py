@@ -1415,6 +1415,9 @@ def test_data_parallel_is_a_train_step_methods_key_with_the_engines_choices(tmp_
     assert [c.data_parallel for c in expand(spec)] == ["fsdp_world"]
     problems = _problems(tmp_path, step.format("zero"), "dp_bad")
     assert any("data_parallel" in p and "fsdp_world" in p for p in problems), problems
+    # fsdp shards over data-parallel replicas, which a cell has none of: it would run as ddp
+    problems = _problems(tmp_path, step.format("fsdp"), "dp_fsdp")
+    assert any("which a cell has none of" in p for p in problems), problems
     attn = ('workload = "attention"\nseq_lens = [64]\nworld = 2\n'
             '[[methods]]\nname = "burst"\ndata_parallel = "ddp"\n')
     problems = _problems(tmp_path, attn, "dp_attn")
@@ -1439,4 +1442,35 @@ def test_run_data_parallel_flag_runs_every_method_under_it(tmp_path, capsys):
     assert "only train_step specs run the engine" in capsys.readouterr().err
     assert cli.main(["run", "paper_main_7b", "--data-parallel", "zero3", "--executor",
                      "dry-run", "--out", str(tmp_path)]) == 2
-    assert "unknown data_parallel 'zero3'; valid: ddp, fsdp, fsdp_world" in capsys.readouterr().err
+    assert "unknown data_parallel 'zero3'; valid: ddp, fsdp_world" in capsys.readouterr().err
+    # fsdp shards over data-parallel replicas, which a cell has none of: it would run as ddp
+    assert cli.main(["run", "paper_main_7b", "--data-parallel", "fsdp", "--executor",
+                     "dry-run", "--out", str(tmp_path)]) == 2
+    assert "which a cell has none of" in capsys.readouterr().err
+    # a method that names its own would run under another one than its label says
+    with pytest.raises(SpecError, match="'burst, selective, fsdp_world' sets data_parallel"):
+        load_spec("engine_7b").with_data_parallel("ddp")
+    assert load_spec("engine_7b").with_data_parallel("fsdp_world").methods[2].data_parallel \
+        == "fsdp_world"
+
+
+def test_a_data_parallel_run_says_how_to_resume_it(tmp_path, capsys):
+    """A run made with --data-parallel records it: `show` on an unfinished run gives the
+    command that resumes that run, flag included (without it the spec's own sweep would run
+    again, under the same run id)."""
+    spec = load_spec("paper_main_7b").with_data_parallel("fsdp_world")
+    run_dir = tmp_path / spec.name / "r1"
+    run_dir.mkdir(parents=True)
+    cells = expand(spec)
+    store.write_meta(run_dir, {"sweep": spec.name, "run_id": "r1", "source": spec.source,
+                               "source_args": list(spec.source_args),
+                               "cells": [c.cell_id for c in cells]})
+    c = cells[0]
+    store.append_row(run_dir / store.ROWS, dict(
+        empty_row(), cell_id=c.cell_id, label=c.label, status="ok", time_s=1.0,
+        tokens_per_s=1.0, sweep=c.sweep, method=c.method, seq_len=c.seq_len, world=c.world,
+        workload=c.workload, model=c.model, checkpointing=c.checkpointing))
+    cli.main(["show", str(run_dir)])
+    out = capsys.readouterr().out
+    assert (f"burst-bench run {spec.source} --data-parallel fsdp_world --out {tmp_path} "
+            "--run-id r1") in out, out

@@ -32,7 +32,8 @@ q, k, v); they make them through ``burst.remake.remakeable``, so the cache keeps
 gathers them again from the recomputed q, k, v in backward: their all-to-alls run again (bytes
 for memory, as the paper's systems do when they recompute a layer but its attention). What their
 cache holds besides lse is two outputs, not one: the head-sharded one their kernel saved, and the
-layer's, after the all-to-all back (``nbytes``; the simulator counts both and the bytes:
+layer's, after the all-to-all back (and the small index tensors that reorder rows in a zigzag or
+striped layout) (``nbytes``; the simulator counts both and the bytes:
 ``Implementation.selective_regathers``).
 
 Entries are keyed by the layer's run in one forward (weakly: a forward whose graph is dropped

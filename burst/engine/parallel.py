@@ -103,9 +103,10 @@ def all_reduce_grads(params: list[nn.Parameter], group) -> None:
 
 def wrap_data_parallel(module: nn.Module, dp_group, kind: str, *,
                        compute_dtype: torch.dtype | None = None) -> nn.Module:
-    """The module that runs forward: ``module`` itself without DP (``dp_group`` None, as
-    ``make_groups`` returns it, or of one rank), else torch's DDP or FSDP over ``dp_group``
-    (gradients averaged over the DP group); ``fsdp_world``: FSDP over every rank. FSDP gathers
+    """The module that runs forward: ``module`` (the engine's ``CausalLM``: FSDP makes a unit
+    of each of its ``layers``) itself without DP (``dp_group`` None, as ``make_groups`` returns
+    it, or of one rank), else torch's DDP or FSDP over ``dp_group`` (gradients averaged over
+    the DP group); ``fsdp_world``: FSDP over every rank. FSDP gathers
     the weights in ``compute_dtype`` (None: theirs) and reduces the gradients in fp32 when it
     differs: mixed precision over fp32 master weights."""
     if kind not in DATA_PARALLEL:

@@ -25,6 +25,7 @@ import json
 import math
 import numbers
 import os
+import warnings
 import zlib
 from pathlib import Path
 
@@ -105,6 +106,15 @@ def seq_len_problems(config: ModelConfig, seq_len: int, *, cp_size: int, layout:
     return problems
 
 
+def _containers_copied(tree):
+    """``tree`` with new dicts and lists around the same tensors (no tensor is copied)."""
+    if isinstance(tree, dict):
+        return {k: _containers_copied(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_containers_copied(v) for v in tree]
+    return tree
+
+
 @torch.no_grad()
 def _bit_sum(p: torch.Tensor) -> torch.Tensor:
     """The sum of a tensor's bits read as 16- or 32-bit integers, in int64 (no overflow below
@@ -133,8 +143,10 @@ class Trainer:
             torch's FSDP over every rank, CP included, so that weights, gradients and optimizer
             state are sharded over the world (ZeRO-3: one unit per decoder layer). Where FSDP
             shards a bfloat16 model it keeps fp32 master weights, gradients and AdamW moments
-            (``master_weights``) and computes in bfloat16; ddp, and FSDP on one rank, keep all
-            of them in ``dtype``.
+            (``master_weights``) and computes in bfloat16; ddp, and fsdp without a DP group of
+            more than one rank (it wraps nothing then), keep all of them in ``dtype``. The model
+            is built whole before FSDP shards it: in fp32 for master weights, twice the bytes
+            of a bfloat16 one, on every rank.
         state_dict: initial weights with the engine's names (e.g. ``from_hf(...).state_dict()``).
     """
 
@@ -305,9 +317,13 @@ class Trainer:
         head = comm.gather_objects(head, device=self.device)[0]
         if head["problem"]:
             raise ValueError(f"Trainer.load_state_dict: {head['problem']}")
+        if comm.rank() == 0:
+            self._warn_if_rounded(state["model"])
         # torch's loading sets the state up with a zero-lr step, skipped where gradients wait
         self.optimizer.zero_grad(set_to_none=True)
-        mine = state if comm.rank() == 0 else {"model": {}, "optimizer": {}}
+        # torch's loading puts its shards into the dicts it is given: the caller's stay theirs
+        mine = (_containers_copied(state) if comm.rank() == 0
+                else {"model": {}, "optimizer": {}})
         error = None
         try:
             load_full_state(self.model, self.optimizer, mine["model"], mine["optimizer"],
@@ -315,6 +331,20 @@ class Trainer:
         except Exception as e:  # noqa: BLE001  (every rank must learn of it)
             error = e
         self._raise_if_any(error, "load_state_dict")
+
+    def _warn_if_rounded(self, weights: dict) -> None:
+        """A state of wider weights than this Trainer keeps (a bfloat16 run's fp32 master
+        weights, saved under a sharding FSDP, loaded under ddp): they are rounded, and the run
+        goes on without them, so its losses are not those it would have had."""
+        mine = next(self.model.parameters()).dtype
+        wider = sorted({str(v.dtype) for v in weights.values()
+                        if v.is_floating_point() and v.dtype.itemsize > mine.itemsize})
+        if wider:
+            warnings.warn(f"Trainer.load_state_dict: the state's weights are {', '.join(wider)} "
+                          f"(fp32 master weights of a run under a sharding FSDP), this Trainer "
+                          f"keeps {mine}: they are rounded to it and the run goes on without "
+                          "master weights (its losses drift from the run it resumes); resume "
+                          "under the same data_parallel to keep them", stacklevel=2)
 
     def _check_state(self, state) -> dict:
         """``state["optimizer"]`` of a well-formed state for this Trainer; raises why not."""
