@@ -109,7 +109,8 @@ class CacheEntry:
         # tensors the method made from its inputs through burst.remake.remakeable: not kept,
         # made again from the recomputed inputs in backward (Ulysses' gathered q, k, v)
         self.recipes: list[tuple] = []  # (fn, which inputs) per remakeable call
-        self._made: dict[int, tuple[int, int, int]] = {}  # storage -> (recipe, output, offset)
+        # storage -> (recipe, output, offset, the output while it lives)
+        self._made: dict[int, tuple] = {}
         self.remade: list[tuple | None] = []  # the recipes' outputs again, at backward only
 
     @property
@@ -134,8 +135,9 @@ class CacheEntry:
             for i, (ptr, off) in enumerate(in_ptrs):
                 if _storage(t) == ptr:
                     return ("input", i, t.size(), t.stride(), t.storage_offset() - off)
-            if record is None and _storage(t) in self._made:
-                r, j, off = self._made[_storage(t)]
+            made = self._made.get(_storage(t)) if record is None else None
+            if made is not None and made[3]() is not None:  # (alive: its address is its own)
+                r, j, off, _ = made
                 return ("made", r, j, t.size(), t.stride(), t.storage_offset() - off)
             t = t.detach()
             if record is not None:  # recompute of the first half: collect, in order
@@ -184,7 +186,8 @@ class CacheEntry:
         self.recipes.append((fn, views))
         self.remade.append(None)
         for j, o in enumerate(outs):
-            self._made.setdefault(_storage(o), (len(self.recipes) - 1, j, o.storage_offset()))
+            self._made.setdefault(_storage(o), (len(self.recipes) - 1, j, o.storage_offset(),
+                                                weakref.ref(o)))
 
     def _remake(self, r: int) -> tuple:
         """Recipe ``r``'s outputs, made again from the recomputed inputs (once per backward;
@@ -206,6 +209,7 @@ class CacheEntry:
               recording(lambda *a: self._record(inputs, *a))):
             ins = [_Anchor.apply(t, anchor) for t in inputs]
             out = self.call(*ins, cu_seqlens=self.cu_seqlens)
+        self._made.clear()  # only this call's saves are told apart by their storage
         self.out_edge = get_gradient_edge(out)
         self.in_edges = [get_gradient_edge(t) for t in ins]
         if self.half:
