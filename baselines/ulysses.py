@@ -120,9 +120,12 @@ def ulysses_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None =
     # remakeable: a selective checkpoint keeps none of them, and gathers them again in backward
     qh, kh, vh = remakeable(gather, q, k, v)
     out = local_attention(qh, kh, vh, spec=spec, scale=scale, backend=backend)
-    if layout != "contiguous":
-        out = out.index_select(1, pos)
-    return heads_to_seq(out, group)
+
+    def scatter(out):  # back to this rank's tokens of every head
+        return (heads_to_seq(out if layout == "contiguous" else out.index_select(1, pos), group),)
+
+    # remakeable: a selective checkpoint keeps the kernel's output alone, and moves it again
+    return remakeable(scatter, out)[0]
 
 
 def _requires(*, world, heads, kv_heads, seq_local, layout, **_):

@@ -114,7 +114,12 @@ def usp_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = Non
     out = burst_attn(qh, kh, vh, causal=causal, softmax_scale=softmax_scale, layout=layout,
                      group=ring, backward=backward, window=window, cu_seqlens=cu_seqlens,
                      backend=backend, grad_acc=grad_acc)
-    return heads_to_seq(out.index_select(1, inv), uly)
+
+    def scatter(out):  # back to this rank's tokens of every head
+        return (heads_to_seq(out.index_select(1, inv), uly),)
+
+    # remakeable: a selective checkpoint keeps the ring's output alone, and moves it again
+    return remakeable(scatter, out)[0]
 
 
 def _requires(*, world, heads, kv_heads, seq_local, layout, ulysses_degree, backward="ring",

@@ -1,14 +1,16 @@
 """``remakeable``: tensors an attention method makes from its inputs by moving them alone.
 
 Ulysses and USP turn the layer's q, k, v (sequence-sharded) into head-sharded ones with
-all-to-alls, and their kernels save those for backward: as big as q, k, v themselves. The engine's
-selective checkpointing (``burst.engine.checkpointing``) keeps what a method saves, except its
-inputs, which it recomputes in backward; a method that makes such tensors through ``remakeable``
-lets the cache drop them too and make them again from the recomputed inputs, by calling the same
-function in backward (its all-to-alls run again: bytes for memory, as the paper's systems do when
-they recompute a layer but its attention). Outside a recording cache it is a plain call.
+all-to-alls, and their kernels save those for backward: as big as q, k, v themselves; their
+output is the kernel's, moved back by one more all-to-all. The engine's selective checkpointing
+(``burst.engine.checkpointing``) keeps what a method saves, except its inputs, which it
+recomputes in backward; a method that makes such tensors through ``remakeable``, from its inputs
+or from what its kernel saved, lets the cache drop them too and make them again by calling the
+same function in backward (its all-to-alls run again: bytes for memory, as the paper's systems
+do when they recompute a layer but its attention). Outside a recording cache it is a plain call.
 
     qh, kh, vh = remakeable(gather, q, k, v)   # gather(q, k, v) -> (qh, kh, vh), no other state
+    (out,) = remakeable(scatter, out_heads)    # the kernel saved out_heads
 
 ``fn`` must be a function of its tensor arguments alone (same values every call), and tell no
 other tensor apart: the cache calls it again under ``torch.no_grad()`` on the recomputed inputs.

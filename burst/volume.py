@@ -32,7 +32,7 @@ all-gather of an X-byte shard sends X to every other member). Per rank, G member
   ulysses: four all-to-alls each way, each sending (G-1)/G of a local tensor: forward Q, K, V
     in and O out, backward dO in and dQ, dK, dV out. K/V count Hk' = Hk heads, or G heads when
     Hk < G (kv heads are replicated up to the degree, see ``baselines.ulysses``). The engine's
-    selective checkpointing runs the Q, K, V ones again in backward (``regather_bytes``; USP's
+    selective checkpointing runs the forward's again in backward (``regather_bytes``; USP's
     too, over its Ulysses group).
   usp: Ulysses inside groups of U consecutive ranks, then a ring of R = G/U ranks (members
     u, U+u, ...) on the head-sharded, U-times longer blocks: a ring unit is U*n tokens x Hk'/U
@@ -275,7 +275,7 @@ def ulysses_kv_heads(kv_heads: int, degree: int) -> int:
 
 def _ulysses_into(vol: Volume, c: _Case, members: Sequence[int],
                   regather: bool = False) -> None:
-    """Ulysses' all-to-alls over ``members``; ``regather``: those of Q, K, V alone, which the
+    """Ulysses' all-to-alls over ``members``; ``regather``: the forward's alone, which the
     engine's selective checkpointing runs again in backward (``regather_bytes``)."""
     g = len(members)
     if c.heads % g:
@@ -284,7 +284,7 @@ def _ulysses_into(vol: Volume, c: _Case, members: Sequence[int],
     q = c.bn * c.heads // g * c.head_dim * c.elem  # one split of Q (or O, dO, dQ)
     kv = 2 * c.bn * hk // g * c.head_dim * c.elem  # one split of K and V
     if regather:
-        c.to_peers(vol, "forward", members, q + kv)
+        c.to_peers(vol, "forward", members, 2 * q + kv)
         return
     for phase in ("forward", "backward"):  # Q, K, V in + O out; dO in + dQ, dK, dV out
         c.to_peers(vol, phase, members, 2 * q + kv)
@@ -394,9 +394,10 @@ def regather_bytes(method: str, *, world: int, batch: int, seq_local: int, heads
                    kv_heads: int, head_dim: int, elem: int, acc_elem: int = 4,
                    **options) -> Volume:
     """Bytes one rank sends again in one layer's backward under the engine's selective
-    checkpointing (arguments as ``method_bytes``): Ulysses' and USP's all-to-alls of Q, K, V,
-    whose results the cache does not keep (``burst.remake``), labelled ``forward`` as the
-    method's own forward traffic; nothing for the other methods."""
+    checkpointing (arguments as ``method_bytes``): Ulysses' and USP's all-to-alls of Q, K, V
+    and O, whose results the cache does not keep (``burst.remake``: it keeps the kernel's
+    output and moves it again), labelled ``forward`` as the method's own forward traffic;
+    nothing for the other methods."""
     c, options = _case(method, world=world, batch=batch, seq_local=seq_local, heads=heads,
                        kv_heads=kv_heads, head_dim=head_dim, elem=elem, acc_elem=acc_elem,
                        **options)

@@ -42,10 +42,10 @@ class Implementation:
     """Whether its 'selective' checkpointing keeps the attention output (else it recomputes the
     whole layer, attention included, like 'full')."""
     selective_regathers: bool = False
-    """Whether its 'selective' checkpointing of Ulysses / USP gathers the q, k, v they hold after
-    the all-to-all again in backward (their all-to-alls' bytes and time counted), and caches the
-    head-sharded output their kernel saved besides the layer's output (this project's engine:
-    burst/engine/checkpointing.py, burst/remake.py)."""
+    """Whether its 'selective' checkpointing of Ulysses / USP runs their forward all-to-alls
+    again in backward (their bytes and time counted): it keeps their kernel's head-sharded
+    output and lse, gathers the q, k, v again and moves the output back again (this project's
+    engine: burst/engine/checkpointing.py, burst/remake.py)."""
     replicated_bytes_per_param: float = 0.0
     """Bytes per parameter every rank holds whole in training (Megatron's distributed optimizer
     shards only the fp32 optimizer state: bf16 weights 2 + fp32 main grads 4 = 6); 0: ZeRO-3,

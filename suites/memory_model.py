@@ -17,9 +17,9 @@ otherwise; this project's engine: nothing sharded, ``Implementation.sharded_stat
   gathered       the current and the prefetched layer's full bf16 parameters + one layer's bf16
                  gradients before their reduce-scatter (ZeRO-3 only)
   checkpoints    per layer: the layer input (full, selective, selective_half); plus the cached
-                 attention output and lse (selective; half of them for selective_half), and
-                 for this project's Ulysses / USP the head-sharded output their kernel saved;
-                 no checkpointing keeps every activation of every layer
+                 attention output and lse (selective; half of them for selective_half; this
+                 project's Ulysses / USP keep their kernel's head-sharded output, the same
+                 bytes); no checkpointing keeps every activation of every layer
   layer peak     backward of one layer: its activations again (recomputed, unless nothing is
                  checkpointed: then they are among the checkpoints) + the gradients of
                  the MLP's gate and up projections (the largest live at once; the others reuse
@@ -253,9 +253,6 @@ def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
         raise ValueError("offload: this project's engine keeps its optimizer state on the GPU "
                          "(it has no ZeRO offload); a paper system (cell.paper) can offload")
     checkpoints = cfg.num_layers * checkpoint_bytes(cfg, tokens, checkpointing, e)
-    if (checkpointing == "selective" and impl.selective_regathers
-            and plan.kind in ("ulysses", "usp")):  # the kernel's head-sharded output too
-        checkpoints += cfg.num_layers * tokens * shape.heads * shape.head_dim * e
     # the layer's activations again, recomputed; without checkpointing they are already among
     # the checkpoints (every activation of every layer)
     act = (sum(layer_activation_bytes(cfg, tokens, e).values()) if checkpointing != "none"

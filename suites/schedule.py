@@ -263,7 +263,7 @@ def method_volume(method: str, options: dict | None, shape: AttnShape, topo: Top
 def regather_volume(method: str, options: dict | None, shape: AttnShape, topo: Topo, *,
                     acc_elem: int = 4, rank: int = 0) -> volume.Volume:
     """Bytes ``rank`` sends again in one layer's backward under this project's selective
-    checkpointing: ``burst.volume.regather_bytes`` (Ulysses' and USP's q, k, v all-to-alls)."""
+    checkpointing: ``burst.volume.regather_bytes`` (Ulysses' and USP's forward all-to-alls)."""
     plan = plan_for(method, options, topo, shape)
     kw = {k: plan.options[k] for k in volume.formula_options(method) if k in plan.options}
     return volume.regather_bytes(method, **_vol_kw(shape, topo.world, shape.seq_len // topo.world,

@@ -28,13 +28,13 @@ on the first half alone; that is exact because causal queries of the prefix see 
 ValueError naming the tensor, never a silent approximation.
 
 Ulysses and USP save the q, k, v they hold after their all-to-all (new tensors, not the layer's
-q, k, v); they make them through ``burst.remake.remakeable``, so the cache keeps none of them and
-gathers them again from the recomputed q, k, v in backward: their all-to-alls run again (bytes
-for memory, as the paper's systems do when they recompute a layer but its attention). What their
-cache holds besides lse is two outputs, not one: the head-sharded one their kernel saved, and the
-layer's, after the all-to-all back (and the small index tensors that reorder rows in a zigzag or
-striped layout) (``nbytes``; the simulator counts both and the bytes:
-``Implementation.selective_regathers``).
+q, k, v), and their layer's output is their kernel's, moved back by another all-to-all. They make
+both through ``burst.remake.remakeable``, so the cache keeps neither: it gathers q, k, v again
+from the recomputed ones in backward, and moves the kept kernel output back again for the
+recomputation. Their forward all-to-alls run again (bytes for memory, as the paper's systems do
+when they recompute a layer but its attention), and their cache holds what a ring method's does:
+one output (head-sharded) and lse, plus the small index tensors that reorder rows in a zigzag or
+striped layout (the simulator counts the bytes: ``Implementation.selective_regathers``).
 
 Entries are keyed by the layer's run in one forward (weakly: a forward whose graph is dropped
 without backward frees its entries with it), and freed when that run's backward has used them.
@@ -103,6 +103,7 @@ class CacheEntry:
         self.out_row: int | None = None  # which of ``rows`` is the method's output
         self._row_ptrs: list[int] = []  # storages the rows were cut from
         self.out: torch.Tensor | None = None  # selective: the full output (also in ``kept``)
+        self.out_made: tuple | None = None  # or how to make it again from ``kept`` instead
         self.inputs: list[torch.Tensor] | None = None  # recomputed q, k, v, at backward only
         self.first_rows: list[torch.Tensor] | None = None  # recomputed first halves
         self.out_edge = self.in_edges = None
@@ -116,7 +117,7 @@ class CacheEntry:
     @property
     def nbytes(self) -> int:
         """Bytes held by the cache (distinct storages): what the method saved, and the layer's
-        output where that is another tensor (Ulysses': its kernel saved the head-sharded one)."""
+        output where that is another tensor that cannot be made again from them."""
         seen, total = set(), 0
         out = [] if self.out is None else [self.out]
         for t in [*self.kept, *(r for r, _ in self.rows), *out]:
@@ -174,15 +175,19 @@ class CacheEntry:
         return saved_tensors_hooks(pack, unpack)
 
     def _record(self, inputs, fn, args, outs) -> None:
-        """A ``remakeable`` call of the method: outputs made from the method's inputs alone
-        (views of them), so the cache need not keep them. A call on anything else is left
-        alone: what it makes is kept as usual."""
+        """A ``remakeable`` call of the method: outputs made from the method's inputs or from
+        what the cache keeps (views of them), so the cache need not keep them. A call on
+        anything else is left alone: what it makes is kept as usual."""
         views = []
         for a in args:
-            i = next((i for i, x in enumerate(inputs) if _storage(a) == _storage(x)), None)
-            if i is None:
+            for source, pool in (("input", inputs), ("kept", self.kept)):
+                i = next((i for i, x in enumerate(pool) if _storage(a) == _storage(x)), None)
+                if i is not None:
+                    views.append((source, i, a.size(), a.stride(),
+                                  a.storage_offset() - pool[i].storage_offset()))
+                    break
+            else:
                 return
-            views.append((i, a.size(), a.stride(), a.storage_offset() - inputs[i].storage_offset()))
         self.recipes.append((fn, views))
         self.remade.append(None)
         for j, o in enumerate(outs):
@@ -194,8 +199,10 @@ class CacheEntry:
         a collective where the recipe communicates: every rank's backward unpacks them)."""
         if self.remade[r] is None:
             fn, views = self.recipes[r]
-            args = [self.inputs[i].as_strided(size, stride, self.inputs[i].storage_offset() + rel)
-                    for i, size, stride, rel in views]
+            args = []
+            for source, i, size, stride, rel in views:
+                x = (self.inputs if source == "input" else self.kept)[i]
+                args.append(x.as_strided(size, stride, x.storage_offset() + rel))
             with torch.no_grad():
                 self.remade[r] = tuple(fn(*args))
         return self.remade[r]
@@ -209,15 +216,21 @@ class CacheEntry:
               recording(lambda *a: self._record(inputs, *a))):
             ins = [_Anchor.apply(t, anchor) for t in inputs]
             out = self.call(*ins, cu_seqlens=self.cu_seqlens)
-        self._made.clear()  # only this call's saves are told apart by their storage
         self.out_edge = get_gradient_edge(out)
         self.in_edges = [get_gradient_edge(t) for t in ins]
+        made = self._made.get(_storage(out))
+        self._made.clear()  # only this call's saves are told apart by their storage
         if self.half:
             if _storage(out) in self._row_ptrs:
                 self.out_row = self._row_ptrs.index(_storage(out))
             else:
                 raise ValueError("checkpointing 'selective_half': the attention method does not "
                                  "save its output; use checkpointing 'selective'")
+        elif made is not None and all(v[0] == "kept" for v in self.recipes[made[0]][1]):
+            # the output is made from what the cache keeps (Ulysses': its kernel's output,
+            # moved back to sequence sharding): made again for the recomputation, not kept
+            r, j, off, _ = made
+            self.out_made = (r, j, out.size(), out.stride(), out.storage_offset() - off)
         else:
             self.out = out.detach()
         return out.detach()
@@ -227,8 +240,12 @@ class CacheEntry:
     def replay_output(self, q, k, v, anchor) -> torch.Tensor:
         """The layer's attention output for the recomputation, without re-running the ring
         (selective_half: the first half is recomputed on the first half of q, k, v)."""
-        if not self.half:
+        if not self.half and self.out is not None:
             return self.out.detach()  # a fresh tensor object: autograd gives it this op's grad_fn
+        if not self.half:  # made again from the kept tensors (a collective where it moves them)
+            r, j, size, stride, rel = self.out_made
+            x = self._remake(r)[j]
+            return x.as_strided(size, stride, x.storage_offset() + rel)
         n = q.shape[1]
         half = [t[:, : n // 2].contiguous() for t in (q, k, v)]
         record: list[torch.Tensor] = []
@@ -248,7 +265,7 @@ class CacheEntry:
         self.inputs = [t.detach().contiguous() for t in (q, k, v)]
         grads = torch.autograd.grad([self.out_edge], self.in_edges, [dout.contiguous()])
         self.kept = self.rows = self.inputs = self.first_rows = self.out = None
-        self.remade = self.recipes = None
+        self.remade = self.recipes = self.out_made = None
         self.out_edge = self.in_edges = None
         return grads
 
