@@ -89,6 +89,11 @@ def _cases(world: int) -> list[dict]:
         case(layout="zigzag", checkpointing="none", data_parallel="fsdp_world", tie=True),
         case("ulysses", checkpointing="selective", data_parallel="fsdp_world"),
     ]
+    # Ulysses' selective cache keeps its kernel's output alone (burst.remake): rows reordered
+    # by the layout, a window, documents
+    cs += [case("ulysses", layout="zigzag", checkpointing="selective", window=(5, 0)),
+           case("ulysses", layout="striped", checkpointing="selective",
+                cu_seqlens=(0, 5, 19, SEQ))]
     if world == 4:
         # USP: Ulysses pairs x a ring of 2; its selective cache gathers q, k, v again
         cs += [case("usp", checkpointing="selective", options={"ulysses_degree": 2}),
