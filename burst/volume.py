@@ -319,14 +319,11 @@ def _usp(c: _Case, *, ulysses_degree: int = 2, layout: str = "contiguous",
 
 def _usp_volume(c: _Case, u: int, layout: str, backward: str, *, truncate: bool) -> Volume:
     """USP's bytes; ``truncate``: a window shortens the ring (ours; yunchang's ring does not)."""
-    if c.world % u:
-        raise ValueError(f"ulysses_degree={u} does not divide the group of {c.world} ranks")
     if backward not in ("ring", "burst"):
         raise ValueError(f"usp backward={backward!r}; valid: ring, burst")
-    r = c.world // u
-    ring_idx, u_idx = divmod(c.rank, u)
+    r, u_idx = c.world // u, c.rank % u
     vol = Volume()
-    _ulysses_into(vol, c, [ring_idx * u + j for j in range(u)])
+    _ulysses_into(vol, c, _ulysses_group(c, u))
     # a ring unit is U*n tokens x H/U, hk/U heads: the bytes of n tokens x H, hk heads
     hop = dict(batch=c.batch, seq_local=c.seq_local, heads=c.heads,
                kv_heads=ulysses_kv_heads(c.kv_heads, u), head_dim=c.head_dim, elem=c.elem,
@@ -405,12 +402,16 @@ def regather_bytes(method: str, *, world: int, batch: int, seq_local: int, heads
     if method == "ulysses":
         _ulysses_into(vol, c, range(c.world), regather=True)
     elif method == "usp":
-        u = options.get("ulysses_degree", 2)
-        if c.world % u:
-            raise ValueError(f"ulysses_degree={u} does not divide the group of {c.world} ranks")
-        start = c.rank // u * u
-        _ulysses_into(vol, c, range(start, start + u), regather=True)
+        _ulysses_into(vol, c, _ulysses_group(c, options.get("ulysses_degree", 2)), regather=True)
     return vol
+
+
+def _ulysses_group(c: _Case, u: int) -> range:
+    """The USP Ulysses group of ``u`` consecutive ranks that ``c.rank`` belongs to."""
+    if c.world % u:
+        raise ValueError(f"ulysses_degree={u} does not divide the group of {c.world} ranks")
+    start = c.rank // u * u
+    return range(start, start + u)
 
 
 def _case(method: str, *, world: int, batch: int, seq_local: int, heads: int, kv_heads: int,

@@ -53,8 +53,7 @@ from burst.masks import CAUSAL, DENSE, STRICT, MaskSpec, plan_pair, ring_span
 from suites.hardware import Hardware
 
 __all__ = ["ELEM", "AttnShape", "AttnTiming", "Plan", "Topo", "acc_bytes", "attention_timing",
-           "collective_seconds", "method_volume", "plan_for", "regather_seconds",
-           "regather_volume", "step_compute"]
+           "collective_seconds", "method_volume", "plan_for", "regather_volume", "step_compute"]
 
 ELEM = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}  # bytes per element
 
@@ -270,17 +269,6 @@ def regather_volume(method: str, options: dict | None, shape: AttnShape, topo: T
                                                    acc_elem=acc_elem),
                                  node_size=topo.local, causal=shape.causal, window=shape.window,
                                  rank=rank, **kw)
-
-
-def regather_seconds(hw: Hardware, method: str, options: dict | None, shape: AttnShape,
-                     topo: Topo, *, acc_elem: int = 4) -> float:
-    """Seconds of ``regather_volume``'s all-to-alls (over the Ulysses group); 0 for a method
-    that gathers nothing."""
-    plan = plan_for(method, options, topo, shape)
-    if plan.kind not in ("ulysses", "usp"):
-        return 0.0
-    sent = regather_volume(method, options, shape, topo, acc_elem=acc_elem).sent("forward")
-    return collective_seconds(hw, sent, plan.ulysses or topo.world, topo)
 
 
 def _usp_a2a(plan: Plan, shape: AttnShape, topo: Topo, acc_elem: int) -> volume.Volume:

@@ -41,8 +41,8 @@ from suites.schedule import (
     Topo,
     acc_bytes,
     attention_timing,
+    collective_seconds,
     plan_for,
-    regather_seconds,
     regather_volume,
 )
 from suites.spec import ONLY_FOR, WORKLOADS
@@ -302,11 +302,11 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
                                     efficiency=impl.attention_efficiency)
         regather_s = 0.0
         if ckpt == "selective" and impl.selective_regathers and plan.kind in ("ulysses", "usp"):
-            regather_s = regather_seconds(hw, cell.method, opts, shape, topo,
-                                          acc_elem=acc_bytes(shape.elem))
             regather = tuple(regather_volume(cell.method, opts, shape, topo,
                                              acc_elem=acc_bytes(shape.elem), rank=r)
                              for r in range(cell.world))
+            regather_s = collective_seconds(hw, regather[0].sent("forward"),
+                                            plan.ulysses or cell.world, topo)
         step = train_step_timing(hw, cfg, shape=shape, topo=topo, attn=attn,
                                  checkpointing=ckpt, params=params, half_attn=half,
                                  offload=offload,

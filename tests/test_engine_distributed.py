@@ -165,6 +165,8 @@ def _run_all(rank: int, world: int, cases: list[dict], folder: str) -> dict:
     out = {"cases": [_run_case(c, world) for c in cases]}
     if world == 2:
         out["bad"] = _one_bad_rank(rank, world)
+        out["layers"] = _gathered_while_layers_run(rank, world)
+        out["mixed"] = _mixed_precision(rank, world)
     if world == 4:
         out["train"] = _train({"layout": "zigzag", "backward": "burst"}, "selective")
         out["resume"] = _resume_from_fsdp()
@@ -326,8 +328,13 @@ def _results(world: int):
             res = spawn(_run_all, world, args=(cs, folder), timeout_s=300)
         _RESULTS[world] = (cs, [r["cases"] for r in res], [r.get("train") for r in res],
                            [r.get("bad") for r in res], [r.get("resume") for r in res],
-                           [r.get("dp") for r in res], [r.get("state") for r in res])
+                           [r.get("dp") for r in res], [r.get("state") for r in res], res)
     return _RESULTS[world]
+
+
+def _ranks(world: int, key: str) -> list:
+    """Each rank's ``key`` entry of the spawn of ``world`` ranks (``_run_all``)."""
+    return [r.get(key) for r in _results(world)[-1]]
 
 
 def _label(c: dict) -> str:
@@ -676,7 +683,7 @@ def test_fsdp_world_gathers_one_layer_at_a_time():
     from burst.engine.configs import param_count
     from suites.memory_model import engine_bytes_per_param
 
-    out = spawn(_gathered_while_layers_run, 2, timeout_s=120)
+    out = _ranks(2, "layers")  # run by the world-2 spawn of the parity cases
     params = param_count(dataclasses.replace(get_config("tiny"), num_layers=4))
     for rank in out:
         # at rest: 1/G of fp32 states (master weights; suites.memory_model._engine_moments)
@@ -757,7 +764,7 @@ def test_fsdp_keeps_fp32_master_weights_of_a_bfloat16_model():
     bfloat16's resolution for most weights, moves every weight float64 moves, where the
     bfloat16 weights of ddp mostly stay put. States load across the two (a warning where fp32
     masters are rounded to bf16), and loading leaves the caller's state as it was."""
-    out = spawn(_mixed_precision, 2, timeout_s=180)
+    out = _ranks(2, "mixed")  # run by the world-2 spawn of the parity cases
     for rank in out:
         runs = rank["runs"]
         ref, ddp, mp = runs["float64"], runs["ddp"], runs["fsdp_world"]

@@ -782,11 +782,27 @@ def _count_rank(rank: int, world: int, cases):
     return out
 
 
+def _count_all(rank: int, world: int) -> dict:
+    return {"attention": _count_rank(rank, world, BYTE_CASES),
+            "train": _measure_train_cells(rank, world)}
+
+
+_COUNTED: list = []
+
+
+def _counted(kind: str) -> list:
+    """Each rank's counts of one spawn of WORLD ranks (RPN per node) for both byte tests:
+    ``attention`` (``_count_rank`` of BYTE_CASES), ``train`` (``_measure_train_cells``)."""
+    if not _COUNTED:
+        _COUNTED.append(spawn(_count_all, WORLD, timeout_s=400))
+    return [r[kind] for r in _COUNTED[0]]
+
+
 def test_simulated_bytes_equal_counted_bytes():
     """Every byte column of a simulated row equals the byte counter's, taken like a measured
     row's: the maximum over ranks of each column; with windows (a contiguous ring shortened),
     GQA, bf16 elements with fp32 accumulators, every layout, backward and ring method."""
-    per_rank = spawn(_count_rank, WORLD, args=(BYTE_CASES,), timeout_s=180)
+    per_rank = _counted("attention")
     counted = [{col: max(r[i][col] for r in per_rank) for col in per_rank[0][i]}
                for i in range(len(BYTE_CASES))]
     for (name, opts, cell), got in zip(BYTE_CASES, counted, strict=True):
@@ -1283,7 +1299,8 @@ TRAIN_BYTE_CASES = [("ulysses", {}, "selective"), ("ulysses", {}, "full"),
 
 def _train_cell(method, options, checkpointing):
     return as_cell(dict(workload="train_step", model="tiny", seq_len=64, method=method,
-                        options=options, checkpointing=checkpointing, world=4, ranks_per_node=2,
+                        options=options, checkpointing=checkpointing, world=WORLD,
+                        ranks_per_node=RPN,
                         device="cpu", dtype="float32", warmup=0, repeats=1,
                         profile_memory=False))
 
@@ -1295,7 +1312,7 @@ def _measure_train_cells(rank: int, world: int) -> list[dict]:
 
 
 def test_simulated_training_bytes_equal_the_measured_ones():
-    """A training step measured by the harness on 4 gloo ranks (2 per node) sends what its
+    """A training step measured by the harness on WORLD gloo ranks (RPN per node) sends what its
     simulated row says, column by column (the maximum over ranks): every layer's attention,
     full checkpointing's recomputed forward, and selective Ulysses' and USP's forward
     all-to-alls run again in backward. Their selective cache holds one output and lse per
@@ -1303,7 +1320,7 @@ def test_simulated_training_bytes_equal_the_measured_ones():
     from burst.engine.configs import get_config
     from suites.memory_model import checkpoint_bytes
 
-    per_rank = spawn(_measure_train_cells, 4, timeout_s=300)
+    per_rank = _counted("train")
     cols = [f"bytes_sent_{c}" for c in ("forward", "backward", "intra", "inter")]
     saved = {}
     for i, case in enumerate(TRAIN_BYTE_CASES):
@@ -1312,7 +1329,7 @@ def test_simulated_training_bytes_equal_the_measured_ones():
         row = simulate_cell(_train_cell(*case), HW)
         assert got == [row[c] for c in cols], case
         saved[case[0], case[2]] = per_rank[0][i]["saved_bytes"]
-    cfg, tokens = get_config("tiny"), 64 // 4  # one sequence of 64 tokens over 4 ranks
+    cfg, tokens = get_config("tiny"), 64 // WORLD  # one sequence of 64 tokens
     cache = cfg.num_layers * (checkpoint_bytes(cfg, tokens, "selective", 4)
                               - checkpoint_bytes(cfg, tokens, "full", 4))
     out = cfg.num_layers * tokens * cfg.hidden_size * 4

@@ -93,6 +93,11 @@ def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
+def _view(x: torch.Tensor, size, stride, rel: int) -> torch.Tensor:
+    """The view of ``x``'s storage that a saved tensor was, ``rel`` elements past ``x``."""
+    return x.as_strided(size, stride, x.storage_offset() + rel)
+
+
 class CacheEntry:
     """One layer's attention: the method's saved tensors minus its inputs, and its graph."""
 
@@ -112,7 +117,7 @@ class CacheEntry:
         self.recipes: list[tuple] = []  # (fn, which inputs) per remakeable call
         # storage -> (recipe, output, offset, the output while it lives)
         self._made: dict[int, tuple] = {}
-        self.remade: list[tuple | None] = []  # the recipes' outputs again, at backward only
+        self.remade: dict[int, tuple] = {}  # recipe -> its outputs again, at backward only
 
     @property
     def nbytes(self) -> int:
@@ -160,13 +165,9 @@ class CacheEntry:
 
         def unpack(p):
             if p[0] == "input":
-                _, i, size, stride, rel = p
-                x = self.inputs[i]
-                return x.as_strided(size, stride, x.storage_offset() + rel)
+                return _view(self.inputs[p[1]], *p[2:])
             if p[0] == "made":
-                _, r, j, size, stride, rel = p
-                x = self._remake(r)[j]
-                return x.as_strided(size, stride, x.storage_offset() + rel)
+                return _view(self._remake(p[1])[p[2]], *p[3:])
             if p[0] == "row":
                 second, dim = self.rows[p[1]]
                 return torch.cat([self.first_rows[p[1]], second], dim=dim)
@@ -189,7 +190,6 @@ class CacheEntry:
             else:
                 return
         self.recipes.append((fn, views))
-        self.remade.append(None)
         for j, o in enumerate(outs):
             self._made.setdefault(_storage(o), (len(self.recipes) - 1, j, o.storage_offset(),
                                                 weakref.ref(o)))
@@ -197,12 +197,10 @@ class CacheEntry:
     def _remake(self, r: int) -> tuple:
         """Recipe ``r``'s outputs, made again from the recomputed inputs (once per backward;
         a collective where the recipe communicates: every rank's backward unpacks them)."""
-        if self.remade[r] is None:
+        if r not in self.remade:
             fn, views = self.recipes[r]
-            args = []
-            for source, i, size, stride, rel in views:
-                x = (self.inputs if source == "input" else self.kept)[i]
-                args.append(x.as_strided(size, stride, x.storage_offset() + rel))
+            args = [_view((self.inputs if source == "input" else self.kept)[i], *where)
+                    for source, i, *where in views]
             with torch.no_grad():
                 self.remade[r] = tuple(fn(*args))
         return self.remade[r]
@@ -243,9 +241,8 @@ class CacheEntry:
         if not self.half and self.out is not None:
             return self.out.detach()  # a fresh tensor object: autograd gives it this op's grad_fn
         if not self.half:  # made again from the kept tensors (a collective where it moves them)
-            r, j, size, stride, rel = self.out_made
-            x = self._remake(r)[j]
-            return x.as_strided(size, stride, x.storage_offset() + rel)
+            r, j, *where = self.out_made
+            return _view(self._remake(r)[j], *where)
         n = q.shape[1]
         half = [t[:, : n // 2].contiguous() for t in (q, k, v)]
         record: list[torch.Tensor] = []
