@@ -167,6 +167,7 @@ def _run_all(rank: int, world: int, cases: list[dict], folder: str) -> dict:
         out["bad"] = _one_bad_rank(rank, world)
         out["layers"] = _gathered_while_layers_run(rank, world)
         out["mixed"] = _mixed_precision(rank, world)
+        out["built"] = _built_in_shards()
     if world == 4:
         out["train"] = _train({"layout": "zigzag", "backward": "burst"}, "selective")
         out["resume"] = _resume_from_fsdp()
@@ -519,8 +520,8 @@ def test_one_rank_with_bad_data_fails_every_rank():
                 "another rank's input is invalid") in np_targets, np_targets
         assert ("is not divisible by 4" if rank else "another rank's input is invalid") in short
         assert ("an empty batch (0, 16)" if rank else "another rank's input is invalid") in empty
-        for msg in (seed, loaded):
-            assert "start from different weights" in msg, msg
+        assert "start from different weights (their seeds differ)" in seed, seed
+        assert "(a state_dict was given to some ranks only)" in loaded, loaded
         assert "(1 of 21 parameters differ, first 'norm.weight')" in norm, norm
 
 
@@ -696,6 +697,52 @@ def test_fsdp_world_gathers_one_layer_at_a_time():
             for i, now in back:
                 assert i in now and set(now) <= {i, i - 1}, (mode, back)
             assert seen["after"] == [], (mode, seen)
+
+
+SHARD_CFG = dataclasses.replace(get_config("tiny"), hidden_size=64, num_layers=8,
+                                ffn_size=128, vocab_size=256, tie_embeddings=False)
+
+
+def _built_in_shards() -> dict:
+    """The host bytes each Trainer's construction peaks at (``ProfilerPeak``), from a seed or a
+    state_dict, under ddp and fsdp_world, fp32 and bf16; and whether its weights are those of
+    the model built whole."""
+    from burst.engine.model import CausalLM
+    from burst.memory import ProfilerPeak
+
+    whole = CausalLM.build(SHARD_CFG, seed=3).state_dict()
+    out = {}
+    for dp in ("ddp", "fsdp_world"):
+        for dtype in (torch.float32, torch.bfloat16):
+            for given in ("seed", "state_dict"):
+                kw = dict(seed=3) if given == "seed" else dict(seed=0, state_dict=whole)
+                with ProfilerPeak() as p:
+                    tr = Trainer(SHARD_CFG, dtype=dtype, data_parallel=dp, **kw)
+                got = tr.model_state_dict()
+                same = all(torch.equal(got[k], v.to(got[k].dtype)) for k, v in whole.items())
+                held = {p.dtype for p in tr.model.parameters()}
+                out[dp, str(dtype), given] = dict(peak=p.peak_bytes, same=same, held=held)
+    return {"runs": out, "whole": sum(v.numel() * 4 for v in whole.values()),
+            "largest": max(v.numel() * 4 for v in whole.values())}
+
+
+def test_fsdp_shards_the_model_before_its_weights_are_made():
+    """Under a sharding FSDP each rank allocates and fills its shard of the weights alone: its
+    host memory while the Trainer is built stays within its 1/G of the fp32 model plus two
+    whole parameters (the largest one's draw and its copy), where ddp holds the whole model;
+    the weights are those of the model built whole, from a seed or a state_dict."""
+    out = _ranks(2, "built")  # run by the world-2 spawn of the parity cases
+    for rank in out:
+        whole, largest = rank["whole"], rank["largest"]
+        assert whole > 8 * largest  # the bound below tells the two apart
+        for (dp, dtype, given), run in rank["runs"].items():
+            assert run["same"], (dp, dtype, given)
+            fp32 = dtype == "torch.float32" or dp == "fsdp_world"  # master weights
+            assert run["held"] == ({torch.float32} if fp32 else {torch.bfloat16})
+            if dp == "fsdp_world":
+                assert run["peak"] <= whole / 2 + 2 * largest, (dtype, given, run["peak"])
+            elif given == "seed":
+                assert run["peak"] >= whole * (1 if fp32 else 0.5), (dtype, run["peak"])
 
 
 MP_LR = 1e-5  # below bfloat16's resolution for most weights of std 0.02 (2^-13 ~ 1.2e-4)

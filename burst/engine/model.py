@@ -33,7 +33,8 @@ from burst.engine.fused_loss import (
 )
 from burst.first_order import first_order
 
-__all__ = ["CausalLM", "DecoderLayer", "RMSNorm", "Rope", "apply_rope", "rope_cos_sin"]
+__all__ = ["CausalLM", "DecoderLayer", "RMSNorm", "Rope", "apply_rope", "assign_whole",
+           "rope_cos_sin"]
 
 
 class _RMSNormFn(torch.autograd.Function):
@@ -166,6 +167,23 @@ class DecoderLayer(nn.Module):
                          cu_seqlens=cu_seqlens)
 
 
+@torch.no_grad()
+def assign_whole(param: torch.Tensor, whole: torch.Tensor) -> None:
+    """Set ``param`` to the values of ``whole`` (its whole shape, any device and dtype): a plain
+    parameter is copied; a sharded one (FSDP's DTensor) takes only its own shard, sliced
+    locally on every rank (no communication; the whole passes through the mesh's device one
+    parameter at a time)."""
+    if tuple(whole.shape) != tuple(param.shape):
+        raise ValueError(f"assign_whole: shape {tuple(whole.shape)} for a parameter of shape "
+                         f"{tuple(param.shape)}")
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(param, DTensor):
+        whole = distribute_tensor(whole.to(param.dtype), param.device_mesh, param.placements,
+                                  src_data_rank=None)
+    param.copy_(whole)
+
+
 class CausalLM(nn.Module):
     """The decoder plus LM head. ``forward`` returns logits, or the loss when targets are given.
 
@@ -196,22 +214,29 @@ class CausalLM(nn.Module):
         every rank, every device and every GPU model builds the same weights without
         communication (a CUDA generator's draws depend on the device: its kernels' grid follows
         the SM count). Runs in any dtype get the same values (fp32 draws are exact in float64).
+        A sharded parameter (FSDP's DTensor) keeps its own shard of the same whole draw, so a
+        model sharded before its init holds the values of one initialised whole.
         """
         g = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name, p in self.named_parameters():
-                if name.endswith("layernorm.weight") or name == "norm.weight":
-                    p.fill_(1.0)
-                else:
-                    p.copy_(torch.randn(p.shape, generator=g) * std)
+        for name, p in self.named_parameters():
+            if name.endswith("layernorm.weight") or name == "norm.weight":
+                assign_whole(p, torch.ones(p.shape))
+            else:
+                assign_whole(p, torch.randn(p.shape, generator=g).mul_(std))
+
+    @classmethod
+    def skeleton(cls, cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> CausalLM:
+        """The model on the meta device: names, shapes and dtype, no storage. Give it storage
+        with ``to_empty`` (after FSDP has sharded it, only each rank's shard), then values with
+        ``reset_parameters`` or ``assign_whole``."""
+        with torch.device("meta"):
+            return cls(cfg).to(dtype=dtype)
 
     @classmethod
     def build(cls, cfg: ModelConfig, *, seed: int = 0, dtype: torch.dtype = torch.float32,
               device="cpu") -> CausalLM:
         """A model allocated once, on ``device`` in ``dtype``, initialised from ``seed``."""
-        with torch.device("meta"):
-            model = cls(cfg)
-        model.to(dtype=dtype).to_empty(device=device)
+        model = cls.skeleton(cfg, dtype).to_empty(device=device)
         model.reset_parameters(seed)
         return model
 

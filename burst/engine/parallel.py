@@ -102,13 +102,15 @@ def all_reduce_grads(params: list[nn.Parameter], group) -> None:
 
 
 def wrap_data_parallel(module: nn.Module, dp_group, kind: str, *,
-                       compute_dtype: torch.dtype | None = None) -> nn.Module:
+                       compute_dtype: torch.dtype | None = None, device=None) -> nn.Module:
     """The module that runs forward: ``module`` (the engine's ``CausalLM``: FSDP makes a unit
     of each of its ``layers``) itself without DP (``dp_group`` None, as ``make_groups`` returns
     it, or of one rank), else torch's DDP or FSDP over ``dp_group`` (gradients averaged over
     the DP group); ``fsdp_world``: FSDP over every rank. FSDP gathers
     the weights in ``compute_dtype`` (None: theirs) and reduces the gradients in fp32 when it
-    differs: mixed precision over fp32 master weights."""
+    differs: mixed precision over fp32 master weights. FSDP takes a module on the meta device
+    too (``CausalLM.skeleton``), whose shards then get storage on ``device`` (None: where its
+    parameters are); DDP wants whole weights, the same on every rank."""
     if kind not in DATA_PARALLEL:
         raise ValueError(f"unknown data_parallel {kind!r}; valid: {', '.join(DATA_PARALLEL)}")
     if kind == "fsdp_world":  # the whole world, CP ranks included, DP or not
@@ -121,7 +123,7 @@ def wrap_data_parallel(module: nn.Module, dp_group, kind: str, *,
         # loss is each rank's share of the global mean) by scaling the loss by the world size,
         # and it does not all-reduce over CP (gloo has no pre-multiplied sum for a divide
         # factor of 1)
-        return _fully_shard(module, dist.group.WORLD, compute_dtype)
+        return _fully_shard(module, dist.group.WORLD, compute_dtype, device)
     # None is no DP here, not the world: DDP over the CP group duplicated the CP gradient sum
     # (a second all-reduce of every gradient, and a second copy of them, in every measured step)
     if dp_group is None or comm.world_size(dp_group) == 1:
@@ -130,10 +132,11 @@ def wrap_data_parallel(module: nn.Module, dp_group, kind: str, *,
         from torch.nn.parallel import DistributedDataParallel
 
         return DistributedDataParallel(module, process_group=dp_group)
-    return _fully_shard(module, dp_group, compute_dtype)
+    return _fully_shard(module, dp_group, compute_dtype, device)
 
 
-def _fully_shard(module: nn.Module, group, compute_dtype: torch.dtype | None) -> nn.Module:
+def _fully_shard(module: nn.Module, group, compute_dtype: torch.dtype | None,
+                 device=None) -> nn.Module:
     """torch's FSDP over ``group``, as ZeRO-3: one unit per decoder layer, gathered for its
     forward and again for its backward (its recomputation included: a layer is one module call,
     ``DecoderLayer.forward``), its gradients reduce-scattered as soon as its backward has made
@@ -143,7 +146,7 @@ def _fully_shard(module: nn.Module, group, compute_dtype: torch.dtype | None) ->
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     first = next(module.parameters())
-    mesh = DeviceMesh.from_group(group, first.device.type)
+    mesh = DeviceMesh.from_group(group, torch.device(device or first.device).type)
     mixed = compute_dtype is not None and compute_dtype != first.dtype
     policy = (MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
               if mixed else MixedPrecisionPolicy())

@@ -13,8 +13,9 @@ torch's DDP/FSDP, then an optimizer step. The loss is the exact mean over every 
 token of the global batch: each rank scales its token-loss sum by 1 / (global valid count, one
 all-reduce), and DP's averaging is undone by scaling the backward by the DP size.
 
-Every rank builds identical weights from ``seed`` (or ``state_dict``) without communication;
-one all-reduce at construction checks that they and the setup are the same on every rank.
+Every rank builds identical weights from ``seed`` (or ``state_dict``) without communication
+(under a sharding FSDP, its shard of them alone); one all-reduce at construction checks that the
+seed or the weights given, and the setup, are the same on every rank.
 ``save(path)`` / ``load(path)`` keep the whole training state (weights and optimizer, gathered
 on rank 0), so a run that dies resumes with the losses it would have had, on any CP x DP layout.
 """
@@ -37,7 +38,7 @@ from burst.engine.checkpointing import check_mode
 from burst.engine.configs import ModelConfig, get_config
 from burst.engine.data import local_batch, shard_batch
 from burst.engine.fused_loss import IGNORE_INDEX, LOSS_CHUNK
-from burst.engine.model import CausalLM
+from burst.engine.model import CausalLM, assign_whole
 from burst.engine.parallel import (
     DATA_PARALLEL,
     all_reduce_grads,
@@ -144,9 +145,8 @@ class Trainer:
             state are sharded over the world (ZeRO-3: one unit per decoder layer). Where FSDP
             shards a bfloat16 model it keeps fp32 master weights, gradients and AdamW moments
             (``master_weights``) and computes in bfloat16; ddp, and fsdp without a DP group of
-            more than one rank (it wraps nothing then), keep all of them in ``dtype``. The model
-            is built whole before FSDP shards it: in fp32 for master weights, twice the bytes
-            of a bfloat16 one, on every rank.
+            more than one rank (it wraps nothing then), keep all of them in ``dtype``. FSDP
+            shards the model before its weights are made: no rank holds it whole.
         state_dict: initial weights with the engine's names (e.g. ``from_hf(...).state_dict()``).
     """
 
@@ -215,15 +215,17 @@ class Trainer:
         self.master_weights = (dtype.itemsize == 2 and dp_kind in ("fsdp", "fsdp_world")
                                and world > 1)
         param_dtype = torch.float32 if self.master_weights else dtype
-        model = CausalLM.build(cfg, seed=seed, dtype=param_dtype, device=self.device)
+        # where FSDP shards the model, it shards it before its weights exist: each rank then
+        # allocates its shard alone and fills it from the same whole values (never the whole
+        # model on any rank). DDP starts from whole replicas, made before it wraps them
+        sharded = dp_kind in ("fsdp", "fsdp_world") and world > 1
+        model = CausalLM.skeleton(cfg, param_dtype)
         # the whole weights' names and shapes, whatever wrapper shards them later
         self._weight_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
         if state_dict is not None:
             why = self._weights_problem(state_dict)
             if why:
                 raise ValueError(f"Trainer(state_dict=...): {why}")
-            model.load_state_dict({k: v.to(param_dtype) for k, v in state_dict.items()},
-                                  strict=True)
         self.model = model
         # what every rank must run alike: a rank with another causal window, layout, scale,
         # backward or checkpointing mode ran without an error and gave wrong losses and
@@ -237,14 +239,18 @@ class Trainer:
         self._setup = _canonical([name, layout, window, effective, checkpointing, fused_head,
                                   loss_chunk, str(dtype), repr(cfg), ignore_index, optimizer,
                                   float(lr), float(weight_decay), dp_kind, groups])
-        self._check_replicas()
+        self._check_replicas(seed, state_dict)
         self.cp_group, self.dp_group = self._groups(cp_group, dp_group, cp_degree)
         model.attention = AttentionCall(method, layout, dict(attention_options or {}),
                                         self.cp_group, window)
         model.checkpointing, model.fused_head, model.loss_chunk = (checkpointing, fused_head,
                                                                    loss_chunk)
+        if not sharded:
+            self._fill(seed, state_dict)
         self._forward = wrap_data_parallel(model, self.dp_group, data_parallel,
-                                           compute_dtype=dtype)
+                                           compute_dtype=dtype, device=self.device)
+        if sharded:
+            self._fill(seed, state_dict)
         self.shards_world = data_parallel == "fsdp_world" and world > 1
         params = list(model.parameters())
         self.optimizer_name = optimizer
@@ -254,18 +260,33 @@ class Trainer:
         else:
             self.optimizer = torch.optim.SGD(params, lr=lr, weight_decay=weight_decay)
 
-    def _check_replicas(self) -> None:
+    def _fill(self, seed: int, state_dict: dict | None) -> None:
+        """Give the skeleton model (whole, or FSDP's shards of it) storage on this Trainer's
+        device and its values: ``state_dict``'s, else the init drawn from ``seed``."""
+        self.model.to_empty(device=self.device)
+        if state_dict is None:
+            self.model.reset_parameters(seed)
+            return
+        for name, p in self.model.named_parameters():
+            assign_whole(p, state_dict[name])
+
+    def _check_replicas(self, seed: int, state_dict: dict | None) -> None:
         """Every rank of the world must start from the same weights and the same setup: a rank
         given another ``seed``, or ``state_dict`` on rank 0 only, trained without an error on a
         mix of models (its CP peers' gradients summed into different weights; FSDP even
-        assembled one model from the shards of two). One max all-reduce of a checksum of the
-        setup and of each parameter's bits (an integer sum: exact, whatever the reduction order
-        or thread count, and equal for equal NaNs); a difference raises on every rank."""
+        assembled one model from the shards of two). The weights are made from the seed or
+        the state_dict alone, so those are compared: one max all-reduce of a checksum of the
+        setup, of the seed (or the mark of a state_dict) and of each given weight's bits (an
+        integer sum: exact, whatever the reduction order or thread count, and equal for equal
+        NaNs); a difference raises on every rank."""
         if comm.world_size() == 1:
             return
-        names, params = zip(*self.model.named_parameters(), strict=True)
-        sums = [_bit_sum(p) for p in params]
+        names = list(self._weight_shapes)
+        source = -1 if state_dict is not None else zlib.crc32(repr(seed).encode())
+        sums = [_bit_sum(state_dict[n]) if state_dict is not None
+                else torch.zeros((), dtype=torch.int64) for n in names]
         mine = torch.stack([torch.tensor(zlib.crc32(self._setup.encode()), device=self.device),
+                            torch.tensor(source, device=self.device),
                             *(s.to(self.device) for s in sums)])
         both = torch.cat([mine, -mine])
         with comm.phase("check"):
@@ -277,11 +298,16 @@ class Trainer:
                              "optimizer, lr, weight decay, data parallel, CP degree or group "
                              "sizes); it must be the same on every rank (this rank: "
                              f"{self._setup[:400]})")
-        differ = [n for i, n in enumerate(names) if hi[1 + i] != lo[1 + i]]
-        if differ:
-            raise ValueError(f"Trainer: the ranks start from different weights ({len(differ)} of "
-                             f"{len(names)} parameters differ, first {differ[0]!r}); give every "
-                             "rank the same seed and the same state_dict")
+        differ = [n for i, n in enumerate(names) if hi[2 + i] != lo[2 + i]]
+        if hi[1] != lo[1]:
+            why = ("a state_dict was given to some ranks only" if lo[1] == -1
+                   else "their seeds differ")
+        elif differ:
+            why = f"{len(differ)} of {len(names)} parameters differ, first {differ[0]!r}"
+        else:
+            return
+        raise ValueError(f"Trainer: the ranks start from different weights ({why}); give "
+                         "every rank the same seed and the same state_dict")
 
     def model_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's weights as plain CPU tensors with the engine's names (FSDP's
