@@ -83,9 +83,8 @@ def config_from_hf(hf_config, *, max_seq_len: int | None = None) -> ModelConfig:
 
 def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Engine parameter names and shapes (the same as a freshly built CausalLM's)."""
-    with torch.device("meta"):  # shapes only: a 7B config must not allocate 27 GB here
-        model = CausalLM(cfg)
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    # shapes only: a 7B config must not allocate 27 GB here
+    return {k: tuple(v.shape) for k, v in CausalLM.skeleton(cfg).state_dict().items()}
 
 
 def convert_hf_state_dict(state_dict: Mapping[str, torch.Tensor],
@@ -126,8 +125,7 @@ def from_hf(state_dict: Mapping[str, torch.Tensor], hf_config, *,
     sd = convert_hf_state_dict(state_dict, cfg)
     if dtype is None:
         dtype = next(iter(sd.values())).dtype
-    with torch.device("meta"):  # no second allocation: the parameters become the copies below
-        model = CausalLM(cfg)
+    model = CausalLM.skeleton(cfg)  # no second allocation: the parameters become the copies below
     model.load_state_dict({k: v.detach().to(dtype=dtype, copy=True) for k, v in sd.items()},
                           strict=True, assign=True)
     return model
