@@ -495,10 +495,23 @@ def _one_bad_rank(rank: int, world: int) -> list[str]:
     start = Trainer("tiny", dtype=torch.float64, seed=7).model_state_dict()
     # or weights that differ in one tensor only, not the first (the final norm on rank 1)
     last = {**start, "norm.weight": start["norm.weight"] + rank}
-    for kw in (dict(seed=rank), dict(state_dict=start if rank == 0 else None),
-               dict(state_dict=last)):
+    # or the same values in another order: two rows swapped on rank 1 (the bit sum missed it)
+    swapped = {**start, "layers.0.mlp.up_proj.weight":
+               start["layers.0.mlp.up_proj.weight"][[1, 0, *range(2, 64)] if rank else
+                                                    slice(None)]}
+    # an argument refused on one rank alone: its peers waited in the check until the timeout
+    short = {**start, "norm.weight": start["norm.weight"][:31] if rank else start["norm.weight"]}
+    fsdp = Trainer("tiny", data_parallel="fsdp_world").model.state_dict()  # its own shards
+    cases = [dict(seed=rank), dict(state_dict=start if rank == 0 else None),
+             dict(state_dict=last), dict(state_dict=swapped), dict(state_dict=short),
+             dict(seed=1.5 if rank else 0),
+             # the same values, given as float64 on one rank and float32 on the other: alike
+             dict(dtype=torch.float32, state_dict={k: v.float() if rank else v
+                                                   for k, v in start.items()}),
+             dict(state_dict=fsdp)]
+    for kw in cases:
         try:
-            Trainer("tiny", dtype=torch.float64, **kw)
+            Trainer("tiny", **{"dtype": torch.float64, **kw})
             out.append("no error")
         except ValueError as e:
             out.append(str(e))
@@ -508,7 +521,7 @@ def _one_bad_rank(rank: int, world: int) -> list[str]:
 def test_one_rank_with_bad_data_fails_every_rank():
     for rank, msgs in enumerate(_results(2)[3]):  # run by the world-2 spawn of the parity cases
         (token, target, shape, *setup, layout, window, groups, no_dp, np_targets, short, empty,
-         seed, loaded, norm) = msgs
+         seed, loaded, norm, swapped, cut, half_seed, dtypes, shards) = msgs
         assert "1 token ids outside [0, 256)" in token, token
         assert "1 target ids outside [0, 256)" in target, target
         assert "must have one shape" in shape and "batch 1-1 x 16-32 tokens" in shape, shape
@@ -523,6 +536,14 @@ def test_one_rank_with_bad_data_fails_every_rank():
         assert "start from different weights (their seeds differ)" in seed, seed
         assert "(a state_dict was given to some ranks only)" in loaded, loaded
         assert "(1 of 21 parameters differ, first 'norm.weight')" in norm, norm
+        assert "(1 of 21 parameters differ, first 'layers.0.mlp.up_proj.weight')" in swapped
+        # refused on rank 1 alone: its own error there, and one naming it on rank 0
+        mine = ("norm.weight (31,) (this model: (32,))", "seed=1.5 must be a whole number")
+        for msg, own in zip((cut, half_seed), mine, strict=True):
+            assert (own if rank else "the arguments of rank 1 are invalid") in msg, msg
+            assert own in msg, msg
+        assert dtypes == "no error", dtypes
+        assert "sharded tensors (DTensor)" in shards and "model_state_dict()" in shards, shards
 
 
 def test_a_model_trained_under_fsdp_saves_and_loads():

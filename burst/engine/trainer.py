@@ -117,13 +117,11 @@ def _containers_copied(tree):
 
 
 @torch.no_grad()
-def _bit_sum(p: torch.Tensor) -> torch.Tensor:
-    """The sum of a tensor's bits read as 16- or 32-bit integers, in int64 (no overflow below
-    2^32 elements), in chunks of 16M elements: no float64 copy of a 7B model's embedding."""
-    flat = p.detach().reshape(-1)
-    bits = flat.view(torch.int16 if flat.element_size() == 2 else torch.int32)
-    return sum((c.sum(dtype=torch.int64) for c in bits.split(1 << 24)),
-               torch.zeros((), dtype=torch.int64, device=p.device))
+def _crc(t: torch.Tensor, dtype: torch.dtype) -> int:
+    """CRC-32 of ``t``'s bytes as ``dtype`` (cast one tensor at a time): equal for equal
+    values, whatever dtype they were given in, and changed by reordering them."""
+    data = t.detach().to("cpu", dtype).contiguous().reshape(-1).view(torch.uint8)
+    return zlib.crc32(memoryview(data.numpy()))
 
 
 class Trainer:
@@ -159,14 +157,25 @@ class Trainer:
                  data_parallel: str = "ddp", optimizer: str = "adamw",
                  weight_decay: float = 0.0, state_dict: dict | None = None,
                  ignore_index: int = IGNORE_INDEX):
-        cfg = get_config(model_config) if isinstance(model_config, str) else model_config
-        if not isinstance(cfg, ModelConfig):
-            raise TypeError(f"model_config must be a ModelConfig or a config name, got "
-                            f"{type(cfg).__name__}")
-        method, layout = resolve_attention(attention, attention_options)
-        problems = []
+        # every argument is checked on every rank, then the ranks compare what they found
+        # (_agree): a rank that raised alone left the others waiting in the first collective
+        problems, kind = [], ValueError
         try:
+            cfg = get_config(model_config) if isinstance(model_config, str) else model_config
+        except ValueError as e:
+            problems.append(str(e))
+            cfg = None
+        if cfg is not None and not isinstance(cfg, ModelConfig):
+            problems.append(f"model_config must be a ModelConfig or a config name, got "
+                            f"{type(cfg).__name__}")
+            cfg, kind = None, TypeError
+        try:
+            method, layout = resolve_attention(attention, attention_options)
             check_mode(checkpointing, layout, method)
+        except TypeError as e:
+            problems.append(str(e))
+            method = layout = None
+            kind = TypeError
         except ValueError as e:
             problems.append(str(e))
         if dtype not in DTYPES:
@@ -191,15 +200,9 @@ class Trainer:
                 MaskSpec(causal=True, window=window)
             except ValueError as e:
                 problems.append(str(e))
-        if problems:
-            raise ValueError("Trainer: " + "; ".join(problems))
-
-        loss_chunk, seed = int(loss_chunk), int(seed)  # numpy integers included
-        self.config, self.layout, self.dtype = cfg, layout, dtype
-        self.checkpointing, self.ignore_index = checkpointing, ignore_index
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"Trainer: device={device!r}, but torch sees no CUDA device here")
+            problems.append(f"device={device!r}, but torch sees no CUDA device here")
         world = comm.world_size()
         if cp_degree is None:  # the (CP, DP) sizes of the groups given (their members are
             groups = [comm.world_size(cp_group),  # the caller's to agree on)
@@ -212,34 +215,42 @@ class Trainer:
         dp_kind = data_parallel if groups[-1] != 1 or data_parallel == "fsdp_world" else None
         # FSDP (when it shards: over more than one rank) keeps fp32 master weights of a 16-bit
         # model, sharded, and gathers them in the model's dtype (mixed precision, as ZeRO)
-        self.master_weights = (dtype.itemsize == 2 and dp_kind in ("fsdp", "fsdp_world")
-                               and world > 1)
+        self.master_weights = (dtype in DTYPES and dtype.itemsize == 2
+                               and dp_kind in ("fsdp", "fsdp_world") and world > 1)
         param_dtype = torch.float32 if self.master_weights else dtype
         # where FSDP shards the model, it shards it before its weights exist: each rank then
         # allocates its shard alone and fills it from the same whole values (never the whole
         # model on any rank). DDP starts from whole replicas, made before it wraps them
         sharded = dp_kind in ("fsdp", "fsdp_world") and world > 1
-        model = CausalLM.skeleton(cfg, param_dtype)
-        # the whole weights' names and shapes, whatever wrapper shards them later
-        self._weight_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-        if state_dict is not None:
-            why = self._weights_problem(state_dict)
+        model = None
+        if cfg is not None and dtype in DTYPES:
+            model = CausalLM.skeleton(cfg, param_dtype)
+            # the whole weights' names and shapes, whatever wrapper shards them later
+            self._weight_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+            why = None if state_dict is None else self._weights_problem(state_dict)
             if why:
-                raise ValueError(f"Trainer(state_dict=...): {why}")
-        self.model = model
+                problems.append(f"state_dict: {why}")
         # what every rank must run alike: a rank with another causal window, layout, scale,
         # backward or checkpointing mode ran without an error and gave wrong losses and
         # gradients on every rank, or hung in the ring; one with another optimizer, lr or
         # weight decay trained its own copy of the weights; another CP degree or DP wrapper
         # hung in the groups' creation or in DP's first collective. Compared across the world
-        # before any group is made (_check_replicas)
-        name = getattr(method, "name", None) or (  # a function: its import path (no address)
-            f"{getattr(method, '__module__', '')}.{getattr(method, '__qualname__', '')}")
-        effective = {**getattr(method, "options", {}), **(attention_options or {})}
-        self._setup = _canonical([name, layout, window, effective, checkpointing, fused_head,
-                                  loss_chunk, str(dtype), repr(cfg), ignore_index, optimizer,
-                                  float(lr), float(weight_decay), dp_kind, groups])
-        self._check_replicas(seed, state_dict)
+        # before any group is made (_agree), with the seed or the weights given
+        setup = None
+        if not problems:
+            name = getattr(method, "name", None) or (  # a function: its import path
+                f"{getattr(method, '__module__', '')}.{getattr(method, '__qualname__', '')}")
+            effective = {**getattr(method, "options", {}), **(attention_options or {})}
+            setup = _canonical([name, layout, window, effective, checkpointing, fused_head,
+                                int(loss_chunk), str(dtype), repr(cfg), ignore_index, optimizer,
+                                float(lr), float(weight_decay), dp_kind, groups])
+        self._setup = setup
+        self._agree(problems, kind, seed, state_dict, param_dtype)
+
+        loss_chunk, seed = int(loss_chunk), int(seed)  # numpy integers included
+        self.config, self.layout, self.dtype = cfg, layout, dtype
+        self.checkpointing, self.ignore_index = checkpointing, ignore_index
+        self.model = model
         self.cp_group, self.dp_group = self._groups(cp_group, dp_group, cp_degree)
         model.attention = AttentionCall(method, layout, dict(attention_options or {}),
                                         self.cp_group, window)
@@ -270,39 +281,50 @@ class Trainer:
         for name, p in self.model.named_parameters():
             assign_whole(p, state_dict[name])
 
-    def _check_replicas(self, seed: int, state_dict: dict | None) -> None:
-        """Every rank of the world must start from the same weights and the same setup: a rank
-        given another ``seed``, or ``state_dict`` on rank 0 only, trained without an error on a
-        mix of models (its CP peers' gradients summed into different weights; FSDP even
-        assembled one model from the shards of two). The weights are made from the seed or
-        the state_dict alone, so those are compared: one max all-reduce of a checksum of the
-        setup, of the seed (or the mark of a state_dict) and of each given weight's bits (an
-        integer sum: exact, whatever the reduction order or thread count, and equal for equal
-        NaNs); a difference raises on every rank."""
+    def _agree(self, problems: list[str], kind: type, seed, state_dict: dict | None,
+               param_dtype: torch.dtype) -> None:
+        """Raise on every rank if any rank's arguments are invalid, or if the ranks differ in
+        their setup or starting weights: a rank given another ``seed``, or ``state_dict`` on
+        rank 0 only, trained without an error on a mix of models (its CP peers' gradients
+        summed into different weights; FSDP even assembled one model from the shards of two).
+        The weights are made from the seed or the state_dict alone, so those are compared:
+        each rank's seed, or a CRC-32 of every given weight as this model will hold it (so
+        equal values given in another dtype agree, and reordered ones do not). One all-gather
+        of small objects; the rank whose arguments are invalid raises its own error, the
+        others a ValueError naming it."""
+        mine = "Trainer: " + "; ".join(problems) if problems else None
         if comm.world_size() == 1:
+            if mine is not None:
+                raise kind(mine)
             return
-        names = list(self._weight_shapes)
-        source = -1 if state_dict is not None else zlib.crc32(repr(seed).encode())
-        sums = [_bit_sum(state_dict[n]) if state_dict is not None
-                else torch.zeros((), dtype=torch.int64) for n in names]
-        mine = torch.stack([torch.tensor(zlib.crc32(self._setup.encode()), device=self.device),
-                            torch.tensor(source, device=self.device),
-                            *(s.to(self.device) for s in sums)])
-        both = torch.cat([mine, -mine])
+        summary = None
+        if mine is None:
+            weights = (None if state_dict is None else
+                       [_crc(state_dict[n], param_dtype) for n in self._weight_shapes])
+            summary = (self._setup, None if state_dict is not None else int(seed), weights)
         with comm.phase("check"):
-            comm.all_reduce(both, op="max")
-        hi, lo = both[:len(mine)], -both[len(mine):]
-        if hi[0] != lo[0]:
+            theirs = comm.gather_objects((mine, summary), device=self.device)
+        if mine is not None:
+            raise kind(mine)
+        bad = [(r, m) for r, (m, _) in enumerate(theirs) if m is not None]
+        if bad:
+            r, m = bad[0]
+            raise ValueError(f"Trainer: the arguments of rank {r} are invalid ({m}); every "
+                             "rank must be given the same valid arguments")
+        setups, seeds, weights = zip(*(s for _, s in theirs), strict=True)
+        if len(set(setups)) > 1:
             raise ValueError("Trainer: the ranks differ in their setup (attention method, "
                              "options, layout, window, checkpointing, head, dtype, model, "
                              "optimizer, lr, weight decay, data parallel, CP degree or group "
                              "sizes); it must be the same on every rank (this rank: "
                              f"{self._setup[:400]})")
-        differ = [n for i, n in enumerate(names) if hi[2 + i] != lo[2 + i]]
-        if hi[1] != lo[1]:
-            why = ("a state_dict was given to some ranks only" if lo[1] == -1
-                   else "their seeds differ")
-        elif differ:
+        if len({s is None for s in seeds}) > 1:
+            why = "a state_dict was given to some ranks only"
+        elif len(set(seeds)) > 1:
+            why = "their seeds differ"
+        elif weights[0] is not None and len(set(map(tuple, weights))) > 1:
+            names = list(self._weight_shapes)
+            differ = [n for i, n in enumerate(names) if len({w[i] for w in weights}) > 1]
             why = f"{len(differ)} of {len(names)} parameters differ, first {differ[0]!r}"
         else:
             return
@@ -402,6 +424,13 @@ class Trainer:
         not_tensors = sorted(k for k, v in weights.items() if not isinstance(v, torch.Tensor))
         if not_tensors:
             return f"not tensors: {', '.join(map(str, not_tensors[:5]))}"
+        from torch.distributed.tensor import DTensor
+
+        shards = sorted(k for k, v in weights.items() if isinstance(v, DTensor))
+        if shards:
+            return (f"{len(shards)} sharded tensors (DTensor), first {shards[0]!r} (an FSDP "
+                    "model's own state_dict()): give whole weights, as "
+                    "Trainer.model_state_dict() returns them")
         mine = self._weight_shapes
 
         def few(names, sep=", "):
