@@ -61,7 +61,7 @@ OPTIMIZERS = ("adamw", "sgd")
 
 def _canonical(x) -> str:
     """One text for values that run alike on every rank: numpy and torch scalars as Python
-    numbers, tuples as lists, dicts by key (checksums of ``_check_replicas``/``_check_batch``)."""
+    numbers, tuples as lists, dicts by key (checksums of ``_agree``/``_check_batch``)."""
     def norm(v):
         if isinstance(v, bool) or v is None or isinstance(v, str):
             return v
@@ -579,7 +579,7 @@ class Trainer:
                      num_targets=None) -> None:
         """Each rank's input checked alone, then compared: the shard shapes, cu_seqlens and
         num_targets across the CP group, num_targets across the DP groups (the setup was
-        compared across the world when the Trainer was built, ``_check_replicas``). Every rank takes
+        compared across the world when the Trainer was built, ``_agree``). Every rank takes
         part in both comparisons, so an input that fails on one rank raises on every rank (it
         raised on that rank alone, and its peers waited in the ring or in DDP's all-reduce
         until the process group's timeout)."""
