@@ -371,8 +371,9 @@ def _double_ring(steps: list[float], nodes: int, local: int, hop_in: Callable[[f
                  shared: Callable[[float, float], float] | None = None) -> float:
     """M rounds (``burst.ring._double``): each passes an outer block around the inner ring while
     the next outer block and the previous round's accumulators cross to the next node; the last
-    round's accumulators then cross home. ``shared(inner bytes, outer bytes)``: where the inner
-    ring crosses nodes too, its hops and the outer hop share the NICs, a floor on each round."""
+    round's accumulators then cross home. ``shared(inner bytes, outer bytes)``: where both
+    rings use the same links (both inside one node, or an inner ring that crosses nodes too),
+    its hops and the outer hop share them, a floor on each round."""
     total = 0.0
     hops, home = _ring_hops(local - 1, pay, acc)
     inner_bytes = sum(hops) + home
@@ -415,7 +416,12 @@ def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, boundary_se
             return hw.link_seconds(nbytes, outer, min(local, topo.local))
 
         shared = None
-        if inner == outer == "inter":
+        if inner == outer == "intra":
+            def shared(inner_bytes, outer_bytes):
+                # the whole double ring on one node: each GPU sends its inner and its outer
+                # hops through its own NVLink, whose bandwidth they share
+                return hw.link_seconds(inner_bytes + outer_bytes, "intra")
+        elif inner == outer == "inter":
             senders = min(local, topo.local)
 
             def shared(inner_bytes, outer_bytes):

@@ -266,6 +266,25 @@ def test_a_double_ring_whose_inner_ring_crosses_nodes_gets_one_nic_per_gpu(
             assert s == pytest.approx(sent / (hw.inter_gbps(1) * 1e9), rel=1e-6), (phase, rank)
 
 
+@pytest.mark.parametrize("method, opts", [
+    ("double_ring", {"ranks_per_node": 2}),
+    ("burst", {"ranks_per_node": 2, "backward": "burst"}),
+    ("burst", {"ranks_per_node": 4, "backward": "ring"}),
+])
+def test_a_double_ring_inside_one_node_shares_each_gpus_nvlink(method, opts):
+    """A double ring whose rings both stay on one node sends its inner and its outer hops
+    through each GPU's one NVLink: with free compute it takes the bytes a rank sends over
+    NVLink's bandwidth, as a flat ring does. Each hop had its own full NVLink, so the double
+    ring was priced 1.75x faster than its bytes allow (a helper's simulator audit)."""
+    hw = HW.with_values(peak_tflops=1e12, hbm_gbps=1e12, nvlink_latency_us=0.0,
+                        nic_latency_us=0.0)
+    t = attention_timing(hw, method, opts, MHA, Topo(8, 8))
+    for phase, s in (("forward", t.forward_s), ("backward", t.backward_s)):
+        assert s == pytest.approx(t.volume.sent(phase) / (hw.nvlink_gbps * 1e9), rel=1e-6)
+    flat = attention_timing(hw, "zigzag_ring", {}, MHA, Topo(8, 8))
+    assert t.forward_s >= flat.forward_s * (1 - 1e-9)
+
+
 def test_zigzag_balances_causal_work():
     zig, contiguous = _t("burst", layout="zigzag"), _t("burst", layout="contiguous")
     # the slowest rank's work: 16 of 31.5 blocks (0.51), in half-size calls that the kernel
