@@ -284,6 +284,30 @@ LONGEST_SPECS = ("paper_main_7b", "paper_main_14b")
 """The specs whose longest fits docs/simulator.md lists (``suites.longest``)."""
 
 
+WINDOW_CELLS = (  # (tokens, GPUs, GPUs per node, query heads, kv heads, window)
+    (4096, 4, 4, 32, 32, 2048),
+    (1 << 16, 16, 8, 32, 8, (1 << 16) - 4096),
+    (1 << 18, 32, 8, 32, 8, (1 << 18) - (1 << 14)),
+    (1 << 20, 32, 8, 32, 8, (1 << 20) - (1 << 15)),
+)
+
+
+def _window_cost(hw) -> str:
+    """The time of ``striped_ring`` with a window just short of the sequence over the same
+    cell without one, at a few sizes (bf16, head dim 128)."""
+    from suites.simulate import predict
+
+    parts = []
+    for seq, world, local, heads, kv, window in WINDOW_CELLS:
+        cell = dict(workload="attention", method="striped_ring", seq_len=seq, world=world,
+                    ranks_per_node=local, heads=heads, kv_heads=kv, head_dim=128)
+        ratio = (predict({**cell, "window": (window, 0)}, hw).time_s
+                 / predict(cell, hw).time_s)
+        parts.append(f"{ratio:.2f}x at {seq_label(seq)} tokens on {world} GPUs "
+                     f"({heads}/{kv} heads, window {seq_label(window)})")
+    return "`striped_ring` " + ", ".join(parts)
+
+
 def _longest_section(hw) -> list[str]:
     from suites.longest import longest_spec, longest_table
 
@@ -368,10 +392,11 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
         "A window's or document's edge tile (a DENSE call, at most 1024 tokens a side) runs "
         "the memory-efficient kernel with its mask as a bias, as `burst.kernel` does: it is "
         "priced on its whole rectangle, at the same efficiency (that kernel's own rate is not "
-        "profiled). So a window just short of the sequence can be priced above no window "
-        "(1.31x for `striped_ring`, 4096 tokens on 4 ranks, window 2048; under 0.1% from 64K "
-        "tokens), and Ulysses with any window adds its fp32 dq, dk, dv (its tiled calls merge "
-        "into them) to the memory, as the code does.",
+        "profiled). A block pair that a window's edge cuts runs as tiles of at most 1024 "
+        "tokens a side (`burst.masks.plan_pair`), and each is priced at the efficiency of "
+        "a call of its size, so a window just short of the sequence is priced above no "
+        f"window: {_window_cost(result.hw)}. Ulysses with any window adds its fp32 dq, dk, dv "
+        "(its tiled calls merge into them) to the memory, as the code does.",
         "- **dtype**: work runs at the peak of its dtype (`Hardware.peak`): 16-bit at the "
         "tensor-core peak; float32 attention at a third of the TF32 peak (torch's "
         "memory-efficient kernel, where the kernel shim sends float32, computes it as three "
