@@ -587,6 +587,17 @@ def local_job_alive(pid: int | None) -> bool:
         return False
 
 
+def local_job_held(rec: dict) -> bool:
+    """A local job of ``pending_jobs`` that only the local executor may collect: its process
+    still runs, or it ended with an outcome (a row or an error) that no driver has read."""
+    if local_job_alive(rec.get("pid")):
+        return True
+    import submitit
+
+    return _has_outcome(submitit.LocalJob(folder=rec["folder"], job_id=rec["job_id"],
+                                          tasks=range(rec["tasks"])))
+
+
 def _adopt(cells: list[Cell], run: Run, kind: str, ctx: RunContext, poll_s: float):
     """Cells whose job an earlier driver submitted: a job with an outcome gets its row now, a
     SLURM job still queued or running is returned to wait for, a local job whose process still

@@ -39,7 +39,7 @@ from suites.executors import (
     Run,
     dry_run,
     job_base,
-    local_job_alive,
+    local_job_held,
     pending_jobs,
     run_inline,
     submit_cells,
@@ -440,16 +440,17 @@ def _note_shared_cores(todo: list, executor: str, stream) -> None:
 
 
 def _refuse_other_executors_jobs(run_dir: Path, todo: list, executor: str) -> None:
-    """A cell whose job an earlier driver of another executor submitted, still running (a local
-    job) or not known to have ended (SLURM), is collected by that executor alone: run here, it
-    would be measured twice at once, the two timings sharing the machine."""
+    """A cell whose job an earlier driver of another executor submitted, still running or
+    ended with an outcome not yet collected (a local job), or not known to have ended (SLURM),
+    is collected by that executor alone: run here, it would be measured twice at once, the two
+    timings sharing the machine, or a finished measurement would be thrown away."""
     held = {}
     for kind in ("local", "slurm"):
         if kind == executor:
             continue
         jobs = pending_jobs(run_dir, kind)
         cells = [c.cell_id for c in todo if c.cell_id in jobs
-                 and (kind == "slurm" or local_job_alive(jobs[c.cell_id].get("pid")))]
+                 and (kind == "slurm" or local_job_held(jobs[c.cell_id]))]
         if cells:
             held[kind] = cells
     if held:

@@ -427,7 +427,8 @@ def test_a_vanished_rank_is_read_twice_and_the_last_one_counts(monkeypatch, tmp_
 def test_local_jobs_outlive_a_dead_driver(tmp_path):
     """The driver dies after submitting (ssh drop, killed login-node process): its jobs run on.
     The next driver collects the job's row (waiting while its process runs) instead of running
-    the cell again; the next cell is then submitted as usual."""
+    the cell again; the next cell is then submitted as usual. An inline driver refuses the run
+    while the job's row waits uncollected (it measured the cell again, inline)."""
     pytest.importorskip("submitit")
     text = SWEEP.split("[[methods]]")[0].replace("timeout_min = 0.25", "timeout_min = 5")
     text = text.replace('baseline = "burst-ringbwd"', "") + (
@@ -448,6 +449,12 @@ def test_local_jobs_outlive_a_dead_driver(tmp_path):
         run_sweep(spec, on_submit=die, **kw)
     assert first[0].state == "RUNNING"  # the job outlives the driver that submitted it
     (run_dir,) = (tmp_path / "out" / "orphan").iterdir()
+    # once it has ended, an inline resume must not measure its cell again and throw the job's
+    # row away: the local executor collects it
+    first[0].wait()
+    with pytest.raises(ValueError, match="not yet collected .1 local.: resume it with "
+                                         "--executor local"):
+        run_sweep(spec, executor="inline", out=tmp_path / "out", stream=_quiet())
     with open(run_dir / "jobs.jsonl", "ab") as f:  # a record torn by the dying driver
         f.write(b'{"cell_id": "x", "job_')
     later = []
