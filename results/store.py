@@ -259,11 +259,11 @@ def latest_run(sweep_dir: str | os.PathLike, *, with_rows: bool = False) -> Path
     the most recent that has rows (the newest may still be on its first cell, or have died
     before one)."""
     runs = [r for r in runs_by_time(sweep_dir)
-            if not with_rows or has_rows(r) or _table_has_rows(r)]
+            if not with_rows or has_rows(r) or table_has_rows(r)]
     return runs[-1] if runs else None
 
 
-def _table_has_rows(run: Path) -> bool:
+def table_has_rows(run: Path) -> bool:
     """A row in the run's table (a run kept as its table alone has no rows file); the empty
     table of a run that died before its first row is none."""
     import pyarrow.parquet as pq

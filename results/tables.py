@@ -17,6 +17,9 @@ __all__ = ["MATCH_KEYS", "METRICS", "add_speedup", "compare", "compare_keys", "n
 MATCH_KEYS = ("workload", "model", "seq_len", "batch", "heads", "kv_heads", "head_dim", "causal",
               "window", "dtype", "world", "nodes", "device")
 
+SETUP_KEYS = ("method_options", "warmup", "repeats")
+"""How a matched cell was run, beyond what matches it: ``compare`` notes a difference."""
+
 # metric -> (heading, scale, format, higher is better); a scaled value's heading ends with its
 # unit in parentheses (compare reads it from there)
 METRICS: dict[str, tuple[str, float, str, bool]] = {
@@ -148,7 +151,9 @@ def compare(a, b, metric: str = "time_s", *, names: tuple[str, str] = ("a", "b")
     """Cells of table a (MATCH_KEYS + label) with the metric of each table, ``ratio`` = b / a
     and ``speedup`` = how many times better b is (a/b for times, b/a for rates). A cell of a
     that b lacks is a row with b's status ``missing`` (a gate must not pass a cell that
-    vanished); cells only in b are new, not compared."""
+    vanished); cells only in b are new, not compared. ``differs`` names the ``SETUP_KEYS`` in
+    which the two rows of a cell differ (a label given by hand stays when its options
+    change)."""
     import pandas as pd
 
     if metric not in METRICS:
@@ -167,12 +172,19 @@ def compare(a, b, metric: str = "time_s", *, names: tuple[str, str] = ("a", "b")
         ratio = float(vb) / float(va) if ok else None
         higher = METRICS[metric][3]
         speed = (ratio if higher else 1 / ratio) if ratio else None
-        rows.append({**{k: ra[k] for k in cols}, f"{metric}_{names[0]}": va,
+        rows.append({**{k: ra[k] for k in cols}, "differs": _setup_differs(ra, rb),
+                     f"{metric}_{names[0]}": va,
                      f"{metric}_{names[1]}": vb, f"status_{names[0]}": ra.get("status"),
                      f"status_{names[1]}": rb.get("status"), "ratio": ratio, "speedup": speed,
                      f"spread_{names[0]}": _spread(ra, metric),
                      f"spread_{names[1]}": _spread(rb, metric)})
     return pd.DataFrame(rows)
+
+
+def _setup_differs(ra, rb) -> str:
+    """The ``SETUP_KEYS`` both rows have and differ in, comma-separated."""
+    both = ((k, _key_value(ra.get(k)), _key_value(rb.get(k))) for k in SETUP_KEYS)
+    return ",".join(k for k, x, y in both if x is not None and y is not None and x != y)
 
 
 def compare_keys(a, b) -> list[str]:

@@ -154,6 +154,12 @@ def _cmd_show(args) -> int:
     if args.columns is not None and not args.raw:
         raise ValueError("--columns picks the columns of --raw; add --raw")
     df = store.load(args.results)
+    path = Path(args.results)  # the run folder, or the folder of a run's file
+    if path.is_file():
+        path = path.parent
+    run = path if (path / store.META).exists() else (
+        store.latest_run(path, with_rows=True) if path.is_dir() else None)
+    meta = store.read_meta(run) if run else {}
     if args.raw:
         columns = (args.columns or RAW_COLUMNS).split(",")
         cols = [c for c in columns if c in df.columns]
@@ -162,13 +168,8 @@ def _cmd_show(args) -> int:
             raise ValueError(f"--columns: no column {', '.join(map(repr, unknown))}; the row "
                              "schema is in results/README.md")
         print(render(df[cols]))
+        _note_missing(df, run, meta)
         return 0
-    path = Path(args.results)  # the run folder, or the folder of a run's file
-    if path.is_file():
-        path = path.parent
-    run = path if (path / store.META).exists() else (
-        store.latest_run(path, with_rows=True) if path.is_dir() else None)
-    meta = store.read_meta(run) if run else {}
     baseline = args.baseline
     if baseline is None:  # the spec's
         baseline = meta.get("baseline")
@@ -183,18 +184,46 @@ def _cmd_show(args) -> int:
     elif run is not None and run != path and len(runs := store.runs_by_time(path)) > 1:
         print(f"shown: run {run.name}, the latest created of {len(runs)} runs in {path} "
               f"(another: burst-bench show {path}/<run id>)")
-    missing = set(meta.get("cells", [])) - set(df["cell_id"]) if "cell_id" in df else set()
-    if missing:  # an interrupted run looked complete
-        print(f"{len(missing)} of {len(meta['cells'])} cells of run {run.name} have no row "
-              f"(interrupted, or still running): `{_resume_command(run, meta)}` resumes it")
+    _note_missing(df, run, meta)
     return 0
 
 
+def _note_missing(df, run: Path | None, meta: dict) -> None:
+    """The cells of the run that have no row, named (an interrupted run looked complete),
+    and the command that resumes it."""
+    if "cell_id" not in df:
+        return
+    missing = [c for c in meta.get("cells", []) if c not in set(df["cell_id"])]
+    if missing:
+        names = ", ".join(missing[:5]) + (f", ... ({len(missing) - 5} more)"
+                                          if len(missing) > 5 else "")
+        print(f"{len(missing)} of {len(meta['cells'])} cells of run {run.name} have no row "
+              f"(interrupted, or still running): {names}; `{_resume_command(run, meta)}` "
+              "resumes it")
+
+
 def _resume_command(run: Path, meta: dict) -> str:
-    """The command that resumes ``run``: its spec as the run recorded it, the results folder
-    it was written into (<out>/<sweep>/<run id>) and its id."""
-    spec = " ".join([meta.get("source") or "<its spec>", *meta.get("source_args", [])])
+    """The command that resumes ``run`` from here: its spec as the run recorded it (a shipped
+    spec by its name, another relative to this folder), the results folder it was written
+    into (<out>/<sweep>/<run id>) and its id."""
+    spec = " ".join([_spec_argument(meta.get("source")), *meta.get("source_args", [])])
     return f"burst-bench run {spec} --out {run.parent.parent} --run-id {run.name}"
+
+
+def _spec_argument(source: str | None) -> str:
+    """run.json's ``source`` (relative to the repository when inside it) as an argument that
+    works from the current folder."""
+    from suites.spec import SPEC_DIR
+
+    if not source:
+        return "<its spec>"
+    path = Path(source)
+    if path.is_absolute() or path.exists():
+        return source
+    inside = SPEC_DIR.parent.parent / path
+    if inside.parent == SPEC_DIR:  # `burst-bench run <name>` finds it from anywhere
+        return inside.stem
+    return os.path.relpath(inside) if inside.exists() else source
 
 
 def _newest_without_rows(path: Path) -> Path | None:
@@ -204,7 +233,7 @@ def _newest_without_rows(path: Path) -> Path | None:
 
     run = path if (path / store.META).exists() else (
         store.latest_run(path) if path.is_dir() else None)
-    if run is None or store.has_rows(run):
+    if run is None or store.has_rows(run) or store.table_has_rows(run):
         return None
     return run
 
@@ -278,6 +307,13 @@ def _cmd_compare(args) -> int:
     made = [_made_by(t) for t in (a, b)]
     if made[0] != made[1]:  # another commit or machine: the ratio is not the code's alone
         print(f"note: {names[0]} comes from {made[0]}, {names[1]} from {made[1]}")
+    setup = df[df["differs"] != ""]
+    if len(setup):  # a label given by hand matched cells run with other options
+        cells = ", ".join(f"{r['label']} {r['seq_len']} ({r['differs'].replace(',', ', ')})"
+                          for _, r in setup.head(5).iterrows())
+        print(f"note: {len(setup)} matched cell(s) were run differently in {names[0]} and "
+              f"{names[1]}: {cells}{', ...' if len(setup) > 5 else ''}; their ratio is not the "
+              "code's alone")
     if args.out:
         df.to_csv(args.out, index=False)
         print(f"written {args.out}")

@@ -592,6 +592,8 @@ def local_job_held(rec: dict) -> bool:
     still runs, or it ended with an outcome (a row or an error) that no driver has read."""
     if local_job_alive(rec.get("pid")):
         return True
+    if not rec.get("folder"):  # nothing to read an outcome from
+        return False
     import submitit
 
     return _has_outcome(submitit.LocalJob(folder=rec["folder"], job_id=rec["job_id"],

@@ -213,6 +213,11 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
         store.repair(run.rows)  # a row torn by a killed writer is dropped; its cell runs again
         store.repair(run.dir / "jobs.jsonl")  # and a torn job record (that job runs again)
         meta = store.read_meta(run.dir)
+        if not store.has_rows(run.dir) and store.table_has_rows(run.dir):
+            # resumed, it would measure every cell again and replace the only copy of its rows
+            raise ValueError(f"run {run.dir.name} is kept as its table alone (no "
+                             f"{store.ROWS}): it cannot be resumed; --new measures the sweep "
+                             "in a new run and leaves this one as it is")
         ids = [c.cell_id for c in cells]
         skip = _done(store.read_rows(run.rows), retry_failed)
         todo = [c for c in cells if c.cell_id not in skip]

@@ -478,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: the {hw.name} profile's attention-kernel efficiency is assumed, not "
               f"calibrated on measurements (its sources: {hw.path}); read its numbers as "
               "estimates")
+    specs = []  # every spec and its options checked before any is simulated or written
     for s in a.specs:
         try:
             spec = load_spec(s)
@@ -487,6 +488,12 @@ def main(argv: list[str] | None = None) -> int:
                 spec = spec.as_this_engine()
             if a.data_parallel is not None:
                 spec = spec.with_data_parallel(a.data_parallel)
+        except (SpecError, ValueError) as e:
+            print(f"simulate {s}: {e}", file=sys.stderr)
+            return 2
+        specs.append((s, spec))
+    for s, spec in specs:
+        try:
             if a.longest:
                 from suites.longest import longest_spec
 

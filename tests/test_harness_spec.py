@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -762,17 +763,51 @@ def test_a_broken_run_file_is_named_and_does_not_block_the_sweep(tmp_path, capsy
     assert "line 2 is not a record" in capsys.readouterr().err
 
 
-def test_show_says_which_cells_of_an_interrupted_run_have_no_row(tmp_path, capsys):
-    """A run stopped by SIGTERM showed a clean table of the cells it reached, exit 0."""
+def test_compare_notes_cells_run_with_other_options_under_one_label(tmp_path, capsys):
+    """A label given by hand matches a cell whatever its method options, warmup or repeats:
+    a 2 s method against the same label at 4 s read as a 2x regression without a word. The
+    comparison still pairs them (the label is the user's), and says how they differ."""
+    a = _run_dir(tmp_path / "a", "r1", _rows([("slow", 64, 2.0, "ok"), ("ring", 64, 1.0, "ok")],
+                                             method_options='{"delay": 2.0}', repeats=2))
+    rows = _rows([("slow", 64, 4.0, "ok"), ("ring", 64, 1.0, "ok")], repeats=2)
+    rows[0]["method_options"] = '{"delay": 4.0}'
+    rows[1]["method_options"] = '{"delay": 2.0}'
+    b = _run_dir(tmp_path / "b", "r1", rows)
+    assert cli.main(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert ("note: 1 matched cell(s) were run differently in a and b: slow 64 (method_options); "
+            "their ratio is not the code's alone") in out, out
+    same = _run_dir(tmp_path / "c", "r1", _rows([("slow", 64, 2.0, "ok")], repeats=2))
+    assert cli.main(["compare", str(same), str(same)]) == 0
+    assert "run differently" not in capsys.readouterr().out
+
+
+def test_show_says_which_cells_of_an_interrupted_run_have_no_row(tmp_path, capsys,
+                                                                   monkeypatch):
+    """A run stopped by SIGTERM showed a clean table of the cells it reached, exit 0; it now
+    names the cells without a row, with --raw too (which said nothing), and the command that
+    resumes it works from the folder it is printed in (the spec's path was the repository's
+    while --out was the current folder's)."""
     d = _run_dir(tmp_path, "20250101T000000Z-1", _rows([("ring", 64, 2.0, "ok")]))
     store.write_meta(d, {"baseline": "ring", "cells": ["ring-64", "burst-64", "ring-128"],
                          "source": "my/spec.toml"})
-    assert cli.main(["show", str(d)]) == 0
-    # the command that resumes it, spelt out: the results folder is the one above the sweep's
-    # (it said `--out <its folder>`, which read as the run folder and nested a second run)
-    assert ("2 of 3 cells of run 20250101T000000Z-1 have no row (interrupted, or still "
-            f"running): `burst-bench run my/spec.toml --out {tmp_path} --run-id "
-            "20250101T000000Z-1` resumes it") in capsys.readouterr().out
+    for raw in ([], ["--raw"]):
+        assert cli.main(["show", str(d), *raw]) == 0
+        # the command that resumes it, spelt out: the results folder is the one above the
+        # sweep's (it said `--out <its folder>`, which read as the run folder and nested a
+        # second run)
+        assert ("2 of 3 cells of run 20250101T000000Z-1 have no row (interrupted, or still "
+                f"running): burst-64, ring-128; `burst-bench run my/spec.toml --out {tmp_path} "
+                "--run-id 20250101T000000Z-1` resumes it") in capsys.readouterr().out, raw
+    monkeypatch.chdir(tmp_path)
+    # a shipped spec by its name; another spec of the repository relative to here
+    for source, shown in (("suites/specs/smoke.toml", "smoke"),
+                          ("tests/harness_methods.py", os.path.relpath(
+                              Path(cli.__file__).parent.parent / "tests/harness_methods.py"))):
+        store.write_meta(d, {"baseline": "ring", "cells": ["ring-64", "x"], "source": source})
+        assert cli.main(["show", str(d.relative_to(tmp_path))]) == 0
+        assert f"`burst-bench run {shown} --out . --run-id" in capsys.readouterr().out
+        assert Path(shown).exists() or shown == "smoke"
 
 
 def test_run_exit_code_signals_and_disk_errors(tmp_path, monkeypatch, capsys):
@@ -1225,6 +1260,33 @@ def test_a_cell_with_another_executors_job_uncollected_is_not_run_twice(tmp_path
                                           "kind": "local", "pid": live.pid, "tasks": 1})
     runmod.run_sweep(spec, out=tmp_path / "out", run_id="r1", stream=io.StringIO())
     assert [c.cell_id for c in ran] == [c.cell_id for c in cells]
+
+
+def test_a_run_kept_as_its_table_alone_is_shown_and_never_measured_over(tmp_path, capsys,
+                                                                          monkeypatch):
+    """A run whose rows file is gone but whose table holds its rows (the store reads such a
+    run): `show` said it had no row, and `run` took every cell as not done, deleted the table
+    and measured them all again (killed then, the measured rows were lost). `show` prints the
+    table; `run` refuses the run and leaves it as it was (a harness audit)."""
+    from suites import run as runmod
+
+    spec, cells, run = _run_of_spec(tmp_path)
+    for i, c in enumerate(cells):
+        r = empty_row()
+        r.update(cell_id=c.cell_id, label=c.label, method=c.method, seq_len=c.seq_len,
+                 world=c.world, workload="attention", status="ok", time_s=1.0 + i, index=i)
+        store.append_row(run / store.ROWS, r)
+    store.consolidate(run)
+    (run / store.ROWS).unlink()
+    before = (run / store.TABLE).read_bytes()
+    assert cli.main(["show", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "no row yet" not in out and "time per step" in out, out
+    monkeypatch.setattr(runmod, "run_inline", lambda *a: pytest.fail("measured again"))
+    with pytest.raises(ValueError, match="is kept as its table alone .no rows.jsonl.: it cannot "
+                                         "be resumed; --new measures"):
+        runmod.run_sweep(spec, out=tmp_path / "out", run_id="r1", stream=io.StringIO())
+    assert (run / store.TABLE).read_bytes() == before and (run / "table.csv").exists()
 
 
 def test_an_edited_spec_names_the_unfinished_run_it_leaves(tmp_path, monkeypatch):

@@ -570,6 +570,16 @@ def test_data_parallel_flag_prices_the_paper_specs_under_fsdp_world(capsys):
     assert "prices that run: 19 of `paper_main_7b`'s 20 cells fit then" in readme
 
 
+def test_simulate_checks_every_spec_before_it_writes_any(tmp_path, capsys):
+    """`simulate good bad --out D` wrote the good spec's run, then failed on the bad one (exit
+    2, half done); every spec is now loaded and checked first (a harness audit)."""
+    from suites.simulate import main
+
+    assert main(["smoke", str(tmp_path / "missing.toml"), "--out", str(tmp_path / "o")]) == 2
+    assert "no spec file" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 def test_system_profile_offload_applies_to_training_cells():
     """A system whose profile says optimizer_offload (InternEvo, DeepSpeed as the paper ran
     them) is priced with its optimizer state on the host, without the caller asking."""
