@@ -17,6 +17,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
@@ -82,6 +86,21 @@ def parameter_storages(module: torch.nn.Module) -> set[int]:
     return out
 
 
+@contextlib.contextmanager
+def _no_native_stderr():
+    """File descriptor 2 sent to /dev/null: torch 2.13's profiler (kineto) writes a line to it
+    at every start and stop ("USDT:... profiler_start"), noise in a benchmark's output."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 class ProfilerPeak:
     """Peak of live CPU bytes (from the profiler's allocation events) above the entry level."""
 
@@ -91,11 +110,13 @@ class ProfilerPeak:
     def __enter__(self):
         self._prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                             profile_memory=True)
-        self._prof.__enter__()
+        with _no_native_stderr():
+            self._prof.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self._prof.__exit__(*exc)
+        with _no_native_stderr():
+            self._prof.__exit__(*exc)
         live = peak = 0
         events = [e for e in self._prof.profiler.kineto_results.events()
                   if e.device_type() == torch.autograd.DeviceType.CPU and e.name() ==

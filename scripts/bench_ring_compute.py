@@ -146,6 +146,7 @@ def main(argv=None) -> int:
           f"{'fwd ratio':>11}{'fwd+bwd ratio':>15}{'(ratios of minima)':>21}")
     ok = True
     for world in args.worlds:
+        print(f"  measuring G = {world} ...", file=sys.stderr, flush=True)  # G = 8: minutes
         m = measure(world, args)
         print(f"{world:>3}{m['ring_fwd']:>12.3f}{m['ideal_fwd']:>13.3f}{m['ring_bwd']:>12.3f}"
               f"{m['ideal_bwd']:>13.3f}{m['ratio_fwd']:>11.3f}{m['ratio_fwd_bwd']:>15.3f}"

@@ -673,7 +673,7 @@ def main(argv: list[str] | None = None) -> int:
     wrote = []
     if not a.check:  # write everything before printing: a closed stdout cannot stop it
         write_csv(result)
-        from suites.simulator_doc import update_readme, write_doc
+        from suites.simulator_doc import holdout_line, update_readme, write_doc
 
         print("refitting on each table alone (out-of-sample check) ...", file=sys.stderr)
         held = holdout()
@@ -684,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.write:
             store(result)
             wrote.append("the fitted constants in the data files")
-    print("\n".join(summary_lines(s)))
+    print("\n".join(summary_lines(s) + ([holdout_line(held)] if not a.check else [])))
     for c in result.constants:
         print(f"  {c['name']} = {c['value']:.4g}   (fitted on {c['fitted_on']})")
     if a.check:  # issue 6's targets: error bounds, every OOM cell OOM, every ranking kept

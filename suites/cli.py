@@ -301,9 +301,10 @@ def _cmd_compare(args) -> int:
     for n in names:
         if df[f"spread_{n}"].notna().any():
             show[f"spread {n}"] = df[f"spread_{n}"]
+    spread = ("; spread = (max - min) / median over repeats"
+              if any(c.startswith("spread ") for c in show.columns) else "")
     print(render(show, title=f"{METRICS[args.metric][0]}: {args.a} (a) vs {args.b} (b); "
-                             "speedup = how many times better b is; spread = (max - min) / "
-                             "median over repeats"))
+                             f"speedup = how many times better b is{spread}"))
     made = [_made_by(t) for t in (a, b)]
     if made[0] != made[1]:  # another commit or machine: the ratio is not the code's alone
         print(f"note: {names[0]} comes from {made[0]}, {names[1]} from {made[1]}")

@@ -175,7 +175,10 @@ class _Progress:
         t = row.get("time_s")
         what = f"{row['status']}" + (f" {t * 1e3:.1f} ms" if t else "")
         if row["status"] != "ok" and row.get("error"):
-            what += f" ({str(row['error']).strip().splitlines()[-1][:120]})"
+            why = str(row["error"]).strip().splitlines()[-1]
+            if len(why) > 120:  # cut at a word, and said to be cut (a cut list read as whole)
+                why = why[:116].rsplit(" ", 1)[0] + " ..."
+            what += f" ({why})"
         desc = self.by_id[row["cell_id"]].describe()
         if self.bar is not None:
             self.bar.set_postfix_str(f"{desc}: {what}"[:80])

@@ -416,10 +416,40 @@ def simulate_spec(spec, hardware: str | Hardware, out_dir: str | Path | None = N
     return rows
 
 
-def write_rows(rows: list[dict], run_dir: Path, meta: dict | None = None) -> Path:
-    """Replace ``run_dir``'s rows with these (a simulation is re-run whole, never resumed)."""
+PROVENANCE_ONLY = ("date", "git_commit", "git_dirty")
+"""Row fields a simulation of the same cells with the same numbers may change: when they are
+all that differs, the stored run stays as it is (regenerating the committed simulations leaves
+the tree clean; the rows keep the commit that first gave these numbers)."""
+
+
+def _unchanged(rows: list[dict], run_dir: Path, meta: dict | None) -> bool:
+    import json
+
     from results import store
 
+    if not (run_dir / store.ROWS).exists() or not (run_dir / store.TABLE).exists():
+        return False
+    try:
+        old, old_meta = store.read_rows(run_dir / store.ROWS), store.read_meta(run_dir)
+    except ValueError:
+        return False
+    new = json.loads(json.dumps(rows, default=store._json_default))
+    new_meta = json.loads(json.dumps(meta, default=store._json_default))
+
+    def strip(r):
+        return {k: v for k, v in r.items() if k not in PROVENANCE_ONLY}
+
+    return ((meta is None or old_meta == new_meta) and len(old) == len(new)
+            and all(strip(a) == strip(b) for a, b in zip(old, new, strict=True)))
+
+
+def write_rows(rows: list[dict], run_dir: Path, meta: dict | None = None) -> Path:
+    """Replace ``run_dir``'s rows with these (a simulation is re-run whole, never resumed),
+    unless they differ from the stored ones in ``PROVENANCE_ONLY`` alone."""
+    from results import store
+
+    if _unchanged(rows, run_dir, meta):
+        return run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     if meta is not None:
         store.write_meta(run_dir, meta)

@@ -542,6 +542,17 @@ def readme_rows(evals: list[dict]) -> list[dict]:
             or e["status_paper"] in ("oom", "missing")]
 
 
+def holdout_line(held: dict) -> str:
+    """The out-of-sample bullet of the fit summary (README, console)."""
+    from suites.calibrate import holdout_summary
+
+    b = holdout_summary(held["kernel"].evals)["burstengine"]
+    return (f"- out of sample: with the time constants fitted on the kernel table alone, "
+            f"BurstEngine's {b['rows']} training rows come out within median "
+            f"{100 * b['median']:.1f}%, worst {100 * b['worst']:.1f}% "
+            "(docs/simulator.md, \"Out of sample\")")
+
+
 def update_readme(s: dict, evals: list[dict], path: Path, held: dict | None = None) -> bool:
     """Replace the fit summary and error table between the README's markers (its "Simulator and
     figures" section); nothing else of the README is touched. False when there are no markers."""
@@ -553,15 +564,7 @@ def update_readme(s: dict, evals: list[dict], path: Path, held: dict | None = No
     head, rest = text.split(README_START, 1)
     _, tail = rest.split(README_END, 1)
     rows = readme_rows(evals)
-    lines = summary_lines(s)
-    if held:
-        from suites.calibrate import holdout_summary
-
-        b = holdout_summary(held["kernel"].evals)["burstengine"]
-        lines.append(f"- out of sample: with the time constants fitted on the kernel table "
-                     f"alone, BurstEngine's {b['rows']} training rows come out within median "
-                     f"{100 * b['median']:.1f}%, worst {100 * b['worst']:.1f}% "
-                     "(docs/simulator.md, \"Out of sample\")")
+    lines = summary_lines(s) + ([holdout_line(held)] if held else [])
     body = "\n".join(["", *lines, "", error_table(rows), ""])
     path.write_text(head + README_START + body + README_END + tail)
     return True

@@ -570,6 +570,25 @@ def test_data_parallel_flag_prices_the_paper_specs_under_fsdp_world(capsys):
     assert "prices that run: 19 of `paper_main_7b`'s 20 cells fit then" in readme
 
 
+def test_a_simulation_that_reproduces_its_stored_rows_leaves_them_as_they_are(tmp_path):
+    """`make figures` rewrote every committed simulation whose numbers had not changed (their
+    date and commit only), so a plain reproduction left the tree dirty. A row that differs in
+    anything else is written again."""
+    from results import store
+    from suites.simulate import simulate_spec, write_rows
+
+    rows = simulate_spec("smoke", HW, tmp_path)
+    (run,) = (tmp_path / "smoke").iterdir()
+    before = {f: (run / f).read_bytes() for f in (store.ROWS, store.TABLE, "table.csv")}
+    meta = store.read_meta(run)
+    later = [{**r, "date": "2099-01-01T00:00:00Z", "git_commit": "f" * 40} for r in rows]
+    write_rows(later, run, meta)
+    assert {f: (run / f).read_bytes() for f in before} == before
+    later[0]["time_s"] = (later[0]["time_s"] or 1.0) * 2
+    write_rows(later, run, meta)
+    assert store.read_rows(run / store.ROWS)[0]["git_commit"] == "f" * 40
+
+
 def test_simulate_checks_every_spec_before_it_writes_any(tmp_path, capsys):
     """`simulate good bad --out D` wrote the good spec's run, then failed on the bad one (exit
     2, half done); every spec is now loaded and checked first (a harness audit)."""
