@@ -193,7 +193,8 @@ def _note_missing(df, run: Path | None, meta: dict) -> None:
     and the command that resumes it."""
     if "cell_id" not in df:
         return
-    missing = [c for c in meta.get("cells", []) if c not in set(df["cell_id"])]
+    have = set(df["cell_id"])
+    missing = [c for c in meta.get("cells", []) if c not in have]
     if missing:
         names = ", ".join(missing[:5]) + (f", ... ({len(missing) - 5} more)"
                                           if len(missing) > 5 else "")

@@ -14,8 +14,9 @@ token of the global batch: each rank scales its token-loss sum by 1 / (global va
 all-reduce), and DP's averaging is undone by scaling the backward by the DP size.
 
 Every rank builds identical weights from ``seed`` (or ``state_dict``) without communication
-(under a sharding FSDP, its shard of them alone); one all-reduce at construction checks that the
-seed or the weights given, and the setup, are the same on every rank.
+(under a sharding FSDP, its shard of them alone); one all-gather at construction checks that
+every rank's arguments are valid, and that the seed or the weights given, and the setup, are the
+same on every rank.
 ``save(path)`` / ``load(path)`` keep the whole training state (weights and optimizer, gathered
 on rank 0), so a run that dies resumes with the losses it would have had, on any CP x DP layout.
 """
