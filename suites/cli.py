@@ -362,7 +362,10 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("run", help="run (or resume) a sweep")
     s.add_argument("spec", help="spec file, or a name in suites/specs (smoke, cpu_scaling, ...)")
-    s.add_argument("--executor", default="inline", choices=EXECUTORS)
+    s.add_argument("--executor", default="inline", choices=EXECUTORS,
+                   help="inline: local ranks spawned here (default); local: submitit's local "
+                        "executor, a job per cell; slurm: job arrays through submitit; "
+                        "dry-run: job scripts and GPU-hours, nothing runs")
     s.add_argument("--out", default=str(DEFAULT_OUT), help="results root (default: results/)")
     s.add_argument("--run-id", help="write (or resume) this run folder")
     s.add_argument("--new", action="store_true", help="start a new run (default: resume the "

@@ -551,8 +551,9 @@ def main(argv: list[str] | None = None) -> int:
                 f = fits[i]
                 val = (f"longest fit, {val}, {r['mem_reserved_bytes'] / 2**30:.1f} GiB; "
                        f"at {f.stop_len}: {f.stop.splitlines()[0]}" if f.seq_len
-                       else f"nothing fits; {val}")
-            print(f"{r['label']:{width}s} seq={r['seq_len']:>8d} world={r['world']:>3d} {val}")
+                       else f"nothing fits (shortest on the grid: {r['seq_len']}); {val}")
+            seq = "-" if a.longest and not fits[i].seq_len else r["seq_len"]
+            print(f"{r['label']:{width}s} seq={seq:>8} world={r['world']:>3d} {val}")
             errors += r["status"] == "error"
         where = (str(Path(a.out) / name / run_id(hw)) if a.out is not None
                  else "nothing written (--out keeps the rows)")

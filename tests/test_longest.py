@@ -116,7 +116,8 @@ def test_cli_prints_and_writes_the_longest_fits(tmp_path, capsys, fits):
     assert len(lines) == len(fits["paper_main_7b"])
     assert sum("longest fit" in x for x in lines) == sum(
         f.seq_len is not None for f in fits["paper_main_7b"])
-    assert any("nothing fits; skipped" in x for x in lines)  # Ulysses on 64 ranks, 32 heads
+    assert any("seq=       - world= 64 nothing fits (shortest on the grid: 65536); skipped" in x
+               for x in lines)  # Ulysses on 64 ranks, 32 heads: no length is a fit
     run = tmp_path / "paper_main_7b-longest" / "simulated-a800"
     rows = [json.loads(x) for x in (run / "rows.jsonl").read_text().splitlines()]
     assert [r["seq_len"] for r in rows] == [f.row["seq_len"] for f in fits["paper_main_7b"]]
