@@ -320,12 +320,15 @@ def _train(rank: int, world: int, args: dict, host_ranks: int | None = None) -> 
                    "tokens_per_s": tokens / dt / world, "world": world, "cp": tr.cp_size,
                    "dp": tr.dp_size,
                    **{f"attention_sent{k}_bytes": sum(sent.sent(p, link) for p in PASSES)
-                      for k, link in (("", None), ("_inter_node", "inter"))}}
+                      for k, link in (("", None), ("_inter_node", "inter"))},
+                   **{f"attention_sent_{p}_bytes": sent.sent(p) for p in PASSES}}
             with open(log, "a") as f:
                 f.write(json.dumps(row) + "\n")
             say(f"step {step + 1:>5}/{args['steps']}  loss {loss:.4f}  {dt:7.2f} s  "
                 f"{tokens / dt / world:9.0f} tokens/s/rank  attention sent "
-                f"{row['attention_sent_bytes'] / 2**20:.3f} MiB", flush=True)
+                f"{row['attention_sent_bytes'] / 2**20:.3f} MiB (forward "
+                f"{row['attention_sent_forward_bytes'] / 2**20:.3f}, backward "
+                f"{row['attention_sent_backward_bytes'] / 2**20:.3f})", flush=True)
         if (step + 1) % args["save_every"] == 0 or step + 1 == args["steps"]:
             tr.save(state, meta={"step": step + 1})
     say(f"done: {_count(args['steps'], 'step')}; state in {state}, losses in {log}",

@@ -175,16 +175,21 @@ class _Progress:
         t = row.get("time_s")
         what = f"{row['status']}" + (f" {t * 1e3:.1f} ms" if t else "")
         if row["status"] != "ok" and row.get("error"):
-            why = str(row["error"]).strip().splitlines()[-1]
-            if len(why) > 120:  # cut at a word, and said to be cut (a cut list read as whole)
-                why = why[:116].rsplit(" ", 1)[0] + " ..."
-            what += f" ({why})"
+            what += f" ({short_reason(row['error'])})"
         desc = self.by_id[row["cell_id"]].describe()
         if self.bar is not None:
             self.bar.set_postfix_str(f"{desc}: {what}"[:80])
             self.bar.update(1)
         else:
             print(f"[{self.count}/{self.total}] {desc}: {what}", file=self.stream, flush=True)
+
+
+def short_reason(error, limit: int = 120) -> str:
+    """The last line of a row's error for a progress line: cut at a word and ended with
+    "..." past ``limit`` characters (cut mid-list, "valid degrees: 1, 2," read as the whole
+    list)."""
+    why = str(error).strip().splitlines()[-1]
+    return why if len(why) <= limit else why[:limit - 4].rsplit(" ", 1)[0] + " ..."
 
 
 def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",

@@ -763,6 +763,17 @@ def test_a_broken_run_file_is_named_and_does_not_block_the_sweep(tmp_path, capsy
     assert "line 2 is not a record" in capsys.readouterr().err
 
 
+def test_a_progress_line_says_where_it_cut_a_reason():
+    """A skipped cell's progress line cut its reason mid-list ("valid degrees: 1, 2,") and
+    read as whole; it now cuts at a word and ends with "..."."""
+    from suites.run import short_reason
+
+    why = "method 'ulysses' cannot run this case: " + "x" * 60 + " valid degrees: 1, 2, 4"
+    assert short_reason("Traceback ...\n" + why) == "method 'ulysses' cannot run this case: " \
+        + "x" * 60 + " valid degrees: ..."
+    assert len(short_reason(why)) <= 120 and short_reason("short\n") == "short"
+
+
 def test_compare_notes_cells_run_with_other_options_under_one_label(tmp_path, capsys):
     """A label given by hand matches a cell whatever its method options, warmup or repeats:
     a 2 s method against the same label at 4 s read as a 2x regression without a word. The

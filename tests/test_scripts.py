@@ -125,6 +125,8 @@ def test_each_training_option_reaches_the_model(tmp_path, monkeypatch):
         assert want[1] > 0
         assert [got["attention_sent_bytes"], got["attention_sent_inter_node_bytes"]] == want, (
             m, b, got, want)
+        assert [got[f"attention_sent_{p}_bytes"] for p in ("forward", "backward")] == [
+            cfg.num_layers * vol.sent(p) for p in ("forward", "backward")]
     # documents change the data too (positions restart): the mask is checked against the
     # engine's loss on the same batch with and without it
     masked, unmasked = spawn(_first_loss_with_documents, 1, args=([0, 16, 32, 48, 64],))[0]
