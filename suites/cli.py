@@ -222,8 +222,8 @@ def _spec_argument(source: str | None) -> str:
     if path.is_absolute() or path.exists():
         return source
     inside = SPEC_DIR.parent.parent / path
-    if inside.parent == SPEC_DIR:  # `burst-bench run <name>` finds it from anywhere
-        return inside.stem
+    if inside.parent == SPEC_DIR and not Path(inside.stem).exists():
+        return inside.stem  # `burst-bench run <name>` finds it (unless a folder shadows it)
     return os.path.relpath(inside) if inside.exists() else source
 
 

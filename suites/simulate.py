@@ -427,7 +427,7 @@ def _unchanged(rows: list[dict], run_dir: Path, meta: dict | None) -> bool:
 
     from results import store
 
-    if not (run_dir / store.ROWS).exists() or not (run_dir / store.TABLE).exists():
+    if not (run_dir / store.ROWS).exists():
         return False
     try:
         old, old_meta = store.read_rows(run_dir / store.ROWS), store.read_meta(run_dir)
@@ -449,6 +449,7 @@ def write_rows(rows: list[dict], run_dir: Path, meta: dict | None = None) -> Pat
     from results import store
 
     if _unchanged(rows, run_dir, meta):
+        store.consolidate(run_dir)  # the tables, if they lag the rows (it writes nothing else)
         return run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     if meta is not None:

@@ -508,7 +508,17 @@ def _one_bad_rank(rank: int, world: int) -> list[str]:
              # the same values, given as float64 on one rank and float32 on the other: alike
              dict(dtype=torch.float32, state_dict={k: v.float() if rank else v
                                                    for k, v in start.items()}),
-             dict(state_dict=fsdp)]
+             dict(state_dict=fsdp),
+             # a "cuda" torch cannot see, on one rank: the check's gather failed on it
+             dict(device="cuda" if rank else "cpu"),
+             # cp_degree with groups on one rank: raised there after the check, alone
+             dict(cp_degree=2, dp_group=object()) if rank else {},
+             # weights without values on one rank: its checksum failed before the gather
+             dict(state_dict={k: torch.empty_like(v, device="meta") if rank else v
+                              for k, v in start.items()}),
+             # a graph's tensors (not leaves): sharded, distribute_tensor refused them
+             dict(state_dict={k: v.clone().requires_grad_() * 1 for k, v in start.items()},
+                  data_parallel="fsdp_world")]
     for kw in cases:
         try:
             Trainer("tiny", **{"dtype": torch.float64, **kw})
@@ -521,7 +531,8 @@ def _one_bad_rank(rank: int, world: int) -> list[str]:
 def test_one_rank_with_bad_data_fails_every_rank():
     for rank, msgs in enumerate(_results(2)[3]):  # run by the world-2 spawn of the parity cases
         (token, target, shape, *setup, layout, window, groups, no_dp, np_targets, short, empty,
-         seed, loaded, norm, swapped, cut, half_seed, dtypes, shards) = msgs
+         seed, loaded, norm, swapped, cut, half_seed, dtypes, shards, cuda, both, meta,
+         graph) = msgs
         assert "1 token ids outside [0, 256)" in token, token
         assert "1 target ids outside [0, 256)" in target, target
         assert "must have one shape" in shape and "batch 1-1 x 16-32 tokens" in shape, shape
@@ -538,11 +549,13 @@ def test_one_rank_with_bad_data_fails_every_rank():
         assert "(1 of 21 parameters differ, first 'norm.weight')" in norm, norm
         assert "(1 of 21 parameters differ, first 'layers.0.mlp.up_proj.weight')" in swapped
         # refused on rank 1 alone: its own error there, and one naming it on rank 0
-        mine = ("norm.weight (31,) (this model: (32,))", "seed=1.5 must be a whole number")
-        for msg, own in zip((cut, half_seed), mine, strict=True):
+        mine = ("norm.weight (31,) (this model: (32,))", "seed=1.5 must be a whole number",
+                "torch sees no CUDA device here", "either cp_degree or cp_group/dp_group",
+                "meta tensors (no values)")
+        for msg, own in zip((cut, half_seed, cuda, both, meta), mine, strict=True):
             assert (own if rank else "the arguments of rank 1 are invalid") in msg, msg
             assert own in msg, msg
-        assert dtypes == "no error", dtypes
+        assert dtypes == graph == "no error", (dtypes, graph)
         assert "sharded tensors (DTensor)" in shards and "model_state_dict()" in shards, shards
 
 

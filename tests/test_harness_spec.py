@@ -819,6 +819,13 @@ def test_show_says_which_cells_of_an_interrupted_run_have_no_row(tmp_path, capsy
         assert cli.main(["show", str(d.relative_to(tmp_path))]) == 0
         assert f"`burst-bench run {shown} --out . --run-id" in capsys.readouterr().out
         assert Path(shown).exists() or shown == "smoke"
+    # from the results folder, where a sweep folder `smoke/` shadows the spec's name
+    (tmp_path / "smoke").mkdir()
+    store.write_meta(d, {"baseline": "ring", "cells": ["ring-64", "x"],
+                         "source": "suites/specs/smoke.toml"})
+    assert cli.main(["show", str(d.relative_to(tmp_path))]) == 0
+    shown = os.path.relpath(Path(cli.__file__).parent / "specs" / "smoke.toml")
+    assert f"`burst-bench run {shown} --out . --run-id" in capsys.readouterr().out
 
 
 def test_run_exit_code_signals_and_disk_errors(tmp_path, monkeypatch, capsys):

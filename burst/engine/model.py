@@ -178,9 +178,9 @@ def assign_whole(param: torch.Tensor, whole: torch.Tensor) -> None:
                          f"{tuple(param.shape)}")
     from torch.distributed.tensor import DTensor, distribute_tensor
 
-    if isinstance(param, DTensor):
-        whole = distribute_tensor(whole.to(param.dtype), param.device_mesh, param.placements,
-                                  src_data_rank=None)
+    if isinstance(param, DTensor):  # a leaf: the caller's tensor may be part of a graph
+        whole = distribute_tensor(whole.detach().to(param.dtype), param.device_mesh,
+                                  param.placements, src_data_rank=None)
     param.copy_(whole)
 
 

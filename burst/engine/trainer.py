@@ -145,7 +145,8 @@ class Trainer:
             shards a bfloat16 model it keeps fp32 master weights, gradients and AdamW moments
             (``master_weights``) and computes in bfloat16; ddp, and fsdp without a DP group of
             more than one rank (it wraps nothing then), keep all of them in ``dtype``. FSDP
-            shards the model before its weights are made: no rank holds it whole.
+            shards the model before its weights are made: no rank builds it whole (a
+            ``state_dict`` given is whole on every rank's host, as it is given).
         state_dict: initial weights with the engine's names (e.g. ``from_hf(...).state_dict()``).
     """
 
@@ -204,6 +205,8 @@ class Trainer:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             problems.append(f"device={device!r}, but torch sees no CUDA device here")
+        if cp_degree is not None and (cp_group is not None or dp_group is not None):
+            problems.append("give either cp_degree or cp_group/dp_group, not both")
         world = comm.world_size()
         if cp_degree is None:  # the (CP, DP) sizes of the groups given (their members are
             groups = [comm.world_size(cp_group),  # the caller's to agree on)
@@ -303,8 +306,11 @@ class Trainer:
             weights = (None if state_dict is None else
                        [_crc(state_dict[n], param_dtype) for n in self._weight_shapes])
             summary = (self._setup, None if state_dict is not None else int(seed), weights)
+        # a "cuda" device torch cannot see is one of the problems: gathered on the host
+        device = (self.device if self.device.type != "cuda" or torch.cuda.is_available()
+                  else None)
         with comm.phase("check"):
-            theirs = comm.gather_objects((mine, summary), device=self.device)
+            theirs = comm.gather_objects((mine, summary), device=device)
         if mine is not None:
             raise kind(mine)
         bad = [(r, m) for r, (m, _) in enumerate(theirs) if m is not None]
@@ -432,6 +438,9 @@ class Trainer:
             return (f"{len(shards)} sharded tensors (DTensor), first {shards[0]!r} (an FSDP "
                     "model's own state_dict()): give whole weights, as "
                     "Trainer.model_state_dict() returns them")
+        empty = sorted(k for k, v in weights.items() if v.is_meta)
+        if empty:
+            return f"{len(empty)} meta tensors (no values), first {empty[0]!r}"
         mine = self._weight_shapes
 
         def few(names, sep=", "):
@@ -510,9 +519,7 @@ class Trainer:
     @staticmethod
     def _groups(cp_group, dp_group, cp_degree):
         world = comm.world_size()
-        if cp_degree is not None:
-            if cp_group is not None or dp_group is not None:
-                raise ValueError("Trainer: give either cp_degree or cp_group/dp_group, not both")
+        if cp_degree is not None:  # not with groups: refused with the other arguments
             return make_groups(cp_degree, world)
         cp, dp = comm.world_size(cp_group), comm.world_size(dp_group) if dp_group else 1
         if cp * dp != world:
