@@ -133,7 +133,8 @@ def unused_sweeps(tables) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="burst-bench figures", description=__doc__.split(
         "\n")[0] + " (also: python -m paper_figures)")
-    ap.add_argument("--results", default=str(RESULTS), help="results folder to read")
+    ap.add_argument("--results", default=str(RESULTS),
+                    help="results folder to read (default: %(default)s)")
     ap.add_argument("--out", default=str(OUT), help="where the figures go")
     ap.add_argument("--only", nargs="*", help="figure names (default: all)")
     a = ap.parse_args(argv)

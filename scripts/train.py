@@ -61,15 +61,27 @@ RESUMABLE = ("out", "steps", "save_every", "time_limit_min", "world")
 LAYOUT = ("cp_degree", "batch", "data_parallel")
 
 
+class _Defaults(argparse.HelpFormatter):
+    """--help shows each option's default, where its help does not already say it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (action.option_strings and "default" not in text
+                and not any(action.default is v for v in (None, False, argparse.SUPPRESS))):
+            text += " (default: %(default)s)"
+        return text
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=_Defaults)
     p.add_argument("--out", required=True, help="folder of state.pt, steps.jsonl, run.json")
-    p.add_argument("--model", default="tiny", choices=sorted(CONFIGS))
+    p.add_argument("--model", default="tiny", choices=sorted(CONFIGS), help="engine config")
     p.add_argument("--world", type=positive_int, default=4,
                    help="local gloo ranks (ignored under torchrun, which sets the world)")
     p.add_argument("--cp-degree", type=positive_int, default=None,
                    help="ranks per context-parallel group (default: all; the rest is DP)")
-    p.add_argument("--data-parallel", default="ddp", choices=DATA_PARALLEL)
+    p.add_argument("--data-parallel", default="ddp", choices=DATA_PARALLEL,
+                   help="DP wrapper; fsdp_world shards the states over every rank (ZeRO-3)")
     p.add_argument("--method", default="burst", help="attention method (baselines.registry)")
     p.add_argument("--layout", default=None, choices=("contiguous", "zigzag", "striped"),
                    help="how the sequence is split over the ranks (default: the method's own, "
@@ -79,7 +91,8 @@ def _parser() -> argparse.ArgumentParser:
                         "(default: a flat ring)")
     p.add_argument("--backward", default=None, choices=("burst", "ring", "auto"),
                    help="BurstAttention's backward (default: the method's)")
-    p.add_argument("--checkpointing", default="selective", choices=CHECKPOINTING)
+    p.add_argument("--checkpointing", default="selective", choices=CHECKPOINTING,
+                   help="recomputation mode")
     p.add_argument("--plain-head", action="store_true", help="unfused LM head + loss")
     p.add_argument("--kv-heads", type=positive_int, default=None,
                    help="K/V heads (GQA; default: the model config's)")
@@ -88,17 +101,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--doc-len", type=positive_int, default=None,
                    help="documents of DOC_LEN tokens (the last may be shorter), each attending "
                         "only within itself, positions restarting at each")
-    p.add_argument("--seq-len", type=positive_int, default=1024)
+    p.add_argument("--seq-len", type=positive_int, default=1024, help="tokens per sequence")
     p.add_argument("--batch", type=positive_int, default=1,
                    help="sequences per data-parallel group")
     p.add_argument("--steps", type=positive_int, default=20, help="total steps of the run")
-    p.add_argument("--lr", type=positive_float, default=3e-3)
-    p.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
-    p.add_argument("--weight-decay", type=nonnegative_float, default=0.0)
+    p.add_argument("--lr", type=positive_float, default=3e-3, help="learning rate")
+    p.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS, help="optimizer")
+    p.add_argument("--weight-decay", type=nonnegative_float, default=0.0, help="weight decay")
     p.add_argument("--seed", type=int, default=0, help="initial weights")
-    p.add_argument("--dtype", default="float32", choices=[str(d).split(".")[1] for d in DTYPES])
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    p.add_argument("--save-every", type=positive_int, default=10)
+    p.add_argument("--dtype", default="float32", choices=[str(d).split(".")[1] for d in DTYPES],
+                   help="weights and compute")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where ranks run")
+    p.add_argument("--save-every", type=positive_int, default=10,
+                   help="steps between saves of state.pt")
     p.add_argument("--time-limit-min", type=positive_float, default=24 * 60,
                    help="local ranks: the whole run's limit (a hung rank is killed at it)")
     return p
