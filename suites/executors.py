@@ -594,10 +594,15 @@ def local_job_held(rec: dict) -> bool:
         return True
     if not rec.get("folder"):  # nothing to read an outcome from
         return False
+    return _has_outcome(_recorded_job(rec, "local"))
+
+
+def _recorded_job(rec: dict, kind: str):
+    """The submitit job of a ``jobs.jsonl`` record, to read its state and results."""
     import submitit
 
-    return _has_outcome(submitit.LocalJob(folder=rec["folder"], job_id=rec["job_id"],
-                                          tasks=range(rec["tasks"])))
+    job_cls = submitit.SlurmJob if kind == "slurm" else submitit.LocalJob
+    return job_cls(folder=rec["folder"], job_id=rec["job_id"], tasks=range(rec["tasks"]))
 
 
 def _adopt(cells: list[Cell], run: Run, kind: str, ctx: RunContext, poll_s: float):
@@ -605,8 +610,6 @@ def _adopt(cells: list[Cell], run: Run, kind: str, ctx: RunContext, poll_s: floa
     SLURM job still queued or running is returned to wait for, a local job whose process still
     runs is waited for here; the cells left (no job, or a job that left nothing) are returned
     to submit."""
-    import submitit
-
     uncollected = pending_jobs(run.dir, kind)
     pending, left = {}, []
     for cell in cells:
@@ -614,8 +617,7 @@ def _adopt(cells: list[Cell], run: Run, kind: str, ctx: RunContext, poll_s: floa
         if rec is None:
             left.append(cell)
             continue
-        job_cls = submitit.SlurmJob if kind == "slurm" else submitit.LocalJob
-        job = job_cls(folder=rec["folder"], job_id=rec["job_id"], tasks=range(rec["tasks"]))
+        job = _recorded_job(rec, kind)
         if kind == "slurm":
             if _ready(job):
                 _collect(job, cell, run, ctx)

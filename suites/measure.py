@@ -148,8 +148,8 @@ def _train_step(cell: Cell, dev: torch.device):
                       checkpointing=cell.checkpointing, fused_head=cell.fused_head,
                       dtype=DTYPES[cell.dtype], device=dev, window=cell.window,
                       data_parallel=cell.data_parallel or "ddp")
-    if dev.type == "cuda":  # the whole model FSDP sharded (in fp32 for master weights) was
-        torch.cuda.empty_cache()  # freed, but stays reserved: not the step's memory
+    if dev.type == "cuda":  # the whole parameters that passed through the device one at a
+        torch.cuda.empty_cache()  # time while FSDP's shards were filled: freed, still reserved
     tokens, targets, positions = trainer.local_batch(cell.seq_len, cell.batch, cell.seed)
 
     def step():

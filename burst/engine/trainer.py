@@ -217,15 +217,14 @@ class Trainer:
             groups = ["cp_degree", repr(cp_degree)]
         # no wrapper without DP, but fsdp_world shards over the CP ranks too
         dp_kind = data_parallel if groups[-1] != 1 or data_parallel == "fsdp_world" else None
-        # FSDP (when it shards: over more than one rank) keeps fp32 master weights of a 16-bit
-        # model, sharded, and gathers them in the model's dtype (mixed precision, as ZeRO)
-        self.master_weights = (dtype in DTYPES and dtype.itemsize == 2
-                               and dp_kind in ("fsdp", "fsdp_world") and world > 1)
-        param_dtype = torch.float32 if self.master_weights else dtype
         # where FSDP shards the model, it shards it before its weights exist: each rank then
         # allocates its shard alone and fills it from the same whole values (never the whole
         # model on any rank). DDP starts from whole replicas, made before it wraps them
         sharded = dp_kind in ("fsdp", "fsdp_world") and world > 1
+        # sharding FSDP keeps fp32 master weights of a 16-bit model and gathers them in the
+        # model's dtype (mixed precision, as ZeRO)
+        self.master_weights = sharded and dtype in DTYPES and dtype.itemsize == 2
+        param_dtype = torch.float32 if self.master_weights else dtype
         model = None
         if cfg is not None and dtype in DTYPES:
             model = CausalLM.skeleton(cfg, param_dtype)
