@@ -117,7 +117,7 @@ def _run(args) -> int:
               "executor runs in this process and ignores it", file=sys.stderr)
     res = run_sweep(spec, executor=args.executor, out=args.out, run_id=args.run_id,
                     new=args.new, retry_failed=args.retry_failed, slurm=slurm,
-                    job_folder=args.job_folder, stream=sys.stdout)
+                    job_folder=args.job_folder, stream=sys.stdout, hardware=args.hardware)
     if res.run_dir is not None:
         print(f"rows: {res.run_dir / 'rows.jsonl'}\ntable: {res.run_dir / 'table.parquet'} "
               f"(and table.csv)")
@@ -376,6 +376,10 @@ def _parser() -> argparse.ArgumentParser:
                         "paper's systems run); rows go to sweep <name>-<value>")
     s.add_argument("--retry-failed", action="store_true",
                    help="re-run oom/timeout/error and skipped cells")
+    s.add_argument("--hardware", metavar="PROFILE",
+                   help="with --executor dry-run: the simulator's time and memory of each GPU "
+                        "cell on this profile (a800, a100, h100, h200 or a .toml path), and "
+                        "the cells it predicts out of memory")
     g = s.add_argument_group("SLURM (override the spec's [slurm] table)")
     g.add_argument("--partition")
     g.add_argument("--account")

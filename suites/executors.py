@@ -728,8 +728,11 @@ def submit_cells(cells: list[Cell], *, kind: str, run: Run, ctx: RunContext,
 
 
 def dry_run(cells: list[Cell], *, slurm: SlurmSpec, sweep: str, folder: str = "<run>/jobs",
-            stream=None) -> float:
-    """Print the sbatch script of each job array and the GPU-hours reserved; return them."""
+            stream=None, predicted: dict[str, str] | None = None) -> float:
+    """Print the sbatch script of each job array and the GPU-hours reserved; return them.
+
+    ``predicted``: a line per cell id (the simulator's time and memory on a hardware profile,
+    ``suites.run``), printed after the cell's."""
     from submitit.slurm.slurm import SlurmExecutor, _convert_mem, _make_sbatch_string
 
     stream = stream or sys.stdout
@@ -754,6 +757,8 @@ def dry_run(cells: list[Cell], *, slurm: SlurmSpec, sweep: str, folder: str = "<
               f"({len(group)} x {gpus} GPUs x {slurm.time_min} min)", file=stream)
         for cell in group:
             print(f"#   [{cell.cell_id}] {cell.describe()}", file=stream)
+            if predicted and cell.cell_id in predicted:
+                print(f"#       {predicted[cell.cell_id]}", file=stream)
         print(script, file=stream)
     print(f"# total: {len(cells)} cells in {len(groups)} job array(s), at most {total:.1f} "
           "GPU-hours (time limit x GPUs; nothing was submitted)", file=stream)

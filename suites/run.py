@@ -196,10 +196,12 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
               out: str | Path = DEFAULT_OUT, run_id: str | None = None, new: bool = False,
               retry_failed: bool = False, slurm: SlurmSpec | None = None,
               job_folder: str | Path | None = None, stream=None,
-              on_submit=None) -> RunResult:
+              on_submit=None, hardware: str | None = None) -> RunResult:
     """Run (or resume) a sweep; return its run folder and consolidated table.
 
     ``slurm`` replaces the spec's [slurm] table (the CLI merges its flags into it first).
+    ``hardware`` (dry-run only): a profile of ``suites/hardware`` on which the simulator
+    predicts each GPU cell's time and memory, printed with the cell.
     """
     stream = stream or sys.stdout
     if not isinstance(spec, SweepSpec):
@@ -207,10 +209,14 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}")
     slurm = slurm or spec.slurm
+    if hardware is not None and executor != "dry-run":
+        raise ValueError(f"a hardware profile ({hardware!r}) prices a dry run's cells; the "
+                         f"{executor} executor measures them (burst-bench simulate predicts a "
+                         "whole sweep's rows)")
     cells = expand(spec)
     if executor == "dry-run":
         _dry_run_sweep(spec, cells, out=out, run_id=run_id, new=new, retry_failed=retry_failed,
-                       slurm=slurm, job_folder=job_folder, stream=stream)
+                       slurm=slurm, job_folder=job_folder, stream=stream, hardware=hardware)
         return RunResult(None, None, 0)
 
     run = Run(select_run(spec, Path(out), run_id, new))
@@ -283,8 +289,42 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
     return RunResult(run.dir, table, len(todo))
 
 
+def _predictions(cells: list[Cell], hardware: str, time_min: float) -> tuple[dict, list]:
+    """The simulator's line for each GPU cell on ``hardware``, and the ids of the cells it
+    predicts out of memory. A cell is priced as this project's code runs it (no paper system:
+    what a run measures, ``SweepSpec.as_this_engine``); its calls (warmup + repeats) are
+    compared with the time limit, the start-up (spawn, model build) is not priced."""
+    from suites.hardware import load
+    from suites.simulate import predict
+
+    hw = load(hardware)
+    lines, oom = {}, []
+    for c in cells:
+        if c.device != "cuda":
+            lines[c.cell_id] = f"not simulated: a {c.device} cell ({hw.name} prices GPU runs)"
+            continue
+        p = predict(dataclasses.replace(c, paper=None), hw)
+        if p.status == "oom":
+            oom.append(c.cell_id)
+            lines[c.cell_id] = f"simulated on {hw.name}: OOM ({short_reason(p.error)})"
+        elif p.status != "ok":
+            lines[c.cell_id] = f"not simulated on {hw.name}: {short_reason(p.error)}"
+        else:
+            calls = (c.warmup + c.repeats) * p.time_s
+            over = (f"; over the {time_min:g}-minute limit" if calls > 60 * time_min else "")
+            unit = "step" if c.workload == "train_step" else "call"
+            lines[c.cell_id] = (f"simulated on {hw.name}: {p.time_s:.3g} s per {unit}, "
+                                f"{c.warmup + c.repeats} calls {_duration(calls)}{over}; "
+                                f"{p.memory.reserved_gib:.1f} GiB reserved")
+    return lines, oom
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.2g} s" if seconds < 60 else f"{seconds / 60:.1f} min"
+
+
 def _dry_run_sweep(spec: SweepSpec, cells, *, out, run_id, new, retry_failed, slurm,
-                   job_folder, stream) -> None:
+                   job_folder, stream, hardware=None) -> None:
     """What a run would submit now: the cells its run has not done."""
     resumed = select_run(spec, Path(out), run_id, new)
     # a new run's id is its start time, unless named
@@ -304,7 +344,12 @@ def _dry_run_sweep(spec: SweepSpec, cells, *, out, run_id, new, retry_failed, sl
         if why.get(c.cell_id):
             print(f"# not submitted, a skipped row: [{c.cell_id}] {c.describe()}: "
                   f"{why[c.cell_id]}", file=stream)
-    dry_run(todo, slurm=slurm, sweep=spec.name, folder=str(folder), stream=stream)
+    predicted, oom = _predictions(todo, hardware, slurm.time_min) if hardware else (None, [])
+    dry_run(todo, slurm=slurm, sweep=spec.name, folder=str(folder), stream=stream,
+            predicted=predicted)
+    if oom:
+        print(f"# {len(oom)} of these cells are predicted out of memory on {hardware}: each "
+              "would be an oom row, its GPU-hours spent", file=stream)
 
 
 def _report_interrupt(run: Run, cells, ids, *, executor: str, new: bool, stream) -> None:

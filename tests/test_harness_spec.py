@@ -1554,3 +1554,64 @@ def test_a_data_parallel_run_says_how_to_resume_it(tmp_path, capsys):
     out = capsys.readouterr().out
     assert (f"burst-bench run {spec.source} --data-parallel fsdp_world --out {tmp_path} "
             "--run-id r1") in out, out
+
+
+def test_dry_run_with_a_hardware_profile_prices_each_cell_as_a_run_measures_it(tmp_path, capsys):
+    """--hardware: the simulator's time and memory under each cell, priced as this project's
+    code runs it (no paper system), the cells predicted OOM counted, and calls that would
+    outlast the time limit flagged. paper_main_14b as shipped keeps the engine's states whole
+    on every rank: every cell is predicted OOM, which the plain dry run did not say."""
+    from suites.hardware import load
+    from suites.simulate import predict
+
+    assert cli.main(["run", "paper_main_14b", "--executor", "dry-run", "--out", str(tmp_path),
+                     "--hardware", "a800"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("simulated on a800: OOM (predicted OOM: ") == 18
+    assert "# 18 of these cells are predicted out of memory on a800" in out
+
+    spec = load_spec("paper_main_14b").with_data_parallel("fsdp_world")
+    cell = expand(spec)[0]
+    p = predict(dataclasses.replace(cell, paper=None), load("a800"))
+    assert p.status == "ok"
+    assert cli.main(["run", "paper_main_14b", "--executor", "dry-run", "--out", str(tmp_path),
+                     "--hardware", "a800", "--data-parallel", "fsdp_world", "--time", "20"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index(f"#   [{cell.cell_id}] {cell.describe()}")
+    assert lines[at + 1] == (f"#       simulated on a800: {p.time_s:.3g} s per step, "
+                             f"{cell.warmup + cell.repeats} calls "
+                             f"{(cell.warmup + cell.repeats) * p.time_s / 60:.1f} min; "
+                             f"{p.memory.reserved_gib:.1f} GiB reserved")
+    over = [x for x in lines if "over the 20-minute limit" in x]
+    assert over and all("w/o sele-ckpt" in lines[lines.index(x) - 1] or "2097152" in
+                        lines[lines.index(x) - 1] for x in over)
+    assert not any("predicted out of memory" in x for x in lines)
+
+
+def test_a_hardware_profile_is_refused_where_cells_are_measured(tmp_path, capsys):
+    assert cli.main(["run", "smoke", "--out", str(tmp_path), "--hardware", "a800"]) == 2
+    assert "prices a dry run's cells" in capsys.readouterr().err
+    assert not (tmp_path / "smoke").exists()
+
+
+def test_each_shipped_gpu_sweep_leaves_its_slowest_cell_time_to_run():
+    """Every GPU spec's time limit (SLURM's and the local executors') holds the calls of its
+    slowest cell as the simulator prices them on the paper's A800s, with and without the
+    engine's ZeRO-3 (fsdp_world): paper_main_7b's 60 minutes held 114 minutes of calls."""
+    from suites.hardware import load
+    from suites.simulate import predict
+
+    hw = load("a800")
+    for path in sorted((Path(__file__).parent.parent / "suites" / "specs").glob("*.toml")):
+        spec = load_spec(path)
+        if spec.device != "cuda":
+            continue
+        variants = [spec] + ([spec.with_data_parallel("fsdp_world")]
+                             if spec.workload == "train_step" else [])
+        for sp in variants:
+            for c in expand(sp):
+                p = predict(dataclasses.replace(c, paper=None), hw)
+                if p.status == "ok":
+                    calls_min = (c.warmup + c.repeats) * p.time_s / 60
+                    assert calls_min < 0.8 * min(sp.slurm.time_min, sp.timeout_min), \
+                        (sp.name, c.label, c.seq_len, calls_min)
