@@ -472,16 +472,21 @@ def ring_groups(group=None, ranks_per_node: int | None = None) -> RingGroups:
     ranks = tuple(group_ranks(group))
     g = len(ranks)
     _, local = ring_shape(g, ranks_per_node)
-    # the group object is part of the key: a flat ring reads through the caller's group, and a
-    # new group over the same ranks (the old one destroyed) must not get the old one back
+    # the group object is part of the key: a new group over the same ranks (the old one
+    # destroyed) must not get the old one back
     key = (ranks, local, None if group is None or group is dist.group.WORLD else group)
     if key in _RING_CACHE:
         return _RING_CACHE[key]
     me = ranks.index(rank())
     nodes = g // local
     if nodes == 1:
-        dup = subgroup([list(ranks)], parent=group, purpose="ring-acc") if g > 1 else None
-        rg = RingGroups(ranks, 1, local, me, read_intra=group, acc_intra=dup)
+        # reads and accumulators each on a group of their own, never the caller's: under NCCL
+        # a communicator runs its operations in order, so a ring step's transfer would wait
+        # behind whatever else the caller's group carries (FSDP's gathers and reduce-scatters
+        # over the world under fsdp_world, where the context-parallel group is the world)
+        read = subgroup([list(ranks)], parent=group, purpose="ring-read") if g > 1 else group
+        acc = subgroup([list(ranks)], parent=group, purpose="ring-acc") if g > 1 else None
+        rg = RingGroups(ranks, 1, local, me, read_intra=read, acc_intra=acc)
     else:
         intra = [list(ranks[n * local:(n + 1) * local]) for n in range(nodes)]
         inter = [list(ranks[l::local]) for l in range(local)]

@@ -45,14 +45,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank, world, port, fn, args, out_dir, backend, threads, timeout_s):
+def _die_with(parent: int) -> None:
+    """SIGKILL this rank when its launcher dies (Linux). torch sets SIGINT for that once a rank
+    has started, which a rank started with SIGINT ignored (``cmd &`` in a script) ignores, and
+    not before: a launcher killed then left ranks that trained on, writing the run's files."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before that: nobody waits for this rank
+        os._exit(1)
+
+
+def _entry(rank, world, port, fn, args, out_dir, backend, threads, timeout_s, parent):
     from burst import comm
 
+    if sys.platform.startswith("linux"):
+        _die_with(parent)
     torch.set_num_threads(threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     path = os.path.join(out_dir, f"rank{rank}.pkl")
-    # the rank's stderr goes to a file that spawn echoes when the ranks are done, and quotes
+    # the rank's stderr goes to a file that spawn echoes as its lines come, and quotes
     # for a rank that died without a result: what gloo or CUDA printed before an abort
     # ("Received data size doesn't match ...") was on the console only, not in SpawnError
     err = os.open(os.path.join(out_dir, f"rank{rank}.err"), os.O_WRONLY | os.O_CREAT, 0o644)
@@ -104,20 +119,40 @@ def _how_it_ended(code: int | None, stopped: bool, first_dead: int | None) -> st
 STDERR_LINES = 15  # of a rank that died, quoted in SpawnError
 
 
-def _echo_stderr(out_dir: str, world: int) -> list[str]:
-    """Each rank's stderr, written to this process's stderr (rank by rank) and returned."""
-    logs = []
-    for r in range(world):
-        try:
-            with open(os.path.join(out_dir, f"rank{r}.err"), errors="replace") as f:
-                text = f.read()
-        except OSError:  # the rank died before it opened its file
-            text = ""
-        if text:
-            sys.stderr.write(text if text.endswith("\n") else text + "\n")
-        logs.append(text)
-    sys.stderr.flush()
-    return logs
+class _Stderr:
+    """The ranks' stderr files, echoed to this process's stderr as their lines come (a warning
+    of a long run is seen when it is given, not when the run ends), whole lines at a time."""
+
+    def __init__(self, out_dir: str, world: int):
+        self.paths = [os.path.join(out_dir, f"rank{r}.err") for r in range(world)]
+        self.done = [0] * world  # bytes echoed per rank
+
+    def echo(self, final: bool = False) -> None:
+        for r, path in enumerate(self.paths):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.done[r])
+                    new = f.read()
+            except OSError:  # the rank has not opened its file yet, or died before
+                continue
+            if not final:
+                new = new[:new.rfind(b"\n") + 1]
+            if new:
+                text = new.decode(errors="replace")
+                sys.stderr.write(text if text.endswith("\n") else text + "\n")
+                self.done[r] += len(new)
+        sys.stderr.flush()
+
+    def logs(self) -> list[str]:
+        """Each rank's whole stderr (echoed or not)."""
+        out = []
+        for path in self.paths:
+            try:
+                with open(path, errors="replace") as f:
+                    out.append(f.read())
+            except OSError:  # the rank died before it opened its file
+                out.append("")
+        return out
 
 
 def _kill(processes) -> set[int]:
@@ -150,12 +185,15 @@ def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="burst-spawn-") as out_dir:
         ctx = mp.start_processes(
-            _entry, args=(world, port, fn, args, out_dir, backend, threads, timeout_s),
+            _entry, args=(world, port, fn, args, out_dir, backend, threads, timeout_s,
+                          os.getpid()),
             nprocs=world, join=False, start_method="spawn")
+        stderr = _Stderr(out_dir, world)
         deadline = time.monotonic() + timeout_s + 30
         failed_at, first_dead, stopped = None, None, set()
         try:
             while True:
+                stderr.echo()
                 try:
                     if ctx.join(timeout=0.2):
                         break
@@ -175,10 +213,11 @@ def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
         except BaseException:  # KeyboardInterrupt, a signal turned exception: ranks die first
             _kill(ctx.processes)
             with contextlib.suppress(Exception):  # what they said about a hang, if anything
-                _echo_stderr(out_dir, world)
+                stderr.echo(final=True)
             raise
         results, errors = [], []
-        logs = _echo_stderr(out_dir, world)
+        stderr.echo(final=True)
+        logs = stderr.logs()
         for r in range(world):
             path = os.path.join(out_dir, f"rank{r}.pkl")
             if not os.path.exists(path):

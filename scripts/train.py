@@ -19,12 +19,15 @@ with the losses it would have had (the steps logged after that save are run agai
 lines replaced), also on another number of ranks (``--world``), CP degree, ``--batch`` or
 ``--data-parallel`` wrapper, as long as the global batch (``--batch`` sequences per DP group x
 the DP size) stays (a bfloat16 run keeps fp32 master weights only where FSDP shards over more
-than one rank: resumed where it does not, they are rounded, with a warning, and its losses
-drift); the other arguments but ``--steps``, ``--save-every`` and
+than one rank: resumed where it does not, they are rounded, and a run without them resumed
+where it does gains them, each with a warning, and its losses drift); the other arguments but ``--steps``, ``--save-every`` and
 ``--time-limit-min`` must be those it started with (``<out>/run.json``; a default named, such as
 the model's own ``--kv-heads``, is the same argument). Arguments the engine would refuse (a
 method, layout, length or ``--ranks-per-node`` that cannot run on the ranks) are refused before
-any rank starts. Rank 0 alone reads and writes ``--out``.
+any rank starts. Rank 0 alone reads and writes ``--out``. A run holds ``<out>/.lock`` while it
+writes there (its launcher, or rank 0 under torchrun): the same command started again meanwhile
+is refused, and the ranks of a launcher that was killed die with it (``burst.spawn``). A log
+line that is not a step's record is refused before a resume; steps the log lacks are named.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from burst.engine.trainer import DTYPES, OPTIMIZERS, seq_len_problems  # noqa: E
 from burst.layout import chunks_per_rank  # noqa: E402
 from burst.masks import MaskSpec  # noqa: E402
 from burst.spawn import spawn  # noqa: E402
+from results.store import RunLock, RunLockedError  # noqa: E402
 
 PASSES = ("forward", "backward")  # the attention's phases in burst.comm's byte counter
 # what may change when a run is resumed; everything else is the run's identity
@@ -168,6 +172,9 @@ def _model(args: dict):
             raise ValueError(f"--window {args['window']}: {e}") from None
     cu = None
     if args["doc_len"] is not None:
+        if args["doc_len"] < 2:
+            raise ValueError(f"--doc-len {args['doc_len']}: a document of one token has no "
+                             "next token to learn from; use 2 or more")
         cu = [*range(0, args["seq_len"], args["doc_len"]), args["seq_len"]]
     return cfg, window, cu
 
@@ -251,6 +258,8 @@ def _check_run(args: dict, world: int) -> str | None:
         except ValueError as e:
             return f"{run} names a run this version cannot rebuild ({e}); use another --out"
         differ = {k: (saved.get(k), v) for k, v in mine.items() if saved.get(k) != v}
+        if not differ and _log_problem(out / "steps.jsonl"):
+            return _log_problem(out / "steps.jsonl")
         if differ:
             return (f"{out} holds a run started with other arguments ("
                     + ", ".join(f"{k}: {a!r} then, {b!r} now" for k, (a, b) in
@@ -265,12 +274,62 @@ def _check_run(args: dict, world: int) -> str | None:
     return None
 
 
+class _Writer:
+    """This run's hold on ``--out`` (``results.store.RunLock``, released when the process that
+    holds it ends, however it ends): a second start of the same folder while a run trains in
+    it is refused, where the two wrote over each other's saves and logs. Taken by the process
+    that writes run.json (the launcher, or rank 0 under torchrun) before it checks the folder."""
+
+    def __init__(self, out: Path):
+        self.out, self.lock, self.made = out, None, False
+
+    def take(self) -> str | None:
+        """Why this run cannot write ``out`` (None: it holds it now)."""
+        out = self.out
+        if out.exists() and not out.is_dir():
+            return f"--out {out} is a file, not a folder (nothing was written)"
+        self.made = not out.exists()
+        lock = RunLock(out)
+        try:
+            lock.__enter__()
+        except RunLockedError:
+            return (f"{out} is being written by another training run (it holds {out}/.lock); "
+                    "wait for it to end, or use another --out")
+        self.lock = lock
+        return None
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.__exit__(None, None, None)
+            self.lock = None
+            lock = self.out / ".lock"
+            if self.made and [p.name for p in self.out.iterdir()] == [lock.name]:
+                lock.unlink()  # a run refused before it wrote anything leaves no folder
+                self.out.rmdir()
+
+
 def _log_lines(log: Path, below: int) -> list[str]:
     """The log's lines of the steps before ``below`` (the ones a resume keeps)."""
     if not log.exists():
         return []
     return [line for line in log.read_text().splitlines(keepends=True)
             if line.endswith("\n") and json.loads(line)["step"] < below]
+
+
+def _log_problem(log: Path) -> str | None:
+    """Why the log cannot be kept by a resume (None: it can): a whole line that is not a
+    step's JSON (a torn last line is a killed writer's, dropped by the resume)."""
+    if not log.exists():
+        return None
+    for i, line in enumerate(log.read_text().splitlines(keepends=True), 1):
+        if not line.endswith("\n"):
+            continue
+        try:
+            int(json.loads(line)["step"])
+        except (ValueError, TypeError, KeyError) as e:
+            return (f"{log} line {i} is not a step's record ({type(e).__name__}: {e}); "
+                    "remove that line (or the file, losing the earlier steps' log) to resume")
+    return None
 
 
 def _train(rank: int, world: int, args: dict, host_ranks: int | None = None) -> None:
@@ -310,9 +369,15 @@ def _train(rank: int, world: int, args: dict, host_ranks: int | None = None) -> 
         f"{args['seq_len']} tokens x {args['batch']} per DP group; "
         + (f"resuming at step {start}" if start else "from the start"), flush=True)
     if rank == 0:  # drop what ran after the last save: it runs again
+        kept = _log_lines(log, start)
         tmp = log.with_name(log.name + ".tmp")
-        tmp.write_text("".join(_log_lines(log, start)))
+        tmp.write_text("".join(kept))
         os.replace(tmp, log)
+        missing = sorted(set(range(start)) - {json.loads(line)["step"] for line in kept})
+        if missing:
+            print(f"warning: {log} has no line for {_count(len(missing), 'step')} of the "
+                  f"{start} the saved state has done (first: step {missing[0]}); the log of "
+                  "this run lacks them", file=sys.stderr, flush=True)
     tokens = args["seq_len"] * args["batch"] * tr.dp_size
     for step in range(start, args["steps"]):
         batch = tr.local_batch(args["seq_len"], batch=args["batch"], seed=step, cu_seqlens=cu)
@@ -345,6 +410,9 @@ def _train(rank: int, world: int, args: dict, host_ranks: int | None = None) -> 
                 f"{row['attention_sent_forward_bytes'] / 2**20:.3f}, backward "
                 f"{row['attention_sent_backward_bytes'] / 2**20:.3f})", flush=True)
         if (step + 1) % args["save_every"] == 0 or step + 1 == args["steps"]:
+            if rank == 0:  # on disk before the state that has done its steps
+                with open(log, "a") as f:
+                    os.fsync(f.fileno())
             tr.save(state, meta={"step": step + 1})
     say(f"done: {_count(args['steps'], 'step')}; state in {state}, losses in {log}",
         flush=True)
@@ -374,22 +442,29 @@ def _main(argv=None) -> None:
         # a save on rank 0 keeps the others waiting: the time limit, not a 10-minute default
         comm.init("nccl" if device is not None else "gloo", device_id=device,
                   timeout_s=args["time_limit_min"] * 60)
+        writer = _Writer(Path(args["out"]))
         try:
-            problem = comm.gather_objects(
-                _check_run(args, comm.world_size()) if comm.rank() == 0 else None,
-                device=device)[0]
+            problem = None
+            if comm.rank() == 0:
+                problem = writer.take() or _check_run(args, comm.world_size())
+            problem = comm.gather_objects(problem, device=device)[0]
             if problem:
                 raise SystemExit(problem)
             _train(comm.rank(), comm.world_size(), args,
                    host_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or None)
         finally:
+            writer.release()
             comm.destroy()
         return
-    problem = _check_run(args, args["world"])
-    if problem:
-        raise SystemExit(problem)
-    spawn(_train, args["world"], args=(args,), backend="nccl" if args["device"] == "cuda"
-          else "gloo", timeout_s=args["time_limit_min"] * 60)
+    writer = _Writer(Path(args["out"]))
+    try:
+        problem = writer.take() or _check_run(args, args["world"])
+        if problem:
+            raise SystemExit(problem)
+        spawn(_train, args["world"], args=(args,), backend="nccl" if args["device"] == "cuda"
+              else "gloo", timeout_s=args["time_limit_min"] * 60)
+    finally:
+        writer.release()
 
 
 if __name__ == "__main__":

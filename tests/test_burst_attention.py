@@ -6,6 +6,10 @@ and that the byte counter equals the analytic volume of ``burst.volume``.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+
 import pytest
 import torch
 
@@ -451,3 +455,103 @@ def test_auto_backward_takes_burst_on_a_tie():
     assert auto_backward(world=1, **shape) == "burst"
     assert auto_backward(world=4, **shape) == "burst"
     assert auto_backward(world=4, **dict(shape, kv_heads=1)) == "ring"  # GQA: K/V are small
+
+
+def _ring_groups_used(rank: int, world: int):
+    import torch.distributed as dist
+
+    from burst import burst_attn
+
+    used = []
+    real = dist.batch_isend_irecv
+
+    def spy(ops):
+        used.extend(op.group for op in ops)
+        return real(ops)
+
+    dist.batch_isend_irecv = spy
+    try:
+        torch.manual_seed(rank)
+        q, k, v = (torch.randn(1, 16, 2, 8, requires_grad=True) for _ in range(3))
+        burst_attn(q, k, v, causal=True, layout="zigzag").sum().backward()
+    finally:
+        dist.batch_isend_irecv = real
+    return len(used), sum(g is None or g is dist.group.WORLD for g in used)
+
+
+def test_a_flat_ring_sends_nothing_through_the_callers_group():
+    """The ring's reads and accumulators travel on groups of their own: under NCCL a
+    communicator runs its operations in order, so reads on the caller's group (the world under
+    fsdp_world, which FSDP's gathers and reduce-scatters share) would wait behind them. The
+    flat ring read through the caller's group (a GPU review found it)."""
+    for posted, on_caller in spawn(_ring_groups_used, 2):
+        assert posted > 0 and on_caller == 0
+
+
+def _stays(rank: int, world: int, folder: str, launcher_err: str):
+    """Rank 0 says a line on stderr and waits (10 s at most) to see the launcher echo it; then
+    every rank writes its pid and lives on (60 s at most) unless killed."""
+    import os
+    import sys
+    import time
+
+    seen = False
+    if rank == 0:
+        print("a warning of rank 0", file=sys.stderr, flush=True)
+        end = time.monotonic() + 10
+        while not seen and time.monotonic() < end:
+            time.sleep(0.1)
+            with open(launcher_err) as f:
+                seen = "a warning of rank 0" in f.read()
+    with open(os.path.join(folder, f"rank{rank}.pid"), "w") as f:
+        f.write(f"{os.getpid()} {seen}")
+    time.sleep(60)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" not in f.read()  # a zombie has died (reaped or not)
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_ranks_die_with_their_launcher_and_their_stderr_is_echoed_as_it_comes(tmp_path):
+    """A launcher killed (SIGKILL) left its ranks running: torch asks for SIGINT at its death,
+    which a rank started with SIGINT ignored (``cmd &`` in a script) ignores, so a training run
+    went on writing its folder while the same command, run again, resumed it (a resume
+    audit). And a rank's warning reached the console only when the ranks ended."""
+    import signal
+    import subprocess
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    err = tmp_path / "launcher.err"
+    script = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+              "from burst.spawn import spawn\n"
+              "from tests.test_burst_attention import _stays\n"
+              f"spawn(_stays, 2, args=({str(tmp_path)!r}, {str(err)!r}), timeout_s=120)\n")
+    with open(err, "w") as f:
+        launcher = subprocess.Popen([sys.executable, "-c", script], cwd=root, stderr=f,
+                                    env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        pids = [tmp_path / f"rank{r}.pid" for r in range(2)]
+        end = time.monotonic() + 90
+        while not all(p.exists() and p.read_text() for p in pids):
+            assert time.monotonic() < end and launcher.poll() is None, err.read_text()
+            time.sleep(0.2)
+        ranks = [int(p.read_text().split()[0]) for p in pids]
+        assert pids[0].read_text().split()[1] == "True"  # echoed while the ranks ran
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
+        end = time.monotonic() + 10
+        while any(map(_alive, ranks)) and time.monotonic() < end:
+            time.sleep(0.1)
+        assert not any(map(_alive, ranks)), "ranks outlived their launcher"
+    finally:
+        launcher.kill()
+        for p in tmp_path.glob("rank*.pid"):
+            with contextlib.suppress(Exception):
+                os.kill(int(p.read_text().split()[0]), signal.SIGKILL)

@@ -334,3 +334,47 @@ def test_train_help_shows_each_default(monkeypatch):
                   "K/V heads (GQA; default: the model config's)"):
         assert shown in text, shown
     assert "(default: None)" not in text and "default: False" not in text
+
+
+def test_a_second_run_of_the_same_folder_is_refused_while_one_writes_it(tmp_path):
+    """Two starts of one --out (the command run again while a first, or ranks its killed
+    launcher left, still trained) resumed the same state and wrote over each other's saves
+    and logs: steps logged twice, and one run's rename of state.pt.tmp failed (a resume
+    audit). The run holds the folder's lock (results.store.RunLock) while it writes it."""
+    from results.store import RunLock
+
+    out = tmp_path / "run"
+    assert _train(out, "--world", "1", "--steps", "2").returncode == 0
+    before = (out / "steps.jsonl").read_text()
+    with RunLock(out):  # another run holds it
+        res = _train(out, "--world", "1", "--steps", "4")
+    assert res.returncode != 0 and "is being written by another training run" in res.stderr, (
+        res.stderr[-3000:])
+    assert (out / "steps.jsonl").read_text() == before
+    res = _train(out, "--world", "1", "--steps", "4")  # once it has ended
+    assert res.returncode == 0 and "resuming at step 2" in res.stdout, res.stderr[-3000:]
+    assert [s for s, _ in _losses(out)] == [0, 1, 2, 3]
+
+
+def test_a_resume_refuses_a_garbled_log_and_says_which_steps_its_log_lacks(tmp_path):
+    """A whole line of steps.jsonl that is not a step's record failed on the ranks, with a
+    traceback per rank and gloo's closed connections; a log that lost lines was resumed without
+    a word; and --doc-len 1 (no token has a next one in its document) passed the checks made
+    before the ranks start, then failed on them (a resume audit)."""
+    res = _train(tmp_path / "docs", "--world", "1", "--steps", "1", "--doc-len", "1")
+    assert res.returncode != 0 and "a document of one token" in res.stderr, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr and not (tmp_path / "docs").exists()
+    out = tmp_path / "run"
+    assert _train(out, "--world", "1", "--steps", "2").returncode == 0
+    log = out / "steps.jsonl"
+    good = log.read_text()
+    log.write_text(good.replace('"step": 1', '"stop": 1', 1))
+    res = _train(out, "--world", "1", "--steps", "3")
+    assert res.returncode != 0 and "line 2 is not a step's record" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+    log.write_text(good.splitlines(keepends=True)[1])  # step 0's line lost
+    res = _train(out, "--world", "1", "--steps", "3")
+    assert res.returncode == 0 and "resuming at step 2" in res.stdout, res.stderr[-3000:]
+    assert "has no line for 1 step of the 2 the saved state has done (first: step 0)" in \
+        res.stderr, res.stderr[-3000:]
+    assert [s for s, _ in _losses(out)] == [1, 2]

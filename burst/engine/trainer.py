@@ -387,18 +387,27 @@ class Trainer:
         self._raise_if_any(error, "load_state_dict")
 
     def _warn_if_rounded(self, weights: dict) -> None:
-        """A state of wider weights than this Trainer keeps (a bfloat16 run's fp32 master
-        weights, saved under a sharding FSDP, loaded under ddp): they are rounded, and the run
-        goes on without them, so its losses are not those it would have had."""
+        """A state of other weights than this Trainer keeps: a bfloat16 run's fp32 master
+        weights (saved under a sharding FSDP) loaded under ddp are rounded, and the run goes on
+        without them; a bfloat16 run's weights loaded under a sharding FSDP become fp32 masters
+        the run did not have. Either way its losses are not those it would have had."""
         mine = next(self.model.parameters()).dtype
-        wider = sorted({str(v.dtype) for v in weights.values()
-                        if v.is_floating_point() and v.dtype.itemsize > mine.itemsize})
+        floats = {v.dtype for v in weights.values() if v.is_floating_point()}
+        wider = sorted(str(d) for d in floats if d.itemsize > mine.itemsize)
+        narrower = sorted(str(d) for d in floats if d.itemsize < mine.itemsize)
         if wider:
             warnings.warn(f"Trainer.load_state_dict: the state's weights are {', '.join(wider)} "
                           f"(fp32 master weights of a run under a sharding FSDP), this Trainer "
                           f"keeps {mine}: they are rounded to it and the run goes on without "
                           "master weights (its losses drift from the run it resumes); resume "
                           "under the same data_parallel to keep them", stacklevel=2)
+        elif narrower:
+            warnings.warn(f"Trainer.load_state_dict: the state's weights are "
+                          f"{', '.join(narrower)} (a run that kept no master weights), this "
+                          f"Trainer keeps {mine} master weights (a sharding FSDP): made from "
+                          "the state's and the run goes on with them (its losses drift from "
+                          "the run it resumes); resume under the same data_parallel to keep "
+                          "its precision", stacklevel=2)
 
     def _check_state(self, state) -> dict:
         """``state["optimizer"]`` of a well-formed state for this Trainer; raises why not."""
