@@ -371,7 +371,9 @@ def _kernel_impls(sz: Sizes):
     def ours_fb(q, k, v, do):
         out, lse = block_forward(q, k, v, kind=CAUSAL)
         delta = row_delta(do, out, torch.float32)
-        block_backward(do, q, k, v, lse, delta, kind=CAUSAL)
+        # with its output, as SDPA's backward has it (without, a kernel that takes out gets a
+        # stand-in built from delta: the burst backward's cost, not the kernel's)
+        block_backward(do, q, k, v, lse, delta, kind=CAUSAL, out_BSHD=out)
 
     def sdpa(backend):
         def ctx():
