@@ -19,7 +19,9 @@ from paper_figures.palette import (
 )
 
 __all__ = ["FAILED_MARKERS", "bar_legend", "label_checkpointing", "label_order", "line_labels",
-           "mark_failures", "panel_bars", "panel_rows", "rows_for"]
+           "mark_failures", "panel_bars", "panel_rows", "rows_for", "status_note"]
+
+FADED = 0.35  # the alpha of a bar drawn for a cell predicted OOM
 
 # where a line has no number: out of memory, and every other way a cell can fail
 FAILED_MARKERS = {"oom": "x", "skipped": "o", "error": "^", "timeout": "v", "missing": "s"}
@@ -27,7 +29,7 @@ FAILED_MARKERS = {"oom": "x", "skipped": "o", "error": "^", "timeout": "v", "mis
 KEEP = ["source", "workload", "model", "world", "seq_len", "label", "system", "checkpointing",
         "status", "hardware", "tokens_per_s", "mfu_model_flops_causal", "attn_tflops",
         "mem_reserved_bytes", "time_s", "sweep", "method_options", "heads", "head_dim", "dtype",
-        "causal"]
+        "causal", "error"]
 
 
 def _on(d: pd.DataFrame, hardware: str) -> pd.Series:
@@ -94,20 +96,39 @@ def line_labels(df: pd.DataFrame) -> list[tuple[str, str, str]]:
              linestyle(label_checkpointing(df, lab))) for lab in label_order(df)]
 
 
-def bar_legend(fig, measured: bool = False, **kw):
+def bar_legend(fig, measured: bool = False, faded: bool = False, **kw):
     """The legend of the bar figures: what the hatching means, and the markers (measured only
-    when ``measured``: a figure without GPU rows does not promise them)."""
+    when ``measured``: a figure without GPU rows does not promise them); ``faded``: what a
+    faded bar is (a value drawn for a cell predicted OOM, ``panel_bars``' ``drawn_oom``)."""
     handles = [
         Patch(facecolor="white", edgecolor="0.3", hatch=hatch(FULL_RECOMPUTE),
               label=FULL_RECOMPUTE_LABEL),
         Line2D([], [], ls="none", marker=SOURCE_MARKERS["paper"], color="black", ms=5,
                label="published"),
     ]
+    if faded:
+        handles.append(Patch(facecolor="0.4", alpha=FADED, label="faded: predicted OOM"))
     if measured:
         handles.append(Line2D([], [], ls="none", marker=SOURCE_MARKERS["measured"],
                               color="white", markeredgecolor="black", ms=5,
                               label="measured on GPUs"))
     return fig.legend(handles=handles, fontsize=8, frameon=False, **kw)
+
+
+def status_note(df: pd.DataFrame) -> str:
+    """A footnote for the tags a reader cannot guess: why cells were skipped (the first such
+    row's error) and what a published MISSING is; empty where neither is drawn."""
+    notes = []
+    skipped = df[df["status"] == "skipped"]
+    if len(skipped):
+        errors = skipped["error"].dropna().astype(str)
+        why = errors.iloc[0].split("cannot run this case: ")[-1].split(";")[0] if len(errors) \
+            else ""
+        notes.append(f"SKIPPED ({', '.join(dict.fromkeys(skipped['label']))}): the system cannot "
+                     "run the cell as configured" + (f", e.g. {why}" if why else ""))
+    if ((df["source"] == "paper") & (df["status"] == "missing")).any():
+        notes.append("paper MISSING: the paper's table has no number for the cell")
+    return "; ".join(notes)
 
 
 def label_order(df: pd.DataFrame) -> list[str]:
@@ -133,7 +154,7 @@ def panel_bars(ax, df: pd.DataFrame, metric: str, labels: list[str], *, scale: f
     the status (OOM, ERROR, TIMEOUT, ...) where a source has no number. Returns the plotted
     values, unclipped (one row per label x source); ``clip`` caps only the drawn height.
     ``drawn_oom``: labels whose simulated value is drawn although the cell is predicted OOM
-    (a memory peak): tagged "sim OOM" like a bar without a number."""
+    (a memory peak): faded, and tagged "sim OOM" like a bar without a number."""
     x = np.arange(len(labels))
     out = []
     sim = df[df["source"] == "simulated"].drop_duplicates("label", keep="last").set_index("label")
@@ -150,8 +171,10 @@ def panel_bars(ax, df: pd.DataFrame, metric: str, labels: list[str], *, scale: f
                     "value": v})
     bars = sns.barplot(x=x, y=heights, hue=x, palette=colors, legend=False, ax=ax,
                        saturation=1.0)
-    for patch, h in zip(bars.patches, hatches, strict=False):
+    for patch, h, lab in zip(bars.patches, hatches, labels, strict=False):
         patch.set_hatch(h or None)
+        if lab in drawn_oom:
+            patch.set_alpha(FADED)
     ymax = max([h for h in heights if h] or [1.0])
     for src in ("paper", "measured"):
         d = df[df["source"] == src].drop_duplicates("label", keep="last").set_index("label")
@@ -177,9 +200,12 @@ def panel_bars(ax, df: pd.DataFrame, metric: str, labels: list[str], *, scale: f
                  for o in out if o["label"] == lab and o["source"] == src
                  if o["status"] not in (None, "ok") and (src == "simulated"
                                                           or o["status"] != "no value")]
-        if tags and h and h > 0.5 * ymax:  # a tall bar holds its tags (no room above it)
+        if tags and h and h > 0.5 * ymax:  # a tall bar holds its tags (no room above it),
+            # dark: on a light box over a bar in full colour (and hatching), bare on a faded one
+            box = None if lab in drawn_oom else dict(boxstyle="round,pad=0.15", fc="white",
+                                                     ec="none", alpha=0.8)
             ax.text(i, 0.97 * h, "\n".join(tags), ha="center", va="top", fontsize=6,
-                    rotation=90, color="white")
+                    rotation=90, color="0.1", bbox=box)
         elif tags:
             ax.text(i, h or oom_height or 0.02 * ymax, "\n".join(tags),
                     ha="center", va="bottom", fontsize=6, rotation=90, color="0.25")

@@ -1,7 +1,9 @@
 """Activations kept per GPU between forward and backward vs sequence length (32 GPUs), per
 checkpointing mode: none, full (layer input only), selective (+ attention output and lse),
 selective_half (half of that cache). One panel per model; dashed: the memory usable on an A800
-(78.5 of the 79.33 GiB CUDA sees, the simulator's OOM line)."""
+(78.5 of the 79.33 GiB CUDA sees, the simulator's OOM line), against which these activations
+alone are drawn (no weights, gradients or optimizer states). "full" is the paper's "w/o
+sele-ckpt"; "none" keeps every activation (no recomputation)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,11 @@ from paper_figures.palette import MODE_COLORS
 from suites.hardware import GIB, load
 
 NAME = "checkpoint_memory"
+# what each mode keeps, in the legend ("none" and "full" read the other way round elsewhere)
+MODE_NAMES = {"none": "none (every activation kept)",
+              "full": "full (layer inputs; paper: w/o sele-ckpt)",
+              "selective": "selective (+ attention output, lse)",
+              "selective_half": "selective_half (half of that cache)"}
 USABLE_GIB = load("a800").usable_gib  # the simulator's OOM line, as memory_bars
 
 
@@ -28,10 +35,10 @@ def make(tables):
         ax = axes[0][j]
         for mode, d in df[df["model"] == model].groupby("series", sort=False):
             ax.plot(d["seq_len"], d["GiB"], marker="o", ms=3, color=MODE_COLORS.get(mode, "0.5"),
-                    label=mode)
+                    label=MODE_NAMES.get(mode, mode))
         memory_axes(ax, USABLE_GIB, int(df["world"].iloc[0]),
                     "checkpointed activations per GPU (GiB)" if j == 0 else "")
-        ax.set_title(model.upper(), fontsize=9)
-        legend(ax, fontsize=7)
+        ax.set_title(f"{model.upper()}: activations alone (no model states)", fontsize=9)
+        legend(ax, fontsize=6.5, loc="upper left")
     fig.tight_layout()
     return fig, df

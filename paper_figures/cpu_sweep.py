@@ -28,7 +28,7 @@ NAME = "cpu_sweep"
 SWEEP, LONG = "cpu_scaling", "cpu_long"
 HARDWARE = "a800"  # the profile the simulated lines come from (bytes do not depend on it)
 FLOOR = 0.03  # axes fraction where cells without a number are marked
-MARKERS = ("s", "o", "D", "^", "v", "P", "X", "<", ">")
+MARKERS = ("s", "o", "^", "v", "P", "X", "<", ">", "h")  # no diamond: it means "published"
 LINESTYLES = ("-", "--", "-.", ":")
 
 

@@ -2,15 +2,16 @@
 convention: backward = 2.5 x forward, causal pairs halved; the shape, from the rows, in the title)
 on 32 A800s at 128K-1M tokens. Lines: simulated; diamonds: published; squares:
 measured on GPUs (if any); at the bottom, a mark per cell without a number (x: out of memory;
-the other failures have their own marks, ``_bars.FAILED_MARKERS``); a red ring: a simulated
-number where the paper reports OOM."""
+the other failures have their own marks, ``_bars.FAILED_MARKERS``); a simulated number where
+the paper reports OOM is ringed in black and its segment dotted (the simulator's attention-only
+memory fits there: docs/simulator.md)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from burst.flops import BACKWARD_OVER_FORWARD
-from paper_figures._bars import line_labels, mark_failures, rows_for
+from paper_figures._bars import FAILED_MARKERS, line_labels, mark_failures, rows_for
 from paper_figures.common import fmt_tokens, legend, new_figure, note_empty
 from paper_figures.palette import SOURCE_MARKERS, series_color
 
@@ -59,20 +60,27 @@ def make(tables):
         colour = series_color(system, label)
         d = df[df["label"] == label].sort_values("seq_len")
         # a simulated number where the paper has OOM (Megatron-CP at 512K, 1M: docs/simulator.md
-        # says why) is ringed in red, so the line does not read as agreeing with the paper
+        # says why) is ringed (black: no method's colour) and reached by a dotted segment, so
+        # the line does not read as agreeing with the paper
         oom = set(d.loc[(d["source"] == "paper") & (d["status"] == "oom"), "seq_len"])
         sim = d[(d["source"] == "simulated") & (d["status"] == "ok") & d["seq_len"].isin(oom)]
         if len(sim):
             ax.scatter(sim["seq_len"], sim["attn_tflops"], s=90, facecolors="none",
-                       edgecolors="red", lw=1.2, zorder=6,
+                       edgecolors="black", lw=1.0, zorder=6,
                        label=None if flagged else "simulated, but OOM in the paper")
             flagged = True
         for src in ("simulated", "paper", "measured"):
             s = d[d["source"] == src].drop_duplicates("seq_len", keep="last")
             ok = (s["status"] == "ok") & s["attn_tflops"].notna()
             if src == "simulated" and ok.any():  # the line breaks where a cell has no number
-                ax.plot(s["seq_len"], s["attn_tflops"].where(ok), color=colour, lw=1.8,
+                agrees = ok & ~s["seq_len"].isin(oom)
+                ax.plot(s["seq_len"], s["attn_tflops"].where(agrees), color=colour, lw=1.8,
                         ls=ls, marker=SOURCE_MARKERS[src], ms=3, label=label)  # a lone point shows
+                if (ok & ~agrees).any():  # from the last cell the paper ran, dotted and faded
+                    seg = ok & (s["seq_len"] >= s.loc[agrees, "seq_len"].max()
+                                if agrees.any() else ok)
+                    ax.plot(s["seq_len"], s["attn_tflops"].where(seg), color=colour, lw=1.4,
+                            ls=":", alpha=0.6, marker=SOURCE_MARKERS[src], ms=3)
             elif ok.any():
                 ax.scatter(s.loc[ok, "seq_len"], s.loc[ok, "attn_tflops"], color=colour,
                            s=30, marker=SOURCE_MARKERS[src], edgecolor="black", zorder=5)
@@ -89,10 +97,17 @@ def make(tables):
     ax.set_xlabel("sequence length (tokens), 32 GPUs")
     ax.set_ylabel("attention TFLOP/s per GPU")
     ax.set_ylim(0, None)
+    ax.scatter([], [], marker=SOURCE_MARKERS["paper"], color="0.5", edgecolor="black", s=30,
+               label="published")
     legend(ax, fontsize=7, loc="center right")
+    # the marks of the failures drawn, and only those
+    drawn = [st for st in FAILED_MARKERS if (df["status"] == st).any()]
+    names = {"oom": "\u00d7 OOM", "skipped": "\u25cb skipped", "error": "\u25b3 error",
+             "timeout": "\u25bd timeout", "missing": "\u25a1 missing"}
+    floor = f"; at the floor: {', '.join(names[st] for st in drawn)}" if drawn else ""
     ax.set_title(f"Attention forward+backward, {shape(df)}: simulated (lines), published "
                  "(\u25c6);\nTFLOP/s: flash-attention convention (backward = "
-                 f"{BACKWARD_OVER_FORWARD:g} \u00d7 forward, causal = half of N\u00b2); at the "
-                 "floor: \u00d7 OOM, \u25cb skipped, \u25b3 error, \u25bd timeout", fontsize=8)
+                 f"{BACKWARD_OVER_FORWARD:g} \u00d7 forward, causal = half of N\u00b2){floor}",
+                 fontsize=8)
     fig.tight_layout()
     return fig, pd.DataFrame(rows)

@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import pandas as pd
 
-from paper_figures._bars import bar_legend, label_order, panel_bars, panel_rows, rows_for
+from paper_figures._bars import (
+    bar_legend,
+    label_order,
+    panel_bars,
+    panel_rows,
+    rows_for,
+    status_note,
+)
 from paper_figures.common import MFU_LABEL, new_figure, note_empty, seq_label
 
 NAME = "main_throughput"
@@ -57,4 +64,6 @@ def make(tables):
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     bar_legend(fig, measured, loc="upper center", bbox_to_anchor=(0.5, 0.955),
                ncol=3)
+    fig.text(0.5, 0.0, status_note(pd.concat([panel_rows(df, m, w) for m, w in PANELS])),
+             ha="center", va="top", fontsize=8)
     return fig, pd.concat(plotted, ignore_index=True) if plotted else pd.DataFrame()

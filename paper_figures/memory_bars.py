@@ -1,13 +1,20 @@
 """Memory per GPU (max_memory_reserved, GiB) of the main runs: simulated bars (predicted peak,
-also for cells predicted OOM; drawn up to twice the capacity, the CSV has the whole value),
-published diamonds, the simulator's OOM threshold (the A800
-profile's usable memory) as a line."""
+also for cells predicted OOM, faded; drawn up to twice the capacity, the CSV has the whole
+value), published diamonds, the simulator's OOM threshold (the A800 profile's usable memory) as
+a line. Published memory is the paper's max_memory_reserved, its "GB" read as GiB."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from paper_figures._bars import bar_legend, label_order, panel_bars, panel_rows, rows_for
+from paper_figures._bars import (
+    bar_legend,
+    label_order,
+    panel_bars,
+    panel_rows,
+    rows_for,
+    status_note,
+)
 from paper_figures.common import new_figure, note_empty, seq_label
 from suites.hardware import GIB, load
 
@@ -48,14 +55,21 @@ def make(tables):
         d["model"], d["world"], d["metric"] = model, world, "mem_reserved_gib"
         plotted.append(d)
         ax.axhline(usable, color="black", lw=0.8, ls="--")
-        ax.set_ylim(0, YMAX_GIB)
+        # room for the tallest bar or diamond, not an empty third of the panel
+        top = max([usable, *d["value"].dropna().clip(upper=YMAX_GIB)])
+        ax.set_ylim(0, 1.12 * top)
         ax.set_title(f"{model.upper()}, {world} GPUs, {seq_label(sub['seq_len'].iloc[0])}",
                      fontsize=9)
         ax.set_ylabel("memory per GPU (GiB)" if j == 0 else "")
     measured = any((d["source"] == "measured").any() for d in plotted)
     fig.suptitle(f"Memory per GPU: simulated peak (bars; above the dashed line, the {usable:g} "
                  f"GiB usable of the {hw.memory_gib:g} CUDA sees, = OOM), published (\u25c6)"
-                 + (", measured on GPUs (\u25a1)" if measured else ""), fontsize=10)
+                 + (", measured on GPUs (\u25a1)" if measured else "")
+                 + "; published: the paper's max_memory_reserved, its GB read as GiB",
+                 fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
-    bar_legend(fig, measured, loc="upper center", bbox_to_anchor=(0.5, 0.945), ncol=3)
+    bar_legend(fig, measured, faded=True, loc="upper center", bbox_to_anchor=(0.5, 0.945),
+               ncol=4)
+    fig.text(0.5, 0.0, status_note(pd.concat([panel_rows(df, m, w) for m, w in PANELS])),
+             ha="center", va="top", fontsize=8)
     return fig, pd.concat(plotted, ignore_index=True) if plotted else pd.DataFrame()
