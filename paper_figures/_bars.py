@@ -19,7 +19,8 @@ from paper_figures.palette import (
 )
 
 __all__ = ["FAILED_MARKERS", "bar_legend", "label_checkpointing", "label_order", "line_labels",
-           "mark_failures", "panel_bars", "panel_rows", "rows_for", "status_note"]
+           "failure_note", "mark_failures", "panel_bars", "panel_rows", "rows_for",
+           "status_note"]
 
 FADED = 0.35  # the alpha of a bar drawn for a cell predicted OOM
 
@@ -121,14 +122,36 @@ def status_note(df: pd.DataFrame) -> str:
     notes = []
     skipped = df[df["status"] == "skipped"]
     if len(skipped):
-        errors = skipped["error"].dropna().astype(str)
-        why = errors.iloc[0].split("cannot run this case: ")[-1].split(";")[0] if len(errors) \
-            else ""
+        why = _why(skipped["error"].dropna().iloc[0]) if skipped["error"].notna().any() else ""
         notes.append(f"SKIPPED ({', '.join(dict.fromkeys(skipped['label']))}): the system cannot "
                      "run the cell as configured" + (f", e.g. {why}" if why else ""))
     if ((df["source"] == "paper") & (df["status"] == "missing")).any():
         notes.append("paper MISSING: the paper's table has no number for the cell")
     return "; ".join(notes)
+
+
+def _why(error) -> str:
+    """The first clause of a row's error: what a footnote quotes."""
+    if pd.isna(error):
+        return ""
+    from suites.run import short_reason
+
+    return short_reason(str(error).split("cannot run this case: ")[-1].split(";")[0], 90)
+
+
+def failure_note(df: pd.DataFrame, x: str = "world", unit: str = "GPUs") -> str:
+    """One clause per label and status of the simulated cells without a number, with the
+    ``x`` values where they fail and the first one's reason (its row's error), in legend
+    order: "Megatron: oom at 1, 2, 4 GPUs (predicted OOM: 144.98 GiB reserved > ...)"."""
+    sim = df[(df["source"] == "simulated") & (df["status"] != "ok")]
+    parts = []
+    for label in label_order(sim) if len(sim) else []:
+        d = sim[sim["label"] == label].sort_values(x)
+        for status, g in d.groupby("status", sort=False):
+            where = ", ".join(str(int(v)) for v in g[x])
+            why = _why(g["error"].iloc[0])
+            parts.append(f"{label}: {status} at {where} {unit}" + (f" ({why})" if why else ""))
+    return "; ".join(parts)
 
 
 def label_order(df: pd.DataFrame) -> list[str]:

@@ -907,3 +907,34 @@ def test_every_coloured_method_has_a_place_in_the_order():
 
     assert set(palette.ORDER) == set(palette.COLORS) and len(set(palette.ORDER)) == len(
         palette.ORDER)
+
+
+def test_footnotes_say_why_cells_have_no_number():
+    """The bar and line figures tagged SKIPPED, MISSING and their failure marks without a
+    word of why (a visual review): the footnotes quote each label's first row's error."""
+    import pandas as pd
+
+    from paper_figures._bars import failure_note, status_note
+
+    skip = ("method 'ulysses' cannot run this case: ulysses degree (group size) 64 does not "
+            "divide 32 query heads; valid degrees: 1, 2")
+    df = pd.DataFrame([
+        dict(source="simulated", label="Megatron", system="megatron_cp", checkpointing=None,
+             world=1, status="oom", error="predicted OOM: 145 GiB reserved > 78.5 GiB usable"),
+        dict(source="simulated", label="Megatron", system="megatron_cp", checkpointing=None,
+             world=2, status="oom", error="predicted OOM: 104 GiB reserved > 78.5 GiB usable"),
+        dict(source="simulated", label="Megatron", system="megatron_cp", checkpointing=None,
+             world=4, status="ok", error=None),
+        dict(source="simulated", label="Deepspeed-Ulysses", system="deepspeed_ulysses",
+             checkpointing=None, world=64, status="skipped", error=skip),
+        dict(source="paper", label="Megatron", system="megatron_cp", checkpointing=None,
+             world=64, status="missing", error=None),
+    ])
+    note = failure_note(df)
+    assert "Megatron: oom at 1, 2 GPUs (predicted OOM: 145 GiB reserved > 78.5 GiB usable)" in note
+    assert ("Deepspeed-Ulysses: skipped at 64 GPUs (ulysses degree (group size) 64 does not "
+            "divide 32 query heads)") in note
+    said = status_note(df)
+    assert "SKIPPED (Deepspeed-Ulysses)" in said and "64 does not divide 32 query heads" in said
+    assert "paper MISSING" in said
+    assert failure_note(df[df["status"] == "ok"]) == "" and status_note(df.iloc[:3]) == ""
