@@ -30,7 +30,6 @@ cells (``suites.cells.expand``) and appends their rows to ``run.rows``.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import gc
 import math
@@ -90,15 +89,6 @@ def _backend(cell: Cell) -> str:
 # inline: burst.spawn
 
 
-def _die_with_parent(parent: int) -> None:
-    """A rank must not outlive a killed driver (it would keep appending rows that the resumed
-    run also produces): ask Linux to SIGKILL it when its parent dies."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
-
-
 def _watchdog(cell: Cell, marker: Path) -> threading.Timer:
     """Rank 0 ends its process when a cell runs past its time limit; the marker tells the
     driver the cell timed out (the other ranks are then killed by spawn)."""
@@ -116,14 +106,15 @@ def _watchdog(cell: Cell, marker: Path) -> threading.Timer:
 
 
 def _inline_ranks(rank: int, world: int, cells_json: list[str], rows: str, ctx: RunContext,
-                  state: str, parent: int) -> None:
+                  state: str) -> None:
     import torch
 
     from burst import comm
     from suites.measure import measure
     from suites.provenance import host_provenance
 
-    _die_with_parent(parent)
+    # (a rank dies with a killed driver, as every rank of burst.spawn: it would keep appending
+    # rows that the resumed run also produces)
     host = host_provenance(Cell.from_json(cells_json[0]).device) if rank == 0 else None
     for s in cells_json:
         cell = Cell.from_json(s)
@@ -155,7 +146,7 @@ def run_inline(cells: list[Cell], run: Run, ctx: RunContext) -> None:
                 try:
                     spawn(_inline_ranks, todo[0].world, backend=_backend(todo[0]),
                           timeout_s=budget, args=([c.to_json() for c in todo], str(run.rows),
-                                                  ctx, state, os.getpid()))
+                                                  ctx, state))
                     failure = None
                 except SpawnError as e:
                     failure = str(e)
