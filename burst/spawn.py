@@ -53,7 +53,9 @@ def _die_with(parent: int) -> None:
 
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        if libc.prctl(1, int(signal.SIGKILL)) != 0:  # PR_SET_PDEATHSIG
+            print(f"burst.spawn: rank {os.getpid()} cannot ask to die with its launcher "
+                  f"(prctl: errno {ctypes.get_errno()})", file=sys.stderr)
     if os.getppid() != parent:  # it died before that: nobody waits for this rank
         os._exit(1)
 
@@ -193,7 +195,8 @@ def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
         failed_at, first_dead, stopped = None, None, set()
         try:
             while True:
-                stderr.echo()
+                with contextlib.suppress(OSError):  # a closed console must not stop the ranks
+                    stderr.echo()
                 try:
                     if ctx.join(timeout=0.2):
                         break

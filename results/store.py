@@ -21,6 +21,7 @@ csv) into a pandas DataFrame; ``consolidate`` keeps the last row per cell and wr
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import fcntl
 import json
@@ -180,17 +181,26 @@ class RunLock:
         self._fd = None
 
     def __enter__(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._fd)
-            raise RunLockedError(f"{self.path.parent} is being written by another running sweep; "
-                               "wait for it, or pass --new for a separate run (on the same "
-                               "machine the two would share its cores, and time each other)"
-                               ) from None
-        return self
+        while True:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise RunLockedError(f"{self.path.parent} is being written by another running "
+                                     "sweep; wait for it, or pass --new for a separate run (on "
+                                     "the same machine the two would share its cores, and time "
+                                     "each other)") from None
+            # a lock on a file that its holder removed meanwhile (scripts/train.py removes the
+            # folder of a run it refused) holds nothing: take the file that is there now
+            with contextlib.suppress(FileNotFoundError):
+                here, mine = os.stat(self.path), os.fstat(fd)
+                if (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino):
+                    self._fd = fd
+                    return self
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
 
     def __exit__(self, *exc):
         fcntl.flock(self._fd, fcntl.LOCK_UN)

@@ -282,14 +282,15 @@ class _Writer:
     that writes run.json (the launcher, or rank 0 under torchrun) before it checks the folder."""
 
     def __init__(self, out: Path):
-        self.out, self.lock, self.made = out, None, False
+        self.out, self.lock, self.made = out, None, []
 
     def take(self) -> str | None:
         """Why this run cannot write ``out`` (None: it holds it now)."""
         out = self.out
         if out.exists() and not out.is_dir():
             return f"--out {out} is a file, not a folder (nothing was written)"
-        self.made = not out.exists()
+        # the folders the lock makes, innermost first (a run refused removes them again)
+        self.made = [p for p in (out, *out.absolute().parents) if not p.exists()]
         lock = RunLock(out)
         try:
             lock.__enter__()
@@ -300,18 +301,26 @@ class _Writer:
         return None
 
     def release(self) -> None:
-        if self.lock is not None:
-            self.lock.__exit__(None, None, None)
-            self.lock = None
+        if self.lock is None:
+            return
+        try:  # a run refused before it wrote anything leaves no folder: removed while held
+            # (a run that opened the lock file meanwhile finds it gone: results.store.RunLock)
             lock = self.out / ".lock"
             if self.made and [p.name for p in self.out.iterdir()] == [lock.name]:
-                lock.unlink()  # a run refused before it wrote anything leaves no folder
-                self.out.rmdir()
+                lock.unlink()
+                for folder in self.made:
+                    try:
+                        folder.rmdir()
+                    except OSError:  # not empty (another run wrote there): kept
+                        break
+        finally:
+            self.lock.__exit__(None, None, None)
+            self.lock = None
 
 
 def _log_lines(log: Path, below: int) -> list[str]:
     """The log's lines of the steps before ``below`` (the ones a resume keeps)."""
-    if not log.exists():
+    if not log.exists() or below <= 0:  # a start: the lines of a run killed before a save go
         return []
     return [line for line in log.read_text().splitlines(keepends=True)
             if line.endswith("\n") and json.loads(line)["step"] < below]
@@ -322,11 +331,17 @@ def _log_problem(log: Path) -> str | None:
     step's JSON (a torn last line is a killed writer's, dropped by the resume)."""
     if not log.exists():
         return None
-    for i, line in enumerate(log.read_text().splitlines(keepends=True), 1):
+    try:
+        lines = log.read_text().splitlines(keepends=True)
+    except (OSError, UnicodeDecodeError) as e:
+        return f"{log} cannot be read ({e}); remove it (losing the earlier steps' log) to resume"
+    for i, line in enumerate(lines, 1):
         if not line.endswith("\n"):
             continue
         try:
-            int(json.loads(line)["step"])
+            step = json.loads(line)["step"]
+            if type(step) is not int:  # a bool, float or text: not what the resume compares
+                raise TypeError(f"step {step!r} is not a whole number")
         except (ValueError, TypeError, KeyError) as e:
             return (f"{log} line {i} is not a step's record ({type(e).__name__}: {e}); "
                     "remove that line (or the file, losing the earlier steps' log) to resume")

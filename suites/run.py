@@ -289,19 +289,20 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
     return RunResult(run.dir, table, len(todo))
 
 
-def _predictions(cells: list[Cell], hardware: str, time_min: float) -> tuple[dict, list]:
-    """The simulator's line for each GPU cell on ``hardware``, and the ids of the cells it
-    predicts out of memory. A cell is priced as this project's code runs it (no paper system:
-    what a run measures, ``SweepSpec.as_this_engine``); its calls (warmup + repeats) are
-    compared with the time limit, the start-up (spawn, model build) is not priced."""
+def _predictions(cells: list[Cell], hardware: str, time_min: float) -> tuple[dict, list, int]:
+    """The simulator's line for each GPU cell on ``hardware``, the ids of the cells it
+    predicts out of memory, and the number of CPU cells (not priced). A cell is priced as this
+    project's code runs it (no paper system: what a run measures,
+    ``SweepSpec.as_this_engine``); its calls (warmup + repeats) are compared with the time
+    limit, the start-up (spawn, model build) is not priced."""
     from suites.hardware import load
     from suites.simulate import predict
 
     hw = load(hardware)
-    lines, oom = {}, []
+    lines, oom, host = {}, [], 0
     for c in cells:
         if c.device != "cuda":
-            lines[c.cell_id] = f"not simulated: a {c.device} cell ({hw.name} prices GPU runs)"
+            host += 1
             continue
         p = predict(dataclasses.replace(c, paper=None), hw)
         if p.status == "oom":
@@ -316,7 +317,7 @@ def _predictions(cells: list[Cell], hardware: str, time_min: float) -> tuple[dic
             lines[c.cell_id] = (f"simulated on {hw.name}: {p.time_s:.3g} s per {unit}, "
                                 f"{c.warmup + c.repeats} calls {_duration(calls)}{over}; "
                                 f"{p.memory.reserved_gib:.1f} GiB reserved")
-    return lines, oom
+    return lines, oom, host
 
 
 def _duration(seconds: float) -> str:
@@ -344,9 +345,13 @@ def _dry_run_sweep(spec: SweepSpec, cells, *, out, run_id, new, retry_failed, sl
         if why.get(c.cell_id):
             print(f"# not submitted, a skipped row: [{c.cell_id}] {c.describe()}: "
                   f"{why[c.cell_id]}", file=stream)
-    predicted, oom = _predictions(todo, hardware, slurm.time_min) if hardware else (None, [])
+    predicted, oom, host = (_predictions(todo, hardware, slurm.time_min) if hardware
+                            else (None, [], 0))
     dry_run(todo, slurm=slurm, sweep=spec.name, folder=str(folder), stream=stream,
             predicted=predicted)
+    if host:
+        print(f"# {host} of these cells run on CPUs: not simulated ({hardware} prices GPU "
+              "runs)", file=stream)
     if oom:
         print(f"# {len(oom)} of these cells are predicted out of memory on {hardware}: each "
               "would be an oom row, its GPU-hours spent", file=stream)

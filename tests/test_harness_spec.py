@@ -1582,9 +1582,8 @@ def test_dry_run_with_a_hardware_profile_prices_each_cell_as_a_run_measures_it(t
                              f"{cell.warmup + cell.repeats} calls "
                              f"{(cell.warmup + cell.repeats) * p.time_s / 60:.1f} min; "
                              f"{p.memory.reserved_gib:.1f} GiB reserved")
-    over = [x for x in lines if "over the 20-minute limit" in x]
-    assert over and all("w/o sele-ckpt" in lines[lines.index(x) - 1] or "2097152" in
-                        lines[lines.index(x) - 1] for x in over)
+    over = [lines[i - 1] for i, x in enumerate(lines) if "over the 20-minute limit" in x]
+    assert over and all("w/o sele-ckpt" in cell or "2097152" in cell for cell in over)
     assert not any("predicted out of memory" in x for x in lines)
 
 
@@ -1592,6 +1591,11 @@ def test_a_hardware_profile_is_refused_where_cells_are_measured(tmp_path, capsys
     assert cli.main(["run", "smoke", "--out", str(tmp_path), "--hardware", "a800"]) == 2
     assert "prices a dry run's cells" in capsys.readouterr().err
     assert not (tmp_path / "smoke").exists()
+    # a dry run of CPU cells says once that it does not price them
+    assert cli.main(["run", "smoke", "--out", str(tmp_path), "--executor", "dry-run",
+                     "--hardware", "a800"]) == 0
+    out = capsys.readouterr().out
+    assert "# 30 of these cells run on CPUs: not simulated" in out and "simulated on" not in out
 
 
 def test_each_shipped_gpu_sweep_leaves_its_slowest_cell_time_to_run():
@@ -1615,3 +1619,27 @@ def test_each_shipped_gpu_sweep_leaves_its_slowest_cell_time_to_run():
                     calls_min = (c.warmup + c.repeats) * p.time_s / 60
                     assert calls_min < 0.8 * min(sp.slurm.time_min, sp.timeout_min), \
                         (sp.name, c.label, c.seq_len, calls_min)
+
+
+def test_a_lock_whose_file_was_removed_meanwhile_is_not_held(tmp_path, monkeypatch):
+    """scripts/train.py removes the folder of a run it refused, lock file included, while it
+    holds the lock: a run that had opened the file just before got the lock of a removed file
+    once it was released, and a third run then locked the new file too (a diff review)."""
+    run = tmp_path / "run"
+    a = store.RunLock(run).__enter__()
+    stale = os.open(run / ".lock", os.O_WRONLY)  # b opens the file a holds
+    (run / ".lock").unlink()  # a removes it, still holding it, then lets go
+    a.__exit__(None, None, None)
+    real, calls = os.open, []
+
+    def b_opens(path, *args):
+        calls.append(path)
+        return stale if len(calls) == 1 else real(path, *args)
+
+    monkeypatch.setattr(store.os, "open", b_opens)
+    b = store.RunLock(run).__enter__()  # the stale file first, then the one there now
+    monkeypatch.setattr(store.os, "open", real)
+    assert len(calls) == 2 and (run / ".lock").exists()
+    with pytest.raises(store.RunLockedError):
+        store.RunLock(run).__enter__()
+    b.__exit__(None, None, None)

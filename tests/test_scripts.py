@@ -361,17 +361,19 @@ def test_a_resume_refuses_a_garbled_log_and_says_which_steps_its_log_lacks(tmp_p
     traceback per rank and gloo's closed connections; a log that lost lines was resumed without
     a word; and --doc-len 1 (no token has a next one in its document) passed the checks made
     before the ranks start, then failed on them (a resume audit)."""
-    res = _train(tmp_path / "docs", "--world", "1", "--steps", "1", "--doc-len", "1")
+    res = _train(tmp_path / "docs" / "a" / "b", "--world", "1", "--steps", "1", "--doc-len", "1")
     assert res.returncode != 0 and "a document of one token" in res.stderr, res.stderr[-3000:]
     assert "Traceback" not in res.stderr and not (tmp_path / "docs").exists()
     out = tmp_path / "run"
     assert _train(out, "--world", "1", "--steps", "2").returncode == 0
     log = out / "steps.jsonl"
     good = log.read_text()
-    log.write_text(good.replace('"step": 1', '"stop": 1', 1))
-    res = _train(out, "--world", "1", "--steps", "3")
-    assert res.returncode != 0 and "line 2 is not a step's record" in res.stderr, res.stderr
-    assert "Traceback" not in res.stderr
+    for bad in ('"stop": 1', '"step": "1"'):  # no step, a step the resume cannot compare
+        log.write_text(good.replace('"step": 1', bad, 1))
+        res = _train(out, "--world", "1", "--steps", "3")
+        assert res.returncode != 0 and "line 2 is not a step's record" in res.stderr, (
+            res.stderr)
+        assert "Traceback" not in res.stderr
     log.write_text(good.splitlines(keepends=True)[1])  # step 0's line lost
     res = _train(out, "--world", "1", "--steps", "3")
     assert res.returncode == 0 and "resuming at step 2" in res.stdout, res.stderr[-3000:]

@@ -401,7 +401,7 @@ class Trainer:
                           f"keeps {mine}: they are rounded to it and the run goes on without "
                           "master weights (its losses drift from the run it resumes); resume "
                           "under the same data_parallel to keep them", stacklevel=2)
-        elif narrower:
+        elif narrower and self.master_weights:
             warnings.warn(f"Trainer.load_state_dict: the state's weights are "
                           f"{', '.join(narrower)} (a run that kept no master weights), this "
                           f"Trainer keeps {mine} master weights (a sharding FSDP): made from "
