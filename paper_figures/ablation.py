@@ -108,7 +108,7 @@ def make(tables):
                       "speedup": None if up is None or pd.isna(up) else up}
                      for s, tick, v, st, up in zip(steps, ticks, vals, why, ups, strict=True)]
     fig.suptitle("BurstEngine options added one at a time (simulated, A800; the paper publishes no "
-                 "ablation numbers). The fused head is priced at the plain head's FLOPs and "
+                 "ablation numbers).\nThe fused head is priced at the plain head's FLOPs and "
                  "traffic: its step changes memory alone", fontsize=9)
     fig.tight_layout()
     return fig, pd.DataFrame(rows)
