@@ -28,7 +28,7 @@ that cannot run on the ranks) are refused before any rank starts. Rank 0 alone r
 writes ``--out``. A run holds ``<out>/.lock`` while it writes there (its launcher, or rank 0
 under torchrun): the same command started again meanwhile is refused, and the ranks of a
 launcher that was killed die with it (``burst.spawn``). A log line that is not a step's record
-is refused before a resume; steps the log lacks are named.
+is refused before a resume, and so is a cut state.pt; steps the log lacks are named.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import json
 import os
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import torch
@@ -259,6 +260,8 @@ def _check_run(args: dict, world: int) -> str | None:
         except ValueError as e:
             return f"{run} names a run this version cannot rebuild ({e}); use another --out"
         differ = {k: (saved.get(k), v) for k, v in mine.items() if saved.get(k) != v}
+        if not differ and _state_problem(out / "state.pt"):
+            return _state_problem(out / "state.pt")
         if not differ and _log_problem(out / "steps.jsonl"):
             return _log_problem(out / "steps.jsonl")
         if differ:
@@ -324,6 +327,19 @@ def _log_lines(log: Path, below: int) -> list[str]:
         return []
     return [line for line in log.read_text().splitlines(keepends=True)
             if line.endswith("\n") and json.loads(line)["step"] < below]
+
+
+def _state_problem(state: Path) -> str | None:
+    """Why ``state`` is not a whole saved state (None: it looks whole): torch.save writes a zip
+    whose directory is at its end, so a cut file is found by reading that directory alone,
+    before any rank starts (Trainer.save writes atomically: only a damaged disk or copy cuts)."""
+    try:
+        with zipfile.ZipFile(state) as z:
+            z.namelist()
+    except (zipfile.BadZipFile, OSError) as e:
+        return (f"{state} is not a whole saved state ({e}); restore it, or remove it and "
+                "steps.jsonl to start again")
+    return None
 
 
 def _log_problem(log: Path) -> str | None:

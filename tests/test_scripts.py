@@ -374,6 +374,14 @@ def test_a_resume_refuses_a_garbled_log_and_says_which_steps_its_log_lacks(tmp_p
         assert res.returncode != 0 and "line 2 is not a step's record" in res.stderr, (
             res.stderr)
         assert "Traceback" not in res.stderr
+    state = out / "state.pt"
+    whole = state.read_bytes()
+    state.write_bytes(whole[:len(whole) // 2])  # a cut copy
+    res = _train(out, "--world", "1", "--steps", "3")
+    assert res.returncode != 0 and "state.pt is not a whole saved state" in res.stderr, (
+        res.stderr)
+    assert "Traceback" not in res.stderr
+    state.write_bytes(whole)
     log.write_text(good.splitlines(keepends=True)[1])  # step 0's line lost
     res = _train(out, "--world", "1", "--steps", "3")
     assert res.returncode == 0 and "resuming at step 2" in res.stdout, res.stderr[-3000:]
