@@ -158,8 +158,17 @@ def expire_time_limit(job_id: str) -> None:
     Time limits have minute granularity and slurmctld checks them every 30 s, so this reaches the
     real TIMEOUT state in at most ~35 s (KillWait=5 included) instead of minutes (needs root).
     """
-    subprocess.run(["scontrol", "update", f"JobId={job_id}", "EndTime=now"], check=True,
-                   capture_output=True, text=True, timeout=15)
+    # slurmctld can refuse an update for a moment (a CI run saw one fail for a task that had
+    # just started): try again, and say what it answered when it keeps refusing
+    tries = 5
+    for _ in range(tries):
+        res = subprocess.run(["scontrol", "update", f"JobId={job_id}", "EndTime=now"],
+                             capture_output=True, text=True, timeout=15)
+        if res.returncode == 0:
+            return
+        time.sleep(1.0)
+    raise RuntimeError(f"scontrol update JobId={job_id} EndTime=now failed {tries} times: "
+                       f"{res.stderr.strip() or res.stdout.strip()}")
 
 
 def wait_for_file(path: Path, *, timeout_s: float, job=None) -> None:
