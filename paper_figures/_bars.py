@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 import pandas as pd
 import seaborn as sns
@@ -19,7 +21,7 @@ from paper_figures.palette import (
 )
 
 __all__ = ["FAILED_MARKERS", "bar_legend", "label_checkpointing", "label_order", "line_labels",
-           "failure_note", "mark_failures", "panel_bars", "panel_rows", "rows_for",
+           "failure_note", "footnote", "mark_failures", "panel_bars", "panel_rows", "rows_for",
            "status_note"]
 
 FADED = 0.35  # the alpha of a bar drawn for a cell predicted OOM
@@ -128,6 +130,13 @@ def status_note(df: pd.DataFrame) -> str:
     if ((df["source"] == "paper") & (df["status"] == "missing")).any():
         notes.append("paper MISSING: the paper's table has no number for the cell")
     return "; ".join(notes)
+
+
+def footnote(fig, text: str, width: int = 170, fontsize: float = 7) -> None:
+    """``text`` under the figure, wrapped at ``width`` characters (nothing if empty)."""
+    if text:
+        fig.text(0.5, 0.0, "\n".join(textwrap.wrap(text, width)), ha="center", va="top",
+                 fontsize=fontsize)
 
 
 def _why(error) -> str:

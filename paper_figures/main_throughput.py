@@ -9,6 +9,7 @@ import pandas as pd
 
 from paper_figures._bars import (
     bar_legend,
+    footnote,
     label_order,
     panel_bars,
     panel_rows,
@@ -64,6 +65,6 @@ def make(tables):
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     bar_legend(fig, measured, loc="upper center", bbox_to_anchor=(0.5, 0.955),
                ncol=3)
-    fig.text(0.5, 0.0, status_note(pd.concat([panel_rows(df, m, w) for m, w in PANELS])),
-             ha="center", va="top", fontsize=8)
+    footnote(fig, status_note(pd.concat([panel_rows(df, m, w) for m, w in PANELS])),
+             width=250, fontsize=8)
     return fig, pd.concat(plotted, ignore_index=True) if plotted else pd.DataFrame()

@@ -4,11 +4,9 @@ selective checkpointing); cells without a number are marked at the floor by stat
 
 from __future__ import annotations
 
-import textwrap
-
 import pandas as pd
 
-from paper_figures._bars import failure_note, line_labels, mark_failures, rows_for
+from paper_figures._bars import failure_note, footnote, line_labels, mark_failures, rows_for
 from paper_figures.common import MFU_LABEL, legend, new_figure, note_empty
 from paper_figures.palette import SOURCE_MARKERS, series_color
 
@@ -71,8 +69,5 @@ def make(tables):
     fig.suptitle("Weak scaling, 7B, simulated on A800 nodes (at the floor: \u00d7 out of memory, "
                  "\u25cb cannot run, \u25b3 error, \u25bd timeout)", fontsize=10)
     fig.tight_layout()
-    note = failure_note(df)
-    if note:  # why each mark at the floor is there
-        fig.text(0.5, 0.0, "\n".join(textwrap.wrap(note, 170)), ha="center", va="top",
-                 fontsize=7)
+    footnote(fig, failure_note(df))  # why each mark at the floor is there
     return fig, pd.DataFrame(rows)

@@ -239,9 +239,7 @@ def _check_run(args: dict, world: int) -> str | None:
     except ValueError as e:
         return f"{e} (nothing was written)"
     out = Path(args["out"])
-    run = out / "run.json"
-    if out.exists() and not out.is_dir():
-        return f"--out {out} is a file, not a folder (nothing was written)"
+    run = out / "run.json"  # (an --out that is a file: refused by _Writer.take, before this)
     if (out / "state.pt").exists() and not run.exists():
         return (f"{out} holds a saved state but no run.json (the arguments it was started "
                 "with); use another --out")
@@ -260,17 +258,13 @@ def _check_run(args: dict, world: int) -> str | None:
         except ValueError as e:
             return f"{run} names a run this version cannot rebuild ({e}); use another --out"
         differ = {k: (saved.get(k), v) for k, v in mine.items() if saved.get(k) != v}
-        if not differ and _state_problem(out / "state.pt"):
-            return _state_problem(out / "state.pt")
-        if not differ and _log_problem(out / "steps.jsonl"):
-            return _log_problem(out / "steps.jsonl")
-        if differ:
-            return (f"{out} holds a run started with other arguments ("
-                    + ", ".join(f"{k}: {a!r} then, {b!r} now" for k, (a, b) in
-                                sorted(differ.items()))
-                    + "); use another --out, or the same arguments (--world, --cp-degree, "
-                    "--batch and --data-parallel may change where the global batch stays)")
-        return None
+        if not differ:  # the same run: it resumes if its files can be read
+            return _state_problem(out / "state.pt") or _log_problem(out / "steps.jsonl")
+        return (f"{out} holds a run started with other arguments ("
+                + ", ".join(f"{k}: {a!r} then, {b!r} now" for k, (a, b) in
+                            sorted(differ.items()))
+                + "); use another --out, or the same arguments (--world, --cp-degree, "
+                "--batch and --data-parallel may change where the global batch stays)")
     out.mkdir(parents=True, exist_ok=True)
     tmp = run.with_name(run.name + ".tmp")
     tmp.write_text(json.dumps(mine, indent=1, sort_keys=True) + "\n")
