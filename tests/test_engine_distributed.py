@@ -733,16 +733,24 @@ def test_fsdp_world_gathers_one_layer_at_a_time():
             assert seen["after"] == [], (mode, seen)
 
 
+# ffn_size 129: the MLP's gate and up rows split 65 / 64 over 2 ranks (FSDP's uneven chunks)
 SHARD_CFG = dataclasses.replace(get_config("tiny"), hidden_size=64, num_layers=8,
-                                ffn_size=128, vocab_size=256, tie_embeddings=False)
+                                ffn_size=129, vocab_size=256, tie_embeddings=False)
 
 
 def _built_in_shards() -> dict:
     """The host bytes each Trainer's construction peaks at (``ProfilerPeak``), from a seed or a
-    state_dict, under ddp and fsdp_world, fp32 and bf16; and whether its weights are those of
-    the model built whole."""
+    state_dict, under ddp and fsdp_world, fp32 and bf16; whether its weights are those of
+    the model built whole; and, from a seed, the rows of each parameter it drew."""
+    import burst.engine.model as model_module
     from burst.engine.model import CausalLM
     from burst.memory import ProfilerPeak
+
+    drawn, init_rows = [], model_module.init_rows
+
+    def recording(name, shape, seed, std, start, stop, **kw):
+        drawn.append((name, tuple(shape), start, stop))
+        return init_rows(name, shape, seed, std, start, stop, **kw)
 
     whole = CausalLM.build(SHARD_CFG, seed=3).state_dict()
     out = {}
@@ -750,12 +758,18 @@ def _built_in_shards() -> dict:
         for dtype in (torch.float32, torch.bfloat16):
             for given in ("seed", "state_dict"):
                 kw = dict(seed=3) if given == "seed" else dict(seed=0, state_dict=whole)
-                with ProfilerPeak() as p:
-                    tr = Trainer(SHARD_CFG, dtype=dtype, data_parallel=dp, **kw)
+                drawn.clear()
+                model_module.init_rows = recording
+                try:
+                    with ProfilerPeak() as p:
+                        tr = Trainer(SHARD_CFG, dtype=dtype, data_parallel=dp, **kw)
+                finally:
+                    model_module.init_rows = init_rows
                 got = tr.model_state_dict()
                 same = all(torch.equal(got[k], v.to(got[k].dtype)) for k, v in whole.items())
                 held = {p.dtype for p in tr.model.parameters()}
-                out[dp, str(dtype), given] = dict(peak=p.peak_bytes, same=same, held=held)
+                out[dp, str(dtype), given] = dict(peak=p.peak_bytes, same=same, held=held,
+                                                  drawn=list(drawn))
     return {"runs": out, "whole": sum(v.numel() * 4 for v in whole.values()),
             "largest": max(v.numel() * 4 for v in whole.values())}
 
@@ -777,6 +791,22 @@ def test_fsdp_shards_the_model_before_its_weights_are_made():
                 assert run["peak"] <= whole / 2 + 2 * largest, (dtype, given, run["peak"])
             elif given == "seed":
                 assert run["peak"] >= whole * (1 if fp32 else 0.5), (dtype, run["peak"])
+    # from a seed, a sharded rank draws its own rows of each matrix (torch.chunk's cut, 65 / 64
+    # rows of the MLP's 129), unsharded ranks every row; from a state_dict nothing is drawn
+    for dp in ("ddp", "fsdp_world"):
+        for dtype in ("torch.float32", "torch.bfloat16"):
+            runs = [rank["runs"][dp, dtype, "seed"]["drawn"] for rank in out]
+            assert runs[0] and all(not rank["runs"][dp, dtype, "state_dict"]["drawn"]
+                                   for rank in out)
+            assert {n for n, *_ in runs[0]} == {n for n, *_ in runs[1]}
+            for (name, shape, *mine), (_, _, *theirs) in zip(*runs, strict=True):
+                rows = shape[0]
+                if dp == "ddp":
+                    assert mine == theirs == [0, rows], (name, mine, theirs)
+                else:
+                    half = -(-rows // 2)
+                    assert (mine, theirs) == ([0, half], [half, rows]), (name, mine, theirs)
+            assert any(shape[0] % 2 for _, shape, *_ in runs[0])  # an uneven cut is seen
 
 
 MP_LR = 1e-5  # below bfloat16's resolution for most weights of std 0.02 (2^-13 ~ 1.2e-4)

@@ -36,6 +36,56 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 # ---------------------------------------------------------------------------------------------
+# init
+
+
+@pytest.mark.parametrize("shape", [(7,), (10, 3), (9, 2, 3)])
+@pytest.mark.parametrize("block", [1, 5, 7, 1 << 20])
+def test_init_rows_of_any_range_are_those_of_the_whole_draw(shape, block, monkeypatch):
+    """A range of rows equals the same rows of the whole draw, and draws only the blocks of
+    rows it touches (counted at torch.randn)."""
+    from burst.engine.init import init_rows
+
+    whole = init_rows("w", shape, 3, 0.02, 0, shape[0], block=block)
+    assert whole.dtype == torch.float32 and tuple(whole.shape) == shape
+    row = int(np.prod(shape[1:]))
+    per = max(1, block // row)
+    drawn, randn = [], torch.randn
+    monkeypatch.setattr(torch, "randn", lambda *a, **k: drawn.append(a[0]) or randn(*a, **k))
+    for start in range(shape[0] + 1):
+        for stop in range(start, shape[0] + 1):
+            drawn.clear()
+            part = init_rows("w", shape, 3, 0.02, start, stop, block=block)
+            assert torch.equal(part, whole[start:stop]), (start, stop)
+            touched = len(range(start // per, -(-stop // per)))
+            assert len(drawn) == touched and sum(s[0] for s in drawn) <= touched * per
+    monkeypatch.setattr(torch, "randn", randn)
+    assert not torch.equal(init_rows("v", shape, 3, 0.02, 0, shape[0], block=block), whole)
+    assert not torch.equal(init_rows("w", shape, 4, 0.02, 0, shape[0], block=block), whole)
+    with pytest.raises(ValueError, match=r"rows \[2, 1\)"):
+        init_rows("w", shape, 3, 0.02, 2, 1)
+    with pytest.raises(ValueError, match="scalar"):
+        init_rows("w", (), 3, 0.02, 0, 0)
+
+
+def test_init_draws_normal_weights_and_unit_norms():
+    """The matrices are normal(0, 0.02) (to the sampling error of their 35K draws), distinct
+    per parameter; the norms are ones; a plain tensor's rows are all of it."""
+    from burst.engine.init import local_rows
+
+    model = CausalLM.build(get_config("tiny"), seed=0)
+    mats = {n: p for n, p in model.named_parameters() if p.dim() == 2}
+    flat = torch.cat([p.detach().flatten() for p in mats.values()]).double()
+    assert abs(float(flat.mean())) < 4 * 0.02 / flat.numel() ** 0.5
+    assert abs(float(flat.std()) / 0.02 - 1) < 0.02
+    firsts = {float(p.detach().flatten()[0]) for p in mats.values()}
+    assert len(firsts) == len(mats)
+    assert all(torch.equal(p, torch.ones_like(p)) for n, p in model.named_parameters()
+               if n.endswith("norm.weight"))
+    assert local_rows(next(iter(mats.values()))) == (0, next(iter(mats.values())).shape[0])
+
+
+# ---------------------------------------------------------------------------------------------
 # configs
 
 

@@ -31,6 +31,7 @@ from burst.engine.fused_loss import (
     fused_linear_cross_entropy,
     plain_cross_entropy,
 )
+from burst.engine.init import init_rows, local_rows
 from burst.first_order import first_order
 
 __all__ = ["CausalLM", "DecoderLayer", "RMSNorm", "Rope", "apply_rope", "assign_whole",
@@ -208,21 +209,27 @@ class CausalLM(nn.Module):
         self.loss_chunk = LOSS_CHUNK
         self.cache = ActivationCache()
 
+    @torch.no_grad()
     def reset_parameters(self, seed: int, std: float = 0.02) -> None:
-        """Deterministic init from ``seed`` alone (normal(0, std) matrices, unit norms), drawn
-        in fp32 on the host one parameter at a time and copied to the parameters' device, so
-        every rank, every device and every GPU model builds the same weights without
-        communication (a CUDA generator's draws depend on the device: its kernels' grid follows
-        the SM count). Runs in any dtype get the same values (fp32 draws are exact in float64).
-        A sharded parameter (FSDP's DTensor) keeps its own shard of the same whole draw, so a
-        model sharded before its init holds the values of one initialised whole.
+        """Deterministic init from ``seed`` alone: unit norms, and normal(0, std) matrices drawn
+        in fp32 on the host in blocks of rows seeded per (seed, name, block)
+        (``burst.engine.init``), so every rank, device, dtype and world size builds the same
+        weights without communication. A sharded parameter (FSDP's DTensor) draws only the
+        rows it holds: a model sharded before its init holds the values of one initialised
+        whole, and each rank draws about 1/G of it.
         """
-        g = torch.Generator().manual_seed(seed)
+        from torch.distributed.tensor import DTensor
+
         for name, p in self.named_parameters():
             if name.endswith("layernorm.weight") or name == "norm.weight":
                 assign_whole(p, torch.ones(p.shape))
-            else:
-                assign_whole(p, torch.randn(p.shape, generator=g).mul_(std))
+                continue
+            mine = local_rows(p)
+            if mine is None:  # a placement other than Shard(0): draw whole, DTensor slices it
+                assign_whole(p, init_rows(name, p.shape, seed, std, 0, p.shape[0]))
+                continue
+            rows = init_rows(name, p.shape, seed, std, *mine)
+            (p.to_local() if isinstance(p, DTensor) else p).copy_(rows)
 
     @classmethod
     def skeleton(cls, cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> CausalLM:
