@@ -103,13 +103,20 @@ def _by_label(df: pd.DataFrame):
     return sorted(df.groupby("label"), key=lambda kv: rank.get(kv[1]["system"].iloc[0], 99))
 
 
-def _record(d: pd.DataFrame, x: str, metric: str, column: str, unit: str, **extra) -> list[dict]:
-    """CSV rows of ``d``: the value where the cell is ok, else empty with its status."""
-    return [{"label": r["label"], "system": r["system"], "source": r["source"],
-             "world": r["world"], "seq_len": r["seq_len"], "metric": metric,
-             "value": r[column] if r["status"] == "ok" else None, "unit": unit,
-             "status": r["status"], **extra}
-            for r in d.sort_values(x).to_dict("records")]
+def _record(d: pd.DataFrame, x: str, metric: str, column: str, unit: str,
+            spread: tuple[str, str] | None = None) -> list[dict]:
+    """CSV rows of ``d``: the value where the cell is ok, else empty with its status; with
+    ``spread``, the (low, high) columns of the value over the cell's repeats too."""
+    rows = []
+    for r in d.sort_values(x).to_dict("records"):
+        ok = r["status"] == "ok"
+        row = {"label": r["label"], "system": r["system"], "source": r["source"],
+               "world": r["world"], "seq_len": r["seq_len"], "metric": metric,
+               "value": r[column] if ok else None, "unit": unit, "status": r["status"]}
+        if spread:
+            row.update(low=r[spread[0]] if ok else None, high=r[spread[1]] if ok else None)
+        rows.append(row)
+    return rows
 
 
 def _bytes_panel(ax, df: pd.DataFrame, x: str, styles: dict) -> list[dict]:
@@ -172,18 +179,24 @@ def _scaling(axes, df: pd.DataFrame, styles: dict) -> list[dict]:
     base = ok[ok["label"] == base_label].set_index("world")["time_s"]
     for label, d in _by_label(mea):
         st = styles[label]
+        # the spread of a cell's repeats (its fastest and slowest), over the baseline's median
+        d = d.assign(speedup=d["world"].map(base) / d["time_s"],
+                     speedup_low=d["world"].map(base) / d.get("time_s_max", float("nan")),
+                     speedup_high=d["world"].map(base) / d.get("time_s_min", float("nan")))
         good = d[d["status"] == "ok"].sort_values("world")
-        sp = good["world"].map(base) / good["time_s"]
-        ax.plot(good["world"], sp, marker=st["marker"], ms=4, ls=st["ls"], color=st["color"],
-                label=label)
+        ax.plot(good["world"], good["speedup"], marker=st["marker"], ms=4, ls=st["ls"],
+                color=st["color"], label=label)
+        ax.vlines(good["world"], good["speedup_low"], good["speedup_high"], color=st["color"],
+                  lw=1.2)
         mark_failures(ax, d, "world", FLOOR, st["color"])
-        rows += _record(d.assign(speedup=d["world"].map(base) / d["time_s"]), "world",
-                        f"speedup_vs_{base_label}", "speedup", "x")
+        rows += _record(d, "world", f"speedup_vs_{base_label}", "speedup", "x",
+                        spread=("speedup_low", "speedup_high"))
     ax.axhline(1.0, color="black", lw=0.7)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("ranks")
     ax.set_ylabel(f"measured speedup over {base_label}")
-    ax.set_title("CPU (gloo) time per layer: overheads, not GPU speed", fontsize=8)
+    ax.set_title("CPU (gloo) time per layer: overheads, not GPU speed\n(bars: its fastest "
+                 "to its slowest repeat)", fontsize=8)
     for a in axes:  # ranks as plain numbers: 2, 4, 8
         _int_ticks(a, sorted(int(w) for w in df["world"].unique()))
     return rows

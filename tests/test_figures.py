@@ -55,7 +55,8 @@ def fixture_tables() -> Tables:
             for label, t in (("ring", 2.0), ("burst", 1.5)):
                 cpu.append(dict(sweep="cpu_scaling", workload="attention", method=label,
                                 label=label, world=w, seq_len=2048, status="ok", source=src,
-                                device="cpu", time_s=t * w, bytes_sent_forward=1e6 * w,
+                                device="cpu", time_s=t * w, time_s_min=0.9 * t * w,
+                                time_s_max=1.2 * t * w, bytes_sent_forward=1e6 * w,
                                 bytes_sent_backward=2e6 * w, hardware="a800"))
         for w, status in ((2, "ok"), (4, "skipped")):  # a cell that cannot run stays a row
             cpu.append(dict(sweep="cpu_scaling", workload="attention", method="ulysses",
@@ -178,6 +179,9 @@ def test_plotted_values_equal_their_sources_in_the_axis_units(fixture_tables, tm
     assert b["value"].tolist() == [12e6] and b["unit"].tolist() == ["bytes"]
     sp = cpu[(cpu["metric"] == "speedup_vs_ring") & (cpu["label"] == "burst")]
     assert sp["value"].tolist() == pytest.approx([2.0 / 1.5, 2.0 / 1.5])
+    # the spread of the repeats: the slowest and fastest against the baseline's median
+    assert sp["low"].tolist() == pytest.approx([2.0 / 1.8] * 2)
+    assert sp["high"].tolist() == pytest.approx([2.0 / 1.35] * 2)
 
 
 def _with(fixture_tables, simulated=None, measured=None) -> Tables:
