@@ -218,8 +218,9 @@ class Trainer:
         # no wrapper without DP, but fsdp_world shards over the CP ranks too
         dp_kind = data_parallel if groups[-1] != 1 or data_parallel == "fsdp_world" else None
         # where FSDP shards the model, it shards it before its weights exist: each rank then
-        # allocates its shard alone and fills it from the same whole values (never the whole
-        # model on any rank). DDP starts from whole replicas, made before it wraps them
+        # allocates its shard alone and fills it with its rows of the same whole values (from
+        # a seed it draws only those rows, burst.engine.init; never the whole model on any
+        # rank). DDP starts from whole replicas, made before it wraps them
         sharded = dp_kind in ("fsdp", "fsdp_world") and world > 1
         # sharding FSDP keeps fp32 master weights of a 16-bit model and gathers them in the
         # model's dtype (mixed precision, as ZeRO)
