@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
     ("bench_methods.py", ["--tokens", "256", "--repeats", "1"], "max err vs fp64"),
     ("bench_precision.py", ["--worlds", "2", "--seeds", "1"],
          "worst GQA (8 query heads, 1 kv heads): max error"),
+    ("bench_init.py", ["--config", "tiny", "--ranks", "1", "2"], "34,816"),  # tiny's matrices
 ])
 def test_benchmark_script_runs(script, args, expect):
     res = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], cwd=ROOT,
