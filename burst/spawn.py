@@ -32,11 +32,34 @@ from collections.abc import Callable
 import torch
 import torch.multiprocessing as mp
 
-__all__ = ["SpawnError", "free_port", "spawn"]
+__all__ = ["SpawnError", "free_port", "interrupt_on_termination", "spawn"]
 
 
 class SpawnError(RuntimeError):
     pass
+
+
+def _terminate(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def interrupt_on_termination():
+    """Inside the block SIGTERM (a timeout, SLURM's end of a job, systemd) and SIGHUP (a dropped
+    ssh session) raise KeyboardInterrupt(the signal's name), so a launcher ends as on Ctrl-C:
+    its ranks are stopped, what was written stays, and it can say how to resume. Handlers can
+    be set from the main thread only: elsewhere the block runs unchanged."""
+    import threading
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGTERM,
+                                                                    signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def free_port() -> int:

@@ -34,6 +34,7 @@ is refused before a resume, and so is a cut state.pt; steps the log lacks are na
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -56,7 +57,7 @@ from burst.engine.parallel import DATA_PARALLEL, cp_degree_ok  # noqa: E402
 from burst.engine.trainer import DTYPES, OPTIMIZERS, seq_len_problems  # noqa: E402
 from burst.layout import chunks_per_rank  # noqa: E402
 from burst.masks import MaskSpec  # noqa: E402
-from burst.spawn import spawn  # noqa: E402
+from burst.spawn import SpawnError, interrupt_on_termination, spawn  # noqa: E402
 from results.store import RunLock, RunLockedError  # noqa: E402
 
 PASSES = ("forward", "backward")  # the attention's phases in burst.comm's byte counter
@@ -303,7 +304,10 @@ class _Writer:
         try:  # a run refused before it wrote anything leaves no folder: removed while held
             # (a run that opened the lock file meanwhile finds it gone: results.store.RunLock)
             lock = self.out / ".lock"
-            if self.made and [p.name for p in self.out.iterdir()] == [lock.name]:
+            left = []
+            with contextlib.suppress(FileNotFoundError):  # --out removed while it ran
+                left = [p.name for p in self.out.iterdir()]
+            if self.made and left == [lock.name]:
                 lock.unlink()
                 for folder in self.made:
                     try:
@@ -445,13 +449,24 @@ def _train(rank: int, world: int, args: dict, host_ranks: int | None = None) -> 
 
 
 def main(argv=None) -> None:
-    try:
-        _main(argv)
-    except KeyboardInterrupt:  # Ctrl-C: the ranks were stopped (spawn kills them first)
-        if os.environ.get("RANK", "0") == "0":  # one line, not one per torchrun process
-            print("interrupted; run the same command again to resume from the last saved "
-                  "step", file=sys.stderr, flush=True)
+    first = os.environ.get("RANK", "0") == "0"  # one line, not one per torchrun process
+    try:  # SIGTERM, SIGHUP: as Ctrl-C
+        with interrupt_on_termination():
+            _main(argv)
+    except KeyboardInterrupt as e:  # Ctrl-C: the ranks were stopped (spawn kills them first)
+        if first:
+            print(f"interrupted{f' ({e})' if str(e) else ''}; run the same command again to "
+                  "resume from the last saved step", file=sys.stderr, flush=True)
         raise SystemExit(130) from None
+    except OSError as e:  # this process's own files (--out, run.json, its lock): one line
+        if first:
+            print(f"train.py: {e}; a state saved before is kept: fix that and run the same "
+                  "command again to resume", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    except SpawnError as e:  # each failed rank's traceback, not the launcher's own
+        print(f"train.py: {e}\n(a state saved before stays in --out as it was)",
+              file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
 
 
 def _main(argv=None) -> None:

@@ -441,27 +441,17 @@ def _minutes(text: str) -> int:
     return value
 
 
-def _terminate(signum, frame):
-    """SIGTERM (timeout, SLURM's end of a job, systemd) and SIGHUP (a dropped ssh session) end
-    a run as Ctrl-C does: what was written stays, and the run says how to resume."""
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
 def main(argv: list[str] | None = None) -> int:
-    previous = {}  # handlers can only be set from the main thread (main() in a thread: none)
-    if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGTERM,
-                                                                    signal.SIGHUP)}
-    try:
-        return _main(argv)
+    from burst.spawn import interrupt_on_termination
+
+    try:  # SIGTERM, SIGHUP: as Ctrl-C
+        with interrupt_on_termination():
+            return _main(argv)
     except KeyboardInterrupt as e:  # Ctrl-C: what was written stays (run says where and how
         if not getattr(e, "reported", False):  # to resume), no traceback
             with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
                 print(f"burst-bench: interrupted{f' ({e})' if str(e) else ''}", file=sys.stderr)
         return 130
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _main(argv: list[str] | None) -> int:

@@ -7,6 +7,8 @@ with the reason below, never as silent passes.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -21,3 +23,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def flip_state_bit():
+    """``flip(path)``: flip one bit of the first value stored in the ``.../data/0`` record of a
+    zip that torch.save wrote (the file stays a whole zip; only that record's CRC-32 no longer
+    matches); flipping it again restores the file."""
+    import zipfile
+
+    def flip(path) -> None:
+        with zipfile.ZipFile(path) as z:
+            info = next(i for i in z.infolist() if i.filename.endswith("/data/0"))
+        raw = bytearray(Path(path).read_bytes())
+        # the record's data follows its 30-byte local header, its name and its extra field
+        name_len, extra_len = (int.from_bytes(raw[info.header_offset + k:
+                                                  info.header_offset + k + 2], "little")
+                               for k in (26, 28))
+        raw[info.header_offset + 30 + name_len + extra_len + 1] ^= 0x01
+        Path(path).write_bytes(bytes(raw))
+
+    return flip

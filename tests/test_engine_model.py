@@ -418,6 +418,25 @@ def test_a_failed_save_keeps_the_previous_file_and_a_bad_state_is_refused(tmp_pa
         Trainer("tiny", dtype=torch.float64, optimizer="sgd").load(path)
 
 
+def test_a_state_changed_after_its_save_is_refused(tmp_path, flip_state_bit):
+    """Found by a failure-injection audit: a state.pt whose record bytes changed after the save
+    (bit rot, a bad copy) loaded without a word, and training resumed from wrong weights;
+    every record's CRC-32 is now checked before anything is loaded."""
+    tr = Trainer("tiny", dtype=torch.float64)
+    path = tmp_path / "state.pt"
+    tr.save(path, meta={"step": 1})
+    flip_state_bit(path)  # one bit of the first float64: a finite value, slightly off
+    again = Trainer("tiny", dtype=torch.float64, seed=3)
+    before = again.model_state_dict()
+    with pytest.raises(ValueError, match=r"was changed after Trainer.save wrote it: its record "
+                                         r"'.*/data/0' fails its CRC-32 check; nothing was"):
+        again.load(path)
+    after = again.model_state_dict()
+    assert all(torch.equal(after[k], v) for k, v in before.items())
+    flip_state_bit(path)  # restored: it loads
+    assert again.load(path) == {"step": 1}
+
+
 def test_save_refuses_meta_that_load_cannot_read_back(tmp_path):
     """Found by an engine audit: a numpy step or a Path in meta was pickled over the last good
     file, and load (weights_only) then called the file 'not a file Trainer.save wrote'."""

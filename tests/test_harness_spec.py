@@ -844,11 +844,13 @@ def test_run_exit_code_signals_and_disk_errors(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(run_mod, "run_sweep", lambda *a, **k: Res())
     assert cli.main(["run", str(SPEC_DIR / "smoke.toml")]) == 1
+    from burst import spawn
+
     monkeypatch.setattr(cli, "_main", lambda argv: signal.getsignal(signal.SIGTERM))
-    assert cli.main([]) is cli._terminate and signal.getsignal(signal.SIGTERM) is not \
-        cli._terminate  # installed while it runs, restored after
+    assert cli.main([]) is spawn._terminate and signal.getsignal(signal.SIGTERM) is not \
+        spawn._terminate  # installed while it runs, restored after
     with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
-        cli._terminate(signal.SIGTERM, None)
+        spawn._terminate(signal.SIGTERM, None)
     monkeypatch.undo()
 
     def full(*a, **k):

@@ -259,6 +259,44 @@ def test_a_run_says_what_it_did_in_plain_words(tmp_path, monkeypatch, capfd):
                    "step\n"), err
 
 
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_a_training_run_ended_by_sigterm_or_sighup_says_how_to_resume(tmp_path, sig):
+    """Found by a failure-injection audit: SIGTERM (a job's end, systemd) and SIGHUP (a dropped
+    ssh session) ended train.py without a word (exit -15 / -1); they now end it as Ctrl-C
+    does: its ranks stopped, one line, exit 130, and the same command resumes."""
+    import signal
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "train.py"), "--out",
+                             str(out), "--seq-len", "64", "--dtype", "float64", "--world", "2",
+                             "--save-every", "1", "--steps", "10000"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:  # a step done, and saved
+            if line.startswith("step     2/"):
+                break
+        proc.send_signal(getattr(signal, sig))
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert err.endswith(f"interrupted ({sig}); run the same command again to resume from the "
+                        "last saved step\n"), err[-3000:]
+    assert "Traceback" not in err
+    res = _train(out, "--world", "2", "--steps", "3", "--save-every", "1")
+    assert res.returncode == 0 and "resuming at step" in res.stdout, res.stderr[-3000:]
+
+
+def test_a_folder_train_py_cannot_write_is_one_line(tmp_path):
+    """Found by a failure-injection audit: an --out under a file (or on a full or read-only
+    disk) failed with the launcher's traceback."""
+    (tmp_path / "file").write_text("")
+    res = _train(tmp_path / "file" / "run", "--world", "1", "--steps", "1")
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert res.stderr.startswith("train.py: [Errno 20] Not a directory") and res.stderr.endswith(
+        "a state saved before is kept: fix that and run the same command again to resume\n")
+
+
 def test_a_training_run_killed_between_saves_resumes_with_the_same_losses(tmp_path):
     """scripts/train.py: a run that died after its last save (steps 4 and 5 logged, not saved)
     resumes from that save, on another number of ranks, runs those steps again and ends with
@@ -357,7 +395,8 @@ def test_a_second_run_of_the_same_folder_is_refused_while_one_writes_it(tmp_path
     assert [s for s, _ in _losses(out)] == [0, 1, 2, 3]
 
 
-def test_a_resume_refuses_a_garbled_log_and_says_which_steps_its_log_lacks(tmp_path):
+def test_a_resume_refuses_a_garbled_log_and_says_which_steps_its_log_lacks(tmp_path,
+                                                                        flip_state_bit):
     """A whole line of steps.jsonl that is not a step's record failed on the ranks, with a
     traceback per rank and gloo's closed connections; a log that lost lines was resumed without
     a word; and --doc-len 1 (no token has a next one in its document) passed the checks made
@@ -382,6 +421,14 @@ def test_a_resume_refuses_a_garbled_log_and_says_which_steps_its_log_lacks(tmp_p
     assert res.returncode != 0 and "state.pt is not a whole saved state" in res.stderr, (
         res.stderr)
     assert "Traceback" not in res.stderr
+    state.write_bytes(whole)
+    log.write_text(good)
+    flip_state_bit(state)  # whole, but a bit changed since the save: refused on rank 0
+    res = _train(out, "--world", "1", "--steps", "3")
+    assert res.returncode == 1 and "was changed after Trainer.save wrote it" in res.stderr, (
+        res.stderr)
+    assert "(a state saved before stays in --out as it was)" in res.stderr
+    assert res.stderr.count("Traceback") == 1, res.stderr  # the rank's, not the launcher's
     state.write_bytes(whole)
     log.write_text(good.splitlines(keepends=True)[1])  # step 0's line lost
     res = _train(out, "--world", "1", "--steps", "3")

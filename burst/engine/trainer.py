@@ -495,12 +495,16 @@ class Trainer:
     def load(self, path) -> dict:
         """``load_state_dict`` of a file that ``save`` wrote, read by global rank 0 alone;
         returns the ``meta`` saved with it, on every rank. A file rank 0 cannot read raises on
-        every rank."""
+        every rank, and so does one changed since it was written: every record's CRC-32 (which
+        torch.save stores in its zip and torch.load does not check) is checked first, a second
+        read of the file (bit rot or a bad copy otherwise resumed, silently, from wrong
+        weights)."""
         state, error = None, None
         if comm.rank() == 0:
             try:
+                _check_crcs(path)
                 state = torch.load(path, map_location="cpu", weights_only=True)
-            except OSError as e:  # a missing or unreadable file: as the OS says it
+            except (OSError, _Changed) as e:  # a missing or unreadable file: as the OS says it
                 error = e
             except Exception as e:  # noqa: BLE001  (every rank must learn of it)
                 # torch's own words for a file of another kind are "KeyError: 101" and the like
@@ -772,6 +776,27 @@ class Trainer:
 
 
 _PLAIN = (type(None), bool, int, float, str)
+
+
+class _Changed(ValueError):
+    """A state file whose bytes changed after ``Trainer.save`` wrote it."""
+
+
+def _check_crcs(path) -> None:
+    """Raise ``_Changed`` (a ValueError) if a record of the zip file that ``torch.save`` wrote
+    at ``path`` no longer matches its CRC-32 (``zipfile.testzip`` reads every record once); a
+    file that is no zip is left to ``torch.load``'s own error."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except zipfile.BadZipFile:
+        return
+    if bad is not None:
+        raise _Changed(f"{path} was changed after Trainer.save wrote it: its record {bad!r} "
+                       "fails its CRC-32 check; nothing was loaded (resume from another copy "
+                       "of the state)")
 
 
 def _check_plain(value, where: str) -> None:
