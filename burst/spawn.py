@@ -8,7 +8,8 @@ Used by the tests, the demo and the harness's ``inline`` executor. Spawning cost
 
 A rank that raises makes ``spawn`` raise ``SpawnError`` with that rank's traceback; a rank that
 dies or hangs past ``timeout_s`` (+30 s for start-up) is killed and reported the same way, never a
-silent hang.
+silent hang. The ranks' reports come cause first: the rank that died first, then those that
+raised in the order they raised (the others' "connection closed" after it), then the rest.
 
 Ranks start with Python's "spawn" method: they import the caller's module, so ``fn`` must be
 defined at module level and a script must call ``spawn`` under ``if __name__ == "__main__":``
@@ -18,6 +19,7 @@ defined at module level and a script must call ``spawn`` under ``if __name__ == 
 from __future__ import annotations
 
 import contextlib
+import math
 import operator
 import os
 import pickle
@@ -106,8 +108,8 @@ def _entry(rank, world, port, fn, args, out_dir, backend, threads, timeout_s, pa
         comm.init(backend, rank=rank, world_size=world,
                   init_method=f"tcp://127.0.0.1:{port}", timeout_s=timeout_s, device_id=device)
         result = ("ok", fn(rank, world, *args))
-    except BaseException:  # noqa: BLE001 - reported to the parent with the traceback
-        result = ("error", traceback.format_exc())
+    except BaseException:  # noqa: BLE001 - reported to the parent with the traceback and
+        result = ("error", traceback.format_exc(), time.time())  # when (the first comes first)
     with open(path + ".tmp", "wb") as f:
         pickle.dump(result, f)
     os.replace(path + ".tmp", path)
@@ -241,7 +243,7 @@ def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
             with contextlib.suppress(Exception):  # what they said about a hang, if anything
                 stderr.echo(final=True)
             raise
-        results, errors = [], []
+        results, errors = [], []  # errors: (order, text); the cause first, its aftermath after
         stderr.echo(final=True)
         logs = stderr.logs()
         for r in range(world):
@@ -253,15 +255,17 @@ def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
                 stopped_here = r in stopped or signalled_after
                 tail = "" if stopped_here or not logs[r] else (
                     "; its last stderr lines:\n" + "\n".join(logs[r].splitlines()[-STDERR_LINES:]))
-                errors.append(f"rank {r} exited without a result: " + _how_it_ended(
-                    code, stopped_here, first_dead) + tail)
+                # the rank that died first is the cause; ranks stopped after it, aftermath
+                order = -math.inf if r == first_dead else math.inf
+                errors.append((order, f"rank {r} exited without a result: " + _how_it_ended(
+                    code, stopped_here, first_dead) + tail))
                 results.append(None)
                 continue
             with open(path, "rb") as f:
-                status, value = pickle.load(f)
-            if status == "error":
-                errors.append(f"rank {r} raised:\n{value}")
+                status, value, *when = pickle.load(f)
+            if status == "error":  # raised ranks in the order they raised
+                errors.append((when[0], f"rank {r} raised:\n{value}"))
             results.append(value)
         if errors:
-            raise SpawnError("\n".join(errors))
+            raise SpawnError("\n".join(text for _, text in sorted(errors, key=lambda e: e[0])))
         return results

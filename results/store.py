@@ -120,6 +120,10 @@ def append_row(path: str | os.PathLike, row: dict) -> None:
             n = os.write(fd, view)
             view = view[n:]
         os.fsync(fd)
+    except OSError as e:  # a full disk: os.write's error names no file; say which
+        if e.filename is None:
+            raise OSError(e.errno, e.strerror, str(path)) from e
+        raise
     finally:
         os.close(fd)
 
@@ -208,15 +212,46 @@ class RunLock:
         return False
 
 
+class SweepLock:
+    """Held while a driver chooses its run folder in a sweep folder and claims it (takes its
+    ``RunLock`` and writes its run.json), then ``release``d: a second driver started at the
+    same moment waits here, then finds that run (and is refused by its lock), where both
+    started a new run of their own and timed each other on the same cores."""
+
+    def __init__(self, sweep_dir: str | os.PathLike):
+        self.path = Path(sweep_dir) / ".lock"
+        self._fd = None
+
+    def __enter__(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)  # a choice takes milliseconds: wait for it
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
+
+
 def write_meta(run_dir: str | os.PathLike, meta: dict) -> None:
     """run.json, replaced whole and durably (a crash leaves the old file or the new one)."""
     path = Path(run_dir) / META
     tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(meta, indent=1, default=_json_default) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(json.dumps(meta, indent=1, default=_json_default) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: no run.tmp left behind
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_meta(run_dir: str | os.PathLike) -> dict:
@@ -334,9 +369,11 @@ def consolidate(run_dir: str | os.PathLike, *, write: bool = True):
 
 
 def drop_tables(run_dir: str | os.PathLike) -> None:
-    """Remove a run's table files (before rows are added: ``consolidate`` writes them again)."""
+    """Remove a run's table files (before rows are added: ``consolidate`` writes them again),
+    and any left half-written by a driver killed while it wrote them."""
     for name in (TABLE, CSV):
-        (Path(run_dir) / name).unlink(missing_ok=True)
+        for path in (Path(run_dir) / name, Path(run_dir) / (name + ".tmp")):
+            path.unlink(missing_ok=True)
 
 
 def load(path: str | os.PathLike):

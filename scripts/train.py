@@ -267,10 +267,20 @@ def _check_run(args: dict, world: int) -> str | None:
                 + "); use another --out, or the same arguments (--world, --cp-degree, "
                 "--batch and --data-parallel may change where the global batch stays)")
     out.mkdir(parents=True, exist_ok=True)
-    tmp = run.with_name(run.name + ".tmp")
-    tmp.write_text(json.dumps(mine, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, run)
+    _replace(run, json.dumps(mine, indent=1, sort_keys=True) + "\n")
     return None
+
+
+def _replace(path: Path, text: str) -> None:
+    """``path`` replaced whole by ``text`` (written beside it, then renamed); a write that fails
+    (a full disk) leaves the old file and no temporary one."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 class _Writer:
@@ -400,9 +410,7 @@ def _train(rank: int, world: int, args: dict, host_ranks: int | None = None) -> 
         + (f"resuming at step {start}" if start else "from the start"), flush=True)
     if rank == 0:  # drop what ran after the last save: it runs again
         kept = _log_lines(log, start)
-        tmp = log.with_name(log.name + ".tmp")
-        tmp.write_text("".join(kept))
-        os.replace(tmp, log)
+        _replace(log, "".join(kept))
         missing = sorted(set(range(start)) - {json.loads(line)["step"] for line in kept})
         if missing:
             print(f"warning: {log} has no line for {_count(len(missing), 'step')} of the "

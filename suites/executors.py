@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import json
 import math
 import os
 import signal
@@ -123,7 +124,13 @@ def _inline_ranks(rank: int, world: int, cells_json: list[str], rows: str, ctx: 
         metrics = measure(cell)
         if rank == 0:
             timer.cancel()
-            append_row(rows, make_row(cell, metrics, ctx, host=host))
+            try:
+                append_row(rows, make_row(cell, metrics, ctx, host=host))
+            except OSError as e:  # a full or lost disk: the driver stops the sweep (below)
+                with contextlib.suppress(OSError):
+                    (Path(state) / "write-error").write_text(
+                        json.dumps([e.errno, e.strerror or str(e), e.filename or rows]))
+                raise
         comm.barrier()
         if cell.device == "cuda":
             gc.collect()  # a train step's model sits in a reference cycle: free it first
@@ -151,6 +158,10 @@ def run_inline(cells: list[Cell], run: Run, ctx: RunContext) -> None:
                 except SpawnError as e:
                     failure = str(e)
                 repair(run.rows)  # a rank killed mid-write must not tear the next row
+                lost = Path(state) / "write-error"
+                if lost.exists():  # the row of a cell that ran could not be written: not the
+                    # cell's failure (no error row, which a rerun would skip), the sweep's
+                    raise OSError(*json.loads(lost.read_text()))
                 done = run.done()
                 left = [c for c in todo if c.cell_id not in done]
                 if left and failure is None:  # cannot happen unless a row write was lost

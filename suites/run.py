@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -155,11 +156,12 @@ class _Progress:
     def _poll(self):
         import json
 
-        if not self.rows.exists():
+        try:  # progress is best-effort: the run's own writes report a lost rows file
+            with open(self.rows, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:  # not there yet, or gone (a disk lost, a folder in its place)
             return
-        with open(self.rows, "rb") as f:
-            f.seek(self.offset)
-            data = f.read()
         end = data.rfind(b"\n") + 1
         self.offset += end
         for line in data[:end].splitlines():
@@ -185,10 +187,17 @@ class _Progress:
 
 
 def short_reason(error, limit: int = 120) -> str:
-    """The last line of a row's error for a progress line: cut at a word and ended with
-    "..." past ``limit`` characters (cut mid-list, "valid degrees: 1, 2," read as the whole
-    list)."""
-    why = str(error).strip().splitlines()[-1]
+    """The last line of a row's error for a progress line, of its first rank's report where the
+    ranks reported (``burst.spawn`` lists the cause first: a rank's error, not the "connection
+    closed" of the ranks it left waiting): cut at a word and ended with "..." past ``limit``
+    characters (cut mid-list, "valid degrees: 1, 2," read as the whole list)."""
+    lines = str(error).strip().splitlines()
+    starts = [i for i, line in enumerate(lines)
+              if re.match(r"rank \d+ (raised:|exited without a result)", line)]
+    if len(starts) > 1:  # the first report (one line when it is all on its first)
+        lines = lines[starts[0]:starts[1]]
+        lines = [line for line in lines if line.strip()] or lines
+    why = lines[-1]
     return why if len(why) <= limit else why[:limit - 4].rsplit(" ", 1)[0] + " ..."
 
 
@@ -219,72 +228,78 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
                        slurm=slurm, job_folder=job_folder, stream=stream, hardware=hardware)
         return RunResult(None, None, 0)
 
-    run = Run(select_run(spec, Path(out), run_id, new))
-    if not run.dir.exists() and not new and run_id is None:
-        _note_unfinished_other(run.dir.parent, spec, stream, tuple(c.cell_id for c in cells))
-    run.dir.mkdir(parents=True, exist_ok=True)
-    with store.RunLock(run.dir):
-        store.repair(run.rows)  # a row torn by a killed writer is dropped; its cell runs again
-        store.repair(run.dir / "jobs.jsonl")  # and a torn job record (that job runs again)
-        meta = store.read_meta(run.dir)
-        if not store.has_rows(run.dir) and store.table_has_rows(run.dir):
-            # resumed, it would measure every cell again and replace the only copy of its rows
-            raise ValueError(f"run {run.dir.name} is kept as its table alone (no "
-                             f"{store.ROWS}): it cannot be resumed; --new measures the sweep "
-                             "in a new run and leaves this one as it is")
-        ids = [c.cell_id for c in cells]
-        skip = _done(store.read_rows(run.rows), retry_failed)
-        todo = [c for c in cells if c.cell_id not in skip]
-        _refuse_other_executors_jobs(run.dir, todo, executor)
-        # a finished run is left as it is (a committed one stays clean), unless its baseline
-        # changed: the table's speedups follow the spec's baseline
-        if todo or not meta or meta.get("baseline") != spec.baseline:
-            store.write_meta(run.dir, {
-                "sweep": spec.name, "run_id": run.dir.name, "source": spec.source,
-                "source_args": list(spec.source_args),
-                "spec": spec.to_json(), "spec_hash": _spec_hash(spec), "baseline": spec.baseline,
-                "cells": list(dict.fromkeys([*meta.get("cells", []), *ids])),
-                "created": meta.get("created") or time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                time.gmtime()),
-                "executor": executor,
-            })
-        if todo:  # the table would lag the rows: a driver killed now leaves none, not a stale one
-            store.drop_tables(run.dir)
-        print(f"sweep {spec.name}: {len(cells)} cells, {len(cells) - len(todo)} already done, "
-              f"running {len(todo)} ({executor}) -> {run.dir}", file=stream, flush=True)
-        _note_shared_cores(todo, executor, stream)
-        # a retried cell keeps its old failure row (history); the table keeps the newest row
-        run = Run(run.dir, start=run.rows.stat().st_size if run.rows.exists() else 0,
-                  skip=frozenset(skip))
-        data_dir = str(Path(out).resolve())  # an --out inside the checkout is data, not code
-        ctx = RunContext(run_id=run.dir.name, executor=executor, sweep_spec=spec.to_json(),
-                         data_dir=data_dir, **code_provenance(data_dir))
-        if todo and skip:
-            _warn_mixed_code(store.read_rows(run.rows), ctx, stream)
-        if not todo and cells:  # a finished run (the committed one, on a fresh clone, say)
-            rows = store.read_rows(run.rows)
-            made = sorted({f"{_code(r.get('git_commit'), r.get('git_dirty'))} on "
-                           f"{r.get('hostname') or 'unknown'}" for r in rows})
-            print(f"nothing to run: every cell has a row in run {run.dir.name} (from "
-                  f"{', '.join(made) or 'unknown code'}); the table below is that run's, and "
-                  "--new measures every cell again", file=stream, flush=True)
-        try:
-            with _Progress(run.rows, cells, len(cells) - len(todo), stream):
-                todo = _skip_invalid(todo, run, ctx)
-                if todo and executor == "inline":
-                    run_inline(todo, run, ctx)
-                elif todo:
-                    submit_cells(todo, kind=executor, run=run, ctx=ctx, slurm=slurm,
-                                 folder=job_folder, on_submit=on_submit)
-        except KeyboardInterrupt as e:  # Ctrl-C: the table of what ran, and how to go on
-            _report_interrupt(run, cells, ids, executor=executor, new=new, stream=stream)
-            e.reported = True  # the CLI adds no second message
-            raise
-        except Exception:  # SLURM refused the array, a full disk, ...: the table of what ran
-            with contextlib.suppress(Exception):
-                store.consolidate(run.dir)
-            raise
-        table = store.consolidate(run.dir)
+    # one driver at a time chooses and claims a run of this sweep (two started together
+    # each began a run of their own)
+    with store.SweepLock(Path(out) / spec.name) as choosing:
+        run = Run(select_run(spec, Path(out), run_id, new))
+        if not run.dir.exists() and not new and run_id is None:
+            _note_unfinished_other(run.dir.parent, spec, stream, tuple(c.cell_id for c in cells))
+        run.dir.mkdir(parents=True, exist_ok=True)
+        with store.RunLock(run.dir):
+            store.repair(run.rows)  # a row torn by a killed writer is dropped; its cell runs again
+            store.repair(run.dir / "jobs.jsonl")  # and a torn job record (that job runs again)
+            meta = store.read_meta(run.dir)
+            if not store.has_rows(run.dir) and store.table_has_rows(run.dir):
+                # resumed, it would measure every cell again and replace the only copy of its rows
+                raise ValueError(f"run {run.dir.name} is kept as its table alone (no "
+                                 f"{store.ROWS}): it cannot be resumed; --new measures the sweep "
+                                 "in a new run and leaves this one as it is")
+            ids = [c.cell_id for c in cells]
+            skip = _done(store.read_rows(run.rows), retry_failed)
+            todo = [c for c in cells if c.cell_id not in skip]
+            _refuse_other_executors_jobs(run.dir, todo, executor)
+            # a finished run is left as it is (a committed one stays clean), unless its baseline
+            # changed: the table's speedups follow the spec's baseline
+            if todo or not meta or meta.get("baseline") != spec.baseline:
+                store.write_meta(run.dir, {
+                    "sweep": spec.name, "run_id": run.dir.name, "source": spec.source,
+                    "source_args": list(spec.source_args),
+                    "spec": spec.to_json(), "spec_hash": _spec_hash(spec),
+                    "baseline": spec.baseline,
+                    "cells": list(dict.fromkeys([*meta.get("cells", []), *ids])),
+                    "created": meta.get("created") or time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                    time.gmtime()),
+                    "executor": executor,
+                })
+            choosing.release()  # claimed: a driver started now finds this run, and its lock
+            if todo:  # the table would lag the rows: a driver killed now leaves none, not a
+                # stale one
+                store.drop_tables(run.dir)
+            print(f"sweep {spec.name}: {len(cells)} cells, {len(cells) - len(todo)} already done, "
+                  f"running {len(todo)} ({executor}) -> {run.dir}", file=stream, flush=True)
+            _note_shared_cores(todo, executor, stream)
+            # a retried cell keeps its old failure row (history); the table keeps the newest row
+            run = Run(run.dir, start=run.rows.stat().st_size if run.rows.exists() else 0,
+                      skip=frozenset(skip))
+            data_dir = str(Path(out).resolve())  # an --out inside the checkout is data, not code
+            ctx = RunContext(run_id=run.dir.name, executor=executor, sweep_spec=spec.to_json(),
+                             data_dir=data_dir, **code_provenance(data_dir))
+            if todo and skip:
+                _warn_mixed_code(store.read_rows(run.rows), ctx, stream)
+            if not todo and cells:  # a finished run (the committed one, on a fresh clone, say)
+                rows = store.read_rows(run.rows)
+                made = sorted({f"{_code(r.get('git_commit'), r.get('git_dirty'))} on "
+                               f"{r.get('hostname') or 'unknown'}" for r in rows})
+                print(f"nothing to run: every cell has a row in run {run.dir.name} (from "
+                      f"{', '.join(made) or 'unknown code'}); the table below is that run's, and "
+                      "--new measures every cell again", file=stream, flush=True)
+            try:
+                with _Progress(run.rows, cells, len(cells) - len(todo), stream):
+                    todo = _skip_invalid(todo, run, ctx)
+                    if todo and executor == "inline":
+                        run_inline(todo, run, ctx)
+                    elif todo:
+                        submit_cells(todo, kind=executor, run=run, ctx=ctx, slurm=slurm,
+                                     folder=job_folder, on_submit=on_submit)
+            except KeyboardInterrupt as e:  # Ctrl-C: the table of what ran, and how to go on
+                _report_interrupt(run, cells, ids, executor=executor, new=new, stream=stream)
+                e.reported = True  # the CLI adds no second message
+                raise
+            except Exception:  # SLURM refused the array, a full disk, ...: the table of what ran
+                with contextlib.suppress(Exception):
+                    store.consolidate(run.dir)
+                raise
+            table = store.consolidate(run.dir)
     print(summary_text(table, spec), file=stream, flush=True)
     return RunResult(run.dir, table, len(todo))
 

@@ -76,3 +76,27 @@ def talks_to_torch_distributed(q, k, v, *, causal, softmax_scale=None, group=Non
 
     dist.all_reduce(q.detach().sum().reshape(1).clone(), group=group)
     return reference_attention(q, k, v, causal=causal, scale=softmax_scale)[0]  # local only
+
+
+def row_write_fails(q, k, v, *, causal, softmax_scale=None, group=None):
+    """Works, but rank 0's write of this cell's row fails with ENOSPC after half a line, as on a
+    disk full for a moment (the driver's own writes after it succeed); once: the file
+    ``BURST_TEST_ONCE`` is made when it fails, and while it exists the write succeeds."""
+    import errno
+    from pathlib import Path
+
+    from suites import executors
+
+    once = Path(os.environ["BURST_TEST_ONCE"])
+    if comm.rank() == 0 and not once.exists():
+        append = executors.append_row
+
+        def full(path, row):
+            executors.append_row = append
+            once.touch()
+            with open(path, "a") as f:
+                f.write('{"cell_id": "half a ro')
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+        executors.append_row = full
+    return user_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group)

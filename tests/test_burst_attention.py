@@ -420,6 +420,32 @@ def test_a_rank_that_aborts_is_quoted_in_the_error():
     assert "Received data size doesn't match expected size (a test's abort)" in str(e.value)
 
 
+def _rank1_raises_then_rank0_waits_in_vain(rank: int, world: int):
+    from burst import comm
+
+    if rank == 1:
+        raise ValueError("the cause (rank 1)")
+    comm.barrier()  # gloo: the peer left ("Connection closed by peer"), the aftermath
+
+
+def test_spawn_reports_the_cause_first():
+    """Found by a failure-injection audit: SpawnError listed ranks in rank order, so the
+    harness's progress line (its last line) showed the aftermath on the last rank (gloo's
+    "Connection closed by peer") and not the rank whose error stopped the cell; the first
+    rank to raise (or die) now comes first, and the progress line quotes it."""
+    from burst.spawn import SpawnError
+    from suites.run import short_reason
+
+    with pytest.raises(SpawnError) as e:
+        spawn(_rank1_raises_then_rank0_waits_in_vain, 2, timeout_s=60)
+    text = str(e.value)
+    assert text.startswith("rank 1 raised:") and "rank 0 raised:" in text, text
+    assert short_reason(text) == "ValueError: the cause (rank 1)"
+    with pytest.raises(SpawnError) as e:  # a rank that died comes first too
+        spawn(_aborts_on_rank1, 2, timeout_s=60)
+    assert str(e.value).startswith("rank 1 exited without a result"), str(e.value)
+
+
 def test_nccl_spawn_needs_a_gpu_per_rank():
     """NCCL refuses two ranks on one GPU ("Duplicate GPU detected") at the first collective;
     spawn put rank r on GPU r % count."""

@@ -90,6 +90,75 @@ def _expected_burst_bytes(row) -> tuple[int, int]:
     return vol.sent("forward"), vol.sent("backward")
 
 
+def test_a_row_that_cannot_be_written_stops_the_sweep_and_its_cell_runs_again(tmp_path,
+                                                                              monkeypatch):
+    """Found by a failure-injection audit: a cell that ran but whose row rank 0 could not write
+    (a disk full for a moment) was recorded as an ``error`` row quoting another rank's gloo
+    error, and a plain rerun skipped it; the sweep now stops on the OSError, as the driver's
+    own writes do, and the cell has no row (the torn half is cut), so a rerun measures it."""
+    text = SWEEP.split("[[methods]]")[0] + (f'[[methods]]\nname = "{M}:user_attention"\n'
+                                             f'label = "user"\n[[methods]]\n'
+                                             f'name = "{M}:row_write_fails"\nlabel = "lost"\n')
+    spec = _spec(tmp_path, text.replace('baseline = "burst-ringbwd"', 'baseline = "user"'),
+                 "lost")
+    out = tmp_path / "out"
+    monkeypatch.setenv("BURST_TEST_ONCE", str(tmp_path / "failed once"))
+    with pytest.raises(OSError, match="No space left on device") as e:
+        run_sweep(spec, out=out, run_id="r1", stream=_quiet())
+    rows = out / "lost" / "r1" / "rows.jsonl"
+    assert e.value.filename == str(rows)
+    assert [r["label"] for r in store.read_rows(rows)] == ["user"]
+    res = run_sweep(spec, out=out, stream=_quiet())  # resumes r1: the lost cell runs again
+    assert res.run_dir == rows.parent and res.ran == 1
+    assert [(r["label"], r["status"]) for r in store.read_rows(rows)] == [("user", "ok"),
+                                                                           ("lost", "ok")]
+
+
+def test_two_drivers_started_together_share_one_run(tmp_path, monkeypatch):
+    """Found by a failure-injection audit: two drivers started within ~0.3 s on a sweep with no
+    run each chose a new run folder (neither saw the other's, whose run.json was not written
+    yet) and measured every cell at once, timing each other; the second now waits while the
+    first chooses and claims its run, then finds it, and is refused by its lock."""
+    import threading
+
+    from results.store import RunLockedError
+    from suites import run as run_mod
+
+    text = SWEEP.split("[[methods]]")[0].replace('baseline = "burst-ringbwd"', "") + (
+        f'[[methods]]\nname = "{M}:slow_attention"\nlabel = "slow"\n')
+    spec = _spec(tmp_path, text, "together")
+    choose = run_mod.select_run
+
+    def slow_choice(*a, **k):  # widens the window between choosing a run and claiming it
+        chosen = choose(*a, **k)
+        time.sleep(0.5)
+        return chosen
+
+    monkeypatch.setattr(run_mod, "select_run", slow_choice)
+    # each driver thread stands for a process of its own: its own run ids (a pid each)
+    new_id = store.new_run_id
+    monkeypatch.setattr(store, "new_run_id", lambda: f"{new_id()}.{threading.get_ident()}")
+    ended = {}
+
+    def drive(k):
+        try:
+            ended[k] = run_sweep(spec, out=tmp_path / "out", stream=_quiet())
+        except Exception as e:  # noqa: BLE001
+            ended[k] = e
+
+    threads = [threading.Thread(target=drive, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    kinds = sorted(type(e).__name__ for e in ended.values())
+    assert kinds == ["RunLockedError", "RunResult"], ended
+    refused = next(e for e in ended.values() if isinstance(e, RunLockedError))
+    assert "is being written by another running sweep" in str(refused)
+    runs = [p for p in (tmp_path / "out" / "together").iterdir() if p.is_dir()]
+    assert len(runs) == 1 and len(store.read_rows(runs[0] / "rows.jsonl")) == 1
+
+
 def test_inline_sweep_failures_are_rows_and_resume_skips(tmp_path):
     # every way a cell fails, between cells that work: each failure ends its process group,
     # becomes a row, and a fresh group runs the rest (4 groups in all)
@@ -251,7 +320,7 @@ def test_a_run_piped_into_head_finishes(tmp_path):
                          timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "Traceback" not in res.stderr, res.stderr[-2000:]
-    (run,) = (tmp_path / "out" / "piped").iterdir()
+    (run,) = store.runs_by_time(tmp_path / "out" / "piped")
     assert len(store.read_rows(run / "rows.jsonl")) == 4 and (run / "table.csv").exists()
 
 
@@ -448,7 +517,7 @@ def test_local_jobs_outlive_a_dead_driver(tmp_path):
     with pytest.raises(DriverDied):
         run_sweep(spec, on_submit=die, **kw)
     assert first[0].state == "RUNNING"  # the job outlives the driver that submitted it
-    (run_dir,) = (tmp_path / "out" / "orphan").iterdir()
+    (run_dir,) = store.runs_by_time(tmp_path / "out" / "orphan")
     # once it has ended, an inline resume must not measure its cell again and throw the job's
     # row away: the local executor collects it
     first[0].wait()
@@ -845,7 +914,7 @@ def test_a_hung_up_terminal_still_gets_the_table_written(tmp_path, monkeypatch):
                  '[shape]\nheads = 2\nhead_dim = 8\n[[methods]]\nname = "ring"\n')
     with pytest.raises(KeyboardInterrupt):
         run_sweep(spec, out=tmp_path / "out", stream=stream)
-    (run,) = (tmp_path / "out" / "tiny").iterdir()
+    (run,) = store.runs_by_time(tmp_path / "out" / "tiny")
     assert (run / "table.csv").exists() and (run / "table.parquet").exists()
 
 

@@ -867,6 +867,27 @@ def test_run_exit_code_signals_and_disk_errors(tmp_path, monkeypatch, capsys):
     with pytest.raises(OSError):
         store.consolidate(d)
     assert not list(d.glob("*.tmp"))
+    monkeypatch.undo()
+    # run.json's write on a full disk leaves the old file and no run.tmp (a failure-injection
+    # audit found one left, and the folder then an orphan run); a table half-written by a
+    # driver killed while writing it goes with the table
+    meta = (d / store.META).read_text()
+    monkeypatch.setattr(store.json, "dumps", full)
+    with pytest.raises(OSError):
+        store.write_meta(d, {"baseline": "x"})
+    monkeypatch.undo()
+    assert (d / store.META).read_text() == meta and not list(d.glob("*.tmp"))
+    (d / (store.CSV + ".tmp")).write_text("half a ta")
+    store.drop_tables(d)
+    assert not list(d.glob("table*"))
+    # a row's write on a full disk names the file (os.write's error names none)
+    def no_space(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store.os, "write", no_space)
+    with pytest.raises(OSError) as e:
+        store.append_row(d / store.ROWS, {"cell_id": "x", "status": "ok"})
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(d / store.ROWS)
 
 
 def test_the_cli_runs_outside_the_main_thread(capsys):
@@ -1483,6 +1504,13 @@ def test_a_terminal_gets_a_progress_bar_over_cells(tmp_path):
     assert re.search(r"3/3 \[\d\d:\d\d<\d\d:\d\d", text), text  # tqdm's count, elapsed<ETA
     assert "oom (CUDA out of memory)" in text
     assert "[2/3]" not in text  # not the log lines a pipe gets
+    # a rows file that cannot be read (a folder in its place, a lost disk) stops no run: found
+    # by a failure-injection audit, where the progress thread died with IsADirectoryError
+    rows.unlink()
+    rows.mkdir()
+    with _Progress(rows, cells, 1, out) as progress:
+        progress._poll()
+    assert progress.count == 1
 
 
 def test_data_parallel_is_a_train_step_methods_key_with_the_engines_choices(tmp_path):

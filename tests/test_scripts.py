@@ -287,6 +287,25 @@ def test_a_training_run_ended_by_sigterm_or_sighup_says_how_to_resume(tmp_path, 
     assert res.returncode == 0 and "resuming at step" in res.stdout, res.stderr[-3000:]
 
 
+def test_train_py_leaves_no_temporary_file_when_a_write_fails(tmp_path, monkeypatch):
+    """Found by a failure-injection audit: a full disk at run.json or at the resume's log
+    rewrite left run.json.tmp / steps.jsonl.tmp behind."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    train = importlib.import_module("train")
+    log = tmp_path / "steps.jsonl"
+    log.write_text("old\n")
+
+    def full(self, text):
+        Path.write_bytes(self, text[:3].encode())
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(OSError, match="No space left"):
+        train._replace(log, "new\n")
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == ["steps.jsonl"] and log.read_text() == "old\n"
+
+
 def test_a_folder_train_py_cannot_write_is_one_line(tmp_path):
     """Found by a failure-injection audit: an --out under a file (or on a full or read-only
     disk) failed with the launcher's traceback."""
