@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
 import math
 import os
@@ -483,7 +484,11 @@ def _main(argv: list[str] | None) -> int:
         return 1
     except OSError as e:  # a full or read-only disk: what, where; rows already written stay
         where = f" ({e.filename})" if e.filename else ""
-        then = "; rows written before it are kept and a rerun resumes" if args.cmd == "run" else ""
+        then = ""
+        if args.cmd == "run":  # (a file or folder removed meanwhile: its rows went with it)
+            then = ("; rows written before it are kept and a rerun resumes"
+                    if e.errno != errno.ENOENT else "; a rerun measures the cells whose rows "
+                    "are not there")
         print(f"burst-bench {args.cmd}: {e.strerror or e}{where}{then}", file=sys.stderr)
         return 1
 

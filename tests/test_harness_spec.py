@@ -861,6 +861,14 @@ def test_run_exit_code_signals_and_disk_errors(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "No space left on device (/results/x/rows.jsonl)" in err and "Traceback" not in err
     assert "a rerun resumes" not in err  # `show` resumes nothing (only `run` says so)
+    for code, then in ((errno.ENOSPC, "rows written before it are kept and a rerun resumes"),
+                       (errno.ENOENT, "a rerun measures the cells whose rows are not there")):
+        def lost(*a, code=code, **k):  # a run's disk full, or its folder removed meanwhile
+            raise OSError(code, os.strerror(code), "/results/x/rows.jsonl")
+
+        monkeypatch.setattr(run_mod, "run_sweep", lost)
+        assert cli.main(["run", str(SPEC_DIR / "smoke.toml")]) == 1
+        assert capsys.readouterr().err.endswith(f"(/results/x/rows.jsonl); {then}\n")
     monkeypatch.undo()
     d = _run_dir(tmp_path, "20250101T000000Z-1", _rows([("ring", 64, 2.0, "ok")]))
     monkeypatch.setattr(pd.DataFrame, "to_csv", full)
