@@ -8,8 +8,8 @@ Used by the tests, the demo and the harness's ``inline`` executor. Spawning cost
 
 A rank that raises makes ``spawn`` raise ``SpawnError`` with that rank's traceback; a rank that
 dies or hangs past ``timeout_s`` (+30 s for start-up) is killed and reported the same way, never a
-silent hang. The ranks' reports come cause first: the rank that died first, then those that
-raised in the order they raised (the others' "connection closed" after it), then the rest.
+silent hang. The ranks' reports come cause first: in the order the ranks raised or (the first
+to die) were seen dead, the others' "connection closed" after the cause, then the rest.
 
 Ranks start with Python's "spawn" method: they import the caller's module, so ``fn`` must be
 defined at module level and a script must call ``spawn`` under ``if __name__ == "__main__":``
@@ -60,8 +60,8 @@ def interrupt_on_termination():
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig, handler in previous.items():  # (None: one set from C, not restorable)
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 def free_port() -> int:
@@ -218,6 +218,7 @@ def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
         stderr = _Stderr(out_dir, world)
         deadline = time.monotonic() + timeout_s + 30
         failed_at, first_dead, stopped = None, None, set()
+        died_at = math.inf  # when the first rank that died was seen dead (time.time())
         try:
             while True:
                 with contextlib.suppress(OSError):  # a closed console must not stop the ranks
@@ -227,7 +228,8 @@ def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
                         break
                 except mp.ProcessExitedException as e:
                     failed_at = failed_at or time.monotonic()
-                    first_dead = e.error_index if first_dead is None else first_dead
+                    if first_dead is None:
+                        first_dead, died_at = e.error_index, time.time()
                 if failed_at is None and _any_error(out_dir, world):
                     failed_at = time.monotonic()  # the others may now wait forever on that rank
                 now = time.monotonic()
@@ -255,8 +257,9 @@ def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
                 stopped_here = r in stopped or signalled_after
                 tail = "" if stopped_here or not logs[r] else (
                     "; its last stderr lines:\n" + "\n".join(logs[r].splitlines()[-STDERR_LINES:]))
-                # the rank that died first is the cause; ranks stopped after it, aftermath
-                order = -math.inf if r == first_dead else math.inf
+                # the rank that died first, when it was seen dead (after any rank that raised
+                # before: its death may be their aftermath); ranks stopped after it: last
+                order = died_at if r == first_dead else math.inf
                 errors.append((order, f"rank {r} exited without a result: " + _how_it_ended(
                     code, stopped_here, first_dead) + tail))
                 results.append(None)

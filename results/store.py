@@ -216,20 +216,41 @@ class SweepLock:
     """Held while a driver chooses its run folder in a sweep folder and claims it (takes its
     ``RunLock`` and writes its run.json), then ``release``d: a second driver started at the
     same moment waits here, then finds that run (and is refused by its lock), where both
-    started a new run of their own and timed each other on the same cores."""
+    started a new run of their own and timed each other on the same cores. A sweep folder
+    made for the lock alone (a run refused before it made its own folder) is removed again."""
 
     def __init__(self, sweep_dir: str | os.PathLike):
         self.path = Path(sweep_dir) / ".lock"
-        self._fd = None
+        self._fd, self._made = None, []
 
     def __enter__(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
-        fcntl.flock(self._fd, fcntl.LOCK_EX)  # a choice takes milliseconds: wait for it
-        return self
+        while True:
+            # the folders the lock makes, innermost first (removed again if nothing else used them)
+            self._made = [p for p in (self.path.parent, *self.path.parent.absolute().parents)
+                          if not p.exists()]
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX)  # a choice takes milliseconds: wait for it
+            # a lock on a file that its holder removed meanwhile holds nothing (RunLock)
+            with contextlib.suppress(FileNotFoundError):
+                here, mine = os.stat(self.path), os.fstat(fd)
+                if (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino):
+                    self._fd = fd
+                    return self
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
 
     def release(self) -> None:
-        if self._fd is not None:
+        if self._fd is None:
+            return
+        try:  # removed while held: a driver waiting on it then takes the file made anew
+            if self._made and [p.name for p in self.path.parent.iterdir()] == [".lock"]:
+                self.path.unlink()
+                for folder in self._made:
+                    folder.rmdir()
+        except OSError:  # another driver's folder appeared, or the disk is gone: kept
+            pass
+        finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None

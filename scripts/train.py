@@ -457,23 +457,28 @@ def _train(rank: int, world: int, args: dict, host_ranks: int | None = None) -> 
 
 
 def main(argv=None) -> None:
-    first = os.environ.get("RANK", "0") == "0"  # one line, not one per torchrun process
-    try:  # SIGTERM, SIGHUP: as Ctrl-C
-        with interrupt_on_termination():
+    torchrun = "RANK" in os.environ  # each rank is its own process, torchrun's to signal
+    rank = os.environ.get("RANK", "0")
+
+    def say(text: str) -> None:
+        with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
+            print(text, file=sys.stderr, flush=True)
+
+    try:  # the launcher: SIGTERM, SIGHUP as Ctrl-C (torchrun stops its ranks itself)
+        with contextlib.nullcontext() if torchrun else interrupt_on_termination():
             _main(argv)
     except KeyboardInterrupt as e:  # Ctrl-C: the ranks were stopped (spawn kills them first)
-        if first:
-            print(f"interrupted{f' ({e})' if str(e) else ''}; run the same command again to "
-                  "resume from the last saved step", file=sys.stderr, flush=True)
+        if rank == "0":  # one line, not one per torchrun process
+            say(f"interrupted{f' ({e})' if str(e) else ''}; run the same command again to "
+                "resume from the last saved step")
         raise SystemExit(130) from None
     except OSError as e:  # this process's own files (--out, run.json, its lock): one line
-        if first:
-            print(f"train.py: {e}; a state saved before is kept: fix that and run the same "
-                  "command again to resume", file=sys.stderr, flush=True)
+        who = f"train.py (rank {rank})" if torchrun else "train.py"
+        say(f"{who}: {e}; a state saved before is kept: fix that and run the same command "
+            "again to resume")
         raise SystemExit(1) from None
     except SpawnError as e:  # each failed rank's traceback, not the launcher's own
-        print(f"train.py: {e}\n(a state saved before stays in --out as it was)",
-              file=sys.stderr, flush=True)
+        say(f"train.py: {e}\n(a state saved before stays in --out as it was)")
         raise SystemExit(1) from None
 
 

@@ -428,6 +428,16 @@ def _rank1_raises_then_rank0_waits_in_vain(rank: int, world: int):
     comm.barrier()  # gloo: the peer left ("Connection closed by peer"), the aftermath
 
 
+def _rank1_raises_then_rank0_aborts(rank: int, world: int):
+    import os
+    import time
+
+    if rank == 1:
+        raise ValueError("the cause (rank 1)")
+    time.sleep(1.0)  # as gloo aborts a rank whose peer left
+    os.abort()
+
+
 def test_spawn_reports_the_cause_first():
     """Found by a failure-injection audit: SpawnError listed ranks in rank order, so the
     harness's progress line (its last line) showed the aftermath on the last rank (gloo's
@@ -444,6 +454,12 @@ def test_spawn_reports_the_cause_first():
     with pytest.raises(SpawnError) as e:  # a rank that died comes first too
         spawn(_aborts_on_rank1, 2, timeout_s=60)
     assert str(e.value).startswith("rank 1 exited without a result"), str(e.value)
+    # a rank that died after another raised (a review's case): the one that raised first
+    with pytest.raises(SpawnError) as e:
+        spawn(_rank1_raises_then_rank0_aborts, 2, timeout_s=60)
+    text = str(e.value)
+    assert text.startswith("rank 1 raised:") and "rank 0 exited without a result" in text, text
+    assert short_reason(text) == "ValueError: the cause (rank 1)"
 
 
 def test_nccl_spawn_needs_a_gpu_per_rank():

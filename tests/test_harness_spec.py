@@ -763,6 +763,17 @@ def test_a_broken_run_file_is_named_and_does_not_block_the_sweep(tmp_path, capsy
     assert "line 2 is not a record" in capsys.readouterr().err
 
 
+def test_a_run_refused_before_its_folder_leaves_no_folder(tmp_path):
+    """A review found the sweep-level lock left ``<out>/<sweep>/.lock`` (and the folders above
+    it) behind for a run refused before it made its folder, where nothing was left before."""
+    from suites.run import run_sweep
+
+    out = tmp_path / "new" / "out"
+    with pytest.raises(ValueError, match="a run id is one folder"):
+        run_sweep(_write(tmp_path, GOOD_TINY), out=out, run_id="../escaped", stream=io.StringIO())
+    assert [p.name for p in tmp_path.iterdir()] == ["sweep.toml"]
+
+
 def test_a_progress_line_says_where_it_cut_a_reason():
     """A skipped cell's progress line cut its reason mid-list ("valid degrees: 1, 2,") and
     read as whole; it now cuts at a word and ends with "..."."""

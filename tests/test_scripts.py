@@ -306,6 +306,39 @@ def test_train_py_leaves_no_temporary_file_when_a_write_fails(tmp_path, monkeypa
     assert [p.name for p in tmp_path.iterdir()] == ["steps.jsonl"] and log.read_text() == "old\n"
 
 
+def test_under_torchrun_each_rank_says_its_own_disk_error_and_signals_stay_torchruns(
+        monkeypatch, capfd):
+    """A review found train.py's new handling wrong under torchrun, where each rank is its own
+    process: a disk error on rank 1 ended it without a word (only rank 0 printed), and the
+    ranks turned SIGTERM, torchrun's way to stop them when one failed, into a Python
+    exception that a rank blocked in a collective cannot raise."""
+    import signal
+
+    from burst.spawn import _terminate
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    train = importlib.import_module("train")
+    seen = []
+
+    def full(argv):
+        seen.append(signal.getsignal(signal.SIGTERM))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(train, "_main", full)
+    for env in ({"RANK": "1", "WORLD_SIZE": "2"}, {}):
+        for k in ("RANK", "WORLD_SIZE"):
+            monkeypatch.delenv(k, raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        with pytest.raises(SystemExit) as e:
+            train.main([])
+        assert e.value.code == 1
+    assert seen[0] is not _terminate and seen[1] is _terminate  # the launcher's alone
+    err = capfd.readouterr().err.splitlines()
+    assert err[0].startswith("train.py (rank 1): [Errno 28] No space left on device;"), err
+    assert err[1].startswith("train.py: [Errno 28] No space left on device;"), err
+
+
 def test_a_folder_train_py_cannot_write_is_one_line(tmp_path):
     """Found by a failure-injection audit: an --out under a file (or on a full or read-only
     disk) failed with the launcher's traceback."""

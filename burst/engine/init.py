@@ -41,6 +41,8 @@ def init_rows(name: str, shape: tuple[int, ...], seed: int, std: float, start: i
         raise ValueError(f"init_rows: rows [{start}, {stop}) of {name}, which has {rows}")
     per = max(1, block // max(1, math.prod(shape[1:])))  # rows per block
     out = torch.empty((stop - start, *shape[1:]))
+    if start == stop:
+        return out
     for b in range(start // per, -(-stop // per)):
         lo, hi = b * per, min((b + 1) * per, rows)
         g = torch.Generator().manual_seed(_block_seed(seed, name, b))

@@ -228,6 +228,8 @@ class CausalLM(nn.Module):
             if mine is None:  # a placement other than Shard(0): draw whole, DTensor slices it
                 assign_whole(p, init_rows(name, p.shape, seed, std, 0, p.shape[0]))
                 continue
+            if mine[0] == mine[1]:  # no rows here (a trailing empty chunk, a rank off the mesh)
+                continue
             rows = init_rows(name, p.shape, seed, std, *mine)
             (p.to_local() if isinstance(p, DTensor) else p).copy_(rows)
 
