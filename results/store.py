@@ -177,6 +177,27 @@ class RunLockedError(RuntimeError):
     """Another driver holds the run folder (the CLI reports it as a user error)."""
 
 
+def _locked(path: Path, *, wait: bool) -> int:
+    """An open descriptor of ``path`` (made, with its folders, if missing) that holds its
+    exclusive flock; without ``wait``, BlockingIOError when another holds it. A lock on a file
+    that its holder removed meanwhile (scripts/train.py removes the folder of a run it refused;
+    ``SweepLock`` a folder it made for nothing) holds nothing: the file there now is taken."""
+    while True:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(fd)
+            raise
+        with contextlib.suppress(FileNotFoundError):
+            here, mine = os.stat(path), os.fstat(fd)
+            if (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino):
+                return fd
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
 class RunLock:
     """Exclusive lock on a run folder for the lifetime of one sweep driver."""
 
@@ -185,26 +206,14 @@ class RunLock:
         self._fd = None
 
     def __enter__(self):
-        while True:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                raise RunLockedError(f"{self.path.parent} is being written by another running "
-                                     "sweep; wait for it, or pass --new for a separate run (on "
-                                     "the same machine the two would share its cores, and time "
-                                     "each other)") from None
-            # a lock on a file that its holder removed meanwhile (scripts/train.py removes the
-            # folder of a run it refused) holds nothing: take the file that is there now
-            with contextlib.suppress(FileNotFoundError):
-                here, mine = os.stat(self.path), os.fstat(fd)
-                if (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino):
-                    self._fd = fd
-                    return self
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+        try:
+            self._fd = _locked(self.path, wait=False)
+        except BlockingIOError:
+            raise RunLockedError(f"{self.path.parent} is being written by another running "
+                                 "sweep; wait for it, or pass --new for a separate run (on the "
+                                 "same machine the two would share its cores, and time each "
+                                 "other)") from None
+        return self
 
     def __exit__(self, *exc):
         fcntl.flock(self._fd, fcntl.LOCK_UN)
@@ -224,21 +233,11 @@ class SweepLock:
         self._fd, self._made = None, []
 
     def __enter__(self):
-        while True:
-            # the folders the lock makes, innermost first (removed again if nothing else used them)
-            self._made = [p for p in (self.path.parent, *self.path.parent.absolute().parents)
-                          if not p.exists()]
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
-            fcntl.flock(fd, fcntl.LOCK_EX)  # a choice takes milliseconds: wait for it
-            # a lock on a file that its holder removed meanwhile holds nothing (RunLock)
-            with contextlib.suppress(FileNotFoundError):
-                here, mine = os.stat(self.path), os.fstat(fd)
-                if (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino):
-                    self._fd = fd
-                    return self
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+        # the folders the lock makes, innermost first (removed again if nothing else used them)
+        self._made = [p for p in (self.path.parent, *self.path.parent.absolute().parents)
+                      if not p.exists()]
+        self._fd = _locked(self.path, wait=True)  # a choice takes milliseconds: wait for it
+        return self
 
     def release(self) -> None:
         if self._fd is None:
