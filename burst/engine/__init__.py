@@ -2,6 +2,7 @@
 
 - ``configs``: ModelConfig, the named configs (tiny, 7b, 14b, llama3-8b), param_count.
 - ``model``: the decoder (RMSNorm, RoPE on global positions, GQA, SwiGLU, tied/untied head).
+- ``init``: its seeded weight init, drawn in blocks of rows (a sharded rank draws its own).
 - ``hf``: weights from a Hugging Face LlamaForCausalLM.
 - ``attention_call``: the one path to the attention method, and its FLOP counter.
 - ``checkpointing``: none / full / selective / selective_half recomputation.
