@@ -40,6 +40,7 @@ __all__ = [
     "latest_run",
     "RunLockedError",
     "load",
+    "replace_text",
     "new_run_id",
     "read_meta",
     "read_rows",
@@ -259,19 +260,26 @@ class SweepLock:
         return False
 
 
-def write_meta(run_dir: str | os.PathLike, meta: dict) -> None:
-    """run.json, replaced whole and durably (a crash leaves the old file or the new one)."""
-    path = Path(run_dir) / META
-    tmp = path.with_suffix(".tmp")
+def replace_text(path: str | os.PathLike, text: str) -> None:
+    """``path`` replaced whole by ``text``, durably: written beside it (``<name>.tmp``), synced
+    and renamed, so a crash leaves the old file or the new one, and a write that fails (a full
+    disk) leaves the old one and no temporary file."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "w") as f:
-            f.write(json.dumps(meta, indent=1, default=_json_default) + "\n")
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:  # a full disk: no run.tmp left behind
+    except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_meta(run_dir: str | os.PathLike, meta: dict) -> None:
+    """run.json, replaced whole and durably (``replace_text``)."""
+    replace_text(Path(run_dir) / META, json.dumps(meta, indent=1, default=_json_default) + "\n")
 
 
 def read_meta(run_dir: str | os.PathLike) -> dict:

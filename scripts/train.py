@@ -58,7 +58,7 @@ from burst.engine.trainer import DTYPES, OPTIMIZERS, seq_len_problems  # noqa: E
 from burst.layout import chunks_per_rank  # noqa: E402
 from burst.masks import MaskSpec  # noqa: E402
 from burst.spawn import SpawnError, interrupt_on_termination, spawn  # noqa: E402
-from results.store import RunLock, RunLockedError  # noqa: E402
+from results.store import RunLock, RunLockedError, replace_text  # noqa: E402
 
 PASSES = ("forward", "backward")  # the attention's phases in burst.comm's byte counter
 # what may change when a run is resumed; everything else is the run's identity
@@ -267,20 +267,8 @@ def _check_run(args: dict, world: int) -> str | None:
                 + "); use another --out, or the same arguments (--world, --cp-degree, "
                 "--batch and --data-parallel may change where the global batch stays)")
     out.mkdir(parents=True, exist_ok=True)
-    _replace(run, json.dumps(mine, indent=1, sort_keys=True) + "\n")
+    replace_text(run, json.dumps(mine, indent=1, sort_keys=True) + "\n")
     return None
-
-
-def _replace(path: Path, text: str) -> None:
-    """``path`` replaced whole by ``text`` (written beside it, then renamed); a write that fails
-    (a full disk) leaves the old file and no temporary one."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 class _Writer:
@@ -410,7 +398,7 @@ def _train(rank: int, world: int, args: dict, host_ranks: int | None = None) -> 
         + (f"resuming at step {start}" if start else "from the start"), flush=True)
     if rank == 0:  # drop what ran after the last save: it runs again
         kept = _log_lines(log, start)
-        _replace(log, "".join(kept))
+        replace_text(log, "".join(kept))
         missing = sorted(set(range(start)) - {json.loads(line)["step"] for line in kept})
         if missing:
             print(f"warning: {log} has no line for {_count(len(missing), 'step')} of the "

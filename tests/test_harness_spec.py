@@ -887,11 +887,12 @@ def test_run_exit_code_signals_and_disk_errors(tmp_path, monkeypatch, capsys):
         store.consolidate(d)
     assert not list(d.glob("*.tmp"))
     monkeypatch.undo()
-    # run.json's write on a full disk leaves the old file and no run.tmp (a failure-injection
-    # audit found one left, and the folder then an orphan run); a table half-written by a
-    # driver killed while writing it goes with the table
+    # run.json's write (and train.py's run.json and log, through the same replace_text) on a
+    # full disk leaves the old file and no temporary one (a failure-injection audit found
+    # run.tmp left, and the folder then an orphan run); a table half-written by a driver killed
+    # while writing it goes with the table
     meta = (d / store.META).read_text()
-    monkeypatch.setattr(store.json, "dumps", full)
+    monkeypatch.setattr(store.os, "fsync", full)  # the text written, not yet synced
     with pytest.raises(OSError):
         store.write_meta(d, {"baseline": "x"})
     monkeypatch.undo()
@@ -1143,7 +1144,7 @@ def test_rows_and_run_meta_reach_the_disk(tmp_path, monkeypatch):
     store.append_row(tmp_path / store.ROWS, {"cell_id": "c0", "status": "ok"})
     assert synced == [store.ROWS]
     store.write_meta(tmp_path, {"cells": ["c0"]})
-    assert synced == [store.ROWS, "run.tmp"] and store.read_meta(tmp_path) == {"cells": ["c0"]}
+    assert synced == [store.ROWS, "run.json.tmp"] and store.read_meta(tmp_path) == {"cells": ["c0"]}
 
 
 def test_a_failed_table_write_leaves_the_previous_table_whole(tmp_path, monkeypatch):
