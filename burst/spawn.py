@@ -11,15 +11,22 @@ dies or hangs past ``timeout_s`` (+30 s for start-up) is killed and reported the
 silent hang. The ranks' reports come cause first: in the order the ranks raised or (the first
 to die) were seen dead, the others' "connection closed" after the cause, then the rest.
 
-Ranks start with Python's "spawn" method: they import the caller's module, so ``fn`` must be
-defined at module level and a script must call ``spawn`` under ``if __name__ == "__main__":``
-(without it, each rank runs the script's top level again and exits without a result).
+Ranks start from Python's fork server with torch already imported (a spawn of 4 ranks: about
+0.3 s instead of 4-9 s, each rank importing torch anew; ``BURST_START_METHOD=spawn`` restores
+that). The server starts at a process's first ``spawn`` and imports torch alone; each rank still
+imports the caller's module and this project afresh, with the caller's ``sys.path``, working
+folder, environment and stdout of the moment. So ``fn`` must be defined at module level and a
+script must call ``spawn`` under ``if __name__ == "__main__":`` (without it, each rank runs the
+script's top level again and exits without a result). ``fn`` and ``args`` reach the ranks
+pickled, by value (a tensor is a copy, not shared memory). What torch itself read from the
+environment when it was imported is the server's (its first ``spawn``'s).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import multiprocessing
 import operator
 import os
 import pickle
@@ -30,6 +37,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from multiprocessing import reduction
 
 import torch
 import torch.multiprocessing as mp
@@ -70,26 +78,70 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with(parent: int) -> None:
-    """SIGKILL this rank when its launcher dies (Linux). torch sets SIGINT for that once a rank
+class _Stdout:
+    """The caller's stdout (file descriptor 1), handed to a rank as it starts: pickled while
+    the rank starts, it sends a duplicate of the descriptor along (none if 1 is closed)."""
+
+    def __init__(self, fd=None):
+        self.fd = fd
+
+    def __reduce__(self):
+        try:
+            os.fstat(1)
+        except OSError:
+            return (_Stdout, ())
+        return (_Stdout, (reduction.DupFd(1),))
+
+    def attach(self) -> None:
+        if self.fd is not None:
+            fd = self.fd.detach()
+            if fd != 1:  # (started with "spawn", the rank inherits 1 itself)
+                os.dup2(fd, 1)
+                os.close(fd)
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not died (a zombie has, reaped or not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def _die_with(launcher: int) -> None:
+    """SIGKILL this rank when its parent dies (Linux). torch sets SIGINT for that once a rank
     has started, which a rank started with SIGINT ignored (``cmd &`` in a script) ignores, and
-    not before: a launcher killed then left ranks that trained on, writing the run's files."""
+    not before: a launcher killed then left ranks that trained on, writing the run's files.
+    The parent is the launcher's fork server (or, started with "spawn", the launcher). The
+    server exits when no process holds its "alive" pipe open for writing: the launcher, and
+    every process the server forked, so a rank closes its copy."""
     import ctypes
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver  # (CPython's; a rank of "spawn" holds no such pipe)
+    if getattr(server, "_forkserver_alive_fd", None) is not None:
+        os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
 
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(1, int(signal.SIGKILL)) != 0:  # PR_SET_PDEATHSIG
             print(f"burst.spawn: rank {os.getpid()} cannot ask to die with its launcher "
                   f"(prctl: errno {ctypes.get_errno()})", file=sys.stderr)
-    if os.getppid() != parent:  # it died before that: nobody waits for this rank
+    if not _running(launcher):  # it died before that: nobody waits for this rank
         os._exit(1)
 
 
-def _entry(rank, world, port, fn, args, out_dir, backend, threads, timeout_s, parent):
+def _entry(rank, world, port, out_dir, backend, threads, timeout_s, launcher, env, stdout):
+    if sys.platform.startswith("linux"):
+        _die_with(launcher)
+    # a rank from the fork server has the server's environment and stdout: take the caller's
+    os.environ.clear()
+    os.environ.update(env)
+    stdout.attach()
     from burst import comm
 
-    if sys.platform.startswith("linux"):
-        _die_with(parent)
     torch.set_num_threads(threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
@@ -105,6 +157,8 @@ def _entry(rank, world, port, fn, args, out_dir, backend, threads, timeout_s, pa
         if backend == "nccl":  # one GPU per rank (spawn checked there are enough), bound at
             device = torch.device("cuda", rank)  # init: NCCL needs it for p2p and barriers
             torch.cuda.set_device(device)
+        with open(os.path.join(out_dir, "call.pkl"), "rb") as f:
+            fn, args = pickle.load(f)
         comm.init(backend, rank=rank, world_size=world,
                   init_method=f"tcp://127.0.0.1:{port}", timeout_s=timeout_s, device_id=device)
         result = ("ok", fn(rank, world, *args))
@@ -195,6 +249,18 @@ def _kill(processes) -> set[int]:
     return killed
 
 
+def _start_method() -> str:
+    method = os.environ.get("BURST_START_METHOD", "forkserver")
+    if method not in ("forkserver", "spawn"):
+        raise ValueError(f"BURST_START_METHOD={method!r}: use forkserver or spawn")
+    if method not in multiprocessing.get_all_start_methods():  # (Windows)
+        return "spawn"
+    if method == "forkserver":  # torch once, in the server; nothing of this project (it may
+        # be another checkout than the caller's sys.path names by the time a rank starts)
+        multiprocessing.get_context("forkserver").set_forkserver_preload(["torch"])
+    return method
+
+
 def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
           threads: int = 1, timeout_s: float = 300.0) -> list:
     """Run ``fn(rank, world, *args)`` on ``world`` fresh processes; return their results."""
@@ -210,11 +276,17 @@ def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
         raise ValueError(f"backend='nccl' needs one GPU per rank: world={world}, "
                          f"{torch.cuda.device_count()} GPU(s) visible; use fewer ranks, or gloo")
     port = free_port()
+    method = _start_method()
     with tempfile.TemporaryDirectory(prefix="burst-spawn-") as out_dir:
+        # fn and args by value, in a file: a fork server takes at most 253 file descriptors
+        # per rank, which sharing each tensor's memory (torch's way) would exceed
+        with open(os.path.join(out_dir, "call.pkl"), "wb") as f:
+            pickle.dump((fn, args), f)
+        sys.stdout.flush()  # (what the caller printed comes before what the ranks print)
         ctx = mp.start_processes(
-            _entry, args=(world, port, fn, args, out_dir, backend, threads, timeout_s,
-                          os.getpid()),
-            nprocs=world, join=False, start_method="spawn")
+            _entry, args=(world, port, out_dir, backend, threads, timeout_s, os.getpid(),
+                          dict(os.environ), _Stdout()),
+            nprocs=world, join=False, start_method=method)
         stderr = _Stderr(out_dir, world)
         deadline = time.monotonic() + timeout_s + 30
         failed_at, first_dead, stopped = None, None, set()

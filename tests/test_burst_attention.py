@@ -597,3 +597,48 @@ def test_ranks_die_with_their_launcher_and_their_stderr_is_echoed_as_it_comes(tm
         for p in tmp_path.glob("rank*.pid"):
             with contextlib.suppress(Exception):
                 os.kill(int(p.read_text().split()[0]), signal.SIGKILL)
+
+
+def _callers_world(rank: int, world: int, word: str):
+    import os
+    import sys
+
+    if word:
+        print(f"rank {rank}: {word}", flush=True)
+    return os.environ.get("BURST_TEST_WORD"), os.getcwd(), sys.path[0]
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_ranks_start_in_the_callers_environment_folder_and_stdout(method, monkeypatch, capfd,
+                                                                 tmp_path):
+    """Ranks come from a fork server that started at the first spawn of this process (or anew,
+    with "spawn"), and still see what the caller has at each spawn: its environment, working
+    folder and sys.path, and its stdout (pytest's capture here, which moves per test)."""
+    monkeypatch.setenv("BURST_START_METHOD", method)
+    with capfd.disabled():  # (the server starts, if it had not, with another stdout)
+        spawn(_callers_world, 1, args=("",))
+    monkeypatch.setenv("BURST_TEST_WORD", "later")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    got = spawn(_callers_world, 2, args=("second",))
+    assert got == [("later", str(tmp_path), str(tmp_path))] * 2
+    out = capfd.readouterr().out
+    assert "rank 0: second" in out and "rank 1: second" in out, out
+
+
+def test_an_unknown_start_method_is_refused(monkeypatch):
+    monkeypatch.setenv("BURST_START_METHOD", "fork")
+    with pytest.raises(ValueError, match="BURST_START_METHOD='fork': use forkserver or spawn"):
+        spawn(_callers_world, 1, args=("x",))
+
+
+def _sums(rank: int, world: int, tensors: list) -> float:
+    return sum(float(t.sum()) for t in tensors)
+
+
+def test_many_tensors_reach_the_ranks():
+    """A fork server takes at most 253 file descriptors per process it starts, and torch
+    shares each tensor of a rank's arguments through one: 300 tensors failed ("too many
+    fds"). The arguments now travel by value."""
+    tensors = [torch.full((3,), float(i)) for i in range(300)]
+    assert spawn(_sums, 2, args=(tensors,)) == [3.0 * sum(range(300))] * 2
