@@ -1,7 +1,8 @@
 """Run a function on G local ranks (processes) joined in a gloo/NCCL process group.
 
-Used by the tests, the demo and the harness's ``inline`` executor. Spawning costs seconds
-(DESIGN.md 5), so callers run many cases inside one ``spawn``.
+Used by the tests, the demo and the harness's ``inline`` executor. A spawn costs tenths of a
+second, the first of a process about 1.5 s more (DESIGN.md 5), so callers still run many cases
+inside one ``spawn``.
 
     results = spawn(fn, world=4, args=(cases,))   # fn(rank, world, *args) on every rank
     results[r]                                     # what rank r returned (picklable)

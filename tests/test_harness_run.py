@@ -2,7 +2,8 @@
 while the sweep goes on, resume after a SIGKILL with exactly one row per cell, the submitit
 LocalExecutor with 2 tasks forming a gloo group, and a tiny train_step cell.
 
-Each test is one or two process groups (spawning costs seconds on this machine)."""
+Each test is one or two process groups (each costs tenths of a second to start, a driver
+process seconds)."""
 
 from __future__ import annotations
 
