@@ -13,14 +13,18 @@ silent hang. The ranks' reports come cause first: in the order the ranks raised 
 to die) were seen dead, the others' "connection closed" after the cause, then the rest.
 
 Ranks start from Python's fork server with torch already imported (a spawn of 4 ranks: about
-0.3 s instead of 4-9 s, each rank importing torch anew; ``BURST_START_METHOD=spawn`` restores
-that). The server starts at a process's first ``spawn`` and imports torch alone; each rank still
-imports the caller's module and this project afresh, with the caller's ``sys.path``, working
-folder, environment and stdout of the moment. So ``fn`` must be defined at module level and a
-script must call ``spawn`` under ``if __name__ == "__main__":`` (without it, each rank runs the
-script's top level again and exits without a result). ``fn`` and ``args`` reach the ranks
-pickled, by value (a tensor is a copy, not shared memory). What torch itself read from the
-environment when it was imported is the server's (its first ``spawn``'s).
+0.3 s instead of 4-9 s, each rank importing torch anew; ``BURST_START_METHOD=spawn`` starts each
+rank as a new interpreter). The server starts at a process's first ``spawn`` and imports torch
+alone; each rank still imports the caller's module and this project afresh, with the caller's
+``sys.path``, working folder, environment and stdout of the moment. So ``fn`` must be defined at
+module level and a script must call ``spawn`` under ``if __name__ == "__main__":`` (without it,
+each rank runs the script's top level again and exits without a result). ``fn`` and ``args``
+reach the ranks pickled, by value, with either start method: a tensor is a copy (a rank's
+in-place writes do not reach the caller, as they did through shared memory), and multiprocessing
+queues and locks are refused. The ranks take the caller's signals ignored at each spawn, and die
+with the caller. From the server, not the caller of the moment: what torch read from the
+environment when it was imported, and the environment and stdio under which a rank re-imports
+the caller's main module (its top level, which the ``__main__`` guard keeps short).
 """
 
 from __future__ import annotations
@@ -80,25 +84,43 @@ def free_port() -> int:
 
 
 class _Stdout:
-    """The caller's stdout (file descriptor 1), handed to a rank as it starts: pickled while
-    the rank starts, it sends a duplicate of the descriptor along (none if 1 is closed)."""
+    """The caller's stdout, handed to a rank as it starts: ``src`` is the caller's duplicate of
+    its file descriptor 1 (None: 1 was closed), which pickling (while the rank starts) sends
+    along."""
 
-    def __init__(self, fd=None):
-        self.fd = fd
+    def __init__(self, src: int | None = None, fd=None):
+        self.src, self.fd = src, fd
 
     def __reduce__(self):
-        try:
-            os.fstat(1)
-        except OSError:
-            return (_Stdout, ())
-        return (_Stdout, (reduction.DupFd(1),))
+        return (_Stdout, (None, None if self.src is None else reduction.DupFd(self.src)))
 
-    def attach(self) -> None:
-        if self.fd is not None:
-            fd = self.fd.detach()
-            if fd != 1:  # (started with "spawn", the rank inherits 1 itself)
-                os.dup2(fd, 1)
-                os.close(fd)
+    def attach(self, env: dict) -> None:
+        if self.fd is None:  # as a rank started with 1 closed: print does nothing
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1)
+            os.close(null)
+            sys.stdout = None
+            return
+        fd = self.fd.detach()
+        if fd != 1:
+            os.dup2(fd, 1)
+            os.close(fd)
+        if sys.stdout is None:  # (the fork server started with 1 closed)
+            sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - the rank's, for its life
+        # buffered as a new interpreter's would be: by line on a terminal, PYTHONUNBUFFERED
+        sys.stdout.reconfigure(line_buffering=os.isatty(1),
+                               write_through=bool(env.get("PYTHONUNBUFFERED")))
+
+
+# a rank's signals: ignored where the caller ignores them (as exec keeps them), else default
+_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+                 if hasattr(signal, name))
+
+
+def _set_signals(ignored: list[int]) -> None:
+    for sig in _SIGNALS:
+        default = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+        signal.signal(sig, signal.SIG_IGN if sig in ignored else default)
 
 
 def _running(pid: int) -> bool:
@@ -110,37 +132,72 @@ def _running(pid: int) -> bool:
         return False
 
 
-def _die_with(launcher: int) -> None:
-    """SIGKILL this rank when its parent dies (Linux). torch sets SIGINT for that once a rank
-    has started, which a rank started with SIGINT ignored (``cmd &`` in a script) ignores, and
-    not before: a launcher killed then left ranks that trained on, writing the run's files.
-    The parent is the launcher's fork server (or, started with "spawn", the launcher). The
-    server exits when no process holds its "alive" pipe open for writing: the launcher, and
-    every process the server forked, so a rank closes its copy."""
-    import ctypes
+def _forget_server() -> None:
+    """Drop this process's share of its fork server: its copy of the server's "alive" pipe
+    (the server exits when no process holds it: its launcher and every process forked from
+    either) and, in a process forked from a launcher, the server it cannot wait for."""
     from multiprocessing import forkserver
 
-    server = forkserver._forkserver  # (CPython's; a rank of "spawn" holds no such pipe)
+    server = forkserver._forkserver  # (CPython's)
     if getattr(server, "_forkserver_alive_fd", None) is not None:
-        os.close(server._forkserver_alive_fd)
-        server._forkserver_alive_fd = None
-
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(1, int(signal.SIGKILL)) != 0:  # PR_SET_PDEATHSIG
-            print(f"burst.spawn: rank {os.getpid()} cannot ask to die with its launcher "
-                  f"(prctl: errno {ctypes.get_errno()})", file=sys.stderr)
-    if not _running(launcher):  # it died before that: nobody waits for this rank
-        os._exit(1)
+        with contextlib.suppress(OSError):
+            os.close(server._forkserver_alive_fd)
+    for name in ("_forkserver_alive_fd", "_forkserver_pid", "_forkserver_address"):
+        if hasattr(server, name):
+            setattr(server, name, None)
 
 
-def _entry(rank, world, port, out_dir, backend, threads, timeout_s, launcher, env, stdout):
+if hasattr(os, "register_at_fork"):  # a fork of a launcher starts its own server when it spawns
+    os.register_at_fork(after_in_child=_forget_server)
+
+
+def _die_with(launcher: int) -> None:
+    """SIGKILL this rank when its launcher dies. torch sets SIGINT for that once a rank has
+    started, which a rank started with SIGINT ignored (``cmd &`` in a script) ignores, and not
+    before: a launcher killed then left ranks that trained on, writing the run's files.
+
+    A thread waits for the launcher's end (a pidfd; polling /proc where there is none): the
+    rank's parent is the fork server, which outlives the launcher while any other process holds
+    its pipe (a process the launcher forked or started from the same server). On Linux the rank
+    also dies with that parent (PR_SET_PDEATHSIG), the server or, started with "spawn", the
+    launcher."""
+    import ctypes
+    import select
+    import threading
+
+    _forget_server()
     if sys.platform.startswith("linux"):
-        _die_with(launcher)
-    # a rank from the fork server has the server's environment and stdout: take the caller's
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(1, int(signal.SIGKILL)) != 0:  # PR_SET_PDEATHSIG
+                print(f"burst.spawn: rank {os.getpid()} cannot ask to die with its parent "
+                      f"(prctl: errno {ctypes.get_errno()})", file=sys.stderr)
+    try:
+        pidfd = os.pidfd_open(launcher)  # (a zombie's is readable at once)
+    except (AttributeError, OSError):  # gone already, or no pidfds (Linux < 5.3, macOS)
+        pidfd = None
+
+    def wait() -> None:
+        if pidfd is not None:
+            select.select([pidfd], [], [])
+        else:
+            while _running(launcher) if sys.platform.startswith("linux") else (
+                    os.getppid() == launcher):
+                time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=wait, daemon=True, name="burst-spawn-launcher").start()
+
+
+def _entry(rank, world, port, out_dir, backend, threads, timeout_s, launcher, env, stdout,
+           ignored):
+    _die_with(launcher)
+    # a rank from the fork server has the server's environment, stdout and signals: take the
+    # caller's
     os.environ.clear()
     os.environ.update(env)
-    stdout.attach()
+    stdout.attach(env)
+    _set_signals(ignored)
     from burst import comm
 
     torch.set_num_threads(threads)
@@ -256,9 +313,22 @@ def _start_method() -> str:
         raise ValueError(f"BURST_START_METHOD={method!r}: use forkserver or spawn")
     if method not in multiprocessing.get_all_start_methods():  # (Windows)
         return "spawn"
-    if method == "forkserver":  # torch once, in the server; nothing of this project (it may
-        # be another checkout than the caller's sys.path names by the time a rank starts)
+    from multiprocessing import forkserver
+
+    if method == "forkserver" and getattr(forkserver._forkserver, "_forkserver_pid", 0) is None:
+        # torch once, in the server; nothing of this project (it may be another checkout than
+        # the caller's sys.path names by the time a rank starts); and no caller's folder on the
+        # server's sys.path (python -c puts it first), whose files would shadow torch's imports
         multiprocessing.get_context("forkserver").set_forkserver_preload(["torch"])
+        saved = os.environ.get("PYTHONSAFEPATH")
+        os.environ["PYTHONSAFEPATH"] = "1"
+        try:
+            forkserver.ensure_running()
+        finally:
+            if saved is None:
+                del os.environ["PYTHONSAFEPATH"]
+            else:
+                os.environ["PYTHONSAFEPATH"] = saved
     return method
 
 
@@ -276,8 +346,21 @@ def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
         # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), at the first collective
         raise ValueError(f"backend='nccl' needs one GPU per rank: world={world}, "
                          f"{torch.cuda.device_count()} GPU(s) visible; use fewer ranks, or gloo")
+    try:  # (first: with 1 closed, the pipes made below could take its number)
+        stdout = os.dup(1)
+    except OSError:
+        stdout = None
+    try:
+        return _spawn(fn, world, args, backend, threads, timeout_s, _Stdout(stdout))
+    finally:
+        if stdout is not None:
+            os.close(stdout)
+
+
+def _spawn(fn, world, args, backend, threads, timeout_s, stdout):
     port = free_port()
     method = _start_method()
+    ignored = [sig for sig in _SIGNALS if signal.getsignal(sig) == signal.SIG_IGN]
     with tempfile.TemporaryDirectory(prefix="burst-spawn-") as out_dir:
         # fn and args by value, in a file: a fork server takes at most 253 file descriptors
         # per rank, which sharing each tensor's memory (torch's way) would exceed
@@ -286,7 +369,7 @@ def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
         sys.stdout.flush()  # (what the caller printed comes before what the ranks print)
         ctx = mp.start_processes(
             _entry, args=(world, port, out_dir, backend, threads, timeout_s, os.getpid(),
-                          dict(os.environ), _Stdout()),
+                          dict(os.environ), stdout, ignored),
             nprocs=world, join=False, start_method=method)
         stderr = _Stderr(out_dir, world)
         deadline = time.monotonic() + timeout_s + 30

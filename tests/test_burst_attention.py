@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import sys
 
 import pytest
@@ -559,11 +560,14 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-def test_ranks_die_with_their_launcher_and_their_stderr_is_echoed_as_it_comes(tmp_path):
+@pytest.mark.parametrize("holder", [False, True])
+def test_ranks_die_with_their_launcher_and_their_stderr_is_echoed_as_it_comes(tmp_path, holder):
     """A launcher killed (SIGKILL) left its ranks running: torch asks for SIGINT at its death,
     which a rank started with SIGINT ignored (``cmd &`` in a script) ignores, so a training run
     went on writing its folder while the same command, run again, resumed it (a resume
-    audit). And a rank's warning reached the console only when the ranks ended."""
+    audit). And a rank's warning reached the console only when the ranks ended.
+    ``holder``: another process from the same fork server lives on (it keeps the server, the
+    ranks' parent, alive), which left the ranks running (a review)."""
     import signal
     import subprocess
     import time
@@ -572,9 +576,15 @@ def test_ranks_die_with_their_launcher_and_their_stderr_is_echoed_as_it_comes(tm
     root = Path(__file__).resolve().parent.parent
     err = tmp_path / "launcher.err"
     script = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+              "import multiprocessing, time\n"
               "from burst.spawn import spawn\n"
-              "from tests.test_burst_attention import _stays\n"
-              f"spawn(_stays, 2, args=({str(tmp_path)!r}, {str(err)!r}), timeout_s=120)\n")
+              "from tests.test_burst_attention import _callers_world, _stays\n")
+    if holder:
+        script += ("spawn(_callers_world, 1, args=('',))\n"
+                   "h = multiprocessing.get_context('forkserver').Process(target=time.sleep,"
+                   " args=(60,))\n"
+                   f"h.start(); open({str(tmp_path / 'holder.pid')!r}, 'w').write(str(h.pid))\n")
+    script += f"spawn(_stays, 2, args=({str(tmp_path)!r}, {str(err)!r}), timeout_s=120)\n"
     with open(err, "w") as f:
         launcher = subprocess.Popen([sys.executable, "-c", script], cwd=root, stderr=f,
                                     env={**os.environ, "PYTHONPATH": str(root)})
@@ -594,7 +604,7 @@ def test_ranks_die_with_their_launcher_and_their_stderr_is_echoed_as_it_comes(tm
         assert not any(map(_alive, ranks)), "ranks outlived their launcher"
     finally:
         launcher.kill()
-        for p in tmp_path.glob("rank*.pid"):
+        for p in [*tmp_path.glob("rank*.pid"), tmp_path / "holder.pid"]:
             with contextlib.suppress(Exception):
                 os.kill(int(p.read_text().split()[0]), signal.SIGKILL)
 
@@ -642,3 +652,48 @@ def test_many_tensors_reach_the_ranks():
     fds"). The arguments now travel by value."""
     tensors = [torch.full((3,), float(i)) for i in range(300)]
     assert spawn(_sums, 2, args=(tensors,)) == [3.0 * sum(range(300))] * 2
+
+
+def _speaks(rank: int, world: int) -> bool:
+    import signal
+
+    print("x" * 100_000)  # (more than a pipe holds)
+    return signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+
+
+def _launch(tmp_path, body: str) -> subprocess.CompletedProcess:
+    """Run ``body`` in a launcher process of its own (after ``from burst.spawn import spawn``
+    and this module's rank functions)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    script = ("import os, signal, sys\nfrom burst.spawn import spawn\n"
+              "from tests.test_burst_attention import _callers_world, _speaks\n" + body)
+    return subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(root)})
+
+
+def test_a_forked_launcher_spawns_and_a_closed_stdout_stays_closed(tmp_path):
+    """Found by a review of the fork-server start: a process forked from a launcher after its
+    first spawn could not spawn (ChildProcessError: it waited for its parent's server), and a
+    launcher with stdout closed gave its ranks one of its own pipes as stdout (a print blocked,
+    then failed)."""
+    got = _launch(tmp_path, "spawn(_callers_world, 1, args=('',))\n"
+                            "pid = os.fork()\n"
+                            "if pid == 0:\n"
+                            "    os._exit(0 if spawn(_callers_world, 1, args=('',)) else 3)\n"
+                            "sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n")
+    assert got.returncode == 0, got.stderr[-3000:]
+    got = _launch(tmp_path, "os.close(1)\n"
+                            "print(spawn(_speaks, 2, timeout_s=60), file=sys.stderr)\n")
+    assert got.returncode == 0 and "[False, False]" in got.stderr, got.stderr[-3000:]
+
+
+def test_ranks_ignore_the_signals_their_caller_ignores_at_each_spawn(tmp_path):
+    """The fork server started when SIGINT was not ignored; a later spawn's ranks ignore it as
+    their caller now does (and the caller's stdout, a pipe here, takes their 100 kB)."""
+    got = _launch(tmp_path, "first = spawn(_speaks, 1)\n"
+                            "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                            "print(first, spawn(_speaks, 2), file=sys.stderr)\n")
+    assert got.returncode == 0 and "[False] [True, True]" in got.stderr, got.stderr[-3000:]
+    assert got.stdout.count("x" * 100_000) == 3
