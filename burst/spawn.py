@@ -124,7 +124,16 @@ def _set_signals(ignored: list[int]) -> None:
 
 
 def _running(pid: int) -> bool:
-    """Whether process ``pid`` exists and has not died (a zombie has, reaped or not)."""
+    """Whether process ``pid`` exists and has not died (a zombie has, reaped or not; without
+    /proc, as on macOS, a zombie counts as running)."""
+    if not os.path.exists("/proc/self/stat"):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # (someone else's: it exists)
+            pass
+        return True
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
@@ -156,7 +165,7 @@ def _die_with(launcher: int) -> None:
     started, which a rank started with SIGINT ignored (``cmd &`` in a script) ignores, and not
     before: a launcher killed then left ranks that trained on, writing the run's files.
 
-    A thread waits for the launcher's end (a pidfd; polling /proc where there is none): the
+    A thread waits for the launcher's end (a pidfd; polling where there is none): the
     rank's parent is the fork server, which outlives the launcher while any other process holds
     its pipe (a process the launcher forked or started from the same server). On Linux the rank
     also dies with that parent (PR_SET_PDEATHSIG), the server or, started with "spawn", the
@@ -181,8 +190,7 @@ def _die_with(launcher: int) -> None:
         if pidfd is not None:
             select.select([pidfd], [], [])
         else:
-            while _running(launcher) if sys.platform.startswith("linux") else (
-                    os.getppid() == launcher):
+            while _running(launcher):
                 time.sleep(0.5)
         os.kill(os.getpid(), signal.SIGKILL)
 
