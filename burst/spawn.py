@@ -374,7 +374,8 @@ def _spawn(fn, world, args, backend, threads, timeout_s, stdout):
         # per rank, which sharing each tensor's memory (torch's way) would exceed
         with open(os.path.join(out_dir, "call.pkl"), "wb") as f:
             pickle.dump((fn, args), f)
-        sys.stdout.flush()  # (what the caller printed comes before what the ranks print)
+        with contextlib.suppress(AttributeError, OSError):  # (None, or a closed descriptor)
+            sys.stdout.flush()  # what the caller printed comes before what the ranks print
         ctx = mp.start_processes(
             _entry, args=(world, port, out_dir, backend, threads, timeout_s, os.getpid(),
                           dict(os.environ), stdout, ignored),
