@@ -306,7 +306,7 @@ _REF: dict = {}
 
 def _reference(c: dict, dp: int):
     """Loss and gradients of one float64 process on the whole global batch."""
-    key = (c["tie"], c["kv_heads"], c["window"], c["cu_seqlens"], dp)
+    key = (c["tie"], c["kv_heads"], c["window"], c["cu_seqlens"], dp, c["seq"])
     if key not in _REF:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # tiny matmuls: one thread is ~20x faster on 2 shared cores

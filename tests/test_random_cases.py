@@ -6,11 +6,18 @@ degree, gradient accumulator), mask (causal or not, a sliding window, documents,
 and kv heads, batch and shard length, at world sizes 3 and 6 (odd rings, a double ring of
 nodes of 3). Each valid case must equal the float64 reference (out, dq/dk/dv; burst's lse too)
 and send the bytes of its formula; each combination ``Method.check`` refuses must raise a
-ValueError before sending a byte. The draws are seeded, so a failure names a case that
-reproduces: ``python -m pytest tests/test_random_cases.py``.
+ValueError before sending a byte.
 
-Before it was kept, the same generator drew 750 valid cases at world sizes 2, 3, 4, 6 and 8
-and 300 refused ones: no failure.
+The engine's cases (``tests/test_engine_distributed.py``, world sizes 1, 2 and 4) are drawn the
+same way at world sizes 3 and 4: method and options, checkpointing mode, fused or plain head,
+tied embeddings, kv heads, window, documents, CP degree and data parallelism (DDP, FSDP over
+the DP group or over every rank); the loss and every weight gradient must equal one float64
+process on the whole batch.
+
+The draws are seeded, so a failure names a case that reproduces:
+``python -m pytest tests/test_random_cases.py``. Before they were kept, the same generators
+drew 750 valid attention cases at world sizes 2, 3, 4, 6 and 8, 300 refused ones and about 600
+engine cases at world sizes 2, 3, 4 and 6: no failure.
 """
 
 from __future__ import annotations
@@ -18,9 +25,12 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from baselines import registry
+from burst.engine import get_config
 from burst.spawn import spawn
+from tests import test_engine_distributed as engine
 from tests.parity import case, check, run_cases
 from tests.test_baselines import F32_TOL, _expected
 
@@ -95,4 +105,71 @@ def test_random_cases_equal_the_reference_and_their_formula(world):
     cases = valid + refused
     per_rank = spawn(run_cases, world, args=(cases,), timeout_s=300)
     failures = check(cases, per_rank, world, _expected, F32_TOL)
+    assert not failures, "\n".join(failures[:20])
+
+
+ENGINE_CASES = 16  # per world: about 10 s at world 3 and 4 on this machine
+
+
+def draw_engine(rng: random.Random, world: int) -> dict:
+    """One random Trainer case the engine must run (drawn again until valid)."""
+    tiny = get_config("tiny")
+    while True:
+        m = registry.get(rng.choice(registry.names(available_only=True, level="core")))
+        accepted = registry.accepted_options(m.fn) or set()
+        cp = None if rng.random() < 0.4 else rng.choice(_divisors(world))  # None: the world
+        cp_size = cp or world
+        opts = {"layout": rng.choice(m.layouts)}
+        if "backward" in accepted:
+            opts["backward"] = rng.choice(["burst", "ring"])
+        if "ranks_per_node" in accepted and rng.random() < 0.7:
+            opts["ranks_per_node"] = rng.choice(_divisors(cp_size))
+        if "ulysses_degree" in accepted:
+            opts["ulysses_degree"] = rng.choice(_divisors(cp_size))
+        seq = 36 if world % 3 == 0 else engine.SEQ
+        window = docs = None
+        if rng.random() < 0.35:  # left >= 1: with (0, 0) dq and dk are exactly 0 (no scale)
+            window = (rng.randint(1, seq), 0)
+        if rng.random() < 0.35:
+            docs = (0, *sorted(rng.sample(range(1, seq), rng.randint(1, 4))), seq)
+        mode = rng.choice(engine.MODES)
+        kv_heads = rng.choice([1, 2, 4])
+        c = engine.case(m.name, checkpointing=mode, fused=rng.random() < 0.7,
+                        dtype="float64" if rng.random() < 0.8 else "float32", options=opts,
+                        window=window, cu_seqlens=docs, tie=rng.random() < 0.3,
+                        kv_heads=kv_heads, cp_degree=cp, seq=seq,
+                        data_parallel=rng.choice(["ddp", "fsdp", "fsdp_world"]))
+        if mode == "selective_half" and (m.layout(opts) != "striped" or not m.row_saves):
+            continue  # the Trainer refuses these by name (tests/test_engine_distributed.py)
+        try:
+            m.check(world=cp_size, heads=tiny.num_heads, kv_heads=kv_heads,
+                    seq_local=seq // cp_size, causal=True, **opts)
+        except ValueError:
+            continue
+        return c
+
+
+def _run_engine_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
+    torch.manual_seed(0)
+    return [engine._run_case(c, world) for c in cases]
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_random_engine_cases_equal_one_float64_process(world):
+    rng = random.Random(world)
+    cases = [draw_engine(rng, world) for _ in range(ENGINE_CASES)]
+    assert len({c["method"] for c in cases}) >= 4 and any(c["cp_degree"] for c in cases)
+    per_rank = spawn(_run_engine_cases, world, args=(cases,), timeout_s=300)
+    failures = []
+    for i, c in enumerate(cases):
+        ref_loss, ref_grads = engine._reference(c, per_rank[0][i]["dp"])
+        tol = engine.F64_TOL if c["dtype"] == "float64" else engine.F32_TOL
+        for r in range(world):
+            res = per_rank[r][i]
+            bad = {n: e for n, g in res["grads"].items()
+                   if not (e := engine._rel(g, ref_grads[n])) < tol}
+            if not abs(res["loss"] - ref_loss) <= tol * abs(ref_loss) or bad:
+                failures.append(f"rank {r} {engine._label(c)} cp={c['cp_degree']} "
+                                f"{c['data_parallel']}: loss {res['loss']} vs {ref_loss}, "
+                                f"grad errors {bad}")
     assert not failures, "\n".join(failures[:20])
