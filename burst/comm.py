@@ -73,11 +73,13 @@ def is_initialized() -> bool:
 
 
 def init(backend: str = "gloo", *, rank: int | None = None, world_size: int | None = None,
-         init_method: str | None = None, timeout_s: float = 600.0, device_id=None) -> None:
-    """Initialise the default process group (env:// unless ``init_method`` is given)."""
+         init_method: str | None = None, timeout_s: float = 600.0, device_id=None,
+         store=None) -> None:
+    """Initialise the default process group (env:// unless ``init_method`` or a rendezvous
+    ``store`` is given)."""
     # torch rejects rank=None / world_size=None; leaving them out makes env:// read RANK and
     # WORLD_SIZE (submitit jobs export them, issue 5)
-    given = dict(rank=rank, world_size=world_size, device_id=device_id)
+    given = dict(rank=rank, world_size=world_size, device_id=device_id, store=store)
     kw = {k: v for k, v in given.items() if v is not None}
     dist.init_process_group(backend, init_method=init_method,
                             timeout=timedelta(seconds=timeout_s), **kw)

@@ -36,18 +36,18 @@ import operator
 import os
 import pickle
 import signal
-import socket
 import sys
 import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from datetime import timedelta
 from multiprocessing import reduction
 
 import torch
 import torch.multiprocessing as mp
 
-__all__ = ["SpawnError", "free_port", "interrupt_on_termination", "spawn"]
+__all__ = ["SpawnError", "interrupt_on_termination", "spawn"]
 
 
 class SpawnError(RuntimeError):
@@ -77,10 +77,15 @@ def interrupt_on_termination():
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _rendezvous(timeout_s: float):
+    """The ranks' rendezvous store, served by the launcher on a port the kernel picks and the
+    launcher holds until its ranks end. Rank 0 used to serve it, on a port the launcher had
+    found free and let go, which any process could take in between (a spawn beside this one:
+    another test run, a second sweep)."""
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(seconds=timeout_s))
 
 
 class _Stdout:
@@ -225,8 +230,12 @@ def _entry(rank, world, port, out_dir, backend, threads, timeout_s, launcher, en
             torch.cuda.set_device(device)
         with open(os.path.join(out_dir, "call.pkl"), "rb") as f:
             fn, args = pickle.load(f)
-        comm.init(backend, rank=rank, world_size=world,
-                  init_method=f"tcp://127.0.0.1:{port}", timeout_s=timeout_s, device_id=device)
+        import torch.distributed as dist
+
+        store = dist.TCPStore("127.0.0.1", port, is_master=False,
+                              timeout=timedelta(seconds=timeout_s))
+        comm.init(backend, rank=rank, world_size=world, store=store, timeout_s=timeout_s,
+                  device_id=device)
         result = ("ok", fn(rank, world, *args))
     except BaseException:  # noqa: BLE001 - reported to the parent with the traceback and
         result = ("error", traceback.format_exc(), time.time())  # when (the first comes first)
@@ -366,7 +375,8 @@ def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
 
 
 def _spawn(fn, world, args, backend, threads, timeout_s, stdout):
-    port = free_port()
+    store = _rendezvous(timeout_s)  # held (the port with it) until the ranks end
+    port = store.port
     method = _start_method()
     ignored = [sig for sig in _SIGNALS if signal.getsignal(sig) == signal.SIG_IGN]
     with tempfile.TemporaryDirectory(prefix="burst-spawn-") as out_dir:
