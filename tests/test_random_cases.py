@@ -14,10 +14,17 @@ tied embeddings, kv heads, window, documents, CP degree and data parallelism (DD
 the DP group or over every rank); the loss and every weight gradient must equal one float64
 process on the whole batch.
 
+The simulator's cells are drawn the same way (any registered method, the GPU-only adapters
+too, attention or a training step of the 7B, 14B or tiny model, any checkpointing mode and
+head, on each GPU profile): every one is priced or refused with a reason, never an exception,
+and doubling the sequence never shortens the time (without a window: with one, a contiguous
+ring takes fewer, larger steps as the shards grow past the window, which can be faster) nor
+lowers the memory, and never turns an OOM cell into one that fits.
+
 The draws are seeded, so a failure names a case that reproduces:
 ``python -m pytest tests/test_random_cases.py``. Before they were kept, the same generators
-drew 750 valid attention cases at world sizes 2, 3, 4, 6 and 8, 300 refused ones and about 600
-engine cases at world sizes 2, 3, 4 and 6: no failure.
+drew 750 valid attention cases at world sizes 2, 3, 4, 6 and 8, 300 refused ones, about 600
+engine cases at world sizes 2, 3, 4 and 6 and 3000 simulator cells: no failure.
 """
 
 from __future__ import annotations
@@ -172,4 +179,64 @@ def test_random_engine_cases_equal_one_float64_process(world):
                 failures.append(f"rank {r} {engine._label(c)} cp={c['cp_degree']} "
                                 f"{c['data_parallel']}: loss {res['loss']} vs {ref_loss}, "
                                 f"grad errors {bad}")
+    assert not failures, "\n".join(failures[:20])
+
+
+SIM_CELLS = 150  # about 5 s
+
+
+def draw_cell(rng: random.Random) -> dict:
+    """A random simulator cell (``suites.simulate.as_cell``'s fields), valid or not."""
+    m = registry.get(rng.choice(registry.names(level="core")))
+    accepted = registry.accepted_options(m.fn) or set()
+    world = rng.choice([1, 2, 4, 8, 16, 32, 64])
+    opts = {"layout": rng.choice(m.layouts)}
+    if "backward" in accepted:
+        opts["backward"] = rng.choice(["burst", "ring"])
+    if "ranks_per_node" in accepted and rng.random() < 0.6:
+        opts["ranks_per_node"] = rng.choice(_divisors(world))
+    if "ulysses_degree" in accepted:
+        opts["ulysses_degree"] = rng.choice(_divisors(world))
+    cell = dict(method=m.name, world=world, options=opts,
+                ranks_per_node=rng.choice([r for r in (1, 2, 4, 8) if world % r == 0]),
+                seq_len=world * 1024 * rng.choice([1, 2, 4, 8, 32]),
+                workload=rng.choice(["attention", "train_step"]))
+    if cell["workload"] == "attention":
+        heads = rng.choice([8, 32, 40, 64])
+        cell.update(heads=heads, kv_heads=rng.choice(_divisors(heads)),
+                    head_dim=rng.choice([64, 128]), causal=rng.random() < 0.8)
+    else:
+        cell.update(model=rng.choice(["7b", "14b", "tiny"]),
+                    checkpointing=rng.choice(["none", "full", "selective", "selective_half"]),
+                    fused_head=rng.random() < 0.5)
+    if rng.random() < 0.2:
+        cell["window"] = (rng.choice([1024, 4096]), 0)
+    return cell
+
+
+def test_random_cells_are_priced_or_refused_and_grow_with_the_sequence():
+    from suites.hardware import load
+    from suites.simulate import predict
+
+    rng = random.Random(0)
+    profiles = [load(name) for name in ("a800", "a100", "h100", "h200")]
+    seen, failures = set(), []
+    for _ in range(SIM_CELLS):
+        cell, hw = draw_cell(rng), rng.choice(profiles)
+        one, two = predict(cell, hw), predict(dict(cell, seq_len=2 * cell["seq_len"]), hw)
+        seen.add(one.status)
+        where = f"{hw.name} {cell}"
+        if one.status != "ok" and not one.error:
+            failures.append(f"{one.status} without a reason: {where}")
+        if one.status == "oom" and two.status == "ok":
+            failures.append(f"oom at seq_len, fits at twice it: {where}")
+        if one.status == two.status == "ok":
+            if two.memory.reserved_gib < one.memory.reserved_gib:
+                failures.append(f"memory {one.memory.reserved_gib:.3f} -> "
+                                f"{two.memory.reserved_gib:.3f} GiB at twice the sequence: "
+                                f"{where}")
+            if "window" not in cell and two.time_s < one.time_s:
+                failures.append(f"time {one.time_s:.4g} -> {two.time_s:.4g} s at twice the "
+                                f"sequence: {where}")
+    assert seen == {"ok", "oom", "error"}, seen
     assert not failures, "\n".join(failures[:20])
