@@ -14,6 +14,10 @@ tied embeddings, kv heads, window, documents, CP degree and data parallelism (DD
 the DP group or over every rank); the loss and every weight gradient must equal one float64
 process on the whole batch.
 
+Megatron's tensor-parallel attention block (``tp``, the registry's block-level method) is drawn
+at world sizes 3 and 6: heads, kv heads, hidden size, batch, shard length and mask; its output,
+input gradient and weight gradients must equal the float64 block and its bytes the formula.
+
 The emulated ring (``burst.emulate``: every rank's steps in one process) is drawn at world
 sizes 1-16, double rings of any node size, both backward schemes, in float64: out and
 dq/dk/dv within 1e-12 of the oracle.
@@ -43,7 +47,7 @@ from burst.engine import get_config
 from burst.spawn import spawn
 from tests import test_engine_distributed as engine
 from tests.parity import case, check, run_cases
-from tests.test_baselines import F32_TOL, _expected
+from tests.test_baselines import F32_TOL, _expected, _nonzero, _run_block
 
 SEED = int(os.environ.get("BURST_RANDOM_SEED", "0"))
 CASES = 36  # per world and kind (valid, refused): about 10 s on this machine for both worlds
@@ -117,12 +121,48 @@ def draws(world: int, n: int, seed: int = SEED) -> tuple[list[dict], list[dict]]
     return valid, refused
 
 
+def draw_block(rng: random.Random, world: int, i: int) -> dict:
+    """A random tp block case (``tests.test_baselines._run_block``'s keys)."""
+    kv = world * rng.choice([1, 2])
+    seq_local = rng.choice([2, 3, 4, 6])
+    n = seq_local * world
+    c = dict(causal=rng.random() < 0.7, heads=kv * rng.choice([1, 2, 3]), kv_heads=kv,
+             head_dim=rng.choice([4, 8]), hidden=rng.choice([8, 12, 16, 24]),
+             seq_local=seq_local, batch=rng.choice([1, 2]), ranks_per_node=None, weights=True,
+             seed=100 + i)
+    if rng.random() < 0.4:  # left >= 1: with (0, 0) dWq and dWk are exactly 0 (no scale)
+        c["window"] = (rng.randint(1, n), 0 if c["causal"] else rng.randint(0, n))
+    if rng.random() < 0.4:
+        c["cu_seqlens"] = (0, *sorted(rng.sample(range(1, n), rng.randint(1, min(4, n - 1)))), n)
+    return c
+
+
+BLOCKS = 8  # per world
+
+
+def _run_all(rank: int, world: int, cases: list[dict], blocks: list[dict]):
+    return run_cases(rank, world, cases), [_run_block(c, rank, world) for c in blocks]
+
+
 @pytest.mark.parametrize("world", [3, 6])
 def test_random_cases_equal_the_reference_and_their_formula(world):
     valid, refused = draws(world, CASES)
     cases = valid + refused
-    per_rank = spawn(run_cases, world, args=(cases,), timeout_s=300)
-    failures = check(cases, per_rank, world, _expected, F32_TOL)
+    rng = random.Random(SEED * 1000 + world + 500)
+    blocks = [draw_block(rng, world, i) for i in range(BLOCKS)]
+    out = spawn(_run_all, world, args=(cases, blocks), timeout_s=300)
+    failures = check(cases, [o[0] for o in out], world, _expected, F32_TOL)
+    for i, c in enumerate(blocks):
+        for rank in range(world):
+            r = out[rank][1][i]
+            bad = {k: e for k, e in r["errs"].items() if not e < F32_TOL}
+            want = _nonzero(registry.get("tp").bytes(
+                world=world, batch=c["batch"], seq_local=c["seq_local"], heads=c["heads"],
+                kv_heads=c["kv_heads"], head_dim=c["head_dim"], elem=4, hidden=c["hidden"],
+                rank=rank, node_size=None).by)
+            if bad or _nonzero(r["bytes"]) != want:
+                failures.append(f"rank {rank} tp {c}: relative errors {bad}, bytes "
+                                f"{_nonzero(r['bytes'])} vs formula {want}")
     assert not failures, "\n".join(failures[:20])
 
 
