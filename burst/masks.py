@@ -108,7 +108,8 @@ class MaskSpec:
     """(left, right) sliding window: keys in [p - left, p + right] are visible."""
     cu_seqlens: tuple[int, ...] | None = None
     """Document boundaries [0, e1, ..., N] of packed sequences; attention stays in a document.
-    Any sequence of ints (a list, a tensor) is accepted and stored as a tuple."""
+    Any sequence of ints (a list, a tensor) is accepted and stored as a tuple, without repeats
+    (a repeated boundary, an empty document, changes no mask)."""
 
     def __post_init__(self):
         if type(self.causal).__name__ in ("bool", "bool_"):  # Python's or numpy's
@@ -128,12 +129,14 @@ class MaskSpec:
             if isinstance(raw, torch.Tensor):
                 raw = raw.tolist() if raw.dim() == 1 else None
             cu = None if raw is None or isinstance(raw, (str, bytes)) else _whole_numbers(raw)
+            if cu is not None:  # a repeated boundary is an empty document (flash-attention's
+                cu = tuple(dict.fromkeys(cu))  # varlen takes them, TE pads with them): dropped
             if (cu is None or len(cu) < 2 or cu[0] != 0
                     or any(b <= a for a, b in zip(cu, cu[1:], strict=False))):
                 raise ValueError(
-                    f"cu_seqlens={self.cu_seqlens!r}: expected one dimension of strictly "
-                    "increasing whole-number boundaries starting at 0 and ending at the global "
-                    "sequence length"
+                    f"cu_seqlens={self.cu_seqlens!r}: expected one dimension of non-decreasing "
+                    "whole-number boundaries starting at 0 and ending at the global sequence "
+                    "length (a repeated boundary is an empty document)"
                 )
             object.__setattr__(self, "cu_seqlens", cu)
 

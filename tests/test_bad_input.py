@@ -32,14 +32,15 @@ def _qkv(s=8, h=4, hk=4, d=8, dtype=torch.float32):
         ({"ranks_per_node": 2.0}, {}, "got 2.0"),
         ({"window": (-1, 0), "causal": True}, {}, r"window=\(-1, 0\)"),
         ({"cu_seqlens": (0, 3, 9), "causal": True}, {}, "cu_seqlens ends at 9"),
-        ({"cu_seqlens": (0, 5, 3, 8)}, {}, "strictly increasing"),
+        ({"cu_seqlens": (0, 5, 3, 8)}, {}, "non-decreasing"),
+        ({"cu_seqlens": (0, 0)}, {}, "non-decreasing"),  # documents of no token at all
         ({"causal": True, "layout": "zigzag"}, dict(s=0), "local sequence length 0"),  # SIGFPE
         # malformed masks were TypeErrors, or silently truncated (1.7 -> 1, 5.5 -> 5)
         ({"window": 3}, {}, "window=3: expected"),
         ({"window": (None, 0)}, {}, r"window=\(None, 0\)"),
         ({"window": (1.7, 0)}, {}, "two whole numbers of tokens"),
         ({"window": (True, 0)}, {}, "two whole numbers of tokens"),
-        ({"cu_seqlens": torch.tensor([[0, 5, 8]])}, {}, "one dimension of strictly increasing"),
+        ({"cu_seqlens": torch.tensor([[0, 5, 8]])}, {}, "one dimension of non-decreasing"),
         ({"cu_seqlens": (0, 5.5, 8)}, {}, "whole-number boundaries"),
         # torch's CPU flash kernel returns NaN for causal blocks at scale <= 0
         ({"softmax_scale": 0.0, "causal": True}, {}, "softmax_scale=0.0 must be a positive"),

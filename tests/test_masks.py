@@ -93,6 +93,27 @@ def test_documents_are_cut_at_their_boundaries():
         assert dense < 0.1 * total, layout
 
 
+def test_empty_documents_change_nothing():
+    """A repeated boundary (an empty document: flash-attention's varlen takes them, and
+    TransformerEngine pads cu_seqlens with them) was refused; it is dropped, so attention, the
+    engine's positions and targets are those of the boundaries without repeats."""
+    from burst.emulate import emulate_attn
+    from burst.engine import data
+
+    padded, plain = (0, 0, 5, 5, 5, 21, 32, 32), (0, 5, 21, 32)
+    assert M.MaskSpec(causal=True, cu_seqlens=padded).cu_seqlens == plain
+    assert M.MaskSpec(cu_seqlens=torch.tensor(padded)).cu_seqlens == plain
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 32, 2, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    a, b = (emulate_attn(q, k, v, world=4, causal=True, layout="zigzag", cu_seqlens=cu)
+            for cu in (padded, plain))
+    assert torch.equal(a, b)
+    kw = dict(seq_len=32, batch=1, seed=0, vocab=64, layout="zigzag", world=4, rank=1)
+    assert all(torch.equal(x, y) for x, y in zip(data.local_batch(cu_seqlens=padded, **kw),
+                                                  data.local_batch(cu_seqlens=plain, **kw),
+                                                  strict=True))
+
+
 def test_plan_cache_is_bounded_by_bytes_and_entries():
     """Packed batches bring a new spec every step: the cache must not grow with the steps,
     whether the plans hold key bounds or nothing at all (empty or mask-free plans)."""
