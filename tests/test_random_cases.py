@@ -57,6 +57,33 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _options(rng: random.Random, m, world: int, schemes=("burst", "ring"),
+             grad_acc: bool = False) -> dict:
+    """Random options of method ``m`` over ``world`` ranks: a layout it takes, and the
+    backward scheme, inner ring, Ulysses degree (and gradient accumulator) where it has them."""
+    accepted = registry.accepted_options(m.fn) or set()
+    opts = {"layout": rng.choice(m.layouts)}
+    if "backward" in accepted:
+        opts["backward"] = rng.choice(schemes)
+    if "ranks_per_node" in accepted and rng.random() < 0.7:
+        opts["ranks_per_node"] = rng.choice(_divisors(world))
+    if "ulysses_degree" in accepted:
+        opts["ulysses_degree"] = rng.choice(_divisors(world))
+    if grad_acc and "grad_acc" in accepted and rng.random() < 0.3:
+        opts["grad_acc"] = rng.choice(["fp32", "input"])
+    return opts
+
+
+def _window(rng: random.Random, n: int, causal: bool, least: int = 0) -> tuple[int, int]:
+    """(left, right) over ``n`` tokens: left >= ``least``; right 0 mostly when causal."""
+    return (rng.randint(least, n), 0 if causal and rng.random() < 0.8 else rng.randint(0, n))
+
+
+def _documents(rng: random.Random, n: int, most: int = 5) -> tuple[int, ...]:
+    """Boundaries of 2 to ``most`` + 1 documents over ``n`` > 1 tokens."""
+    return (0, *sorted(rng.sample(range(1, n), rng.randint(1, min(most, n - 1)))), n)
+
+
 MASKS = ((False, False), (True, False), (False, True), (True, True))  # (window, documents)
 
 
@@ -65,16 +92,7 @@ def draw(rng: random.Random, world: int, method: str | None = None,
     """One random case, valid or not (``expect_error`` is set by ``draws``); ``method``,
     ``mask`` (a window?, documents?) and ``causal`` are drawn where not given."""
     m = registry.get(method or rng.choice(registry.names(available_only=True, level="core")))
-    accepted = registry.accepted_options(m.fn) or set()
-    opts = {"layout": rng.choice(m.layouts)}
-    if "backward" in accepted:
-        opts["backward"] = rng.choice(["burst", "ring", "auto"])
-    if "ranks_per_node" in accepted and rng.random() < 0.7:
-        opts["ranks_per_node"] = rng.choice(_divisors(world))
-    if "ulysses_degree" in accepted:
-        opts["ulysses_degree"] = rng.choice(_divisors(world))
-    if "grad_acc" in accepted and rng.random() < 0.3:
-        opts["grad_acc"] = rng.choice(["fp32", "input"])
+    opts = _options(rng, m, world, ("burst", "ring", "auto"), grad_acc=True)
     causal = m.causal_only or (rng.random() < 0.7 if causal is None else causal)
     heads = rng.choice([1, 2, 3, 4, 6, 8, 12])
     seq_local = rng.choice([2, 4, 6, 8, 10, 12])
@@ -82,9 +100,9 @@ def draw(rng: random.Random, world: int, method: str | None = None,
     window = docs = None
     has_window, has_docs = mask or (rng.random() < 0.35, rng.random() < 0.35)
     if has_window:
-        window = (rng.randint(0, n), 0 if causal and rng.random() < 0.8 else rng.randint(0, n))
+        window = _window(rng, n, causal)
     if has_docs:
-        docs = (0, *sorted(rng.sample(range(1, n), rng.randint(1, min(5, n - 1)))), n)
+        docs = _documents(rng, n)
     return case(m.name, options=opts, batch=rng.choice([1, 2]), seq_local=seq_local,
                 heads=heads, kv_heads=rng.choice(_divisors(heads)),
                 head_dim=rng.choice([4, 8]), causal=causal, window=window, cu_seqlens=docs,
@@ -131,9 +149,9 @@ def draw_block(rng: random.Random, world: int, i: int) -> dict:
              seq_local=seq_local, batch=rng.choice([1, 2]), ranks_per_node=None, weights=True,
              seed=100 + i)
     if rng.random() < 0.4:  # left >= 1: with (0, 0) dWq and dWk are exactly 0 (no scale)
-        c["window"] = (rng.randint(1, n), 0 if c["causal"] else rng.randint(0, n))
+        c["window"] = _window(rng, n, c["causal"], least=1)
     if rng.random() < 0.4:
-        c["cu_seqlens"] = (0, *sorted(rng.sample(range(1, n), rng.randint(1, min(4, n - 1)))), n)
+        c["cu_seqlens"] = _documents(rng, n, most=4)
     return c
 
 
@@ -174,22 +192,15 @@ def draw_engine(rng: random.Random, world: int, method: str) -> dict:
     tiny = get_config("tiny")
     m = registry.get(method)
     while True:
-        accepted = registry.accepted_options(m.fn) or set()
         cp = None if rng.random() < 0.4 else rng.choice(_divisors(world))  # None: the world
         cp_size = cp or world
-        opts = {"layout": rng.choice(m.layouts)}
-        if "backward" in accepted:
-            opts["backward"] = rng.choice(["burst", "ring"])
-        if "ranks_per_node" in accepted and rng.random() < 0.7:
-            opts["ranks_per_node"] = rng.choice(_divisors(cp_size))
-        if "ulysses_degree" in accepted:
-            opts["ulysses_degree"] = rng.choice(_divisors(cp_size))
+        opts = _options(rng, m, cp_size)
         seq = 36 if world % 3 == 0 else engine.SEQ
         window = docs = None
         if rng.random() < 0.35:  # left >= 1: with (0, 0) dq and dk are exactly 0 (no scale)
             window = (rng.randint(1, seq), 0)
         if rng.random() < 0.35:
-            docs = (0, *sorted(rng.sample(range(1, seq), rng.randint(1, 4))), seq)
+            docs = _documents(rng, seq, most=4)
         mode = rng.choice(engine.MODES)
         kv_heads = rng.choice([1, 2, 4])
         c = engine.case(m.name, checkpointing=mode, fused=rng.random() < 0.7,
@@ -239,16 +250,8 @@ SIM_CELLS = 150  # about 5 s
 def draw_cell(rng: random.Random) -> dict:
     """A random simulator cell (``suites.simulate.as_cell``'s fields), valid or not."""
     m = registry.get(rng.choice(registry.names(level="core")))
-    accepted = registry.accepted_options(m.fn) or set()
     world = rng.choice([1, 2, 4, 8, 16, 32, 64])
-    opts = {"layout": rng.choice(m.layouts)}
-    if "backward" in accepted:
-        opts["backward"] = rng.choice(["burst", "ring"])
-    if "ranks_per_node" in accepted and rng.random() < 0.6:
-        opts["ranks_per_node"] = rng.choice(_divisors(world))
-    if "ulysses_degree" in accepted:
-        opts["ulysses_degree"] = rng.choice(_divisors(world))
-    cell = dict(method=m.name, world=world, options=opts,
+    cell = dict(method=m.name, world=world, options=_options(rng, m, world),
                 ranks_per_node=rng.choice([r for r in (1, 2, 4, 8) if world % r == 0]),
                 seq_len=world * 1024 * rng.choice([1, 2, 4, 8, 32]),
                 workload=rng.choice(["attention", "train_step"]))
@@ -310,10 +313,9 @@ def test_random_emulated_rings_equal_the_reference():
         causal = rng.random() < 0.7
         mask = dict(causal=causal, window=None, cu_seqlens=None)
         if rng.random() < 0.4:
-            mask["window"] = (rng.randint(0, n), 0 if causal else rng.randint(0, n))
+            mask["window"] = _window(rng, n, causal)
         if n > 1 and rng.random() < 0.4:
-            cuts = rng.sample(range(1, n), rng.randint(1, min(4, n - 1)))
-            mask["cu_seqlens"] = (0, *sorted(cuts), n)
+            mask["cu_seqlens"] = _documents(rng, n, most=4)
         opts = dict(layout=layout, ranks_per_node=rng.choice([None, *_divisors(world)]),
                     backward=rng.choice(["burst", "ring"]))
         g = torch.Generator().manual_seed(i)
