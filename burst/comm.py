@@ -86,6 +86,13 @@ def init(backend: str = "gloo", *, rank: int | None = None, world_size: int | No
     _TIMEOUT[0] = timedelta(seconds=timeout_s)
 
 
+def tcp_store(port: int = 0, *, serve: bool, timeout_s: float = 600.0):
+    """A rendezvous store on 127.0.0.1 for ``init(store=...)``: served here (``serve``; port 0:
+    one the kernel picks, read back as ``.port``), or a client of the one served at ``port``."""
+    return dist.TCPStore("127.0.0.1", port, is_master=serve, wait_for_workers=False,
+                         timeout=timedelta(seconds=timeout_s))
+
+
 # the timeout ``init`` was given, for the sub-groups too (``dist.new_group`` without one gives
 # torch's default, 30 minutes: a rank that died left its peers waiting that long in a ring's
 # accumulator group, whatever init said); a process group made outside ``init`` keeps torch's

@@ -41,7 +41,6 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from datetime import timedelta
 from multiprocessing import reduction
 
 import torch
@@ -82,10 +81,9 @@ def _rendezvous(timeout_s: float):
     launcher holds until its ranks end. Rank 0 used to serve it, on a port the launcher had
     found free and let go, which any process could take in between (a spawn beside this one:
     another test run, a second sweep)."""
-    import torch.distributed as dist
+    from burst import comm
 
-    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                         timeout=timedelta(seconds=timeout_s))
+    return comm.tcp_store(serve=True, timeout_s=timeout_s)
 
 
 class _Stdout:
@@ -230,12 +228,8 @@ def _entry(rank, world, port, out_dir, backend, threads, timeout_s, launcher, en
             torch.cuda.set_device(device)
         with open(os.path.join(out_dir, "call.pkl"), "rb") as f:
             fn, args = pickle.load(f)
-        import torch.distributed as dist
-
-        store = dist.TCPStore("127.0.0.1", port, is_master=False,
-                              timeout=timedelta(seconds=timeout_s))
-        comm.init(backend, rank=rank, world_size=world, store=store, timeout_s=timeout_s,
-                  device_id=device)
+        comm.init(backend, rank=rank, world_size=world, timeout_s=timeout_s, device_id=device,
+                  store=comm.tcp_store(port, serve=False, timeout_s=timeout_s))
         result = ("ok", fn(rank, world, *args))
     except BaseException:  # noqa: BLE001 - reported to the parent with the traceback and
         result = ("error", traceback.format_exc(), time.time())  # when (the first comes first)

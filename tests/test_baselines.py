@@ -222,6 +222,13 @@ def test_core_parity_and_bytes(world):
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_tp_block_parity_and_bytes(world):
     _, cases, _, per_rank, *_ = _results(world)
+    failures = block_failures(cases, per_rank, world)
+    assert not failures, "\n".join(failures[:20])
+
+
+def block_failures(cases: list[dict], per_rank: list[list[dict]], world: int) -> list[str]:
+    """Every failure of ``_run_block``'s results: the expected refusals, relative errors under
+    F32_TOL, bytes sent == the tp formula."""
     failures = []
     for i, c in enumerate(cases):
         for rank in range(world):
@@ -243,7 +250,7 @@ def test_tp_block_parity_and_bytes(world):
                 rank=rank, node_size=c["ranks_per_node"]).by)
             if _nonzero(r["bytes"]) != want:
                 failures.append(f"rank {rank} tp {c}: bytes {_nonzero(r['bytes'])} != {want}")
-    assert not failures, "\n".join(failures[:20])
+    return failures
 
 
 def test_every_cpu_method_is_exercised():

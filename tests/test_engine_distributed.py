@@ -351,6 +351,13 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_loss_and_grads_match_single_process_float64(world):
     cases, per_rank, *_ = _results(world)
+    failures = case_failures(cases, per_rank, world)
+    assert not failures, "\n".join(failures[:20])
+
+
+def case_failures(cases: list[dict], per_rank: list[list[dict]], world: int) -> list[str]:
+    """Every failure of ``_run_case``'s results: the expected refusals, the loss and gradients
+    against one float64 process, the recomputed FLOPs and the gradient all-reduce's bytes."""
     cfg = get_config("tiny")
     failures = []
     for i, c in enumerate(cases):
@@ -395,7 +402,7 @@ def test_loss_and_grads_match_single_process_float64(world):
             if res["grad_sync"] != want_bytes:
                 failures.append(f"rank {r} {_label(c)}: grad all-reduce sent "
                                 f"{res['grad_sync']} bytes, expected {want_bytes}")
-    assert not failures, "\n".join(failures[:20])
+    return failures
 
 
 @pytest.mark.parametrize("world", [2, 4])

@@ -12,7 +12,8 @@ The engine's cases (``tests/test_engine_distributed.py``, world sizes 1, 2 and 4
 same way at world sizes 3 and 4: method and options, checkpointing mode, fused or plain head,
 tied embeddings, kv heads, window, documents, CP degree and data parallelism (DDP, FSDP over
 the DP group or over every rank); the loss and every weight gradient must equal one float64
-process on the whole batch.
+process on the whole batch, and the recomputed FLOPs and gradient all-reduce bytes their
+formulas (the checks of ``tests/test_engine_distributed.py``).
 
 Megatron's tensor-parallel attention block (``tp``, the registry's block-level method) is drawn
 at world sizes 3 and 6: heads, kv heads, hidden size, batch, shard length and mask; its output,
@@ -47,7 +48,7 @@ from burst.engine import get_config
 from burst.spawn import spawn
 from tests import test_engine_distributed as engine
 from tests.parity import case, check, run_cases
-from tests.test_baselines import F32_TOL, _expected, _nonzero, _run_block
+from tests.test_baselines import F32_TOL, _expected, _run_block, block_failures
 
 SEED = int(os.environ.get("BURST_RANDOM_SEED", "0"))
 CASES = 36  # per world and kind (valid, refused): about 10 s on this machine for both worlds
@@ -170,17 +171,7 @@ def test_random_cases_equal_the_reference_and_their_formula(world):
     blocks = [draw_block(rng, world, i) for i in range(BLOCKS)]
     out = spawn(_run_all, world, args=(cases, blocks), timeout_s=300)
     failures = check(cases, [o[0] for o in out], world, _expected, F32_TOL)
-    for i, c in enumerate(blocks):
-        for rank in range(world):
-            r = out[rank][1][i]
-            bad = {k: e for k, e in r["errs"].items() if not e < F32_TOL}
-            want = _nonzero(registry.get("tp").bytes(
-                world=world, batch=c["batch"], seq_local=c["seq_local"], heads=c["heads"],
-                kv_heads=c["kv_heads"], head_dim=c["head_dim"], elem=4, hidden=c["hidden"],
-                rank=rank, node_size=None).by)
-            if bad or _nonzero(r["bytes"]) != want:
-                failures.append(f"rank {rank} tp {c}: relative errors {bad}, bytes "
-                                f"{_nonzero(r['bytes'])} vs formula {want}")
+    failures += block_failures(blocks, [o[1] for o in out], world)
     assert not failures, "\n".join(failures[:20])
 
 
@@ -229,18 +220,7 @@ def test_random_engine_cases_equal_one_float64_process(world):
     names = registry.names(available_only=True, level="core")
     cases = [draw_engine(rng, world, names[i % len(names)]) for i in range(ENGINE_CASES)]
     per_rank = spawn(_run_engine_cases, world, args=(cases,), timeout_s=300)
-    failures = []
-    for i, c in enumerate(cases):
-        ref_loss, ref_grads = engine._reference(c, per_rank[0][i]["dp"])
-        tol = engine.F64_TOL if c["dtype"] == "float64" else engine.F32_TOL
-        for r in range(world):
-            res = per_rank[r][i]
-            bad = {n: e for n, g in res["grads"].items()
-                   if not (e := engine._rel(g, ref_grads[n])) < tol}
-            if not abs(res["loss"] - ref_loss) <= tol * abs(ref_loss) or bad:
-                failures.append(f"rank {r} {engine._label(c)} cp={c['cp_degree']} "
-                                f"{c['data_parallel']}: loss {res['loss']} vs {ref_loss}, "
-                                f"grad errors {bad}")
+    failures = engine.case_failures(cases, per_rank, world)
     assert not failures, "\n".join(failures[:20])
 
 
