@@ -382,9 +382,13 @@ def _report_interrupt(run: Run, cells, ids, *, executor: str, new: bool, stream)
             "local": "; a local job still running is waited for when it resumes, one "
                      "that died runs again"}.get(executor, "")
     again = "the same command" + (" without --new" if new else "")
+    text = (f"\ninterrupted: {kept} of {len(cells)} cells have a row in {run.dir}; "
+            f"{again} resumes this run{jobs}")
+    if kept == len(cells):  # Ctrl-C after the last row: nothing is left to resume
+        text = (f"\ninterrupted after the last cell: every cell ({kept}) has a row in "
+                f"{run.dir}, its table written; the run is complete")
     with contextlib.suppress(OSError):  # SIGHUP: the terminal is gone (EIO)
-        print(f"\ninterrupted: {kept} of {len(cells)} cells have a row in {run.dir}; "
-              f"{again} resumes this run{jobs}", file=stream, flush=True)
+        print(text, file=stream, flush=True)
 
 
 def _note_unfinished_other(sweep_dir: Path, spec: SweepSpec, stream,

@@ -1047,3 +1047,27 @@ def test_a_rank_that_raised_makes_the_job_ready_and_names_only_itself(tmp_path):
     row = _collected(job, tmp_path)
     assert row["status"] == "error" and row["error"].startswith("rank 1 raised:"), row["error"]
     assert "ended without a result" not in row["error"] and job.cancelled
+
+
+def test_ctrl_c_after_the_last_row_says_the_run_is_complete(tmp_path, monkeypatch):
+    """Ctrl-C after every cell had its row said "interrupted: 2 of 2 cells have a row ...;
+    the same command resumes this run", which would run nothing."""
+    import suites.run as run_module
+
+    real = run_module.run_inline
+
+    def then_ctrl_c(*args, **kwargs):
+        real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_module, "run_inline", then_ctrl_c)
+    text = SWEEP.split("[[methods]]")[0].replace('"burst-ringbwd"', '"ring"')
+    spec = _spec(tmp_path, text + '[[methods]]\nname = "burst"\n[[methods]]\nname = "ring"\n')
+    log = io.StringIO()
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(spec, out=tmp_path / "out", run_id="r1", stream=log)
+    run_dir = tmp_path / "out" / "tiny" / "r1"
+    assert (f"interrupted after the last cell: every cell (2) has a row in {run_dir}, its "
+            "table written; the run is complete") in log.getvalue(), log.getvalue()
+    assert "resumes" not in log.getvalue()
+    assert len(pd.read_csv(run_dir / "table.csv")) == 2
