@@ -150,14 +150,15 @@ def _legend(ax, styles: dict, labels: list[str]) -> None:
                        for lab in labels], fontsize=6, loc="lower right")
 
 
-def _baseline(ok: pd.DataFrame) -> str:
-    """The sweep spec's baseline where it has a number, else ring, else the first label."""
+def _baseline(ok: pd.DataFrame) -> str | None:
+    """The sweep spec's baseline where it has a number, else ring, else the first label;
+    None where no cell has one."""
     specs = ok["sweep_spec"].dropna() if "sweep_spec" in ok else []
     named = json.loads(specs.iloc[0]).get("baseline") if len(specs) else None
     for label in (named, "ring"):
         if label and (ok["label"] == label).any():
             return label
-    return ok["label"].iloc[0]
+    return ok["label"].iloc[0] if len(ok) else None
 
 
 def _int_ticks(ax, ticks, fmt=str) -> None:
@@ -183,18 +184,27 @@ def _scaling(axes, df: pd.DataFrame, styles: dict) -> list[dict]:
         d = d.assign(speedup=d["world"].map(base) / d["time_s"],
                      speedup_low=d["world"].map(base) / d.get("time_s_max", float("nan")),
                      speedup_high=d["world"].map(base) / d.get("time_s_min", float("nan")))
+        # a cell that ran where the baseline did not has no speedup: said, not left blank
+        d.loc[(d["status"] == "ok") & d["speedup"].isna(), "status"] = "no baseline"
         good = d[d["status"] == "ok"].sort_values("world")
         ax.plot(good["world"], good["speedup"], marker=st["marker"], ms=4, ls=st["ls"],
                 color=st["color"], label=label)
         ax.vlines(good["world"], good["speedup_low"], good["speedup_high"], color=st["color"],
                   lw=1.2)
         mark_failures(ax, d, "world", FLOOR, st["color"])
-        rows += _record(d, "world", f"speedup_vs_{base_label}", "speedup", "x",
+        rows += _record(d, "world", f"speedup_vs_{base_label or 'none'}", "speedup", "x",
                         spread=("speedup_low", "speedup_high"))
     ax.axhline(1.0, color="black", lw=0.7)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("ranks")
-    ax.set_ylabel(f"measured speedup over {base_label}")
+    ax.set_ylabel(f"measured speedup over {base_label or 'a baseline'}")
+    gaps = sorted(set(mea["world"]) - set(base.index))
+    if base_label is None:
+        note_empty(ax, "no measured cell ran: no speedup")
+    elif gaps:
+        ax.text(0.98, 0.98, f"no speedup at {', '.join(str(int(w)) for w in gaps)} ranks: "
+                f"{base_label} has no time there", transform=ax.transAxes, ha="right",
+                va="top", fontsize=6, color="0.2")
     ax.set_title("CPU (gloo) time per layer: overheads, not GPU speed\n(bars: its fastest "
                  "to its slowest repeat)", fontsize=8)
     for a in axes:  # ranks as plain numbers: 2, 4, 8

@@ -58,6 +58,10 @@ def make(tables):
     rows, flagged = [], False
     for k, (label, system, ls) in enumerate(line_labels(df)):
         colour = series_color(system, label)
+        # the legend names every label, also one without a simulated number (all failed, or
+        # only published / measured): its markers are known by their colour
+        ax.plot([], [], color=colour, lw=1.8, ls=ls, marker=SOURCE_MARKERS["simulated"], ms=3,
+                label=label)
         d = df[df["label"] == label].sort_values("seq_len")
         # a simulated number where the paper has OOM (Megatron-CP at 512K, 1M: docs/simulator.md
         # says why) is ringed (black: no method's colour) and reached by a dotted segment, so
@@ -66,8 +70,7 @@ def make(tables):
         sim = d[(d["source"] == "simulated") & (d["status"] == "ok") & d["seq_len"].isin(oom)]
         if len(sim):
             ax.scatter(sim["seq_len"], sim["attn_tflops"], s=90, facecolors="none",
-                       edgecolors="black", lw=1.0, zorder=6,
-                       label=None if flagged else "simulated, but OOM in the paper")
+                       edgecolors="black", lw=1.0, zorder=6)
             flagged = True
         for src in ("simulated", "paper", "measured"):
             s = d[d["source"] == src].drop_duplicates("seq_len", keep="last")
@@ -75,7 +78,7 @@ def make(tables):
             if src == "simulated" and ok.any():  # the line breaks where a cell has no number
                 agrees = ok & ~s["seq_len"].isin(oom)
                 ax.plot(s["seq_len"], s["attn_tflops"].where(agrees), color=colour, lw=1.8,
-                        ls=ls, marker=SOURCE_MARKERS[src], ms=3, label=label)  # a lone point shows
+                        ls=ls, marker=SOURCE_MARKERS[src], ms=3)  # a lone point shows
                 if (ok & ~agrees).any():  # from the last cell the paper ran, dotted and faded
                     seg = ok & (s["seq_len"] >= s.loc[agrees, "seq_len"].max()
                                 if agrees.any() else ok)
@@ -97,6 +100,9 @@ def make(tables):
     ax.set_xlabel("sequence length (tokens), 32 GPUs")
     ax.set_ylabel("attention TFLOP/s per GPU")
     ax.set_ylim(0, None)
+    if flagged:  # the legend: the methods, then what the marks mean
+        ax.scatter([], [], s=90, facecolors="none", edgecolors="black", lw=1.0,
+                   label="simulated, but OOM in the paper")
     ax.scatter([], [], marker=SOURCE_MARKERS["paper"], color="0.5", edgecolor="black", s=30,
                label="published")
     legend(ax, fontsize=7, loc="center right")

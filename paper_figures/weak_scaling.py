@@ -44,6 +44,9 @@ def make(tables):
                             marker=SOURCE_MARKERS[src], ms=4,
                             ls=ls if src == "simulated" else "none",
                             label=label if src == "simulated" else None)
+                elif src == "simulated":  # no number anywhere: in the legend all the same
+                    ax.plot([], [], color=colour, marker=SOURCE_MARKERS[src], ms=4, ls=ls,
+                            label=label)
                 # cells without a number at the axis floor (axes coordinates: the log axis
                 # has no 0), each line a little apart so that none hides another
                 dy = 0.03 + 0.025 * k
@@ -58,11 +61,14 @@ def make(tables):
         ax.set_xticks([1, 2, 4, 8, 16, 32, 64], ["1", "2", "4", "8", "16", "32", "64"])
         ax.set_xlabel("GPUs (32K tokens each)")
         ax.set_ylabel(ylabel)
-        if metric == "tokens_per_s":
+        low = df.loc[(df["status"] == "ok"), metric].min()
+        if pd.isna(low):  # every cell failed: its marks (which set no data limits) on a
+            # plain y axis (a log one has no limits without a positive value)
+            ax.set_xlim(df["world"].min() / 1.5, df["world"].max() * 1.5)
+            note_empty(ax, "no cell has a number")
+        elif metric == "tokens_per_s":
             ax.set_yscale("log")
-            low = df.loc[(df["status"] == "ok"), metric].min()
-            if pd.notna(low):  # an empty band at the floor for the failure marks
-                ax.set_ylim(bottom=low / 2.5)
+            ax.set_ylim(bottom=low / 2.5)  # an empty band at the floor for the failure marks
         else:
             ax.set_ylim(0, None)
     legend(axes[0][0], fontsize=7)

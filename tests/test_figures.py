@@ -865,6 +865,43 @@ def test_a_figure_with_nothing_to_draw_says_so(fixture_tables):
     assert all("\n" not in n for n in notes)
 
 
+def test_sweeps_where_every_cell_failed_render_with_their_marks(fixture_tables, tmp_path):
+    """Weak scaling with every cell OOM (a log axis without a positive value) and a CPU sweep
+    where no measured cell ran (no baseline) raised; each now renders its failure rows. A
+    label with no number still has its legend entry, and a method that ran where the
+    baseline did not gets 'no baseline', not a blank speedup."""
+    from paper_figures import kernel_tflops, weak_scaling
+
+    sim = fixture_tables.simulated.copy()
+    weak = sim["sweep"] == "paper_weak_scaling"
+    sim.loc[weak, "status"] = "oom"
+    measured = fixture_tables.measured.copy()
+    scaling = measured["sweep"] == "cpu_scaling"
+    measured.loc[scaling, "status"] = "timeout"
+    done = render_all(_with(fixture_tables, simulated=sim, measured=measured), tmp_path,
+                      only=["weak_scaling", "cpu_sweep"])
+    w = _csv(done, "weak_scaling")
+    assert (w["status"] == "oom").all() and w["value"].isna().all() and len(w) == 12
+    c = _csv(done, "cpu_sweep")
+    speed = c[(c["sweep"] == "cpu_scaling") & c["metric"].str.startswith("speedup")]
+    assert len(speed) == 6 and (speed["status"] == "timeout").all()
+
+    fig, _ = weak_scaling.make(_with(fixture_tables, simulated=sim))
+    assert sorted(fig.axes[0].get_legend_handles_labels()[1]) == ["burstengine", "megatron_cp"]
+    fig, _ = kernel_tflops.make(Tables(paper=fixture_tables.paper))  # published only
+    assert set(fig.axes[0].get_legend_handles_labels()[1]) >= {
+        "BurstAttention", "LoongTrain-USP", "LoongTrain-DoubleRing", "Megatron-CP"}
+
+    measured = fixture_tables.measured.copy()
+    measured.loc[scaling & (measured["label"] == "ring") & (measured["world"] == 4),
+                 "status"] = "timeout"
+    c = _csv(render_all(_with(fixture_tables, measured=measured), tmp_path,
+                        only=["cpu_sweep"]), "cpu_sweep")
+    at4 = c[(c["metric"] == "speedup_vs_ring") & (c["world"] == 4)].set_index("label")
+    assert at4.loc["burst", "status"] == "no baseline" and pd.isna(at4.loc["burst", "value"])
+    assert at4.loc["ring", "status"] == "timeout"
+
+
 def test_no_legend_warning_from_a_figure_without_labelled_series(fixture_tables, tmp_path):
     import warnings
 
