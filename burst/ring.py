@@ -116,11 +116,12 @@ def _ring_pass(ring: list[int], me: int, order: list[int], payload, step: Step, 
         if acc is not None and span > 0:
             if s > 0:
                 acc_pend.wait()
-                _add_(acc, acc_in)
+                _add_(acc, acc_in)  # acc_in, added, receives the next hop's (no fourth block)
+            else:
+                acc_in = _empty(acc_like)
             # one hop behind the data; after the last step, straight to the block's holder
             to = nxt if s < span else ring[(me - d * span) % g]
             frm = prv if s < span else ring[(me + d * span) % g]
-            acc_in = _empty(acc_like)
             acc_pend = _post(acc_group, acc, to, acc_in, frm)
             sent.append(acc_pend)
         elif acc is not None:
@@ -153,8 +154,9 @@ def _double(rg: RingGroups, payload, step: Step, acc_like, span: int | None):
         if acc_like is not None:
             if m > 0:
                 inter_pend.wait()
-                _add_(node_acc, inter_in)
-            inter_in = _empty(acc_like)
+                _add_(node_acc, inter_in)  # inter_in, added, receives the next node's
+            else:
+                inter_in = _empty(acc_like)
             inter_pend = _post(rg.acc_inter, node_acc, inter_next, inter_in, inter_prev)
             pending.append(inter_pend)
         if outer_read is not None:
