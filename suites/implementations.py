@@ -62,6 +62,11 @@ class Implementation:
     data-parallel replicas, which a cell does not have (``suites.memory_model``: when it holds
     which). A cell's ``data_parallel="fsdp_world"`` shards them over every rank instead
     (priced as such: ``suites.memory_model._engine_moments``, ``suites.step_model``)."""
+    estimated_ring_buffers: bool = False
+    """Whether its ring's buffers are the estimate (one block and one set of accumulators in
+    flight each way: two sets, three with a double ring) instead of those ``burst.ring``
+    holds, counted (``suites.memory_model._attention_buffers``): the paper systems, whose own
+    code holds others (docs/simulator.md, "What the model misses")."""
     optimizer_offload: bool = False
     """Its training runs keep the fp32 optimizer state (master weights, Adam moments) on the
     host and step the optimizer there (training cells only)."""

@@ -21,13 +21,16 @@ otherwise; this project's engine: nothing sharded, ``Implementation.sharded_stat
                  project's Ulysses / USP keep their kernel's head-sharded output, the same
                  bytes); no checkpointing keeps every activation of every layer
   layer peak     backward of one layer: its activations again (recomputed, unless nothing is
-                 checkpointed: then they are among the checkpoints) + the gradients of
+                 checkpointed: then they are among the checkpoints; selective replays its
+                 cached attention output and lse, the same storage) + the gradients of
                  the MLP's gate and up projections (the largest live at once; the others reuse
-                 freed activations) + the attention method's buffers (ring double buffers, fp32
-                 accumulators, Ulysses' gathered heads)
+                 freed activations) + the attention method's buffers (the ring's blocks and
+                 fp32 accumulators in flight, Ulysses' gathered heads)
   head           plain: the whole local logits at the loss, N/G x V x ``logits_bytes`` (fp32
                  logits and their fp32 gradient: 8); fused: one chunk of bf16 logits, their fp32
-                 copy and gradient + the fp32 weight gradient (burst.engine.fused_loss)
+                 copy and gradient + the fp32 weight gradient (burst.engine.fused_loss);
+                 + the head's gathered weight and gradient (ZeRO-3), its gradient (this
+                 project's engine) or nothing (weights and gradients whole in the states)
   implementation what a system's training framework holds for the whole sequence
                  (``global_token_bytes`` per token); an attention layer alone has none
 The peak is the larger of the head moment (all checkpoints + head) and the last layer's
@@ -55,8 +58,8 @@ from suites.implementations import Implementation
 from suites.schedule import AttnShape, Plan, acc_bytes
 
 __all__ = ["MemoryEstimate", "attention_memory", "checkpoint_bytes", "engine_bytes_per_param",
-           "head_bytes", "layer_activation_bytes", "master_bytes", "train_memory",
-           "zero_bytes_per_param"]
+           "head_bytes", "head_weight_copies", "layer_activation_bytes", "master_bytes",
+           "train_memory", "zero_bytes_per_param"]
 
 BF16, FP32 = 2, 4
 
@@ -129,12 +132,13 @@ def _float64_scores(shape: AttnShape, plan: Plan, world: int) -> float:
 
 
 def _attention_buffers(shape: AttnShape, plan: Plan, world: int,
-                       members: int | None = None) -> float:
+                       members: int | None = None, estimated: bool = False) -> float:
     """Communication buffers and fp32 accumulators of one attention backward (its peak).
 
     ``members``: ranks of the ring (default ``world``). A group of one sends nothing: a ring of
     one keeps only its accumulators (``burst.ring`` allocates receive buffers for the steps
-    before the last), and a collective over one rank returns its input (``burst.comm``)."""
+    before the last), and a collective over one rank returns its input (``burst.comm``).
+    ``estimated``: ``Implementation.estimated_ring_buffers`` (a paper system's ring)."""
     b, n, d, e = shape.batch, shape.seq_len // world, shape.head_dim, shape.elem
     h, hk = shape.heads, shape.kv_heads
     acc = acc_bytes(e)
@@ -150,8 +154,25 @@ def _attention_buffers(shape: AttnShape, plan: Plan, world: int,
         local = (2 * b * n * hk * d if plan.backward == "burst" else b * n * h * d) * acc
         if members == 1:
             return grads + local
-        bufs = 3 if plan.ring_local else 2  # double ring: one more block in flight across nodes
-        return bufs * (data + grads) + local
+        if estimated:  # a paper system: one block and its accumulators in flight each way
+            bufs = 3 if plan.ring_local else 2  # (a double ring: one more across nodes)
+            return bufs * (data + grads) + local
+        # what burst.ring holds at once besides the rank's own block (counted in a gloo
+        # backward, every allocation of its _empty/_zeros tracked): a ring of L > 2 ranks the
+        # block it works on and the one arriving (one with L = 2), and three accumulators
+        # (being filled, in flight out, in flight in; one in a ring of one). A double ring of M
+        # nodes also holds the outer block arriving from the next node and, from the second
+        # node's block on, the one it works on (with M > 2 both at once), and the node's
+        # accumulator in flight across nodes and the one arriving. (A window that shortens a
+        # flat ring to one step leaves one block: not counted.)
+        double = plan.ring_local and plan.ring_local < members
+        local_ring = plan.ring_local if double else members
+        blocks = min(2, local_ring - 1)
+        accs = 3 if local_ring > 1 else 1
+        if double:
+            blocks += 2 if members // local_ring > 2 else 1
+            accs += 2
+        return blocks * data + accs * grads + local
     if plan.kind == "usp":
         # heads gathered by the all-to-all (same bytes as the local q, k, v, o; kv heads fewer
         # than the degree are replicated up to it) + the ring's buffers on U*n tokens x H/U
@@ -161,7 +182,7 @@ def _attention_buffers(shape: AttnShape, plan: Plan, world: int,
         sub = Plan("ring", layout=plan.layout, backward=plan.backward,
                    options={"grad_acc": (plan.options or {}).get("grad_acc", "fp32")})
         return gathered + _attention_buffers(dataclasses.replace(shape, kv_heads=hk), sub, world,
-                                             members=world // plan.ulysses)
+                                             members=world // plan.ulysses, estimated=estimated)
     # ulysses / tp / allgather: the gathered inputs and their gradients
     if plan.kind == "allgather":  # K, V and their gradients over the whole sequence
         return 4 * shape.seq_len * b * hk * d * e if world > 1 else 0
@@ -177,15 +198,18 @@ def _attention_buffers(shape: AttnShape, plan: Plan, world: int,
     return gathered + b * n * (h + 2 * hk) * d * acc
 
 
-def attention_memory(hw: Hardware, shape: AttnShape, plan: Plan, world: int) -> MemoryEstimate:
-    """One attention layer forward + backward: inputs, outputs, grads, lse, buffers."""
+def attention_memory(hw: Hardware, shape: AttnShape, plan: Plan, world: int, *,
+                     estimated_ring_buffers: bool = False) -> MemoryEstimate:
+    """One attention layer forward + backward: inputs, outputs, grads, lse, buffers
+    (``estimated_ring_buffers``: ``Implementation.estimated_ring_buffers``)."""
     b, n, d, e = shape.batch, shape.seq_len // world, shape.head_dim, shape.elem
     h, hk = shape.heads, shape.kv_heads
     parts = {
         "inputs_outputs": b * n * (2 * h + 2 * hk) * d * e,  # q, k, v, out
         "grads": b * n * (2 * h + 2 * hk) * d * e,  # dout, dq, dk, dv
         "lse_delta": 2 * b * h * n * acc_bytes(e),
-        "comm_buffers": _attention_buffers(shape, plan, world),
+        "comm_buffers": _attention_buffers(shape, plan, world,
+                                           estimated=estimated_ring_buffers),
     }
     if shape.elem == 8:
         parts["float64_scores"] = _float64_scores(shape, plan, world)
@@ -222,17 +246,29 @@ def checkpoint_bytes(cfg, tokens: int, mode: str, elem: int = BF16) -> float:
 
 def head_bytes(cfg, tokens: int, fused: bool,
                logits_bytes: float = Implementation.logits_bytes, elem: int = BF16,
-               gathered: bool = True) -> float:
-    """Peak bytes of the LM head + loss for ``tokens`` local tokens (module docstring): with
-    ``gathered`` the head weight gathered whole (ZeRO-3) and its gradient, else (this project's
-    engine, whose weight is among its states) the gradient alone."""
+               weight_copies: int = 2) -> float:
+    """Peak bytes of the LM head + loss for ``tokens`` local tokens (module docstring), with
+    ``weight_copies`` head weights besides the states (``head_weight_copies``): 2 under ZeRO-3
+    (the weight gathered whole and its gradient), 1 in this project's engine (whose weight is
+    among its states: its gradient), 0 where weights and gradients are whole in the states."""
     h, v = cfg.hidden_size, cfg.vocab_size
     if fused:
         acc = acc_bytes(elem)  # softmax and the weight gradient's sum (burst.engine.fused_loss)
         out = min(tokens, LOSS_CHUNK) * v * (elem + 2 * acc) + v * h * acc + tokens * h * elem
     else:
         out = tokens * v * logits_bytes + tokens * h * elem
-    return out + (2 if gathered else 1) * v * h * elem
+    return out + weight_copies * v * h * elem
+
+
+def head_weight_copies(impl: Implementation) -> int:
+    """``head_bytes``' weight copies of an implementation: none where every rank holds its
+    weights and (fp32 main) gradients whole (Megatron's distributed optimizer: its states
+    count them, and the head's weight gradient accumulates into its main gradient), the
+    gathered weight and its gradient under ZeRO-3, the gradient alone in this project's engine
+    (``sharded_states`` False: weights among its states, gradients made in the backward)."""
+    if impl.replicated_bytes_per_param:
+        return 0
+    return 2 if impl.sharded_states else 1
 
 
 def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
@@ -255,12 +291,16 @@ def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
     checkpoints = cfg.num_layers * checkpoint_bytes(cfg, tokens, checkpointing, e)
     # the layer's activations again, recomputed; without checkpointing they are already among
     # the checkpoints (every activation of every layer)
-    act = (sum(layer_activation_bytes(cfg, tokens, e).values()) if checkpointing != "none"
-           else 0.0)
+    layer_act = layer_activation_bytes(cfg, tokens, e)
+    act = sum(layer_act.values()) if checkpointing != "none" else 0.0
+    if checkpointing == "selective":  # the cached attention output and lse are replayed, not
+        act -= layer_act["attention_out"] + layer_act["lse"]  # made again (among checkpoints)
     mlp_grads = 2 * tokens * cfg.ffn_size * e
-    layer_peak = (act + mlp_grads + _attention_buffers(shape, plan, world)
+    layer_peak = (act + mlp_grads
+                  + _attention_buffers(shape, plan, world,
+                                     estimated=impl.estimated_ring_buffers)
                   + _float64_scores(shape, plan, world))
-    head = head_bytes(cfg, tokens, fused_head, impl.logits_bytes, e, impl.sharded_states)
+    head = head_bytes(cfg, tokens, fused_head, impl.logits_bytes, e, head_weight_copies(impl))
     extra = impl.global_token_bytes * shape.seq_len
     if not impl.sharded_states:
         moments = _engine_moments(cfg, e, params, layer_params, checkpoints, head, layer_peak,

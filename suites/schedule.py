@@ -465,9 +465,11 @@ def collective_seconds(hw: Hardware, nbytes: float, group: int, topo: Topo,
     convention: the group's other members' shares).
 
     ``all_to_all``: every rank's off-node share is its own data, so it all crosses the NICs
-    while every GPU of the node sends. ``gather`` (all-gather, reduce-scatter): the off-node
-    shards enter (or leave) a node once, through all its NICs, and NVLink carries them to the
-    node's other GPUs (NCCL's ring: bus bandwidth = the node's NICs; DESIGN.md 4)."""
+    while every GPU of the node sends. ``gather`` (all-gather, reduce-scatter) across nodes:
+    NCCL's ring, whose every link, the node's way out included, carries all but one of the G
+    shards (its channels spread over the node's NICs): G - 1 shards, ``nbytes``, through the
+    node's NICs, so its bus bandwidth is theirs (DESIGN.md 4). (A hierarchical algorithm,
+    each shard into a node once, would move G - L; NCCL's ring does not.)"""
     if kind not in COLLECTIVES:
         raise ValueError(f"kind={kind!r}; valid: {', '.join(COLLECTIVES)}")
     if group <= 1 or nbytes <= 0:
@@ -475,8 +477,9 @@ def collective_seconds(hw: Hardware, nbytes: float, group: int, topo: Topo,
     on_node = min(group, topo.local)
     frac_inter = (group - on_node) / (group - 1)
     off_node = nbytes * frac_inter  # what one rank receives from other nodes
-    if kind == "gather":  # each of the node's GPUs takes 1/on_node of it off the NICs
-        nic_bytes, nvlink_bytes = off_node / on_node, nbytes - off_node / on_node
+    if kind == "gather":  # each of the node's GPUs puts 1/on_node of the ring's through the NICs
+        nic_bytes = nbytes / on_node if frac_inter else 0.0
+        nvlink_bytes = nbytes - nic_bytes
     else:
         nic_bytes, nvlink_bytes = off_node, nbytes - off_node
     intra = hw.link_seconds(nvlink_bytes, "intra") if nvlink_bytes > 0 else 0.0

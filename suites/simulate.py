@@ -281,7 +281,8 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
         return Prediction("error", error=str(e))
     half, regather = None, ()
     if cell.workload == "attention":
-        mem = attention_memory(hw, shape, plan, cell.world)
+        mem = attention_memory(hw, shape, plan, cell.world,
+                               estimated_ring_buffers=impl.estimated_ring_buffers)
         time_s = attn.total_s
         parts = {"attention_forward": attn.forward_s, "attention_backward": attn.backward_s}
     else:
