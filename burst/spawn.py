@@ -387,7 +387,11 @@ def _spawn(fn, world, args, backend, threads, timeout_s, stdout):
         stderr = _Stderr(out_dir, world)
         deadline = time.monotonic() + timeout_s + 30
         failed_at, first_dead, stopped = None, None, set()
-        died_at = math.inf  # when the first rank that died was seen dead (time.time())
+        # when the first rank that died was last seen alive (time.time(): the clock of the
+        # ranks' own raise times), so that the errors its death caused in its peers (a read
+        # error, a closed connection: raised as soon as it died, before it was seen dead)
+        # come after it
+        died_at, alive_at = math.inf, time.time()
         try:
             while True:
                 with contextlib.suppress(OSError):  # a closed console must not stop the ranks
@@ -395,10 +399,11 @@ def _spawn(fn, world, args, backend, threads, timeout_s, stdout):
                 try:
                     if ctx.join(timeout=0.2):
                         break
+                    alive_at = time.time()
                 except mp.ProcessExitedException as e:
                     failed_at = failed_at or time.monotonic()
                     if first_dead is None:
-                        first_dead, died_at = e.error_index, time.time()
+                        first_dead, died_at = e.error_index, alive_at
                 if failed_at is None and _any_error(out_dir, world):
                     failed_at = time.monotonic()  # the others may now wait forever on that rank
                 now = time.monotonic()
@@ -426,8 +431,8 @@ def _spawn(fn, world, args, backend, threads, timeout_s, stdout):
                 stopped_here = r in stopped or signalled_after
                 tail = "" if stopped_here or not logs[r] else (
                     "; its last stderr lines:\n" + "\n".join(logs[r].splitlines()[-STDERR_LINES:]))
-                # the rank that died first, when it was seen dead (after any rank that raised
-                # before: its death may be their aftermath); ranks stopped after it: last
+                # the rank that died first, when it was last seen alive (after any rank that
+                # raised before: its death may be their aftermath); ranks stopped after it: last
                 order = died_at if r == first_dead else math.inf
                 errors.append((order, f"rank {r} exited without a result: " + _how_it_ended(
                     code, stopped_here, first_dead) + tail))

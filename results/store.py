@@ -106,7 +106,7 @@ def repair(path: str | os.PathLike) -> int:
 def _valid_json(line: bytes) -> bool:
     try:
         json.loads(line)
-    except json.JSONDecodeError:
+    except ValueError:  # JSONDecodeError, or bytes that are not UTF-8 (a torn multibyte char)
         return False
     return True
 
@@ -150,7 +150,7 @@ def read_rows(path: str | os.PathLike, offset: int = 0, *,
             continue
         try:
             row = json.loads(line)
-        except json.JSONDecodeError:
+        except ValueError:  # JSONDecodeError, or bytes that are not UTF-8
             if i == last:  # the last line (with or without its newline): a torn write
                 continue
             raise ValueError(f"{path}: line {i + 1} is not valid JSON (not the last line, so "

@@ -48,7 +48,7 @@ from pathlib import Path
 from results.store import append_row, read_rows, repair
 from suites.cells import Cell
 from suites.provenance import code_provenance
-from suites.rows import RunContext, failure_row, make_row
+from suites.rows import RunContext, classify, failure_row, make_row
 from suites.spec import SlurmSpec
 
 __all__ = ["EXECUTORS", "Run", "cell_job", "dry_run", "master_port", "pending_jobs",
@@ -405,10 +405,29 @@ def _state(job, mode: str = "standard") -> str:
     return (str(raw or "UNKNOWN").split() or ["UNKNOWN"])[0]
 
 
+def _failed_first(job, got: dict) -> list[int]:
+    """The tasks that raised, the first to fail first (by when their result file was
+    written): a rank's error leaves its peers waiting on it, and they fail after it with a
+    closed connection, the lowest rank often among them."""
+    def written(i: int) -> float:
+        try:
+            return job.task(i).paths.result_pickle.stat().st_mtime
+        except OSError:
+            return math.inf
+
+    return sorted((i for i, (o, _) in got.items() if o == "error"), key=lambda i: (written(i), i))
+
+
+def _reports(got: dict, failed: list[int]) -> str:
+    """Every failed rank's traceback, in ``failed``'s order (the cause first: what
+    ``suites.run.short_reason`` quotes, and what a clipped error keeps)."""
+    return "\n".join(f"rank {i} raised:\n{got[i][1]}" for i in failed)
+
+
 def _collect(job, cell: Cell, run: Run, ctx: RunContext) -> None:
     vanished = _vanished_local_tasks(job)
     got = _outcomes(job)
-    failed = sorted(i for i, (o, _) in got.items() if o == "error")
+    failed = _failed_first(job, got)
     silent = sorted({i for i in range(job.num_tasks) if i not in got and job.task(i).done()}
                     | set(vanished))
     if vanished and not failed and 0 not in got:  # its peers wait on it: do not wait with them
@@ -417,13 +436,13 @@ def _collect(job, cell: Cell, run: Run, ctx: RunContext) -> None:
                           "killer, or crashed); the other ranks were cancelled. Logs: "
                           f"{job.paths.folder}", ctx, "error", job_id=str(job.job_id))
     elif failed and silent:  # a rank died without a word (killed, crashed): the others only
-        i = failed[0]      # timed out waiting for it, which is not the cell's timeout
+        # timed out waiting for it, which is not the cell's timeout
         row = failure_row(cell, f"rank(s) {', '.join(map(str, silent))} ended without a "
-                          f"result (killed or crashed); rank {i} then raised:\n{got[i][1]}",
+                          f"result (killed or crashed); then:\n{_reports(got, failed)}",
                           ctx, "error", job_id=str(job.job_id))
-    elif failed:  # the first failed rank's traceback is the cell's error
-        i = failed[0]
-        row = failure_row(cell, f"rank {i} raised:\n{got[i][1]}", ctx, job_id=str(job.job_id))
+    elif failed:  # the first failed rank's traceback is the cause, the others' follow
+        row = failure_row(cell, _reports(got, failed), ctx, job_id=str(job.job_id),
+                          status=classify(got[failed[0]][1]))
     else:
         from submitit.core.utils import UncompletedJobError
 

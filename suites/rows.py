@@ -8,6 +8,7 @@ on. ``classify`` turns an error text (a traceback, a spawn or submitit error) in
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from results.schema import COLUMNS, empty_row
@@ -16,7 +17,7 @@ from suites.provenance import host_provenance, no_host, now_iso
 
 __all__ = ["RunContext", "classify", "failure_row", "make_row"]
 
-ERROR_CHARS = 4000  # keep the end of a traceback, where the cause is
+ERROR_CHARS = 4000  # an error row keeps about this much (clip_error: the cause kept)
 
 
 @dataclass(frozen=True)
@@ -77,8 +78,41 @@ def make_row(cell: Cell, metrics: dict, ctx: RunContext, *, host: dict | None = 
     row.update(run_id=ctx.run_id, executor=ctx.executor, sweep_spec=ctx.sweep_spec,
                git_commit=ctx.git_commit, git_dirty=ctx.git_dirty, date=now_iso())
     if row["error"]:
-        row["error"] = str(row["error"])[-ERROR_CHARS:]
+        row["error"] = clip_error(str(row["error"]))
     return row
+
+
+_REPORT = re.compile(r"^rank \d+ (raised:|exited without a result)", re.MULTILINE)
+
+
+def clip_error(text: str, limit: int = ERROR_CHARS) -> str:
+    """``text`` in at most about ``limit`` characters, its cause kept: the end of a traceback
+    (where its exception is) and, where ranks reported (``burst.spawn`` and the executors list
+    the rank that failed first first, its peers' closed connections after it), the end of the
+    first report with its header, then the end of the others with the second's header."""
+    if len(text) <= limit:
+        return text
+    starts = [m.start() for m in _REPORT.finditer(text)]
+    if len(starts) < 2:
+        return _tail(text, limit)
+    first, rest = text[:starts[1]], text[starts[1]:]
+    first = _with_header(first, limit // 2)
+    return first + _with_header(rest, limit - len(first))
+
+
+def _with_header(report: str, limit: int) -> str:
+    """A report's first line (its "rank N raised:") and the end of the rest."""
+    if len(report) <= limit:
+        return report
+    header, _, body = report.partition("\n")
+    return header + "\n" + _tail(body, max(limit - len(header) - 1, 200))
+
+
+def _tail(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    mark = f"[... {len(text) - limit} characters cut ...]\n"
+    return mark + text[-(limit - len(mark)):]
 
 
 def failure_row(cell: Cell, error_text: str, ctx: RunContext, status: str | None = None,

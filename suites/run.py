@@ -166,9 +166,10 @@ class _Progress:
         self.offset += end
         for line in data[:end].splitlines():
             try:
-                self._report(json.loads(line))
-            except json.JSONDecodeError:
+                row = json.loads(line)
+            except ValueError:  # JSONDecodeError, or bytes that are not UTF-8
                 continue
+            self._report(row)
 
     def _report(self, row: dict):
         if row.get("cell_id") not in self.by_id:
@@ -497,9 +498,11 @@ def summary_text(table, spec: SweepSpec | None = None, *, baseline: str | None =
         parts.append(render(summary(table, m, baseline=baseline), title=title))
     failed: dict[tuple, list[str]] = {}  # one line per (status, method, reason)
     for _, r in table[table["status"] != "ok"].iterrows():
-        err = str(r.get("error") or "").strip().splitlines()
-        why = err[-1] if err else ""  # the whole reason is in the row's error column
-        key = (r["status"], r["label"], why if len(why) <= WHY_CHARS else why[:WHY_CHARS] + "...")
+        # the cause (the first rank's report, as the progress line quotes it); the whole
+        # reason is in the row's error column
+        err = r.get("error")
+        why = short_reason(err, WHY_CHARS) if isinstance(err, str) and err.strip() else ""
+        key = (r["status"], r["label"], why)
         failed.setdefault(key, []).append(f"{r['seq_len']}@{r['world']}")
     if failed:
         simulated = "source" in table and (table["source"] == "simulated").all()

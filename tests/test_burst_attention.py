@@ -429,6 +429,16 @@ def _rank1_raises_then_rank0_waits_in_vain(rank: int, world: int):
     comm.barrier()  # gloo: the peer left ("Connection closed by peer"), the aftermath
 
 
+def _rank1_exits_while_rank0_waits(rank: int, world: int):
+    import os
+
+    from burst import comm
+
+    if rank == 1:
+        os._exit(3)
+    comm.barrier()  # gloo: a read error as soon as rank 1 is gone, before it is seen dead
+
+
 def _rank1_raises_then_rank0_aborts(rank: int, world: int):
     import os
     import time
@@ -455,6 +465,13 @@ def test_spawn_reports_the_cause_first():
     with pytest.raises(SpawnError) as e:  # a rank that died comes first too
         spawn(_aborts_on_rank1, 2, timeout_s=60)
     assert str(e.value).startswith("rank 1 exited without a result"), str(e.value)
+    # a rank that exits while its peer waits on it: its death was timed when the launcher saw
+    # it, up to a poll after the read error it caused, which then came first (a review's case)
+    for _ in range(3):
+        with pytest.raises(SpawnError) as e:
+            spawn(_rank1_exits_while_rank0_waits, 2, timeout_s=60)
+        text = str(e.value)
+        assert text.startswith("rank 1 exited without a result: exit code 3"), text
     # a rank that died after another raised (a review's case): the one that raised first
     with pytest.raises(SpawnError) as e:
         spawn(_rank1_raises_then_rank0_aborts, 2, timeout_s=60)

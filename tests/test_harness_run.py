@@ -660,6 +660,63 @@ def test_a_rank_that_dies_silently_makes_an_error_row_not_a_timeout(tmp_path):
     assert row["job_id"] == "7" and row["hostname"] is None  # not the driver's host
 
 
+def test_the_rank_that_failed_first_is_the_cells_error_before_its_peers(tmp_path):
+    """Rank 1 raises, then rank 0 fails on the closed connection: both result files are there
+    by the next poll. The row quoted the lowest failed rank alone (rank 0's gloo error: the
+    cause lost); it now lists every failed rank, the first to fail first, and the summary
+    and progress lines quote that one."""
+    from submitit.core.utils import cloudpickle_dump as pickle_dump
+
+    from suites.run import short_reason, summary_text
+
+    class Task:
+        def __init__(self, i):
+            self.paths = type("P", (), {"result_pickle": tmp_path / f"{i}_result.pkl"})
+
+        def done(self):
+            return True
+
+    class Job:
+        job_id, num_tasks = "9", 2
+
+        def task(self, i):
+            return Task(i)
+
+        def done(self):
+            return True
+
+    pickle_dump(("error", "Traceback ...\nValueError: the cause (rank 1)"),
+                tmp_path / "1_result.pkl")
+    pickle_dump(("error", "Traceback ...\nRuntimeError: Connection closed by peer"),
+                tmp_path / "0_result.pkl")
+    os.utime(tmp_path / "1_result.pkl", (1000, 1000))  # rank 1's file written first
+    os.utime(tmp_path / "0_result.pkl", (1001, 1001))
+    row = _collected(Job(), tmp_path)
+    assert row["error"].startswith("rank 1 raised:") and "rank 0 raised:" in row["error"]
+    assert short_reason(row["error"]) == "ValueError: the cause (rank 1)"
+    assert "the cause (rank 1)" in summary_text(pd.DataFrame([row]))
+    assert "Connection closed" not in summary_text(pd.DataFrame([row]))
+
+
+def test_a_long_error_keeps_its_cause():
+    """A row keeps about 4000 characters of its error; the end of the whole text was kept,
+    so at 4 ranks the first report (the cause) was cut away by its peers' tracebacks."""
+    from suites.rows import ERROR_CHARS, clip_error
+    from suites.run import short_reason
+
+    frames = "".join(f'  File "x.py", line {i}, in f\n    g()\n' for i in range(100))
+    cause = "rank 2 raised:\nTraceback:\n" + frames + "ValueError: the cause (rank 2)\n"
+    peers = "".join(f"rank {r} raised:\nTraceback:\n{frames}RuntimeError: Connection closed "
+                    "by peer\n" for r in (0, 1, 3))
+    clipped = clip_error(cause + peers)
+    assert len(cause + peers) > 3 * ERROR_CHARS and len(clipped) <= ERROR_CHARS + 100
+    assert clipped.startswith("rank 2 raised:") and "characters cut" in clipped
+    assert short_reason(clipped) == "ValueError: the cause (rank 2)"
+    one = "Traceback:\n" + frames * 3 + "ValueError: the end"  # a single traceback: its end
+    assert clip_error(one).endswith("ValueError: the end") and len(clip_error(one)) <= ERROR_CHARS
+    assert clip_error("short") == "short"
+
+
 @pytest.mark.parametrize(("log", "status", "says"), [
     ("Job has timed out. Ran 0 minutes out of requested 1 minutes.", "timeout",
      "submitit's time-out signal ended rank(s) 1"),
