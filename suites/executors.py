@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import json
 import math
@@ -356,7 +357,7 @@ def _vanished_local_tasks(job) -> list[int]:
     seen |= running
     # an ended job's tasks are judged by _collect; its controller's pid, not job.done(): an
     # adopted job (an earlier driver's) has no process handle and reads as done at once
-    if not seen or not local_job_alive(pid):
+    if not seen or not local_job_alive(pid, job.paths._folder):  # (the folder as submitted)
         return []
     started = range(job.num_tasks if _age_s(pid) >= _ALL_STARTED_S else max(seen) + 1)
     gone = set(started) - running
@@ -597,21 +598,24 @@ def pending_jobs(run_dir: Path, kind: str) -> dict[str, dict]:
             if not r.get("collected") and r.get("kind") == kind and r["job_id"] not in rows}
 
 
-def local_job_alive(pid: int | None) -> bool:
-    """The recorded process still runs and is still submitit's (not a reused pid)."""
+def local_job_alive(pid: int | None, folder: str | Path | None = None) -> bool:
+    """The recorded process still runs and is still submitit's (not a reused pid): with
+    ``folder`` (the job's, as submitted: each local submission has its own), the controller
+    of that very job, not another run's that took the pid after it ended."""
     if not pid:
         return False
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"submitit" in f.read()
+            cmdline = f.read()
     except OSError:
         return False
+    return b"submitit" in cmdline and (folder is None or os.fsencode(str(folder)) in cmdline)
 
 
 def local_job_held(rec: dict) -> bool:
     """A local job of ``pending_jobs`` that only the local executor may collect: its process
     still runs, or it ended with an outcome (a row or an error) that no driver has read."""
-    if local_job_alive(rec.get("pid")):
+    if local_job_alive(rec.get("pid"), rec.get("folder")):
         return True
     if not rec.get("folder"):  # nothing to read an outcome from
         return False
@@ -648,16 +652,17 @@ def _adopt(cells: list[Cell], run: Run, kind: str, ctx: RunContext, poll_s: floa
         # wait no longer than the limit the submitting driver would have enforced
         deadline = rec.get("submitted", 0) + local_limit_s(cell)
         pid = rec.get("pid")
-        while (local_job_alive(pid) and not _has_outcome(job) and time.time() < deadline
+        alive = functools.partial(local_job_alive, pid, rec.get("folder"))
+        while (alive() and not _has_outcome(job) and time.time() < deadline
                and not _vanished_local_tasks(job)):
             time.sleep(poll_s)
         if _has_outcome(job) or _vanished_local_tasks(job):
             _collect(job, cell, run, ctx)
-        elif local_job_alive(pid):  # running past its limit: a timeout, as it would have been
+        elif alive():  # running past its limit: a timeout, as it would have been
             _time_out(job, cell, run, ctx)
         else:  # it died without a result (with the driver, say): run the cell again
             left.append(cell)
-        if local_job_alive(pid):  # ranks left waiting on a failed one, or past the limit:
+        if alive():  # ranks left waiting on a failed one, or past the limit:
             os.kill(pid, signal.SIGINT)  # stop them (submitit's LocalJob.cancel) before timing
     if pending:
         print(f"waiting for {len(pending)} job(s) an earlier driver submitted", flush=True)

@@ -475,10 +475,33 @@ def _vanished_with(monkeypatch, tmp_path, reads, *, age_s=1.0, seen=(), results=
     reads = iter(reads)
     monkeypatch.setattr(executors, "_running_tasks", lambda pid: set(next(reads)))
     monkeypatch.setattr(executors, "_age_s", lambda pid: age_s)
-    monkeypatch.setattr(executors, "local_job_alive", lambda pid: True)
+    monkeypatch.setattr(executors, "local_job_alive", lambda pid, folder=None: True)
     monkeypatch.setattr(executors, "_outcomes", lambda j: {i: ("success", {}) for i in results})
     monkeypatch.setitem(executors._SEEN_LOCAL_TASKS, str(job.paths.folder), set(seen))
     return executors._vanished_local_tasks(job)
+
+
+def test_a_local_job_is_known_by_its_folder_not_only_its_pid(tmp_path):
+    """A resumed driver asked whether a recorded local job still runs by its pid and "submitit"
+    in the command line: another run's submitit job that took the pid (pid_max is 32768 here)
+    passed, and could be waited on or sent SIGINT. Each submission has its own folder, which
+    its controller's command line names."""
+    from suites.executors import local_job_alive
+
+    mine = str(tmp_path / "local-0123456789ab" / "%j")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                             "submitit.local._local", mine])
+    try:
+        deadline = time.time() + 10  # until it runs the program (after the fork, before exec,
+        while (b"time.sleep" not in Path(f"/proc/{proc.pid}/cmdline").read_bytes()  # it has
+               and time.time() < deadline):  # pytest's command line)
+            time.sleep(0.01)
+        assert local_job_alive(proc.pid, mine) and local_job_alive(proc.pid)
+        assert not local_job_alive(proc.pid, str(tmp_path / "local-ba9876543210" / "%j"))
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not local_job_alive(proc.pid, mine)
 
 
 def test_a_vanished_rank_is_read_twice_and_the_last_one_counts(monkeypatch, tmp_path):
