@@ -654,12 +654,8 @@ def _collected(job, tmp_path, executor="local") -> dict:
     return row
 
 
-def test_a_rank_that_dies_silently_makes_an_error_row_not_a_timeout(tmp_path):
-    """Rank 1 ends without a result (killed, crashed) and rank 0 then times out waiting for
-    it: the cell's row says so and is an error, not the cell's own timeout."""
-    from submitit.core.utils import cloudpickle_dump as pickle_dump
-
-
+def _finished_job(tmp_path, job_id: str):
+    """A (fake) ended job of 2 tasks whose result files are <tmp_path>/<task>_result.pkl."""
     class Task:
         def __init__(self, i):
             self.paths = type("P", (), {"result_pickle": tmp_path / f"{i}_result.pkl"})
@@ -668,7 +664,7 @@ def test_a_rank_that_dies_silently_makes_an_error_row_not_a_timeout(tmp_path):
             return True
 
     class Job:
-        job_id, num_tasks = "7", 2
+        num_tasks = 2
 
         def task(self, i):
             return Task(i)
@@ -676,9 +672,19 @@ def test_a_rank_that_dies_silently_makes_an_error_row_not_a_timeout(tmp_path):
         def done(self):
             return True
 
+    job = Job()
+    job.job_id = job_id
+    return job
+
+
+def test_a_rank_that_dies_silently_makes_an_error_row_not_a_timeout(tmp_path):
+    """Rank 1 ends without a result (killed, crashed) and rank 0 then times out waiting for
+    it: the cell's row says so and is an error, not the cell's own timeout."""
+    from submitit.core.utils import cloudpickle_dump as pickle_dump
+
     pickle_dump(("error", "RuntimeError: Connection timed out waiting for rank 1"),
                 tmp_path / "0_result.pkl")
-    row = _collected(Job(), tmp_path)
+    row = _collected(_finished_job(tmp_path, "7"), tmp_path)
     assert row["status"] == "error" and "rank(s) 1 ended without a result" in row["error"]
     assert row["job_id"] == "7" and row["hostname"] is None  # not the driver's host
 
@@ -692,29 +698,13 @@ def test_the_rank_that_failed_first_is_the_cells_error_before_its_peers(tmp_path
 
     from suites.run import short_reason, summary_text
 
-    class Task:
-        def __init__(self, i):
-            self.paths = type("P", (), {"result_pickle": tmp_path / f"{i}_result.pkl"})
-
-        def done(self):
-            return True
-
-    class Job:
-        job_id, num_tasks = "9", 2
-
-        def task(self, i):
-            return Task(i)
-
-        def done(self):
-            return True
-
     pickle_dump(("error", "Traceback ...\nValueError: the cause (rank 1)"),
                 tmp_path / "1_result.pkl")
     pickle_dump(("error", "Traceback ...\nRuntimeError: Connection closed by peer"),
                 tmp_path / "0_result.pkl")
     os.utime(tmp_path / "1_result.pkl", (1000, 1000))  # rank 1's file written first
     os.utime(tmp_path / "0_result.pkl", (1001, 1001))
-    row = _collected(Job(), tmp_path)
+    row = _collected(_finished_job(tmp_path, "9"), tmp_path)
     assert row["error"].startswith("rank 1 raised:") and "rank 0 raised:" in row["error"]
     assert short_reason(row["error"]) == "ValueError: the cause (rank 1)"
     assert "the cause (rank 1)" in summary_text(pd.DataFrame([row]))
