@@ -15,7 +15,7 @@ from results.schema import COLUMNS, empty_row
 from suites.cells import Cell
 from suites.provenance import host_provenance, no_host, now_iso
 
-__all__ = ["RunContext", "classify", "failure_row", "make_row"]
+__all__ = ["REPORT", "RunContext", "classify", "clip_error", "failure_row", "make_row"]
 
 ERROR_CHARS = 4000  # an error row keeps about this much (clip_error: the cause kept)
 
@@ -82,7 +82,8 @@ def make_row(cell: Cell, metrics: dict, ctx: RunContext, *, host: dict | None = 
     return row
 
 
-_REPORT = re.compile(r"^rank \d+ (raised:|exited without a result)", re.MULTILINE)
+REPORT = re.compile(r"^rank \d+ (raised:|exited without a result)", re.MULTILINE)
+"""Where a rank's report starts in an error (``burst.spawn``, the executors: the cause first)."""
 
 
 def clip_error(text: str, limit: int = ERROR_CHARS) -> str:
@@ -92,7 +93,7 @@ def clip_error(text: str, limit: int = ERROR_CHARS) -> str:
     first report with its header, then the end of the others with the second's header."""
     if len(text) <= limit:
         return text
-    starts = [m.start() for m in _REPORT.finditer(text)]
+    starts = [m.start() for m in REPORT.finditer(text)]
     if len(starts) < 2:
         return _tail(text, limit)
     first, rest = text[:starts[1]], text[starts[1]:]

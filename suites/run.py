@@ -23,7 +23,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
 import signal
 import sys
 import threading
@@ -46,7 +45,7 @@ from suites.executors import (
     submit_cells,
 )
 from suites.provenance import code_provenance
-from suites.rows import RunContext, failure_row
+from suites.rows import REPORT, RunContext, failure_row
 from suites.spec import SlurmSpec, SweepSpec, is_folder_name, load_spec
 
 __all__ = ["RunResult", "run_sweep", "select_run", "summary_text"]
@@ -193,8 +192,7 @@ def short_reason(error, limit: int = 120) -> str:
     closed" of the ranks it left waiting): cut at a word and ended with "..." past ``limit``
     characters (cut mid-list, "valid degrees: 1, 2," read as the whole list)."""
     lines = str(error).strip().splitlines()
-    starts = [i for i, line in enumerate(lines)
-              if re.match(r"rank \d+ (raised:|exited without a result)", line)]
+    starts = [i for i, line in enumerate(lines) if REPORT.match(line)]
     if len(starts) > 1:  # the first report (one line when it is all on its first)
         lines = lines[starts[0]:starts[1]]
         lines = [line for line in lines if line.strip()] or lines
