@@ -10,7 +10,8 @@ Model (Megatron's formula, SwiGLU MLP, GQA projections), per training step = 3 p
   ``model_flops_dense``   attention pairs N^2 (not halved), 3 x forward
   ``hardware_flops``      model_flops_causal + what checkpointing recomputes
 Configs are duck-typed: anything with hidden_size, num_layers, num_heads, num_kv_heads,
-ffn_size, vocab_size (``burst.engine`` configs have them).
+ffn_size, vocab_size (``burst.engine`` configs have them); a ``gated_mlp`` False counts a
+two-matrix MLP.
 """
 
 from __future__ import annotations
@@ -131,7 +132,8 @@ def _dense_per_token(cfg) -> int:
     h, hd = cfg.hidden_size, cfg.hidden_size // cfg.num_heads
     kv = cfg.num_kv_heads * hd
     proj = 2 * h * (h + 2 * kv) + 2 * h * h  # QKV and output projections
-    mlp = 2 * 3 * h * cfg.ffn_size  # gate, up, down (SwiGLU)
+    gated = getattr(cfg, "gated_mlp", True)  # gate, up, down (SwiGLU), or up, down (GELU)
+    mlp = 2 * (3 if gated else 2) * h * cfg.ffn_size
     return cfg.num_layers * (proj + mlp) + 2 * h * cfg.vocab_size
 
 

@@ -164,6 +164,8 @@ def evaluate(hw: hwmod.Hardware, impls: dict[str, Implementation],
             "status_paper": r["status"], "status_sim": p.status, "why_sim": p.error or "",
             "mem_paper_gib": mem_pub, "mem_sim_gib": mem_sim,
             "mem_alloc_gib": p.memory.allocated / 2**30 if p.memory is not None else None,
+            "states_gib": (p.memory.parts.get("model_states", 0.0) / 2**30
+                           if p.memory is not None else None),
             "mem_rel_error": (mem_sim / mem_pub - 1) if (mem_sim and mem_pub) else None,
             "usable_gib": hw.usable_gib,
             "attn_tflops_implied": implied, "attn_tflops_sim": attn_sim,

@@ -52,6 +52,10 @@ class Implementation:
     weights and gradients sharded too."""
     vocab_size: int = 0
     """Vocabulary its training runs built (its tokenizer / model config); 0: the model's."""
+    gelu_mlp_models: tuple[str, ...] = ()
+    """Models (config names) its training runs built with a plain two-matrix GELU MLP instead
+    of the config's SwiGLU (``ModelConfig.gated_mlp``): priced and counted as such, while a
+    row's FLOPs and MFU stay the named model's, as the paper computes them."""
     sharded_states: bool = True
     """Whether its training runs shard the model states over the G ranks of a cell (ZeRO-3, or
     with ``replicated_bytes_per_param`` the optimizer alone). False: this project's engine
@@ -81,6 +85,11 @@ class Implementation:
                 bad.append(f"{k}={getattr(self, k)!r} must be >= 0")
         if self.vocab_size < 0:
             bad.append(f"vocab_size={self.vocab_size!r} must be >= 0 (0: the model's)")
+        if isinstance(self.gelu_mlp_models, str) or not all(
+                isinstance(m, str) for m in self.gelu_mlp_models):
+            bad.append(f"gelu_mlp_models={self.gelu_mlp_models!r} must be a list of model names")
+        else:
+            object.__setattr__(self, "gelu_mlp_models", tuple(self.gelu_mlp_models))
         if bad:
             raise ValueError(f"implementation {self.name!r}: " + "; ".join(bad))
 

@@ -221,7 +221,8 @@ def layer_activation_bytes(cfg, tokens: int, elem: int = BF16) -> dict[str, floa
 
     Counted on burst.engine.model's layer, equal to what it keeps (a test measures it): two
     RMSNorms (input and output kept, and each row's 1/rms in fp32, float64 in float64 runs),
-    q/k/v after rotary, attention out + fp32 lse, the SwiGLU gate, up, activation and product."""
+    q/k/v after rotary, attention out + fp32 lse, the SwiGLU gate, up, activation and product
+    (the GELU MLP's up and activation)."""
     h, d = cfg.hidden_size, cfg.hidden_size // cfg.num_heads
     kvd = cfg.num_kv_heads * d
     return {
@@ -230,7 +231,8 @@ def layer_activation_bytes(cfg, tokens: int, elem: int = BF16) -> dict[str, floa
         "qkv": tokens * (h + 2 * kvd) * elem,
         "attention_out": tokens * h * elem,
         "lse": tokens * cfg.num_heads * acc_bytes(elem),
-        "mlp": tokens * 4 * cfg.ffn_size * elem,
+        # SwiGLU: gate, up, silu(gate), the product; GELU MLP: up and gelu(up)
+        "mlp": tokens * (4 if getattr(cfg, "gated_mlp", True) else 2) * cfg.ffn_size * elem,
     }
 
 

@@ -289,6 +289,8 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
         cfg = _model_config(cell.model)
         if impl.vocab_size:
             cfg = dataclasses.replace(cfg, vocab_size=impl.vocab_size)
+        if cell.model in impl.gelu_mlp_models:
+            cfg = dataclasses.replace(cfg, gated_mlp=False)
         params = _param_count(cfg)
         try:  # e.g. offload asked of this project's engine, which has none
             mem = train_memory(hw, cfg, shape=shape, plan=plan, world=cell.world,

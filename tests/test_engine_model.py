@@ -98,10 +98,16 @@ def test_named_configs_and_param_counts():
     assert (l3.num_kv_heads, l3.ffn_size, l3.vocab_size, l3.rope_theta) == \
         (8, 14336, 128256, 500000.0)
     assert param_count(c7) == 6_738_415_616  # Llama-2-7B
-    for tie in (False, True):  # the formula counts what the model builds (a tied head: once)
-        cfg = dataclasses.replace(get_config("tiny"), tie_embeddings=tie)
+    # the formula counts what the model builds (a tied head: once; a GELU MLP: two matrices)
+    for tie, gated in ((False, True), (True, True), (False, False)):
+        cfg = dataclasses.replace(get_config("tiny"), tie_embeddings=tie, gated_mlp=gated)
         built = CausalLM.build(cfg, seed=0, dtype=torch.float32, device="cpu")
-        assert param_count(cfg) == sum(t.numel() for t in built.parameters()), tie
+        assert param_count(cfg) == sum(t.numel() for t in built.parameters()), (tie, gated)
+    # BurstEngine's own 7B config: its MLP is up, GELU, down (suites/implementations.toml)
+    assert param_count(dataclasses.replace(c7, gated_mlp=False)) == 5_295_575_040
+    gelu = dataclasses.replace(c7, gated_mlp=False)
+    assert flops.model_flops(c7, 1, 4096) - flops.model_flops(gelu, 1, 4096) == \
+        3 * 2 * 4096 * 32 * 4096 * 11008  # one matrix fewer per layer, 3 passes
     assert param_count(l3) == 8_030_261_248  # Llama-3-8B
     assert c7.head_dim == 128 and c14.head_dim == 128 and set(CONFIGS) >= {"tiny"}
     # the harness's FLOP counts take these configs as they are
@@ -118,6 +124,21 @@ def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match="ffn_size=0 must be a positive integer"):
         ModelConfig(hidden_size=8, num_layers=1, num_heads=2, num_kv_heads=2, ffn_size=0,
                     vocab_size=8)
+    with pytest.raises(ValueError, match="gated_mlp='no' must be a bool"):
+        ModelConfig(hidden_size=8, num_layers=1, num_heads=2, num_kv_heads=2, ffn_size=8,
+                    vocab_size=8, gated_mlp="no")
+
+
+def test_a_gelu_mlp_is_up_gelu_down():
+    """``gated_mlp=False`` (BurstEngine's 7B config) builds no gate: down(gelu(up(x))), the
+    exact GELU."""
+    cfg = dataclasses.replace(get_config("tiny"), gated_mlp=False)
+    mlp = CausalLM.build(cfg, seed=0, dtype=torch.float64, device="cpu").layers[0].mlp
+    assert not hasattr(mlp, "gate_proj")
+    x = torch.randn(3, cfg.hidden_size, dtype=torch.float64)
+    up = x @ mlp.up_proj.weight.T
+    want = (0.5 * up * (1 + torch.erf(up / 2 ** 0.5))) @ mlp.down_proj.weight.T
+    torch.testing.assert_close(mlp(x), want, rtol=1e-12, atol=1e-12)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,8 +290,9 @@ def _mode_run(mode: str, seq: int = 32, window=None):
     return loss, grads, c, tr.model.cache.peak_nbytes, len(tr.model.cache)
 
 
+@pytest.mark.parametrize("gated", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
-def test_a_layer_keeps_what_the_memory_model_counts(dtype):
+def test_a_layer_keeps_what_the_memory_model_counts(dtype, gated):
     """Without checkpointing a decoder layer keeps exactly the activations that
     suites.memory_model counts (the simulator's memory of every mode is built on them). Its
     RMSNorms kept an fp32 copy of their input and of the normalized rows too: a layer kept
@@ -280,7 +302,7 @@ def test_a_layer_keeps_what_the_memory_model_counts(dtype):
     from burst.memory import SavedBytes
     from suites.memory_model import layer_activation_bytes
 
-    cfg, t = get_config("tiny"), 64
+    cfg, t = dataclasses.replace(get_config("tiny"), gated_mlp=gated), 64
     model = CausalLM.build(cfg, dtype=dtype)
     x = torch.randn(1, t, cfg.hidden_size, dtype=dtype, requires_grad=True)
     rope = rope_cos_sin(torch.arange(t)[None], cfg.head_dim, cfg.rope_theta, dtype)

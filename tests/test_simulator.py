@@ -32,6 +32,10 @@ HW = load("a800")
 # every rank (ZeRO-3, as BurstEngine does); this project's own engine keeps them whole
 # (Implementation.sharded_states), which at 7B-14B fills the GPU before any activation
 ZERO3 = dataclasses.replace(OURS, sharded_states=True)
+# the paper's BurstEngine as a plain ZeRO-3 system: its optimizer state on the GPU (its runs
+# offload it) and the named model's SwiGLU (its 7B config builds a GELU MLP)
+ZERO3_ON_GPU = implementations()["burstengine"].with_values(optimizer_offload=False,
+                                                            gelu_mlp_models=())
 # rows no single efficiency per system explains (docs/simulator.md, "What the model misses")
 KNOWN_MISSES = {("main", "14b", 32, "loongtrain_double_ring", "selective"),
                 ("main", "14b", 32, "loongtrain_double_ring", "full")}
@@ -76,9 +80,16 @@ def test_calibration_targets(evals):
 
 def test_published_memory_within_15_percent(evals):
     """Every published memory_gb within 15% (InternEvo's 14B rows only with the paper's
-    vocabulary of 120000: its repository config's 32000 leaves them 24-29% short)."""
-    mem = [abs(e["mem_rel_error"]) for e in evals if e["mem_rel_error"] is not None]
-    assert len(mem) == 9 and max(mem) <= 0.15
+    vocabulary of 120000: its repository config's 32000 leaves them 24-29% short), but
+    BurstEngine's 14B rows: its runs hold 9-11 GiB more than the counted model, which follows
+    their scripts (optimizer offloaded; docs/simulator.md, "What the model misses"). Those
+    two are short, not over, and within 25%."""
+    mem = {(e["method"], e["model"], e["world"]): e["mem_rel_error"] for e in evals
+           if e["mem_rel_error"] is not None}
+    short = {("burstengine", "14b", 32), ("burstengine", "14b", 64)}
+    assert len(mem) == 9 and short <= set(mem)
+    assert max(abs(v) for k, v in mem.items() if k not in short) <= 0.15
+    assert all(-0.25 < mem[k] < -0.15 for k in short)
 
 
 def test_published_oom_cells_predicted_oom(evals):
@@ -603,11 +614,12 @@ def test_simulate_checks_every_spec_before_it_writes_any(tmp_path, capsys):
 
 
 def test_system_profile_offload_applies_to_training_cells():
-    """A system whose profile says optimizer_offload (InternEvo, DeepSpeed as the paper ran
-    them) is priced with its optimizer state on the host, without the caller asking."""
+    """A system whose profile says optimizer_offload (InternEvo, DeepSpeed and BurstEngine as
+    the paper ran them; not Megatron) is priced with its optimizer state on the host, without
+    the caller asking."""
     impls = implementations()
     lt = impls["loongtrain_double_ring"]
-    assert lt.optimizer_offload and not impls["burstengine"].optimizer_offload
+    assert [n for n, im in impls.items() if not im.optimizer_offload] == ["megatron_cp"]
     cell = as_cell(dict(workload="train_step", method="double_ring", model="7b",
                         seq_len=1 << 20, world=32, ranks_per_node=8,
                         options={"ranks_per_node": 8}, checkpointing="selective",
@@ -619,6 +631,41 @@ def test_system_profile_offload_applies_to_training_cells():
     # the same as asking for offload explicitly
     asked = predict(cell, HW, on_gpu, offload=True)
     assert asked.memory.reserved == with_profile.memory.reserved
+
+
+def test_a_gelu_mlp_model_is_priced_and_counted_as_built():
+    """BurstEngine's runs build its 7B with a two-matrix GELU MLP (its config's activate_fn,
+    ``gelu_mlp_models``): fewer parameters, FLOPs and MLP activations than the SwiGLU 7B of
+    the other systems, while a row's FLOPs and MFU stay the named model's (as the paper's);
+    its 14B is SwiGLU as the config's."""
+    from burst.engine.configs import get_config
+    from burst.flops import model_flops
+
+    be = implementations()["burstengine"]
+    assert be.gelu_mlp_models == ("7b",)
+    swiglu = be.with_values(gelu_mlp_models=())
+    for model, seq in (("7b", 1 << 21), ("14b", 1 << 20)):
+        cell = dict(workload="train_step", method="burst", model=model, seq_len=seq, world=32,
+                    ranks_per_node=8, options={"ranks_per_node": 8}, checkpointing="selective",
+                    fused_head=True, paper="burstengine")
+        gelu, glu = predict(cell, HW, be), predict(cell, HW, swiglu)
+        if model == "14b":
+            assert gelu.memory.parts == glu.memory.parts and gelu.time_s == glu.time_s
+            continue
+        cfg = get_config("7b")
+        tokens = seq // 32
+        # the recomputed layer keeps up and gelu(up), not gate, up, silu(gate) and the product
+        saved = 2 * tokens * cfg.ffn_size * 2
+        gathered = 3 * cfg.hidden_size * cfg.ffn_size * 2 * 3  # two layers' weights + a grad
+        assert glu.memory.parts["layer_backward"] - gelu.memory.parts["layer_backward"] == saved
+        assert glu.memory.parts["gathered_params"] - gelu.memory.parts["gathered_params"] == \
+            pytest.approx(gathered / 3)
+        assert gelu.time_s < glu.time_s
+        row = simulate_cell(cell, HW)
+        assert row["time_s"] == gelu.time_s
+        assert row["mfu_model_flops_causal"] == pytest.approx(
+            model_flops(cfg, 1, seq, "model_flops_causal", "selective") / row["time_s"] / 32
+            / 1e12 / HW.peak_tflops)
 
 
 def test_attention_rate_diagnostic_round_trips(evals):
@@ -764,7 +811,8 @@ def test_each_dtype_runs_at_its_own_peak():
     assert rows["float32"]["bytes_sent_forward"] == 2 * rows["bfloat16"]["bytes_sent_forward"]
     train = dict(workload="train_step", method="burst", model="7b", seq_len=1 << 17, world=8,
                  checkpointing="selective", fused_head=True, paper="burstengine")
-    bf16, fp32 = (predict({**train, "dtype": dt}, HW) for dt in ("bfloat16", "float32"))
+    bf16, fp32 = (predict({**train, "dtype": dt}, HW, ZERO3_ON_GPU)
+                  for dt in ("bfloat16", "float32"))
     assert fp32.parts["layers_forward"] > 5 * bf16.parts["layers_forward"]
     # float32 weights, gradients and activations, no master copy: same states, twice the
     # activations (the cached lse is fp32 in both)
@@ -1035,7 +1083,7 @@ def test_replicated_weights_gather_once_per_step_not_per_layer():
     cell = as_cell(dict(workload="train_step", method="burst", model="7b", seq_len=1 << 18,
                         world=32, ranks_per_node=8, options={"ranks_per_node": 8},
                         checkpointing="full", fused_head=False))
-    zero3 = implementations()["burstengine"]
+    zero3 = ZERO3_ON_GPU
     mega = zero3.with_values(replicated_bytes_per_param=6.0)
     params = _param_count(get_config("7b"))
     once = sum(collective_seconds(HW, params * b * 31 / 32, 32, Topo(32, 8), "gather")
@@ -1074,7 +1122,7 @@ def test_system_sharding_and_vocabulary_change_memory():
     from burst.engine.configs import get_config
     from suites.simulate import _param_count
 
-    zero3 = implementations()["burstengine"]
+    zero3 = ZERO3_ON_GPU
     mega = zero3.with_values(replicated_bytes_per_param=6.0)
     cell = as_cell(dict(workload="train_step", method="burst", model="14b", seq_len=1 << 20,
                         world=32, ranks_per_node=8, options={"ranks_per_node": 8},

@@ -14,12 +14,13 @@ from dataclasses import dataclass, fields
 
 from burst.layout import divisors
 
-__all__ = ["CONFIGS", "ModelConfig", "get_config", "param_count", "vocab_params"]
+__all__ = ["CONFIGS", "ModelConfig", "get_config", "mlp_matrices", "param_count", "vocab_params"]
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A decoder-only Llama-style model: RMSNorm, RoPE, SwiGLU MLP, grouped-query attention."""
+    """A decoder-only Llama-style model: RMSNorm, RoPE, SwiGLU MLP (or a plain GELU one),
+    grouped-query attention."""
 
     hidden_size: int
     """Width of the residual stream."""
@@ -30,7 +31,7 @@ class ModelConfig:
     num_kv_heads: int
     """Key/value heads (GQA); must divide ``num_heads``. Equal to num_heads for MHA."""
     ffn_size: int
-    """Inner width of the SwiGLU MLP (gate and up projections)."""
+    """Inner width of the MLP (the SwiGLU's gate and up projections, the GELU MLP's up)."""
     vocab_size: int
     """Vocabulary size (embedding rows and LM-head outputs)."""
     rope_theta: float = 10000.0
@@ -39,6 +40,10 @@ class ModelConfig:
     """RMSNorm epsilon."""
     tie_embeddings: bool = False
     """Share the embedding matrix with the LM head."""
+    gated_mlp: bool = True
+    """SwiGLU MLP (gate, up, down: Llama's); False: a plain MLP of two matrices, up, exact GELU
+    and down, as BurstEngine's own 7B config builds (``activate_fn: gelu``: thunlp/BurstEngine
+    BurstEngine/apps/llama/config/7b/config.json, cpm/layers/feedforward.py)."""
     max_seq_len: int = 1 << 22
     """Longest global sequence (tokens) a run may use; the paper trains up to 4M tokens. RoPE
     tables are computed from position ids on the fly, so this is a guard, not a table size."""
@@ -64,8 +69,9 @@ class ModelConfig:
         elif self.hidden_size % self.num_heads == 0 and self.head_dim % 2:
             problems.append(f"head_dim={self.head_dim} (hidden_size / num_heads) must be even "
                             "for rotary embeddings")
-        if not isinstance(self.tie_embeddings, bool):
-            problems.append(f"tie_embeddings={self.tie_embeddings!r} must be a bool")
+        for name in ("tie_embeddings", "gated_mlp"):
+            if not isinstance(getattr(self, name), bool):
+                problems.append(f"{name}={getattr(self, name)!r} must be a bool")
         if problems:
             raise ValueError("ModelConfig: " + "; ".join(problems))
 
@@ -112,11 +118,16 @@ def vocab_params(cfg: ModelConfig) -> int:
     return (1 if getattr(cfg, "tie_embeddings", False) else 2) * cfg.vocab_size * cfg.hidden_size
 
 
+def mlp_matrices(cfg: ModelConfig) -> int:
+    """Weight matrices of one layer's MLP: 3 for SwiGLU, 2 for the plain GELU MLP."""
+    return 3 if getattr(cfg, "gated_mlp", True) else 2
+
+
 def param_count(cfg: ModelConfig) -> int:
     """Number of parameters (embedding, layers, final norm, LM head unless tied)."""
     h, d = cfg.hidden_size, cfg.head_dim
     attn = h * cfg.num_heads * d * 2 + h * cfg.num_kv_heads * d * 2  # q, o and k, v
-    mlp = 3 * h * cfg.ffn_size
+    mlp = mlp_matrices(cfg) * h * cfg.ffn_size
     layer = attn + mlp + 2 * h  # two RMSNorm weights
     head = 0 if cfg.tie_embeddings else cfg.vocab_size * h
     return cfg.vocab_size * h + cfg.num_layers * layer + h + head

@@ -128,13 +128,18 @@ class SelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
+    """SwiGLU, or with ``cfg.gated_mlp`` False up, exact GELU, down (BurstEngine's 7B)."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.ffn_size, bias=False)
+        if cfg.gated_mlp:
+            self.gate_proj = nn.Linear(cfg.hidden_size, cfg.ffn_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.ffn_size, bias=False)
         self.down_proj = nn.Linear(cfg.ffn_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not hasattr(self, "gate_proj"):
+            return self.down_proj(F.gelu(self.up_proj(x)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
