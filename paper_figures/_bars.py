@@ -22,12 +22,14 @@ from paper_figures.palette import (
 
 __all__ = ["FAILED_MARKERS", "bar_legend", "label_checkpointing", "label_order", "line_labels",
            "failure_note", "footnote", "mark_failures", "panel_bars", "panel_rows", "rows_for",
-           "status_note"]
+           "status_note", "status_of"]
 
 FADED = 0.35  # the alpha of a bar drawn for a cell predicted OOM
 
-# where a line has no number: out of memory, and every other way a cell can fail
-FAILED_MARKERS = {"oom": "x", "skipped": "o", "error": "^", "timeout": "v", "missing": "s"}
+# where a line has no number: out of memory, every other way a cell can fail, and a cell that
+# ran without this number ("no value": e.g. MFU on a GPU whose peak no profile gives)
+FAILED_MARKERS = {"oom": "x", "skipped": "o", "error": "^", "timeout": "v", "missing": "s",
+                  "no value": "*"}
 
 KEEP = ["source", "workload", "model", "world", "seq_len", "label", "system", "checkpointing",
         "status", "hardware", "tokens_per_s", "mfu_model_flops_causal", "attn_tflops",
@@ -72,14 +74,16 @@ def panel_rows(df: pd.DataFrame, model: str, world: int) -> pd.DataFrame:
     return sub[sub["seq_len"] == seq]
 
 
-def mark_failures(ax, rows: pd.DataFrame, x: str, y: float, colour: str, size: float = 30):
-    """Cells of a line without a number, marked by status at height ``y`` (axes fraction: a
-    log axis has no 0) below the line's x positions."""
-    for status, marker in FAILED_MARKERS.items():
-        bad = rows[rows["status"] == status]
+def mark_failures(ax, rows: pd.DataFrame, x: str, y: float, colour: str, metric: str,
+                  size: float = 30):
+    """Cells of a line without a ``metric`` number, marked by status (``status_of``) at height
+    ``y`` (axes fraction: a log axis has no 0) below the line's x positions."""
+    status = rows.apply(lambda r: status_of(r, metric), axis=1) if len(rows) else rows["status"]
+    for st, marker in FAILED_MARKERS.items():
+        bad = rows[status == st]
         if len(bad):
             ax.scatter(bad[x], np.full(len(bad), y), marker=marker, s=size, color=colour,
-                       facecolors=colour if marker in "x+" else "none", clip_on=False,
+                       facecolors=colour if marker in "x+*" else "none", clip_on=False,
                        transform=ax.get_xaxis_transform())
 
 
@@ -172,7 +176,7 @@ def label_order(df: pd.DataFrame) -> list[str]:
     return [r["label"] for r in keys]
 
 
-def _status(r, metric: str) -> str:
+def status_of(r, metric: str) -> str:
     """A row's status for this metric: an ok row without the value is 'no value', not 0."""
     st = str(r["status"])
     return "no value" if st == "ok" and pd.isna(r[metric]) else st
@@ -193,7 +197,7 @@ def panel_bars(ax, df: pd.DataFrame, metric: str, labels: list[str], *, scale: f
     heights, colors, hatches = [], [], []
     for lab in labels:
         r = sim.loc[lab] if lab in sim.index else None
-        st = None if r is None else _status(r, metric)
+        st = None if r is None else status_of(r, metric)
         v = float(r[metric]) * scale if st == "ok" else None
         heights.append(0.0 if v is None else v if clip is None else min(v, clip))
         sys_ = r["system"] if r is not None else df[df["label"] == lab]["system"].iloc[0]
@@ -214,7 +218,7 @@ def panel_bars(ax, df: pd.DataFrame, metric: str, labels: list[str], *, scale: f
             if lab not in d.index:
                 continue
             r = d.loc[lab]
-            st = _status(r, metric)
+            st = status_of(r, metric)
             v = float(r[metric]) * scale if st == "ok" else None
             if v is not None:
                 shown = v if clip is None else min(v, clip)

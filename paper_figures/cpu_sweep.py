@@ -130,7 +130,7 @@ def _bytes_panel(ax, df: pd.DataFrame, x: str, styles: dict) -> list[dict]:
                 label=label)
         ax.scatter(ok[x], ok["bytes"] / 2**20, color=st["color"], edgecolor="black",
                    marker=st["marker"], s=st["s"], lw=0.6, zorder=5)
-        mark_failures(ax, mea, x, FLOOR, st["color"])
+        mark_failures(ax, mea, x, FLOOR, st["color"], "bytes")
         rows += _record(d[d["source"] == "simulated"], x, "bytes_sent", "bytes", "bytes")
         rows += _record(mea, x, "bytes_sent", "bytes", "bytes")
     ax.set_xscale("log", base=2)
@@ -191,7 +191,7 @@ def _scaling(axes, df: pd.DataFrame, styles: dict) -> list[dict]:
                 color=st["color"], label=label)
         ax.vlines(good["world"], good["speedup_low"], good["speedup_high"], color=st["color"],
                   lw=1.2)
-        mark_failures(ax, d, "world", FLOOR, st["color"])
+        mark_failures(ax, d, "world", FLOOR, st["color"], "speedup")
         rows += _record(d, "world", f"speedup_vs_{base_label or 'none'}", "speedup", "x",
                         spread=("speedup_low", "speedup_high"))
     ax.axhline(1.0, color="black", lw=0.7)
@@ -226,7 +226,7 @@ def _long(axes, df: pd.DataFrame, styles: dict) -> list[dict]:
         ax.plot(good["seq_len"], good["mem_peak_bytes"] / GIB, marker=st["marker"],
                 ms=max(3.0, st["s"] ** 0.5), ls=st["ls"], lw=st["lw"], color=st["color"],
                 markeredgecolor="black", markeredgewidth=0.5, label=label)
-        mark_failures(ax, d, "seq_len", FLOOR, st["color"])
+        mark_failures(ax, d, "seq_len", FLOOR, st["color"], "mem_peak_bytes")
         rows += _record(d, "seq_len", "mem_peak", "mem_peak_bytes", "bytes")
     ax.set_xscale("log", base=2)
     ax.set_xlabel(f"tokens ({world} ranks)")
@@ -257,6 +257,6 @@ def make(tables):
         rows += [dict(r, sweep=sweep) for r in draw(ax_row, df, styles)]
     fig.suptitle("Measured on local CPU ranks (gloo), next to the simulator's byte formula (at "
                  "the floor: \u00d7 out of memory, \u25cb cannot run, \u25b3 error, \u25bd "
-                 "timeout)", fontsize=10)
+                 "timeout, * ran, no number)", fontsize=10)
     fig.tight_layout()
     return fig, pd.DataFrame(rows)

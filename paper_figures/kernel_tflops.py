@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 
 from burst.flops import BACKWARD_OVER_FORWARD
-from paper_figures._bars import FAILED_MARKERS, line_labels, mark_failures, rows_for
+from paper_figures._bars import FAILED_MARKERS, line_labels, mark_failures, rows_for, status_of
 from paper_figures.common import fmt_tokens, legend, new_figure, note_empty
 from paper_figures.palette import SOURCE_MARKERS, series_color
 
@@ -90,9 +90,9 @@ def make(tables):
             # cells without a number at the axis floor: published lowest, then simulated,
             # then measured, each line a little apart
             y = {"paper": 0.03, "simulated": 0.09, "measured": 0.15}[src] + 0.012 * k
-            mark_failures(ax, s, "seq_len", y, colour)
+            mark_failures(ax, s, "seq_len", y, colour, "attn_tflops")
             rows += [{"system": system, "label": label, "source": src, "seq_len": r["seq_len"],
-                      "status": r["status"], "attn_tflops": r["attn_tflops"],
+                      "status": status_of(r, "attn_tflops"), "attn_tflops": r["attn_tflops"],
                       "ringed": src == "simulated" and r["status"] == "ok"
                       and r["seq_len"] in oom} for r in s.to_dict("records")]
     ax.set_xscale("log", base=2)
@@ -107,9 +107,11 @@ def make(tables):
                label="published")
     legend(ax, fontsize=7, loc="center right")
     # the marks of the failures drawn, and only those
-    drawn = [st for st in FAILED_MARKERS if (df["status"] == st).any()]
+    status = df.apply(lambda r: status_of(r, "attn_tflops"), axis=1)
+    drawn = [st for st in FAILED_MARKERS if (status == st).any()]
     names = {"oom": "\u00d7 OOM", "skipped": "\u25cb skipped", "error": "\u25b3 error",
-             "timeout": "\u25bd timeout", "missing": "\u25a1 missing"}
+             "timeout": "\u25bd timeout", "missing": "\u25a1 missing",
+             "no value": "* ran, no number"}
     floor = f"; at the floor: {', '.join(names[st] for st in drawn)}" if drawn else ""
     ax.set_title(f"Attention forward+backward, {shape(df)}: simulated (lines), published "
                  "(\u25c6);\nTFLOP/s: flash-attention convention (backward = "

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pandas as pd
 
-from paper_figures._bars import failure_note, footnote, line_labels, mark_failures, rows_for
+from paper_figures._bars import (
+    failure_note,
+    footnote,
+    line_labels,
+    mark_failures,
+    rows_for,
+    status_of,
+)
 from paper_figures.common import MFU_LABEL, legend, new_figure, note_empty
 from paper_figures.palette import SOURCE_MARKERS, series_color
 
@@ -50,9 +57,10 @@ def make(tables):
                 # cells without a number at the axis floor (axes coordinates: the log axis
                 # has no 0), each line a little apart so that none hides another
                 dy = 0.03 + 0.025 * k
-                mark_failures(ax, s, "world", dy, colour, size=24)
+                mark_failures(ax, s, "world", dy, colour, metric, size=24)
                 rows += [{"system": system, "label": label, "source": src,
-                          "world": r["world"], "seq_len": r["seq_len"], "status": r["status"],
+                          "world": r["world"], "seq_len": r["seq_len"],
+                          "status": status_of(r, metric),
                           "metric": metric, "value": r[metric] * scale if pd.notna(r[metric])
                           and r["status"] == "ok" else None,
                           "unit": "%" if scale == 100.0 else "tokens/s per GPU"}
@@ -73,7 +81,8 @@ def make(tables):
             ax.set_ylim(0, None)
     legend(axes[0][0], fontsize=7)
     fig.suptitle("Weak scaling, 7B, simulated on A800 nodes (at the floor: \u00d7 out of memory, "
-                 "\u25cb cannot run, \u25b3 error, \u25bd timeout)", fontsize=10)
+                 "\u25cb cannot run, \u25b3 error, \u25bd timeout, * ran, no number)",
+                 fontsize=10)
     fig.tight_layout()
     footnote(fig, failure_note(df))  # why each mark at the floor is there
     return fig, pd.DataFrame(rows)

@@ -902,6 +902,47 @@ def test_sweeps_where_every_cell_failed_render_with_their_marks(fixture_tables, 
     assert at4.loc["ring", "status"] == "timeout"
 
 
+def test_line_figures_mark_a_cell_that_ran_without_a_number(fixture_tables):
+    """An ok row without the plotted number (MFU on a GPU no profile gives a peak for, an
+    attention rate not recorded) is marked at the floor as 'no value' in the line figures, as
+    the bar figures say it, not left as a silent gap."""
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import PathCollection
+
+    from paper_figures import kernel_tflops, weak_scaling
+
+    def marks(fig, i):
+        return sum(isinstance(c, PathCollection) and len(c.get_offsets())
+                   for c in fig.axes[i].collections)
+
+    plt.close("all")  # what earlier tests' make() calls left open
+
+    sim = fixture_tables.simulated.copy()
+    weak = sim.index[(sim["sweep"] == "paper_weak_scaling") & (sim["status"] == "ok")][0]
+    kern = sim.index[(sim["sweep"] == "paper_kernel_32gpu") & (sim["status"] == "ok")][0]
+    sim.loc[weak, "mfu_model_flops_causal"] = float("nan")
+    sim.loc[kern, "attn_tflops"] = float("nan")
+    gap = _with(fixture_tables, simulated=sim)
+    before, _ = weak_scaling.make(fixture_tables)
+    fig, data = weak_scaling.make(gap)
+    assert marks(fig, 1) == marks(before, 1) + 1 and marks(fig, 0) == marks(before, 0)
+    plt.close(before)
+    row = data[(data["world"] == sim.loc[weak, "world"]) & (data["label"] == sim.loc[weak, "label"])
+               & (data["source"] == "simulated")].set_index("metric")
+    assert row.loc["mfu_model_flops_causal", "status"] == "no value"
+    assert row.loc["tokens_per_s", "status"] == "ok"
+    assert "* ran, no number" in fig._suptitle.get_text()
+    plt.close(fig)
+    before, _ = kernel_tflops.make(fixture_tables)
+    fig, data = kernel_tflops.make(gap)
+    assert marks(fig, 0) == marks(before, 0) + 1
+    plt.close(before)
+    assert data[(data["seq_len"] == sim.loc[kern, "seq_len"]) & (data["label"] == sim.loc[
+        kern, "label"]) & (data["source"] == "simulated")]["status"].tolist() == ["no value"]
+    assert "* ran, no number" in fig.axes[0].get_title()
+    plt.close(fig)
+
+
 def test_no_legend_warning_from_a_figure_without_labelled_series(fixture_tables, tmp_path):
     import warnings
 
