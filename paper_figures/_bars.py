@@ -133,7 +133,37 @@ def status_note(df: pd.DataFrame) -> str:
                      "run the cell as configured" + (f", e.g. {why}" if why else ""))
     if ((df["source"] == "paper") & (df["status"] == "missing")).any():
         notes.append("paper MISSING: the paper's table has no number for the cell")
+    notes += _model_notes(df)
     return "; ".join(notes)
+
+
+def _model_notes(df: pd.DataFrame) -> list[str]:
+    """A clause per model that a drawn paper system built otherwise than the named config
+    (``Implementation.gelu_mlp_models``: BurstEngine's 7B), for its simulated and published
+    rows (a measured row is this project's engine, which builds the config)."""
+    import dataclasses
+
+    from burst.engine.configs import get_config, param_count
+    from suites.implementations import implementations
+
+    if "model" not in df:  # rows of attention layers alone
+        return []
+    impls = implementations()
+    d = df[df["source"].isin(["simulated", "paper"]) & df["model"].notna()]
+    notes = []
+    for model in sorted(set(d["model"])):
+        rows = d[d["model"] == model]
+        labels = [lab for lab in label_order(rows) if any(
+            model in impls[s].gelu_mlp_models
+            for s in rows.loc[rows["label"] == lab, "system"] if s in impls)]
+        if labels:
+            cfg = get_config(model)
+            gelu = param_count(dataclasses.replace(cfg, gated_mlp=False))
+            notes.append(f"{', '.join(labels)} at {model.upper()}: the system's own config, a "
+                         f"two-matrix GELU MLP ({gelu / 1e9:.2f}B parameters; the others "
+                         f"SwiGLU, {param_count(cfg) / 1e9:.2f}B), priced as built; its MFU "
+                         "counts the SwiGLU model's FLOPs, as the paper's does")
+    return notes
 
 
 def footnote(fig, text: str, width: int = 170, fontsize: float = 7) -> None:

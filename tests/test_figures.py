@@ -943,6 +943,28 @@ def test_line_figures_mark_a_cell_that_ran_without_a_number(fixture_tables):
     plt.close(fig)
 
 
+def test_footnotes_say_which_bars_are_another_model():
+    """BurstEngine's 7B runs built a GELU MLP (suites/implementations.toml): the bar figures'
+    footnote names its simulated and published labels at 7B, and nothing for its 14B (SwiGLU,
+    as configured) or for a measured row (this project's engine builds the config)."""
+    from paper_figures._bars import status_note
+
+    def row(label, system, model, source):
+        return dict(label=label, system=system, model=model, source=source, status="ok",
+                    error=None, checkpointing="selective")
+
+    df = pd.DataFrame([row("Burst-Ring", "burstengine", "7b", "simulated"),
+                       row("Burst-USP", "burstengine_usp", "7b", "paper"),
+                       row("LoongTrain-Ring", "loongtrain_double_ring", "7b", "simulated"),
+                       row("Burst-Ring", "burstengine", "14b", "simulated")])
+    note = status_note(df)
+    assert note.startswith("Burst-Ring, Burst-USP at 7B: the system's own config, a two-matrix "
+                           "GELU MLP (5.30B parameters; the others SwiGLU, 6.74B)")
+    assert "14B" not in note and "LoongTrain" not in note
+    assert status_note(df[df["model"] == "14b"]) == ""
+    assert status_note(df.assign(source="measured")) == ""
+
+
 def test_no_legend_warning_from_a_figure_without_labelled_series(fixture_tables, tmp_path):
     import warnings
 
