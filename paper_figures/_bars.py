@@ -22,7 +22,7 @@ from paper_figures.palette import (
 
 __all__ = ["FAILED_MARKERS", "bar_legend", "label_checkpointing", "label_order", "line_labels",
            "failure_note", "footnote", "mark_failures", "panel_bars", "panel_rows", "rows_for",
-           "status_note", "status_of"]
+           "model_notes", "status_note", "status_of"]
 
 FADED = 0.35  # the alpha of a bar drawn for a cell predicted OOM
 
@@ -133,11 +133,11 @@ def status_note(df: pd.DataFrame) -> str:
                      "run the cell as configured" + (f", e.g. {why}" if why else ""))
     if ((df["source"] == "paper") & (df["status"] == "missing")).any():
         notes.append("paper MISSING: the paper's table has no number for the cell")
-    notes += _model_notes(df)
+    notes += model_notes(df)
     return "; ".join(notes)
 
 
-def _model_notes(df: pd.DataFrame) -> list[str]:
+def model_notes(df: pd.DataFrame) -> list[str]:
     """A clause per model that a drawn paper system built otherwise than the named config
     (``Implementation.gelu_mlp_models``: BurstEngine's 7B), for its simulated and published
     rows (a measured row is this project's engine, which builds the config)."""

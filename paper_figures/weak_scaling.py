@@ -11,6 +11,7 @@ from paper_figures._bars import (
     footnote,
     line_labels,
     mark_failures,
+    model_notes,
     rows_for,
     status_of,
 )
@@ -84,5 +85,6 @@ def make(tables):
                  "\u25cb cannot run, \u25b3 error, \u25bd timeout, * ran, no number)",
                  fontsize=10)
     fig.tight_layout()
-    footnote(fig, failure_note(df))  # why each mark at the floor is there
+    # why each mark at the floor is there, and which lines are another model
+    footnote(fig, "; ".join(filter(None, [failure_note(df), *model_notes(df)])))
     return fig, pd.DataFrame(rows)

@@ -943,11 +943,16 @@ def test_line_figures_mark_a_cell_that_ran_without_a_number(fixture_tables):
     plt.close(fig)
 
 
-def test_footnotes_say_which_bars_are_another_model():
+def test_footnotes_say_which_bars_are_another_model(committed):
     """BurstEngine's 7B runs built a GELU MLP (suites/implementations.toml): the bar figures'
     footnote names its simulated and published labels at 7B, and nothing for its 14B (SwiGLU,
-    as configured) or for a measured row (this project's engine builds the config)."""
+    as configured) or for a measured row (this project's engine builds the config); the 7B
+    weak-scaling lines say it too."""
     from paper_figures._bars import status_note
+
+    fig, _ = committed[1]["weak_scaling"]
+    assert any("Burst-Ring, Burst-USP at 7B: the system's own config, a two-matrix GELU MLP"
+               in " ".join(t.get_text().split()) for t in fig.texts)
 
     def row(label, system, model, source):
         return dict(label=label, system=system, model=model, source=source, status="ok",
