@@ -27,8 +27,10 @@ __all__ = [
     "attention_flops_halved",
     "attention_kernel_flops",
     "attention_pairs",
+    "gated_mlp",
     "head_flops",
     "layer_flops",
+    "mlp_matrices",
     "model_flops",
     "peak_tflops",
     "rate_columns",
@@ -127,13 +129,23 @@ def attention_kernel_flops(batch: int, seq_len: int, heads: int, head_dim: int,
                                                          causal, window)
 
 
+def gated_mlp(cfg) -> bool:
+    """Whether a config's MLP is SwiGLU (gate, up, down), else up, GELU, down (a duck-typed
+    config without ``gated_mlp`` is SwiGLU)."""
+    return getattr(cfg, "gated_mlp", True)
+
+
+def mlp_matrices(cfg) -> int:
+    """Weight matrices of one layer's MLP: 3 for SwiGLU, 2 for the GELU MLP."""
+    return 3 if gated_mlp(cfg) else 2
+
+
 def _dense_per_token(cfg) -> int:
     """Forward matmul FLOPs per token outside attention scores, all layers + LM head."""
     h, hd = cfg.hidden_size, cfg.hidden_size // cfg.num_heads
     kv = cfg.num_kv_heads * hd
     proj = 2 * h * (h + 2 * kv) + 2 * h * h  # QKV and output projections
-    gated = getattr(cfg, "gated_mlp", True)  # gate, up, down (SwiGLU), or up, down (GELU)
-    mlp = 2 * (3 if gated else 2) * h * cfg.ffn_size
+    mlp = 2 * mlp_matrices(cfg) * h * cfg.ffn_size
     return cfg.num_layers * (proj + mlp) + 2 * h * cfg.vocab_size
 
 

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from burst import volume
 from burst.engine.configs import vocab_params
 from burst.engine.fused_loss import LOSS_CHUNK
+from burst.flops import gated_mlp
 from burst.masks import MaskSpec
 from suites.hardware import GIB, Hardware
 from suites.implementations import Implementation
@@ -232,7 +233,7 @@ def layer_activation_bytes(cfg, tokens: int, elem: int = BF16) -> dict[str, floa
         "attention_out": tokens * h * elem,
         "lse": tokens * cfg.num_heads * acc_bytes(elem),
         # SwiGLU: gate, up, silu(gate), the product; GELU MLP: up and gelu(up)
-        "mlp": tokens * (4 if getattr(cfg, "gated_mlp", True) else 2) * cfg.ffn_size * elem,
+        "mlp": tokens * (4 if gated_mlp(cfg) else 2) * cfg.ffn_size * elem,
     }
 
 

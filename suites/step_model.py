@@ -47,7 +47,7 @@ class StepTiming:
 def _elementwise_bytes(cfg, tokens: int, elem: int = BF16) -> float:
     h, d = cfg.hidden_size, cfg.hidden_size // cfg.num_heads
     kvd = cfg.num_kv_heads * d
-    mlp = 3 if getattr(cfg, "gated_mlp", True) else 2  # silu(gate) * up; gelu(up)
+    mlp = 3 if F.gated_mlp(cfg) else 2  # elementwise tensors: silu(gate) * up; gelu(up)
     per_token = 2 * 2 * h + 2 * (h + kvd) + 2 * 3 * h + mlp * cfg.ffn_size
     return tokens * per_token * elem
 

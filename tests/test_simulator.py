@@ -640,9 +640,12 @@ def test_a_gelu_mlp_model_is_priced_and_counted_as_built():
     its 14B is SwiGLU as the config's."""
     from burst.engine.configs import get_config
     from burst.flops import model_flops
+    from suites.implementations import Implementation
 
     be = implementations()["burstengine"]
-    assert be.gelu_mlp_models == ("7b",)
+    assert be.gelu_mlp_models == ("7b",)  # a TOML list, kept as a tuple
+    with pytest.raises(ValueError, match="gelu_mlp_models='7b' must be a list of model names"):
+        Implementation(name="x", gelu_mlp_models="7b")  # not the models '7' and 'b'
     swiglu = be.with_values(gelu_mlp_models=())
     for model, seq in (("7b", 1 << 21), ("14b", 1 << 20)):
         cell = dict(workload="train_step", method="burst", model=model, seq_len=seq, world=32,

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from burst.flops import mlp_matrices
 from burst.layout import divisors
 
-__all__ = ["CONFIGS", "ModelConfig", "get_config", "mlp_matrices", "param_count", "vocab_params"]
+__all__ = ["CONFIGS", "ModelConfig", "get_config", "param_count", "vocab_params"]
 
 
 @dataclass(frozen=True)
@@ -116,11 +117,6 @@ def get_config(name: str) -> ModelConfig:
 def vocab_params(cfg: ModelConfig) -> int:
     """Parameters of the embedding and the LM head (one matrix when they are tied)."""
     return (1 if getattr(cfg, "tie_embeddings", False) else 2) * cfg.vocab_size * cfg.hidden_size
-
-
-def mlp_matrices(cfg: ModelConfig) -> int:
-    """Weight matrices of one layer's MLP: 3 for SwiGLU, 2 for the plain GELU MLP."""
-    return 3 if getattr(cfg, "gated_mlp", True) else 2
 
 
 def param_count(cfg: ModelConfig) -> int:

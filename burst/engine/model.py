@@ -132,13 +132,14 @@ class MLP(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        if cfg.gated_mlp:
+        self.gated = cfg.gated_mlp
+        if self.gated:
             self.gate_proj = nn.Linear(cfg.hidden_size, cfg.ffn_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.ffn_size, bias=False)
         self.down_proj = nn.Linear(cfg.ffn_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not hasattr(self, "gate_proj"):
+        if not self.gated:
             return self.down_proj(F.gelu(self.up_proj(x)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
