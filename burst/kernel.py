@@ -35,7 +35,10 @@ Backends:
   ``cpu_flash``  aten._scaled_dot_product_flash_attention_for_cpu and its backward. Traps
                  (DESIGN.md 5): lse 0 on empty rows, boolean masks rejected (an additive mask is
                  passed), lse non-contiguous.
-  ``cuda_sdpa``  PyTorch's CUDA SDPA ops that return lse: the flash op (fp16/bf16, no dense
+  ``cuda_sdpa``  PyTorch's CUDA SDPA ops that return lse: on Hopper and newer (sm90+) the cuDNN
+                 op (fp16/bf16, no dense mask, as many key/value heads as query heads,
+                 head_dim % 8 == 0 and <= 128; 1.7x the flash op's TFLOP/s on an H200 at
+                 32K-128K tokens, results/gpu), else the flash op (fp16/bf16, no dense
                  mask, head_dim % 8 == 0 and <= 256; native GQA) and otherwise the
                  memory-efficient op (fp32 too; top-left causal flag or an additive bias whose row
                  stride is padded to 16 elements for its alignment check; its lse comes padded to
@@ -145,10 +148,15 @@ def resolve_backend(backend: str, q: torch.Tensor, kind: str = FULL) -> str:
     return backend
 
 
-def kernel_name(backend: str, q: torch.Tensor, kind: str = FULL) -> str:
-    """The concrete kernel a block runs on, e.g. ``cuda_sdpa/flash`` (for result rows)."""
+def kernel_name(backend: str, q: torch.Tensor, kind: str = FULL,
+                kv_heads: int | None = None) -> str:
+    """The concrete kernel a block runs on, e.g. ``cuda_sdpa/flash`` (for result rows);
+    ``kv_heads`` defaults to q's head count."""
     be = resolve_backend(backend, q, kind)
     if be == "cuda_sdpa":
+        hk = q.shape[2] if kv_heads is None else kv_heads
+        if _sdpa_cudnn_ok(q, hk, kind):
+            return "cuda_sdpa/cudnn"
         return "cuda_sdpa/" + ("flash" if _sdpa_flash_ok(q, kind) else "efficient")
     return be
 
@@ -179,6 +187,39 @@ def _flash_attn_ok(q: torch.Tensor, kind: str) -> bool:
 
 def _sdpa_flash_ok(q: torch.Tensor, kind: str) -> bool:
     return q.dtype in _HALF and kind != DENSE and _head_dim_ok(q) and _ampere_or_newer(q)
+
+
+_CUDNN_OFF: set[str] = set()  # devices where the cuDNN op refused a block (flash from then on)
+
+
+def _sdpa_cudnn_ok(q: torch.Tensor, kv_heads: int, kind: str) -> bool:
+    """The cuDNN op: Hopper and newer only (on an H200 it runs at 1.7x the flash op's TFLOP/s,
+    results/gpu; on Ampere torch itself prefers flash), no GQA (torch's cuDNN backward takes
+    the head count from the queries alone), head dims every cuDNN 9 kernel has (<= 128)."""
+    if not (q.dtype in _HALF and kind != DENSE and kv_heads == q.shape[2]
+            and q.shape[-1] % 8 == 0 and q.shape[-1] <= 128):
+        return False
+    if q.device.type == "meta":
+        return False  # no device to ask: the flash op names the kernel, as before sm90
+    if q.device.type != "cuda" or str(q.device) in _CUDNN_OFF:
+        return False
+    return (torch.backends.cudnn.is_available() and torch.backends.cudnn.enabled
+            and torch.cuda.get_device_capability(q.device) >= (9, 0)
+            and hasattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention_backward"))
+
+
+def _cudnn_refused(q: torch.Tensor, err: RuntimeError) -> None:
+    """A cuDNN graph that does not build (a shape or stride its heuristics have no engine for)
+    is a host-side error raised before any kernel runs: the device falls back to the flash op
+    for good, saying so once. Running out of memory is not a refusal."""
+    if isinstance(err, torch.OutOfMemoryError):
+        raise err
+    import warnings
+
+    _CUDNN_OFF.add(str(q.device))
+    warnings.warn(f"burst.kernel: the cuDNN attention op refused a block on {q.device} "
+                  f"({str(err).splitlines()[0][:200]}); the flash op runs from now on",
+                  RuntimeWarning, stacklevel=3)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,6 +394,16 @@ _EFF_LSE_ROWS = 32  # the efficient forward pads lse to a multiple of 32 query r
 
 def _cuda_sdpa_fwd(q, k, v, scale, causal, mask):
     sq = q.shape[1]
+    if mask is None and _sdpa_cudnn_ok(q, k.shape[2], FULL):
+        try:
+            res = _aten("_scaled_dot_product_cudnn_attention", query=q.transpose(1, 2),
+                        key=k.transpose(1, 2), value=v.transpose(1, 2), attn_bias=None,
+                        compute_log_sumexp=True, dropout_p=0.0, is_causal=causal,
+                        return_debug_mask=False, scale=scale)
+        except RuntimeError as err:
+            _cudnn_refused(q, err)
+        else:  # its lse is (B, H, Sq, 1)
+            return res[0].transpose(1, 2), res[1].reshape(q.shape[0], q.shape[2], sq).float()
     if mask is None and _sdpa_flash_ok(q, FULL):
         res = _aten("_scaled_dot_product_flash_attention", query=q.transpose(1, 2),
                     key=k.transpose(1, 2), value=v.transpose(1, 2), dropout_p=0.0,
@@ -388,6 +439,19 @@ def _cuda_sdpa_bwd(do, q, k, v, lse, delta, scale, causal, mask, out=None):
     sk, hk = k.shape[1], k.shape[2]
     out = _stand_in_out(do, delta) if out is None else out
     zero = _scalar_zero(q.device)
+    if mask is None and _sdpa_cudnn_ok(q, hk, FULL):
+        try:  # max_q / max_k are the lengths the backward runs on (not read off the tensors)
+            dq, dk, dv = _aten(
+                "_scaled_dot_product_cudnn_attention_backward", grad_out=do.transpose(1, 2),
+                query=q.transpose(1, 2), key=k.transpose(1, 2), value=v.transpose(1, 2),
+                out=out.transpose(1, 2), logsumexp=lse.float().reshape(b, h, sq, 1).contiguous(),
+                philox_seed=zero, philox_offset=zero, attn_bias=None, cum_seq_q=None,
+                cum_seq_k=None, max_q=sq, max_k=sk, dropout_p=0.0, is_causal=causal,
+                scale=scale)
+        except RuntimeError as err:
+            _cudnn_refused(q, err)
+        else:
+            return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
     if mask is None and _sdpa_flash_ok(q, FULL):
         dq, dk, dv = _aten(
             "_scaled_dot_product_flash_attention_backward", grad_out=do.transpose(1, 2),

@@ -20,6 +20,7 @@ Memory and bytes are the maximum over ranks (the busiest rank bounds what fits a
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 import platform
@@ -250,7 +251,12 @@ def measure(cell: Cell) -> dict:
         if cell.compute_error:  # (the same on every rank: the extra step is collective)
             # the float64 reference's freed blocks stay reserved, and a peak reset keeps what
             # is reserved: they entered mem_reserved_bytes (x2 at 4K tokens, GiBs with GQA).
-            # Freed, then one untimed step: the timed ones start from a warm cache as before
+            # Freed, then one untimed step: the timed ones start from a warm cache as before.
+            # cuBLAS keeps a workspace per stream from its first GEMM (the float64 reference's,
+            # where the cell's own step may run none): freed too, as torch's leak checks do
+            gc.collect()
+            if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):
+                torch._C._cuda_clearCublasWorkspaces()
             torch.cuda.empty_cache()
             step()
             _sync(dev)

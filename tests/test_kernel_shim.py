@@ -362,3 +362,17 @@ def test_the_ring_backward_builds_no_stand_in_and_the_burst_one_one_per_visit(mo
         assert len(calls) == (0 if scheme == "ring" else 16), (scheme, len(calls))
     for a, b in zip(grads["ring"], grads["burst"], strict=True):
         assert (a - b).abs().max() < 1e-5
+
+
+def test_a_refused_cudnn_block_falls_back_to_flash_for_good(monkeypatch):
+    """A cuDNN graph that does not build turns the op off on that device, with one warning;
+    running out of memory is not a refusal (it propagates, the op stays on)."""
+    monkeypatch.setattr(kernel, "_CUDNN_OFF", set())
+    q = torch.zeros(1, 4, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(torch.OutOfMemoryError):
+        kernel._cudnn_refused(q, torch.OutOfMemoryError("out of memory"))
+    assert not kernel._CUDNN_OFF
+    with pytest.warns(RuntimeWarning, match="cuDNN attention op refused a block on cpu"):
+        kernel._cudnn_refused(q, RuntimeError("No valid execution plans built.\nmore"))
+    assert {"cpu"} == kernel._CUDNN_OFF
+    assert not kernel._sdpa_cudnn_ok(q, 2, FULL)
