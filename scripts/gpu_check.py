@@ -26,7 +26,7 @@ Sections, each with its own time budget, skipped (a row says so) when the global
 Sections run in the order tests, ring, engine, maxseq, kernel (``SECTIONS``: why kernel last).
 Each engine and ``burst.kernel`` row also holds the simulator's prediction for its cell on this
 GPU's hardware profile (``spec.simulated``: ``_simulated``), printed last as measured over
-simulated, so that a run checks the profile (h200's kernel efficiency is assumed).
+simulated, so that a run checks the profile (h200's is fitted on results/gpu/h200_20261204_cudnn).
 Every number is a ``results.schema`` row appended (and flushed) to <out>/rows.jsonl and
 <out>/rows.csv as soon as it exists, so a kill loses nothing; OOM is a row with status oom. An
 <out> used before keeps its rows and gains this run's, told apart by ``run_id`` (the start time);
@@ -596,7 +596,7 @@ def sim_profile(sz: Sizes, name: str | None = None) -> str | None:
 def _simulated(sz: Sizes, **cell) -> dict:
     """What ``suites.simulate`` predicts for the cell this row measured, on this GPU's profile:
     {"simulated": {profile, status, time_s, forward_s, reserved_bytes, ...}} for the row's spec,
-    so that a run checks the simulator (its h200 kernel efficiency is assumed, not measured).
+    so that a run checks the simulator (h200: fitted on an earlier run, results/gpu).
     Never raises: the measurement stands, and the prediction says why it is missing (the
     simulator's imports need tomllib or tomli, which the machine's own Python may lack)."""
     prof = sim_profile(sz)
@@ -845,7 +845,7 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _sim_lines(rows: list[dict], dry: bool = False) -> str:
+def _sim_lines(rows: list[dict], dry: bool = False, title: str = "this run") -> str:
     """Each measured row next to the simulator's prediction for it (``_simulated``): time and
     reserved memory, measured over simulated."""
     def ratio(a, b):
@@ -860,7 +860,7 @@ def _sim_lines(rows: list[dict], dry: bool = False) -> str:
         if not sim or r.get("status") not in ("ok", "oom"):
             continue
         if not lines:
-            lines = [f"simulator ({sim['profile']} profile) against this run, measured / "
+            lines = [f"simulator ({sim['profile']} profile) against {title}, measured / "
                      "simulated" + (" (dry run: a CPU priced as that GPU, the path checked, "
                                     "not the model)" if dry else ""),
                      f"{'label':<46}{'seq':>8}  {'status':<10}{'time':>8}{'reserved':>10}"]
@@ -873,15 +873,75 @@ def _sim_lines(rows: list[dict], dry: bool = False) -> str:
     return "\n".join(lines)
 
 
+def show(folder: Path) -> int:
+    """The closing tables of the latest run whose rows are in ``folder`` (results/gpu/*)."""
+    path = folder / "rows.jsonl"
+    if not path.is_file():
+        print(f"gpu_check --show: no {path}", file=sys.stderr)
+        return 2
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not rows:
+        print(f"gpu_check --show: {path} holds no rows", file=sys.stderr)
+        return 2
+    run = max(r["run_id"] for r in rows)
+    rows = [r for r in rows if r["run_id"] == run]
+    first = rows[0]
+    print(f"{path}: run {run}, {first.get('device_name')}, torch {first.get('torch')}, "
+          f"commit {str(first.get('git_commit'))[:12]}, {len(rows)} rows")
+    print(_table(rows))
+    dry = first.get("device") != "cuda"
+    print(_sim_lines(rows, dry, title="this run (as predicted then)"))
+    print(_sim_lines(_resimulated(rows), dry, title="this run (the profile as it is now)"))
+    return 0
+
+
+def _resimulated(rows: list[dict]) -> list[dict]:
+    """The rows with each prediction made again by today's simulator and profile (the cells
+    rebuilt as section_kernel and _engine_row name them), to check a profile fitted on them."""
+    from suites.hardware import load
+    from suites.simulate import predict
+
+    out = []
+    for r in rows:
+        spec = json.loads(r.get("spec") or "{}") or {}
+        sim = spec.get("simulated")
+        if sim and "profile" in sim and r.get("status") in ("ok", "oom"):
+            if r["workload"] == "kernel":
+                cell = dict(workload="attention", method="burst", seq_len=r["seq_len"],
+                            heads=r["heads"], head_dim=r["head_dim"])
+            else:
+                cell = dict(workload="train_step", method="burst", model=r["model"],
+                            seq_len=r["seq_len"], checkpointing=r["checkpointing"],
+                            fused_head=r["fused_head"],
+                            options=json.loads(r.get("method_options") or "{}"))
+            p = predict(dict(cell, world=1, batch=1, dtype=r.get("dtype") or "bfloat16"),
+                        load(sim["profile"]))
+            new = {"profile": sim["profile"], "status": p.status, "time_s": p.time_s}
+            if p.attn is not None:
+                new["forward_s"] = p.attn.forward_s
+            if p.memory is not None:
+                new["reserved_bytes"] = p.memory.reserved
+            r = dict(r, spec=json.dumps(dict(spec, simulated=new)))
+        out.append(r)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, type=Path, help="folder for rows.jsonl / rows.csv")
+    ap.add_argument("--out", type=Path, help="folder for rows.jsonl / rows.csv")
+    ap.add_argument("--show", type=Path, metavar="FOLDER",
+                    help="print the tables of a finished run's rows (FOLDER/rows.jsonl; its "
+                         "latest run_id) and exit: no device needed")
     ap.add_argument("--dry-run", action="store_true", help="the whole flow, tiny, on CPU")
     ap.add_argument("--sections", default=",".join(SECTIONS),
                     help=f"comma-separated subset of {', '.join(SECTIONS)}")
     ap.add_argument("--budget-s", type=positive_float, default=None,
                     help="global time budget (s)")
     args = ap.parse_args(argv)
+    if args.show is not None:
+        return show(args.show)
+    if args.out is None:
+        ap.error("--out FOLDER is required (or --show FOLDER)")
     wanted = [s for s in args.sections.split(",") if s]
     bad = [s for s in wanted if s not in SECTIONS]
     if bad:

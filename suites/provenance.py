@@ -43,14 +43,16 @@ def code_provenance(data_dir: str | os.PathLike | None = None) -> dict:
     file, outside the result data (``results/`` subfolders and tables, not the ``results``
     package) and the rendered figures. Results being written, new or rewritten, do not make the
     code dirty (several sweeps simulated in one command rewrite committed tables); an edited
-    ``results/tables.py`` or a new method file does. A copy of the tree without .git (a lent GPU
-    machine) takes the commit from ``BURST_GIT_COMMIT``, set by whoever copied it; else None.
+    ``results/tables.py`` or a new method file does. A copy of the tree (a lent GPU machine)
+    takes the commit from ``BURST_GIT_COMMIT`` when whoever copied it sets it, before its own
+    .git: a lent machine's copy may carry the .git of an older checkout (one run recorded the
+    session's first commit for a later one's code); the dirty flag is then unknown (None).
     ``data_dir``: where the run writes (an ``--out`` inside the checkout but not under
     ``results/``), data too."""
-    commit = _git("rev-parse", "HEAD")
-    if commit is None:
-        given = os.environ.get("BURST_GIT_COMMIT") or None
-        return {"git_commit": given, "git_dirty": None}
+    given = os.environ.get("BURST_GIT_COMMIT") or None
+    commit = given or _git("rev-parse", "HEAD")
+    if given is not None or commit is None:
+        return {"git_commit": commit, "git_dirty": None}
     data = list(_DATA)
     if data_dir is not None:
         with contextlib.suppress(ValueError):  # outside the checkout: nothing to exclude

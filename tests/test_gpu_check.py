@@ -165,6 +165,25 @@ def test_dry_run_writes_rows_for_every_section(tmp_path):
     priced = [r for r in rows if r["status"] in ("ok", "oom") and "simulated" in r["spec"]]
     assert len(lines) - sim_at - 2 == len(priced) >= len(steps) + len(ours)
 
+    # --show prints the finished run again: its table, its predictions, and today's
+    shown = subprocess.run([sys.executable, str(SCRIPT), "--show", str(out)], capture_output=True,
+                           text=True, timeout=120, cwd=REPO)
+    assert shown.returncode == 0, shown.stderr
+    again = shown.stdout.splitlines()
+    assert f"{len(rows)} rows" in again[0]
+    assert again[1:len(rows) + 3] == lines[sim_at - len(rows) - 2:sim_at], "the same table"
+    then = again.index("simulator (h200 profile) against this run (as predicted then), measured"
+                       " / simulated (dry run: a CPU priced as that GPU, the path checked, not "
+                       "the model)")
+    assert again[then + 1:then + 2 + len(priced)] == lines[sim_at + 1:]
+    now = next(i for i, x in enumerate(again) if "(the profile as it is now)" in x)
+    assert len(again) - now - 2 == len(priced)
+    # the profile is the same file, so today's predictions are the run's own
+    assert again[now + 1:] == lines[sim_at + 1:]
+    missing = subprocess.run([sys.executable, str(SCRIPT), "--show", str(tmp_path / "none")],
+                             capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert missing.returncode == 2 and "no " in missing.stderr
+
 
 # a child that starts a grandchild (as pytest starts NCCL ranks), writes its pid, and waits
 PARENT_OF_SLEEPER = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', "

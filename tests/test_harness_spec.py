@@ -636,6 +636,18 @@ def test_provenance_without_git_takes_the_commit_it_is_given(tmp_path, monkeypat
     assert provenance.code_provenance()["git_commit"] is None
 
 
+def test_a_given_commit_wins_over_a_stale_git(monkeypatch):
+    """A lent machine's copy carried the .git of the session's first commit: the commit that
+    ran, passed in BURST_GIT_COMMIT, is recorded instead of that HEAD (dirtiness unknown)."""
+    from suites import provenance
+
+    monkeypatch.setattr(provenance, "_git", lambda *a: "stale" if a[0] == "rev-parse" else " M x")
+    monkeypatch.setenv("BURST_GIT_COMMIT", "abc123")
+    assert provenance.code_provenance() == {"git_commit": "abc123", "git_dirty": None}
+    monkeypatch.delenv("BURST_GIT_COMMIT")
+    assert provenance.code_provenance() == {"git_commit": "stale", "git_dirty": True}
+
+
 def test_rewritten_results_do_not_make_the_code_dirty(tmp_path, monkeypatch):
     """Simulating several sweeps in one command rewrites committed tables: the later sweeps'
     rows must still say the code was clean; a changed source file must not."""
