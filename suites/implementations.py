@@ -97,7 +97,14 @@ class Implementation:
         return replace(self, **values)
 
 
-OURS = Implementation(name="burst-bench", selective_regathers=True, sharded_states=False)
+# This project's engine. Its plain head (burst.engine.fused_loss.plain_cross_entropy: fp32
+# logits into F.cross_entropy) peaks in the loss's backward with three fp32 tensors of N/G x V:
+# log_softmax's saved output, its incoming gradient and the gradient it makes: 12 bytes a logit.
+# Measured on an H200 (results/gpu/h200_20261204_cudnn, 1B model, 32K-128K tokens): reserved
+# memory of the plain-head steps 1.04-1.46x the prediction with 8 bytes, 0.97-1.09x with 12
+# (the fused-head steps 0.89-0.93x).
+OURS = Implementation(name="burst-bench", selective_regathers=True, sharded_states=False,
+                      logits_bytes=12.0)
 _FIELDS = {f.name for f in fields(Implementation)} - {"name", "sources"}
 
 

@@ -27,8 +27,9 @@ otherwise; this project's engine: nothing sharded, ``Implementation.sharded_stat
                  freed activations) + the attention method's buffers (the ring's blocks and
                  fp32 accumulators in flight, Ulysses' gathered heads)
   head           plain: the whole local logits at the loss, N/G x V x ``logits_bytes`` (fp32
-                 logits and their fp32 gradient: 8); fused: one chunk of bf16 logits, their fp32
-                 copy and gradient + the fp32 weight gradient (burst.engine.fused_loss);
+                 logits and their fp32 gradient: 8; this project's engine 12, ``OURS``);
+                 fused: one chunk of bf16 logits, their fp32 copy and gradient + the fp32
+                 weight gradient (burst.engine.fused_loss);
                  + the head's gathered weight and gradient (ZeRO-3), its gradient (this
                  project's engine) or nothing (weights and gradients whole in the states)
   implementation what a system's training framework holds for the whole sequence
