@@ -194,8 +194,9 @@ _CUDNN_OFF: set[str] = set()  # devices where the cuDNN op refused a block (flas
 
 def _sdpa_cudnn_ok(q: torch.Tensor, kv_heads: int, kind: str) -> bool:
     """The cuDNN op: Hopper and newer only (on an H200 it runs at 1.7x the flash op's TFLOP/s,
-    results/gpu; on Ampere torch itself prefers flash), no GQA (torch's cuDNN backward takes
-    the head count from the queries alone), head dims every cuDNN 9 kernel has (<= 128)."""
+    results/gpu; older GPUs keep the flash op, not measured here), MHA only (GQA not checked on
+    a GPU yet: torch's cuDNN backward passes the query's head count to the graph), head dims
+    every cuDNN 9 kernel has (<= 128)."""
     if not (q.dtype in _HALF and kind != DENSE and kv_heads == q.shape[2]
             and q.shape[-1] % 8 == 0 and q.shape[-1] <= 128):
         return False
@@ -286,35 +287,48 @@ def _sum_groups(dk, dv, hk):
 def _stand_in_out(do: torch.Tensor, delta_BHS: torch.Tensor) -> torch.Tensor:
     """An ``out`` whose row sums against dO equal delta (see the module docstring)."""
     acc = delta_BHS.dtype
-    tiny = torch.finfo(acc).tiny
-    dof = do.to(acc)
-    mag = dof.abs()
-    # out = c u with u = dO / max|dO| (so |u|^2 >= 1: a tiny dO cannot underflow its square)
-    # and c m |u|^2 = delta
-    m = mag.amax(-1)  # B S H
-    u = dof / m.clamp_min(tiny).unsqueeze(-1)
     d = delta_BHS.transpose(1, 2)  # B S H
-    coef = torch.where(m > 0, d / (m * u.square().sum(-1)).clamp_min(tiny), torch.zeros_like(d))
-    spread = (u * coef.unsqueeze(-1)).to(do.dtype)
     if do.dtype.itemsize >= 4 or do.shape[-1] < 2:
-        return spread
+        return _spread_stand_in(do, d, acc)
     # bf16/fp16: rounding the spread stand-in moves the kernel's D by ~2^-8 |D|, and where the
     # softmax is nearly one-hot the true dS = P (dP - D) is ~0, so that error became the whole
     # gradient (dq 0.11 against 3e-5 for plain bf16 attention with a strong attention sink).
     # Instead D is written on the row's largest |dO| entries, each carrying what the previous
     # one's rounding left: the kernels form D in fp32 from products of two 16-bit numbers, which
-    # are exact, so the sum is D to fp32 precision. Rows where a term overflows keep the spread.
-    top = mag.topk(min(3, do.shape[-1]), dim=-1).indices  # B S H t
-    g = dof.gather(-1, top)
+    # are exact, so the sum is D to fp32 precision. Chosen and read in the 16-bit dtype (no
+    # fp32 copy of dO: this runs at every visit of a block in the burst backward).
+    top = do.abs().topk(min(3, do.shape[-1]), dim=-1).indices  # B S H t
+    g = do.gather(-1, top).to(acc)
+    bf16 = do.dtype == torch.bfloat16
     rest, terms = d, []
     for t in range(top.shape[-1]):
         gt = g[..., t]
         st = torch.where(gt != 0, rest / torch.where(gt != 0, gt, 1), 0).to(do.dtype).to(acc)
+        if bf16:  # fp32's range: a term overflows only where a tiny entry would carry the
+            # previous one's residue (~2^-8 |D|, the spread's own error): dropped, the next
+            # entry may still carry it (NaN is kept: it must surface, not vanish)
+            st = torch.where(torch.isinf(st), 0, st)
         terms.append(st)
         rest = rest - gt * st
-    terms = torch.stack(terms, -1)  # B S H t (an overflow is inf since the cast)
+    terms = torch.stack(terms, -1)  # B S H t (an fp16 overflow is inf since the cast)
     exact = torch.zeros_like(do).scatter_(-1, top, terms.to(do.dtype))
-    return torch.where(torch.isfinite(terms).all(-1, keepdim=True), exact, spread)
+    if bf16:
+        return exact
+    # fp16: D / max|dO| overflows 65504 with |O| in the thousands: those rows keep the spread
+    return torch.where(torch.isfinite(terms).all(-1, keepdim=True), exact,
+                       _spread_stand_in(do, d, acc))
+
+
+def _spread_stand_in(do: torch.Tensor, d: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
+    """out' = dO * D / |dO|^2 (|out'| <= |O|: it cannot overflow), for delta ``d`` (B S H)."""
+    tiny = torch.finfo(acc).tiny
+    dof = do.to(acc)
+    # out = c u with u = dO / max|dO| (so |u|^2 >= 1: a tiny dO cannot underflow its square)
+    # and c m |u|^2 = delta
+    m = dof.abs().amax(-1)  # B S H
+    u = dof / m.clamp_min(tiny).unsqueeze(-1)
+    coef = torch.where(m > 0, d / (m * u.square().sum(-1)).clamp_min(tiny), torch.zeros_like(d))
+    return (u * coef.unsqueeze(-1)).to(do.dtype)
 
 
 # ---------------------------------------------------------------------------------------------

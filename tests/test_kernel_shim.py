@@ -339,6 +339,25 @@ def test_fp16_stand_in_keeps_the_spread_where_a_top_entry_overflows():
         assert grad.isfinite().all()
 
 
+def test_bf16_stand_in_drops_a_term_that_overflows_and_keeps_nan():
+    """bf16 has fp32's range, so its stand-in builds no spread fallback (the burst backward
+    builds one stand-in per visiting block: the fallback doubled its cost). A later term can
+    still overflow where a tiny |dO| entry would carry the first one's rounding residue: it is
+    dropped, leaving that residue (the spread's own error); a NaN delta stays NaN."""
+    from burst.kernel import _stand_in_out
+
+    do = torch.zeros(1, 2, 1, 8, dtype=torch.bfloat16)
+    do[..., 0], do[..., 1], do[..., 2] = 1.0, 1e-40, 1e-40  # one entry, two subnormal ones
+    delta = torch.tensor([[[1000.3, 0.5]]])  # B H S: 1000.3 is not a bf16 number, 0.5 is
+    got = _stand_in_out(do, delta)
+    assert got.isfinite().all()
+    sums = (do.float() * got.float()).sum(-1).transpose(1, 2)
+    assert abs(sums[0, 0, 0] - 1000.3) <= 2**-8 * 1000.3 and sums[0, 0, 1] == 0.5
+    assert got[0, 0, 0, 1:].eq(0).all()  # the residue's terms overflowed: dropped
+    nan = _stand_in_out(do, torch.tensor([[[float("nan"), 0.5]]]))
+    assert nan[0, 0].isnan().any() and nan[0, 1].isfinite().all()
+
+
 def test_the_ring_backward_builds_no_stand_in_and_the_burst_one_one_per_visit(monkeypatch):
     """Kernels that insist on ``out`` (here torch's CPU flash op) got a stand-in built from
     (dO, D) at every block of every ring step, in both backward schemes (7.8% of a 1024-token
