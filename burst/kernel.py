@@ -406,18 +406,36 @@ _EFF_ALIGN = 16  # the efficient kernels check bias row stride % (16 bytes / ele
 _EFF_LSE_ROWS = 32  # the efficient forward pads lse to a multiple of 32 query rows
 
 
+def _cudnn_fwd(q, k, v, scale, causal):
+    """torch's cuDNN op, ungated (``_sdpa_cudnn_ok`` says where the shim uses it)."""
+    res = _aten("_scaled_dot_product_cudnn_attention", query=q.transpose(1, 2),
+                key=k.transpose(1, 2), value=v.transpose(1, 2), attn_bias=None,
+                compute_log_sumexp=True, dropout_p=0.0, is_causal=causal,
+                return_debug_mask=False, scale=scale)
+    b, sq, h, _ = q.shape  # its lse is (B, H, Sq, 1)
+    return res[0].transpose(1, 2), res[1].reshape(b, h, sq).float()
+
+
+def _cudnn_bwd(do, q, k, v, out, lse, scale, causal):
+    """Its backward, ungated; max_q / max_k are the lengths it runs on (not read off q, k)."""
+    b, sq, h, _ = q.shape
+    zero = _scalar_zero(q.device)
+    dq, dk, dv = _aten(
+        "_scaled_dot_product_cudnn_attention_backward", grad_out=do.transpose(1, 2),
+        query=q.transpose(1, 2), key=k.transpose(1, 2), value=v.transpose(1, 2),
+        out=out.transpose(1, 2), logsumexp=lse.float().reshape(b, h, sq, 1).contiguous(),
+        philox_seed=zero, philox_offset=zero, attn_bias=None, cum_seq_q=None, cum_seq_k=None,
+        max_q=sq, max_k=k.shape[1], dropout_p=0.0, is_causal=causal, scale=scale)
+    return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+
+
 def _cuda_sdpa_fwd(q, k, v, scale, causal, mask):
     sq = q.shape[1]
     if mask is None and _sdpa_cudnn_ok(q, k.shape[2], FULL):
         try:
-            res = _aten("_scaled_dot_product_cudnn_attention", query=q.transpose(1, 2),
-                        key=k.transpose(1, 2), value=v.transpose(1, 2), attn_bias=None,
-                        compute_log_sumexp=True, dropout_p=0.0, is_causal=causal,
-                        return_debug_mask=False, scale=scale)
+            return _cudnn_fwd(q, k, v, scale, causal)
         except RuntimeError as err:
             _cudnn_refused(q, err)
-        else:  # its lse is (B, H, Sq, 1)
-            return res[0].transpose(1, 2), res[1].reshape(q.shape[0], q.shape[2], sq).float()
     if mask is None and _sdpa_flash_ok(q, FULL):
         res = _aten("_scaled_dot_product_flash_attention", query=q.transpose(1, 2),
                     key=k.transpose(1, 2), value=v.transpose(1, 2), dropout_p=0.0,
@@ -454,18 +472,10 @@ def _cuda_sdpa_bwd(do, q, k, v, lse, delta, scale, causal, mask, out=None):
     out = _stand_in_out(do, delta) if out is None else out
     zero = _scalar_zero(q.device)
     if mask is None and _sdpa_cudnn_ok(q, hk, FULL):
-        try:  # max_q / max_k are the lengths the backward runs on (not read off the tensors)
-            dq, dk, dv = _aten(
-                "_scaled_dot_product_cudnn_attention_backward", grad_out=do.transpose(1, 2),
-                query=q.transpose(1, 2), key=k.transpose(1, 2), value=v.transpose(1, 2),
-                out=out.transpose(1, 2), logsumexp=lse.float().reshape(b, h, sq, 1).contiguous(),
-                philox_seed=zero, philox_offset=zero, attn_bias=None, cum_seq_q=None,
-                cum_seq_k=None, max_q=sq, max_k=sk, dropout_p=0.0, is_causal=causal,
-                scale=scale)
+        try:
+            return _cudnn_bwd(do, q, k, v, out, lse, scale, causal)
         except RuntimeError as err:
             _cudnn_refused(q, err)
-        else:
-            return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
     if mask is None and _sdpa_flash_ok(q, FULL):
         dq, dk, dv = _aten(
             "_scaled_dot_product_flash_attention_backward", grad_out=do.transpose(1, 2),

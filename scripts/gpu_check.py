@@ -11,9 +11,11 @@ Sections, each with its own time budget, skipped (a row says so) when the global
   kernel  the local kernel (``burst.kernel``, kernel convention of ``burst.flops``) against plain
           torch SDPA (default choice, and its flash / cuDNN backends named explicitly) at
           32K-128K tokens, 40 heads of 128, bf16, causal, forward and forward+backward;
+          then whether torch's cuDNN op takes GQA (against the flash op on one block);
   ring    the emulated ring (``burst.emulate``, G = 8, 128K tokens, zigzag, causal): the sum of
           every per-step kernel+merge time of every rank against one monolithic kernel call over
           the whole sequence (same FLOPs): the per-step efficiency, forward and burst backward;
+          and the stand-in ``out`` its backward builds per visiting block, timed;
   engine  one training step of a ~1B model (hidden 2048, 16 layers, 16 heads of 128) at
           32K-128K tokens, fused head on/off x each checkpointing mode: tokens/s, MFU (H200 peak
           989 TFLOP/s, DESIGN.md 4) under each ``burst.flops`` convention, CUDA peak memory.
@@ -449,6 +451,48 @@ def section_kernel(rows: Rows, sz: Sizes, budget: Budget) -> None:
                            spec=dict(spec, flops=fl, baseline="torch_sdpa"), **common)
         del q, k, v, do
         _guard(lambda: None)
+    _cudnn_gqa_probe(rows, sz)
+
+
+def _cudnn_gqa_probe(rows: Rows, sz: Sizes, n: int = 8192, h: int = 32, hk: int = 8) -> None:
+    """Does torch's cuDNN op take GQA? The shim keeps GQA blocks on the flash op (0.6x of cuDNN
+    on an H200) because torch's cuDNN backward passes the query's head count to its graph and
+    no GPU has checked it; this compares the cuDNN op, forward and backward, with the flash op
+    on one causal GQA block (a row of max |difference| per output; last, as the other cuDNN
+    calls: a fault in it costs no other row)."""
+    common = dict(workload="kernel", method="cudnn_gqa_probe", seq_len=n, batch=1, heads=h,
+                  kv_heads=hk, head_dim=128, causal=True,
+                  dtype=str(sz.dtype).replace("torch.", ""), warmup=0, repeats=1,
+                  label=f"cuDNN op with GQA ({h}/{hk} heads) against the flash op")
+    if sz.device != "cuda" or torch.cuda.get_device_capability() < (9, 0):
+        _skip(rows, why="needs a CUDA device of sm90 or newer (where the shim uses cuDNN)",
+              **common)
+        return
+    from burst import kernel
+
+    def run():
+        g = torch.Generator(device="cuda").manual_seed(3)
+        q, do = (torch.randn(1, n, h, 128, generator=g, device="cuda", dtype=sz.dtype)
+                 for _ in range(2))
+        k, v = (torch.randn(1, n, hk, 128, generator=g, device="cuda", dtype=sz.dtype)
+                for _ in range(2))
+        out, lse = block_forward(q, k, v, kind=CAUSAL, backend="cuda_sdpa")  # flash: GQA
+        delta = row_delta(do, out, torch.float32)
+        want = [out, lse, *block_backward(do, q, k, v, lse, delta, kind=CAUSAL,
+                                          backend="cuda_sdpa", out_BSHD=out)]
+        scale = 128 ** -0.5
+        got = [*kernel._cudnn_fwd(q, k, v, scale, True),
+               *kernel._cudnn_bwd(do, q, k, v, out, lse, scale, True)]
+        names = ("out", "lse", "dq", "dk", "dv")
+        return ({x: float((a.float() - b.float()).abs().max())
+                 for x, a, b in zip(names, got, want, strict=True)},
+                {x: float(b.float().abs().max()) for x, b in zip(names, want, strict=True)},
+                kernel_name("cuda_sdpa", q, CAUSAL, kv_heads=hk))
+
+    status, res, err = _guard(run)
+    spec = {} if res is None else {"max_abs_diff": res[0], "max_abs_flash": res[1],
+                                   "shim_kernel": res[2]}
+    rows.write(status=status, error=err, spec=spec, **common)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -513,7 +557,28 @@ def section_ring(rows: Rows, sz: Sizes, budget: Budget) -> None:
                          "efficiency": t_mono / t, "max_diff_vs_monolithic": diff,
                          "note": "all G ranks' steps; same FLOPs as the monolithic call"},
                    **common)
+    _stand_in_row(rows, sz, do, common, g, bwd_sums)
     _windowed_ring(rows, sz, budget, q, k, v, do, common, t_mf + t_mb, fl_fb)
+
+
+def _stand_in_row(rows: Rows, sz: Sizes, do, common: dict, g: int, bwd_sums) -> None:
+    """The stand-in ``out`` the burst backward builds at every visit of a query block (its
+    kernels recompute D from dO and out): its time for one rank's block of n/G tokens, and G x G
+    of them over the emulated backward (an upper bound: zigzag's half-block visits build half)."""
+    from burst import kernel
+
+    block = do[:, : do.shape[1] // g].contiguous()
+    delta = torch.randn(1, block.shape[2], block.shape[1], device=block.device)
+    status, ts, err = _guard(lambda: repeat(lambda: kernel._stand_in_out(block, delta),
+                                            sz.device, warmup=1, repeats=3))
+    label = f"stand-in out for one block of n/G = {block.shape[1]} tokens"
+    if status != "ok":
+        rows.write(label=label, status=status, error=err, **common)
+        return
+    t = statistics.median(ts)
+    rows.write(label=label, status="ok", time_s=t, time_s_min=min(ts), time_s_max=max(ts),
+               spec={"visits": g * g, "share_of_backward_at_most": g * g * t /
+                     statistics.median(bwd_sums)}, **common)
 
 
 def _time_emulated(em, do, device: str, repeats: int = 3):

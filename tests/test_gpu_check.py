@@ -147,6 +147,11 @@ def test_dry_run_writes_rows_for_every_section(tmp_path):
     assert ours and all(r["time_s"] > 0 and r["attn_tflops"] > 0 for r in ours)
     assert all(r["speedup"] is not None for r in ours)  # against torch SDPA
     assert any(r["status"] == "ok" for r in by["ring_emulation"])
+    (stand_in,) = [r for r in by["ring_emulation"] if r["label"].startswith("stand-in out")]
+    assert stand_in["status"] == "ok" and stand_in["time_s"] > 0
+    assert 0 < json.loads(stand_in["spec"])["share_of_backward_at_most"]
+    (probe,) = [r for r in by["kernel"] if r["method"] == "cudnn_gqa_probe"]
+    assert probe["status"] == "skipped" and "sm90" in probe["error"]  # no GPU in a dry run
     steps = [r for r in by["train_step"] if r["status"] == "ok"]
     assert steps and all(r["tokens_per_s"] > 0 and r["tflops_model_flops_causal"] > 0
                          for r in steps)
