@@ -442,9 +442,7 @@ def section_kernel(rows: Rows, sz: Sizes, budget: Budget) -> None:
                     base_time[(n, pas)] = t
                 spec = {}
                 if name == "burst.kernel":
-                    spec = {"kernel": kernel_name("auto", q, CAUSAL),
-                            **_simulated(sz, workload="attention", method="burst", seq_len=n,
-                                         heads=sz.heads, head_dim=sz.head_dim)}
+                    spec = {"kernel": kernel_name("auto", q, CAUSAL), **_simulated(sz, common)}
                 rows.write(status="ok", time_s=t, time_s_min=min(ts), time_s_max=max(ts),
                            attn_tflops=fl / t / 1e12, tokens_per_s=n / t,
                            speedup=(base_time[(n, pas)] / t) if (n, pas) in base_time else None,
@@ -658,29 +656,46 @@ def sim_profile(sz: Sizes, name: str | None = None) -> str | None:
     return SIM_PROFILES.get((name or torch.cuda.get_device_name()).strip())
 
 
-def _simulated(sz: Sizes, **cell) -> dict:
-    """What ``suites.simulate`` predicts for the cell this row measured, on this GPU's profile:
-    {"simulated": {profile, status, time_s, forward_s, reserved_bytes, ...}} for the row's spec,
-    so that a run checks the simulator (h200: fitted on an earlier run, results/gpu).
-    Never raises: the measurement stands, and the prediction says why it is missing (the
-    simulator's imports need tomllib or tomli, which the machine's own Python may lack)."""
-    prof = sim_profile(sz)
-    if prof is None:
-        return {}
-    try:
-        from suites.hardware import load
-        from suites.simulate import predict
+def _sim_cell(row: dict) -> dict:
+    """The simulator's cell for a measured row (its columns): a ``burst.kernel`` row is one
+    attention call on one GPU, an engine row (train_step, max_seq) one training step."""
+    common = dict(method="burst", seq_len=row["seq_len"], world=1, batch=1,
+                  dtype=row.get("dtype") or "bfloat16")
+    if row["workload"] == "kernel":
+        return dict(common, workload="attention", heads=row["heads"], head_dim=row["head_dim"])
+    return dict(common, workload="train_step", model=row["model"],
+                checkpointing=row["checkpointing"], fused_head=row["fused_head"],
+                options=json.loads(row.get("method_options") or "{}"))
 
-        p = predict(dict(cell, world=1, batch=1, dtype=str(sz.dtype).replace("torch.", "")),
-                    load(prof))
-    except Exception as e:
-        return {"simulated": {"profile": prof, "error": f"{type(e).__name__}: {e}"}}
-    out = {"profile": prof, "status": p.status, "error": p.error, "time_s": p.time_s}
+
+def _prediction(profile: str, cell: dict) -> dict:
+    """``suites.simulate``'s prediction for ``cell`` on ``profile``, as a row's spec keeps it."""
+    from suites.hardware import load
+    from suites.simulate import predict
+
+    p = predict(cell, load(profile))
+    out = {"profile": profile, "status": p.status, "error": p.error, "time_s": p.time_s}
     if p.attn is not None:
         out.update(forward_s=p.attn.forward_s, backward_s=p.attn.backward_s)
     if p.memory is not None:
         out.update(allocated_bytes=p.memory.allocated, reserved_bytes=p.memory.reserved)
-    return {"simulated": out}
+    return out
+
+
+def _simulated(sz: Sizes, row: dict) -> dict:
+    """What ``suites.simulate`` predicts for the cell a row measured (``row``: its columns), on
+    this GPU's profile: {"simulated": {profile, status, time_s, forward_s, reserved_bytes, ...}}
+    for the row's spec, so that a run checks the simulator (h200: fitted on an earlier run,
+    results/gpu). Never raises: the measurement stands, and the prediction says why it is
+    missing (the simulator's imports need tomllib or tomli, which the machine's own Python may
+    lack)."""
+    prof = sim_profile(sz)
+    if prof is None:
+        return {}
+    try:
+        return {"simulated": _prediction(prof, _sim_cell(row))}
+    except Exception as e:
+        return {"simulated": {"profile": prof, "error": f"{type(e).__name__}: {e}"}}
 
 
 def _trainer(sz: Sizes):
@@ -748,9 +763,7 @@ def _engine_row(rows: Rows, sz: Sizes, cfg, n, mode, fused, status, res, err, wo
     spec = dict(extra or {}, params=param_count(cfg), layers=cfg.num_layers,
                 hidden=cfg.hidden_size, ffn=cfg.ffn_size, vocab=cfg.vocab_size)
     if status in ("ok", "oom") and n and workload != "train_step_warmup":
-        spec.update(_simulated(sz, workload="train_step", method="burst", model=sz.engine_model,
-                               seq_len=n, checkpointing=mode, fused_head=fused,
-                               options={"layout": "striped"}))
+        spec.update(_simulated(sz, common))
     if status != "ok":
         return rows.write(status=status, error=err, spec=spec, **common)
     t, peak = res
@@ -961,32 +974,15 @@ def show(folder: Path) -> int:
 
 
 def _resimulated(rows: list[dict]) -> list[dict]:
-    """The rows with each prediction made again by today's simulator and profile (the cells
-    rebuilt as section_kernel and _engine_row name them), to check a profile fitted on them."""
-    from suites.hardware import load
-    from suites.simulate import predict
-
+    """The rows with each prediction made again by today's simulator and profile, to check a
+    profile fitted on them."""
     out = []
     for r in rows:
         spec = json.loads(r.get("spec") or "{}") or {}
         sim = spec.get("simulated")
         if sim and "profile" in sim and r.get("status") in ("ok", "oom"):
-            if r["workload"] == "kernel":
-                cell = dict(workload="attention", method="burst", seq_len=r["seq_len"],
-                            heads=r["heads"], head_dim=r["head_dim"])
-            else:
-                cell = dict(workload="train_step", method="burst", model=r["model"],
-                            seq_len=r["seq_len"], checkpointing=r["checkpointing"],
-                            fused_head=r["fused_head"],
-                            options=json.loads(r.get("method_options") or "{}"))
-            p = predict(dict(cell, world=1, batch=1, dtype=r.get("dtype") or "bfloat16"),
-                        load(sim["profile"]))
-            new = {"profile": sim["profile"], "status": p.status, "time_s": p.time_s}
-            if p.attn is not None:
-                new["forward_s"] = p.attn.forward_s
-            if p.memory is not None:
-                new["reserved_bytes"] = p.memory.reserved
-            r = dict(r, spec=json.dumps(dict(spec, simulated=new)))
+            r = dict(r, spec=json.dumps(dict(spec, simulated=_prediction(sim["profile"],
+                                                                         _sim_cell(r)))))
         out.append(r)
     return out
 
