@@ -9,7 +9,10 @@
 Each step's batch comes from ``burst.engine.data`` (synthetic runs of equal tokens, so the loss
 goes down) with the step number as its seed, so a resumed run sees the batches the uninterrupted
 one would have. Every ``--save-every`` steps and at the end the whole training state goes to
-``<out>/state.pt`` (``Trainer.save``: weights and optimizer, written atomically), and each
+``<out>/state.pt`` (``Trainer.save``: weights and optimizer, gathered on rank 0 and written
+atomically; with ``--sharded-state``, every rank's own shards in ``<out>/state``, a link to the
+last of two folders: ``burst.engine.sharded_state``; across nodes ``--out`` must then be on a
+filesystem every rank sees), and each
 step's loss, time (the slowest rank's), tokens/s per rank, the layout (world, CP and DP sizes)
 and the bytes rank 0's attention layers sent (a recomputed forward included; ``_inter_node``:
 those that left its node, i.e. the double ring's node of ``--ranks-per-node`` ranks (or the
@@ -28,7 +31,7 @@ that cannot run on the ranks) are refused before any rank starts. Rank 0 alone r
 writes ``--out``. A run holds ``<out>/.lock`` while it writes there (its launcher, or rank 0
 under torchrun): the same command started again meanwhile is refused, and the ranks of a
 launcher that was killed die with it (``burst.spawn``). A log line that is not a step's record
-is refused before a resume, and so is a cut state.pt; steps the log lacks are named.
+is refused before a resume, and so is a cut or unfinished state; steps the log lacks are named.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _args import nonnegative_float, positive_float, positive_int  # noqa: E402  (scripts/)
 
 from burst import comm  # noqa: E402
-from burst.engine import CHECKPOINTING, CONFIGS, Trainer, param_count  # noqa: E402
+from burst.engine import CHECKPOINTING, CONFIGS, Trainer, param_count, sharded_state  # noqa: E402,E501
 from burst.engine.attention_call import resolve_attention  # noqa: E402
 from burst.engine.checkpointing import check_mode  # noqa: E402
 from burst.engine.parallel import DATA_PARALLEL, cp_degree_ok  # noqa: E402
@@ -81,7 +84,8 @@ class _Defaults(argparse.HelpFormatter):
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=_Defaults)
-    p.add_argument("--out", required=True, help="folder of state.pt, steps.jsonl, run.json")
+    p.add_argument("--out", required=True,
+                   help="folder of state.pt (or state), steps.jsonl, run.json")
     p.add_argument("--model", default="tiny", choices=sorted(CONFIGS), help="engine config")
     p.add_argument("--world", type=positive_int, default=4,
                    help="local gloo ranks (ignored under torchrun, which sets the world)")
@@ -120,7 +124,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="weights and compute")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where ranks run")
     p.add_argument("--save-every", type=positive_int, default=10,
-                   help="steps between saves of state.pt")
+                   help="steps between saves of the state")
+    p.add_argument("--sharded-state", action="store_true",
+                   help="save the state as every rank's shards (<out>/state: "
+                        "torch.distributed.checkpoint) instead of one file gathered on rank 0 "
+                        "(<out>/state.pt); the run's identity: a resume keeps it")
     p.add_argument("--time-limit-min", type=positive_float, default=24 * 60,
                    help="local ranks: the whole run's limit (a hung rank is killed at it)")
     return p
@@ -241,10 +249,14 @@ def _check_run(args: dict, world: int) -> str | None:
         return f"{e} (nothing was written)"
     out = Path(args["out"])
     run = out / "run.json"  # (an --out that is a file: refused by _Writer.take, before this)
-    if (out / "state.pt").exists() and not run.exists():
+    state = _state_path(out, args)
+    # either kind of state binds the folder to its run (a resume must keep --sharded-state)
+    has_state = any(out.joinpath(n).exists() or out.joinpath(n).is_symlink()
+                    for n in ("state.pt", "state"))
+    if has_state and not run.exists():
         return (f"{out} holds a saved state but no run.json (the arguments it was started "
                 "with); use another --out")
-    if run.exists() and (out / "state.pt").exists():
+    if run.exists() and has_state:
         try:
             saved = json.loads(run.read_text())
         except (OSError, ValueError) as e:
@@ -260,7 +272,7 @@ def _check_run(args: dict, world: int) -> str | None:
             return f"{run} names a run this version cannot rebuild ({e}); use another --out"
         differ = {k: (saved.get(k), v) for k, v in mine.items() if saved.get(k) != v}
         if not differ:  # the same run: it resumes if its files can be read
-            return _state_problem(out / "state.pt") or _log_problem(out / "steps.jsonl")
+            return _state_problem(state) or _log_problem(out / "steps.jsonl")
         return (f"{out} holds a run started with other arguments ("
                 + ", ".join(f"{k}: {a!r} then, {b!r} now" for k, (a, b) in
                             sorted(differ.items()))
@@ -325,10 +337,22 @@ def _log_lines(log: Path, below: int) -> list[str]:
             if line.endswith("\n") and json.loads(line)["step"] < below]
 
 
+def _state_path(out: Path, args: dict) -> Path:
+    return out / ("state" if args.get("sharded_state") else "state.pt")
+
+
 def _state_problem(state: Path) -> str | None:
     """Why ``state`` is not a whole saved state (None: it looks whole): torch.save writes a zip
     whose directory is at its end, so a cut file is found by reading that directory alone,
-    before any rank starts (Trainer.save writes atomically: only a damaged disk or copy cuts)."""
+    before any rank starts (Trainer.save writes atomically: only a damaged disk or copy cuts).
+    A sharded state: its info file, which its save writes last, reads (the CRC-32 of every
+    file is checked by the load)."""
+    if sharded_state.is_sharded(state):
+        try:
+            sharded_state.read_info(state)
+        except (ValueError, OSError) as e:
+            return f"{e}; restore it, or remove it and steps.jsonl to start again"
+        return None
     try:
         with zipfile.ZipFile(state) as z:
             z.namelist()
@@ -377,7 +401,7 @@ def _train(rank: int, world: int, args: dict, host_ranks: int | None = None) -> 
                  optimizer=args["optimizer"], weight_decay=args["weight_decay"],
                  seed=args["seed"], window=window)
     out = Path(args["out"])
-    state, log = out / "state.pt", out / "steps.jsonl"
+    state, log = _state_path(out, args), out / "steps.jsonl"
     start = 0
     if comm.gather_objects(state.exists() if rank == 0 else None, device=device)[0]:
         start = tr.load(state)["step"]
@@ -439,7 +463,7 @@ def _train(rank: int, world: int, args: dict, host_ranks: int | None = None) -> 
             if rank == 0:  # on disk before the state that has done its steps
                 with open(log, "a") as f:
                     os.fsync(f.fileno())
-            tr.save(state, meta={"step": step + 1})
+            tr.save(state, meta={"step": step + 1}, sharded=args["sharded_state"])
     say(f"done: {_count(args['steps'], 'step')}; state in {state}, losses in {log}",
         flush=True)
 

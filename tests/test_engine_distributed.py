@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import tempfile
 from pathlib import Path
 
@@ -173,6 +174,7 @@ def _run_all(rank: int, world: int, cases: list[dict], folder: str) -> dict:
         out["resume"] = _resume_from_fsdp()
         out["dp"] = _data_parallel_checks(rank)
         out["state"] = _resume_training(Path(folder) / "state.pt")
+        out["sharded"] = _resume_sharded(Path(folder) / "sharded")
     return out
 
 
@@ -292,6 +294,69 @@ def _resume_training(path: Path) -> dict:
         out["unreadable"] = "no error"
     except (FileNotFoundError, RuntimeError) as e:
         out["unreadable"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def _resume_sharded(path: Path) -> dict:
+    """As ``_resume_training``, with states saved sharded (``save(..., sharded=True)``): each
+    rank writes its own FSDP shards; the run goes on with the same losses on other layouts and
+    either wrapper; a save swaps the link to the other folder and keeps the one before; a
+    changed byte is refused on every rank."""
+    kw = dict(dtype=torch.float64, optimizer="adamw", lr=1e-2)
+
+    def steps(tr, seeds, batch=BATCH):
+        return [tr.step(*tr.local_batch(TRAIN_SEQ, batch=batch, seed=s)) for s in seeds]
+
+    fresh_path = path.with_name("fresh_sharded")
+    tr = Trainer("tiny", cp_degree=2, data_parallel="fsdp", **kw)
+    tr.save(fresh_path, meta={"step": 0}, sharded=True)
+    out = {"first": steps(tr, (0, 1))}
+    again = Trainer("tiny", cp_degree=2, seed=5, **kw)
+    out["fresh meta"] = again.load(fresh_path)
+    out["fresh"] = steps(again, (0, 1))
+    tr.save(path, meta={"step": 2, "args": (1, "x")}, sharded=True)
+    out["want"] = steps(tr, (2, 3))
+    folder = path.with_name("sharded.a")
+    out["link"] = os.readlink(path)
+    out["files"] = {p.name: p.stat().st_size for p in folder.iterdir()}
+    for name, layout, batch in (("fsdp", dict(cp_degree=2, data_parallel="fsdp"), BATCH),
+                                ("ddp", dict(cp_degree=2), BATCH),
+                                ("cp4", dict(cp_degree=4), 2 * BATCH),
+                                ("fsdp_world", dict(cp_degree=2, data_parallel="fsdp_world"),
+                                 BATCH)):
+        again = Trainer("tiny", seed=5, **layout, **kw)
+        out[name + " meta"] = again.load(path)
+        out[name] = steps(again, (2, 3), batch)
+    # saved again (from DDP): the link names the other folder, the first save stays whole
+    again = Trainer("tiny", cp_degree=2, seed=5, **kw)
+    again.load(path)
+    again.save(path, meta={"step": 2}, sharded=True)
+    out["link again"] = os.readlink(path)
+    out["from ddp"] = steps(again, (2, 3))
+    older = Trainer("tiny", cp_degree=4, seed=6, **kw)
+    out["fallback meta"] = older.load(folder)
+    out["fallback"] = steps(older, (2, 3), 2 * BATCH)
+    # plain SGD: no per-parameter state; the saved lr wins
+    sgd = Trainer("tiny", cp_degree=2, data_parallel="fsdp", optimizer="sgd", lr=0.1,
+                  dtype=torch.float64)
+    steps(sgd, (0,))
+    sgd.save(path.with_name("sgd_sharded"), sharded=True)
+    again = Trainer("tiny", cp_degree=2, optimizer="sgd", seed=5, dtype=torch.float64)
+    again.load(path.with_name("sgd_sharded"))
+    out["sgd"] = [steps(sgd, (1, 2)), steps(again, (1, 2))]
+    # one changed byte of the last save: every rank refuses it (each checks a share)
+    comm.barrier()
+    if comm.rank() == 0:
+        f = path.resolve() / "__3_0.distcp"
+        data = bytearray(f.read_bytes())
+        data[len(data) // 2] ^= 1
+        f.write_bytes(bytes(data))
+    comm.barrier()
+    try:
+        Trainer("tiny", cp_degree=2, seed=5, **kw).load(path)
+        out["changed"] = "no error"
+    except (ValueError, RuntimeError) as e:
+        out["changed"] = f"{type(e).__name__}: {e}"
     return out
 
 
@@ -570,6 +635,32 @@ def test_a_model_trained_under_fsdp_saves_and_loads():
     for rank, (gap, cp, dp) in enumerate(_results(4)[4]):  # run by the world-4 spawn
         assert gap < 1e-12, gap
         assert cp == [rank // 2 * 2, rank // 2 * 2 + 1] and dp == [rank % 2, rank % 2 + 2]
+
+
+def test_a_sharded_state_resumes_exactly_on_another_layout():
+    def close(a, b):
+        return max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-12
+
+    for out in _ranks(4, "sharded"):
+        want = out["want"]
+        assert close(out["fresh"], out["first"]), out
+        assert out["fresh meta"] == {"step": 0}, out["fresh meta"]
+        # every rank wrote its own shard of the FSDP state; none holds as much as half of it
+        files = out["files"]
+        shards = {k: v for k, v in files.items() if k.endswith(".distcp")}
+        assert sorted(shards) == [f"__{r}_0.distcp" for r in range(4)], files
+        assert {".metadata", "info.pt"} <= set(files), files
+        assert max(shards.values()) < sum(shards.values()) / 2, shards
+        for name in ("fsdp", "ddp", "cp4", "fsdp_world", "from ddp", "fallback"):
+            assert close(out[name], want), (name, out[name], want)
+        for name in ("fsdp", "ddp", "cp4", "fsdp_world"):
+            assert out[name + " meta"] == {"step": 2, "args": (1, "x")}, out[name + " meta"]
+        assert out["fallback meta"] == out["fsdp meta"]
+        assert (out["link"], out["link again"]) == ("sharded.a", "sharded.b"), out
+        assert close(*out["sgd"]), out["sgd"]
+        # the rank that checked the changed file says which; the others quote it
+        assert "__3_0.distcp fails its CRC-32 check" in out["changed"], out["changed"]
+        assert "the save before it is in" in out["changed"], out["changed"]
 
 
 def test_a_saved_training_state_resumes_exactly_on_another_layout():

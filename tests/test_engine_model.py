@@ -401,6 +401,65 @@ def test_a_non_finite_loss_does_not_update_the_weights():
         assert torch.equal(p, before[n]) and p.grad is None, n
 
 
+def test_a_sharded_save_keeps_the_one_before_and_refuses_what_is_not_its_state(tmp_path,
+                                                                              monkeypatch):
+    """Trainer.save(..., sharded=True) on one process: the link names the last save, the other
+    folder keeps the one before (loadable by its name) until the next save writes over it; a
+    save that fails leaves the link's state whole (and its own folder unfinished, refused);
+    another model's or optimizer's state, a changed byte and a path that is no such link are
+    refused, naming why."""
+    import dataclasses
+    import os
+
+    kw = dict(dtype=torch.float64)
+    tr = Trainer("tiny", **kw)
+    batch = tr.local_batch(16, batch=1)
+    path = tmp_path / "state"
+    tr.save(path, meta={"step": 0}, sharded=True)  # before any step: AdamW's state is empty
+    assert not tr.optimizer.state
+    tr.step(*batch)
+    tr.save(path, meta={"step": 1}, sharded=True)
+    assert os.readlink(path) == "state.b"
+    want = tr.state_dict()
+    loss = tr.step(*batch)
+
+    first = Trainer("tiny", seed=3, **kw)
+    assert first.load(tmp_path / "state.a") == {"step": 0} and not first.optimizer.state
+
+    def full(*args):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr("burst.engine.sharded_state.publish", full)
+    with pytest.raises(OSError, match="No space left"):  # writing over state.a, the older
+        tr.save(path, meta={"step": 2}, sharded=True)
+    monkeypatch.undo()
+    assert os.readlink(path) == "state.b"
+    again = Trainer("tiny", seed=3, **kw)
+    assert again.load(path) == {"step": 1}
+    got = again.state_dict()
+    assert all(torch.equal(got["model"][k], t) for k, t in want["model"].items())
+    assert again.step(*batch) == loss
+    with pytest.raises(ValueError, match=r"not a state Trainer.save\(\.\.\., sharded=True\) "
+                                         "finished"):
+        again.load(tmp_path / "state.a")  # the save that failed there
+    # refused, naming why
+    other = Trainer(dataclasses.replace(tr.config, num_layers=3), **kw)
+    with pytest.raises(ValueError, match=r"not this model's .*: \d+ missing \(layers\.2\."):
+        other.load(path)
+    with pytest.raises(ValueError, match="of a 'adamw' optimizer, this Trainer's is 'sgd'"):
+        Trainer("tiny", optimizer="sgd", **kw).load(path)
+    with pytest.raises(ValueError, match="is a file, not the link a sharded save keeps"):
+        (tmp_path / "plain.pt").write_bytes(b"")
+        tr.save(tmp_path / "plain.pt", sharded=True)
+    shard = path.resolve() / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[-100] ^= 1
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"__0_0.distcp fails its CRC-32 check; nothing was "
+                                         r"loaded .*the save before it is in .*state\.a"):
+        again.load(path)
+
+
 def test_a_failed_save_keeps_the_previous_file_and_a_bad_state_is_refused(tmp_path,
                                                                          monkeypatch):
     """Trainer.save writes beside the file and renames: a write that fails (a full disk, a run

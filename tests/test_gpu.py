@@ -328,10 +328,12 @@ def test_the_reference_check_does_not_enter_reserved_memory():
     assert checked <= plain * 1.1 + 0.05, f"reserved GiB: {checked} checked, {plain} plain"
 
 
-def test_training_script_saves_and_resumes_on_cuda(tmp_path):
+@pytest.mark.parametrize("sharded", [False, True], ids=["file", "sharded"])
+def test_training_script_saves_and_resumes_on_cuda(tmp_path, sharded):
     """scripts/train.py on one GPU (NCCL, CUDA tensors in the saved state): a run stopped at
     step 2 and resumed ends with the losses of one never stopped (float64: losing AdamW's
-    moments moves step 3 by ~1e-3, far above kernels' atomics)."""
+    moments moves step 3 by ~1e-3, far above kernels' atomics); in one file, and as
+    torch.distributed.checkpoint's shards (--sharded-state)."""
     import json
     import subprocess
     import sys
@@ -343,7 +345,8 @@ def test_training_script_saves_and_resumes_on_cuda(tmp_path):
         res = subprocess.run([sys.executable, str(root / "scripts" / "train.py"), "--out",
                               str(out), "--device", "cuda", "--world", "1", "--seq-len", "256",
                               "--dtype", "float64",
-                              "--steps", str(steps), "--save-every", "2"],
+                              "--steps", str(steps), "--save-every", "2",
+                              *(["--sharded-state"] if sharded else [])],
                              cwd=root, capture_output=True, text=True, timeout=600)
         assert res.returncode == 0, res.stderr[-3000:]
         return [json.loads(line)["loss"] for line in (out / "steps.jsonl").open()]

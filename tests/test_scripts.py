@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -396,6 +397,37 @@ def test_a_resume_may_change_cp_degree_batch_and_dp_wrapper(tmp_path):
     got, want = _losses(moved), _losses(one)
     assert [s for s, _ in got] == [0, 1, 2], got
     assert max(abs(a - b) for (_, a), (_, b) in zip(got, want, strict=True)) < 1e-10, (got, want)
+
+
+def test_a_sharded_state_resumes_a_run_on_another_layout(tmp_path):
+    """scripts/train.py --sharded-state: every rank saves its own shards (FSDP over 2 ranks
+    here), and the run resumes from them on another layout with the losses of one never
+    interrupted; a resume must keep the flag, and an unfinished state is refused before any
+    rank starts."""
+    one, sharded = tmp_path / "one", tmp_path / "sharded"
+    res = _train(one, "--world", "1", "--batch", "2", "--steps", "3")
+    assert res.returncode == 0, res.stderr[-3000:]
+    res = _train(sharded, "--world", "2", "--cp-degree", "1", "--data-parallel", "fsdp",
+                 "--sharded-state", "--steps", "2")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert os.readlink(sharded / "state") == "state.a" and not (sharded / "state.pt").exists()
+    assert {"__0_0.distcp", "__1_0.distcp", "info.pt"} <= {
+        p.name for p in (sharded / "state.a").iterdir()}
+    res = _train(sharded, "--world", "2", "--cp-degree", "1", "--data-parallel", "fsdp",
+                 "--steps", "3")
+    assert res.returncode != 0 and "sharded_state: True then, False now" in res.stderr, (
+        res.stderr[-3000:])
+    res = _train(sharded, "--world", "2", "--cp-degree", "2", "--batch", "2", "--sharded-state",
+                 "--steps", "3")
+    assert res.returncode == 0 and "resuming at step 2" in res.stdout, res.stderr[-3000:]
+    got, want = _losses(sharded), _losses(one)
+    assert [s for s, _ in got] == [0, 1, 2], got
+    assert max(abs(a - b) for (_, a), (_, b) in zip(got, want, strict=True)) < 1e-10, (got, want)
+    assert os.readlink(sharded / "state") == "state.b"  # the save at step 2 kept in state.a
+    (sharded / "state.b" / "info.pt").unlink()  # a save that did not finish
+    res = _train(sharded, "--world", "2", "--sharded-state", "--batch", "2", "--steps", "4")
+    assert res.returncode != 0 and "is not a state Trainer.save(..., sharded=True) finished" in (
+        res.stderr), res.stderr[-3000:]
 
 
 def test_train_help_shows_each_default(monkeypatch):

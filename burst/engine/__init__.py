@@ -8,6 +8,8 @@
 - ``checkpointing``: none / full / selective / selective_half recomputation.
 - ``fused_loss``: chunked LM head + cross-entropy.
 - ``data``, ``parallel``, ``trainer``: the data path, CP/DP groups and the training step.
+- ``sharded_state``: the training state as every rank's own shards (``Trainer.save(...,
+  sharded=True)``), torch.distributed.checkpoint folders behind a link.
 
 The engine takes the attention method as an object (registry signature); it never imports
 ``baselines``.

@@ -17,12 +17,14 @@ Every rank builds identical weights from ``seed`` (or ``state_dict``) without co
 (under a sharding FSDP, its shard of them alone); one all-gather at construction checks that
 every rank's arguments are valid, and that the seed or the weights given, and the setup, are the
 same on every rank.
-``save(path)`` / ``load(path)`` keep the whole training state (weights and optimizer, gathered
-on rank 0), so a run that dies resumes with the losses it would have had, on any CP x DP layout.
+``save(path)`` / ``load(path)`` keep the whole training state (weights and optimizer), so a run
+that dies resumes with the losses it would have had, on any CP x DP layout: in one file gathered
+on rank 0, or with ``sharded=True`` as every rank's own shards (``burst.engine.sharded_state``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import numbers
@@ -34,6 +36,7 @@ from pathlib import Path
 import torch
 
 from burst import comm
+from burst.engine import sharded_state
 from burst.engine.attention_call import AttentionCall, resolve_attention
 from burst.engine.checkpointing import check_mode
 from burst.engine.configs import ModelConfig, get_config
@@ -470,13 +473,21 @@ class Trainer:
                     + "; ".join(problems) + "; nothing was loaded")
         return None
 
-    def save(self, path, meta: dict | None = None) -> None:
+    def save(self, path, meta: dict | None = None, *, sharded: bool = False) -> None:
         """Write ``state_dict()`` to one file, with ``meta`` (plain values: the caller's step,
         arguments) that ``load`` returns: global rank 0 writes ``<path>.tmp`` and renames it,
         so a run killed while saving keeps the previous file whole. A collective; it returns
         on every rank once the file is complete, and raises on every rank if the write
-        failed."""
+        failed.
+
+        ``sharded``: every rank writes the shards it holds instead (torch.distributed.checkpoint;
+        no rank gathers the state, so rank 0's memory does not grow with the model), into one
+        of two folders beside ``path``, which becomes a link to the one just written (the
+        other keeps the save before it): ``burst.engine.sharded_state``. Every rank must see
+        ``path`` (a shared filesystem across nodes)."""
         path = Path(path)
+        if sharded:
+            return self._save_sharded(path, meta)
         state, error = self.state_dict(), None
         if comm.rank() == 0:
             tmp = path.with_name(f"{path.name}.tmp")
@@ -506,7 +517,12 @@ class Trainer:
         weights). The file is memory-mapped (copy-on-write), not read into rank 0's memory
         whole: a 2.2 GiB state's load peaked at 3.4 GiB of anonymous memory instead of 5.7,
         and the optimizer's moments stay file pages until the next step writes them, so the
-        file must not be overwritten in place (``save`` replaces it) before that step."""
+        file must not be overwritten in place (``save`` replaces it) before that step.
+        A ``path`` that is a folder (or the link to one) is a state ``save(..., sharded=True)``
+        wrote: every rank reads the slices it needs, after a check of every file's CRC-32
+        (each rank a share of the files)."""
+        if sharded_state.is_sharded(path):
+            return self._load_sharded(Path(path))
         state, error = None, None
         if comm.rank() == 0:
             try:
@@ -522,6 +538,94 @@ class Trainer:
         self.load_state_dict(state)
         meta = state.get("meta", {}) if isinstance(state, dict) else None
         return comm.gather_objects(meta, device=self.device)[0]
+
+    def _save_sharded(self, path: Path, meta: dict | None) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        what, folder, error = f"the save to {path}", None, None
+        if comm.rank() == 0:
+            try:
+                _check_plain(meta or {}, "meta")
+                folder = sharded_state.target_folder(path)
+                sharded_state.prepare(folder)
+            except Exception as e:  # noqa: BLE001  (every rank must learn of it)
+                error = e
+        self._raise_if_any(error, what)
+        folder = Path(comm.gather_objects(str(folder), device=self.device)[0])
+        # an optimizer that took no step: torch fills its state with a zero-lr step (which
+        # AdamW would count); its hyperparameters are kept instead, and the state emptied
+        fresh = not self.optimizer.state
+        weights, optim = get_state_dict(self.model, self.optimizer)
+        hyper = None
+        if fresh:
+            self.optimizer.state.clear()
+            hyper = [{k: v for k, v in g.items() if k != "params"}
+                     for g in optim["param_groups"]]
+        crcs = None
+        try:
+            with _one_process_quiet():
+                dcp.save({"model": weights} if fresh else {"model": weights, "optimizer": optim},
+                         checkpoint_id=folder)
+            crcs = sharded_state.gather_crcs(folder, device=self.device)
+        except Exception as e:  # noqa: BLE001
+            error = e
+        self._raise_if_any(error, what)
+        if comm.rank() == 0:
+            try:
+                sharded_state.publish(path, folder, {
+                    "format": 1, "meta": dict(meta or {}), "optimizer_name": self.optimizer_name,
+                    "fresh": hyper, "crcs": crcs})
+            except Exception as e:  # noqa: BLE001
+                error = e
+        self._raise_if_any(error, what)
+
+    def _load_sharded(self, path: Path) -> dict:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        info, weights, error = None, None, None
+        try:
+            info = sharded_state.read_info(path)
+            if info["optimizer_name"] != self.optimizer_name:
+                raise ValueError(f"the state is of a {info['optimizer_name']!r} optimizer, "
+                                 f"this Trainer's is {self.optimizer_name!r}")
+            weights = sharded_state.saved_weights(path)
+            why = self._weights_problem(weights)
+            if why:
+                raise ValueError(why)
+            bad = sharded_state.crc_problems(path, info["crcs"], comm.rank(),
+                                             comm.world_size())
+            if bad:
+                raise _Changed(f"{path} was changed after Trainer.save wrote it: "
+                               f"{'; '.join(bad[:3])}; nothing was loaded (resume from another "
+                               "copy of the state" + (
+                                   f": the save before it is in "
+                                   f"{sharded_state.target_folder(path)})"
+                                   if path.is_symlink() else ")"))
+        except (OSError, ValueError) as e:
+            error = e
+        self._raise_if_any(error, f"the load of {path}")
+        if comm.rank() == 0:
+            self._warn_if_rounded(weights)
+        self.optimizer.zero_grad(set_to_none=True)  # gradients not yet applied: dropped
+        model, optim = get_state_dict(self.model, self.optimizer)
+        fresh = info["fresh"]
+        try:
+            state = {"model": model} if fresh is not None else {"model": model,
+                                                               "optimizer": optim}
+            with _one_process_quiet():
+                dcp.load(state, checkpoint_id=path)
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state.get("optimizer", optim))
+        except Exception as e:  # noqa: BLE001
+            error = e
+        self._raise_if_any(error, f"the load of {path}")
+        if fresh is not None:
+            for group, saved in zip(self.optimizer.param_groups, fresh, strict=True):
+                group.update(saved)
+            self.optimizer.state.clear()
+        return info["meta"]
 
     def _raise_if_any(self, error: Exception | None, what: str) -> None:
         """A rank's ``error`` raised there, and as a RuntimeError quoting the first failed
@@ -784,6 +888,14 @@ class Trainer:
 
 
 _PLAIN = (type(None), bool, int, float, str)
+
+
+@contextlib.contextmanager
+def _one_process_quiet():
+    """DCP without a process group (one process) says it assumes one process, at every call."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 class _Changed(ValueError):
