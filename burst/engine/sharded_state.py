@@ -19,6 +19,9 @@ caller's ``meta``, the optimizer's name, the hyperparameters of an optimizer tha
 step yet (its empty state is not saved: torch would fill it with a zero-lr step), and a CRC-32
 of every file DCP wrote, which a load checks (each rank a share of the files) before it reads:
 DCP itself keeps no checksums, and bit rot would resume, silently, from wrong weights.
+
+Unlike the one-file state (read with ``torch.load(weights_only=True)``), DCP unpickles its
+``.metadata`` and the optimizer's hyperparameters: load only sharded states you trust.
 """
 
 from __future__ import annotations

@@ -520,7 +520,8 @@ class Trainer:
         file must not be overwritten in place (``save`` replaces it) before that step.
         A ``path`` that is a folder (or the link to one) is a state ``save(..., sharded=True)``
         wrote: every rank reads the slices it needs, after a check of every file's CRC-32
-        (each rank a share of the files)."""
+        (each rank a share of the files); torch.distributed.checkpoint unpickles parts of it,
+        so load only sharded states you trust."""
         if sharded_state.is_sharded(path):
             return self._load_sharded(Path(path))
         state, error = None, None
