@@ -28,9 +28,10 @@ where it does gains them, each with a warning, and its losses drift); the other 
 (``<out>/run.json``; a default named, such as the model's own ``--kv-heads``, is the same
 argument). Arguments the engine would refuse (a method, layout, length or ``--ranks-per-node``
 that cannot run on the ranks) are refused before any rank starts. Rank 0 alone reads and
-writes ``--out``. A run holds ``<out>/.lock`` while it writes there (its launcher, or rank 0
-under torchrun): the same command started again meanwhile is refused, and the ranks of a
-launcher that was killed die with it (``burst.spawn``). A log line that is not a step's record
+writes ``--out`` (with ``--sharded-state`` every rank writes and reads its shards there). A run
+holds ``<out>/.lock`` while it writes there (its launcher, or rank 0 under torchrun): the same
+command started again meanwhile is refused, and the ranks of a launcher that was killed die
+with it (``burst.spawn``). A log line that is not a step's record
 is refused before a resume, and so is a cut or unfinished state; steps the log lacks are named.
 """
 
