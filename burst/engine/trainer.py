@@ -583,7 +583,12 @@ class Trainer:
 
     def _load_sharded(self, path: Path) -> dict:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            get_state_dict,
+            set_model_state_dict,
+            set_state_dict,
+        )
 
         info, weights, error = None, None, None
         try:
@@ -610,22 +615,25 @@ class Trainer:
         if comm.rank() == 0:
             self._warn_if_rounded(weights)
         self.optimizer.zero_grad(set_to_none=True)  # gradients not yet applied: dropped
-        model, optim = get_state_dict(self.model, self.optimizer)
-        fresh = info["fresh"]
+        fresh = info["fresh"]  # the hyperparameters of an optimizer saved before its first step
         try:
-            state = {"model": model} if fresh is not None else {"model": model,
-                                                               "optimizer": optim}
-            with _one_process_quiet():
-                dcp.load(state, checkpoint_id=path)
-            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                           optim_state_dict=state.get("optimizer", optim))
+            if fresh is None:  # this Trainer's sharded state, filled in place from the files
+                model, optim = get_state_dict(self.model, self.optimizer)
+                with _one_process_quiet():
+                    dcp.load({"model": model, "optimizer": optim}, checkpoint_id=path)
+                set_state_dict(self.model, self.optimizer, model_state_dict=model,
+                               optim_state_dict=optim)
+            else:
+                model = get_model_state_dict(self.model)
+                with _one_process_quiet():
+                    dcp.load({"model": model}, checkpoint_id=path)
+                set_model_state_dict(self.model, model)
+                for group, saved in zip(self.optimizer.param_groups, fresh, strict=True):
+                    group.update(saved)
+                self.optimizer.state.clear()
         except Exception as e:  # noqa: BLE001
             error = e
         self._raise_if_any(error, f"the load of {path}")
-        if fresh is not None:
-            for group, saved in zip(self.optimizer.param_groups, fresh, strict=True):
-                group.update(saved)
-            self.optimizer.state.clear()
         return info["meta"]
 
     def _raise_if_any(self, error: Exception | None, what: str) -> None:
