@@ -637,6 +637,37 @@ def test_a_model_trained_under_fsdp_saves_and_loads():
         assert cp == [rank // 2 * 2, rank // 2 * 2 + 1] and dp == [rank % 2, rank % 2 + 2]
 
 
+def _dropped_trainer_at_destroy(rank: int, world: int) -> tuple[bool, bool]:
+    """(a Trainer under FSDP that went out of scope is still alive, in its reference cycles;
+    comm.destroy collected it), with the collector off as between its automatic runs."""
+    import gc
+    import weakref
+
+    def build():
+        tr = Trainer("tiny", cp_degree=1, data_parallel="fsdp", dtype=torch.float64)
+        tr.step(*tr.local_batch(TRAIN_SEQ, batch=1, seed=0))
+        return weakref.ref(tr)
+
+    gc.disable()
+    try:
+        ref = build()
+        alive = ref() is not None
+        comm.destroy()
+        return alive, ref() is None
+    finally:
+        gc.enable()
+
+
+def test_destroy_collects_a_dropped_trainer_while_its_groups_are_alive():
+    """comm.destroy collects garbage before it destroys the process groups: a dropped FSDP
+    Trainer keeps its group objects (FSDP's parameter groups hold them) until collected, and
+    left to the interpreter's exit they were torn down after torch's: 6 of 50 torchrun
+    processes of scripts/train.py --data-parallel fsdp aborted after their run ("terminate
+    called without an active exception"), 0 of 40 with the collection."""
+    for alive, collected in spawn(_dropped_trainer_at_destroy, 2):
+        assert alive and collected, (alive, collected)
+
+
 def test_a_sharded_state_resumes_exactly_on_another_layout():
     def close(a, b):
         return max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-12
