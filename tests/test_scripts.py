@@ -403,8 +403,8 @@ def test_a_resume_may_change_cp_degree_batch_and_dp_wrapper(tmp_path):
 def test_a_sharded_state_resumes_a_run_on_another_layout(tmp_path):
     """scripts/train.py --sharded-state: every rank saves its own shards (FSDP over 2 ranks
     here), and the run resumes from them on another layout with the losses of one never
-    interrupted; a resume must keep the flag, and an unfinished state is refused before any
-    rank starts."""
+    interrupted, also under torchrun; a resume must keep the flag, and an unfinished state is
+    refused before any rank starts."""
     one, sharded = tmp_path / "one", tmp_path / "sharded"
     res = _train(one, "--world", "1", "--batch", "2", "--steps", "3")
     assert res.returncode == 0, res.stderr[-3000:]
@@ -425,6 +425,19 @@ def test_a_sharded_state_resumes_a_run_on_another_layout(tmp_path):
     assert [s for s, _ in got] == [0, 1, 2], got
     assert max(abs(a - b) for (_, a), (_, b) in zip(got, want, strict=True)) < 1e-10, (got, want)
     assert os.readlink(sharded / "state") == "state.b"  # the save at step 2 kept in state.a
+    # under torchrun (2 processes, gloo, FSDP): the same losses, and a resume there
+    launched = tmp_path / "torchrun"
+    for steps in ("2", "3"):
+        res = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+             "2", str(ROOT / "scripts" / "train.py"), "--out", str(launched), "--seq-len", "64",
+             "--dtype", "float64", "--save-every", "2", "--steps", steps, "--cp-degree", "1",
+             "--data-parallel", "fsdp", "--sharded-state"],
+            cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+    assert "resuming at step 2" in res.stdout, res.stdout
+    got = _losses(launched)
+    assert max(abs(a - b) for (_, a), (_, b) in zip(got, want, strict=True)) < 1e-10, (got, want)
     (sharded / "state.b" / "info.pt").unlink()  # a save that did not finish
     res = _train(sharded, "--world", "2", "--sharded-state", "--batch", "2", "--steps", "4")
     assert res.returncode != 0 and "is not a state Trainer.save(..., sharded=True) finished" in (
