@@ -344,6 +344,24 @@ def _resume_sharded(path: Path) -> dict:
     again = Trainer("tiny", cp_degree=2, optimizer="sgd", seed=5, dtype=torch.float64)
     again.load(path.with_name("sgd_sharded"))
     out["sgd"] = [steps(sgd, (1, 2)), steps(again, (1, 2))]
+    # a rank that cannot read back what it wrote: every rank raises, none waits for it, and
+    # the link still names the last save
+    from burst.engine import sharded_state
+
+    def unreadable(path):
+        raise OSError(f"EIO reading {path.name}")
+
+    crc = sharded_state._file_crc
+    if comm.rank() == 1:
+        sharded_state._file_crc = unreadable
+    try:
+        again.save(path, sharded=True)
+        out["unreadable"] = "no error"
+    except OSError as e:
+        out["unreadable"] = f"{type(e).__name__}: {e}"
+    finally:
+        sharded_state._file_crc = crc
+    out["link kept"] = os.readlink(path)
     # one changed byte of the last save: every rank refuses it (each checks a share)
     comm.barrier()
     if comm.rank() == 0:
@@ -691,7 +709,10 @@ def test_a_sharded_state_resumes_exactly_on_another_layout():
         assert close(*out["sgd"]), out["sgd"]
         # the rank that checked the changed file says which; the others quote it
         assert "__3_0.distcp fails its CRC-32 check" in out["changed"], out["changed"]
-        assert "the save before it is in" in out["changed"], out["changed"]
+        assert "such as the save before it" in out["changed"], out["changed"]
+        assert out["link kept"] == "sharded.b", out["link kept"]
+        assert ("EIO reading __1_0.distcp" in out["unreadable"]
+                and out["unreadable"].startswith("OSError")), out["unreadable"]
 
 
 def test_a_saved_training_state_resumes_exactly_on_another_layout():

@@ -456,8 +456,22 @@ def test_a_sharded_save_keeps_the_one_before_and_refuses_what_is_not_its_state(t
     data[-100] ^= 1
     shard.write_bytes(bytes(data))
     with pytest.raises(ValueError, match=r"__0_0.distcp fails its CRC-32 check; nothing was "
-                                         r"loaded .*the save before it is in .*state\.a"):
+                                         r"loaded .*the save before it, .*state\.a, if it is "):
         again.load(path)
+    # info.pt (the step, an unstepped optimizer's lr) is checked too
+    info = path.resolve() / "info.pt"
+    data = bytearray(info.read_bytes())
+    at = data.index(b"optimizer_name")
+    data[at] ^= 1
+    info.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"info.pt was changed after Trainer.save wrote it"):
+        again.load(path)
+    # a link whose folder is gone: a save there would write over the other, maybe the only state
+    import shutil
+
+    shutil.rmtree(path.resolve())
+    with pytest.raises(ValueError, match=r"links to state.b, which is gone; nothing was saved"):
+        tr.save(path, sharded=True)
 
 
 def test_a_failed_save_keeps_the_previous_file_and_a_bad_state_is_refused(tmp_path,

@@ -493,15 +493,7 @@ class Trainer:
             tmp = path.with_name(f"{path.name}.tmp")
             try:
                 _check_plain(meta or {}, "meta")  # what load's weights_only reader takes
-                crcs = torch.serialization.get_crc32_options()
-                torch.serialization.set_crc32_options(True)  # what load checks (a caller may
-                try:  # have turned them off for faster saves of its own)
-                    with open(tmp, "wb") as f:
-                        torch.save({**state, "meta": dict(meta or {})}, f)
-                        f.flush()
-                        os.fsync(f.fileno())
-                finally:
-                    torch.serialization.set_crc32_options(crcs)
+                sharded_state.save_with_crcs({**state, "meta": dict(meta or {})}, tmp)
                 os.replace(tmp, path)
             except Exception as e:  # noqa: BLE001  (every rank must learn of it)
                 tmp.unlink(missing_ok=True)
@@ -527,9 +519,10 @@ class Trainer:
         state, error = None, None
         if comm.rank() == 0:
             try:
-                _check_crcs(path)
+                sharded_state.check_zip_crcs(path)
                 state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-            except (OSError, _Changed) as e:  # a missing or unreadable file: as the OS says it
+            except (OSError, sharded_state.Changed) as e:  # a missing or unreadable file: as the
+                # OS says it
                 error = e
             except Exception as e:  # noqa: BLE001  (every rank must learn of it)
                 # torch's own words for a file of another kind are "KeyError: 101" and the like
@@ -590,26 +583,35 @@ class Trainer:
             set_state_dict,
         )
 
-        info, weights, error = None, None, None
-        try:
-            info = sharded_state.read_info(path)
+        # the folder the link names, read by rank 0 alone: every rank loads that one save,
+        # should another process save meanwhile or a node see an older link
+        folder, error = None, None
+        if comm.rank() == 0:
+            try:
+                folder = str(sharded_state.resolve(path))
+            except (OSError, ValueError) as e:
+                error = e
+        self._raise_if_any(error, f"the load of {path}")
+        folder = Path(comm.gather_objects(folder, device=self.device)[0])
+        info, weights = None, None
+        try:  # every file's CRC-32 before any is unpickled (each rank a share of the files)
+            info = sharded_state.read_info(folder)
+            bad = sharded_state.crc_problems(folder, info["crcs"], comm.rank(),
+                                             comm.world_size())
+            if bad:
+                raise sharded_state.Changed(
+                    f"{folder} was changed after Trainer.save wrote it: {'; '.join(bad[:3])}; "
+                    "nothing was loaded (resume from another copy of the state"
+                    + (f", such as the save before it, {sharded_state.fallback(path)}, "
+                       "if it is whole" if path.is_symlink() else "") + ")")
             if info["optimizer_name"] != self.optimizer_name:
                 raise ValueError(f"the state is of a {info['optimizer_name']!r} optimizer, "
                                  f"this Trainer's is {self.optimizer_name!r}")
-            weights = sharded_state.saved_weights(path)
+            weights = sharded_state.saved_weights(folder)
             why = self._weights_problem(weights)
             if why:
                 raise ValueError(why)
-            bad = sharded_state.crc_problems(path, info["crcs"], comm.rank(),
-                                             comm.world_size())
-            if bad:
-                raise _Changed(f"{path} was changed after Trainer.save wrote it: "
-                               f"{'; '.join(bad[:3])}; nothing was loaded (resume from another "
-                               "copy of the state" + (
-                                   f": the save before it is in "
-                                   f"{sharded_state.target_folder(path)})"
-                                   if path.is_symlink() else ")"))
-        except (OSError, ValueError) as e:
+        except Exception as e:  # noqa: BLE001  (every rank must learn of it)
             error = e
         self._raise_if_any(error, f"the load of {path}")
         if comm.rank() == 0:
@@ -620,13 +622,13 @@ class Trainer:
             if fresh is None:  # this Trainer's sharded state, filled in place from the files
                 model, optim = get_state_dict(self.model, self.optimizer)
                 with _one_process_quiet():
-                    dcp.load({"model": model, "optimizer": optim}, checkpoint_id=path)
+                    dcp.load({"model": model, "optimizer": optim}, checkpoint_id=folder)
                 set_state_dict(self.model, self.optimizer, model_state_dict=model,
                                optim_state_dict=optim)
             else:
                 model = get_model_state_dict(self.model)
                 with _one_process_quiet():
-                    dcp.load({"model": model}, checkpoint_id=path)
+                    dcp.load({"model": model}, checkpoint_id=folder)
                 set_model_state_dict(self.model, model)
                 for group, saved in zip(self.optimizer.param_groups, fresh, strict=True):
                     group.update(saved)
@@ -905,36 +907,6 @@ def _one_process_quiet():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield
-
-
-class _Changed(ValueError):
-    """A state file whose bytes changed after ``Trainer.save`` wrote it."""
-
-
-def _check_crcs(path) -> None:
-    """Raise ``_Changed`` (a ValueError) if a record of the zip file that ``torch.save`` wrote
-    at ``path`` no longer matches its CRC-32 (each record read once; zipfile checks the CRC
-    at its end). A record stored without one (CRC 0: torch's ``set_crc32_options(False)``) is
-    not checked; a file that is no zip is left to ``torch.load``'s own error."""
-    import zipfile
-
-    try:
-        with zipfile.ZipFile(path) as z:
-            for info in z.infolist():
-                if info.CRC == 0 and info.file_size:  # written without a CRC
-                    continue
-                try:
-                    with z.open(info) as f:
-                        while f.read(1 << 24):
-                            pass
-                except zipfile.BadZipFile as e:
-                    if "CRC" not in str(e):
-                        raise
-                    raise _Changed(f"{path} was changed after Trainer.save wrote it: its "
-                                   f"record {info.filename!r} fails its CRC-32 check; nothing "
-                                   "was loaded (resume from another copy of the state)") from None
-    except zipfile.BadZipFile:
-        return
 
 
 def _check_plain(value, where: str) -> None:
