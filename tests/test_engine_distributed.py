@@ -344,6 +344,18 @@ def _resume_sharded(path: Path) -> dict:
     again = Trainer("tiny", cp_degree=2, optimizer="sgd", seed=5, dtype=torch.float64)
     again.load(path.with_name("sgd_sharded"))
     out["sgd"] = [steps(sgd, (1, 2)), steps(again, (1, 2))]
+    # a bfloat16 run under FSDP (fp32 master weights) loaded under DDP: rounded, with a warning
+    import warnings
+
+    bf = Trainer("tiny", cp_degree=2, data_parallel="fsdp", dtype=torch.bfloat16,
+                 optimizer="adamw", lr=1e-2)
+    steps(bf, (0,))
+    bf.save(path.with_name("bf16_sharded"), sharded=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Trainer("tiny", cp_degree=2, dtype=torch.bfloat16, optimizer="adamw").load(
+            path.with_name("bf16_sharded"))
+    out["bf16 warnings"] = [str(w.message) for w in caught if "rounded" in str(w.message)]
     # a rank that cannot read back what it wrote: every rank raises, none waits for it, and
     # the link still names the last save
     from burst.engine import sharded_state
@@ -690,7 +702,7 @@ def test_a_sharded_state_resumes_exactly_on_another_layout():
     def close(a, b):
         return max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-12
 
-    for out in _ranks(4, "sharded"):
+    for rank, out in enumerate(_ranks(4, "sharded")):
         want = out["want"]
         assert close(out["fresh"], out["first"]), out
         assert out["fresh meta"] == {"step": 0}, out["fresh meta"]
@@ -711,6 +723,10 @@ def test_a_sharded_state_resumes_exactly_on_another_layout():
         assert "__3_0.distcp fails its CRC-32 check" in out["changed"], out["changed"]
         assert "such as the save before it" in out["changed"], out["changed"]
         assert out["link kept"] == "sharded.b", out["link kept"]
+        # warned once, by rank 0
+        assert len(out["bf16 warnings"]) == (rank == 0), out["bf16 warnings"]
+        assert all(w.startswith("Trainer.load: the state's weights are torch.float32")
+                   for w in out["bf16 warnings"]), out["bf16 warnings"]
         assert ("EIO reading __1_0.distcp" in out["unreadable"]
                 and out["unreadable"].startswith("OSError")), out["unreadable"]
 

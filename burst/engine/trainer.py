@@ -390,7 +390,7 @@ class Trainer:
             error = e
         self._raise_if_any(error, "load_state_dict")
 
-    def _warn_if_rounded(self, weights: dict) -> None:
+    def _warn_if_rounded(self, weights: dict, who: str = "Trainer.load_state_dict") -> None:
         """A state of other weights than this Trainer keeps: a bfloat16 run's fp32 master
         weights (saved under a sharding FSDP) loaded under ddp are rounded, and the run goes on
         without them; a bfloat16 run's weights loaded under a sharding FSDP become fp32 masters
@@ -400,13 +400,13 @@ class Trainer:
         wider = sorted(str(d) for d in floats if d.itemsize > mine.itemsize)
         narrower = sorted(str(d) for d in floats if d.itemsize < mine.itemsize)
         if wider:
-            warnings.warn(f"Trainer.load_state_dict: the state's weights are {', '.join(wider)} "
+            warnings.warn(f"{who}: the state's weights are {', '.join(wider)} "
                           f"(fp32 master weights of a run under a sharding FSDP), this Trainer "
                           f"keeps {mine}: they are rounded to it and the run goes on without "
                           "master weights (its losses drift from the run it resumes); resume "
                           "under the same data_parallel to keep them", stacklevel=2)
         elif narrower and self.master_weights:
-            warnings.warn(f"Trainer.load_state_dict: the state's weights are "
+            warnings.warn(f"{who}: the state's weights are "
                           f"{', '.join(narrower)} (a run that kept no master weights), this "
                           f"Trainer keeps {mine} master weights (a sharding FSDP): made from "
                           "the state's and the run goes on with them (its losses drift from "
@@ -615,7 +615,7 @@ class Trainer:
             error = e
         self._raise_if_any(error, f"the load of {path}")
         if comm.rank() == 0:
-            self._warn_if_rounded(weights)
+            self._warn_if_rounded(weights, "Trainer.load")
         self.optimizer.zero_grad(set_to_none=True)  # gradients not yet applied: dropped
         fresh = info["fresh"]  # the hyperparameters of an optimizer saved before its first step
         try:
