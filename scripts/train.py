@@ -31,8 +31,8 @@ that cannot run on the ranks) are refused before any rank starts. Rank 0 alone r
 writes ``--out`` (with ``--sharded-state`` every rank writes and reads its shards there). A run
 holds ``<out>/.lock`` while it writes there (its launcher, or rank 0 under torchrun): the same
 command started again meanwhile is refused, and the ranks of a launcher that was killed die
-with it (``burst.spawn``). A log line that is not a step's record
-is refused before a resume, and so is a cut or unfinished state; steps the log lacks are named.
+with it (``burst.spawn``). A log line that is not a step's record is refused before a resume,
+and so is a cut or unfinished state; steps the log lacks are named.
 """
 
 from __future__ import annotations
@@ -54,7 +54,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _args import nonnegative_float, positive_float, positive_int  # noqa: E402  (scripts/)
 
 from burst import comm  # noqa: E402
-from burst.engine import CHECKPOINTING, CONFIGS, Trainer, param_count, sharded_state  # noqa: E402,E501
+from burst.engine import (  # noqa: E402
+    CHECKPOINTING,
+    CONFIGS,
+    Trainer,
+    param_count,
+    sharded_state,
+)
 from burst.engine.attention_call import resolve_attention  # noqa: E402
 from burst.engine.checkpointing import check_mode  # noqa: E402
 from burst.engine.parallel import DATA_PARALLEL, cp_degree_ok  # noqa: E402

@@ -191,6 +191,29 @@ def full_state(module: nn.Module, optimizer: torch.optim.Optimizer | None = None
     return weights, optim
 
 
+def local_state(module: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """(weights, optimizer state) as this rank holds them, keyed by parameter name (FSDP's
+    shards as DTensors, the rest whole): what torch.distributed.checkpoint writes and reads in
+    place. An optimizer that took no step comes back with an empty state, as in
+    ``full_state``."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    fresh = not optimizer.state
+    weights, optim = get_state_dict(module, optimizer)
+    if fresh:  # torch filled the state with a zero-lr step (AdamW's step count 1): undone
+        optimizer.state.clear()
+        optim["state"] = {}
+    return weights, optim
+
+
+def set_hyperparameters(optimizer: torch.optim.Optimizer, fresh: list[dict]) -> None:
+    """Give ``optimizer`` the saved hyperparameters ``fresh`` (``hyperparameters`` of a state
+    without per-parameter entries) and an empty state, as that saved optimizer had."""
+    for group, saved in zip(optimizer.param_groups, fresh, strict=True):
+        group.update(saved)
+    optimizer.state.clear()
+
+
 def hyperparameters(optim: dict) -> list[dict] | None:
     """The param groups' hyperparameters of a ``full_state`` optimizer state whose optimizer
     had no per-parameter state (plain SGD always, AdamW before its first step), else None."""
@@ -217,6 +240,4 @@ def load_full_state(module: nn.Module, optimizer: torch.optim.Optimizer, weights
     if fresh is None:
         set_optimizer_state_dict(module, optimizer, optim, options=opts)
         return
-    for group, saved in zip(optimizer.param_groups, fresh, strict=True):
-        group.update(saved)
-    optimizer.state.clear()
+    set_hyperparameters(optimizer, fresh)

@@ -50,7 +50,9 @@ from burst.engine.parallel import (
     full_state,
     hyperparameters,
     load_full_state,
+    local_state,
     make_groups,
+    set_hyperparameters,
     wrap_data_parallel,
 )
 from burst.layout import divisors, length_problem
@@ -521,8 +523,8 @@ class Trainer:
             try:
                 sharded_state.check_zip_crcs(path)
                 state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-            except (OSError, sharded_state.Changed) as e:  # a missing or unreadable file: as the
-                # OS says it
+            # a missing or unreadable file: as the OS says it
+            except (OSError, sharded_state.Changed) as e:
                 error = e
             except Exception as e:  # noqa: BLE001  (every rank must learn of it)
                 # torch's own words for a file of another kind are "KeyError: 101" and the like
@@ -535,7 +537,6 @@ class Trainer:
 
     def _save_sharded(self, path: Path, meta: dict | None) -> None:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
 
         what, folder, error = f"the save to {path}", None, None
         if comm.rank() == 0:
@@ -546,21 +547,16 @@ class Trainer:
             except Exception as e:  # noqa: BLE001  (every rank must learn of it)
                 error = e
         self._raise_if_any(error, what)
-        folder = Path(comm.gather_objects(str(folder), device=self.device)[0])
-        # an optimizer that took no step: torch fills its state with a zero-lr step (which
-        # AdamW would count); its hyperparameters are kept instead, and the state emptied
-        fresh = not self.optimizer.state
-        weights, optim = get_state_dict(self.model, self.optimizer)
-        hyper = None
-        if fresh:
-            self.optimizer.state.clear()
-            hyper = [{k: v for k, v in g.items() if k != "params"}
-                     for g in optim["param_groups"]]
+        folder = Path(comm.gather_objects(folder and str(folder), device=self.device)[0])
+        # an optimizer without per-parameter state (SGD, AdamW before its first step): its
+        # hyperparameters go into info.pt instead (DCP would find no tensors to load it into)
+        weights, optim = local_state(self.model, self.optimizer)
+        hyper = hyperparameters(optim)
         crcs = None
         try:
             with _one_process_quiet():
-                dcp.save({"model": weights} if fresh else {"model": weights, "optimizer": optim},
-                         checkpoint_id=folder)
+                dcp.save({"model": weights} if hyper is not None
+                         else {"model": weights, "optimizer": optim}, checkpoint_id=folder)
             crcs = sharded_state.gather_crcs(folder, device=self.device)
         except Exception as e:  # noqa: BLE001
             error = e
@@ -619,7 +615,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)  # gradients not yet applied: dropped
         fresh = info["fresh"]  # the hyperparameters of an optimizer saved before its first step
         try:
-            if fresh is None:  # this Trainer's sharded state, filled in place from the files
+            if fresh is None:  # this Trainer's sharded state (torch fills an empty one:
+                # the tensors DCP loads into), filled in place from the files
                 model, optim = get_state_dict(self.model, self.optimizer)
                 with _one_process_quiet():
                     dcp.load({"model": model, "optimizer": optim}, checkpoint_id=folder)
@@ -630,9 +627,7 @@ class Trainer:
                 with _one_process_quiet():
                     dcp.load({"model": model}, checkpoint_id=folder)
                 set_model_state_dict(self.model, model)
-                for group, saved in zip(self.optimizer.param_groups, fresh, strict=True):
-                    group.update(saved)
-                self.optimizer.state.clear()
+                set_hyperparameters(self.optimizer, fresh)
         except Exception as e:  # noqa: BLE001
             error = e
         self._raise_if_any(error, f"the load of {path}")
