@@ -402,3 +402,60 @@ def test_every_method_over_the_transport_of_the_process_group():
     transport's."""
     for errs in _results(4)[5]:
         assert len(errs) == 10 and max(errs.values()) < 1e-4, errs
+
+
+# where torch.distributed may be called: the one communication module, the engine's DDP/FSDP
+# wrapping and state saving (torch's own, README "What is here"), and the adapters of the
+# external packages, which call it themselves (their byte columns stay empty)
+_CALLERS = {"burst/comm.py", "burst/engine/parallel.py", "baselines/external.py"}
+# elsewhere only what sends nothing: DTensor types and placements, distribute_tensor with
+# src_data_rank=None (each rank keeps its own piece), and reading a checkpoint's metadata
+_QUIET = {"torch.distributed.tensor": {"DTensor", "Replicate", "Shard", "distribute_tensor"},
+          "torch.distributed.checkpoint": {"FileSystemReader"},
+          "torch.distributed.checkpoint.metadata": {"TensorStorageMetadata"}}
+
+
+def _distributed_uses(tree) -> list[str]:
+    import ast
+
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            bad += [a.name for a in node.names if a.name.startswith("torch.distributed")]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch.distrib"):
+            quiet = _QUIET.get(node.module, set())
+            bad += [f"{node.module}.{a.name}" for a in node.names if a.name not in quiet]
+        elif isinstance(node, ast.ImportFrom) and node.module == "torch":
+            bad += [f"torch.{a.name}" for a in node.names if a.name == "distributed"]
+        elif isinstance(node, ast.Attribute) and node.attr == "distributed" and \
+                isinstance(node.value, ast.Name) and node.value.id == "torch":
+            bad.append(f"torch.distributed (line {node.lineno})")
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", "") == "distribute_tensor":
+            src = [k.value for k in node.keywords if k.arg == "src_data_rank"]
+            if not (src and isinstance(src[0], ast.Constant) and src[0].value is None):
+                bad.append(f"distribute_tensor without src_data_rank=None (line {node.lineno})")
+    return bad
+
+
+def test_only_the_communication_module_and_torchs_wrappers_call_torch_distributed():
+    """What moves bytes goes through ``burst.comm`` (so the byte counter sees it), except
+    torch's DDP/FSDP and checkpoint calls in ``burst/engine/parallel.py`` and the external
+    adapters: an import of torch.distributed anywhere else fails here, with its file."""
+    import ast
+
+    found = {}
+    for path in sorted([*ROOT.glob("burst/**/*.py"), *ROOT.glob("baselines/**/*.py")]):
+        rel = path.relative_to(ROOT).as_posix()
+        uses = _distributed_uses(ast.parse(path.read_text(), rel))
+        if uses and rel not in _CALLERS:
+            found[rel] = uses
+    assert not found, found
+    # and the check itself sees each kind of use
+    probe = ast.parse("import torch.distributed as dist\nfrom torch.distributed import "
+                      "all_reduce\nx = torch.distributed.get_rank()\n"
+                      "from torch.distributed.tensor import DTensor, distribute_tensor\n"
+                      "distribute_tensor(w, mesh, p)\ndistribute_tensor(w, mesh, p, "
+                      "src_data_rank=None)\n")
+    assert sorted(_distributed_uses(probe)) == [
+        "distribute_tensor without src_data_rank=None (line 5)", "torch.distributed",
+        "torch.distributed (line 3)", "torch.distributed.all_reduce"]

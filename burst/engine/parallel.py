@@ -11,10 +11,14 @@ averages the gradients; that is the one place the engine lets torch.distributed 
 ``burst.comm`` (issue 4 asks for torch's DDP/FSDP, not a home-made one), and so are the whole
 training state's gathering and restoring across those wrappers (``full_state``,
 ``load_full_state``: torch.distributed.checkpoint's full state dicts, which gather FSDP's shards
-and shard them again).
+and shard them again) and its sharded save and load (``save_local_state``,
+``load_local_state``: torch.distributed.checkpoint's files, each rank its own shards).
 """
 
 from __future__ import annotations
+
+import contextlib
+import warnings
 
 import torch
 from torch import nn
@@ -23,7 +27,8 @@ from burst import comm
 from burst.layout import divisors
 
 __all__ = ["DATA_PARALLEL", "GRAD_BUCKET_BYTES", "all_reduce_grads", "full_state",
-           "hyperparameters", "load_full_state", "make_groups", "wrap_data_parallel"]
+           "hyperparameters", "load_full_state", "load_local_state", "make_groups",
+           "save_local_state", "wrap_data_parallel"]
 
 DATA_PARALLEL = ("ddp", "fsdp", "fsdp_world")
 """torch's DDP or FSDP across the DP group; ``fsdp_world``: FSDP over every rank (CP x DP), so
@@ -240,4 +245,55 @@ def load_full_state(module: nn.Module, optimizer: torch.optim.Optimizer, weights
     if fresh is None:
         set_optimizer_state_dict(module, optimizer, optim, options=opts)
         return
+    set_hyperparameters(optimizer, fresh)
+
+
+@contextlib.contextmanager
+def _one_process_quiet():
+    """DCP without a process group (one process) says it assumes one process, at every call."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def save_local_state(module: nn.Module, optimizer: torch.optim.Optimizer,
+                     folder) -> list[dict] | None:
+    """Write each rank's own part of ``local_state`` into ``folder`` with
+    torch.distributed.checkpoint (nothing gathered). An optimizer without per-parameter state
+    (SGD, AdamW before its first step) is not written (DCP would find no tensors to load it
+    into): its ``hyperparameters`` are returned instead, for the caller to keep; else None.
+    A collective."""
+    import torch.distributed.checkpoint as dcp
+
+    weights, optim = local_state(module, optimizer)
+    fresh = hyperparameters(optim)
+    with _one_process_quiet():
+        dcp.save({"model": weights} if fresh is not None
+                 else {"model": weights, "optimizer": optim}, checkpoint_id=folder)
+    return fresh
+
+
+def load_local_state(module: nn.Module, optimizer: torch.optim.Optimizer, folder, *,
+                     fresh: list[dict] | None) -> None:
+    """Restore what ``save_local_state`` wrote into ``folder``, on any CP x DP layout and either
+    wrapper (DCP reshards it): ``fresh``, what that save returned. A collective."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_state_dict,
+        set_model_state_dict,
+        set_state_dict,
+    )
+
+    if fresh is None:  # this rank's own state (torch fills an empty one: the tensors DCP
+        # loads into), filled in place from the files
+        weights, optim = get_state_dict(module, optimizer)
+        with _one_process_quiet():
+            dcp.load({"model": weights, "optimizer": optim}, checkpoint_id=folder)
+        set_state_dict(module, optimizer, model_state_dict=weights, optim_state_dict=optim)
+        return
+    weights = get_model_state_dict(module)
+    with _one_process_quiet():
+        dcp.load({"model": weights}, checkpoint_id=folder)
+    set_model_state_dict(module, weights)
     set_hyperparameters(optimizer, fresh)

@@ -24,7 +24,6 @@ on rank 0, or with ``sharded=True`` as every rank's own shards (``burst.engine.s
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import numbers
@@ -50,9 +49,9 @@ from burst.engine.parallel import (
     full_state,
     hyperparameters,
     load_full_state,
-    local_state,
+    load_local_state,
     make_groups,
-    set_hyperparameters,
+    save_local_state,
     wrap_data_parallel,
 )
 from burst.layout import divisors, length_problem
@@ -536,8 +535,6 @@ class Trainer:
         return comm.gather_objects(meta, device=self.device)[0]
 
     def _save_sharded(self, path: Path, meta: dict | None) -> None:
-        import torch.distributed.checkpoint as dcp
-
         what, folder, error = f"the save to {path}", None, None
         if comm.rank() == 0:
             try:
@@ -548,15 +545,9 @@ class Trainer:
                 error = e
         self._raise_if_any(error, what)
         folder = Path(comm.gather_objects(folder and str(folder), device=self.device)[0])
-        # an optimizer without per-parameter state (SGD, AdamW before its first step): its
-        # hyperparameters go into info.pt instead (DCP would find no tensors to load it into)
-        weights, optim = local_state(self.model, self.optimizer)
-        hyper = hyperparameters(optim)
-        crcs = None
-        try:
-            with _one_process_quiet():
-                dcp.save({"model": weights} if hyper is not None
-                         else {"model": weights, "optimizer": optim}, checkpoint_id=folder)
+        hyper, crcs = None, None
+        try:  # an optimizer without per-parameter state: its hyperparameters go into info.pt
+            hyper = save_local_state(self.model, self.optimizer, folder)
             crcs = sharded_state.gather_crcs(folder, device=self.device)
         except Exception as e:  # noqa: BLE001
             error = e
@@ -571,14 +562,6 @@ class Trainer:
         self._raise_if_any(error, what)
 
     def _load_sharded(self, path: Path) -> dict:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import (
-            get_model_state_dict,
-            get_state_dict,
-            set_model_state_dict,
-            set_state_dict,
-        )
-
         # the folder the link names, read by rank 0 alone: every rank loads that one save,
         # should another process save meanwhile or a node see an older link
         folder, error = None, None
@@ -613,21 +596,8 @@ class Trainer:
         if comm.rank() == 0:
             self._warn_if_rounded(weights, "Trainer.load")
         self.optimizer.zero_grad(set_to_none=True)  # gradients not yet applied: dropped
-        fresh = info["fresh"]  # the hyperparameters of an optimizer saved before its first step
-        try:
-            if fresh is None:  # this Trainer's sharded state (torch fills an empty one:
-                # the tensors DCP loads into), filled in place from the files
-                model, optim = get_state_dict(self.model, self.optimizer)
-                with _one_process_quiet():
-                    dcp.load({"model": model, "optimizer": optim}, checkpoint_id=folder)
-                set_state_dict(self.model, self.optimizer, model_state_dict=model,
-                               optim_state_dict=optim)
-            else:
-                model = get_model_state_dict(self.model)
-                with _one_process_quiet():
-                    dcp.load({"model": model}, checkpoint_id=folder)
-                set_model_state_dict(self.model, model)
-                set_hyperparameters(self.optimizer, fresh)
+        try:  # "fresh": the hyperparameters of an optimizer saved before its first step
+            load_local_state(self.model, self.optimizer, folder, fresh=info["fresh"])
         except Exception as e:  # noqa: BLE001
             error = e
         self._raise_if_any(error, f"the load of {path}")
@@ -894,14 +864,6 @@ class Trainer:
 
 
 _PLAIN = (type(None), bool, int, float, str)
-
-
-@contextlib.contextmanager
-def _one_process_quiet():
-    """DCP without a process group (one process) says it assumes one process, at every call."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
 
 
 def _check_plain(value, where: str) -> None:
