@@ -199,8 +199,10 @@ def get(name: str) -> Method:
         mod, _, attr = name.partition(":")
         try:
             fn = getattr(importlib.import_module(mod), attr)
-        except (ImportError, AttributeError) as e:
-            raise ValueError(f"cannot import method {name!r}: {e}") from e
+        except Exception as e:  # noqa: BLE001  (a module that fails as it imports, whatever
+            # it raises: SyntaxError, OSError of a missing library, its own error)
+            raise ValueError(f"cannot import method {name!r}: "
+                             f"{type(e).__name__}: {e}") from e
         if isinstance(fn, Method):
             return fn
         problem = _call_problem(fn)

@@ -426,9 +426,25 @@ def load(path: str | os.PathLike):
     if path.name == ROWS:  # a run's rows: as its folder (cell order, speedups)
         return consolidate(path.parent, write=False)
     if path.suffix == ".jsonl":
-        return _frame(_last_per_cell(read_rows(path)))
+        return _rows_table(_frame(_last_per_cell(read_rows(path))), path)
     if path.suffix == ".parquet":
-        return pd.read_parquet(path)
+        return _rows_table(pd.read_parquet(path), path)
     if path.suffix == ".csv":  # an empty field is missing; a label "NA" stays a label
-        return pd.read_csv(path, keep_default_na=False, na_values=[""])
+        return _rows_table(pd.read_csv(path, keep_default_na=False, na_values=[""]), path)
     raise ValueError(f"cannot read {path}: expected a folder, .jsonl, .parquet or .csv")
+
+
+# the columns every row has that the tables of show and compare are keyed by
+_KEY_COLUMNS = ("label", "status", "seq_len", "world")
+
+
+def _rows_table(df, path: Path):
+    """``df`` if it is a table of result rows (results/README.md), else a ValueError that says
+    what the file is not (another CSV, the output of ``compare``, the published numbers)."""
+    missing = [c for c in _KEY_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"{path} is not a table of result rows (no column "
+                         f"{', '.join(map(repr, missing))}; the row schema is in "
+                         "results/README.md): give a run folder, a sweep folder, its rows.jsonl, "
+                         f"or the {CSV} / {TABLE} a run writes")
+    return df

@@ -17,8 +17,9 @@ __all__ = ["MATCH_KEYS", "METRICS", "add_speedup", "compare", "compare_keys", "n
 MATCH_KEYS = ("workload", "model", "seq_len", "batch", "heads", "kv_heads", "head_dim", "causal",
               "window", "dtype", "world", "nodes", "device")
 
-SETUP_KEYS = ("method_options", "warmup", "repeats")
-"""How a matched cell was run, beyond what matches it: ``compare`` notes a difference."""
+SETUP_KEYS = ("method_options", "data_parallel", "warmup", "repeats")
+"""How a matched cell was run, beyond what matches it: ``compare`` notes a difference
+(``data_parallel``: a training step's, read from its ``spec``)."""
 
 # metric -> (heading, scale, format, higher is better); a scaled value's heading ends with its
 # unit in parentheses (compare reads it from there)
@@ -82,11 +83,25 @@ def _check_unique(df, what: str) -> None:
         seen[k] = i
 
 
+def _data_parallel(spec, workload) -> str | None:
+    """A training step's DP wrapper from its row's ``spec`` (the cell; none there: the
+    engine's default, ddp); None for another workload or a row without a spec."""
+    if workload != "train_step" or _missing(spec):
+        return None
+    try:
+        return json.loads(spec).get("data_parallel") or "ddp"
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
 def _with_derived(df):
     df = df.copy()
     if "bytes_sent" not in df.columns and "bytes_sent_forward" in df.columns:
         df["bytes_sent"] = df["bytes_sent_forward"].astype(float) + df[
             "bytes_sent_backward"].astype(float)
+    if "data_parallel" not in df.columns and {"spec", "workload"} <= set(df.columns):
+        df["data_parallel"] = [_data_parallel(s, w)
+                               for s, w in zip(df["spec"], df["workload"], strict=True)]
     return df
 
 

@@ -238,11 +238,7 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
             store.repair(run.rows)  # a row torn by a killed writer is dropped; its cell runs again
             store.repair(run.dir / "jobs.jsonl")  # and a torn job record (that job runs again)
             meta = store.read_meta(run.dir)
-            if not store.has_rows(run.dir) and store.table_has_rows(run.dir):
-                # resumed, it would measure every cell again and replace the only copy of its rows
-                raise ValueError(f"run {run.dir.name} is kept as its table alone (no "
-                                 f"{store.ROWS}): it cannot be resumed; --new measures the sweep "
-                                 "in a new run and leaves this one as it is")
+            _refuse_table_only(run.dir)
             ids = [c.cell_id for c in cells]
             skip = _done(store.read_rows(run.rows), retry_failed)
             todo = [c for c in cells if c.cell_id not in skip]
@@ -338,10 +334,22 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.2g} s" if seconds < 60 else f"{seconds / 60:.1f} min"
 
 
+def _refuse_table_only(run_dir: Path) -> None:
+    """A run kept as its table alone is never resumed: it would measure every cell again and
+    replace the only copy of its rows."""
+    if not store.has_rows(run_dir) and store.table_has_rows(run_dir):
+        raise ValueError(f"run {run_dir.name} is kept as its table alone (no "
+                         f"{store.ROWS}): it cannot be resumed; --new measures the sweep "
+                         "in a new run and leaves this one as it is")
+
+
 def _dry_run_sweep(spec: SweepSpec, cells, *, out, run_id, new, retry_failed, slurm,
                    job_folder, stream, hardware=None) -> None:
-    """What a run would submit now: the cells its run has not done."""
+    """What a run would submit now: the cells its run has not done (a run it would refuse
+    to resume, refused alike)."""
     resumed = select_run(spec, Path(out), run_id, new)
+    if resumed.exists():
+        _refuse_table_only(resumed)
     # a new run's id is its start time, unless named
     rid = resumed.name if resumed.exists() or run_id else "<run_id>"
     folder = (job_base(Path(job_folder).absolute(), spec.name, rid) if job_folder

@@ -504,29 +504,20 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
 
 
 def _shape_or_model(r: _Reader, data: dict, workload, dtype):
-    """The attention [shape] or the train_step model, each refused under the other workload."""
+    """The attention [shape] or the train_step model, each refused under the other workload
+    (under a bad or missing workload, whichever the spec gives is checked all the same, so
+    its problems come in the same round)."""
     shape = model = None
-    if workload == "attention":
-        t = r.get(data, "shape", "", dict, {})
-        if t is not None:
-            r.keys(t, _SHAPE, "shape.")
-            vals = {k: r.get(t, k, "shape.", int, d, minimum=m) for k, d, m in
-                    (("heads", 8, 1), ("kv_heads", 0, 0), ("head_dim", 64, 1))}
-            vals["causal"] = r.get(t, "causal", "shape.", bool, True)
-            win = r.int_list(t, "window", "shape.", None, minimum=0)
-            if win is not None and len(win) != 2:
-                r.add("shape.window", f"{list(win)} must be [left, right] (two token counts)")
-                win = None
-            vals["window"] = win
-            if None not in (vals["heads"], vals["kv_heads"], vals["head_dim"], vals["causal"]):
-                shape = Shape(**vals)
-                r.problems += shape.problems()
-        if "model" in data:
-            r.add("model", "only applies to workload = 'train_step' (attention uses [shape])")
-    elif workload == "train_step":
+    known = workload in ("attention", "train_step")
+    if workload == "attention" or (not known and "shape" in data):
+        shape = _shape(r, data)
+    if workload == "train_step" or (not known and "model" in data):
         model = r.get(data, "model", "", str)
         if model is not None:
             r.problems += _model_problems(model)
+    if workload == "attention" and "model" in data:
+        r.add("model", "only applies to workload = 'train_step' (attention uses [shape])")
+    if workload == "train_step":
         if "shape" in data:
             r.add("shape", "only applies to workload = 'attention' (train_step takes the "
                   "shape from the model config)")
@@ -534,6 +525,26 @@ def _shape_or_model(r: _Reader, data: dict, workload, dtype):
             r.add("dtype", "'float16': the engine trains in float32, bfloat16 or float64 "
                   "(float16 would need loss scaling; burst.engine.trainer)")
     return shape, model
+
+
+def _shape(r: _Reader, data: dict) -> Shape | None:
+    t = r.get(data, "shape", "", dict, {})
+    if t is None:
+        return None
+    r.keys(t, _SHAPE, "shape.")
+    vals = {k: r.get(t, k, "shape.", int, d, minimum=m) for k, d, m in
+            (("heads", 8, 1), ("kv_heads", 0, 0), ("head_dim", 64, 1))}
+    vals["causal"] = r.get(t, "causal", "shape.", bool, True)
+    win = r.int_list(t, "window", "shape.", None, minimum=0)
+    if win is not None and len(win) != 2:
+        r.add("shape.window", f"{list(win)} must be [left, right] (two token counts)")
+        win = None
+    vals["window"] = win
+    if None in (vals["heads"], vals["kv_heads"], vals["head_dim"], vals["causal"]):
+        return None
+    shape = Shape(**vals)
+    r.problems += shape.problems()
+    return shape
 
 
 def _methods(r: _Reader, data: dict, workload, shape):
@@ -667,8 +678,9 @@ def load_spec(spec: str | Path) -> SweepSpec:
 
 def _shown(path: Path) -> str:
     """A spec's path as run.json records it: relative to the repository when inside it (the
-    same on every machine), else as given."""
+    same on every machine), else absolute (a resume command printed from another folder
+    still finds it)."""
     try:
         return str(path.resolve().relative_to(SPEC_DIR.parent.parent))
     except ValueError:
-        return str(path)
+        return str(path.absolute())

@@ -120,6 +120,16 @@ def test_bad_spec_lists_every_problem(tmp_path):
         load_spec(_write(tmp_path, 'name = "x"\nworkload = "nonsense"\nseq_lens = [64]\n'
                                    '[[methods]]\nname = "nosuch"\n'))
     assert any("unknown method 'nosuch'" in p for p in ei.value.problems), ei.value.problems
+    # and so are the [shape]'s and the model's problems (they came a round later)
+    for body, wants in (
+            ('workload = "atention"\n[shape]\nheds = 8\nhead_dim = "64"\n',
+             ("workload", "shape.heds", "shape.head_dim")),
+            ('model = "nosuchmodel"\n', ("workload", "model"))):
+        with pytest.raises(SpecError) as ei:
+            load_spec(_write(tmp_path, 'name = "x"\nseq_lens = [64]\n' + body +
+                             '[[methods]]\nname = "ring"\n[[scales]]\nworld = 2\n'))
+        got = [p.split(":")[0] for p in ei.value.problems]
+        assert all(any(g.startswith(w) for g in got) for w in wants), ei.value.problems
 
 
 def test_sweep_options_a_run_would_not_honour_are_refused(tmp_path):
@@ -321,7 +331,8 @@ def _rows(label_times, **common):
         r = empty_row()
         r.update(cell_id=f"{label}-{n}", label=label, method=label, seq_len=n, world=4,
                  workload="attention", status=status, time_s=t, bytes_sent_forward=10,
-                 bytes_sent_backward=20, index=i, **common)
+                 bytes_sent_backward=20, index=i)
+        r.update(common)
         out.append(r)
     return out
 
@@ -465,7 +476,7 @@ def _binary(path: Path) -> Path:
     return path
 
 
-def test_cli_user_errors_are_messages_not_tracebacks(tmp_path, capsys):
+def test_cli_user_errors_are_messages_not_tracebacks(tmp_path, capsys, monkeypatch):
     """Each was a traceback (or a silent wrong answer) before (found by a harness audit)."""
     rows = _rows([("ring", 64, 2.0, "ok"), ("burst", 64, 1.0, "ok")])
     d = _run_dir(tmp_path, "20250101T000000Z-1", rows)
@@ -526,6 +537,28 @@ def test_cli_user_errors_are_messages_not_tracebacks(tmp_path, capsys):
         load_spec(_write(tmp_path, GOOD_TINY.replace('name = "ring"', 'name = "os:getcwd"'),
                          "notamethod"))
     assert any("takes 0 positional parameters, not q, k, v" in p for p in ei.value.problems)
+    # so is a module that fails as it imports, whatever it raises (a SyntaxError, a missing
+    # shared library's OSError, its own error): not a traceback, nor a run that "failed"
+    for mod, body, why in (("fails_syntax", "def f(:\n", "SyntaxError"),
+                           ("fails_oserror", "raise OSError('libfoo.so: no such file')\n",
+                            "OSError: libfoo.so"),
+                           ("fails_runtime", "raise RuntimeError('boom')\n", "RuntimeError: boom")):
+        (tmp_path / f"{mod}.py").write_text(body)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        with pytest.raises(SpecError) as ei:
+            load_spec(_write(tmp_path, GOOD_TINY.replace('name = "ring"', f'name = "{mod}:f"'),
+                             mod))
+        assert any(f"cannot import method '{mod}:f': {why}" in p for p in ei.value.problems), \
+            ei.value.problems
+    # a CSV that is not a table of rows (another file, compare's output, the published
+    # numbers) is named so by show and compare (it was a KeyError's traceback, or a table of
+    # dashes and exit 0)
+    (tmp_path / "other.csv").write_text("a,b\n1,2\n")
+    for argv in (["show", str(tmp_path / "other.csv")],
+                 ["compare", str(tmp_path / "other.csv"), str(tmp_path / "other.csv")]):
+        assert cli.main(argv) == 2
+        assert "other.csv is not a table of result rows (no column 'label', 'status'" in \
+            capsys.readouterr().err
     (tmp_path / "specs").mkdir()
     _write(tmp_path / "specs", GOOD_TINY.replace("world = 2", "world = 0"), "broken")
     assert cli.main(["list", "--dir", str(tmp_path / "specs")]) == 0  # `run` finds it by path
@@ -820,6 +853,18 @@ def test_compare_notes_cells_run_with_other_options_under_one_label(tmp_path, ca
     same = _run_dir(tmp_path / "c", "r1", _rows([("slow", 64, 2.0, "ok")], repeats=2))
     assert cli.main(["compare", str(same), str(same)]) == 0
     assert "run differently" not in capsys.readouterr().out
+    # a training step under another DP wrapper (`run --data-parallel`, kept in the row's
+    # cell spec; none there is the engine's ddp) matched without a word (a harness audit)
+    trained = {}
+    for name, dp in (("ddp", None), ("ddp2", "ddp"), ("world", "fsdp_world")):
+        spec = {"method": "ring"} | ({"data_parallel": dp} if dp else {})
+        trained[name] = _run_dir(tmp_path / name, "r1", _rows(
+            [("ring", 64, 1.0, "ok")], workload="train_step", model="tiny",
+            spec=json.dumps(spec)))
+    assert cli.main(["compare", str(trained["ddp"]), str(trained["world"])]) == 0
+    assert "ring 64 (data_parallel)" in capsys.readouterr().out
+    assert cli.main(["compare", str(trained["ddp"]), str(trained["ddp2"])]) == 0
+    assert "run differently" not in capsys.readouterr().out
 
 
 def test_show_says_which_cells_of_an_interrupted_run_have_no_row(tmp_path, capsys,
@@ -848,6 +893,10 @@ def test_show_says_which_cells_of_an_interrupted_run_have_no_row(tmp_path, capsy
         assert cli.main(["show", str(d.relative_to(tmp_path))]) == 0
         assert f"`burst-bench run {shown} --out . --run-id" in capsys.readouterr().out
         assert Path(shown).exists() or shown == "smoke"
+    # a spec outside the repository, named relative to where the run started, is recorded
+    # absolute (the resume command printed from another folder named a path not there)
+    _write(tmp_path, GOOD_TINY, "outside")
+    assert load_spec(Path("outside.toml")).source == str(tmp_path / "outside.toml")
     # from the results folder, where a sweep folder `smoke/` shadows the spec's name
     (tmp_path / "smoke").mkdir()
     store.write_meta(d, {"baseline": "ring", "cells": ["ring-64", "x"],
@@ -1365,6 +1414,10 @@ def test_a_run_kept_as_its_table_alone_is_shown_and_never_measured_over(tmp_path
     with pytest.raises(ValueError, match="is kept as its table alone .no rows.jsonl.: it cannot "
                                          "be resumed; --new measures"):
         runmod.run_sweep(spec, out=tmp_path / "out", run_id="r1", stream=io.StringIO())
+    # and its dry run says so (it listed every cell as a job to submit, exit 0)
+    with pytest.raises(ValueError, match="is kept as its table alone"):
+        runmod.run_sweep(spec, out=tmp_path / "out", run_id="r1", executor="dry-run",
+                         stream=io.StringIO())
     assert (run / store.TABLE).read_bytes() == before and (run / "table.csv").exists()
 
 
