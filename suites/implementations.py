@@ -40,7 +40,7 @@ class Implementation:
     for the loss)."""
     selective_caches_attention: bool = True
     """Whether its 'selective' checkpointing keeps the attention output (else it recomputes the
-    whole layer, attention included, like 'full')."""
+    whole layer, attention included, like 'full'; so does its 'selective_half')."""
     selective_regathers: bool = False
     """Whether its 'selective' checkpointing of Ulysses / USP runs their forward all-to-alls
     again in backward (their bytes and time counted): it keeps their kernel's head-sharded

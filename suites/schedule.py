@@ -305,9 +305,15 @@ def _pair_seconds(hw: Hardware, shape: AttnShape, layout: str, g: int, q_rank: i
                for c in calls), bool(calls)
 
 
-def _ranks_bounding(g: int) -> list[int]:
-    # contiguous causal is imbalanced: the first, middle and last ranks bound the slowest one
-    return sorted({0, g // 2, g - 1})
+def _ranks_bounding(g: int, mask) -> list[int]:
+    """The ranks whose work bounds the slowest one at every step. Without a window or
+    documents: the first, middle and last (contiguous causal is imbalanced, zigzag and striped
+    are not). With either, every rank: a window on the zigzag layout binds the ranks near the
+    middle of the second half at later steps (up to 2x the sampled ranks' work: a simulator
+    audit), and documents fall wherever their boundaries do."""
+    if mask.window is None and mask.cu_seqlens is None:
+        return sorted({0, g // 2, g - 1})
+    return list(range(g))
 
 
 def _merge_seconds(hw: Hardware, shape: AttnShape, m: int, heads: int, kv_heads: int,
@@ -329,7 +335,7 @@ def step_compute(hw: Hardware, shape: AttnShape, layout: str, members: int, m: i
     out = []
     for s in range(members):
         worst = 0.0
-        for r in _ranks_bounding(members):
+        for r in _ranks_bounding(members, shape.mask):
             t, any_call = _pair_seconds(hw, shape, layout, members, r, (r - s) % members, m,
                                         heads, pass_)
             worst = max(worst, t + (merge if any_call else 0.0))
@@ -453,7 +459,7 @@ def _whole_sequence_seconds(hw: Hardware, shape: AttnShape, layout: str, g: int,
     (windows and documents are tiled as ``burst.masks.plan_pair`` runs them)."""
     n = shape.seq_len // g
     return max(sum(_pair_seconds(hw, shape, layout, g, r, k, n, heads, pass_)[0]
-                   for k in range(g)) for r in _ranks_bounding(g))
+                   for k in range(g)) for r in _ranks_bounding(g, shape.mask))
 
 
 COLLECTIVES = ("all_to_all", "gather")
@@ -474,18 +480,46 @@ def collective_seconds(hw: Hardware, nbytes: float, group: int, topo: Topo,
         raise ValueError(f"kind={kind!r}; valid: {', '.join(COLLECTIVES)}")
     if group <= 1 or nbytes <= 0:
         return 0.0
+    if kind == "all_to_all":
+        return max(_a2a_seconds(hw, nbytes, group, topo, off, senders)
+                   for off, senders in _a2a_members(group, topo))
     on_node = min(group, topo.local)
-    frac_inter = (group - on_node) / (group - 1)
-    off_node = nbytes * frac_inter  # what one rank receives from other nodes
-    if kind == "gather":  # each of the node's GPUs puts 1/on_node of the ring's through the NICs
-        nic_bytes = nbytes / on_node if frac_inter else 0.0
-        nvlink_bytes = nbytes - nic_bytes
-    else:
-        nic_bytes, nvlink_bytes = off_node, nbytes - off_node
-    intra = hw.link_seconds(nvlink_bytes, "intra") if nvlink_bytes > 0 else 0.0
-    inter = hw.link_seconds(nic_bytes, "inter", on_node) if nic_bytes > 0 else 0.0
-    return max(intra, inter) + (group - 1) * 1e-6 * (
-        hw.nic_latency_us if frac_inter else hw.nvlink_latency_us) / 4
+    if group <= on_node:
+        return _a2a_seconds(hw, nbytes, group, topo, 0, 1)
+    # each of the node's GPUs puts 1/on_node of the ring's through the NICs
+    nic_bytes = nbytes / on_node
+    return max(hw.link_seconds(nbytes - nic_bytes, "intra"),
+               hw.link_seconds(nic_bytes, "inter", on_node)) + _latency(hw, group, True)
+
+
+def _latency(hw: Hardware, group: int, crosses: bool) -> float:
+    return (group - 1) * 1e-6 * (hw.nic_latency_us if crosses else hw.nvlink_latency_us) / 4
+
+
+def _a2a_members(group: int, topo: Topo) -> set[tuple[int, int]]:
+    """(members on other nodes, the GPUs of its node that cross nodes at once) of every rank,
+    the world tiled into groups of ``group`` consecutive ranks that all run at once. A group
+    that straddles a node boundary (4 ranks on nodes of 6: ranks 4-7) sends part of every
+    member's share through the NICs, though the group is no larger than a node."""
+    if topo.world % group:
+        raise ValueError(f"groups of {group} ranks do not tile world={topo.world}")
+    node = [r // topo.local for r in range(topo.world)]
+    off = [sum(node[q] != node[r] for q in range(r - r % group, r - r % group + group))
+           for r in range(topo.world)]
+    crossing = [0] * topo.nodes
+    for r in range(topo.world):
+        crossing[node[r]] += off[r] > 0
+    return {(off[r], crossing[node[r]]) for r in range(topo.world)}
+
+
+def _a2a_seconds(hw: Hardware, nbytes: float, group: int, topo: Topo, off: int,
+                 senders: int) -> float:
+    """One member's all-to-all: its ``off`` of ``group - 1`` shares to other nodes cross the
+    NICs, shared by the ``senders`` GPUs of its node that cross at once; the rest NVLink."""
+    nic_bytes = nbytes * off / (group - 1)
+    intra = hw.link_seconds(nbytes - nic_bytes, "intra") if nbytes > nic_bytes else 0.0
+    inter = hw.link_seconds(nic_bytes, "inter", senders) if nic_bytes > 0 else 0.0
+    return max(intra, inter) + _latency(hw, group, off > 0)
 
 
 def attention_timing(hw: Hardware, method: str, options: dict | None, shape: AttnShape,

@@ -269,7 +269,7 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
                                          "on the CPU")
     shape = _shape(cell)
     ckpt = cell.checkpointing
-    if ckpt == "selective" and not impl.selective_caches_attention:
+    if ckpt in ("selective", "selective_half") and not impl.selective_caches_attention:
         ckpt = "full"
     topo = Topo(cell.world, cell.ranks_per_node)
     try:

@@ -379,6 +379,52 @@ def test_windows_shrink_every_method_they_mask():
     assert usp.volume.sent("forward") == counted.sent("forward")
 
 
+def test_a_windowed_ring_step_is_timed_on_its_slowest_rank():
+    """Each ring step is bound by its slowest rank. Without a window or documents the first,
+    middle and last ranks bound it; with a window on the zigzag layout the ranks near the
+    middle of the second half carry up to 2x their work at later steps, which the sample
+    missed (a 1M-token cell on 32 GPUs came out 28% too fast: a simulator audit). Every
+    step's time is the maximum over every rank, found here pair by pair."""
+    from suites.schedule import _merge_seconds, _pair_seconds, _ranks_bounding, step_compute
+
+    g, n = 16, 1 << 10
+    shape = AttnShape(batch=1, seq_len=g * n, heads=8, kv_heads=8, head_dim=64,
+                      window=(g * n // 4, 0))
+    merge = _merge_seconds(HW, shape, n, 8, 8, "forward")
+    brute, sampled = [], []
+    for s in range(g):
+        per_rank = []
+        for r in range(g):
+            t, any_call = _pair_seconds(HW, shape, "zigzag", g, r, (r - s) % g, n, 8,
+                                        "forward")
+            per_rank.append(t + (merge if any_call else 0.0))
+        brute.append(max(per_rank))
+        sampled.append(max(per_rank[r] for r in (0, g // 2, g - 1)))
+    assert step_compute(HW, shape, "zigzag", g, n, 8, 8, "forward") == brute
+    assert sum(brute) > 1.1 * sum(sampled)  # the case the three-rank sample misses
+    # unwindowed, the sample stands
+    assert _ranks_bounding(g, dataclasses.replace(shape, window=None).mask) == [0, 8, 15]
+
+
+def test_an_all_to_all_group_across_a_node_boundary_crosses_the_nics():
+    """USP's Ulysses groups of U consecutive ranks stay inside a node when U divides the node;
+    on nodes of 6, groups of 4 (ranks 4-7) straddle two, and half of those members' shares
+    cross the NICs. They were priced as NVLink alike (the row's own inter-node bytes said
+    otherwise: a simulator audit)."""
+    nbytes = 3 * (64 << 20)
+    aligned = collective_seconds(HW, nbytes, 4, Topo(12, 4))
+    straddling = collective_seconds(HW, nbytes, 4, Topo(12, 6))
+    assert aligned == collective_seconds(HW, nbytes, 4, Topo(8, 8))  # all NVLink
+    # rank 4 (node 0) sends 2 of its 3 shares to ranks 6, 7 (node 1); ranks 4, 5 cross at once
+    two_of_three = 2 * (64 << 20) / (HW.inter_gbps(2) * 1e9) + HW.nic_latency_us * 1e-6
+    assert straddling == pytest.approx(two_of_three + 3 * 1e-6 * HW.nic_latency_us / 4)
+    assert straddling > 3 * aligned
+    shape = dataclasses.replace(MHA, seq_len=12 * 8192, heads=32, kv_heads=32)
+    t = [attention_timing(HW, "usp", {"ulysses_degree": 4, "layout": "zigzag"}, shape,
+                          Topo(12, local)).forward_s for local in (4, 6)]
+    assert t[1] > t[0]
+
+
 def test_allgather_times_the_busiest_rank():
     """Every rank's queries meet the whole sequence: causal on the contiguous layout leaves the
     last rank (2G-1)/G of the average work (1.875 at G=8); zigzag balances it."""
@@ -404,6 +450,25 @@ def test_windowed_cells_at_1m_tokens_need_no_dense_masks(monkeypatch):
     big = dataclasses.replace(MHA, seq_len=1 << 20, window=(4096, 0))
     assert attention_timing(HW, "burst", {"layout": "zigzag"}, big, Topo(8, 8)).total_s > 0
     assert not [s for s in made if len(s) >= 2 and max(s) > 4096]
+
+
+def test_half_selective_is_full_recomputation_where_selective_caches_no_attention():
+    """A system whose 'selective' checkpointing keeps no attention output (Megatron's,
+    DeepSpeed's) has no half of that cache either: its 'selective_half' is priced as full
+    recomputation, as its 'selective' is (it was priced with half a cache it does not have,
+    faster than its own 'selective': a simulator audit)."""
+    base = dict(workload="train_step", method="striped_ring", model="7b", seq_len=1 << 20,
+                world=32, ranks_per_node=8, paper="megatron_cp")
+    rows = {c: simulate_cell({**base, "checkpointing": c}, HW)
+            for c in ("selective", "selective_half", "full")}
+    for k in ("time_s", "mem_reserved_bytes", "tflops_hardware_flops"):
+        assert rows["selective_half"][k] == pytest.approx(rows["full"][k]), k
+        assert rows["selective"][k] == pytest.approx(rows["full"][k]), k
+    ours = {c: simulate_cell({**base, "paper": "burstengine", "method": "burst",
+                              "options": {"layout": "striped"}, "checkpointing": c}, HW)
+            for c in ("selective", "selective_half", "full")}
+    assert ours["selective"]["time_s"] < ours["selective_half"]["time_s"] < \
+        ours["full"]["time_s"]
 
 
 def test_rows_count_what_the_system_really_ran():
