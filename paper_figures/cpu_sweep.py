@@ -26,6 +26,7 @@ from suites.hardware import GIB
 
 NAME = "cpu_sweep"
 SWEEP, LONG = "cpu_scaling", "cpu_long"
+DRAWS = "measured runs (CPU ranks, any machine), the simulator's bytes beside them"
 HARDWARE = "a800"  # the profile the simulated lines come from (bytes do not depend on it)
 FLOOR = 0.03  # axes fraction where cells without a number are marked
 MARKERS = ("s", "o", "^", "v", "P", "X", "<", ">", "h")  # no diamond: it means "published"

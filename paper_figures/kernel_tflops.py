@@ -105,6 +105,10 @@ def make(tables):
                    label="simulated, but OOM in the paper")
     ax.scatter([], [], marker=SOURCE_MARKERS["paper"], color="0.5", edgecolor="black", s=30,
                label="published")
+    measured = (df["source"] == "measured").any()
+    if measured:
+        ax.scatter([], [], marker=SOURCE_MARKERS["measured"], color="0.5", edgecolor="black",
+                   s=30, label="measured on GPUs")
     legend(ax, fontsize=7, loc="center right")
     # the marks of the failures drawn, and only those
     status = df.apply(lambda r: status_of(r, "attn_tflops"), axis=1)
@@ -114,7 +118,8 @@ def make(tables):
              "no value": "* ran, no number"}
     floor = f"; at the floor: {', '.join(names[st] for st in drawn)}" if drawn else ""
     ax.set_title(f"Attention forward+backward, {shape(df)}: simulated (lines), published "
-                 "(\u25c6);\nTFLOP/s: flash-attention convention (backward = "
+                 "(\u25c6)" + (", measured on GPUs (\u25a0)" if measured else "")
+                 + ";\nTFLOP/s: flash-attention convention (backward = "
                  f"{BACKWARD_OVER_FORWARD:g} \u00d7 forward, causal = half of N\u00b2){floor}",
                  fontsize=8)
     fig.tight_layout()

@@ -56,8 +56,9 @@ def make(tables):
                     ax.plot([], [], color=colour, marker=SOURCE_MARKERS[src], ms=4, ls=ls,
                             label=label)
                 # cells without a number at the axis floor (axes coordinates: the log axis
-                # has no 0), each line a little apart so that none hides another
-                dy = 0.03 + 0.025 * k
+                # has no 0), each line a little apart so that none hides another, measured
+                # ones above all the simulated ones
+                dy = 0.03 + 0.025 * (k + (len(lines) if src == "measured" else 0))
                 mark_failures(ax, s, "world", dy, colour, metric, size=24)
                 rows += [{"system": system, "label": label, "source": src,
                           "world": r["world"], "seq_len": r["seq_len"],
@@ -81,9 +82,12 @@ def make(tables):
         else:
             ax.set_ylim(0, None)
     legend(axes[0][0], fontsize=7)
-    fig.suptitle("Weak scaling, 7B, simulated on A800 nodes (at the floor: \u00d7 out of memory, "
-                 "\u25cb cannot run, \u25b3 error, \u25bd timeout, * ran, no number)",
-                 fontsize=10)
+    measured = (df["source"] == "measured").any()
+    fig.suptitle("Weak scaling, 7B, simulated on A800 nodes"
+                 + (" (lines), measured on GPUs (\u25a0; their failures above the simulated "
+                    "ones)" if measured else "")
+                 + " (at the floor: \u00d7 out of memory, \u25cb cannot run, \u25b3 error, "
+                 "\u25bd timeout, * ran, no number)", fontsize=10)
     fig.tight_layout()
     # why each mark at the floor is there, and which lines are another model
     footnote(fig, "; ".join(filter(None, [failure_note(df), *model_notes(df)])))

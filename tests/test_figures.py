@@ -708,6 +708,30 @@ def test_titles_and_axes_state_what_is_drawn(committed, fixture_tables):
         source="measured", device="cuda", hardware="NVIDIA A800-SXM4-80GB")
     tables = _with(fixture_tables, measured=pd.concat([fixture_tables.measured, a800]))
     assert promised(main_throughput.make(tables)[0])
+    # the line figures too (their measured squares had no word in title or legend, and a
+    # measured failure sat where a simulated one of the same line does: a figures audit)
+    from paper_figures import kernel_tflops, weak_scaling
+
+    assert "measured" not in drawn["kernel_tflops"][0].axes[0].get_title()
+    assert "measured" not in drawn["weak_scaling"][0]._suptitle.get_text()
+    rows = sim[sim["sweep"].isin(["paper_kernel_32gpu", "paper_weak_scaling"])].assign(
+        source="measured", device="cuda", hardware="NVIDIA A800-SXM4-80GB")
+    tables = _with(fixture_tables, measured=pd.concat([fixture_tables.measured, rows]))
+    fig, data = kernel_tflops.make(tables)
+    assert "measured on GPUs" in fig.axes[0].get_title()
+    assert "measured on GPUs" in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert (data["source"] == "measured").any()
+    fig, data = weak_scaling.make(tables)
+    assert "measured on GPUs" in fig._suptitle.get_text()
+    # every failed cell its own mark: a measured copy of a simulated failure is not hidden
+    marks = {(float(x), round(float(y), 4)) for coll in fig.axes[0].collections
+             for x, y in coll.get_offsets()}
+    failed = data[(data["metric"] == "tokens_per_s") & (data["status"] != "ok")]
+    assert (failed["source"] == "measured").sum() == (failed["source"] == "simulated").sum() > 0
+    assert len(marks) == len(failed)
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
 
 
 def test_cpu_figure_shows_methods_with_equal_values_apart(committed):
@@ -863,6 +887,13 @@ def test_a_figure_with_nothing_to_draw_says_so(fixture_tables):
                      "kernel_tflops", "cpu_sweep",
                      "attention_share, logits_memory, checkpoint_memory"}, notes
     assert all("\n" not in n for n in notes)
+    # each names what it draws: the CPU figure measured runs, the ablation the simulation
+    found = _with(fixture_tables, simulated=sim)
+    (cpu,) = undrawn(_with(found, measured=found.measured.iloc[:0]), only=["cpu_sweep"])
+    assert "the figure draws measured runs (CPU ranks, any machine)" in cpu, cpu
+    (abl,) = undrawn(_with(found, simulated=sim[sim["sweep"] == "paper_ablation"]),
+                     only=["ablation"])
+    assert "the figure draws the a800 simulation alone" in abl, abl
 
 
 def test_sweeps_where_every_cell_failed_render_with_their_marks(fixture_tables, tmp_path):
