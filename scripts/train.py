@@ -266,6 +266,8 @@ def _check_run(args: dict, world: int) -> str | None:
     if run.exists() and has_state:
         try:
             saved = json.loads(run.read_text())
+            if not isinstance(saved, dict):
+                raise ValueError(f"it holds a {type(saved).__name__}, not the run's arguments")
         except (OSError, ValueError) as e:
             return f"{run} cannot be read ({e}); use another --out"
         # an argument added since that run was started: it ran with the default
@@ -275,8 +277,9 @@ def _check_run(args: dict, world: int) -> str | None:
             saved = {**saved, **{k: v for k, v in _identity({**defaults, **saved}, world).items()
                                  if k in ("kv_heads", "ranks_per_node", "backward", "layout",
                                           "window", "doc_len")}}
-        except ValueError as e:
-            return f"{run} names a run this version cannot rebuild ({e}); use another --out"
+        except (ValueError, TypeError, KeyError) as e:  # an edited file: a value of a wrong type
+            return (f"{run} names a run this version cannot rebuild ({type(e).__name__}: {e}); "
+                    "use another --out")
         differ = {k: (saved.get(k), v) for k, v in mine.items() if saved.get(k) != v}
         if not differ:  # the same run: it resumes if its files can be read
             return _state_problem(state) or _log_problem(out / "steps.jsonl")
@@ -359,13 +362,18 @@ def _state_problem(state: Path) -> str | None:
             sharded_state.read_info(state)
         except (ValueError, OSError) as e:
             return f"{e}; restore it, or remove it and steps.jsonl to start again"
+        if not state.is_symlink():  # its load would go on, its next save would fail
+            return (f"{state} is a folder, not the link a sharded save keeps (a copy that "
+                    f"followed links: cp -rL, scp -r?); `mv {state} {state}.a && ln -s "
+                    f"{state.name}.a {state}` makes it one")
         return None
     try:
         with zipfile.ZipFile(state) as z:
             z.namelist()
-    except (zipfile.BadZipFile, OSError) as e:
-        return (f"{state} is not a whole saved state ({e}); restore it, or remove it and "
-                "steps.jsonl to start again")
+    except (zipfile.BadZipFile, OSError, ValueError) as e:  # (a damaged index: a name that
+        # is no UTF-8, a UnicodeDecodeError)
+        return (f"{state} is not a whole saved state ({type(e).__name__}: {e}); restore it, or "
+                "remove it and steps.jsonl to start again")
     return None
 
 

@@ -7,6 +7,7 @@ import importlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -438,6 +439,20 @@ def test_a_sharded_state_resumes_a_run_on_another_layout(tmp_path):
     assert "resuming at step 2" in res.stdout, res.stdout
     got = _losses(launched)
     assert max(abs(a - b) for (_, a), (_, b) in zip(got, want, strict=True)) < 1e-10, (got, want)
+    # a run copied with its link followed (cp -rL, scp -r): its state a folder, which resumed
+    # and then failed at the first save, every retry (a training audit); refused at the start,
+    # with the commands that make it a link again
+    copied = tmp_path / "copied"
+    shutil.copytree(sharded, copied, symlinks=False)
+    assert (copied / "state").is_dir() and not (copied / "state").is_symlink()
+    res = _train(copied, "--world", "2", "--sharded-state", "--batch", "2", "--steps", "4")
+    assert res.returncode != 0 and "is a folder, not the link a sharded save keeps" in \
+        res.stderr and "Traceback" not in res.stderr, res.stderr[-3000:]
+    shutil.rmtree(copied / "state.a")
+    (copied / "state").rename(copied / "state.a")
+    (copied / "state").symlink_to("state.a")
+    res = _train(copied, "--world", "2", "--sharded-state", "--batch", "2", "--steps", "4")
+    assert res.returncode == 0 and "resuming at step 3" in res.stdout, res.stdout[-3000:]
     (sharded / "state.b" / "info.pt").unlink()  # a save that did not finish
     res = _train(sharded, "--world", "2", "--sharded-state", "--batch", "2", "--steps", "4")
     assert res.returncode != 0 and "is not a state Trainer.save(..., sharded=True) finished" in (
@@ -503,7 +518,26 @@ def test_a_resume_refuses_a_garbled_log_and_says_which_steps_its_log_lacks(tmp_p
     assert res.returncode != 0 and "state.pt is not a whole saved state" in res.stderr, (
         res.stderr)
     assert "Traceback" not in res.stderr
+    # a damaged zip index (a record name that is no UTF-8): refused in one line, as a cut
+    # copy is (zipfile raised a UnicodeDecodeError through the check: a training audit)
+    index = whole.rindex(b"PK\x01\x02")  # the last record's entry in the central directory
+    state.write_bytes(whole[:index + 46] + b"\xff" + whole[index + 47:])
+    res = _train(out, "--world", "1", "--steps", "3")
+    assert res.returncode != 0 and "state.pt is not a whole saved state" in res.stderr, (
+        res.stderr)
+    assert "Traceback" not in res.stderr
+    # a run.json that is JSON but not the run's arguments, or one with a value of a wrong type
     state.write_bytes(whole)
+    run = out / "run.json"
+    args = run.read_text()
+    for text, why in (("null\n", "cannot be read (it holds a NoneType"),
+                      (args.replace('"seq_len": 64', '"seq_len": "64"'),
+                       "names a run this version cannot rebuild (TypeError")):
+        run.write_text(text)
+        res = _train(out, "--world", "1", "--steps", "3")
+        assert res.returncode != 0 and why in res.stderr and "Traceback" not in res.stderr, (
+            res.stderr[-3000:])
+    run.write_text(args)
     log.write_text(good)
     flip_state_bit(state)  # whole, but a bit changed since the save: refused on rank 0
     res = _train(out, "--world", "1", "--steps", "3")

@@ -58,7 +58,15 @@ def check_zip_crcs(path) -> None:
     record stored without one (CRC 0: torch's ``set_crc32_options(False)``) is not checked; a
     file that is no zip is left to ``torch.load``'s own error."""
     try:
-        with zipfile.ZipFile(path) as z:
+        z = zipfile.ZipFile(path)
+    except zipfile.BadZipFile:
+        return
+    except UnicodeDecodeError as e:  # a damaged index: a record name that is no UTF-8
+        raise Changed(f"{path} was changed after Trainer.save wrote it: its zip index does not "
+                      f"read ({e}); nothing was loaded (resume from another copy of the "
+                      "state)") from None
+    try:
+        with z:
             for info in z.infolist():
                 if info.CRC == 0 and info.file_size:  # written without a CRC
                     continue
@@ -124,7 +132,10 @@ def target_folder(path: Path) -> Path:
         if path.exists():
             kind = "folder" if path.is_dir() else "file"
             raise ValueError(f"{path} is a {kind}, not the link a sharded save keeps: save "
-                             "sharded states to a path of their own")
+                             "sharded states to a path of their own" + (
+                                 f" (a state copied with its link followed: `mv {path} "
+                                 f"{path}.a && ln -s {path.name}.a {path}` makes it one)"
+                                 if (path / INFO).exists() else ""))
         return path.with_name(f"{path.name}.{_BUFFERS[0]}")
     if not resolve(path).is_dir():
         raise ValueError(f"{path} links to {os.readlink(path)}, which is gone; nothing was "

@@ -583,6 +583,12 @@ class Trainer:
                     "nothing was loaded (resume from another copy of the state"
                     + (f", such as the save before it, {sharded_state.fallback(path)}, "
                        "if it is whole" if path.is_symlink() else "") + ")")
+        except Exception as e:  # noqa: BLE001  (every rank must learn of it)
+            error = e
+        # every rank's verdict before any rank unpickles DCP's .metadata (another rank's
+        # share of the files may be the one that changed)
+        self._raise_if_any(error, f"the load of {path}")
+        try:
             if info["optimizer_name"] != self.optimizer_name:
                 raise ValueError(f"the state is of a {info['optimizer_name']!r} optimizer, "
                                  f"this Trainer's is {self.optimizer_name!r}")
