@@ -53,7 +53,7 @@ gates: setup
 
 # the one-GPU check (issue 8): GPU tests, kernel and ring efficiency, engine steps, longest fit
 gpu-check:  # the GPU machine's own torch: no venv, no install (no internet there)
-	bash scripts/gpu_check.sh --out results/gpu
+	bash scripts/gpu_check.sh --out results/gpu/$$(hostname -s)_$$(date -u +%Y%m%dT%H%M%SZ)
 
 lint: setup
 	$(BIN)/ruff check .

@@ -183,10 +183,12 @@ def compare(a, b, metric: str = "time_s", *, names: tuple[str, str] = ("a", "b")
         rb = b.iloc[index_b[ka]] if ka in index_b else pd.Series({"status": "missing"})
         va, vb = ra.get(metric), rb.get(metric)
         ok = (ra.get("status") == "ok" and rb.get("status") == "ok" and not _missing(va)
-              and not _missing(vb) and float(va) != 0)
-        ratio = float(vb) / float(va) if ok else None
-        higher = METRICS[metric][3]
-        speed = (ratio if higher else 1 / ratio) if ratio else None
+              and not _missing(vb))
+        ratio = speed = None
+        if ok:  # a value that fell to 0, or rose from it, is compared too (it passed a gate)
+            fa, fb = float(va), float(vb)
+            ratio = fb / fa if fa else (1.0 if fb == 0 else math.inf)
+            speed = ratio if METRICS[metric][3] else (1 / ratio if ratio else math.inf)
         rows.append({**{k: ra[k] for k in cols}, "differs": _setup_differs(ra, rb),
                      f"{metric}_{names[0]}": va,
                      f"{metric}_{names[1]}": vb, f"status_{names[0]}": ra.get("status"),

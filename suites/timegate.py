@@ -189,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=5)
     p.add_argument("--repeats", type=int, default=7)
     args = p.parse_args(argv)
+    for name in ("trials", "repeats"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} {getattr(args, name)}: give a whole number >= 1")
     if args.record:
         record(args.trials, args.repeats)
         return 0

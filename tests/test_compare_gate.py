@@ -95,3 +95,25 @@ def test_a_gate_without_values_fails_instead_of_passing(tmp_path, baseline, caps
     assert main(["compare", str(a), str(b), "--metric", "mem_reserved_bytes",
                  "--fail-above", "5"]) == 2
     assert "nothing to compare" in capsys.readouterr().err
+
+
+def test_a_value_that_falls_to_zero_or_rises_from_it_is_compared(tmp_path, baseline, capsys):
+    """A rate that fell to 0 got no speedup and passed the gate, as did bytes that rose from 0
+    (a zero was taken for a missing value: a harness audit). 0 -> 0 is equal."""
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    baseline.to_csv(a, index=False)
+    for metric, frm, to, code in (("tokens_per_s", None, 0.0, 1),  # a rate fell to 0
+                                  ("bytes_sent_backward", 0.0, None, 1),  # bytes rose from 0
+                                  ("bytes_sent_backward", None, 0.0, 0),  # bytes fell to 0
+                                  ("bytes_sent_backward", 0.0, 0.0, 0)):  # unchanged at 0
+        one, two = baseline.copy(), baseline.copy()
+        if frm is not None:
+            one.loc[0, metric] = frm
+        if to is not None:
+            two.loc[0, metric] = to
+        one.to_csv(a, index=False)
+        two.to_csv(b, index=False)
+        assert main(["compare", str(a), str(b), "--metric", metric, "--fail-above", "5"]) == \
+            code, (metric, frm, to)
+        out = capsys.readouterr().out
+        assert ("1 cell(s) regressed" in out) == bool(code), out

@@ -61,6 +61,8 @@ def scripts():
     ("bench_engine_memory.py", ["--repeats", "0"], "argument --repeats: '0' is not a whole"),
     ("bench_engine_memory.py", ["--seq", "6"], "--seq 6: checkpointing 'selective_half' halves"),
     ("bench_engine_memory.py", ["--seq", "8", "--quick"], "--seq 8 (/4 with --quick): "),
+    # (0 tokens passed the length check, and table 1 ran before table 2 died: an audit)
+    ("bench_engine_memory.py", ["--seq", "2", "--quick"], "sequence length 0 must be >= 1"),
     ("train.py", ["--steps", "0"], "argument --steps: '0' is not a whole number >= 1"),
     ("train.py", ["--doc-len", "0"], "argument --doc-len: '0' is not a whole number"),
     ("train.py", ["--kv-heads", "0"], "argument --kv-heads: '0' is not a whole number"),
@@ -79,3 +81,13 @@ def test_bad_arguments_are_refused(script, args, message, tmp_path, scripts, cap
     assert e.value.code == 2  # argparse's usage error, not a failed run
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args", [["--repeats", "0"], ["--record", "--trials", "0"]])
+def test_the_time_gate_refuses_zero_repeats_or_trials(args, capsys):
+    """A StatisticsError's traceback before (an audit)."""
+    from suites import timegate
+
+    with pytest.raises(SystemExit) as e:
+        timegate.main(args)
+    assert e.value.code == 2 and "give a whole number >= 1" in capsys.readouterr().err

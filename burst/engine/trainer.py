@@ -100,7 +100,8 @@ def seq_len_problems(config: ModelConfig, seq_len: int, *, cp_size: int, layout:
     this layout and checkpointing mode (empty: they can). Needs no process group, so a launcher
     can ask before any rank starts (scripts/train.py); the Trainer asks it of every batch."""
     problems = []
-    why = length_problem(seq_len, cp_size, layout)
+    why = (f"sequence length {seq_len} must be >= 1" if seq_len < 1
+           else length_problem(seq_len, cp_size, layout))
     if why:
         problems.append(why)
     elif checkpointing == "selective_half" and (seq_len // cp_size) % 2:
