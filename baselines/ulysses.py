@@ -84,9 +84,12 @@ def replicate_kv(k_BSHD: torch.Tensor, degree: int) -> torch.Tensor:
 def _gathered_positions(seq_local: int, world: int, layout: str,
                         device: torch.device | str = "cpu") -> torch.Tensor:
     """Global position of each row after ``seq_to_heads`` (the shards in rank order), cached
-    on ``device`` (a host-to-GPU copy per call would wait for the GPU queue every layer)."""
-    return torch.cat([global_positions(seq_local, world, r, layout)
-                      for r in range(world)]).to(device)
+    on ``device`` (a host-to-GPU copy per call would wait for the GPU queue every layer); a
+    plain tensor also when first made under ``torch.inference_mode`` (an inference tensor,
+    cached, broke every later training call: autograd saves the index)."""
+    with torch.inference_mode(False):
+        return torch.cat([global_positions(seq_local, world, r, layout)
+                          for r in range(world)]).to(device)
 
 
 def ulysses_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,

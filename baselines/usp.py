@@ -62,16 +62,19 @@ def _ring_order(seq_local: int, world: int, degree: int, ring_pos: int, layout: 
                 device: torch.device | str = "cpu"):
     """Permutation taking the gathered rows (the U shards in rank order) to ring position
     ``ring_pos``'s shard of ``layout`` over R = world/degree ranks, and its inverse; cached on
-    ``device`` (a host-to-GPU copy per call would wait for the GPU queue every layer)."""
+    ``device`` (a host-to-GPU copy per call would wait for the GPU queue every layer); plain
+    tensors also when first made under ``torch.inference_mode`` (as ``ulysses``' positions)."""
     r = world // degree
-    have = torch.cat([global_positions(seq_local, world, ring_pos * degree + j, layout)
-                      for j in range(degree)])
-    want = global_positions(seq_local * degree, r, ring_pos, layout)
-    order = torch.argsort(have)
-    perm = order[torch.searchsorted(have[order], want)]
-    if not torch.equal(have[perm], want):  # guarded by _requires; an internal invariant
-        raise AssertionError(f"{layout} over {world} ranks is not a {layout} layout over {r}")
-    return perm.to(device), torch.argsort(perm).to(device)
+    with torch.inference_mode(False):
+        have = torch.cat([global_positions(seq_local, world, ring_pos * degree + j, layout)
+                          for j in range(degree)])
+        want = global_positions(seq_local * degree, r, ring_pos, layout)
+        order = torch.argsort(have)
+        perm = order[torch.searchsorted(have[order], want)]
+        if not torch.equal(have[perm], want):  # guarded by _requires; an internal invariant
+            raise AssertionError(f"{layout} over {world} ranks is not a {layout} layout "
+                                 f"over {r}")
+        return perm.to(device), torch.argsort(perm).to(device)
 
 
 def usp_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = None, group=None,

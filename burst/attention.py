@@ -195,15 +195,21 @@ def _backward_ring(q, k, v, dout, delta, lse, spec, layout, rg, scale, backend, 
     return dq, dk, dv
 
 
-def qkv_problems(q, k, v) -> list[str]:
-    """What is wrong with (q, k, v) as (batch, seq_local, heads, head_dim) shards (every method
-    checks its tensors with this; ``baselines.checks`` re-exports it)."""
+def dims_problems(q, k, v) -> list[str]:
+    """Which of (q, k, v) is not a 4-dim tensor; TypeError for one that is no tensor (what
+    the registry checks of every method's call, a user's too, before it reads a shape)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    problems = [f"{name} has shape {tuple(t.shape)}; expected 4 dims "
-                "(batch, seq_local, heads, head_dim)"
-                for name, t in (("q", q), ("k", k), ("v", v)) if t.dim() != 4]
+    return [f"{name} has shape {tuple(t.shape)}; expected 4 dims "
+            "(batch, seq_local, heads, head_dim)"
+            for name, t in (("q", q), ("k", k), ("v", v)) if t.dim() != 4]
+
+
+def qkv_problems(q, k, v) -> list[str]:
+    """What is wrong with (q, k, v) as (batch, seq_local, heads, head_dim) shards (every method
+    checks its tensors with this; ``baselines.checks`` re-exports it)."""
+    problems = dims_problems(q, k, v)
     if problems:
         return problems
     if not q.dtype.is_floating_point:

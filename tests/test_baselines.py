@@ -300,6 +300,23 @@ def test_bad_names_and_options_are_rejected():
         AttentionBlockWeights(w.wq, w.wk, w.wv, w.wo.T, 4, 2)
     with pytest.raises(ValueError, match="already a 2-way share"):
         w.shard(0, 2).shard(0, 1)
+    # every method's call is checked before a shape is read (an AttributeError or an
+    # IndexError from the wrapper itself, where burst_attn said what was wrong: an audit)
+    t = torch.zeros(1, 8, 2, 8)
+    for name in ("burst", "ring", "ulysses"):
+        with pytest.raises(TypeError, match=f"method '{name}': q must be a torch.Tensor"):
+            registry.get(name)([1.0], t, t)
+        with pytest.raises(ValueError, match=r"q has shape \(\); expected 4 dims"):
+            registry.get(name)(torch.tensor(1.0), t, t)
+    # a numpy integer is the same count for every method, as for burst_attn: the registry
+    # hands the method a Python int (double_ring and usp refused np.int64(2), naming 2 valid)
+    import dataclasses
+
+    import numpy as np
+
+    seen = dataclasses.replace(registry.get("usp"), fn=lambda q, k, v, **kw: kw)(
+        t, t, t, ulysses_degree=np.int64(2))
+    assert type(seen["ulysses_degree"]) is int and seen["ulysses_degree"] == 2
 
 
 def test_formulas_agree_where_methods_coincide():
@@ -459,3 +476,22 @@ def test_only_the_communication_module_and_torchs_wrappers_call_torch_distribute
     assert sorted(_distributed_uses(probe)) == [
         "distribute_tensor without src_data_rank=None (line 5)", "torch.distributed",
         "torch.distributed (line 3)", "torch.distributed.all_reduce"]
+
+
+def test_index_tensors_cached_under_inference_mode_still_train():
+    """Ulysses' and USP's cached index tensors, first made under torch.inference_mode (an
+    evaluation pass before training), were inference tensors: every later training call with
+    those shapes failed, autograd cannot save them (a core API audit)."""
+    from baselines.ulysses import _gathered_positions
+    from baselines.usp import _ring_order
+
+    _gathered_positions.cache_clear()
+    _ring_order.cache_clear()
+    with torch.inference_mode():
+        made = [_gathered_positions(8, 4, "zigzag"), *_ring_order(8, 4, 2, 1, "zigzag")]
+    assert not any(t.is_inference() for t in made)
+    x = torch.randn(1, 32, 2, requires_grad=True)
+    x.index_select(1, _gathered_positions(8, 4, "zigzag")).sum().backward()  # it raised
+    assert torch.equal(x.grad, torch.ones_like(x))
+    _gathered_positions.cache_clear()
+    _ring_order.cache_clear()
