@@ -375,12 +375,16 @@ def _resume_sharded(path: Path) -> dict:
         sharded_state._file_crc = crc
     out["link kept"] = os.readlink(path)
     # one changed byte of the last save: every rank refuses it (each checks a share)
+    shard = path.resolve() / "__3_0.distcp"
+
+    def flip_middle_bit():
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 1
+        shard.write_bytes(bytes(data))
+
     comm.barrier()
     if comm.rank() == 0:
-        f = path.resolve() / "__3_0.distcp"
-        data = bytearray(f.read_bytes())
-        data[len(data) // 2] ^= 1
-        f.write_bytes(bytes(data))
+        flip_middle_bit()
     comm.barrier()
     try:
         Trainer("tiny", cp_degree=2, seed=5, **kw).load(path)
@@ -391,10 +395,7 @@ def _resume_sharded(path: Path) -> dict:
     # verdict is in (the others did, and died of the unpickling: a training audit)
     comm.barrier()
     if comm.rank() == 0:
-        f = path.resolve() / "__3_0.distcp"
-        data = bytearray(f.read_bytes())
-        data[len(data) // 2] ^= 1
-        f.write_bytes(bytes(data))
+        flip_middle_bit()  # (back as it was)
         f = path.resolve() / ".metadata"
         f.write_bytes(f.read_bytes()[:len(f.read_bytes()) // 2])
     comm.barrier()
