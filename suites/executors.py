@@ -591,11 +591,15 @@ def _record_jobs(run: Run, kind: str, folder: Path, pairs) -> None:
 
 def pending_jobs(run_dir: Path, kind: str) -> dict[str, dict]:
     """{cell id: job record} of the cells whose last logged job (of this executor kind) was
-    submitted but not collected (a job whose row is in rows.jsonl counts as collected)."""
-    rows = {r.get("job_id") for r in read_rows(run_dir / "rows.jsonl")}
+    submitted but not collected (a job whose row of that cell is in rows.jsonl counts as
+    collected; another cell's row with the same job id does not: local job ids are pids, which
+    wrap, and SLURM's restart after a state reset, so a live job was taken for collected and its
+    cell run twice)."""
+    rows = {(r.get("cell_id"), r.get("job_id")) for r in read_rows(run_dir / "rows.jsonl")}
     last = {r["cell_id"]: r for r in read_rows(run_dir / "jobs.jsonl", keys=("cell_id",))}
     return {c: r for c, r in last.items()
-            if not r.get("collected") and r.get("kind") == kind and r["job_id"] not in rows}
+            if not r.get("collected") and r.get("kind") == kind
+            and (c, r["job_id"]) not in rows}
 
 
 def local_job_alive(pid: int | None, folder: str | Path | None = None) -> bool:

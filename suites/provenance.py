@@ -71,11 +71,15 @@ def _version(dist: str) -> str | None:
 
 
 def job_id() -> str | None:
-    """SLURM job id (array jobs: <array job>_<task>), else submitit's local job id, else None."""
+    """submitit's local job id (a local job run inside a SLURM allocation is that job, not the
+    allocation: its rows named the allocation's id, which the driver's record does not), else
+    the SLURM job id (array jobs: <array job>_<task>), else None."""
     env = os.environ
+    if env.get("SUBMITIT_LOCAL_JOB_ID"):
+        return env["SUBMITIT_LOCAL_JOB_ID"]
     if env.get("SLURM_ARRAY_JOB_ID"):
         return f"{env['SLURM_ARRAY_JOB_ID']}_{env.get('SLURM_ARRAY_TASK_ID', '')}"
-    return env.get("SLURM_JOB_ID") or env.get("SUBMITIT_LOCAL_JOB_ID")
+    return env.get("SLURM_JOB_ID")
 
 
 def host_provenance(device: str) -> dict:

@@ -1069,6 +1069,11 @@ def test_a_job_whose_row_was_written_is_not_pending(tmp_path):
     store.append_row(tmp_path / "jobs.jsonl", {**rec, "cell_id": "c2", "job_id": "43"})
     store.append_row(tmp_path / "rows.jsonl", {"cell_id": "c1", "status": "ok", "job_id": "42"})
     assert set(pending_jobs(tmp_path, "local")) == {"c2"}
+    # another cell's row with the same job id is not c2's: local job ids are pids, which wrap
+    # (SLURM's restart after a state reset); c2's live job was taken for collected and its
+    # cell run again beside it (an executor audit)
+    store.append_row(tmp_path / "rows.jsonl", {"cell_id": "c3", "status": "ok", "job_id": "43"})
+    assert set(pending_jobs(tmp_path, "local")) == {"c2"}
 
 
 def test_a_stale_result_file_of_this_cell_from_another_run_is_not_its_row(tmp_path):

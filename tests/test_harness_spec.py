@@ -738,12 +738,14 @@ def test_job_id_names_the_array_task(monkeypatch):
               "SUBMITIT_LOCAL_JOB_ID"):
         monkeypatch.delenv(k, raising=False)
     assert provenance.job_id() is None
-    monkeypatch.setenv("SUBMITIT_LOCAL_JOB_ID", "7")
-    assert provenance.job_id() == "7"
     monkeypatch.setenv("SLURM_JOB_ID", "104")
     monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "100")
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
     assert provenance.job_id() == "100_3"  # sacct's name of the task, not its own job id
+    # a local job inside a SLURM allocation is that local job (its rows named the
+    # allocation, which the driver's job record does not: an executor audit)
+    monkeypatch.setenv("SUBMITIT_LOCAL_JOB_ID", "7")
+    assert provenance.job_id() == "7"
 
 
 def test_local_executor_runs_every_rank_of_a_multinode_cell(tmp_path):
