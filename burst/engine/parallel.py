@@ -179,7 +179,7 @@ def full_state(module: nn.Module, optimizer: torch.optim.Optimizer | None = None
     name whatever the DP wrapper (FSDP's shards gathered): on every rank, or with
     ``rank0_only`` on global rank 0 alone (the others get empty dicts, and never hold a whole
     copy). A collective under FSDP. Without ``optimizer`` the second item is None."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     opts = _options(cpu_offload=rank0_only and comm.is_initialized())
     # an unsharded CPU model's state comes back as its live tensors, which the next step
@@ -187,27 +187,23 @@ def full_state(module: nn.Module, optimizer: torch.optim.Optimizer | None = None
     live = next(module.parameters()).device.type == "cpu"
     if optimizer is None:
         return _to_cpu(get_model_state_dict(module, options=opts), live), None
-    fresh = not optimizer.state
-    weights, optim = _to_cpu(get_state_dict(module, optimizer, options=opts), live)
-    if fresh:  # torch filled the state with a zero-lr step (AdamW's step count 1): undone
-        optimizer.state.clear()
-        if optim:
-            optim["state"] = {}
-    return weights, optim
+    return _to_cpu(local_state(module, optimizer, options=opts), live)
 
 
-def local_state(module: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+def local_state(module: nn.Module, optimizer: torch.optim.Optimizer,
+                options=None) -> tuple[dict, dict]:
     """(weights, optimizer state) as this rank holds them, keyed by parameter name (FSDP's
     shards as DTensors, the rest whole): what torch.distributed.checkpoint writes and reads in
-    place. An optimizer that took no step comes back with an empty state, as in
-    ``full_state``."""
+    place (``full_state`` passes ``options`` that gather them). An optimizer that took no step
+    comes back with an empty state."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     fresh = not optimizer.state
-    weights, optim = get_state_dict(module, optimizer)
+    weights, optim = get_state_dict(module, optimizer, options=options)
     if fresh:  # torch filled the state with a zero-lr step (AdamW's step count 1): undone
         optimizer.state.clear()
-        optim["state"] = {}
+        if optim:  # (a rank other than 0 of a rank0_only full_state gets an empty dict)
+            optim["state"] = {}
     return weights, optim
 
 
