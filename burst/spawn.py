@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import math
 import multiprocessing
+import numbers
 import operator
 import os
 import pickle
@@ -353,6 +354,16 @@ def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
     if count is None or count < 1:
         raise ValueError(f"world={world!r}: need a whole number of ranks >= 1")
     world = count
+    try:
+        threads_n = None if isinstance(threads, bool) else operator.index(threads)
+    except TypeError:
+        threads_n = None
+    if threads_n is None or threads_n < 1:
+        raise ValueError(f"threads={threads!r}: need a whole number of threads per rank >= 1")
+    threads = threads_n
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) \
+            or not math.isfinite(timeout_s) or timeout_s <= 0:
+        raise ValueError(f"timeout_s={timeout_s!r}: need a finite number of seconds > 0")
     if backend == "nccl" and world > torch.cuda.device_count():
         # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), at the first collective
         raise ValueError(f"backend='nccl' needs one GPU per rank: world={world}, "

@@ -377,6 +377,12 @@ def test_loose_arguments_are_refused_by_name():
     for world in ("2", 2.0, True, 0):
         with pytest.raises(ValueError, match=f"world={world!r}: need a whole number of ranks"):
             spawn(print, world)
+    for threads in (0, 1.5, "2", True):
+        with pytest.raises(ValueError, match=f"threads={threads!r}: need a whole number"):
+            spawn(print, 2, threads=threads)
+    for timeout_s in (0, -1, float("nan"), float("inf"), "60", None):
+        with pytest.raises(ValueError, match="timeout_s=.*: need a finite number of seconds"):
+            spawn(print, 2, timeout_s=timeout_s)
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="torch sees no CUDA device"):
             Trainer("tiny", device="cuda")
