@@ -377,6 +377,13 @@ def test_loose_arguments_are_refused_by_name():
     for world in ("2", 2.0, True, 0):
         with pytest.raises(ValueError, match=f"world={world!r}: need a whole number of ranks"):
             spawn(print, world)
+    # Method.check alone (the sweep planner's and the simulator's gate) names what a call
+    # would refuse later
+    with pytest.raises(ValueError, match="6 heads are not divisible by 4 kv heads"):
+        registry.get("ring").check(world=4, seq_local=8, causal=True, heads=6, kv_heads=4)
+    with pytest.raises(ValueError, match="unknown grad_acc 'bf16'"):
+        registry.get("zigzag_ring").check(world=4, seq_local=8, causal=True, heads=4,
+                                          kv_heads=4, grad_acc="bf16")
     for threads in (0, 1.5, "2", True):
         with pytest.raises(ValueError, match=f"threads={threads!r}: need a whole number"):
             spawn(print, 2, threads=threads)

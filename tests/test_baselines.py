@@ -89,6 +89,9 @@ def _core_cases(world: int) -> list[dict]:
         add("usp", options=dict(layout="striped"), expect_error="layout 'striped'")
         add("double_ring", options=dict(ranks_per_node=3), expect_error="ranks_per_node=3")
         add("double_ring", options=dict(ranks_per_node=0), expect_error="ranks_per_node=0")
+        add("double_ring", options=dict(ranks_per_node=None), expect_error="ranks_per_node=None")
+        for m in ("ulysses", "allgather", "usp"):  # the kernel is named before any transfer
+            add(m, options=dict(backend="triton"), expect_error="unknown kernel backend 'triton'")
         add("allgather", seq_local=8, cu_seqlens=(0, 3, 6), expect_error="cu_seqlens")
         for m in ("usp", "ulysses", "double_ring"):  # masks are checked before any transfer
             add(m, seq_local=8, cu_seqlens=(0, 3, 6), expect_error="cu_seqlens")
