@@ -127,6 +127,47 @@ def test_formula_saving_approaches_25_percent_for_large_rings():
     assert abs((1 - burst / ring) - 0.25) < 0.01
 
 
+EMULATED = [dict(backward=b, layout="zigzag", ranks_per_node=None) for b in ("burst", "ring")] + [
+    dict(backward="burst", layout="zigzag", ranks_per_node=2),
+    dict(backward="burst", layout="contiguous", ranks_per_node=None, window=(200, 0))]
+
+
+def _bf16_against_the_emulation(rank: int, world: int) -> list[dict]:
+    from burst import burst_attn
+    from burst.emulate import emulate_attn
+    from burst.layout import shard
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(1, 128 * world, 4, 64, generator=g).bfloat16() for _ in range(4))
+
+    def grads(fn, xs, dout):
+        xs = [x.clone().requires_grad_() for x in xs]
+        out = fn(*xs)
+        out.backward(dout)
+        return [out.detach(), *(x.grad for x in xs)]
+
+    res = []
+    for c in EMULATED:
+        kw = dict(causal=True, **c)
+        emu = grads(lambda a, b, c_, kw=kw: emulate_attn(a, b, c_, world=world, **kw),
+                    (q, k, v), do)
+        loc = [shard(t, layout=c["layout"]) for t in (q, k, v, do)]
+        got = grads(lambda a, b, c_, kw=kw: burst_attn(a, b, c_, **kw), loc[:3], loc[3])
+        res.append({name: int((x != shard(e, layout=c["layout"])).sum())
+                    for name, x, e in zip(("out", "dq", "dk", "dv"), got, emu, strict=True)})
+    return res
+
+
+def test_bf16_ring_equals_its_emulation_bit_for_bit():
+    """The one-process emulation (burst.emulate) runs the same kernels, merges and schedule as
+    the ranks, so in bf16 it gives the same bits: the check that catches an accumulator that
+    does not travel (dK/dV of the burst backward, dQ of the ring one) kept in bf16, which moves
+    the error by ~10-30%, inside the naive-error rule (a mutation audit)."""
+    for rank, per_case in enumerate(spawn(_bf16_against_the_emulation, 4, timeout_s=240)):
+        for c, differ in zip(EMULATED, per_case, strict=True):
+            assert not any(differ.values()), (rank, c, differ)
+
+
 def _lse_grads(rank: int, world: int, layout: str, ranks_per_node=None):
     from burst import burst_attn
     from burst.layout import shard

@@ -302,6 +302,38 @@ def test_nan_input_gives_nan_not_zero(backend):
     assert torch.allclose(out[:, :5], ref, atol=1e-12)
 
 
+def test_naive_attention_is_the_reference_in_float64():
+    """naive_attention sets every low-precision tolerance (tests.parity, bench_precision): in
+    float64 it must be the oracle itself, or those tolerances mean nothing."""
+    q, k, v, _ = _inputs(2, kv_heads=2, seed=5)
+    n = q.shape[1]
+    for mask in (dict(causal=False), dict(causal=True), dict(causal=True, window=(5, 2)),
+                 dict(causal=True, cu_seqlens=(0, 7, n))):
+        for scale in (None, 0.3):
+            got = naive_attention(q, k, v, scale=scale, **mask)
+            ref = reference_attention(q, k, v, scale=scale, **mask)[0]
+            assert float((got - ref).abs().max()) < 1e-12, (mask, scale)
+
+
+def test_merge_of_bf16_blocks_is_exact_to_fp32():
+    """Block partials arrive in bf16; their merge runs in the fp32 accumulators (a merge term
+    rounded to bf16 moves the output by ~1e-3, inside the naive-error rule of the ring tests)."""
+    from burst.merge import merge_into, new_accumulators
+
+    g = torch.Generator().manual_seed(0)
+    blocks = [(torch.randn(1, 16, 2, 8, generator=g).bfloat16(),
+               3 * torch.randn(1, 2, 16, generator=g)) for _ in range(6)]
+    out, lse = new_accumulators(blocks[0][0], torch.float32)
+    for o, l in blocks:
+        merge_into(out, lse, o, l)
+    ls = torch.stack([l.double() for _, l in blocks])  # (blocks, B, H, S)
+    want_lse = torch.logsumexp(ls, 0)
+    w = torch.exp(ls - want_lse).transpose(2, 3).unsqueeze(-1)  # (blocks, B, S, H, 1)
+    want = (w * torch.stack([o.double() for o, _ in blocks])).sum(0)
+    assert float((lse.double() - want_lse).abs().max()) < 1e-5
+    assert float((out.double() - want).abs().max()) < 1e-5
+
+
 def test_merge_keeps_rows_that_saw_no_key_empty():
     """merge.py's promise: a block whose rows saw no key (lse -inf, out 0) leaves those rows
     empty, even in fresh accumulators (exp(-inf + inf) would be NaN)."""

@@ -530,6 +530,22 @@ def test_half_cache_holds_half_the_bytes(world):
         assert 2 * per_rank[r][half]["cache"] == per_rank[r][full]["cache"]
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_ulysses_selective_cache_holds_what_a_rings_does(world):
+    """burst.remake keeps Ulysses' kernel output alone in the selective cache, not the q, k, v
+    it gathered: as many bytes as a ring's cache of each layer's output and lse (without the
+    remake, 3.7x as many at 2 ranks: a mutation audit)."""
+    cases, per_rank, *_ = _results(world)
+    plain = dict(options={}, checkpointing="selective", dtype="float64", window=None,
+                 cu_seqlens=None, cp_degree=None, data_parallel="ddp", tie=False,
+                 expect_error=None)
+    by = {c["method"]: i for i, c in enumerate(cases)
+          if all(c[key] == value for key, value in plain.items())}
+    for r in range(world):
+        assert per_rank[r][by["ring"]]["cache"] > 0
+        assert per_rank[r][by["ulysses"]]["cache"] == per_rank[r][by["ring"]]["cache"]
+
+
 def test_four_rank_training_learns_and_matches_one_process():
     _, _, train, *_ = _results(4)
     threads = torch.get_num_threads()
