@@ -434,6 +434,47 @@ def test_allgather_times_the_busiest_rank():
     assert c / z == pytest.approx(1.875, rel=0.06)
 
 
+def test_allgather_across_nodes_is_priced_as_gather_and_reduce_scatter():
+    """The all-gather method's K/V gather and dK/dV reduce-scatter cross the NICs as NCCL's ring
+    collectives, not as all-to-alls (priced as one, 16 GPUs on 2 nodes took 67% longer in
+    forward: a mutation audit)."""
+    topo = Topo(16, 8)
+    t = attention_timing(HW, "allgather", {"layout": "zigzag"}, MHA, topo)
+    for pass_, total, compute in (("forward", t.forward_s, t.compute_forward_s),
+                                  ("backward", t.backward_s, t.compute_backward_s)):
+        sent = t.rank_volume(0).sent(pass_)
+        gather = collective_seconds(HW, sent, 16, topo, "gather")
+        assert gather != collective_seconds(HW, sent, 16, topo, "all_to_all")
+        assert total - compute == pytest.approx(gather, rel=1e-9)
+
+
+def test_zero3_backward_waits_for_the_gradient_reduce_scatter():
+    """Short sequences leave a ZeRO-3 layer bound by its collectives: the forward by the weight
+    gather, the backward by the gather and the gradient reduce-scatter of the same bytes, twice
+    as long (the reduce-scatter left out took 21% off a 7B step at 8K tokens: a mutation
+    audit); twice the tokens change neither."""
+    cell = dict(workload="train_step", method="burst", paper="burstengine", model="7b",
+                seq_len=1 << 13, world=32, ranks_per_node=8, checkpointing="selective",
+                options={"ranks_per_node": 8})
+    short, longer = (predict(as_cell(dict(cell, seq_len=n)), HW) for n in (1 << 13, 1 << 14))
+    assert short.parts["layers_backward"] == pytest.approx(2 * short.parts["layers_forward"])
+    for part in ("layers_forward", "layers_backward"):
+        assert longer.parts[part] == pytest.approx(short.parts[part])
+
+
+def test_a_step_whose_every_pair_is_masked_costs_nothing():
+    """A window shorter than a rank's block leaves each rank its own block and its left
+    neighbour's: the later steps plan no kernel call and pay no merge either (a merge charged
+    there took 3.9% onto a windowed double ring's forward: a mutation audit)."""
+    from suites.schedule import step_compute
+
+    shape = dataclasses.replace(MHA, seq_len=1 << 14, window=(256, 0))
+    for pass_ in ("forward", "backward"):
+        steps = step_compute(HW, shape, "contiguous", 8, (1 << 14) // 8, 40, 40, pass_)
+        assert steps[0] > 0 and steps[1] > 0
+        assert steps[2:] == [0.0] * 6
+
+
 def test_windowed_cells_at_1m_tokens_need_no_dense_masks(monkeypatch):
     """The cost model plans a windowed ring from key bounds: no (n, n) mask is built for a
     1M-token cell (a dense mask of its 131072-token blocks would be 16 GiB)."""
@@ -1528,6 +1569,14 @@ def test_ulysses_selective_checkpointing_gathers_qkv_again_in_backward():
     assert (ours.parts["layers_backward"] - other.parts["layers_backward"]) > 0
     full = predict(as_cell(dict(cell, checkpointing="full")), HW, ZERO3)
     assert ours.time_s < full.time_s  # the all-to-alls again, not the attention
+    # USP runs its all-to-alls in Ulysses groups of U (here one node's NVLink), and so does
+    # its regather (priced over all 32 ranks, through the NICs: +4% on this step, an audit)
+    usp = dict(cell, method="usp", seq_len=1 << 17, options={"ulysses_degree": 8})
+    ours, other = (predict(as_cell(usp), HW, impl) for impl in (ZERO3, lean))
+    again = collective_seconds(HW, ours.regather[0].sent("forward"), 8, Topo(32, 8))
+    assert again < collective_seconds(HW, ours.regather[0].sent("forward"), 32, Topo(32, 8))
+    assert (ours.parts["layers_backward"] - other.parts["layers_backward"]
+            == pytest.approx(layers * again, rel=1e-9))
 
 
 TRAIN_BYTE_CASES = [("ulysses", {}, "selective"), ("ulysses", {}, "full"),
