@@ -12,13 +12,12 @@ extra syncs. On CPU the host clock is the truth.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["median", "repeat", "synchronize", "time_call", "time_calls"]
+__all__ = ["repeat", "synchronize", "time_call", "time_calls"]
 
 
 def synchronize(device: torch.device | str) -> None:
@@ -58,7 +57,3 @@ def repeat(call: Callable[[], object], device: torch.device | str, *, warmup: in
     for _ in range(warmup):
         call()
     return [time_call(call, device) for _ in range(repeats)]
-
-
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values)

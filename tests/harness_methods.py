@@ -38,6 +38,13 @@ def nan_on_rank1(q, k, v, *, causal, softmax_scale=None, group=None):
     return out * float("nan") if comm.rank() == 1 else out
 
 
+def nan_output_on_rank1(q, k, v, *, causal, softmax_scale=None, group=None):
+    """Rank 1's output is NaN, its gradients finite (a constant added): the NaN never reaches
+    rank 0 through a transfer, only through the harness' finiteness vote."""
+    out = user_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group)
+    return out + torch.full_like(out, float("nan") if comm.rank() == 1 else 0.0)
+
+
 def ignores_causal(q, k, v, *, causal, softmax_scale=None, group=None):
     """Runs, finite, fast, and wrong: it drops the causal mask."""
     return user_attention(q, k, v, causal=False, softmax_scale=softmax_scale, group=group)

@@ -112,6 +112,12 @@ def test_named_configs_and_param_counts():
     assert c7.head_dim == 128 and c14.head_dim == 128 and set(CONFIGS) >= {"tiny"}
     # the harness's FLOP counts take these configs as they are
     assert flops.model_flops(c7, 1, 4096) > 0
+    # the model is causal: a window's right side attends nothing, in every convention (the
+    # dense one counted it: a mutation audit)
+    tiny = get_config("tiny")
+    for convention in ("model_flops_dense", "model_flops_causal"):
+        assert (flops.model_flops(tiny, 1, 64, convention, "none", (8, 3))
+                == flops.model_flops(tiny, 1, 64, convention, "none", (8, 0))), convention
 
 
 def test_config_errors_name_the_field():

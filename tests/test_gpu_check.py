@@ -30,6 +30,24 @@ def _module(monkeypatch):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of GPU-less machines")
+def test_repeat_times_only_the_calls_after_the_warm_up():
+    """burst.timing.repeat (gpu_check's timer): ``repeats`` times, none of them the cold first
+    call (timed, it made the max 20x the warm calls': a mutation audit)."""
+    import time
+
+    from burst.timing import repeat
+
+    calls = []
+
+    def call():
+        calls.append(1)
+        time.sleep(0.2 if len(calls) == 1 else 0.001)
+
+    times = repeat(call, "cpu", warmup=1, repeats=3)
+    assert len(calls) == 4 and len(times) == 3
+    assert max(times) < 0.1
+
+
 def test_without_a_gpu_it_says_so_in_one_line(tmp_path, capsys, monkeypatch):
     mod = _module(monkeypatch)
     assert mod.main(["--out", str(tmp_path / "x")]) == 0

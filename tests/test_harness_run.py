@@ -801,6 +801,9 @@ def _fake_clock(rank: int, world: int):
     nan = M.measure(as_cell(dict(method=f"{M_METHODS}:nan_on_rank1", seq_len=16, world=world,
                                  heads=2, head_dim=8, device="cpu", dtype="float32",
                                  repeats=1, profile_memory=False)))
+    nan_out = M.measure(as_cell(dict(method=f"{M_METHODS}:nan_output_on_rank1", seq_len=16,
+                                     world=world, heads=2, head_dim=8, device="cpu",
+                                     dtype="float32", repeats=1, profile_memory=False)))
     own = M.measure(as_cell(dict(method=f"{M_METHODS}:talks_to_torch_distributed", seq_len=16,
                                  world=world, heads=2, head_dim=8, device="cpu",
                                  dtype="float32", repeats=1, profile_memory=False)))
@@ -818,10 +821,11 @@ def _fake_clock(rank: int, world: int):
                                      heads=2, head_dim=8, device="cpu", dtype="float32",
                                      repeats=1, profile_memory=False)))
     times = iter([1.0, 10.0, 2.0] if rank == 0 else [10.0, 1.0, 2.0])
-    M._timed = lambda step, dev: next(times)
+    M._timed = lambda step, dev: next(times)  # 3 values: a timed warm-up call would fail
     cell = as_cell(dict(method="ring", seq_len=16, world=world, heads=2, head_dim=8,
-                        device="cpu", dtype="float32", repeats=3, profile_memory=False))
-    return M.measure(cell), nan, own, own_step, adapter
+                        device="cpu", dtype="float32", warmup=2, repeats=3,
+                        profile_memory=False))
+    return M.measure(cell), (nan, nan_out), own, own_step, adapter
 
 
 def test_measured_time_is_the_median_of_the_slowest_rank_per_repeat():
@@ -830,7 +834,7 @@ def test_measured_time_is_the_median_of_the_slowest_rank_per_repeat():
     from burst import flops
     from burst.spawn import spawn
 
-    for r, nan, own, own_step, adapter in spawn(_fake_clock, 2, timeout_s=120):
+    for r, nans, own, own_step, adapter in spawn(_fake_clock, 2, timeout_s=120):
         # ring_flash_attn and yunchang recorded 0 bytes (their packages bypass burst.comm)
         assert adapter["status"] == "ok" and adapter["bytes_sent_forward"] is None, adapter
         # a user's method that talks through torch.distributed: bytes unknown, not 0; in a
@@ -839,13 +843,35 @@ def test_measured_time_is_the_median_of_the_slowest_rank_per_repeat():
         assert own_step["status"] == "ok" and own_step["bytes_sent_backward"] is None, own_step
         assert own_step["bytes_sent_other"] > 0
         assert r["bytes_sent_forward"] > 0
-        assert nan["max_err"] is None and nan["status"] == "error", nan  # not checked, not ok
-        assert "not finite (NaN or inf) on some rank" in nan["error"]
+        for nan in nans:  # NaN gradients on rank 1; a NaN output there alone (every rank
+            # votes: rank 1's own verdict made rank 0's row ok, with a time: a mutation audit)
+            assert nan["max_err"] is None and nan["status"] == "error", nan  # not checked
+            assert "not finite (NaN or inf) on some rank" in nan["error"]
+            assert nan["time_s"] is None
         assert (r["time_s"], r["time_s_min"], r["time_s_max"]) == (10.0, 2.0, 10.0)
         assert r["tokens_per_s"] == 16 / 10.0 / 2
         assert r["attn_tflops"] == pytest.approx(
             flops.attention_kernel_flops(1, 16, 2, 8, True, None) / 10.0 / 2 / 1e12)
 
+
+
+def test_a_training_step_with_a_nan_loss_has_no_rates(monkeypatch):
+    """An error row has no rate of any kind to average: a NaN loss left the model TFLOP/s
+    columns of a training cell filled (a mutation audit)."""
+    import burst.engine.trainer as T
+    from suites.measure import measure
+    from suites.simulate import as_cell
+
+    step = T.Trainer.step
+    monkeypatch.setattr(T.Trainer, "step", lambda self, *a, **k: step(self, *a, **k) * math.nan)
+    row = measure(as_cell(dict(workload="train_step", method="burst", model="tiny", world=1,
+                               seq_len=64, warmup=0, repeats=1, device="cpu",
+                               dtype="float32", profile_memory=False)))
+    assert row["status"] == "error" and "the loss not finite" in row["error"], row
+    rates = [k for k in row if k.startswith(("time_s", "tokens_per_s", "attn_tflops", "tflops_",
+                                             "mfu_"))]
+    assert any(k.startswith("tflops_") for k in rates)
+    assert all(row[k] is None for k in rates), {k: row[k] for k in rates}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -115,6 +115,11 @@ def test_bad_spec_lists_every_problem(tmp_path):
     assert len(probs) == len(want), probs
     # the message carries them all, one per line
     assert str(ei.value).count("\n  - ") == len(probs)
+    # a world that nodes x gpus_per_node contradicts (it ran at 2 x 4 = 8)
+    with pytest.raises(SpecError, match=r"16 != nodes x gpus_per_node = 2 x 4"):
+        load_spec(_write(tmp_path, 'name = "x"\nworkload = "attention"\nseq_lens = [64]\n'
+                         'world = 16\nnodes = 2\ngpus_per_node = 4\n[shape]\nheads = 8\n'
+                         'head_dim = 8\n[[methods]]\nname = "ring"\n'))
     # an unknown method is named whatever else is wrong (it was not, with a bad workload)
     with pytest.raises(SpecError) as ei:
         load_spec(_write(tmp_path, 'name = "x"\nworkload = "nonsense"\nseq_lens = [64]\n'
@@ -436,8 +441,17 @@ def test_cli_read_only_commands(tmp_path, capsys, monkeypatch):
     assert cli.main(["show", str(tmp_path / "sweep")]) == 0
     out = capsys.readouterr().out
     assert "speedup vs ring" in out and "1000.0 (2.00x)" in out
+    # another baseline than the run's: the speedups follow it (they stayed the run's)
+    assert cli.main(["show", str(d), "--baseline", "burst", "--metric", "time_s"]) == 0
+    out = capsys.readouterr().out
+    assert "speedup vs burst" in out and "2000.0 (0.50x)  1000.0 (1.00x)" in out
     assert cli.main(["compare", str(d), str(d), "--out", str(tmp_path / "c.csv")]) == 0
     assert "speedup" in capsys.readouterr().out and (tmp_path / "c.csv").exists()
+    # the same labels in another dtype are other cells: nothing to compare
+    fp32 = _run_dir(tmp_path, "fp32", _rows([("ring", 64, 2.0, "ok")], dtype="float32"))
+    bf16 = _run_dir(tmp_path, "bf16", _rows([("ring", 64, 1.0, "ok")], dtype="bfloat16"))
+    assert cli.main(["compare", str(fp32), str(bf16)]) == 1
+    assert "the cells differ only in dtype" in capsys.readouterr().out
     assert cli.main(["run", "paper_main_7b", "--executor", "dry-run", "--partition", "p1",
                      "--time", "45"]) == 0
     out = capsys.readouterr().out
@@ -1775,3 +1789,16 @@ def test_a_lock_whose_file_was_removed_meanwhile_is_not_held(tmp_path, monkeypat
     with pytest.raises(store.RunLockedError):
         store.RunLock(run).__enter__()
     b.__exit__(None, None, None)
+
+
+def test_a_row_counts_the_devices_of_every_node():
+    """device_count is the world, not one node's GPUs (a 2 x 4 cell said 4: a mutation audit)."""
+    import dataclasses
+
+    from suites.rows import RunContext, make_row
+    from suites.simulate import as_cell
+
+    cell = dataclasses.replace(as_cell(dict(method="ring", seq_len=64, world=8, heads=8,
+                                            head_dim=8)), nodes=2, ranks_per_node=4)
+    row = make_row(cell, {"status": "ok"}, RunContext("r", "inline", "{}", None, None), host={})
+    assert (row["world"], row["nodes"], row["ranks_per_node"], row["device_count"]) == (8, 2, 4, 8)
