@@ -374,8 +374,9 @@ def _resume_sharded(path: Path) -> dict:
     finally:
         sharded_state._file_crc = crc
     out["link kept"] = os.readlink(path)
-    # one changed byte of the last save: every rank refuses it (each checks a share)
-    shard = path.resolve() / "__3_0.distcp"
+    # one changed byte of the last save: every rank refuses it (each checks a share; this file
+    # is rank 2's: with every rank checking rank 0's share it loaded: a mutation audit)
+    shard = path.resolve() / "__1_0.distcp"
 
     def flip_middle_bit():
         data = bytearray(shard.read_bytes())
@@ -753,7 +754,7 @@ def test_a_sharded_state_resumes_exactly_on_another_layout():
         assert (out["link"], out["link again"]) == ("sharded.a", "sharded.b"), out
         assert close(*out["sgd"]), out["sgd"]
         # the rank that checked the changed file says which; the others quote it
-        assert "__3_0.distcp fails its CRC-32 check" in out["changed"], out["changed"]
+        assert "__1_0.distcp fails its CRC-32 check" in out["changed"], out["changed"]
         assert ".metadata fails its CRC-32 check" in out["cut metadata"], out["cut metadata"]
         assert "such as the save before it" in out["changed"], out["changed"]
         assert out["link kept"] == "sharded.b", out["link kept"]

@@ -509,6 +509,36 @@ def test_a_sharded_save_keeps_the_one_before_and_refuses_what_is_not_its_state(t
     with pytest.raises(ValueError, match="is a file, not the link a sharded save keeps"):
         (tmp_path / "plain.pt").write_bytes(b"")
         tr.save(tmp_path / "plain.pt", sharded=True)
+    # a link copied as a backup (cp -P state keep) names state.b, which the next saves write
+    # over: refused, not loaded as whatever state.b holds by then
+    import shutil
+
+    shutil.copy(path, tmp_path / "keep", follow_symlinks=False)
+    with pytest.raises(ValueError, match="not a link a sharded save made"):
+        again.load(tmp_path / "keep")
+    # a state copied with its link followed (cp -rL): a folder where the link was; a save
+    # there is refused before it writes anything (it wrote over the copy's state.a)
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    shutil.copytree(path.resolve(), copy / "state")
+    shutil.copytree(path.resolve(), copy / "state.a")
+    before = sorted(p.name for p in (copy / "state.a").iterdir())
+    crcs = {p.name: p.read_bytes() for p in (copy / "state.a").iterdir()}
+    with pytest.raises(ValueError, match="is a folder, not the link a sharded save keeps"):
+        tr.save(copy / "state", sharded=True)
+    assert sorted(p.name for p in copy.iterdir()) == ["state", "state.a"]
+    assert sorted(p.name for p in (copy / "state.a").iterdir()) == before
+    assert all((copy / "state.a" / n).read_bytes() == b for n, b in crcs.items())
+    # gradients pending (a forward_backward not applied) are dropped by a load: the steps
+    # after it (their updates: the second loss) are those of a Trainer that had none
+    runs = []
+    for pending in (False, True):
+        t = Trainer("tiny", seed=3, **kw)
+        if pending:
+            t.forward_backward(*t.local_batch(16, batch=1, seed=9))
+        assert t.load(path) == {"step": 1}
+        runs.append([t.step(*t.local_batch(16, batch=1, seed=s)) for s in (2, 3)])
+    assert runs[0] == runs[1]
     shard = path.resolve() / "__0_0.distcp"
     data = bytearray(shard.read_bytes())
     data[-100] ^= 1
@@ -525,8 +555,6 @@ def test_a_sharded_save_keeps_the_one_before_and_refuses_what_is_not_its_state(t
     with pytest.raises(ValueError, match=r"info.pt was changed after Trainer.save wrote it"):
         again.load(path)
     # a link whose folder is gone: a save there would write over the other, maybe the only state
-    import shutil
-
     shutil.rmtree(path.resolve())
     with pytest.raises(ValueError, match=r"links to state.b, which is gone; nothing was saved"):
         tr.save(path, sharded=True)

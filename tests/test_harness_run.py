@@ -1100,6 +1100,73 @@ def test_a_job_whose_row_was_written_is_not_pending(tmp_path):
     # cell run again beside it (an executor audit)
     store.append_row(tmp_path / "rows.jsonl", {"cell_id": "c3", "status": "ok", "job_id": "43"})
     assert set(pending_jobs(tmp_path, "local")) == {"c2"}
+    # --retry-failed: c2's first job failed and was collected, its retry (44) outlived its
+    # driver: 44 is pending, not forgotten for c2's old row (c2 ran twice at once: an audit)
+    store.append_row(tmp_path / "rows.jsonl", {"cell_id": "c2", "status": "error", "job_id": "43"})
+    store.append_row(tmp_path / "jobs.jsonl", {"cell_id": "c2", "job_id": "43", "collected": True})
+    store.append_row(tmp_path / "jobs.jsonl", {**rec, "cell_id": "c2", "job_id": "44"})
+    assert {c: r["job_id"] for c, r in pending_jobs(tmp_path, "local").items()} == {"c2": "44"}
+
+
+def test_a_row_torn_by_a_killed_rank_is_cut_before_the_next_group_writes(tmp_path,
+                                                                         monkeypatch):
+    """A rank killed while appending a row (spawn kills rank 0 once a peer dies) leaves half a
+    line; the driver's failure row and the next group's rows come after it. The torn line is
+    cut first: one readable row per cell (glued on, the table stopped the sweep, beyond a
+    resume's repair of a last line: an executor audit)."""
+    import burst.spawn
+    from suites.cells import expand
+    from suites.executors import Run, run_inline
+    from suites.rows import RunContext
+
+    spec_file = tmp_path / "t.toml"
+    spec_file.write_text('workload = "attention"\nseq_lens = [32, 64, 96]\nworld = 2\n'
+                         '[shape]\nheads = 2\nhead_dim = 8\n[[methods]]\nname = "ring"\n')
+    cells = expand(load_spec(spec_file))
+    run = Run(tmp_path / "run")
+    run.dir.mkdir()
+    groups = []
+
+    def fake_spawn(fn, world, *, backend, timeout_s, args):
+        todo = [c for c in cells if c.to_json() in args[0]]
+        groups.append(len(todo))
+        if len(groups) == 1:
+            store.append_row(run.rows, {"cell_id": todo[0].cell_id, "status": "ok"})
+            with open(run.rows, "a") as f:  # killed in the middle of the next row
+                f.write('{"cell_id": "' + todo[1].cell_id + '", "status": "o')
+            raise burst.spawn.SpawnError("rank 1 exited without a result: killed")
+        for c in todo:
+            store.append_row(run.rows, {"cell_id": c.cell_id, "status": "ok"})
+
+    monkeypatch.setattr(burst.spawn, "spawn", fake_spawn)
+    run_inline(cells, run, RunContext("r", "inline", "{}", None, None))
+    rows = store.read_rows(run.rows)
+    assert [(r["cell_id"], r["status"]) for r in rows] == [
+        (cells[0].cell_id, "ok"), (cells[1].cell_id, "error"), (cells[2].cell_id, "ok")]
+    assert groups == [3, 1]
+
+
+def test_a_dead_local_job_without_a_result_runs_its_cell_again(tmp_path):
+    """A local job adopted from a dead driver whose process is gone with no result (killed with
+    its driver) wrote nothing: its cell runs again, no time-out is recorded that never happened
+    (and that a plain resume would count as done)."""
+    import subprocess
+
+    from suites.executors import Run, _adopt
+    from suites.rows import RunContext
+
+    cell, _ = _cell_and_ctx(tmp_path)
+    run = Run(tmp_path / "run")
+    folder = run.dir / "jobs" / "local-0123456789ab" / "%j"
+    folder.parent.mkdir(parents=True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    store.append_row(run.dir / "jobs.jsonl", {
+        "cell_id": cell.cell_id, "job_id": str(dead.pid), "kind": "local", "folder": str(folder),
+        "tasks": 2, "submitted": time.time(), "pid": dead.pid})
+    pending, left = _adopt([cell], run, "local", RunContext("r", "local", "{}", None, None), 0.1)
+    assert [c.cell_id for c in left] == [cell.cell_id] and not pending
+    assert not run.rows.exists() or store.read_rows(run.rows) == []
 
 
 def test_a_stale_result_file_of_this_cell_from_another_run_is_not_its_row(tmp_path):
