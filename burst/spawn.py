@@ -344,23 +344,23 @@ def _start_method() -> str:
     return method
 
 
+def _at_least_one(value, name: str, what: str) -> int:
+    """``value`` as an int if it is a whole number >= 1: a Python or numpy integer, not a bool,
+    a float or a string."""
+    try:
+        n = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        n = None
+    if n is None or n < 1:
+        raise ValueError(f"{name}={value!r}: need a whole number of {what} >= 1")
+    return n
+
+
 def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
           threads: int = 1, timeout_s: float = 300.0) -> list:
     """Run ``fn(rank, world, *args)`` on ``world`` fresh processes; return their results."""
-    try:  # a Python or numpy integer; not a bool, a float or a string
-        count = None if isinstance(world, bool) else operator.index(world)
-    except TypeError:
-        count = None
-    if count is None or count < 1:
-        raise ValueError(f"world={world!r}: need a whole number of ranks >= 1")
-    world = count
-    try:
-        threads_n = None if isinstance(threads, bool) else operator.index(threads)
-    except TypeError:
-        threads_n = None
-    if threads_n is None or threads_n < 1:
-        raise ValueError(f"threads={threads!r}: need a whole number of threads per rank >= 1")
-    threads = threads_n
+    world = _at_least_one(world, "world", "ranks")
+    threads = _at_least_one(threads, "threads", "threads per rank")
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) \
             or not math.isfinite(timeout_s) or timeout_s <= 0:
         raise ValueError(f"timeout_s={timeout_s!r}: need a finite number of seconds > 0")
