@@ -89,6 +89,10 @@ def test_every_figure_renders_from_fixture_tables(fixture_tables, tmp_path):
         assert all(p.stat().st_size > 0 for p in paths), name
         data = pd.read_csv(paths[2])
         assert len(data) > 0, f"{name} plotted nothing from the fixture"
+        # the plotted data's own columns, no index column (which changed every committed CSV
+        # and no test: a mutation audit)
+        plotted = _data({m.NAME: m for m in FIGURES}[name], fixture_tables)
+        assert list(data.columns) == list(plotted.columns), name
 
 
 def test_published_values_are_their_own_series(fixture_tables, tmp_path):
@@ -281,6 +285,15 @@ def test_loading_keeps_each_profiles_latest_run_and_refuses_a_missing_folder(tmp
     assert sorted(tables.simulated["hardware"]) == ["a800", "h100"]
     assert sorted(tables.measured["hardware"]) == ["NVIDIA A800-SXM4-80GB",
                                                    "NVIDIA H100 80GB HBM3"]
+    # two runs on one GPU: the newer one is drawn (the older was: a mutation audit)
+    for i, tflops in ((2, 111.0), (3, 222.0)):
+        run = tmp_path / "results" / "tiny" / f"run{i}"
+        run.mkdir(parents=True)
+        store.write_meta(run, {"created": f"2026-01-0{i + 1}T00:00:00Z"})
+        store.append_row(run / store.ROWS, dict(row, source="measured", attn_tflops=tflops,
+                                                hardware="NVIDIA A800-SXM4-80GB"))
+    newest = load_tables(tmp_path / "results").measured
+    assert list(newest[newest["hardware"] == "NVIDIA A800-SXM4-80GB"]["attn_tflops"]) == [222.0]
     # a missing folder, and one without any table (every figure would be empty), are refused
     (tmp_path / "empty").mkdir()
     (tmp_path / "a_file").write_text("")
@@ -864,12 +877,13 @@ def test_rows_are_measured_or_simulated_by_their_source_column_not_their_folder(
     # a row without a source keeps the folder's meaning: simulated under results/simulated
     row = {k: v for k, v in simulate_spec("paper_kernel_32gpu", "a800")[0].items()
            if k != "source"}
-    for where in ("simulated/mine", "mine"):
+    for where, tflops in (("simulated/mine", 1.0), ("mine", 2.0)):
         run = tmp_path / "res" / where / "run0"
         run.mkdir(parents=True)
-        store.append_row(run / store.ROWS, row)
+        store.append_row(run / store.ROWS, dict(row, attn_tflops=tflops))
     tables = load_tables(tmp_path / "res")
-    assert len(tables.simulated) == 1 and len(tables.measured) == 1
+    assert list(tables.simulated["attn_tflops"]) == [1.0]
+    assert list(tables.measured["attn_tflops"]) == [2.0]
 
 
 def test_a_figure_with_nothing_to_draw_says_so(fixture_tables):
@@ -1079,3 +1093,94 @@ def test_footnotes_say_why_cells_have_no_number():
     assert "SKIPPED (Deepspeed-Ulysses)" in said and "64 does not divide 32 query heads" in said
     assert "paper MISSING" in said
     assert failure_note(df[df["status"] == "ok"]) == "" and status_note(df.iloc[:3]) == ""
+
+
+# ---------------------------------------------------------------------------------------------
+# the data path of each figure, against the committed tables changed one way (found by a
+# mutation audit: each of these slips changed a figure or its CSV and no test)
+
+def _data(mod, tables: Tables) -> pd.DataFrame:
+    """A figure's plotted data (its figure closed)."""
+    import matplotlib.pyplot as plt
+
+    fig, data = mod.make(tables)
+    plt.close(fig)
+    return data
+
+
+def _lines_max(fig) -> float:
+    return max(max(ln.get_ydata()) for ax in fig.axes for ln in ax.get_lines()
+               if not ln.get_label().startswith("_") and len(ln.get_ydata()))
+
+
+def test_analytic_curves_are_drawn_in_their_axis_units(committed):
+    """attention_share draws percent of its CSV's fraction, checkpoint_memory its GiB column
+    (fractions and bytes were drawn on the same axes)."""
+    _, drawn = committed
+    fig, data = drawn["attention_share"]
+    assert _lines_max(fig) == pytest.approx(100 * data["value"].max())
+    fig, data = drawn["checkpoint_memory"]
+    assert _lines_max(fig) == pytest.approx(data["GiB"].max())
+
+
+def test_a_peak_above_the_axis_keeps_its_value_in_the_csv(committed):
+    """A predicted peak beyond the memory axis (drawn clipped) is written whole."""
+    from paper_figures import memory_bars
+
+    t, _ = committed
+    sim = t.simulated.copy()
+    at = (sim["sweep"] == "paper_main_7b") & (sim["world"] == 32) & (sim["label"] == "Megatron")
+    assert at.sum() == 1
+    sim.loc[at, ["status", "mem_reserved_bytes"]] = ["oom", 200 * 2**30]
+    d = _data(memory_bars, _with(t, simulated=sim))
+    v = d[(d.model == "7b") & (d.world == 32) & (d.label == "Megatron")
+          & (d.source == "simulated")]
+    assert list(v["value"]) == [200.0]
+
+
+def test_ablation_draws_the_a800_simulation_whatever_else_was_measured(committed):
+    """A measured run of the ablation sweep on an A800 does not replace its simulated bars."""
+    from paper_figures import ablation
+
+    t, drawn = committed
+    sim = t.simulated[t.simulated["sweep"] == "paper_ablation"]
+    measured = sim.assign(source="measured", device="cuda", hardware="NVIDIA A800-SXM4-80GB",
+                          tokens_per_s=1.0)
+    d = _data(ablation, _with(t, measured=measured))
+    want = drawn["ablation"][1]
+    assert d["value"].tolist() == pytest.approx(want["value"].tolist(), nan_ok=True)
+
+
+def test_cpu_figure_keeps_to_its_profile_and_its_measured_length(committed):
+    """Another profile's simulation of cpu_scaling, or one at another length, changes nothing
+    the CPU figure draws (the first doubled its formula rows, the second emptied its measured
+    panels); a cell that timed out has no value in the CSV, as it has none in the figure."""
+    from paper_figures import cpu_sweep
+
+    t, drawn = committed
+    want = drawn["cpu_sweep"][1]
+    sim = t.simulated
+    scaling = sim[sim["sweep"] == "cpu_scaling"]
+    for extra, source in ((scaling.assign(hardware="h100"), "simulated"),
+                          (scaling.assign(seq_len=scaling["seq_len"] * 2), "measured")):
+        d = _data(cpu_sweep, _with(t, simulated=pd.concat([sim, extra])))
+        rows = [int(((df.sweep == "cpu_scaling") & (df.source == source)).sum())
+                for df in (d, want)]
+        assert rows[0] == rows[1] > 0, (source, rows)
+    measured = t.measured.copy()
+    at = ((measured["sweep"] == "cpu_scaling") & (measured["label"] == "burst")
+          & (measured["world"] == 4))
+    assert at.any()
+    measured.loc[at, "status"] = "timeout"
+    d = _data(cpu_sweep, _with(t, measured=measured))
+    v = d[(d.sweep == "cpu_scaling") & (d.source == "measured") & (d.label == "burst")
+          & (d.world == 4)]
+    assert len(v) and (v["status"] == "timeout").all() and v["value"].isna().all()
+
+
+def test_a_label_full_recomputed_in_any_source_is_hatched():
+    from paper_figures._bars import label_checkpointing
+
+    df = pd.DataFrame({"label": ["X", "X"], "checkpointing": ["selective", "full"]})
+    assert label_checkpointing(df, "X") == "full"
+    assert label_checkpointing(df.iloc[::-1], "X") == "full"
