@@ -856,6 +856,10 @@ def test_local_batch_targets_and_positions_by_hand():
     from burst.engine.data import local_batch, synthetic_tokens
 
     full = synthetic_tokens(torch.tensor([0]), torch.arange(8), vocab=97, seed=3)[0]
+    # each seed (scripts/train.py's step) its own tokens (one batch for every step: an audit)
+    others = [synthetic_tokens(torch.tensor([0]), torch.arange(64), vocab=97, seed=s)[0]
+              for s in (0, 1, 97)]
+    assert not torch.equal(others[0], others[1]) and not torch.equal(others[0], others[2])
     want = {0: ([0, 1, 6, 7], [0, 1, 3, 4], [1, 2, 7, None]),
             1: ([2, 3, 4, 5], [2, 0, 1, 2], [None, 4, 5, 6])}
     for rank, (idx, pos, nxt) in want.items():

@@ -96,14 +96,27 @@ def test_each_training_option_reaches_the_model(tmp_path, monkeypatch):
     # one recorded with a whole-sequence document, before that was resolved to no mask
     run.write_text(json.dumps({**json.loads(run.read_text()), "doc_len": 64}))
     assert losses("plain", "--steps", "3", "--doc-len", "100")[:2] == plain
-    with pytest.raises(SystemExit, match="kv_heads: 2 then, 4 now"):
-        losses("plain", "--steps", "4", "--kv-heads", "4")
+    # every argument that changes results is the run's identity: a resume with another is
+    # refused (one left out of run.json resumed silently: a mutation audit)
+    for args, why in ((("--kv-heads", "4"), "kv_heads: 2 then, 4 now"),
+                      (("--seed", "1"), "seed: 0 then, 1 now"),
+                      (("--seq-len", "128"), "seq_len: 64 then, 128 now")):
+        with pytest.raises(SystemExit, match=why):
+            losses("plain", "--steps", "4", *args)
     for name, args in {"window": ("--window", "8"), "gqa": ("--kv-heads", "4"),
-                       "decay": ("--weight-decay", "0.5"), "sgd": ("--optimizer", "sgd")}.items():
+                       "decay": ("--weight-decay", "0.5"), "sgd": ("--optimizer", "sgd"),
+                       "lr": ("--lr", "0.1"), "seed": ("--seed", "1")}.items():
         got = losses(name, *args)
-        # the optimizer acts after step 0; the mask and the K/V heads change its loss already
-        differs = got[1] != plain[1] if name in ("decay", "sgd") else got[0] != plain[0]
+        # the optimizer acts after step 0; the mask, the K/V heads and the seed (weights and
+        # data) change its loss already
+        differs = (got[1] != plain[1] and got[0] == plain[0] if name in ("decay", "sgd", "lr")
+                   else got[0] != plain[0])
         assert differs, (name, got, plain)
+    # tokens/s per rank under data parallelism: the global batch of 2 replicas over 2 ranks
+    losses("dp", "--world", "2", "--cp-degree", "1")
+    got = json.loads((tmp_path / "dp" / "steps.jsonl").open().readline())
+    assert (got["world"], got["cp"], got["dp"]) == (2, 1, 2)
+    assert got["tokens_per_s"] * got["seconds"] == pytest.approx(64 * 2 / 2)
     # the double ring and the backward move other bytes, not other losses: each step logs
     # what rank 0's attention sent, equal to the byte formula of its layers, in all and across
     # nodes of 2 (a flat ring, or one without the right backward, sends other counts)
