@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint gpu-check clean figures calibrate bench perf-gate gates
+.PHONY: setup demo test lint gpu-check clean figures calibrate bench perf-gate gates mutants
 
 # torch==2.13.0 comes from the `ci` extra: an open torch range pulls a multi-GB CUDA build.
 $(BIN)/.installed: pyproject.toml
@@ -50,6 +50,11 @@ perf-gate: setup
 
 gates: setup
 	$(BIN)/python -m suites.gates
+
+# the mutation check: each bug of tests/mutants.json planted in a copy, its tests must fail
+# (scripts/check_mutants.py; ~7 min on 2 cores, not part of CI)
+mutants: setup
+	$(BIN)/python scripts/check_mutants.py
 
 # the one-GPU check (issue 8): GPU tests, kernel and ring efficiency, engine steps, longest fit
 gpu-check:  # the GPU machine's own torch: no venv, no install (no internet there)
