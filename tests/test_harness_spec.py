@@ -1802,3 +1802,77 @@ def test_a_row_counts_the_devices_of_every_node():
                                             head_dim=8)), nodes=2, ranks_per_node=4)
     row = make_row(cell, {"status": "ok"}, RunContext("r", "inline", "{}", None, None), host={})
     assert (row["world"], row["nodes"], row["ranks_per_node"], row["device_count"]) == (8, 2, 4, 8)
+
+
+# ---------------------------------------------------------------------------------------------
+# results/: each of these slips passed every test while it changed what a user reads (found by
+# a mutation audit)
+
+def _cell_row(cell: str, status: str, **kw) -> dict:
+    r = empty_row()
+    r.update(cell_id=cell, status=status, label="burst", workload="attention", seq_len=1024,
+             world=2, **kw)
+    return r
+
+
+def test_a_runs_table_takes_each_cells_last_row(tmp_path):
+    """A cell retried after an error shows its ok row, not the first one."""
+    store.append_row(tmp_path / "rows.jsonl", _cell_row("c1", "error", error="boom"))
+    store.append_row(tmp_path / "rows.jsonl", _cell_row("c1", "ok", time_s=0.5))
+    assert store.load(tmp_path)[["status", "time_s"]].to_dict("records") == [
+        {"status": "ok", "time_s": 0.5}]
+
+
+def test_the_latest_run_without_a_creation_date_is_the_newest_folder(tmp_path):
+    for name, t in (("zz-old", 1000), ("aa-new", 2000)):  # names sort the other way
+        (tmp_path / name).mkdir()
+        store.append_row(tmp_path / name / "rows.jsonl", _cell_row("c", "ok"))
+        os.utime(tmp_path / name, (t, t))
+    assert store.latest_run(tmp_path).name == "aa-new"
+
+
+def test_a_sweeps_newest_run_with_a_broken_table_is_refused_not_skipped(tmp_path):
+    """An older run's rows were shown in its place, without a word."""
+    for name, created in (("r1", "2020-01-01"), ("r2", "2021-01-01")):
+        (tmp_path / name).mkdir()
+        store.write_meta(tmp_path / name, {"created": created})
+        store.append_row(tmp_path / name / "rows.jsonl", _cell_row("c", "ok", time_s=1.0))
+    rows = tmp_path / "r2" / "rows.jsonl"
+    rows.write_bytes(b"garbage\n" + rows.read_bytes())
+    with pytest.raises(ValueError, match="line 1 is not valid JSON"):
+        store.load(tmp_path)
+
+
+def test_retry_failed_runs_timed_out_cells_again():
+    from suites.run import _done
+
+    assert _done([{"cell_id": "t", "status": "timeout"}], retry_failed=True) == set()
+    assert _done([{"cell_id": "t", "status": "timeout"}], retry_failed=False) == {"t"}
+
+
+def test_bytes_sent_and_spread_in_the_tables():
+    """bytes_sent is forward + backward; compare's spread is (max - min) / median."""
+    import pandas as pd
+
+    df = pd.DataFrame([_cell_row("a", "ok", time_s=1.0, time_s_min=0.8, time_s_max=1.6,
+                                 bytes_sent_forward=2**20, bytes_sent_backward=3 * 2**20)])
+    assert summary(df, "bytes_sent").iloc[0]["burst"].startswith("4.00")
+    assert compare(df, df, "time_s")["spread_a"].iloc[0] == pytest.approx(0.8)
+
+
+def test_published_training_rows_name_their_nodes_mfu_and_missing_rates():
+    """The paper's rows: 8 GPUs a node (nodes is a key cells match on), the hardware MFU of a
+    row without selective checkpointing counts its recomputation, and an OOM cell has no
+    rate (0 tokens/s was written)."""
+    from results.paper import main_rows
+
+    rows = main_rows()
+    assert all(r["nodes"] == r["world"] // 8 for r in rows)
+    assert all(r["tokens_per_s"] is None for r in rows if r["status"] != "ok")
+
+    def ratio(label):
+        (r,) = [r for r in rows if r["model"] == "7b" and r["world"] == 32
+                and r["label"] == label]
+        return r["mfu_hardware_flops"] / r["mfu_model_flops_causal"]
+
+    assert ratio("LoongTrain-USP w/o sele-ckpt") > 1.2 * ratio("LoongTrain-USP")
