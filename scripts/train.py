@@ -362,10 +362,11 @@ def _state_problem(state: Path) -> str | None:
             sharded_state.read_info(state)
         except (ValueError, OSError) as e:
             return f"{e}; restore it, or remove it and steps.jsonl to start again"
-        if not state.is_symlink():  # its load would go on, its next save would fail
-            return (f"{state} is a folder, not the link a sharded save keeps (a copy that "
-                    f"followed links: cp -rL, scp -r?); `mv {state} {state}.a && ln -s "
-                    f"{state.name}.a {state}` makes it one")
+        try:  # where the next save would go: a folder copied with its link followed (cp -rL,
+            # scp -r) would load, and fail at its first save
+            sharded_state.target_folder(state)
+        except ValueError as e:
+            return str(e)
         return None
     try:
         with zipfile.ZipFile(state) as z:

@@ -133,6 +133,15 @@ def _csv(done, name) -> pd.DataFrame:
     return pd.read_csv(done[name][2])
 
 
+def _data(mod, tables: Tables) -> pd.DataFrame:
+    """A figure's plotted data (its figure closed)."""
+    import matplotlib.pyplot as plt
+
+    fig, data = mod.make(tables)
+    plt.close(fig)
+    return data
+
+
 def test_plotted_values_equal_their_sources_in_the_axis_units(fixture_tables, tmp_path):
     """One value per figure, recomputed from its source here: a unit, scale or formula slip in
     a figure (or in the breakdowns behind the analytic ones) changes it."""
@@ -1098,15 +1107,6 @@ def test_footnotes_say_why_cells_have_no_number():
 # ---------------------------------------------------------------------------------------------
 # the data path of each figure, against the committed tables changed one way (found by a
 # mutation audit: each of these slips changed a figure or its CSV and no test)
-
-def _data(mod, tables: Tables) -> pd.DataFrame:
-    """A figure's plotted data (its figure closed)."""
-    import matplotlib.pyplot as plt
-
-    fig, data = mod.make(tables)
-    plt.close(fig)
-    return data
-
 
 def _lines_max(fig) -> float:
     return max(max(ln.get_ydata()) for ax in fig.axes for ln in ax.get_lines()
