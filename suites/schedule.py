@@ -292,17 +292,26 @@ def _pair_seconds(hw: Hardware, shape: AttnShape, layout: str, g: int, q_rank: i
     torch's memory-efficient kernel with its mask as a bias (``burst.kernel``: no flash kernel
     takes one), which computes the whole rectangle: its work is the rectangle, priced at the
     same efficiency (that kernel's own rate is not profiled)."""
-    calls = plan_pair(shape.mask, layout, g, q_rank, k_rank, m)
+    calls = _pair_calls(shape.mask, layout, g, q_rank, k_rank, m)
     scale = shape.pair_flops(heads) * (F.BACKWARD_OVER_FORWARD if pass_ == "backward" else 1)
+    return sum(hw.attn_seconds(work * scale, side, pass_, causal=causal, dtype=shape.dtype)
+               for work, side, causal in calls), bool(calls)
 
+
+@functools.lru_cache(maxsize=1 << 16)
+def _pair_calls(mask: MaskSpec, layout: str, g: int, q_rank: int, k_rank: int,
+                m: int) -> tuple[tuple[int, int, bool], ...]:
+    """(work in query-key pairs, smaller side, causal) of each call of a pair's plan. Kept here,
+    not re-planned per pass: a windowed cell plans every pair (G^2 of them, 4096 at G = 64),
+    more than ``burst.masks``' plan cache holds, so its forward and backward passes both missed
+    it and planned every pair twice; these summaries are a few dozen bytes per pair."""
     def work(c):
         rows, cols = c.q.stop - c.q.start, c.k.stop - c.k.start
         return rows * cols if c.kind == DENSE else c.visible_pairs
 
-    return sum(hw.attn_seconds(work(c) * scale,
-                               min(c.q.stop - c.q.start, c.k.stop - c.k.start), pass_,
-                               causal=c.kind in (CAUSAL, STRICT), dtype=shape.dtype)
-               for c in calls), bool(calls)
+    return tuple((work(c), min(c.q.stop - c.q.start, c.k.stop - c.k.start),
+                  c.kind in (CAUSAL, STRICT))
+                 for c in plan_pair(mask, layout, g, q_rank, k_rank, m))
 
 
 def _ranks_bounding(g: int, mask) -> list[int]:

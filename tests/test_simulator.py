@@ -406,6 +406,34 @@ def test_a_windowed_ring_step_is_timed_on_its_slowest_rank():
     assert _ranks_bounding(g, dataclasses.replace(shape, window=None).mask) == [0, 8, 15]
 
 
+def test_a_windowed_cell_plans_each_pair_once_for_both_passes(monkeypatch):
+    """A windowed cell prices every (query rank, key rank) pair in forward and in backward. At
+    G = 64 that is 4096 pairs, more than ``burst.masks``' plan cache keeps, so each pass
+    re-planned them all (a 1M-token cell took 30 s). The simulator keeps each pair's call
+    summary: one plan per pair, whatever the cache holds."""
+    from burst import masks
+    from suites import schedule
+    from suites.schedule import step_compute
+
+    planned = []
+
+    def counting(*args):
+        planned.append(args[2:5])
+        return masks.plan_pair(*args)
+
+    monkeypatch.setattr(schedule, "plan_pair", counting)
+    monkeypatch.setattr(masks, "_PLANS", masks._PlanCache(budget=0, entries=1))  # no reuse there
+    schedule._pair_calls.cache_clear()
+    g, n = 8, 256
+    shape = AttnShape(batch=1, seq_len=g * n, heads=4, kv_heads=4, head_dim=32,
+                      window=(g * n // 3, 0))
+    fwd = step_compute(HW, shape, "striped", g, n, 4, 4, "forward")
+    bwd = step_compute(HW, shape, "striped", g, n, 4, 4, "backward")
+    assert len(planned) == len(set(planned)) == g * g
+    assert all(b > f for f, b in zip(fwd, bwd, strict=True))  # the backward's own pricing
+    schedule._pair_calls.cache_clear()
+
+
 def test_an_all_to_all_group_across_a_node_boundary_crosses_the_nics():
     """USP's Ulysses groups of U consecutive ranks stay inside a node when U divides the node;
     on nodes of 6, groups of 4 (ranks 4-7) straddle two, and half of those members' shares
