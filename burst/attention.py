@@ -269,12 +269,21 @@ def _validate(q, k, v, *, layout, group, ranks_per_node, backward, backend, grad
         raise ValueError("burst_attn: " + "; ".join(problems))
 
 
-def choose_backward(q, k, *, world: int, ranks_per_node: int | None) -> str:
-    """The backward scheme that moves fewer bytes (``burst.volume``) for these shapes."""
+def flag(who: str, name: str, value) -> bool:
+    """``value`` as a bool if it is Python's or numpy's; ValueError otherwise ("no" is truthy)."""
+    if type(value).__name__ not in ("bool", "bool_"):
+        raise ValueError(f"{who}: {name}={value!r} must be True or False")
+    return bool(value)
+
+
+def choose_backward(q, k, *, world: int, ranks_per_node: int | None,
+                    grad_acc: str = "fp32") -> str:
+    """The backward scheme that moves fewer bytes (``burst.volume``) for these shapes, with the
+    travelling gradient sums in ``grad_acc``'s dtype."""
     shape = dict(world=world, ranks_per_node=ranks_per_node, batch=q.shape[0],
                  seq_local=q.shape[1], heads=q.shape[2], kv_heads=k.shape[2], head_dim=q.shape[3],
                  elem=q.element_size(), acc_elem=torch.empty((), dtype=acc_dtype(q.dtype))
-                 .element_size())
+                 .element_size(), grad_elem=q.element_size() if grad_acc == "input" else None)
     return volume.auto_backward(**shape)
 
 
@@ -303,7 +312,7 @@ def burst_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = N
         ranks_per_node: turn on the topology-aware double ring with this many ranks per node
             (ranks node-major); None: one flat ring.
         backward: ``burst`` (Q, dO, D, LSE travel), ``ring`` (K, V, dK, dV travel) or ``auto``
-            (fewer bytes).
+            (fewer bytes, with the gradient sums in ``grad_acc``'s dtype).
         window: (left, right) sliding window in global token positions.
         cu_seqlens: global document boundaries [0, ..., N] for packed sequences.
         backend: kernel backend (``burst.kernel``); ``auto`` picks by device.
@@ -320,9 +329,7 @@ def burst_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = N
     if ranks_per_node is not None and not isinstance(ranks_per_node, bool):
         with contextlib.suppress(TypeError):  # a numpy integer is the same count; _validate
             ranks_per_node = operator.index(ranks_per_node)  # names anything else
-    if type(return_lse).__name__ not in ("bool", "bool_"):  # Python's or numpy's; "no" was
-        raise ValueError(f"burst_attn: return_lse={return_lse!r} must be True or False")  # truthy
-    return_lse = bool(return_lse)
+    return_lse = flag("burst_attn", "return_lse", return_lse)
     _validate(q, k, v, layout=layout, group=group, ranks_per_node=ranks_per_node,
               backward=backward, backend=backend, grad_acc=grad_acc)
     spec = MaskSpec(causal=causal, window=window,
@@ -333,7 +340,8 @@ def burst_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = N
     rg = comm.ring_groups(group, ranks_per_node)
     scheme = backward
     if scheme == "auto":
-        scheme = choose_backward(q, k, world=g, ranks_per_node=ranks_per_node)
+        scheme = choose_backward(q, k, world=g, ranks_per_node=ranks_per_node,
+                                 grad_acc=grad_acc)
     out, lse = _RingAttention.apply(q, k, v, spec, layout, rg, scale, scheme, backend,
                                     grad_acc, return_lse)
     return (out, lse) if return_lse else out

@@ -117,32 +117,38 @@ def destroy() -> None:
 
 def _member(group) -> None:
     """A rank outside ``group`` gets torch's placeholder from new_group (size -1 and rank -1):
-    refuse it by name instead of failing later on a -1."""
+    refuse it by name instead of failing later on a -1. Anything but a process group (or None)
+    is refused too: without a process group a name ran as one rank, with one it failed in
+    torch."""
     if group is not None and group is dist.GroupMember.NON_GROUP_MEMBER:
         raise ValueError(f"rank {dist.get_rank()} is not a member of the process group it was "
                          "given (torch.distributed.new_group returns a placeholder to the ranks "
                          "it leaves out): call it on the group's members only")
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group={group!r}: expected a torch.distributed ProcessGroup or None "
+                        f"(a DeviceMesh gives one with mesh.get_group()), got "
+                        f"{type(group).__name__}")
 
 
 def world_size(group=None) -> int:
+    _member(group)
     if not is_initialized():
         return 1
-    _member(group)
     return dist.get_world_size(group)
 
 
 def rank(group=None) -> int:
+    _member(group)
     if not is_initialized():
         return 0
-    _member(group)
     return dist.get_rank(group)
 
 
 def group_ranks(group=None) -> list[int]:
     """Global ranks of a group's members, in group-rank order."""
+    _member(group)
     if not is_initialized():
         return [0]
-    _member(group)
     if group is None or group is dist.group.WORLD:
         return list(range(dist.get_world_size()))
     return list(dist.get_process_group_ranks(group))

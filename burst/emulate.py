@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import torch
 
-from burst.attention import BACKWARD_SCHEMES, BlockSteps, qkv_problems
+from burst.attention import BACKWARD_SCHEMES, BlockSteps, flag, qkv_problems
 from burst.comm import ranks_per_node_problem, ring_shape
 from burst.first_order import first_order
 from burst.kernel import BACKENDS, acc_dtype, resolve_scale
@@ -165,6 +165,9 @@ class RingEmulator:
 
 
 def _validate(q, k, v, *, world, layout, ranks_per_node, backend) -> None:
+    shape_problems = qkv_problems(q, k, v)  # burst_attn's own checks: tensors, dims, dtypes
+    if any("expected 4 dims" in p for p in shape_problems):
+        raise ValueError("RingEmulator: " + "; ".join(shape_problems))
     problems = []
     if not isinstance(world, int) or world < 1:
         problems.append(f"world={world!r}: expected an int >= 1")
@@ -174,9 +177,9 @@ def _validate(q, k, v, *, world, layout, ranks_per_node, backend) -> None:
         why = ranks_per_node_problem(world, ranks_per_node)
         if why:
             problems.append(why)
-    shape_problems = qkv_problems(q, k, v)  # burst_attn's own checks: dims, dtypes, lengths
     problems += shape_problems
-    if not shape_problems and (k.shape[2] == 0 or q.shape[2] % k.shape[2] or q.shape[1] == 0):
+    if not shape_problems and (0 in (q.shape[2], k.shape[2]) or q.shape[2] % k.shape[2]
+                               or q.shape[1] == 0):
         problems.append(f"q {tuple(q.shape)}, k {tuple(k.shape)}: expected (B, N, H, D) and "
                         "(B, N, Hk, D) with N > 0 and H % Hk == 0")
     if backend not in BACKENDS:
@@ -214,6 +217,9 @@ def emulate_attn(q, k, v, *, world: int, causal: bool = False, softmax_scale: fl
     """
     if backward not in BACKWARD_SCHEMES or backward == "auto":
         raise ValueError(f"unknown backward {backward!r} for the emulation; valid: burst, ring")
+    return_lse = flag("emulate_attn", "return_lse", return_lse)
+    _validate(q, k, v, world=world, layout=layout, ranks_per_node=ranks_per_node,
+              backend=backend)  # before autograd sees them (a list has no .detach)
     kwargs = dict(world=world, causal=causal, layout=layout, ranks_per_node=ranks_per_node,
                   window=window, cu_seqlens=cu_seqlens, softmax_scale=softmax_scale,
                   backend=backend)

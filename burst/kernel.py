@@ -89,6 +89,10 @@ def resolve_scale(head_dim: int, scale: float | None = None) -> float:
         raise ValueError(f"head_dim must be >= 1, got {head_dim}")
     if scale is None:
         return head_dim ** -0.5
+    if isinstance(scale, torch.Tensor) and scale.requires_grad:  # float() drops its gradient
+        raise ValueError(f"softmax_scale={scale!r} requires grad; the scale is a constant of "
+                         "the attention (no gradient flows to it): pass a number or a detached "
+                         "tensor")
     try:  # a number (a one-element tensor too), not a string that float() would read
         if isinstance(scale, str | bytes | bool):
             raise TypeError

@@ -25,6 +25,7 @@ Positions are global token indices (``burst.layout``). A query at position p see
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import math
 import numbers
@@ -78,9 +79,17 @@ def _whole_numbers(xs) -> tuple[int, ...] | None:
     return None if None in out else out
 
 
+def _unordered(x) -> bool:
+    """A set or a mapping: iterable, but in no order a mask can rely on ({5, 0} iterates as
+    0, 5: a window given as a set swapped its sides)."""
+    return isinstance(x, collections.abc.Set | collections.abc.Mapping)
+
+
 def _window_sides(window) -> tuple[int, int] | None:
     """(left, right) as ints clamped to 2**40 (no sequence is longer: a larger side, or inf,
     means unbounded, and clamping keeps p - left and p + right inside int64); None if malformed."""
+    if _unordered(window):
+        return None
     try:
         sides = list(window)
     except TypeError:
@@ -108,8 +117,8 @@ class MaskSpec:
     """(left, right) sliding window: keys in [p - left, p + right] are visible."""
     cu_seqlens: tuple[int, ...] | None = None
     """Document boundaries [0, e1, ..., N] of packed sequences; attention stays in a document.
-    Any sequence of ints (a list, a tensor) is accepted and stored as a tuple, without repeats
-    (a repeated boundary, an empty document, changes no mask)."""
+    Any sequence of ints (a list, a tuple, a tensor; not a set) is accepted and stored as a
+    tuple, without repeats (a repeated boundary, an empty document, changes no mask)."""
 
     def __post_init__(self):
         if type(self.causal).__name__ in ("bool", "bool_"):  # Python's or numpy's
@@ -128,7 +137,8 @@ class MaskSpec:
             raw = self.cu_seqlens  # a device tensor crosses to the host once, not per element
             if isinstance(raw, torch.Tensor):
                 raw = raw.tolist() if raw.dim() == 1 else None
-            cu = None if raw is None or isinstance(raw, (str, bytes)) else _whole_numbers(raw)
+            cu = (None if raw is None or isinstance(raw, (str, bytes)) or _unordered(raw)
+                  else _whole_numbers(raw))
             if cu is not None:  # a repeated boundary is an empty document (flash-attention's
                 cu = tuple(dict.fromkeys(cu))  # varlen takes them, TE pads with them): dropped
             if (cu is None or len(cu) < 2 or cu[0] != 0

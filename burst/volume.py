@@ -233,9 +233,10 @@ def _grads_in(c: _Case, grad_acc: str) -> _Case:
 
 def _burst(c: _Case, *, backward: str = "auto", layout: str = "zigzag",
            ranks_per_node: int | None = None, grad_acc: str = "fp32") -> Volume:
-    if backward == "auto":  # what burst_attn picks (with fp32 accumulators)
+    c = _grads_in(c, grad_acc)
+    if backward == "auto":  # what burst_attn picks (its gradient sums in grad_acc's dtype)
         backward = auto_backward(**c.shape(), ranks_per_node=ranks_per_node)
-    return _ring_like(_grads_in(c, grad_acc), backward, layout, ranks_per_node)
+    return _ring_like(c, backward, layout, ranks_per_node)
 
 
 def _ring(c: _Case, *, layout: str = "contiguous", grad_acc: str = "fp32") -> Volume:

@@ -203,7 +203,8 @@ def plan_for(method: str, options: dict | None, topo: Topo, shape: AttnShape) ->
         layout = opts.get("layout", layout)
         backward = opts.get("backward", backward)
         if backward == "auto":
-            backward = _auto_backward(shape, topo, opts.get("ranks_per_node"))
+            backward = _auto_backward(shape, topo, opts.get("ranks_per_node"),
+                                      opts.get("grad_acc", "fp32"))
         if why := choice_problems(backward=backward):
             raise ValueError(why[0])
         rpn = opts.get("ranks_per_node", topo.local if double else None)
@@ -225,11 +226,13 @@ def plan_for(method: str, options: dict | None, topo: Topo, shape: AttnShape) ->
                      f"{', '.join([*RING_METHODS, *OTHER_KINDS])}")
 
 
-def _auto_backward(shape: AttnShape, topo: Topo, ranks_per_node: int | None) -> str:
+def _auto_backward(shape: AttnShape, topo: Topo, ranks_per_node: int | None,
+                   grad_acc: str = "fp32") -> str:
     """Same rule as burst.attention's 'auto': whichever backward moves fewer bytes."""
     return volume.auto_backward(**_vol_kw(shape, topo.world, shape.seq_len // topo.world,
                                           acc_elem=acc_bytes(shape.elem)),
-                                ranks_per_node=ranks_per_node)
+                                ranks_per_node=ranks_per_node,
+                                grad_elem=shape.elem if grad_acc == "input" else None)
 
 
 def _vol_kw(shape: AttnShape, world: int, seq_local: int, heads: int | None = None,

@@ -47,6 +47,12 @@ def _qkv(s=8, h=4, hk=4, d=8, dtype=torch.float32):
         ({"softmax_scale": -0.5}, {}, "must be a positive finite number"),
         ({"softmax_scale": float("nan")}, {}, "must be a positive finite number"),
         ({}, dict(d=0), "head_dim must be >= 1"),
+        # a set iterates in its own order: {5, 0} ran as the window (0, 5), sides swapped
+        ({"window": {5, 0}, "causal": True}, {}, "window=.*expected"),
+        ({"cu_seqlens": {0: 1, 3: 1, 8: 1}}, {}, "non-decreasing"),  # a dict ran as its keys
+        ({"cu_seqlens": frozenset({0, 8})}, {}, "non-decreasing"),  # iterates 0, 8: it was accepted
+        # float() took a tensor that requires grad and dropped its gradient without a word
+        ({"softmax_scale": torch.tensor(0.3, requires_grad=True)}, {}, "requires grad"),
     ],
 )
 def test_bad_arguments(kwargs, qkv, match):
@@ -202,6 +208,24 @@ def test_emulation_and_shard_reject_what_burst_attn_rejects():
     assert shard(q, layout="zigzag", world=np.int64(4), rank=np.int64(1)).shape[1] == 4
     with pytest.raises(ValueError, match="0 query heads and 0 kv heads: need at least one"):
         burst_attn(*_qkv(h=0, hk=0))  # said "valid kv head counts: " (an empty list)
+    # these the emulation took: no query head (an empty output), a truthy non-bool return_lse
+    # (a tuple returned), a list for q (an AttributeError from autograd)
+    with pytest.raises(ValueError, match="expected .* with N > 0 and H % Hk == 0"):
+        emulate_attn(*_qkv(s=16, h=0, hk=2), world=2)
+    with pytest.raises(ValueError, match="return_lse='no' must be True or False"):
+        emulate_attn(q, k, v, world=2, return_lse="no")
+    with pytest.raises(TypeError, match="q must be a torch.Tensor, got list"):
+        emulate_attn(q.tolist(), k, v, world=2)
+
+
+def test_a_group_that_is_no_process_group_is_refused():
+    """group="x" ran as one rank without a process group (comm.world_size looked no further)
+    and failed inside torch with one; a scale tensor is still taken when it needs no grad."""
+    with pytest.raises(TypeError, match="group='x': expected a torch.distributed ProcessGroup"):
+        burst_attn(*_qkv(), group="x")
+    q, k, v = _qkv()
+    torch.testing.assert_close(burst_attn(q, k, v, softmax_scale=torch.tensor(0.3)),
+                               burst_attn(q, k, v, softmax_scale=0.3), rtol=0, atol=0)
 
 
 def test_no_method_drops_a_second_derivative_silently():

@@ -563,6 +563,30 @@ def test_auto_backward_takes_burst_on_a_tie():
     assert auto_backward(world=4, **dict(shape, kv_heads=1)) == "ring"  # GQA: K/V are small
 
 
+def test_auto_backward_counts_the_gradient_sums_in_grad_acc_dtype():
+    """With grad_acc="input" the travelling dQ (burst) or dK/dV (ring) are in the input dtype;
+    "auto" priced them in fp32 whatever grad_acc said, and picked burst where ring sends fewer
+    bytes (head_dim 1, bf16: 512 against 384 backward bytes; a fuzzing audit). burst_attn,
+    the byte formulas and the simulator make the same choice."""
+    from burst.attention import choose_backward
+    from burst.volume import method_bytes, ring_attention_bytes
+    from suites.schedule import AttnShape, Topo, plan_for
+
+    shape = dict(world=2, batch=1, seq_local=16, heads=2, kv_heads=2, head_dim=1, elem=2)
+    q = torch.zeros(1, 16, 2, 1, dtype=torch.bfloat16)
+    sent = {(b, g): ring_attention_bytes(**shape, backward=b, grad_elem=g).sent("backward")
+            for b in ("burst", "ring") for g in (None, 2)}
+    assert sent[("ring", 2)] < sent[("burst", 2)] and sent[("burst", None)] <= sent[("ring", None)]
+    attn = AttnShape(batch=1, seq_len=32, heads=2, kv_heads=2, head_dim=1)
+    for grad_acc, best in (("fp32", "burst"), ("input", "ring")):
+        assert choose_backward(q, q, world=2, ranks_per_node=None, grad_acc=grad_acc) == best
+        auto = method_bytes("burst", **shape, grad_acc=grad_acc)
+        assert auto.sent("backward") == method_bytes("burst", **shape, grad_acc=grad_acc,
+                                                     backward=best).sent("backward")
+        opts = {"grad_acc": grad_acc, "backward": "auto"}  # the registry entry says "burst"
+        assert plan_for("burst", opts, Topo(2, 2), attn).backward == best
+
+
 def _ring_groups_used(rank: int, world: int):
     import torch.distributed as dist
 
