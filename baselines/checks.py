@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from burst import comm
 from burst.attention import qkv_problems
-from burst.kernel import BACKENDS
+from burst.kernel import BACKENDS, resolve_backend
 from burst.layout import LAYOUTS, divisors, local_length_problem
 
-__all__ = ["check_call", "degree_problems", "divisors", "layout_problems",
+__all__ = ["backend_problems", "check_call", "degree_problems", "divisors", "layout_problems",
            "qkv_problems"]
 
 
@@ -38,12 +38,24 @@ def check_call(method, q, k, v, *, causal: bool, group, options: dict,
     dtype, dtypes = str(q.dtype).removeprefix("torch."), method.dtypes_for(options)
     if dtypes is not None and dtype not in dtypes:
         problems.append(f"it computes in {' or '.join(dtypes)}, got {dtype}; cast the inputs")
-    if backend not in BACKENDS:
-        problems.append(f"unknown kernel backend {backend!r}; valid: {_join(BACKENDS)}")
+    problems += backend_problems(backend, q)
     if problems:
         raise ValueError(f"method {method.name!r} cannot run this case: " + "; ".join(problems))
     method.check(world=comm.world_size(group), heads=q.shape[2], kv_heads=k.shape[2],
                  seq_local=q.shape[1], causal=causal, **options)
+
+
+def backend_problems(backend: str, x) -> list[str]:
+    """An unknown kernel backend, or one that cannot run tensors like ``x`` (a CUDA kernel on
+    CPU tensors: found here, not in the first kernel call after the all-gather or all-to-all
+    has sent its bytes, as burst_attn's own check does)."""
+    if backend not in BACKENDS:
+        return [f"unknown kernel backend {backend!r}; valid: {_join(BACKENDS)}"]
+    try:
+        resolve_backend(backend, x)
+    except ValueError as e:
+        return [str(e)]
+    return []
 
 
 def degree_problems(what: str, degree, world: int, heads: int, kv_heads: int, *,

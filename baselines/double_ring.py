@@ -40,7 +40,7 @@ from __future__ import annotations
 from functools import partial
 
 from baselines.checks import check_call, divisors, layout_problems
-from baselines.registry import Method, register
+from baselines.registry import Method, plain_integer, register
 from burst import burst_attn
 from burst.comm import ranks_per_node_ok
 from burst.layout import LAYOUTS
@@ -63,6 +63,7 @@ def double_ring_attn(q, k, v, *, causal: bool = False, softmax_scale: float | No
     Returns:
         out shaped like q.
     """
+    ranks_per_node = plain_integer(ranks_per_node)
     check_call(METHOD, q, k, v, causal=causal, group=group,
                options=dict(layout=layout, ranks_per_node=ranks_per_node),
                backend=backend)

@@ -39,7 +39,8 @@ from burst.kernel import resolve_scale
 from burst.layout import LAYOUTS
 from burst.masks import MaskSpec
 
-__all__ = ["LEVELS", "Method", "accepted_options", "get", "names", "register"]
+__all__ = ["LEVELS", "Method", "accepted_options", "get", "names", "plain_integer",
+           "plain_integers", "register"]
 
 LEVELS = ("core", "block")
 
@@ -97,6 +98,7 @@ class Method:
     def check(self, *, world: int, heads: int, kv_heads: int, seq_local: int, causal: bool,
               **options) -> None:
         """Raise ValueError listing every reason these shapes/options cannot run."""
+        options = plain_integers(options)  # as __call__ passes them on
         opts = {**self.options, **options}
         problems = []
         why = self.unavailable()
@@ -171,15 +173,20 @@ class Method:
         why = self._unknown_options(options)
         if why:  # was a bare TypeError ("unexpected keyword argument")
             raise ValueError(f"method {self.name!r} {why}")
-        # a numpy integer is the same count, as burst_attn takes it (double_ring and usp
-        # refused ranks_per_node=np.int64(2) and named 2 as valid: a core API audit)
-        options = {k: operator.index(v) if _numpy_integer(v) else v for k, v in options.items()}
+        options = plain_integers(options)
         return self.fn(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group,
                        **{**self.options, **options})
 
 
-def _numpy_integer(v) -> bool:
-    return type(v).__module__ == "numpy" and isinstance(v, numbers.Integral)
+def plain_integer(v):
+    """A numpy integer as Python's int (the same count, as burst_attn takes it: double_ring and
+    usp refused ranks_per_node=np.int64(2) and named 2 as valid); anything else unchanged."""
+    numpy_int = type(v).__module__ == "numpy" and isinstance(v, numbers.Integral)
+    return operator.index(v) if numpy_int else v
+
+
+def plain_integers(options: dict) -> dict:
+    return {k: plain_integer(v) for k, v in options.items()}
 
 
 _SHAPE_KEYS = ("world", "batch", "seq_local", "heads", "kv_heads", "head_dim", "elem",

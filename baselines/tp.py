@@ -30,11 +30,11 @@ from functools import partial
 
 import torch
 
-from baselines.checks import degree_problems
+from baselines.checks import backend_problems, degree_problems
 from baselines.local_attention import local_attention
 from baselines.registry import Method, register
 from burst import comm
-from burst.kernel import BACKENDS, resolve_scale
+from burst.kernel import resolve_scale
 from burst.masks import MaskSpec
 from burst.reference import reference_attention
 from burst.volume import method_bytes
@@ -206,8 +206,9 @@ def _block_problems(x, weights, backend, group) -> list[str]:
         out.append(f"x has hidden size {x.shape[2]} but the weights expect {weights.hidden}")
     if x.dtype != weights.wq.dtype:
         out.append(f"x is {x.dtype} but the weights are {weights.wq.dtype}; cast one")
-    if backend not in BACKENDS:
-        out.append(f"unknown kernel backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    if x.shape[1] == 0:  # failed in a reshape after the gather
+        out.append("local sequence length 0: every rank needs at least one token")
+    out += backend_problems(backend, x)
     g = comm.world_size(group)
     if weights.world != g:
         out.append(f"the weights are a {weights.world}-way share"

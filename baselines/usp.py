@@ -32,7 +32,7 @@ from functools import lru_cache, partial
 import torch
 
 from baselines.checks import check_call, degree_problems, layout_problems
-from baselines.registry import Method, register
+from baselines.registry import Method, plain_integer, register
 from baselines.ulysses import heads_to_seq, replicate_kv, seq_to_heads
 from burst import burst_attn, comm
 from burst.attention import choice_problems
@@ -95,6 +95,7 @@ def usp_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = Non
     Returns:
         out shaped like q.
     """
+    ulysses_degree = plain_integer(ulysses_degree)
     check_call(METHOD, q, k, v, causal=causal, group=group,
                options=dict(layout=layout, ulysses_degree=ulysses_degree, backward=backward,
                             grad_acc=grad_acc),

@@ -92,6 +92,8 @@ def _core_cases(world: int) -> list[dict]:
         add("double_ring", options=dict(ranks_per_node=None), expect_error="ranks_per_node=None")
         for m in ("ulysses", "allgather", "usp"):  # the kernel is named before any transfer
             add(m, options=dict(backend="triton"), expect_error="unknown kernel backend 'triton'")
+            # and one that cannot run these tensors (it sent 768-12288 bytes first: an audit)
+            add(m, options=dict(backend="cuda_sdpa"), expect_error="needs CUDA tensors")
         add("allgather", seq_local=8, cu_seqlens=(0, 3, 6), expect_error="cu_seqlens")
         for m in ("usp", "ulysses", "double_ring"):  # masks are checked before any transfer
             add(m, seq_local=8, cu_seqlens=(0, 3, 6), expect_error="cu_seqlens")
@@ -133,8 +135,9 @@ def _block_cases(world: int) -> list[dict]:
                    seq_local=4, batch=1, ranks_per_node=None, weights=True, seed=5,
                    window=(2, 1)))
     if world == 4:
-        # none, the whole weights instead of a share, or documents short of the sequence
-        for weights in (False, "whole", "short_docs"):
+        # none, the whole weights instead of a share, documents short of the sequence, or a
+        # CUDA kernel on CPU tensors (refused after the gather: an audit)
+        for weights in (False, "whole", "short_docs", "cuda_backend"):
             cs.append(dict(causal=True, heads=4, kv_heads=4, head_dim=8, hidden=32,
                            seq_local=4, batch=1, ranks_per_node=None, weights=weights, seed=3))
     return cs
@@ -154,14 +157,16 @@ def _run_block(c: dict, rank: int, world: int) -> dict:
     dy = torch.randn(c["batch"], n, c["hidden"], generator=g, dtype=torch.float64)
     x_loc = shard(x, layout="contiguous").float().requires_grad_()
     if c["weights"] is not True:
-        given = {False: None, "whole": full,
-                 "short_docs": full.shard(rank, world)}[c["weights"]]
-        try:
-            tp_attention_block(x_loc, None if given is None else given.map(torch.Tensor.float),
-                               causal=c["causal"],
-                               cu_seqlens=(0, n - 1) if c["weights"] == "short_docs" else None)
-        except ValueError as e:
-            return {"raised": str(e)}
+        given = {False: None, "whole": full}.get(c["weights"], full.shard(rank, world))
+        with comm.count_bytes() as cnt:
+            try:
+                tp_attention_block(
+                    x_loc, None if given is None else given.map(torch.Tensor.float),
+                    causal=c["causal"],
+                    cu_seqlens=(0, n - 1) if c["weights"] == "short_docs" else None,
+                    backend="cuda_sdpa" if c["weights"] == "cuda_backend" else "auto")
+            except ValueError as e:
+                return {"raised": str(e), "sent": cnt.sent()}
         return {"raised": None}
     ref_w = full.map(lambda t: t.clone().requires_grad_())
     ref_x = x.clone().requires_grad_()
@@ -240,9 +245,13 @@ def block_failures(cases: list[dict], per_rank: list[list[dict]], world: int) ->
                 want = {False: "needs this rank's projection weights",
                         "whole": "a 1-way share (the whole weights) but the group has 4 ranks",
                         "short_docs": "cu_seqlens ends at 15 but the global sequence has 16 "
-                                      "tokens"}[c["weights"]]
+                                      "tokens",
+                        "cuda_backend": "'cuda_sdpa' needs CUDA tensors"}[c["weights"]]
                 if not r["raised"] or want not in r["raised"]:
                     failures.append(f"tp with weights={c['weights']}: got {r['raised']!r}")
+                elif r["sent"]:
+                    failures.append(f"tp with weights={c['weights']}: sent {r['sent']} bytes "
+                                    "before raising")
                 continue
             bad = {k: e for k, e in r["errs"].items() if not e < F32_TOL}
             if bad:
@@ -320,6 +329,28 @@ def test_bad_names_and_options_are_rejected():
     seen = dataclasses.replace(registry.get("usp"), fn=lambda q, k, v, **kw: kw)(
         t, t, t, ulysses_degree=np.int64(2))
     assert type(seen["ulysses_degree"]) is int and seen["ulysses_degree"] == 2
+
+
+def test_numpy_counts_and_the_tp_blocks_refusals_before_any_transfer():
+    """Method.check took what its call converts (np.int64(2) for ulysses_degree or
+    ranks_per_node was refused, naming 2 as valid); the tp block refused no local tokens only in
+    a reshape after its gather, and a CUDA kernel on CPU tensors only after it."""
+    import numpy as np
+
+    from baselines.double_ring import double_ring_attn
+
+    shape = dict(world=4, heads=4, kv_heads=4, seq_local=8, causal=True)
+    registry.get("usp").check(**shape, ulysses_degree=np.int64(2))
+    for m in ("double_ring", "burst"):
+        registry.get(m).check(**shape, ranks_per_node=np.int64(2))
+    q = torch.randn(1, 8, 2, 4)
+    torch.testing.assert_close(double_ring_attn(q, q, q, causal=True, ranks_per_node=np.int64(2)),
+                               double_ring_attn(q, q, q, causal=True, ranks_per_node=2))
+    w = AttentionBlockWeights.random(16, 4, 4, 4, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="local sequence length 0"):
+        tp_attention_block(torch.zeros(1, 0, 16), w)
+    with pytest.raises(ValueError, match="kernel backend 'cuda_sdpa' needs CUDA tensors"):
+        tp_attention_block(torch.zeros(1, 4, 16), w, backend="cuda_sdpa")
 
 
 def test_formulas_agree_where_methods_coincide():
