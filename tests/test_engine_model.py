@@ -999,6 +999,12 @@ def test_trainer_takes_numpy_integers_and_refuses_what_fails_later():
     assert tr.step(*batch) == ref.step(*batch)
     with pytest.raises(ValueError, match="seed='1' must be a whole number"):
         Trainer("tiny", seed="1")
+    # ignore_index had no check: True ran as 1 (the targets of token 1 dropped), None and
+    # "-100" failed at the first step, -100.0 only without the fused head (an engine fuzz)
+    for bad in (True, None, "-100", -100.0):
+        with pytest.raises(ValueError, match=f"ignore_index={bad!r} must be a whole number"):
+            Trainer("tiny", ignore_index=bad)
+    assert Trainer("tiny", ignore_index=np.int64(-1)).ignore_index == -1
     with pytest.raises(ValueError, match="'ulysses' also saves tensors that are not rows"):
         Trainer("tiny", attention=registry.get("ulysses"), attention_options={"layout": "striped"},
                 checkpointing="selective_half")

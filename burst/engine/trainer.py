@@ -193,6 +193,11 @@ class Trainer:
             problems.append(f"loss_chunk={loss_chunk!r} must be a whole number of tokens >= 1")
         if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
             problems.append(f"seed={seed!r} must be a whole number")
+        if not isinstance(ignore_index, numbers.Integral) or isinstance(ignore_index, bool):
+            # True ran as 1 (every target of token 1 dropped); None and "-100" failed at the
+            # first step, -100.0 only without the fused head
+            problems.append(f"ignore_index={ignore_index!r} must be a whole number (a token id "
+                            "no target uses, e.g. -100)")
         if not _positive_number(lr):
             problems.append(f"lr={lr!r} must be a positive number")
         if not _positive_number(weight_decay, zero=True):
@@ -251,12 +256,14 @@ class Trainer:
                 f"{getattr(method, '__module__', '')}.{getattr(method, '__qualname__', '')}")
             effective = {**getattr(method, "options", {}), **(attention_options or {})}
             setup = _canonical([name, layout, window, effective, checkpointing, fused_head,
-                                int(loss_chunk), str(dtype), repr(cfg), ignore_index, optimizer,
+                                int(loss_chunk), str(dtype), repr(cfg), int(ignore_index),
+                                optimizer,
                                 float(lr), float(weight_decay), dp_kind, groups])
         self._setup = setup
         self._agree(problems, kind, seed, state_dict, param_dtype)
 
         loss_chunk, seed = int(loss_chunk), int(seed)  # numpy integers included
+        ignore_index = int(ignore_index)
         self.config, self.layout, self.dtype = cfg, layout, dtype
         self.checkpointing, self.ignore_index = checkpointing, ignore_index
         self.model = model
