@@ -28,10 +28,12 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from burst import flops as F
+from burst.masks import MaskSpec
 from suites.hardware import Hardware, load
 from suites.implementations import OURS, Implementation, implementation
 from suites.memory_model import MemoryEstimate, attention_memory, train_memory
@@ -108,6 +110,8 @@ def _check_field_types(d: dict) -> None:
                                     or d[k] < low)]
     bad += [f"{k}={d[k]!r} (expected True or False)" for k in _BOOLS
             if not isinstance(d[k], bool)]
+    bad += [f"{k}={d[k]!r} (expected a name)" for k in ("dtype", "method")
+            if not isinstance(d[k], str)]
     if bad:
         raise ValueError(f"cell field {'; '.join(bad)}")
 
@@ -119,12 +123,14 @@ def as_cell(obj, gpus_per_node: int | None = None):
     (the other follows from ``world``; with neither, nodes of ``gpus_per_node`` GPUs, or one
     node); train_step cells take heads and head_dim from the model.
     """
+    from baselines.registry import plain_integer, plain_integers
     from suites.cells import Cell, placeholder_value
 
     if isinstance(obj, Cell):
         return obj
     d = dict(obj) if isinstance(obj, dict) else {
         f.name: getattr(obj, f.name) for f in dataclasses.fields(Cell) if hasattr(obj, f.name)}
+    d = plain_integers(d)  # a numpy count is the same count (as the registry's call takes it)
     if "method_options" in d:
         d["options"] = d.pop("method_options")
     unknown = sorted(set(d) - {f.name for f in dataclasses.fields(Cell)})
@@ -153,7 +159,9 @@ def as_cell(obj, gpus_per_node: int | None = None):
                          f"{other!r}, not {workload!r} ({why})")
     d = {**_CELL_DEFAULTS, **{k: v for k, v in d.items() if v is not None}}
     _check_field_types(d)
-    d["options"] = dict(d["options"] or {})
+    if not isinstance(d["options"] or {}, Mapping):  # dict() read a list of pairs, or failed
+        raise ValueError(f"options={d['options']!r}: expected a table of option names to values")
+    d["options"] = plain_integers(dict(d["options"] or {}))
     if d["paper"]:  # the paper system's options under the cell's own, as a spec merges them
         from suites.paper_methods import paper_method
 
@@ -188,8 +196,9 @@ def as_cell(obj, gpus_per_node: int | None = None):
         raise ValueError("an attention cell needs heads and head_dim")
     d["kv_heads"] = d["kv_heads"] or d["heads"]
     d["label"] = d["label"] or d["method"]
-    if d["window"] is not None:
-        d["window"] = tuple(d["window"])
+    if d["window"] is not None:  # the core's rule (a set's sides came in hash order)
+        MaskSpec(window=d["window"])
+        d["window"] = tuple(plain_integer(x) for x in d["window"])
     return Cell(**d)
 
 

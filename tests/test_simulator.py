@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from burst import comm
 from burst.flops import peak_tflops
@@ -404,6 +405,31 @@ def test_a_windowed_ring_step_is_timed_on_its_slowest_rank():
     assert sum(brute) > 1.1 * sum(sampled)  # the case the three-rank sample misses
     # unwindowed, the sample stands
     assert _ranks_bounding(g, dataclasses.replace(shape, window=None).mask) == [0, 8, 15]
+
+
+def test_a_cell_takes_numpy_counts_and_refuses_what_the_core_refuses():
+    """Found by a simulator fuzz: ranks_per_node=np.int64(2) was priced as an error row
+    ("2 does not divide world=8"), any numpy value failed in the cell id; a window given as a
+    set was priced with its sides in hash order (the core refuses it); options given as a list
+    or a string, a torch dtype and a hardware that is no name were Python errors."""
+    import numpy as np
+
+    base = dict(workload="attention", method="burst", seq_len=1 << 14, world=8, heads=8,
+                head_dim=64)
+    plain = simulate_cell({**base, "options": {"ranks_per_node": 2}, "window": (300, 0)}, HW)
+    numpy = simulate_cell({**base, "world": np.int64(8), "window": (np.int64(300), 0),
+                           "options": {"ranks_per_node": np.int64(2)}}, HW)
+    assert numpy["status"] == plain["status"] == "ok"
+    assert numpy["time_s"] == plain["time_s"] and numpy["cell_id"] == plain["cell_id"]
+    for bad, match in ((dict(window={300, 5}), "window=.*expected \\(left, right\\)"),
+                       (dict(window=5), "window=5: expected"),
+                       (dict(options=[("layout", "zigzag")]), "expected a table of option"),
+                       (dict(options="layout=zigzag"), "expected a table of option"),
+                       (dict(dtype=torch.bfloat16), "dtype=torch.bfloat16 \\(expected a name")):
+        with pytest.raises(ValueError, match=match):
+            simulate_cell({**base, **bad}, HW)
+    with pytest.raises(ValueError, match="hardware=5 is not a profile's name or path"):
+        simulate_cell(base, 5)
 
 
 def test_a_windowed_cell_plans_each_pair_once_for_both_passes(monkeypatch):

@@ -24,6 +24,7 @@ import difflib
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -275,6 +276,9 @@ def _shipped() -> str:
 
 def profile_path(name_or_path: str | Path) -> Path:
     """The file of a shipped profile's name, or the given path to a profile file."""
+    if not isinstance(name_or_path, str | os.PathLike):  # a TypeError from pathlib before
+        raise ValueError(f"hardware={name_or_path!r} is not a profile's name or path; "
+                         f"{_shipped()}")
     p = Path(name_or_path)
     if p.suffix == ".toml" or len(p.parts) > 1:  # a path, not a name
         if p.is_file():
