@@ -122,11 +122,24 @@ def available_backends() -> list[str]:
     return out
 
 
+def backend_problem(backend, device: str) -> str | None:
+    """Why ``backend`` cannot run tensors on ``device`` (a device type: cpu, cuda, meta), or
+    None: the rule ``resolve_backend`` applies, for a sweep's check before anything runs."""
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        return f"unknown kernel backend {backend!r}; valid backends: {', '.join(BACKENDS)}"
+    if backend in ("cuda_sdpa", "flash_attn") and device not in ("cuda", "meta"):
+        return (f"kernel backend {backend!r} needs CUDA tensors, got device {device}; use "
+                "backend='auto', 'cpu_flash' or 'torch'")
+    if backend == "cpu_flash" and device == "cuda":
+        return ("kernel backend 'cpu_flash' runs on the CPU, got CUDA tensors; use "
+                "backend='auto', 'cuda_sdpa', 'flash_attn' or 'torch'")
+    return None
+
+
 def resolve_backend(backend: str, q: torch.Tensor, kind: str = FULL) -> str:
     """The backend a block of ``q`` under ``kind`` runs on (``auto`` picks by device/dtype)."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown kernel backend {backend!r}; "
-                         f"valid backends: {', '.join(BACKENDS)}")
+    if why := backend_problem(backend, q.device.type):
+        raise ValueError(why)
     if backend == "auto":
         if q.device.type != "cuda":
             return "cpu_flash" if q.device.type == "cpu" else "torch"
@@ -135,12 +148,6 @@ def resolve_backend(backend: str, q: torch.Tensor, kind: str = FULL) -> str:
         if _flash_attn_ok(q, kind):
             return "flash_attn"
         return "cuda_sdpa"
-    if backend in ("cuda_sdpa", "flash_attn") and q.device.type not in ("cuda", "meta"):
-        raise ValueError(f"kernel backend {backend!r} needs CUDA tensors, got device {q.device}; "
-                         "use backend='auto', 'cpu_flash' or 'torch'")
-    if backend == "cpu_flash" and q.device.type == "cuda":
-        raise ValueError("kernel backend 'cpu_flash' runs on the CPU, got CUDA tensors; use "
-                         "backend='auto', 'cuda_sdpa', 'flash_attn' or 'torch'")
     if backend in ("cuda_sdpa", "flash_attn") and q.dtype == torch.float64:
         return "torch"  # no CUDA SDPA or flash-attn kernel takes float64
     if backend == "flash_attn":

@@ -208,6 +208,11 @@ def cell_problem(cell: Cell) -> str | None:
     masks = mask_option_problems(cell.options)
     if masks:
         return f"option {masks[0]}"
+    if "backend" in cell.options:  # every cell of the spec failed at run time with it
+        from burst.kernel import backend_problem
+
+        if why := backend_problem(cell.options["backend"], cell.device):
+            return f"option {why}"
     given = set(cell.options) | ({"window"} if cell.window is not None else set())
     unknown = method.option_problems(given)
     if unknown:

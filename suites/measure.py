@@ -105,8 +105,9 @@ def _attention(cell: Cell, dev: torch.device):
 
 def _max_err(cell: Cell, full, result, layout: str) -> float:
     """Max abs error of out, dq, dk, dv against the float64 reference. Rank 0 computes it one
-    kv head (and its group of query heads) at a time, so the reference never holds more than
-    one group's N x N scores."""
+    query head of one sequence at a time, so the reference never holds more than one N x N
+    score matrix (a kv group's, batch x heads of them, ran out of memory where the method
+    fitted, and the row said the method was OOM: a harness audit)."""
     from burst.reference import reference_attention
 
     got = [_unshard(t, cell, layout) for t in result]  # out, dq, dk, dv
@@ -116,17 +117,23 @@ def _max_err(cell: Cell, full, result, layout: str) -> float:
     q, k, v, do = full
     rep = cell.heads // cell.kv_heads
     err = 0.0
+
+    def worst(err, a, want):
+        e = float((a.double() - want.cpu()).abs().max())
+        return math.inf if math.isnan(e) else max(err, e)  # max(x, nan) would drop the NaN
+
     for kv in range(cell.kv_heads):
-        sl = slice(kv * rep, (kv + 1) * rep)
-        qh = q[:, :, sl].to(dev, copy=True).requires_grad_()
         kh, vh = (t[:, :, kv:kv + 1].to(dev, copy=True).requires_grad_() for t in (k, v))
-        out, _ = reference_attention(qh, kh, vh, causal=cell.causal, window=cell.window,
-                                     scale=cell.head_dim ** -0.5)
-        out.backward(do[:, :, sl].to(dev))
-        for a, w in ((got[0][:, :, sl], out.detach()), (got[1][:, :, sl], qh.grad),
-                     (got[2][:, :, kv:kv + 1], kh.grad), (got[3][:, :, kv:kv + 1], vh.grad)):
-            e = float((a.double() - w.cpu()).abs().max())
-            err = math.inf if math.isnan(e) else max(err, e)  # max(x, nan) would drop the NaN
+        for h in range(kv * rep, (kv + 1) * rep):
+            for b in range(q.shape[0]):  # dK, dV sum over the group's heads in kh/vh.grad
+                one = (slice(b, b + 1), slice(None), slice(h, h + 1))
+                qh = q[one].to(dev, copy=True).requires_grad_()
+                out, _ = reference_attention(qh, kh[b:b + 1], vh[b:b + 1], causal=cell.causal,
+                                             window=cell.window, scale=cell.head_dim ** -0.5)
+                out.backward(do[one].to(dev))
+                err = worst(worst(err, got[0][one], out.detach()), got[1][one], qh.grad)
+        err = worst(worst(err, got[2][:, :, kv:kv + 1], kh.grad), got[3][:, :, kv:kv + 1],
+                    vh.grad)
     return err
 
 

@@ -548,7 +548,8 @@ def _refuse_other_executors_jobs(run_dir: Path, todo: list, executor: str) -> No
         raise ValueError(f"run {run_dir.name} has jobs of an earlier driver not yet collected ("
                          + "; ".join(f"{len(v)} {k}" for k, v in held.items())
                          + "): resume it with " + " or ".join(f"--executor {k}" for k in held)
-                         + ", which collects them (or wait for them to end)")
+                         + ", which collects them: the results of those that ended, and waits "
+                         "for those still running")
 
 
 def replace_slurm(base: SlurmSpec, **overrides) -> SlurmSpec:

@@ -429,6 +429,10 @@ def _method(r: _Reader, t: dict, where: str, workload: str) -> MethodSpec | None
         r.add(f"{where}label", f"{label!r} is empty; give a name, or leave it out for the "
               "default")
         label = None
+    elif label is not None and not label.isprintable():  # a newline split every table
+        r.add(f"{where}label", f"{label!r} has a control character (a newline, a tab); give "
+              "a name on one line")
+        label = None
     if label is None:
         label = _paper_label(base, name, options, ckpt, fused) if base else \
             default_label(name, options)

@@ -1239,3 +1239,39 @@ def test_ctrl_c_after_the_last_row_says_the_run_is_complete(tmp_path, monkeypatc
             "table written; the run is complete") in log.getvalue(), log.getvalue()
     assert "resumes" not in log.getvalue()
     assert len(pd.read_csv(run_dir / "table.csv")) == 2
+
+
+def test_the_float64_error_check_holds_one_score_matrix_at_a_time(monkeypatch):
+    """The check built one kv group's N x N scores for every sequence of the batch and every
+    query head of the group at once (2 x 32 heads of 2048^2 float64: 2 GiB), ran out of memory
+    where the method fitted, and the row said the method was OOM (a harness audit). It now
+    takes one query head of one sequence at a time; dK and dV still sum over the group."""
+    import torch
+
+    from burst import reference
+    from suites import measure
+    from suites.simulate import as_cell
+
+    cell = as_cell(dict(workload="attention", method="ring", seq_len=64, world=1, batch=2,
+                        heads=4, kv_heads=2, head_dim=8, device="cpu", dtype="float64",
+                        compute_error=True))
+    gen = torch.Generator().manual_seed(0)
+    full = [torch.randn(2, 64, x, 8, generator=gen, dtype=torch.float64) for x in (4, 2, 2, 4)]
+    q, k, v = (t.clone().requires_grad_() for t in full[:3])
+    do = full[3]
+    out, _ = reference.reference_attention(q, k, v, causal=True, scale=8 ** -0.5)
+    out.backward(do)
+    exact = [out.detach(), q.grad, k.grad, v.grad]
+    shapes = []
+    real = reference.reference_attention
+
+    def recording(q, k, v, **kw):
+        shapes.append((q.shape[0], q.shape[2]))
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(reference, "reference_attention", recording)
+    assert measure._max_err(cell, full, exact, "contiguous") < 1e-12
+    assert shapes and set(shapes) == {(1, 1)}  # one sequence, one query head per call
+    off = [t.clone() for t in exact]
+    off[2][1, 5, 1, 3] += 0.25  # dK of kv head 1: the sum over its two query heads is checked
+    assert measure._max_err(cell, full, off, "contiguous") == pytest.approx(0.25, abs=1e-12)

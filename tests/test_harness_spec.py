@@ -1876,3 +1876,21 @@ def test_published_training_rows_name_their_nodes_mfu_and_missing_rates():
         return r["mfu_hardware_flops"] / r["mfu_model_flops_causal"]
 
     assert ratio("LoongTrain-USP w/o sele-ckpt") > 1.2 * ratio("LoongTrain-USP")
+
+
+def test_a_kernel_backend_and_a_label_are_checked_before_anything_runs(tmp_path):
+    """Found by a harness fuzz: backend = "bogus", or a CUDA kernel in a CPU sweep, passed the
+    spec (and a dry run), then every cell failed at run time; a label with a newline split the
+    progress line and every table."""
+    text = (GOOD.replace("[shape]", 'device = "cpu"\n[shape]')
+            + '[[methods]]\nname = "ring"\nlabel = "bogus"\noptions = { backend = "bogus" }\n'
+            + '[[methods]]\nname = "allgather"\noptions = { backend = "cuda_sdpa" }\n'
+            + '[[methods]]\nname = "ulysses"\nlabel = "two\\nlines"\n')
+    with pytest.raises(SpecError) as ei:
+        load_spec(_write(tmp_path, text))
+    probs = "\n".join(ei.value.problems)
+    for part in ("unknown kernel backend 'bogus'", "'cuda_sdpa' needs CUDA tensors, got device cpu",
+                 "'two\\nlines' has a control character"):
+        assert part in probs, (part, probs)
+    ok = text.replace('"bogus" }', '"torch" }').replace('"cuda_sdpa" }', '"cpu_flash" }')
+    assert load_spec(_write(tmp_path, ok.replace("two\\nlines", "two lines"), "ok"))
