@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from burst import comm
 from burst.attention import qkv_problems
-from burst.kernel import BACKENDS, resolve_backend
+from burst.kernel import resolve_backend
 from burst.layout import LAYOUTS, divisors, local_length_problem
 
 __all__ = ["backend_problems", "check_call", "degree_problems", "divisors", "layout_problems",
@@ -47,10 +47,8 @@ def check_call(method, q, k, v, *, causal: bool, group, options: dict,
 
 def backend_problems(backend: str, x) -> list[str]:
     """An unknown kernel backend, or one that cannot run tensors like ``x`` (a CUDA kernel on
-    CPU tensors: found here, not in the first kernel call after the all-gather or all-to-all
-    has sent its bytes, as burst_attn's own check does)."""
-    if backend not in BACKENDS:
-        return [f"unknown kernel backend {backend!r}; valid: {_join(BACKENDS)}"]
+    CPU tensors): ``resolve_backend``'s refusal, found here, not in the first kernel call after
+    the all-gather or all-to-all has sent its bytes (burst_attn's own check does the same)."""
     try:
         resolve_backend(backend, x)
     except ValueError as e:

@@ -31,7 +31,7 @@ import torch
 from burst.attention import BACKWARD_SCHEMES, BlockSteps, flag, qkv_problems
 from burst.comm import ranks_per_node_problem, ring_shape
 from burst.first_order import first_order
-from burst.kernel import BACKENDS, acc_dtype, resolve_scale
+from burst.kernel import acc_dtype, backend_problem, resolve_scale
 from burst.layout import length_problem, local_index
 from burst.masks import MaskSpec, ring_span
 from burst.merge import new_accumulators, row_delta
@@ -182,8 +182,8 @@ def _validate(q, k, v, *, world, layout, ranks_per_node, backend) -> None:
                                or q.shape[1] == 0):
         problems.append(f"q {tuple(q.shape)}, k {tuple(k.shape)}: expected (B, N, H, D) and "
                         "(B, N, Hk, D) with N > 0 and H % Hk == 0")
-    if backend not in BACKENDS:
-        problems.append(f"unknown kernel backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    if not shape_problems and (why := backend_problem(backend, q.device.type)):
+        problems.append(why)  # a CUDA kernel on CPU tensors failed in the first block
     if problems:
         raise ValueError("RingEmulator: " + "; ".join(problems))
 

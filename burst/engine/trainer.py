@@ -257,13 +257,12 @@ class Trainer:
             effective = {**getattr(method, "options", {}), **(attention_options or {})}
             setup = _canonical([name, layout, window, effective, checkpointing, fused_head,
                                 int(loss_chunk), str(dtype), repr(cfg), int(ignore_index),
-                                optimizer,
-                                float(lr), float(weight_decay), dp_kind, groups])
+                                optimizer, float(lr), float(weight_decay), dp_kind, groups])
         self._setup = setup
         self._agree(problems, kind, seed, state_dict, param_dtype)
 
-        loss_chunk, seed = int(loss_chunk), int(seed)  # numpy integers included
-        ignore_index = int(ignore_index)
+        # numpy integers included
+        loss_chunk, seed, ignore_index = int(loss_chunk), int(seed), int(ignore_index)
         self.config, self.layout, self.dtype = cfg, layout, dtype
         self.checkpointing, self.ignore_index = checkpointing, ignore_index
         self.model = model
