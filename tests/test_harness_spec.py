@@ -115,6 +115,16 @@ def test_bad_spec_lists_every_problem(tmp_path):
     assert len(probs) == len(want), probs
     # the message carries them all, one per line
     assert str(ei.value).count("\n  - ") == len(probs)
+    # a name taken from the file's name says so, and how to set one (it named only the folder
+    # rule, as if the file had set it)
+    (tmp_path / "my sweep.toml").write_text('workload = "attention"\nseq_lens = [64]\nworld = 2\n'
+                                            '[shape]\nheads = 8\nhead_dim = 8\n'
+                                            '[[methods]]\nname = "ring"\n')
+    with pytest.raises(SpecError) as ei:
+        load_spec(tmp_path / "my sweep.toml")
+    assert ei.value.problems == ["name: 'my sweep' (the file name: no name set): a sweep name is "
+                                 "one folder under results/ (letters, digits, '_', '.', '-'; not "
+                                 "starting with '.' or '-'); set name = \"...\""]
     # a world that nodes x gpus_per_node contradicts (it ran at 2 x 4 = 8)
     with pytest.raises(SpecError, match=r"16 != nodes x gpus_per_node = 2 x 4"):
         load_spec(_write(tmp_path, 'name = "x"\nworkload = "attention"\nseq_lens = [64]\n'
