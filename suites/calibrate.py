@@ -4,6 +4,8 @@
     python -m suites.calibrate --check    # no fit: evaluate the shipped constants, print, exit 1
                                           # if the targets are not met
     python -m suites.calibrate --write    # fit and store the constants in the data files
+    python -m suites.calibrate --crossval # fit, and predict every row by constants fitted
+                                          # without it (suites.crossval; about 8 min)
 
 Fitted constants (everything else in the profiles is a datasheet number, a measured range or a
 stated assumption):
@@ -665,7 +667,15 @@ def main(argv: list[str] | None = None) -> int:
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="evaluate the shipped constants only")
     mode.add_argument("--write", action="store_true", help="store fitted constants in the profiles")
+    ap.add_argument("--crossval", action="store_true",
+                    help="also rerun the cross-validation (suites.crossval: 46 refits, about 8 "
+                         "min on 2 cores) and keep it in results/simulator_crossval.csv")
+    ap.add_argument("--jobs", type=int, default=2, help="refits at a time for --crossval")
     a = ap.parse_args(argv)
+    if a.check and a.crossval:
+        ap.error("--crossval refits; it cannot go with --check")
+    if a.jobs < 1:
+        ap.error(f"--jobs {a.jobs}: at least 1")
     if a.check:
         hw, impls = hwmod.load(PAPER_PROFILE), implementations()
         result = Fit(hw, impls, constants(hw, impls), evaluate(hw, impls))
@@ -675,18 +685,24 @@ def main(argv: list[str] | None = None) -> int:
     wrote = []
     if not a.check:  # write everything before printing: a closed stdout cannot stop it
         write_csv(result)
-        from suites.simulator_doc import holdout_line, update_readme, write_doc
+        from suites.simulator_doc import crossval_line, holdout_line, update_readme, write_doc
 
         print("refitting on each table alone (out-of-sample check) ...", file=sys.stderr)
         held = holdout()
+        if a.crossval:
+            from suites import crossval
+
+            crossval.write(crossval.crossval(result.evals, PAPER_PROFILE, jobs=a.jobs))
+            wrote.append(str(crossval.CSV.relative_to(REPO)))
         write_doc(result, s, rankings(result.evals), DOC, held)
-        wrote = [str(FIT_CSV.relative_to(REPO)), str(DOC.relative_to(REPO))]
+        wrote += [str(FIT_CSV.relative_to(REPO)), str(DOC.relative_to(REPO))]
         if update_readme(s, result.evals, REPO / "README.md", held):
             wrote.append("the fit table in README.md")
         if a.write:
             store(result)
             wrote.append("the fitted constants in the data files")
-    print("\n".join(summary_lines(s) + ([holdout_line(held)] if not a.check else [])))
+    print("\n".join(summary_lines(s) + ([holdout_line(held), crossval_line(result.evals)]
+                                        if not a.check else [])))
     for c in result.constants:
         print(f"  {c['name']} = {c['value']:.4g}   (fitted on {c['fitted_on']})")
     if a.check:  # issue 6's targets: error bounds, every OOM cell OOM, every ranking kept

@@ -12,7 +12,7 @@ from pathlib import Path
 from results.tables import seq_label
 from suites import hardware as hwmod
 
-__all__ = ["MISSES", "README_END", "README_START", "update_readme", "write_doc"]
+__all__ = ["MISSES", "README_END", "README_START", "crossval_line", "update_readme", "write_doc"]
 
 README_START = "<!-- simulator-fit:start (python -m suites.calibrate) -->"
 README_END = "<!-- simulator-fit:end -->"
@@ -250,6 +250,104 @@ def _holdout_section(result, held: dict) -> list[str]:
         f"{100 * sm['all']['median']:.0f}%, worst {100 * sm['all']['worst']:.0f}%.",
         "",
         holdout_table(result.evals, k.evals),
+        "",
+    ]
+
+
+def _crossval_state(evals: list[dict]) -> tuple[list[dict] | None, str]:
+    """The kept cross-validation (suites.crossval) and what is wrong with it ("" when it is
+    the cross-validation of this fit)."""
+    from suites import crossval
+
+    if not crossval.CSV.exists():
+        return None, f"`{crossval.CSV.name}` is missing"
+    kept = crossval.read()
+    stale = crossval.stale_rows(kept, evals)
+    if stale:
+        return None, (f"`{crossval.CSV.name}` was computed on another model: {len(stale)} "
+                      f"rows differ (first: {stale[0]})")
+    return kept, ""
+
+
+def _panel_label(fold: str) -> str:
+    """``kernel 32 131072`` -> ``kernel 32 GPUs 128K``; ``main 7b 32`` -> ``main 7b 32 GPUs``."""
+    words = fold.split()
+    if words[0] == "kernel":
+        return f"kernel {words[1]} GPUs {seq_label(int(words[2]))}"
+    return f"{' '.join(words)} GPUs"
+
+
+def crossval_line(evals: list[dict]) -> str:
+    """The cross-validation bullet of the fit summary (README, console)."""
+    from suites import crossval
+
+    kept, why = _crossval_state(evals)
+    if kept is None:
+        return (f"- cross-validation: not current ({why}; `python -m suites.calibrate "
+                "--crossval`)")
+    s = crossval.summarise(kept)
+    r, p = s["row"], s["panel"]
+    return (f"- cross-validation (each row predicted by constants fitted without it): median "
+            f"|error| {100 * r['median_cv']:.1f}%, worst {100 * r['worst_cv']:.1f}%; each panel "
+            f"left out: median {100 * p['median_cv']:.1f}%, worst {100 * p['worst_cv']:.1f}%, "
+            f"ranking kept in {p['panels_ranking_preserved']} of {p['panels']} panels "
+            "(docs/simulator.md, \"Cross-validation\")")
+
+
+def _crossval_section(evals: list[dict]) -> list[str]:
+    from suites import crossval
+    from suites.calibrate import _num, _pct
+
+    head = ["## Cross-validation: every row predicted without itself", ""]
+    kept, why = _crossval_state(evals)
+    if kept is None:
+        return [*head, f"Not current: {why}. Run `python -m suites.calibrate --crossval`.", ""]
+    s = crossval.summarise(kept)
+    r, p = s["row"], s["panel"]
+
+    def worst(x):
+        w = x["worst_row"]
+        return f"{w['label']}, {w['model'] or 'kernel'} {w['world']} GPUs {seq_label(w['seq_len'])}"
+
+    lost = sorted({x["fold"] for x in kept if x["by"] == "panel"
+                   and x["panel_ranking_preserved"] is False})
+    by = {(row["by"], crossval._key(row)): row for row in kept}
+    table = ["| table | model | GPUs | seq | method | ckpt | published | fit on all rows | "
+             "this row left out | its panel left out |", "|" + "---|" * 10]
+    for row in kept:
+        if row["by"] != "row" or not row["published"]:
+            continue
+        q = by[("panel", crossval._key(row))]
+
+        def cell(x, field="rel_error_cv"):
+            return f"{_num(x['simulated_cv'])} ({_pct(x[field])})"
+
+        table.append(f"| {row['table']} | {row['model']} | {row['world']} | "
+                     f"{seq_label(row['seq_len'])} | {row['label']} | {row['checkpointing']} | "
+                     f"{_num(row['published'])} | {_num(row['simulated_fit'])} "
+                     f"({_pct(row['rel_error_fit'])}) | {cell(row)} | {cell(q)} |")
+    return [
+        *head,
+        "The per-row error above is in sample: the five time constants were fitted on the "
+        "rows they are judged on. Here every row is a prediction (`suites/crossval.py`; "
+        "`python -m suites.calibrate --crossval` reruns it, 46 refits, about 8 minutes on 2 "
+        "cores; kept in `results/simulator_crossval.csv`). The time constants are refitted "
+        "with the same loss, start and optimiser as the shipped fit, without the rows "
+        "predicted; the memory constants stay as shipped (they move no time).",
+        "",
+        f"- One row left out ({r['rows']} fits): median |error| {100 * r['median_cv']:.1f}% "
+        f"(in sample {100 * r['median_fit']:.1f}%), worst {100 * r['worst_cv']:.1f}% "
+        f"(in sample {100 * r['worst_fit']:.1f}%; {worst(r)}); {r['within_10pct']} rows within "
+        f"10%, {r['within_25pct']} within 25%.",
+        f"- One panel left out ({p['panels']} fits: a kernel-table sequence length, or a model "
+        f"and GPU count of the training table, predicted by constants fitted on the other "
+        f"panels): median |error| {100 * p['median_cv']:.1f}%, worst "
+        f"{100 * p['worst_cv']:.1f}% ({worst(p)}); {p['within_10pct']} rows within 10%, "
+        f"{p['within_25pct']} within 25%; the ranking of methods kept in "
+        f"{p['panels_ranking_preserved']} of {p['panels']} panels (not in: "
+        f"{', '.join(_panel_label(f) for f in lost)}).",
+        "",
+        *table,
         "",
     ]
 
@@ -523,6 +621,7 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
         error_table(result.evals),
         "",
         *(_holdout_section(result, held) if held else []),
+        *_crossval_section(result.evals),
         "## Attention-layer memory against the paper's benchmark log",
         "",
         "The kernel table publishes no memory; the log of the paper's kernel benchmark does "
@@ -616,7 +715,7 @@ def update_readme(s: dict, evals: list[dict], path: Path, held: dict | None = No
     head, rest = text.split(README_START, 1)
     _, tail = rest.split(README_END, 1)
     rows = readme_rows(evals)
-    lines = summary_lines(s) + ([holdout_line(held)] if held else [])
+    lines = summary_lines(s) + ([holdout_line(held), crossval_line(evals)] if held else [])
     body = "\n".join(["", *lines, "", error_table(rows), ""])
     path.write_text(head + README_START + body + README_END + tail)
     return True

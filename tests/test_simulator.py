@@ -2151,11 +2151,12 @@ def test_a_spec_placed_on_other_nodes_keeps_its_world(capsys, tmp_path):
         assert e.value.code == 2 and why in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["--check", "--write"], ["--hardware", "h100"]])
+@pytest.mark.parametrize("argv", [["--check", "--write"], ["--hardware", "h100"],
+                                  ["--check", "--crossval"], ["--crossval", "--jobs", "0"]])
 def test_calibrate_refuses_what_would_overwrite_the_fit_wrongly(argv, capsys):
     """The paper's tables calibrate the a800 profile only (fitting another GPU's profile on them
-    rewrote the committed fit), and --check never writes, so --check --write is refused, not
-    half obeyed; both before any fit runs."""
+    rewrote the committed fit), and --check never writes, so --check --write (or --crossval,
+    which refits) is refused, not half obeyed; all before any fit runs."""
     with pytest.raises(SystemExit) as e:
         calibrate.main(argv)
     assert e.value.code == 2 and "error:" in capsys.readouterr().err
