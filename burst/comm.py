@@ -54,6 +54,7 @@ __all__ = [
     "exchange",
     "global_rank",
     "group_ranks",
+    "host_group",
     "init",
     "is_initialized",
     "phase",
@@ -426,6 +427,20 @@ def subgroup(rank_lists: list[list[int]], *, parent=None, purpose: str = ""):
                 mine = g
     _SUB_CACHE[key] = mine
     return mine
+
+
+def host_group():
+    """A gloo group over the whole world, for host-side collectives that run beside the
+    training's own, from another thread (a background checkpoint write: torch.distributed.
+    checkpoint's ``async_save`` takes one); None without a process group. Created once per
+    default group, by every rank at its first call (a collective)."""
+    if not is_initialized():
+        return None
+    _fresh_caches()
+    if "host" not in _SUB_CACHE:
+        kw = {"timeout": _TIMEOUT[0]} if _TIMEOUT[0] is not None else {}
+        _SUB_CACHE["host"] = dist.new_group(backend="gloo", **kw)
+    return _SUB_CACHE["host"]
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,8 @@
 """Memory and seconds of ``Trainer.save`` / ``Trainer.load``: one file gathered on rank 0
-against every rank's own shards (``sharded=True``), on G local gloo ranks under FSDP.
+against every rank's own shards (``sharded=True``), on G local gloo ranks under FSDP; and the
+sharded save that does not wait (``wait=False``): its call (each rank's copy of its state),
+then ``finish_save`` at once (the write the call left to a background thread, which a run
+would overlap with its next steps).
 
     .venv/bin/python scripts/bench_state_save.py [--world 4] [--layers 12] [--hidden 1024]
 
@@ -64,6 +67,9 @@ def _rank(rank: int, world: int, cfg: ModelConfig, folder: str) -> dict:
         again = Trainer(cfg, seed=1, **kw)
         out[name, "load"] = _measured(lambda p=path, a=again: a.load(p))
         del again
+    path = Path(folder) / "state_async"
+    out["async", "save"] = _measured(lambda: tr.save(path, sharded=True, wait=False))
+    out["async", "finish"] = _measured(tr.finish_save)
     return out
 
 

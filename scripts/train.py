@@ -12,7 +12,8 @@ one would have. Every ``--save-every`` steps and at the end the whole training s
 ``<out>/state.pt`` (``Trainer.save``: weights and optimizer, gathered on rank 0 and written
 atomically; with ``--sharded-state``, every rank's own shards in ``<out>/state``, a link to the
 last of two folders: ``burst.engine.sharded_state``; across nodes ``--out`` must then be on a
-filesystem every rank sees), and each
+filesystem every rank sees; ``--async-save`` writes them in the background while the next
+steps run, published at the next save, the last one waited for), and each
 step's loss, time (the slowest rank's), tokens/s per rank, the layout (world, CP and DP sizes)
 and the bytes rank 0's attention layers sent (a recomputed forward included; ``_inter_node``:
 those that left its node, i.e. the double ring's node of ``--ranks-per-node`` ranks (or the
@@ -24,7 +25,8 @@ lines replaced), also on another number of ranks (``--world``), CP degree, ``--b
 the DP size) stays (a bfloat16 run keeps fp32 master weights only where FSDP shards over more
 than one rank: resumed where it does not, they are rounded, and a run without them resumed
 where it does gains them, each with a warning, and its losses drift); the other arguments but
-``--steps``, ``--save-every`` and ``--time-limit-min`` must be those it started with
+``--steps``, ``--save-every``, ``--async-save`` and ``--time-limit-min`` must be those it
+started with
 (``<out>/run.json``; a default named, such as the model's own ``--kv-heads``, is the same
 argument). Arguments the engine would refuse (a method, layout, length or ``--ranks-per-node``
 that cannot run on the ranks) are refused before any rank starts. Rank 0 alone reads and
@@ -72,7 +74,7 @@ from results.store import RunLock, RunLockedError, replace_text  # noqa: E402
 
 PASSES = ("forward", "backward")  # the attention's phases in burst.comm's byte counter
 # what may change when a run is resumed; everything else is the run's identity
-RESUMABLE = ("out", "steps", "save_every", "time_limit_min", "world")
+RESUMABLE = ("out", "steps", "save_every", "async_save", "time_limit_min", "world")
 # the layout over the ranks: a resume may change it (Trainer.load restores on any CP x DP layout
 # and DP wrapper) as long as the global batch, which the identity keeps, stays
 LAYOUT = ("cp_degree", "batch", "data_parallel")
@@ -136,6 +138,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="save the state as every rank's shards (<out>/state: "
                         "torch.distributed.checkpoint) instead of one file gathered on rank 0 "
                         "(<out>/state.pt); the run's identity: a resume keeps it")
+    p.add_argument("--async-save", action="store_true",
+                   help="with --sharded-state: write each save in the background while the next "
+                        "steps run (Trainer.save(wait=False): a host copy of each rank's state; "
+                        "a save is published by the next one, the last one is waited for, and "
+                        "a run killed meanwhile resumes from the save before)")
     p.add_argument("--time-limit-min", type=positive_float, default=24 * 60,
                    help="local ranks: the whole run's limit (a hung rank is killed at it)")
     return p
@@ -479,7 +486,8 @@ def _train(rank: int, world: int, args: dict, host_ranks: int | None = None) -> 
             if rank == 0:  # on disk before the state that has done its steps
                 with open(log, "a") as f:
                     os.fsync(f.fileno())
-            tr.save(state, meta={"step": step + 1}, sharded=args["sharded_state"])
+            tr.save(state, meta={"step": step + 1}, sharded=args["sharded_state"],
+                    wait=not args["async_save"] or step + 1 == args["steps"])
     say(f"done: {_count(args['steps'], 'step')}; state in {state}, losses in {log}",
         flush=True)
 
@@ -516,6 +524,9 @@ def _main(argv=None) -> None:
     if args["device"] == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: torch sees no CUDA device here (--device cpu runs on gloo "
                  "ranks)")
+    if args["async_save"] and not args["sharded_state"]:
+        ap.error("--async-save needs --sharded-state (the one-file state is gathered and "
+                 "written by rank 0 alone)")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun, SLURM via torchrun
         device = None
         if args["device"] == "cuda":

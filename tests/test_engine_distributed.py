@@ -336,6 +336,47 @@ def _resume_sharded(path: Path) -> dict:
     older = Trainer("tiny", cp_degree=4, seed=6, **kw)
     out["fallback meta"] = older.load(folder)
     out["fallback"] = steps(older, (2, 3), 2 * BATCH)
+    # a save that does not wait: the state as it was at the call, written while training goes
+    # on (the steps change every weight); nothing is published until finish_save
+    apath = path.with_name("async_sharded")
+    tr2 = Trainer("tiny", cp_degree=2, data_parallel="fsdp", **kw)
+    steps(tr2, (0, 1))
+    tr2.save(apath, meta={"step": 2}, sharded=True, wait=False)
+    out["async pending"] = (os.path.lexists(apath), tr2._pending_save is not None)
+    out["async want"] = steps(tr2, (2, 3))
+    tr2.finish_save()
+    tr2.finish_save()  # none pending: nothing to do
+    out["async link"] = os.readlink(apath)
+    again = Trainer("tiny", cp_degree=4, seed=5, **kw)
+    out["async meta"] = again.load(apath)
+    out["async"] = steps(again, (2, 3), 2 * BATCH)
+    # the next save completes a pending one first (and so does a load): each publishes its own
+    tr2.save(apath, meta={"step": 4}, sharded=True, wait=False)
+    out["async second pending"] = os.readlink(apath)
+    tr2.save(apath, meta={"step": 4, "again": True}, sharded=True, wait=False)
+    out["async second"] = os.readlink(apath)
+    out["async third meta"] = Trainer("tiny", cp_degree=2, seed=5, **kw).load(apath)
+    out["async third unpublished"] = os.readlink(apath)
+    out["async load finishes"] = tr2.load(apath), os.readlink(apath)
+    # a background write that fails on one rank raises at finish_save on every rank; the link
+    # keeps naming the save before
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+
+    def broken(*args, **kwargs):
+        raise OSError("ENOSPC writing a shard")
+
+    write = FileSystemWriter.write_data
+    if comm.rank() == 1:
+        FileSystemWriter.write_data = broken
+    try:
+        tr2.save(apath, meta={"step": 5}, sharded=True, wait=False)
+        tr2.finish_save()
+        out["async failed"] = "no error"
+    except BaseException as e:  # noqa: BLE001  (DCP raises a BaseException)
+        out["async failed"] = f"{type(e).__name__}: {e}"
+    finally:
+        FileSystemWriter.write_data = write
+    out["async failed link"] = os.readlink(apath), tr2._pending_save is None
     # plain SGD: no per-parameter state; the saved lr wins
     sgd = Trainer("tiny", cp_degree=2, data_parallel="fsdp", optimizer="sgd", lr=0.1,
                   dtype=torch.float64)
@@ -764,6 +805,22 @@ def test_a_sharded_state_resumes_exactly_on_another_layout():
                    for w in out["bf16 warnings"]), out["bf16 warnings"]
         assert ("EIO reading __1_0.distcp" in out["unreadable"]
                 and out["unreadable"].startswith("OSError")), out["unreadable"]
+        # save(wait=False): nothing published until finish_save; then the state of the call,
+        # although training went on meanwhile (another layout sums in another order)
+        assert out["async pending"] == (False, True), out["async pending"]
+        assert out["async link"] == "async_sharded.a" and out["async meta"] == {"step": 2}
+        assert max(abs(a - b) for a, b in zip(out["async"], out["async want"],
+                                              strict=True)) < 1e-10, out
+        # each save completes the one before it; a load of another Trainer sees the last
+        # published; the saving Trainer's own load completes its pending save first
+        assert (out["async second pending"], out["async second"]) == ("async_sharded.a",
+                                                                      "async_sharded.b"), out
+        assert out["async third meta"] == {"step": 4}, out["async third meta"]
+        assert out["async third unpublished"] == "async_sharded.b", out
+        assert out["async load finishes"] == ({"step": 4, "again": True}, "async_sharded.a"), out
+        # a write that failed on rank 1: raised by finish_save on every rank, link kept
+        assert "ENOSPC writing a shard" in out["async failed"], out["async failed"]
+        assert out["async failed link"] == ("async_sharded.a", True), out["async failed link"]
 
 
 def test_a_saved_training_state_resumes_exactly_on_another_layout():

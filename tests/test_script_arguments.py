@@ -70,6 +70,7 @@ def scripts():
     ("train.py", ["--lr", "nan"], "argument --lr: 'nan' is not a finite number > 0"),
     ("train.py", ["--weight-decay", "-1"], "--weight-decay: '-1' is not a finite number >= 0"),
     ("train.py", ["--time-limit-min", "0"], "argument --time-limit-min: '0' is not a finite"),
+    ("train.py", ["--async-save"], "--async-save needs --sharded-state"),
     *([("train.py", ["--device", "cuda"], "torch sees no CUDA device")]
       if not torch.cuda.is_available() else []),
 ])

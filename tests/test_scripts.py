@@ -439,6 +439,18 @@ def test_a_sharded_state_resumes_a_run_on_another_layout(tmp_path):
     assert [s for s, _ in got] == [0, 1, 2], got
     assert max(abs(a - b) for (_, a), (_, b) in zip(got, want, strict=True)) < 1e-10, (got, want)
     assert os.readlink(sharded / "state") == "state.b"  # the save at step 2 kept in state.a
+    # --async-save: the save at step 1 written while step 2 runs, published by the last save
+    # (which waits); resumed without the flag on another layout, with the same losses
+    behind = tmp_path / "async"
+    res = _train(behind, "--world", "2", "--cp-degree", "1", "--data-parallel", "fsdp",
+                 "--sharded-state", "--async-save", "--save-every", "1", "--steps", "2")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert os.readlink(behind / "state") == "state.b"  # step 1 in state.a, step 2 in state.b
+    res = _train(behind, "--world", "2", "--cp-degree", "2", "--batch", "2", "--sharded-state",
+                 "--steps", "3")
+    assert res.returncode == 0 and "resuming at step 2" in res.stdout, res.stderr[-3000:]
+    got = _losses(behind)
+    assert max(abs(a - b) for (_, a), (_, b) in zip(got, want, strict=True)) < 1e-10, (got, want)
     # under torchrun (2 processes, gloo, FSDP): the same losses, and a resume there
     launched = tmp_path / "torchrun"
     for steps in ("2", "3"):

@@ -22,13 +22,14 @@ import warnings
 
 import torch
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 
 from burst import comm
 from burst.layout import divisors
 
 __all__ = ["DATA_PARALLEL", "GRAD_BUCKET_BYTES", "all_reduce_grads", "full_state",
            "hyperparameters", "load_full_state", "load_local_state", "make_groups",
-           "save_local_state", "wrap_data_parallel"]
+           "SAVE_ERRORS", "save_local_state", "wrap_data_parallel"]
 
 DATA_PARALLEL = ("ddp", "fsdp", "fsdp_world")
 """torch's DDP or FSDP across the DP group; ``fsdp_world``: FSDP over every rank (CP x DP), so
@@ -252,21 +253,32 @@ def _one_process_quiet():
         yield
 
 
+# what a save's write can raise: torch.distributed.checkpoint reports a rank's failure on every
+# rank as a CheckpointException, which is a BaseException
+SAVE_ERRORS = (Exception, CheckpointException)
+
+
 def save_local_state(module: nn.Module, optimizer: torch.optim.Optimizer,
-                     folder) -> list[dict] | None:
+                     folder, *, wait: bool = True) -> tuple[list[dict] | None, object]:
     """Write each rank's own part of ``local_state`` into ``folder`` with
     torch.distributed.checkpoint (nothing gathered). An optimizer without per-parameter state
     (SGD, AdamW before its first step) is not written (DCP would find no tensors to load it
-    into): its ``hyperparameters`` are returned instead, for the caller to keep; else None.
-    A collective."""
+    into): its ``hyperparameters`` are returned instead, for the caller to keep (else None),
+    with None or, for ``wait=False``, the future of the write: DCP's ``async_save`` copies the
+    state to host memory (a second copy of this rank's state while it writes) and writes it
+    from a background thread, whose collectives go over ``comm.host_group()``, so training may
+    go on and change the weights. A collective."""
     import torch.distributed.checkpoint as dcp
 
     weights, optim = local_state(module, optimizer)
     fresh = hyperparameters(optim)
+    state = {"model": weights} if fresh is not None else {"model": weights, "optimizer": optim}
     with _one_process_quiet():
-        dcp.save({"model": weights} if fresh is not None
-                 else {"model": weights, "optimizer": optim}, checkpoint_id=folder)
-    return fresh
+        if wait:
+            dcp.save(state, checkpoint_id=folder)
+            return fresh, None
+        return fresh, dcp.async_save(state, checkpoint_id=folder,
+                                     process_group=comm.host_group())
 
 
 def load_local_state(module: nn.Module, optimizer: torch.optim.Optimizer, folder, *,

@@ -14,7 +14,8 @@ On disk, two folders and a link::
     <name>.b/         the save before it: a whole fallback copy, overwritten by the next save
 
 A save writes over the folder the link does not name, then replaces the link (``os.replace``,
-after the folder's files and entries are on disk): a run killed while saving keeps the last
+after the folder's files and entries are on disk; for ``save(..., wait=False)`` at
+``Trainer.finish_save``, after the background write): a run killed while saving keeps the last
 good state whole (the one before it is lost: its folder was being written, and a load refuses
 it, having no ``info.pt``). A load resolves the link once, on rank 0, and every rank reads that
 folder. ``info.pt`` holds the caller's ``meta``, the optimizer's name, the hyperparameters of

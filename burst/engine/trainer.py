@@ -44,6 +44,7 @@ from burst.engine.fused_loss import IGNORE_INDEX, LOSS_CHUNK
 from burst.engine.model import CausalLM, assign_whole
 from burst.engine.parallel import (
     DATA_PARALLEL,
+    SAVE_ERRORS,
     all_reduce_grads,
     cp_degree_ok,
     full_state,
@@ -280,6 +281,7 @@ class Trainer:
         self.shards_world = data_parallel == "fsdp_world" and world > 1
         params = list(model.parameters())
         self.optimizer_name = optimizer
+        self._pending_save = None  # save(..., wait=False) until finish_save completes it
         if optimizer == "adamw":
             self.optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95),
                                                weight_decay=weight_decay)
@@ -481,7 +483,8 @@ class Trainer:
                     + "; ".join(problems) + "; nothing was loaded")
         return None
 
-    def save(self, path, meta: dict | None = None, *, sharded: bool = False) -> None:
+    def save(self, path, meta: dict | None = None, *, sharded: bool = False,
+             wait: bool = True) -> None:
         """Write ``state_dict()`` to one file, with ``meta`` (plain values: the caller's step,
         arguments) that ``load`` returns: global rank 0 writes ``<path>.tmp`` and renames it,
         so a run killed while saving keeps the previous file whole. A collective; it returns
@@ -492,10 +495,22 @@ class Trainer:
         no rank gathers the state, so rank 0's memory does not grow with the model), into one
         of two folders beside ``path``, which becomes a link to the one just written (the
         other keeps the save before it): ``burst.engine.sharded_state``. Every rank must see
-        ``path`` (a shared filesystem across nodes)."""
+        ``path`` (a shared filesystem across nodes).
+
+        ``wait=False`` (sharded only): return once each rank has copied its state to host
+        memory; the files are written in the background while training goes on, and
+        ``finish_save()`` completes the save (checks the files, replaces the link). The next
+        ``save`` or ``load`` calls it first; call it before the process ends, or what was
+        written is never published and the link keeps naming the save before."""
+        if wait is not True and wait is not False:
+            raise TypeError(f"wait={wait!r}: True or False")
+        if not wait and not sharded:
+            raise ValueError("save(..., wait=False) needs sharded=True: the one-file state is "
+                             "gathered and written by rank 0 alone")
         path = Path(path)
+        self.finish_save()
         if sharded:
-            return self._save_sharded(path, meta)
+            return self._save_sharded(path, meta, wait)
         state, error = self.state_dict(), None
         if comm.rank() == 0:
             tmp = path.with_name(f"{path.name}.tmp")
@@ -522,6 +537,7 @@ class Trainer:
         wrote: every rank reads the slices it needs, after a check of every file's CRC-32
         (each rank a share of the files); torch.distributed.checkpoint unpickles parts of it,
         so load only sharded states you trust."""
+        self.finish_save()
         if sharded_state.is_sharded(path):
             return self._load_sharded(Path(path))
         state, error = None, None
@@ -541,7 +557,22 @@ class Trainer:
         meta = state.get("meta", {}) if isinstance(state, dict) else None
         return comm.gather_objects(meta, device=self.device)[0]
 
-    def _save_sharded(self, path: Path, meta: dict | None) -> None:
+    def finish_save(self) -> None:
+        """Complete the pending ``save(..., sharded=True, wait=False)``: wait for its files,
+        check them and replace the link. A collective; nothing happens when none is pending. A
+        write that failed raises here, on every rank (the link keeps naming the save before)."""
+        if self._pending_save is None:
+            return
+        (path, folder, meta, hyper, future), self._pending_save = self._pending_save, None
+        error = None
+        try:
+            future.result()
+        except SAVE_ERRORS as e:  # every rank must learn of it
+            error = e
+        self._raise_if_any(error, f"the save to {path}")
+        self._publish_sharded(path, folder, meta, hyper)
+
+    def _save_sharded(self, path: Path, meta: dict | None, wait: bool) -> None:
         what, folder, error = f"the save to {path}", None, None
         if comm.rank() == 0:
             try:
@@ -552,9 +583,21 @@ class Trainer:
                 error = e
         self._raise_if_any(error, what)
         folder = Path(comm.gather_objects(folder and str(folder), device=self.device)[0])
-        hyper, crcs = None, None
+        hyper, future = None, None
         try:  # an optimizer without per-parameter state: its hyperparameters go into info.pt
-            hyper = save_local_state(self.model, self.optimizer, folder)
+            hyper, future = save_local_state(self.model, self.optimizer, folder, wait=wait)
+        except SAVE_ERRORS as e:
+            error = e
+        self._raise_if_any(error, what)
+        if future is not None:
+            self._pending_save = (path, folder, dict(meta or {}), hyper, future)
+            return
+        self._publish_sharded(path, folder, meta, hyper)
+
+    def _publish_sharded(self, path: Path, folder: Path, meta: dict | None, hyper) -> None:
+        """Every rank's files written: their CRC-32s gathered, then ``info.pt`` and the link."""
+        what, crcs, error = f"the save to {path}", None, None
+        try:
             crcs = sharded_state.gather_crcs(folder, device=self.device)
         except Exception as e:  # noqa: BLE001
             error = e
