@@ -11,11 +11,14 @@ two ways:
   the training table): every row of the panel is predicted by constants fitted on the other
   panels, and the panel's ranking of methods is judged with them.
 
-The memory constants stay as shipped (they do not move any time). The result is kept in
-``results/simulator_crossval.csv``; ``python -m suites.calibrate`` reports it in
+The memory constants (allocator overhead, the global per-token buffers of InternEvo and
+DeepSpeed) are cross-validated the same way over the training cells their fit weighs
+(``memory_row``, ``memory_panel``: the published memory and OOM cells predicted by memory
+constants fitted without them, the time constants as shipped: they move no memory). The
+result is kept in ``results/simulator_crossval.csv``; ``python -m suites.calibrate`` reports it in
 docs/simulator.md, and a test fails when the kept file no longer matches the shipped model.
 
-    python -m suites.calibrate --crossval      # refit, then rerun every fold (46 fits)
+    python -m suites.calibrate --crossval      # refit, then rerun every fold
 """
 
 from __future__ import annotations
@@ -33,36 +36,55 @@ from pathlib import Path
 __all__ = ["CSV", "folds", "crossval", "read", "stale_rows", "summarise", "write"]
 
 CSV = Path(__file__).resolve().parent.parent / "results" / "simulator_crossval.csv"
-BY = ("row", "panel")
+TIME_BY = ("row", "panel")  # the five time constants refitted
+MEMORY_BY = ("memory_row", "memory_panel")  # the three memory constants refitted
+BY = TIME_BY + MEMORY_BY
 # the row's identity in the fit's evaluation (calibrate.evaluate) and in the kept file
 KEY = ("table", "model", "world", "seq_len", "method", "label", "checkpointing")
-FIELDS = ["by", "fold", *KEY, "published", "simulated_fit", "simulated_cv", "rel_error_fit",
-          "rel_error_cv", "status_cv", "panel_ranking_preserved", "constants_cv"]
+# what the shipped fit gives each row (calibrate.evaluate's name after the colon)
+FIT = {"published": "published", "simulated_fit": "simulated", "rel_error_fit": "rel_error",
+       "status_paper": "status_paper", "status_fit": "status_sim",
+       "mem_paper_gib": "mem_paper_gib", "mem_sim_fit": "mem_sim_gib",
+       "mem_rel_error_fit": "mem_rel_error"}
+FIELDS = ["by", "fold", *KEY, *FIT, "simulated_cv", "rel_error_cv", "status_cv", "mem_sim_cv",
+          "mem_rel_error_cv", "panel_ranking_preserved", "constants_cv"]
+NUMBERS = ("published", "simulated_fit", "simulated_cv", "rel_error_fit", "rel_error_cv",
+           "mem_paper_gib", "mem_sim_fit", "mem_sim_cv", "mem_rel_error_fit", "mem_rel_error_cv")
 
 
 def _key(e: dict) -> tuple:
     return tuple(e[k] for k in KEY)
 
 
+def _members(evals: list[dict], by: str) -> list[int]:
+    """The rows a fold of ``by`` may leave out: for the time constants, those with a published
+    number (the others take no part in the time loss); for the memory constants, the training
+    cells the memory fit weighs (published as run or as OOM, and counted by the simulator:
+    not the cells a system's code cannot run)."""
+    if by in TIME_BY:
+        return [i for i, e in enumerate(evals) if e["published"] and e["status_paper"] == "ok"]
+    return [i for i, e in enumerate(evals) if e["table"] == "main"
+            and e["status_paper"] in ("ok", "oom") and e["mem_sim_gib"] is not None]
+
+
 def folds(evals: list[dict], by: str) -> list[tuple[str, list[int]]]:
-    """(fold name, indices of the rows it leaves out) over the rows with a published number.
-    Rows without one (published OOM cells) take no part in the time loss, so leaving them in
-    every training set changes nothing."""
+    """(fold name, indices of the rows it leaves out): one row each (``row``, ``memory_row``)
+    or one panel each (``panel``, ``memory_panel``)."""
     from suites.calibrate import panel_name
 
     if by not in BY:
         raise ValueError(f"by={by!r}: choose one of {', '.join(BY)}")
-    timed = [i for i, e in enumerate(evals) if e["published"] and e["status_paper"] == "ok"]
-    if by == "row":
-        return [(f"{panel_name(evals[i])} {evals[i]['label']}", [i]) for i in timed]
+    members = _members(evals, by)
+    if by.endswith("row"):
+        return [(f"{panel_name(evals[i])} {evals[i]['label']}", [i]) for i in members]
     out: dict[str, list[int]] = {}
-    for i in timed:
+    for i in members:
         out.setdefault(panel_name(evals[i]), []).append(i)
     return list(out.items())
 
 
 def _fold(job: tuple) -> list[dict]:
-    """Fit the time constants without ``held``, then predict the rows in it."""
+    """Fit the time (or memory) constants without ``held``, then predict the rows in it."""
     from suites import calibrate as c
     from suites import hardware as hwmod
     from suites.implementations import implementations
@@ -70,15 +92,20 @@ def _fold(job: tuple) -> list[dict]:
     hw_name, by, name, held = job
     cells = c.paper_cells()
     train = [x for i, x in enumerate(cells) if i not in held]
-    hw, impls = c._fit_group(hwmod.load(hw_name), implementations(), train, c.HW_TIME,
-                             c.IMPL_TIME, c._time_loss)
+    hw, impls = hwmod.load(hw_name), implementations()
+    if by in TIME_BY:
+        hw, impls = c._fit_group(hw, impls, train, c.HW_TIME, c.IMPL_TIME, c._time_loss)
+        refit = {*c.HW_TIME, *(k for _, k in c.IMPL_TIME)}
+    else:
+        hw, impls = c._fit_memory(hw, impls, train)
+        refit = {*c.HW_MEMORY, *(k for _, k in c.IMPL_MEMORY)}
     evals = c.evaluate(hw, impls, [cells[i] for i in held])
     consts = {x["name"]: round(float(x["value"]), 4) for x in c.constants(hw, impls)
-              if x["name"].split(".", 1)[1] in c.HW_TIME
-              or tuple(x["name"].split(".", 1)) in c.IMPL_TIME}
+              if x["name"].rsplit(".", 1)[1] in refit}
     preserved = all(r["preserved"] for r in c.rankings(evals)) if by == "panel" else None
     return [{"by": by, "fold": name, **{k: e[k] for k in KEY}, "simulated_cv": e["simulated"],
              "rel_error_cv": e["rel_error"], "status_cv": e["status_sim"],
+             "mem_sim_cv": e["mem_sim_gib"], "mem_rel_error_cv": e["mem_rel_error"],
              "panel_ranking_preserved": preserved,
              "constants_cv": "; ".join(f"{k}={v}" for k, v in consts.items())}
             for e in evals]
@@ -86,30 +113,35 @@ def _fold(job: tuple) -> list[dict]:
 
 def crossval(fitted: list[dict], hw_name: str, by: tuple[str, ...] = BY, jobs: int = 2,
              log=None) -> list[dict]:
-    """Every fold of ``by`` (``row``, ``panel``), ``jobs`` fits at a time (about 20 s each on
-    one core); ``fitted`` is the shipped fit's evaluation (``calibrate.evaluate``), whose rows
-    the folds leave out and whose predictions sit next to theirs."""
+    """Every fold of ``by``, ``jobs`` fits at a time (a time refit takes about 20 s on one
+    core, a memory refit 2 s); ``fitted`` is the shipped fit's evaluation
+    (``calibrate.evaluate``), whose rows the folds leave out and whose predictions sit next to
+    theirs."""
     log = log or sys.stderr
     work = [(hw_name, b, name, held) for b in by for name, held in folds(fitted, b)]
     ins = {_key(e): e for e in fitted}
     rows, t0 = [], time.monotonic()
-    print(f"cross-validation: {len(work)} refits of the time constants, {jobs} at a time "
-          "(about 20 s each)", file=log, flush=True)
+    print(f"cross-validation: {len(work)} refits, {jobs} at a time", file=log, flush=True)
     # spawn: the workers import torch (burst.flops) afresh instead of inheriting a forked copy;
     # one job runs in this process
     with (ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) if jobs > 1
           else nullcontext()) as pool:
         for n, got in enumerate((pool.map if pool else map)(_fold, work), 1):
             for r in got:
-                e = ins[tuple(r[k] for k in KEY)]
-                r.update(published=e["published"], simulated_fit=e["simulated"],
-                         rel_error_fit=e["rel_error"])
+                e = ins[_key(r)]
+                r.update({field: e[name] for field, name in FIT.items()})
             rows += got
-            errs = ", ".join(f"{100 * r['rel_error_cv']:+.1f}%" for r in got
-                             if r["published"] and r["rel_error_cv"] is not None)
             print(f"  [{n}/{len(work)}] {time.monotonic() - t0:6.0f} s  {work[n - 1][1]} "
-                  f"{work[n - 1][2]}: {errs or 'no number'}", file=log, flush=True)
+                  f"{work[n - 1][2]}: {', '.join(map(_shown, got))}", file=log, flush=True)
     return rows
+
+
+def _shown(r: dict) -> str:
+    """A row's out-of-sample prediction, as the progress line gives it."""
+    if r["by"] in TIME_BY:
+        return "no number" if r["rel_error_cv"] is None else f"{100 * r['rel_error_cv']:+.1f}%"
+    mem = "" if r["mem_sim_cv"] is None else f" {r['mem_sim_cv']:.1f} GiB"
+    return f"{r['status_cv']}{mem} (paper {r['status_paper']})"
 
 
 def write(rows: list[dict], path: Path = CSV) -> None:
@@ -125,14 +157,10 @@ def write(rows: list[dict], path: Path = CSV) -> None:
 
 def read(path: Path = CSV) -> list[dict]:
     """The kept rows, numbers as numbers (empty cells as None)."""
-    def num(v):
-        return None if v in ("", None) else float(v)
-
     out = []
     with open(path, newline="") as f:
         for r in csv.DictReader(f):
-            r.update({k: num(r[k]) for k in ("published", "simulated_fit", "simulated_cv",
-                                             "rel_error_fit", "rel_error_cv")})
+            r.update({k: None if r[k] == "" else float(r[k]) for k in NUMBERS})
             r.update(world=int(r["world"]), seq_len=int(r["seq_len"]),
                      panel_ranking_preserved={"True": True, "False": False}.get(
                          r["panel_ranking_preserved"]))
@@ -140,29 +168,40 @@ def read(path: Path = CSV) -> list[dict]:
     return out
 
 
+def _same(a, b, rel: float) -> bool:
+    if a is None or b is None:
+        return a is b
+    return math.isclose(a, b, rel_tol=rel)
+
+
 def stale_rows(kept: list[dict], fitted: list[dict], rel: float = 1e-4) -> list[str]:
     """Rows whose in-sample prediction in the kept file is not what the shipped model gives
-    now, or that the kept file lacks: the cross-validation was run on another model."""
-    now = {_key(e): e for e in fitted if e["published"] and e["status_paper"] == "ok"}
+    now (throughput, memory or status), or that the kept file lacks: the cross-validation was
+    run on another model."""
     bad = []
     for by in BY:
         seen = {_key(r): r for r in kept if r["by"] == by}
-        for k, e in now.items():
+        for i in _members(fitted, by):
+            e, k = fitted[i], _key(fitted[i])
             r = seen.get(k)
             if r is None:
                 bad.append(f"{by}: {' '.join(map(str, k))} missing")
-            elif e["simulated"] is None or r["simulated_fit"] is None or not math.isclose(
-                    r["simulated_fit"], e["simulated"], rel_tol=rel):
-                bad.append(f"{by}: {' '.join(map(str, k))} kept {r['simulated_fit']}, "
-                           f"now {e['simulated']}")
+                continue
+            was = (r["simulated_fit"], r["mem_sim_fit"], r["status_fit"])
+            now = (e["simulated"], e["mem_sim_gib"], e["status_sim"])
+            if not (_same(was[0], now[0], rel) and _same(was[1], now[1], rel)
+                    and was[2] == now[2]):
+                bad.append(f"{by}: {' '.join(map(str, k))} kept {was}, now {now}")
     return bad
 
 
 def summarise(kept: list[dict]) -> dict[str, dict]:
-    """Per ``by``: rows, median and worst |error| in and out of sample, rows within 10% / 25%
-    out of sample, and (panels) how many panels keep their ranking."""
+    """Per ``by``. Time: rows, median and worst |error| in and out of sample, rows within
+    10% / 25% out of sample, and (panels) how many panels keep their ranking. Memory: the same
+    errors over the cells with a published memory, and how many published OOM cells, and how
+    many published runs, are predicted OOM in and out of sample."""
     out = {}
-    for by in BY:
+    for by in TIME_BY:
         rs = [r for r in kept if r["by"] == by and r["published"]]
         if not rs:
             continue
@@ -170,11 +209,27 @@ def summarise(kept: list[dict]) -> dict[str, dict]:
         fit = [abs(r["rel_error_fit"]) for r in rs]
         s = {"rows": len(rs), "median_fit": statistics.median(fit), "worst_fit": max(fit),
              "median_cv": statistics.median(cv), "worst_cv": max(cv),
-             "within_10pct": sum(x <= 0.10 for x in cv), "within_25pct": sum(x <= 0.25 for x in cv)}
-        worst = max(rs, key=lambda r: abs(r["rel_error_cv"] or math.inf))
-        s["worst_row"] = worst
+             "within_10pct": sum(x <= 0.10 for x in cv), "within_25pct": sum(x <= 0.25 for x in cv),
+             "worst_row": max(rs, key=lambda r: abs(r["rel_error_cv"] or math.inf))}
         if by == "panel":
             panels = {r["fold"]: r["panel_ranking_preserved"] for r in rs}
             s.update(panels=len(panels), panels_ranking_preserved=sum(map(bool, panels.values())))
         out[by] = s
+    for by in MEMORY_BY:
+        rs = [r for r in kept if r["by"] == by]
+        if not rs:
+            continue
+        mem = [r for r in rs if r["mem_paper_gib"]]
+        oom = [r for r in rs if r["status_paper"] == "oom"]
+        ran = [r for r in rs if r["status_paper"] == "ok"]
+        out[by] = {
+            "cells": len(rs), "folds": len({r["fold"] for r in rs}), "memory_rows": len(mem),
+            "median_fit": statistics.median(abs(r["mem_rel_error_fit"]) for r in mem),
+            "worst_fit": max(abs(r["mem_rel_error_fit"]) for r in mem),
+            "median_cv": statistics.median(abs(r["mem_rel_error_cv"]) for r in mem),
+            "worst_cv": max(abs(r["mem_rel_error_cv"]) for r in mem),
+            "oom_cells": len(oom), "oom_fit": sum(r["status_fit"] == "oom" for r in oom),
+            "oom_cv": sum(r["status_cv"] == "oom" for r in oom),
+            "ok_cells": len(ran), "ok_oom_fit": sum(r["status_fit"] == "oom" for r in ran),
+            "ok_oom_cv": sum(r["status_cv"] == "oom" for r in ran)}
     return out

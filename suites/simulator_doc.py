@@ -287,11 +287,14 @@ def crossval_line(evals: list[dict]) -> str:
                 "--crossval`)")
     s = crossval.summarise(kept)
     r, p = s["row"], s["panel"]
+    m, mp = s["memory_row"], s["memory_panel"]
     return (f"- cross-validation (each row predicted by constants fitted without it): median "
             f"|error| {100 * r['median_cv']:.1f}%, worst {100 * r['worst_cv']:.1f}%; each panel "
             f"left out: median {100 * p['median_cv']:.1f}%, worst {100 * p['worst_cv']:.1f}%, "
-            f"ranking kept in {p['panels_ranking_preserved']} of {p['panels']} panels "
-            "(docs/simulator.md, \"Cross-validation\")")
+            f"ranking kept in {p['panels_ranking_preserved']} of {p['panels']} panels; the "
+            f"memory constants the same way: published OOM cells predicted OOM {m['oom_cv']} of "
+            f"{m['oom_cells']} with each cell left out, {mp['oom_cv']} with each panel left out "
+            f"(in sample {m['oom_fit']}) (docs/simulator.md, \"Cross-validation\")")
 
 
 def _crossval_section(evals: list[dict]) -> list[str]:
@@ -330,10 +333,11 @@ def _crossval_section(evals: list[dict]) -> list[str]:
         *head,
         "The per-row error above is in sample: the five time constants were fitted on the "
         "rows they are judged on. Here every row is a prediction (`suites/crossval.py`; "
-        "`python -m suites.calibrate --crossval` reruns it, 46 refits, about 8 minutes on 2 "
-        "cores; kept in `results/simulator_crossval.csv`). The time constants are refitted "
-        "with the same loss, start and optimiser as the shipped fit, without the rows "
-        "predicted; the memory constants stay as shipped (they move no time).",
+        "`python -m suites.calibrate --crossval` reruns it, about 8 minutes on 2 cores; kept "
+        "in `results/simulator_crossval.csv`). The time constants are refitted with the same "
+        "loss, start and optimiser as the shipped fit, without the rows predicted, the memory "
+        "constants as shipped; then the three memory constants the same way, the time "
+        "constants as shipped (they move no memory).",
         "",
         f"- One row left out ({r['rows']} fits): median |error| {100 * r['median_cv']:.1f}% "
         f"(in sample {100 * r['median_fit']:.1f}%), worst {100 * r['worst_cv']:.1f}% "
@@ -346,6 +350,59 @@ def _crossval_section(evals: list[dict]) -> list[str]:
         f"{p['within_25pct']} within 25%; the ranking of methods kept in "
         f"{p['panels_ranking_preserved']} of {p['panels']} panels (not in: "
         f"{', '.join(_panel_label(f) for f in lost)}).",
+        "",
+        *table,
+        "",
+        *_memory_crossval(kept, s),
+    ]
+
+
+def _memory_crossval(kept: list[dict], s: dict) -> list[str]:
+    from suites import crossval
+    from suites.calibrate import _pct
+
+    m, p = s["memory_row"], s["memory_panel"]
+
+    def said(x, field, status):
+        mem = x[field]
+        return x[status] + ("" if mem is None else f" {mem:.1f}")
+
+    def err(x, field):
+        return "" if x[field] is None else f" ({_pct(x[field])})"
+
+    panel = {crossval._key(x): x for x in kept if x["by"] == "memory_panel"}
+    table = ["| model | GPUs | method | ckpt | paper | fit on all cells | this cell left out | "
+             "its panel left out |", "|" + "---|" * 8]
+    for x in kept:
+        if x["by"] != "memory_row":
+            continue
+        q = panel[crossval._key(x)]
+        table.append(
+            f"| {x['model']} | {x['world']} | {x['label']} | {x['checkpointing']} | "
+            f"{said(x, 'mem_paper_gib', 'status_paper')} | "
+            f"{said(x, 'mem_sim_fit', 'status_fit')}{err(x, 'mem_rel_error_fit')} | "
+            f"{said(x, 'mem_sim_cv', 'status_cv')}{err(x, 'mem_rel_error_cv')} | "
+            f"{said(q, 'mem_sim_cv', 'status_cv')}{err(q, 'mem_rel_error_cv')} |")
+
+    def bullet(x, what):
+        return (f"- {what}: published memory median |error| {100 * x['median_cv']:.1f}% (in "
+                f"sample {100 * x['median_fit']:.1f}%), worst {100 * x['worst_cv']:.1f}% (in "
+                f"sample {100 * x['worst_fit']:.1f}%) over {x['memory_rows']} cells; published "
+                f"OOM cells predicted OOM: {x['oom_cv']} of {x['oom_cells']} (in sample "
+                f"{x['oom_fit']}); published runs predicted OOM: {x['ok_oom_cv']} of "
+                f"{x['ok_cells']} (in sample {x['ok_oom_fit']}).")
+
+    return [
+        f"The memory constants (`allocator_overhead`, the `global_token_bytes` of InternEvo "
+        f"and of DeepSpeed) are fitted on the {m['cells']} training cells published as run or "
+        f"as OOM that the simulator counts (not the cells a system's code cannot run, nor one "
+        f"the paper has no entry for):",
+        "",
+        bullet(m, f"One cell left out ({m['folds']} fits)"),
+        bullet(p, f"One panel left out ({p['folds']} fits: a model and GPU count)"),
+        "",
+        "Status and reserved GiB per cell (error against the published memory where there is "
+        "one):",
         "",
         *table,
         "",

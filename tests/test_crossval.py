@@ -36,12 +36,25 @@ def test_folds_partition_the_rows_with_a_number(evals):
     assert sorted(flat) == sorted(_timed(evals))  # each row in exactly one panel
     for name, held in panels:
         assert {calibrate.panel_name(evals[i]) for i in held} == {name}
+    # the memory folds: the training cells the memory fit weighs (published as run or OOM,
+    # not the 3 that Deepspeed-Ulysses' code cannot run)
+    weighed = {i for i, e in enumerate(evals) if e["table"] == "main"
+               and e["status_paper"] in ("ok", "oom") and e["status_sim"] != "skipped"}
+    assert len(weighed) == 36
+    cells = crossval.folds(evals, "memory_row")
+    assert sorted(i for _, held in cells for i in held) == sorted(weighed)
+    assert all(len(held) == 1 for _, held in cells)
+    panels = crossval.folds(evals, "memory_panel")
+    assert [name for name, _ in panels] == ["main 7b 32", "main 7b 64", "main 14b 32",
+                                            "main 14b 64"]
+    assert sorted(i for _, held in panels for i in held) == sorted(weighed)
     with pytest.raises(ValueError, match="by='rows'"):
         crossval.folds(evals, "rows")
 
 
 def _shipped_fit(seen):
-    """A stand-in for calibrate._fit_group: records the cells it is given, fits nothing."""
+    """A stand-in for calibrate._fit_group and _fit_memory: records the cells it is given,
+    fits nothing."""
     def fit(hw, impls, cells, *args):
         seen.append(list(cells))
         return hw, impls
@@ -51,6 +64,7 @@ def _shipped_fit(seen):
 def test_each_fold_fits_without_the_rows_it_predicts(evals, monkeypatch):
     seen = []
     monkeypatch.setattr(calibrate, "_fit_group", _shipped_fit(seen))
+    monkeypatch.setattr(calibrate, "_fit_memory", _shipped_fit(seen))
     cells = calibrate.paper_cells()
     for by in crossval.BY:
         for name, held in crossval.folds(evals, by):
@@ -61,7 +75,7 @@ def test_each_fold_fits_without_the_rows_it_predicts(evals, monkeypatch):
             assert not any(cells[i][0] == r for i in held for r, _ in train)  # paper rows
             assert {crossval._key(r) for r in got} == {crossval._key(evals[i]) for i in held}
             assert all(r["by"] == by and r["fold"] == name for r in got)
-            if by == "row":
+            if by.endswith("row"):
                 break  # one row fold suffices here; the partition test covers the rest
 
 
@@ -70,19 +84,29 @@ def test_crossval_puts_each_prediction_next_to_the_fit(evals, monkeypatch, capsy
     in-sample one: the rows are matched to their own fit and published values; the kept file
     reads back as written."""
     monkeypatch.setattr(calibrate, "_fit_group", _shipped_fit([]))
-    rows = crossval.crossval(evals, HW.name, by=("panel",), jobs=1)
-    assert len(rows) == 38
+    monkeypatch.setattr(calibrate, "_fit_memory", _shipped_fit([]))
+    rows = crossval.crossval(evals, HW.name, by=("panel", "memory_panel"), jobs=1)
+    assert len(rows) == 38 + 36
     for r in rows:
         assert r["simulated_cv"] == pytest.approx(r["simulated_fit"])
         assert r["rel_error_cv"] == pytest.approx(r["rel_error_fit"])
-    assert "[8/8]" in capsys.readouterr().err  # progress, fold by fold
+        assert (r["status_cv"], r["mem_sim_cv"]) == (r["status_fit"], r["mem_sim_fit"])
+    assert "[12/12]" in capsys.readouterr().err  # progress, fold by fold
     path = tmp_path / "cv.csv"
     crossval.write(rows, path)
     back = crossval.read(path)
     assert [crossval._key(r) for r in back] == [crossval._key(r) for r in rows]
-    s = crossval.summarise(back)["panel"]
-    assert s["panels"] == 8 and s["panels_ranking_preserved"] == 5  # as in sample
-    assert s["median_cv"] == pytest.approx(s["median_fit"], rel=1e-4)
+    missing = crossval.stale_rows(back, evals)  # only the folds not run
+    assert len(missing) == 38 + 36 and all(x.startswith(("row:", "memory_row:"))
+                                           and x.endswith(" missing") for x in missing)
+    s = crossval.summarise(back)
+    assert s["panel"]["panels"] == 8 and s["panel"]["panels_ranking_preserved"] == 5
+    assert s["panel"]["median_cv"] == pytest.approx(s["panel"]["median_fit"], rel=1e-4)
+    # as in sample: calibrate --check counts 9 of 17 OOM cells OOM; 2 of the others are in the
+    # kernel table, 3 cannot run; no run OOM
+    m = s["memory_panel"]
+    assert (m["oom_cv"], m["oom_fit"], m["oom_cells"], m["ok_cells"]) == (9, 9, 12, 24)
+    assert (m["ok_oom_cv"], m["ok_oom_fit"], m["memory_rows"]) == (0, 0, 9)
 
 
 def test_kept_crossval_is_of_the_shipped_model_and_in_the_docs(evals):
@@ -95,6 +119,7 @@ def test_kept_crossval_is_of_the_shipped_model_and_in_the_docs(evals):
     assert crossval.stale_rows(kept, evals) == []
     s = crossval.summarise(kept)
     assert s["row"]["rows"] == s["panel"]["rows"] == 38
+    assert s["memory_row"]["cells"] == s["memory_panel"]["cells"] == 36
     # out of sample no row may come out better on the median than in sample by chance alone
     assert s["row"]["median_cv"] >= s["row"]["median_fit"] - 1e-9
     doc = calibrate.DOC.read_text()
@@ -111,3 +136,10 @@ def test_a_changed_model_makes_the_kept_crossval_stale(evals):
     stale = crossval.stale_rows(kept, moved)
     assert len(stale) == 2 and all(evals[i]["label"] in x for x in stale)  # row and panel
     assert crossval.stale_rows([r for r in kept if r["by"] == "row"], evals)  # panel missing
+    j = next(j for j, e in enumerate(evals) if e["table"] == "main" and e["mem_sim_gib"])
+    moved = copy.deepcopy(evals)
+    moved[j]["mem_sim_gib"] *= 1.01  # memory counted otherwise (a timed row too: all four)
+    assert {x.split(":")[0] for x in crossval.stale_rows(kept, moved)} == set(crossval.BY)
+    moved = copy.deepcopy(evals)
+    moved[j]["status_sim"] = "oom" if evals[j]["status_sim"] == "ok" else "ok"
+    assert len(crossval.stale_rows(kept, moved)) >= 2
