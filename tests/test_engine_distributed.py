@@ -377,6 +377,38 @@ def _resume_sharded(path: Path) -> dict:
     finally:
         FileSystemWriter.write_data = write
     out["async failed link"] = os.readlink(apath), tr2._pending_save is None
+    # a rank that cannot copy its state (host memory): every rank raises at the call, and no
+    # rank's write is left waiting for it (the next save went through the host group's
+    # collectives with a rank missing: hung, then failed at every later save)
+    from torch.distributed.checkpoint.staging import BlockingAsyncStager
+
+    def no_memory(self, state_dict):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+
+    stage = BlockingAsyncStager.stage
+    if comm.rank() == 1:
+        BlockingAsyncStager.stage = no_memory
+    try:
+        tr2.save(apath, meta={"step": 6}, sharded=True, wait=False)
+        out["async unstaged"] = "no error"
+    except Exception as e:  # noqa: BLE001  (every rank: its error or the one it quotes)
+        out["async unstaged"] = f"{type(e).__name__}: {e}"
+    finally:
+        BlockingAsyncStager.stage = stage
+    # the next one works; meanwhile another Trainer's save to the same path is refused (it
+    # took the folder being written, and the pending save wrote over its published state);
+    # the meta published is the one given at the call, whatever the caller does with its dict
+    meta = {"step": 6, "seen": [1]}
+    tr2.save(apath, meta=meta, sharded=True, wait=False)
+    meta["seen"].append(2)
+    other = Trainer("tiny", cp_degree=2, seed=5, **kw)
+    try:
+        other.save(apath, meta={"step": 0}, sharded=True)
+        out["async other"] = "no error"
+    except Exception as e:  # noqa: BLE001
+        out["async other"] = f"{type(e).__name__}: {e}"
+    tr2.finish_save()
+    out["async after unstaged"] = os.readlink(apath), other.load(apath)
     # plain SGD: no per-parameter state; the saved lr wins
     sgd = Trainer("tiny", cp_degree=2, data_parallel="fsdp", optimizer="sgd", lr=0.1,
                   dtype=torch.float64)
@@ -821,6 +853,11 @@ def test_a_sharded_state_resumes_exactly_on_another_layout():
         # a write that failed on rank 1: raised by finish_save on every rank, link kept
         assert "ENOSPC writing a shard" in out["async failed"], out["async failed"]
         assert out["async failed link"] == ("async_sharded.a", True), out["async failed link"]
+        assert "can't allocate memory" in out["async unstaged"], out["async unstaged"]
+        assert "is still being written by a save(..., wait=False) of another Trainer" in \
+            out["async other"], out["async other"]
+        assert out["async after unstaged"] == ("async_sharded.b", {"step": 6, "seen": [1]}), \
+            out["async after unstaged"]
 
 
 def test_a_saved_training_state_resumes_exactly_on_another_layout():

@@ -29,7 +29,8 @@ from burst.layout import divisors
 
 __all__ = ["DATA_PARALLEL", "GRAD_BUCKET_BYTES", "all_reduce_grads", "full_state",
            "hyperparameters", "load_full_state", "load_local_state", "make_groups",
-           "SAVE_ERRORS", "save_local_state", "wrap_data_parallel"]
+           "SAVE_ERRORS", "save_local_state", "stage_local_state", "wrap_data_parallel",
+           "write_staged"]
 
 DATA_PARALLEL = ("ddp", "fsdp", "fsdp_world")
 """torch's DDP or FSDP across the DP group; ``fsdp_world``: FSDP over every rank (CP x DP), so
@@ -259,26 +260,63 @@ SAVE_ERRORS = (Exception, CheckpointException)
 
 
 def save_local_state(module: nn.Module, optimizer: torch.optim.Optimizer,
-                     folder, *, wait: bool = True) -> tuple[list[dict] | None, object]:
+                     folder) -> list[dict] | None:
     """Write each rank's own part of ``local_state`` into ``folder`` with
     torch.distributed.checkpoint (nothing gathered). An optimizer without per-parameter state
     (SGD, AdamW before its first step) is not written (DCP would find no tensors to load it
-    into): its ``hyperparameters`` are returned instead, for the caller to keep (else None),
-    with None or, for ``wait=False``, the future of the write: DCP's ``async_save`` copies the
-    state to host memory (a second copy of this rank's state while it writes) and writes it
-    from a background thread, whose collectives go over ``comm.host_group()``, so training may
-    go on and change the weights. A collective."""
+    into): its ``hyperparameters`` are returned instead, for the caller to keep; else None.
+    A collective."""
     import torch.distributed.checkpoint as dcp
 
+    fresh, state = _savable(module, optimizer)
+    with _one_process_quiet():
+        dcp.save(state, checkpoint_id=folder)
+    return fresh
+
+
+def _savable(module, optimizer) -> tuple[list[dict] | None, dict]:
     weights, optim = local_state(module, optimizer)
     fresh = hyperparameters(optim)
-    state = {"model": weights} if fresh is not None else {"model": weights, "optimizer": optim}
+    return fresh, {"model": weights} if fresh is not None else {"model": weights,
+                                                                 "optimizer": optim}
+
+
+def stage_local_state(module: nn.Module, optimizer: torch.optim.Optimizer
+                      ) -> tuple[list[dict] | None, dict]:
+    """What ``save_local_state`` writes, copied to host memory (DCP's blocking stager: a second
+    copy of this rank's state, which training may then change under), with what it returns.
+    No collective: ``write_staged`` starts the write once every rank has its copy."""
+    from torch.distributed.checkpoint.staging import BlockingAsyncStager
+
+    fresh, state = _savable(module, optimizer)
+    return fresh, BlockingAsyncStager().stage(state)
+
+
+class _Staged:
+    """DCP's stager protocol for a state ``stage_local_state`` already copied: nothing again."""
+
+    should_synchronize_after_execute = False
+
+    def stage(self, state_dict):
+        return state_dict
+
+    def synchronize_staging(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def write_staged(staged: dict, folder):
+    """Start writing a ``stage_local_state`` copy into ``folder`` from a background thread
+    (DCP's ``async_save``; its collectives over ``comm.host_group()``, beside the training's);
+    the future of the write. Every rank must start it, and only once every rank has staged:
+    a rank that failed to stage would leave the others' writes waiting for it."""
+    import torch.distributed.checkpoint as dcp
+
     with _one_process_quiet():
-        if wait:
-            dcp.save(state, checkpoint_id=folder)
-            return fresh, None
-        return fresh, dcp.async_save(state, checkpoint_id=folder,
-                                     process_group=comm.host_group())
+        return dcp.async_save(staged, checkpoint_id=folder, process_group=comm.host_group(),
+                              async_stager=_Staged())
 
 
 def load_local_state(module: nn.Module, optimizer: torch.optim.Optimizer, folder, *,

@@ -43,10 +43,17 @@ from burst import comm
 
 __all__ = ["INFO", "Changed", "check_zip_crcs", "crc_problems", "fallback", "gather_crcs",
            "is_sharded", "prepare", "publish", "read_info", "resolve", "save_with_crcs",
-           "saved_weights", "target_folder"]
+           "saved_weights", "target_folder", "writing"]
 
 INFO = "info.pt"  # ours, beside DCP's files
 _BUFFERS = ("a", "b")
+_WRITING: set[str] = set()  # folders a save(..., wait=False) of this process still writes
+
+
+def writing(folder: Path, busy: bool) -> None:
+    """Mark ``folder`` as being written by a background save of this process (or no longer):
+    ``target_folder`` refuses it to another save meanwhile."""
+    (_WRITING.add if busy else _WRITING.discard)(str(Path(folder).resolve()))
 
 
 class Changed(ValueError):
@@ -128,7 +135,8 @@ def fallback(path: Path) -> Path:
 def target_folder(path: Path) -> Path:
     """The folder the next save writes: the one of the two that ``path`` does not link to.
     Refuses a ``path`` that is something else than such a link (a file, a folder of its own),
-    and a link whose folder is gone (the other may then hold the only state left)."""
+    a link whose folder is gone (the other may then hold the only state left), and a folder
+    that a ``save(..., wait=False)`` of this process is still writing."""
     if not path.is_symlink():
         if path.exists():
             kind = "folder" if path.is_dir() else "file"
@@ -137,12 +145,17 @@ def target_folder(path: Path) -> Path:
                                  f" (a state copied with its link followed: `mv {path} "
                                  f"{path}.a && ln -s {path.name}.a {path}` makes it one)"
                                  if (path / INFO).exists() else ""))
-        return path.with_name(f"{path.name}.{_BUFFERS[0]}")
-    if not resolve(path).is_dir():
+        folder = path.with_name(f"{path.name}.{_BUFFERS[0]}")
+    elif not resolve(path).is_dir():
         raise ValueError(f"{path} links to {os.readlink(path)}, which is gone; nothing was "
                          f"saved ({fallback(path)} may hold the only state left: move it "
                          "away, or remove the link, to save here)")
-    return fallback(path)
+    else:
+        folder = fallback(path)
+    if str(folder.resolve()) in _WRITING:
+        raise ValueError(f"{folder} is still being written by a save(..., wait=False) of "
+                         "another Trainer; nothing was saved (its finish_save() first)")
+    return folder
 
 
 def prepare(folder: Path) -> None:

@@ -24,6 +24,7 @@ on rank 0, or with ``sharded=True`` as every rank's own shards (``burst.engine.s
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import numbers
@@ -53,7 +54,9 @@ from burst.engine.parallel import (
     load_local_state,
     make_groups,
     save_local_state,
+    stage_local_state,
     wrap_data_parallel,
+    write_staged,
 )
 from burst.layout import divisors, length_problem
 from burst.masks import MaskSpec
@@ -569,6 +572,8 @@ class Trainer:
             future.result()
         except SAVE_ERRORS as e:  # every rank must learn of it
             error = e
+        finally:
+            sharded_state.writing(folder, False)
         self._raise_if_any(error, f"the save to {path}")
         self._publish_sharded(path, folder, meta, hyper)
 
@@ -583,16 +588,30 @@ class Trainer:
                 error = e
         self._raise_if_any(error, what)
         folder = Path(comm.gather_objects(folder and str(folder), device=self.device)[0])
-        hyper, future = None, None
-        try:  # an optimizer without per-parameter state: its hyperparameters go into info.pt
-            hyper, future = save_local_state(self.model, self.optimizer, folder, wait=wait)
+        hyper = None
+        if wait:
+            try:  # an optimizer without per-parameter state: its hyperparameters go into info.pt
+                hyper = save_local_state(self.model, self.optimizer, folder)
+            except SAVE_ERRORS as e:
+                error = e
+            self._raise_if_any(error, what)
+            self._publish_sharded(path, folder, meta, hyper)
+            return
+        staged, future = None, None
+        try:
+            hyper, staged = stage_local_state(self.model, self.optimizer)
+        except SAVE_ERRORS as e:
+            error = e
+        # every rank holds its copy before any starts a write whose collectives wait for all
+        self._raise_if_any(error, what)
+        try:
+            future = write_staged(staged, folder)
         except SAVE_ERRORS as e:
             error = e
         self._raise_if_any(error, what)
-        if future is not None:
-            self._pending_save = (path, folder, dict(meta or {}), hyper, future)
-            return
-        self._publish_sharded(path, folder, meta, hyper)
+        # meta as it is now (a caller may change its own dict before finish_save publishes it)
+        self._pending_save = (path, folder, copy.deepcopy(dict(meta or {})), hyper, future)
+        sharded_state.writing(folder, True)
 
     def _publish_sharded(self, path: Path, folder: Path, meta: dict | None, hyper) -> None:
         """Every rank's files written: their CRC-32s gathered, then ``info.pt`` and the link."""
