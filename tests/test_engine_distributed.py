@@ -380,21 +380,21 @@ def _resume_sharded(path: Path) -> dict:
     # a rank that cannot copy its state (host memory): every rank raises at the call, and no
     # rank's write is left waiting for it (the next save went through the host group's
     # collectives with a rank missing: hung, then failed at every later save)
-    from torch.distributed.checkpoint.staging import BlockingAsyncStager
+    from torch.distributed.checkpoint.staging import DefaultStager
 
     def no_memory(self, state_dict):
         raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
 
-    stage = BlockingAsyncStager.stage
+    stage = DefaultStager.stage
     if comm.rank() == 1:
-        BlockingAsyncStager.stage = no_memory
+        DefaultStager.stage = no_memory
     try:
         tr2.save(apath, meta={"step": 6}, sharded=True, wait=False)
         out["async unstaged"] = "no error"
     except Exception as e:  # noqa: BLE001  (every rank: its error or the one it quotes)
         out["async unstaged"] = f"{type(e).__name__}: {e}"
     finally:
-        BlockingAsyncStager.stage = stage
+        DefaultStager.stage = stage
     # the next one works; meanwhile another Trainer's save to the same path is refused (it
     # took the folder being written, and the pending save wrote over its published state);
     # the meta published is the one given at the call, whatever the caller does with its dict

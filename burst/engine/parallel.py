@@ -283,13 +283,20 @@ def _savable(module, optimizer) -> tuple[list[dict] | None, dict]:
 
 def stage_local_state(module: nn.Module, optimizer: torch.optim.Optimizer
                       ) -> tuple[list[dict] | None, dict]:
-    """What ``save_local_state`` writes, copied to host memory (DCP's blocking stager: a second
-    copy of this rank's state, which training may then change under), with what it returns.
-    No collective: ``write_staged`` starts the write once every rank has its copy."""
-    from torch.distributed.checkpoint.staging import BlockingAsyncStager
+    """What ``save_local_state`` writes, copied to host memory (a second copy of this rank's
+    state, which training may then change under), with what it returns. DCP's stager as its
+    ``async_save`` builds one, but run here, in the caller's thread. No collective:
+    ``write_staged`` starts the write once every rank has its copy."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
     fresh, state = _savable(module, optimizer)
-    return fresh, BlockingAsyncStager().stage(state)
+    stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
+                                          use_async_staging=False,
+                                          use_non_blocking_copy=False))
+    try:
+        return fresh, stager.stage(state)
+    finally:
+        stager.close()
 
 
 class _Staged:
