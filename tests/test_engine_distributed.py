@@ -14,6 +14,7 @@ down and its first steps must give the losses of the same run on one process.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -297,6 +298,21 @@ def _resume_training(path: Path) -> dict:
     return out
 
 
+@contextlib.contextmanager
+def _broken_on_rank_1(owner, name: str, error: BaseException):
+    """``owner.name`` raising ``error`` on rank 1 alone while the block runs."""
+    def broken(*args, **kwargs):
+        raise error
+
+    kept = getattr(owner, name)
+    if comm.rank() == 1:
+        setattr(owner, name, broken)
+    try:
+        yield
+    finally:
+        setattr(owner, name, kept)
+
+
 def _resume_sharded(path: Path) -> dict:
     """As ``_resume_training``, with states saved sharded (``save(..., sharded=True)``): each
     rank writes its own FSDP shards; the run goes on with the same losses on other layouts and
@@ -361,40 +377,26 @@ def _resume_sharded(path: Path) -> dict:
     # a background write that fails on one rank raises at finish_save on every rank; the link
     # keeps naming the save before
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
+    from torch.distributed.checkpoint.staging import DefaultStager
 
-    def broken(*args, **kwargs):
-        raise OSError("ENOSPC writing a shard")
-
-    write = FileSystemWriter.write_data
-    if comm.rank() == 1:
-        FileSystemWriter.write_data = broken
     try:
-        tr2.save(apath, meta={"step": 5}, sharded=True, wait=False)
-        tr2.finish_save()
+        with _broken_on_rank_1(FileSystemWriter, "write_data", OSError("ENOSPC writing a shard")):
+            tr2.save(apath, meta={"step": 5}, sharded=True, wait=False)
+            tr2.finish_save()
         out["async failed"] = "no error"
     except BaseException as e:  # noqa: BLE001  (DCP raises a BaseException)
         out["async failed"] = f"{type(e).__name__}: {e}"
-    finally:
-        FileSystemWriter.write_data = write
     out["async failed link"] = os.readlink(apath), tr2._pending_save is None
     # a rank that cannot copy its state (host memory): every rank raises at the call, and no
     # rank's write is left waiting for it (the next save went through the host group's
     # collectives with a rank missing: hung, then failed at every later save)
-    from torch.distributed.checkpoint.staging import DefaultStager
-
-    def no_memory(self, state_dict):
-        raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
-
-    stage = DefaultStager.stage
-    if comm.rank() == 1:
-        DefaultStager.stage = no_memory
     try:
-        tr2.save(apath, meta={"step": 6}, sharded=True, wait=False)
+        with _broken_on_rank_1(DefaultStager, "stage",
+                               RuntimeError("DefaultCPUAllocator: can't allocate memory")):
+            tr2.save(apath, meta={"step": 6}, sharded=True, wait=False)
         out["async unstaged"] = "no error"
     except Exception as e:  # noqa: BLE001  (every rank: its error or the one it quotes)
         out["async unstaged"] = f"{type(e).__name__}: {e}"
-    finally:
-        DefaultStager.stage = stage
     # the next one works; meanwhile another Trainer's save to the same path is refused (it
     # took the folder being written, and the pending save wrote over its published state);
     # the meta published is the one given at the call, whatever the caller does with its dict
