@@ -324,10 +324,22 @@ def _start(hw, impls, hw_keys, impl_keys):
     return vals, kinds
 
 
+def weighs_time(e: dict) -> bool:
+    """Whether the time fit weighs row ``e`` (``evaluate``'s): a published number."""
+    return bool(e["published"]) and e["status_paper"] == "ok"
+
+
+def weighs_memory(e: dict) -> bool:
+    """Whether the memory fit weighs row ``e``: a training cell published as run or as OOM
+    that the simulator counts (not one a system's code cannot run)."""
+    return (e["table"] == "main" and e["mem_sim_gib"] is not None
+            and e["status_paper"] in ("ok", "oom"))
+
+
 def _time_loss(evals: list[dict]) -> float:
     loss = 0.0
     for e in evals:
-        if e["published"] and e["status_paper"] == "ok":
+        if weighs_time(e):
             if e["simulated"] is None:
                 loss += 4.0  # a published number predicted to fail
                 continue
@@ -349,8 +361,7 @@ def _fit_memory(hw, impls, cells):
     for names, key in IMPL_MEMORY:
         for name in names:
             zero[name] = zero[name].with_values(**{key: 0.0})
-    evals = [e for e in evaluate(zero_hw, zero, cells) if e["table"] == "main"
-             and e["mem_sim_gib"] is not None and e["status_paper"] in ("ok", "oom")]
+    evals = [e for e in evaluate(zero_hw, zero, cells) if weighs_memory(e)]
     groups = [names for names, _ in IMPL_MEMORY]
     g_grid = np.arange(0, 40960 + 1, 128.0)
 

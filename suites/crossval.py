@@ -1,22 +1,22 @@
 """Cross-validation of the simulator's fit: every published row predicted by constants fitted
 without it.
 
-The fit (``suites.calibrate``) chooses five time constants on the same 38 rows it is then judged
-on, so its per-row error is an in-sample figure. Here each row is predicted out of sample, in
-two ways:
+The fit (``suites.calibrate``) chooses its eight constants on the rows it is then judged on, so
+its per-row error is an in-sample figure. Here each throughput row is predicted out of sample,
+in two ways, by all eight constants refitted without it (the same losses, starts and optimisers
+as the shipped fit; the memory constants first, so whether the row runs at all is decided
+without it too, then the time constants):
 
-- ``row``: leave one row out. The five time constants are refitted on the other 37 rows (the
-  same loss, start and optimiser as the shipped fit) and the left-out row is predicted.
+- ``row``: leave one row out, predict it from the other 37;
 - ``panel``: leave one panel out (a kernel-table sequence length, or a model and GPU count of
   the training table): every row of the panel is predicted by constants fitted on the other
   panels, and the panel's ranking of methods is judged with them.
 
 The memory constants (allocator overhead, the global per-token buffers of InternEvo and
-DeepSpeed) are cross-validated the same way over the training cells their fit weighs
-(``memory_row``, ``memory_panel``: the published memory and OOM cells predicted by memory
-constants fitted without them, the time constants as shipped: they move no memory). The
-result is kept in ``results/simulator_crossval.csv``; ``python -m suites.calibrate`` reports it in
-docs/simulator.md, and a test fails when the kept file no longer matches the shipped model.
+DeepSpeed) are also cross-validated alone over the training cells their fit weighs
+(``memory_row``, ``memory_panel``; the time constants as shipped: they move no memory). The
+result is kept in ``results/simulator_crossval.csv``; ``python -m suites.calibrate`` reports it
+in docs/simulator.md, and tests fail when the kept file no longer matches the shipped model.
 
     python -m suites.calibrate --crossval      # refit, then rerun every fold
 """
@@ -36,8 +36,8 @@ from pathlib import Path
 __all__ = ["CSV", "folds", "crossval", "read", "stale_rows", "summarise", "write"]
 
 CSV = Path(__file__).resolve().parent.parent / "results" / "simulator_crossval.csv"
-TIME_BY = ("row", "panel")  # the five time constants refitted
-MEMORY_BY = ("memory_row", "memory_panel")  # the three memory constants refitted
+TIME_BY = ("row", "panel")  # all eight constants refitted, throughput rows predicted
+MEMORY_BY = ("memory_row", "memory_panel")  # the three memory constants alone
 BY = TIME_BY + MEMORY_BY
 # the row's identity in the fit's evaluation (calibrate.evaluate) and in the kept file
 KEY = ("table", "model", "world", "seq_len", "method", "label", "checkpointing")
@@ -57,14 +57,12 @@ def _key(e: dict) -> tuple:
 
 
 def _members(evals: list[dict], by: str) -> list[int]:
-    """The rows a fold of ``by`` may leave out: for the time constants, those with a published
-    number (the others take no part in the time loss); for the memory constants, the training
-    cells the memory fit weighs (published as run or as OOM, and counted by the simulator:
-    not the cells a system's code cannot run)."""
-    if by in TIME_BY:
-        return [i for i, e in enumerate(evals) if e["published"] and e["status_paper"] == "ok"]
-    return [i for i, e in enumerate(evals) if e["table"] == "main"
-            and e["status_paper"] in ("ok", "oom") and e["mem_sim_gib"] is not None]
+    """The rows a fold of ``by`` may leave out: those the time fit weighs (a published number;
+    the others take no part in the time loss), or those the memory fit weighs."""
+    from suites.calibrate import weighs_memory, weighs_time
+
+    weighs = weighs_time if by in TIME_BY else weighs_memory
+    return [i for i, e in enumerate(evals) if weighs(e)]
 
 
 def folds(evals: list[dict], by: str) -> list[tuple[str, list[int]]]:
@@ -84,7 +82,8 @@ def folds(evals: list[dict], by: str) -> list[tuple[str, list[int]]]:
 
 
 def _fold(job: tuple) -> list[dict]:
-    """Fit the time (or memory) constants without ``held``, then predict the rows in it."""
+    """Fit the memory constants (and, for a time fold, then the time constants) without
+    ``held``, then predict the rows in it."""
     from suites import calibrate as c
     from suites import hardware as hwmod
     from suites.implementations import implementations
@@ -96,14 +95,14 @@ def _fold(job: tuple) -> list[dict]:
     # runs at all is then decided without it too (the shipped memory fit weighs its status)
     hw, impls = c._fit_memory(hwmod.load(hw_name), implementations(), train)
     refit = {*c.HW_MEMORY, *(k for _, k in c.IMPL_MEMORY)}
-    if by in TIME_BY:
+    timed = by in TIME_BY  # a memory fold's throughput is the shipped time constants': left out
+    if timed:
         hw, impls = c._fit_group(hw, impls, train, c.HW_TIME, c.IMPL_TIME, c._time_loss)
         refit |= {*c.HW_TIME, *(k for _, k in c.IMPL_TIME)}
     evals = c.evaluate(hw, impls, [cells[i] for i in held])
     consts = {x["name"]: round(float(x["value"]), 4) for x in c.constants(hw, impls)
               if x["name"].rsplit(".", 1)[1] in refit}
     preserved = all(r["preserved"] for r in c.rankings(evals)) if by == "panel" else None
-    timed = by in TIME_BY  # a memory fold's throughput is the shipped time constants': left out
     return [{"by": by, "fold": name, **{k: e[k] for k in KEY},
              "simulated_cv": e["simulated"] if timed else None,
              "rel_error_cv": e["rel_error"] if timed else None, "status_cv": e["status_sim"],
@@ -115,8 +114,8 @@ def _fold(job: tuple) -> list[dict]:
 
 def crossval(fitted: list[dict], hw_name: str, by: tuple[str, ...] = BY, jobs: int = 2,
              log=None) -> list[dict]:
-    """Every fold of ``by``, ``jobs`` fits at a time (a time refit takes about 20 s on one
-    core, a memory refit 2 s); ``fitted`` is the shipped fit's evaluation
+    """Every fold of ``by``, ``jobs`` fits at a time (a time fold takes about 20 s on one
+    core, a memory fold under a second); ``fitted`` is the shipped fit's evaluation
     (``calibrate.evaluate``), whose rows the folds leave out and whose predictions sit next to
     theirs."""
     log = log or sys.stderr

@@ -476,10 +476,10 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
     kw["description"] = r.get(data, "description", "", str, "")
     name = r.get(data, "name", "", str, name)
     if isinstance(name, str) and not is_folder_name(name):
-        r.add("name", f"{name!r}{'' if 'name' in data else ' (the file name: no name set)'}: "
-                      "a sweep name is one folder under results/ (letters, digits, '_', '.', "
-                      "'-'; not starting with '.' or '-')" + ("" if "name" in data else
-                                                              "; set name = \"...\""))
+        given = "name" in data  # else the file's name
+        r.add("name", f"{name!r}{'' if given else ' (the file name: no name set)'}: a sweep "
+                      "name is one folder under results/ (letters, digits, '_', '.', '-'; not "
+                      "starting with '.' or '-')" + ("" if given else '; set name = "..."'))
 
     shape, model = _shape_or_model(r, data, workload, dtype)
     methods, baseline = _methods(r, data, workload, shape)
