@@ -31,6 +31,7 @@ __all__ = [
     "length_problem",
     "local_length_problem",
     "local_index",
+    "position_runs",
     "shard",
     "unshard",
 ]
@@ -103,6 +104,23 @@ def local_index(seq_len: int, world: int, rank: int, layout: str) -> torch.Tenso
 def global_positions(seq_local: int, world: int, rank: int, layout: str) -> torch.Tensor:
     """Global positions of a rank's local tokens, given the local length (what kernels need)."""
     return local_index(seq_local * world, world, rank, layout)
+
+
+def position_runs(seq_local: int, world: int, rank: int,
+                  layout: str) -> tuple[tuple[int, int], ...]:
+    """(first, last) global position of each run of a rank's local tokens, in local order, in
+    closed form: one run on the contiguous and striped layouts (striped: every G-th position
+    from first to last), two on zigzag. What a test on position ranges needs, without the
+    positions themselves (a 64K-token shard's min and max cost milliseconds per pair)."""
+    check_layout(layout)
+    n = seq_local
+    if layout == "contiguous":
+        return ((rank * n, rank * n + n - 1),)
+    if layout == "striped":
+        return ((rank, rank + (n - 1) * world),)
+    c = n // 2
+    late = 2 * world - 1 - rank
+    return ((rank * c, rank * c + c - 1), (late * c, late * c + c - 1))
 
 
 def _group_info(group) -> tuple[int, int]:

@@ -37,7 +37,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from burst.layout import check_layout, global_positions
+from burst.layout import check_layout, global_positions, position_runs
 
 __all__ = ["FULL", "CAUSAL", "STRICT", "DENSE", "TILE", "Call", "MaskSpec", "bounds_mask",
            "plan_pair", "ring_span"]
@@ -218,20 +218,19 @@ class MaskSpec:
         cu = torch.tensor(self.cu_seqlens, device=pos.device)
         return torch.searchsorted(cu, pos, right=True) - 1
 
-    def range_empty(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> bool:
-        """Cheap sufficient test (min/max only) that no query sees any key."""
-        q_lo, q_hi, k_lo, k_hi = (int(q_pos.min()), int(q_pos.max()), int(k_pos.min()),
-                                  int(k_pos.max()))
+    def span_empty(self, q_lo: int, q_hi: int, k_lo: int, k_hi: int) -> bool:
+        """Cheap sufficient test that no query at positions q_lo..q_hi sees any key at
+        k_lo..k_hi (inclusive ends): exact for runs of consecutive positions."""
         if self.causal and k_lo > q_hi:
             return True
         if self.window is not None:
             left, right = self.window
             if k_hi < q_lo - left or k_lo > q_hi + right:
                 return True
-        if self.cu_seqlens is not None:
-            qd = self._doc(torch.tensor([q_lo, q_hi]))
-            kd = self._doc(torch.tensor([k_lo, k_hi]))
-            if kd[1] < qd[0] or kd[0] > qd[1]:
+        if self.cu_seqlens is not None:  # doc(p): the document index of position p
+            cu = self.cu_seqlens
+            if (bisect_right(cu, k_hi) < bisect_right(cu, q_lo)
+                    or bisect_right(cu, k_lo) > bisect_right(cu, q_hi)):
                 return True
         return False
 
@@ -398,10 +397,10 @@ def _plan(spec: MaskSpec, layout: str, world: int, q_rank: int, k_rank: int, n: 
         Call(every, every, FULL),)
     if spec.is_plain or not calls or n == 0:
         return calls if n else ()
+    if _runs_empty(spec, layout, world, q_rank, k_rank, n):
+        return ()
     q_pos = global_positions(n, world, q_rank, layout)
     k_pos = global_positions(n, world, k_rank, layout)
-    if spec.range_empty(q_pos, k_pos):
-        return ()
     lo, hi = (b.numpy() for b in spec.key_bounds(q_pos, k_pos))
     starts = (spec.doc_starts(q_pos), spec.doc_starts(k_pos))
     return tuple(t for c in calls for t in _tiles(c.q, c.k, lo, hi, (tile, doc_cut_min), starts))
@@ -413,8 +412,18 @@ def pair_empty(spec: MaskSpec, layout: str, world: int, q_rank: int, k_rank: int
         return True
     if spec.is_plain:
         return False
-    return spec.range_empty(global_positions(n, world, q_rank, layout),
-                            global_positions(n, world, k_rank, layout))
+    return _runs_empty(spec, layout, world, q_rank, k_rank, n)
+
+
+def _runs_empty(spec: MaskSpec, layout: str, world: int, q_rank: int, k_rank: int,
+                n: int) -> bool:
+    """No run of the query rank's positions sees any run of the key rank's (``span_empty`` on
+    each pair of runs: zigzag's two chunks are tested apart, so a window that reaches neither
+    of a rank's chunks from either of another's leaves the pair empty, although together the
+    two ranks' positions span most of the sequence)."""
+    return all(spec.span_empty(*qr, *kr)
+               for qr in position_runs(n, world, q_rank, layout)
+               for kr in position_runs(n, world, k_rank, layout))
 
 
 @lru_cache(maxsize=64)  # O(G^2) pair tests, once per (mask, layout, G, n); packed batches bring

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from burst.layout import LAYOUTS, global_positions, local_index, shard, unshard
+from burst.layout import LAYOUTS, global_positions, local_index, position_runs, shard, unshard
 from burst.spawn import spawn
 
 
@@ -19,6 +19,9 @@ def test_local_indices_partition_the_sequence(layout, world):
         assert torch.equal(p, global_positions(n // world, world, r, layout))
         x = torch.arange(n).view(1, n) * 10
         assert torch.equal(shard(x, layout=layout, world=world, rank=r), p.view(1, -1) * 10)
+        runs = position_runs(n // world, world, r, layout)  # the runs, each in local order
+        step = world if layout == "striped" else 1
+        assert torch.equal(p, torch.cat([torch.arange(a, b + 1, step) for a, b in runs]))
 
 
 def test_zigzag_and_striped_positions():

@@ -63,6 +63,26 @@ def test_calls_cover_exactly_the_visible_pairs(monkeypatch, tile, doc_cut):
     assert kinds == {M.FULL, M.CAUSAL, M.STRICT, M.DENSE}
 
 
+def test_empty_pairs_are_found_without_planning_them():
+    """``pair_empty`` (which shortens rings and skips planning) never calls a pair empty that has
+    a visible key, and without documents it finds every empty pair of the contiguous and zigzag
+    layouts: each chunk of a zigzag rank is tested apart, so a windowed pair of ranks whose
+    positions together span the sequence is empty without its key bounds being computed."""
+    world, n, found = 8, 8, 0
+    for spec in SPECS:
+        for layout in LAYOUTS:
+            for qr in range(world):
+                for kr in range(world):
+                    visible = bool(spec.visible(global_positions(n, world, qr, layout),
+                                                global_positions(n, world, kr, layout)).any())
+                    empty = M.pair_empty(spec, layout, world, qr, kr, n)
+                    assert not (empty and visible), (spec, layout, qr, kr)
+                    if layout != "striped" and spec.cu_seqlens is None:
+                        assert empty == (not visible), (spec, layout, qr, kr)
+                        found += empty and layout == "zigzag" and spec.window is not None
+    assert found > 0
+
+
 def test_large_windowed_blocks_plan_without_large_masks():
     """A 64K-token windowed block: the visible bulk in mask-free calls, only the band's edges
     dense, each at most TILE x TILE (a single mask would be 4 GiB)."""
