@@ -43,6 +43,7 @@ import argparse
 import contextlib
 import csv
 import gc
+import hashlib
 import importlib.util
 import json
 import os
@@ -127,14 +128,40 @@ class Budget:
         return self.end - time.monotonic()
 
 
+# what a row measured: its id in the results store, as a sweep cell's (``suites.cells``)
+_IDENTITY = ("sweep", "workload", "method", "label", "seq_len", "dtype", "method_options",
+             "checkpointing", "fused_head")
+
+
+def row_id(row: dict, taken: set[str] = frozenset()) -> str:
+    """A row's ``cell_id``: a hash of what it measured, so that ``results.store`` (and
+    ``burst-bench show``) reads these folders like a sweep's runs; an id already ``taken`` in
+    this run gets the next free suffix (-2, -3, ...), so no row hides another."""
+    blob = json.dumps({k: row.get(k) for k in _IDENTITY}, sort_keys=True, default=str)
+    base = hashlib.sha256(blob.encode()).hexdigest()[:16]
+    out, n = base, 1
+    while out in taken:
+        n += 1
+        out = f"{base}-{n}"
+    return out
+
+
 class Rows:
-    """Append-and-flush result rows (JSONL and CSV) with the run's provenance filled in."""
+    """Append-and-flush result rows (JSONL and CSV) with the run's provenance filled in; the
+    folder's run.json says when its first run started (``results.store`` orders runs by it)."""
 
     def __init__(self, out: Path, base: dict):
+        from results.store import read_meta, write_meta
+
         out.mkdir(parents=True, exist_ok=True)
         self.jsonl, self.csv, self.base = out / "rows.jsonl", out / "rows.csv", base
         self.lock = threading.Lock()
         self.written: list[dict] = []
+        self.ids: set[str] = set()
+        if not read_meta(out).get("created"):
+            write_meta(out, {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                             "sweep": "gpu_check",
+                             "source": "scripts/gpu_check.sh"})
 
     def write(self, **cols) -> dict:
         from suites.provenance import now_iso
@@ -148,6 +175,8 @@ class Rows:
         if isinstance(row.get("spec"), dict):
             row["spec"] = json.dumps(row["spec"], sort_keys=True, default=str)
         with self.lock:
+            row["cell_id"] = row_id(row, self.ids)
+            self.ids.add(row["cell_id"])
             new = not self.csv.exists()
             with open(self.jsonl, "a") as f:
                 f.write(json.dumps(row, default=str) + "\n")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from results import store
 from results.schema import COLUMNS, STATUSES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -203,9 +204,34 @@ def test_dry_run_writes_rows_for_every_section(tmp_path):
     assert len(again) - now - 2 == len(priced)
     # the profile is the same file, so today's predictions are the run's own
     assert again[now + 1:] == lines[sim_at + 1:]
+    # the results store reads the folder as a run (burst-bench show): one id per measurement
+    ids = [r["cell_id"] for r in rows]
+    assert all(ids) and len(set(ids)) == len(ids) == len(store.consolidate(out, write=False))
+    assert store.read_meta(out)["sweep"] == "gpu_check" and store.read_meta(out)["created"]
     missing = subprocess.run([sys.executable, str(SCRIPT), "--show", str(tmp_path / "none")],
                              capture_output=True, text=True, timeout=120, cwd=REPO)
     assert missing.returncode == 2 and "no " in missing.stderr
+
+
+def test_row_ids_name_what_was_measured_and_never_collide(monkeypatch):
+    mod = _module(monkeypatch)
+    row = dict(sweep="gpu_check", workload="kernel", label="burst.kernel fwd", seq_len=32768)
+    first = mod.row_id(row)
+    assert mod.row_id(dict(row, time_s=1.0, date="x")) == first  # a result is not its identity
+    assert mod.row_id(dict(row, seq_len=65536)) != first
+    assert mod.row_id(row, {first}) == f"{first}-2"
+    assert mod.row_id(row, {first, f"{first}-2"}) == f"{first}-3"
+
+
+def test_the_kept_gpu_runs_read_as_runs_in_the_order_they_ran():
+    """results/gpu's runs are read by the results store (burst-bench show, the figures' scan of
+    results/), each row kept, the earlier run first."""
+    folder = REPO / "results" / "gpu"
+    runs = store.runs_by_time(folder)
+    assert [p.name for p in runs] == ["h200_20261204_flash", "h200_20261204_cudnn"]
+    for run in runs:
+        rows = store.read_rows(run / "rows.jsonl")
+        assert len(store.consolidate(run, write=False)) == len(rows) > 90
 
 
 # a child that starts a grandchild (as pytest starts NCCL ranks), writes its pid, and waits
