@@ -614,6 +614,14 @@ def test_classify_and_schema_readme():
     assert classify("RuntimeError: boom") == "error"
     readme = (SPEC_DIR.parent.parent / "results" / "README.md").read_text()
     assert markdown_table() in readme, "regenerate: python -m results.readme"
+    from results.readme import BEGIN, END, with_table
+    assert with_table(readme) == readme
+    table = f"{BEGIN}\n{markdown_table()}\n{END}"
+    assert with_table(f"a\n{BEGIN}\nold\n{END}\nb\n") == f"a\n{table}\nb\n"
+    for broken in (f"a\n{BEGIN}\nold\nb\n", f"a\nold\n{END}\nb\n", f"{END}\n{BEGIN}\n",
+                   f"{BEGIN}{END}{BEGIN}{END}"):  # text after the table was dropped, or doubled
+        with pytest.raises(ValueError, match="once each, in that order"):
+            with_table(broken)
     assert SlurmSpec().time_min > 0
     from suites.measure import peak_tflops  # MFU's peak: the PCIe/NVL H100s are not the SXM
     assert [peak_tflops(f"NVIDIA {n}") for n in ("H100 PCIe", "H100 NVL", "H100 80GB HBM3",
