@@ -28,6 +28,10 @@ __all__ = ["RESULTS", "Tables", "add_system", "load_tables"]
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 SIMULATED = "simulated"  # results/simulated/<sweep>/simulated-<hardware>/table.csv
 SKIP = {"paper_reference", "__pycache__"}
+# runs no figure draws, by their run.json's sweep: the GPU check's rows (tests, kernels and a 1B
+# model on one GPU, scripts/gpu_check.py) have no sequence length where they are tests, which made
+# every length of the measured table a float
+NOT_DRAWN = {"gpu_check"}
 SOURCES = ("measured", "simulated", "paper")  # the schema's ``source`` values, Tables' frames
 
 
@@ -162,6 +166,7 @@ def _latest_tables(root: Path, notes: list[str], depth: int = 1) -> list[Path]:
             if depth > 0:
                 out += _latest_tables(sweep, notes, depth - 1)
             continue
+        found = [r for r in found if store.read_meta(r).get("sweep") not in NOT_DRAWN]
         by_hw: dict[str, list[Path]] = {}
         for run in found:
             by_hw.setdefault(_run_hardware(run), []).append(run)
