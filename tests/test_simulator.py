@@ -834,6 +834,26 @@ def test_a_gelu_mlp_model_is_priced_and_counted_as_built():
             / 1e12 / HW.peak_tflops)
 
 
+def test_burstengine_keeps_rope_tables_of_the_whole_sequence():
+    """BurstEngine's RoPE caches cos and sin for the whole sequence on every GPU, in bf16
+    (``global_token_bytes``: 2 tables x head_dim x 2 bytes a token, counted from its code),
+    for its three paper systems and both paper models; the tables are the only global buffer."""
+    from burst.engine.configs import get_config
+
+    for name in ("burstengine", "burst", "burstengine_usp"):
+        impl = implementations()[name]
+        for model in ("7b", "14b"):
+            assert impl.global_token_bytes == 2 * get_config(model).head_dim * 2, (name, model)
+    cell = dict(workload="train_step", method="burst", model="14b", seq_len=1 << 20, world=32,
+                ranks_per_node=8, options={"ranks_per_node": 8}, checkpointing="selective",
+                fused_head=True, paper="burstengine")
+    with_tables = predict(cell, HW, implementations()["burstengine"]).memory
+    without = predict(cell, HW, implementations()["burstengine"].with_values(
+        global_token_bytes=0.0)).memory
+    assert with_tables.parts["implementation"] == 512 * (1 << 20)  # 0.5 GiB at 1M tokens
+    assert with_tables.allocated - without.allocated == 512 * (1 << 20)
+
+
 def test_attention_rate_diagnostic_round_trips(evals):
     """The implied attention rate equals the simulated one when the published step time is
     the simulated one, and the LoongTrain-Ring 14B rows are the ones far below it."""
