@@ -43,7 +43,6 @@ import argparse
 import contextlib
 import csv
 import gc
-import hashlib
 import importlib.util
 import json
 import os
@@ -137,8 +136,9 @@ def row_id(row: dict, taken: set[str] = frozenset()) -> str:
     """A row's ``cell_id``: a hash of what it measured, so that ``results.store`` (and
     ``burst-bench show``) reads these folders like a sweep's runs; an id already ``taken`` in
     this run gets the next free suffix (-2, -3, ...), so no row hides another."""
-    blob = json.dumps({k: row.get(k) for k in _IDENTITY}, sort_keys=True, default=str)
-    base = hashlib.sha256(blob.encode()).hexdigest()[:16]
+    from suites.cells import stable_id
+
+    base = stable_id({k: row.get(k) for k in _IDENTITY})
     out, n = base, 1
     while out in taken:
         n += 1

@@ -5,7 +5,7 @@
                                           # if the targets are not met
     python -m suites.calibrate --write    # fit and store the constants in the data files
     python -m suites.calibrate --crossval # fit, and predict every row by constants fitted
-                                          # without it (suites.crossval; about 8 min)
+                                          # without it (suites.crossval; about 9 min)
 
 Fitted constants (everything else in the profiles is a datasheet number, a measured range or a
 stated assumption):
@@ -679,8 +679,9 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--check", action="store_true", help="evaluate the shipped constants only")
     mode.add_argument("--write", action="store_true", help="store fitted constants in the profiles")
     ap.add_argument("--crossval", action="store_true",
-                    help="also rerun the cross-validation (suites.crossval: 46 refits, about 8 "
-                         "min on 2 cores) and keep it in results/simulator_crossval.csv")
+                    help="also rerun the cross-validation (suites.crossval: 86 refits, 46 of "
+                         "them of all eight constants, about 9 min on 2 cores) and keep it in "
+                         "results/simulator_crossval.csv")
     ap.add_argument("--jobs", type=int, default=2, help="refits at a time for --crossval")
     a = ap.parse_args(argv)
     if a.check and a.crossval:

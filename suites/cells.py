@@ -21,7 +21,14 @@ from dataclasses import dataclass, field
 from suites.spec import MethodSpec, Scale, SweepSpec, data_parallel_problems
 
 __all__ = ["Cell", "cell_problem", "cell_problems", "expand", "option_problems",
-           "placeholder_value", "resolve_options"]
+           "placeholder_value", "resolve_options", "stable_id"]
+
+
+def stable_id(identity: dict) -> str:
+    """The id of a measurement from what defines it: a hash of its canonical JSON (a cell's
+    ``cell_id``; the GPU check's rows, ``scripts/gpu_check.py``)."""
+    blob = json.dumps(identity, sort_keys=True, default=list)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -74,8 +81,7 @@ class Cell:
 
     @property
     def cell_id(self) -> str:
-        blob = json.dumps(self.identity(), sort_keys=True, default=list)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return stable_id(self.identity())
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, default=list)
