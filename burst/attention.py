@@ -34,7 +34,7 @@ from burst.kernel import (
     resolve_scale,
 )
 from burst.layout import divisors, local_length_problem
-from burst.masks import MaskSpec, plan_pair, ring_span
+from burst.masks import MaskSpec, plan_pair, ring_reach
 from burst.merge import merge_into, new_accumulators, row_delta
 from burst.ring import run_ring
 
@@ -96,20 +96,20 @@ class _RingAttention(torch.autograd.Function):
         def step(src, kv, _):
             steps.forward(q, *kv, out_acc, lse, q_rank=me, k_rank=src)
 
-        span = ring_span(spec, layout, g, n, rg.nodes)
+        reach = ring_reach(spec, layout, g, n, rg.nodes)  # (span, back)
         with comm.phase("forward"):
-            run_ring(rg, [k, v], step, span=span)
+            run_ring(rg, [k, v], step, span=reach[0], back=reach[1])
         out = out_acc.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.set_materialize_grads(False)  # an unused lse costs no zeros
-        ctx.args = (spec, layout, rg, scale, scheme, backend, span, grad_acc, lse_out)
+        ctx.args = (spec, layout, rg, scale, scheme, backend, reach, grad_acc, lse_out)
         return out, lse
 
     @staticmethod
     @first_order  # a second derivative would silently be wrong
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        spec, layout, rg, scale, scheme, backend, span, grad_acc, lse_out = ctx.args
+        spec, layout, rg, scale, scheme, backend, reach, grad_acc, lse_out = ctx.args
         g, me = rg.world, rg.me
         acc = acc_dtype(q.dtype)
         travel = acc if grad_acc == "fp32" else q.dtype  # the accumulators that travel
@@ -122,10 +122,10 @@ class _RingAttention(torch.autograd.Function):
                 backend = _backend_for_dlse(backend, q, dout, delta, dlse, rg)
             if scheme == "burst":
                 dq, dk, dv = _backward_burst(q, k, v, dout, delta, lse, spec, layout, rg, scale,
-                                             backend, span, g, me, acc, travel)
+                                             backend, reach, g, me, acc, travel)
             else:  # the local rows' output stands for D unless an lse gradient moved D
                 dq, dk, dv = _backward_ring(q, k, v, dout, delta, lse, spec, layout, rg, scale,
-                                            backend, span, g, me, acc, travel,
+                                            backend, reach, g, me, acc, travel,
                                             out if dlse is None else None)
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None,
                 None, None, None)
@@ -161,7 +161,7 @@ def _backend_for_dlse(backend: str, q, dout, delta, dlse, rg) -> str:
     return "torch"
 
 
-def _backward_burst(q, k, v, dout, delta, lse, spec, layout, rg, scale, backend, span, g, me,
+def _backward_burst(q, k, v, dout, delta, lse, spec, layout, rg, scale, backend, reach, g, me,
                     acc, travel):
     dk = torch.zeros(k.shape, dtype=acc, device=k.device)
     dv = torch.zeros(v.shape, dtype=acc, device=v.device)
@@ -174,12 +174,12 @@ def _backward_burst(q, k, v, dout, delta, lse, spec, layout, rg, scale, backend,
     dq_like = torch.empty(q.shape, dtype=travel, device=q.device)
     # queries travel backwards (i -> i-1) so that, like K/V in the forward, they meet the keys
     # to their left first; this is what lets a window truncate the ring in both passes
-    (dq,) = run_ring(rg, [q, dout, delta, lse.to(acc)], step, acc_like=[dq_like], span=span,
-                     direction=-1)
+    (dq,) = run_ring(rg, [q, dout, delta, lse.to(acc)], step, acc_like=[dq_like],
+                     span=reach[0], back=reach[1], direction=-1)
     return dq, dk, dv
 
 
-def _backward_ring(q, k, v, dout, delta, lse, spec, layout, rg, scale, backend, span, g, me,
+def _backward_ring(q, k, v, dout, delta, lse, spec, layout, rg, scale, backend, reach, g, me,
                    acc, travel, out):
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     steps = BlockSteps(spec, layout, g, scale, backend)
@@ -191,7 +191,7 @@ def _backward_ring(q, k, v, dout, delta, lse, spec, layout, rg, scale, backend, 
 
     like = [torch.empty(k.shape, dtype=travel, device=k.device),
             torch.empty(v.shape, dtype=travel, device=v.device)]
-    dk, dv = run_ring(rg, [k, v], step, acc_like=like, span=span)
+    dk, dv = run_ring(rg, [k, v], step, acc_like=like, span=reach[0], back=reach[1])
     return dq, dk, dv
 
 

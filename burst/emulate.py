@@ -1,7 +1,7 @@
 """Single-process emulation of a G-rank BurstAttention ring (issue 8).
 
 Every rank's blocks are computed in one process, with the same code as the distributed ring:
-the schedule (``burst.ring.visit_order``: flat or double ring, truncated span for windows), the
+the schedule (``burst.ring.visit_order``: flat or double ring, shortened for windows), the
 per-step work (``burst.attention.BlockSteps``: ``plan_pair`` -> kernel shim -> LSE merge, and
 the burst / ring backward step), the same kernels and the same accumulation dtypes. Only the
 communication is left out: a block "arriving" at a rank is simply the other rank's shard.
@@ -33,7 +33,7 @@ from burst.comm import ranks_per_node_problem, ring_shape
 from burst.first_order import first_order
 from burst.kernel import acc_dtype, backend_problem, resolve_scale
 from burst.layout import length_problem, local_index
-from burst.masks import MaskSpec, ring_span
+from burst.masks import MaskSpec, ring_reach
 from burst.merge import new_accumulators, row_delta
 from burst.ring import visit_order
 
@@ -58,7 +58,7 @@ class RingEmulator:
         self.spec.check_length(self.seq_len)
         scale = resolve_scale(q.shape[-1], softmax_scale)
         self.steps = BlockSteps(self.spec, layout, world, scale, backend)
-        self.span = ring_span(self.spec, layout, world, self.n, self.nodes)
+        self.span, self.back = ring_reach(self.spec, layout, world, self.n, self.nodes)
         self._index = [local_index(self.seq_len, world, r, layout).to(q.device)
                        for r in range(world)]
         self.q, self.k, self.v = (self.shard(t) for t in (q, k, v))
@@ -84,7 +84,7 @@ class RingEmulator:
 
     def order(self, rank: int, direction: int = 1) -> list[int]:
         """Ring positions whose blocks ``rank`` visits, in step order (same as ``run_ring``)."""
-        return visit_order(self.world, rank, nodes=self.nodes, span=self.span,
+        return visit_order(self.world, rank, nodes=self.nodes, span=self.span, back=self.back,
                            direction=direction)
 
     # -- forward --------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ import torch
 from burst.layout import check_layout, global_positions, position_runs
 
 __all__ = ["FULL", "CAUSAL", "STRICT", "DENSE", "TILE", "Call", "MaskSpec", "bounds_mask",
-           "plan_pair", "ring_span"]
+           "plan_pair", "ring_reach"]
 
 FULL = "full"  # every query sees every key
 CAUSAL = "causal"  # square block, query a sees key b iff b <= a (top-left aligned)
@@ -428,17 +428,32 @@ def _runs_empty(spec: MaskSpec, layout: str, world: int, q_rank: int, k_rank: in
 
 @lru_cache(maxsize=64)  # O(G^2) pair tests, once per (mask, layout, G, n); packed batches bring
 # a new mask (its document boundaries) every step, so only the recent ones are kept
-def ring_span(spec: MaskSpec, layout: str, world: int, n: int, nodes: int = 1) -> int:
-    """Last ring step s (0..G-1) at which some rank i still needs the keys of rank i-s.
+def ring_reach(spec: MaskSpec, layout: str, world: int, n: int,
+               nodes: int = 1) -> tuple[int, int]:
+    """(span, back): the fewest ring steps that bring every rank i the keys it needs, as the
+    blocks of ranks i-1 .. i-span one way and of ranks i+1 .. i+back the other
+    (``burst.ring.run_ring``).
 
-    Steps after it carry no useful data, so a flat ring stops there (sliding windows on the
-    contiguous layout need only ceil(left / n) steps instead of G-1). A double ring (``nodes``
-    > 1) is never shortened: G-1 (each node's blocks go around every node ring).
+    Steps beyond them carry no useful data. One way, the ring stops at the last rank i-s whose
+    keys some rank i needs (sliding windows on the contiguous layout: ceil(left / n) steps
+    instead of G-1). Where the keys needed lie on both sides and sending them both ways takes
+    fewer hops, the ring does that: a causal window of at most a zigzag chunk needs the ranks
+    on either side (chunk r's left neighbour is rank r-1's, chunk 2G-1-r's is rank r+1's), 1 + 1
+    hops instead of G-1; a window reaching only right, (0, w) on the contiguous layout, needs
+    ranks i+1 .. i+ceil(w / n) alone: (0, ceil(w / n)). A tie keeps the one-way ring (back 0),
+    whose steps hold half the buffers (``suites.memory_model._flat_ring_peak``). A double ring
+    (``nodes`` > 1) is never shortened: (G-1, 0), each node's blocks go around every node ring.
     """
     if nodes > 1:
-        return world - 1
-    span = 0
-    for s in range(world):
-        if any(not pair_empty(spec, layout, world, i, (i - s) % world, n) for i in range(world)):
-            span = s
-    return span
+        return world - 1, 0
+    needed = [s for s in range(1, world)
+              if any(not pair_empty(spec, layout, world, i, (i - s) % world, n)
+                     for i in range(world))]
+    if not needed:
+        return 0, 0
+    best = (needed[-1], 0)
+    for j, s in enumerate(needed):  # offsets before s one way, s and beyond the other
+        cut = (needed[j - 1] if j else 0, world - s)
+        if sum(cut) < sum(best):
+            best = cut
+    return best

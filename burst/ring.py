@@ -11,6 +11,10 @@ so the transfer hides behind the compute. Travelling accumulators (fresh zeros e
 by ``step``) are added to the partial sum that arrives from i-1 and passed on, one hop behind the
 data; after the last step the finished sum goes to its owner. ``span`` < G-1 stops the ring early
 when no rank needs blocks further away (sliding windows); the last hop then goes straight home.
+Where the keys a window needs lie on both sides (``burst.masks.ring_reach``), a second chain
+sends the blocks ``back`` hops the other way at the same steps, with its own trailing
+accumulators; my block's sum is the two chains' (every transfer of a step is posted before its
+compute).
 
 Topology-aware double ring (DESIGN.md 3; M nodes x L local ranks, node-major): at outer step m
 rank (n, l) holds the "outer" block of (n-m, l) and circulates it around its node's ring in L
@@ -20,7 +24,8 @@ hide behind. Accumulators go around the node ring and back to the outer block's 
 to the next node along the same inter-node ring; the last hop lands at the owner.
 
 Messages per rank (u = one block of the tensor in question):
-  flat:   payload G-1 hops, accumulators G hops (the last one home)
+  flat:   payload G-1 hops, accumulators G hops (the last one home); shortened to (S, B):
+          payload S + B hops, accumulators S + 1 + B (S + B when S = 0: my own stays home)
   double: payload M(L-1) intra + (M-1) inter; accumulators M*L intra + M inter
 """
 
@@ -56,19 +61,22 @@ def _add_(dst: list[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
 
 
 def visit_order(world: int, me: int, *, nodes: int = 1, span: int | None = None,
-                direction: int = 1) -> list[int]:
+                back: int = 0, direction: int = 1) -> list[int]:
     """Ring positions whose blocks position ``me`` works on, in step order.
 
     The one definition of the schedule, used by ``run_ring`` and by ``burst.emulate`` (which
     replays every rank's steps in one process). Flat ring: me, me - d, me - 2d, ... for steps
-    0..span. Double ring (``nodes`` M > 1, L = world / M): outer step m takes the block of node
-    n - m, whose L blocks then go around the node ring.
+    0..span; with ``back`` > 0 a second chain runs the other way beside it, and step t also
+    works on me + d t (t = 1..back), after me - d t. Double ring (``nodes`` M > 1, L = world /
+    M): outer step m takes the block of node n - m, whose L blocks then go around the node ring.
     """
     if nodes == 1:
         span = world - 1 if span is None else span
-        return [(me - direction * s) % world for s in range(span + 1)]
-    if span not in (None, world - 1):  # burst.masks.ring_span never shortens a double ring
-        raise ValueError(f"span={span}: a double ring visits all {world} blocks")
+        return [(me + sign * direction * t) % world for t in range(max(span, back) + 1)
+                for sign, reach in ((-1, span), (1, back)) if t <= reach and (t or sign < 0)]
+    if span not in (None, world - 1) or back:  # burst.masks.ring_reach never shortens it
+        raise ValueError(f"span={span}, back={back}: a double ring visits all {world} blocks "
+                         "one way")
     local = world // nodes
     node, loc = divmod(me, local)
     return [((node - m) % nodes) * local + (loc - s) % local
@@ -77,7 +85,8 @@ def visit_order(world: int, me: int, *, nodes: int = 1, span: int | None = None,
 
 def run_ring(rg: RingGroups, payload: Sequence[torch.Tensor], step: Step, *,
              acc_like: Sequence[torch.Tensor] | None = None,
-             span: int | None = None, direction: int = 1) -> list[torch.Tensor] | None:
+             span: int | None = None, back: int = 0,
+             direction: int = 1) -> list[torch.Tensor] | None:
     """Visit every block of the ring; return this rank's finished accumulators (or None).
 
     ``step(src, payload_of_src, acc)`` does the local work for the block owned by ring position
@@ -85,55 +94,104 @@ def run_ring(rg: RingGroups, payload: Sequence[torch.Tensor], step: Step, *,
     back to ``src``. ``span`` limits a flat ring to steps 0..span. ``direction`` -1 sends blocks
     to the previous rank instead (a flat ring then visits i, i+1, ..., which is what travelling
     queries need to meet the keys to their left first when a window truncates the ring).
+    ``back`` > 0 (a flat ring only) also sends the blocks the other way, ``back`` hops, at the
+    same steps (``burst.masks.ring_reach``: a window that needs both neighbours, as on the
+    zigzag layout, costs 2 hops instead of G-1).
     """
     payload = [t.contiguous() for t in payload]
     if rg.nodes == 1:
         return _flat(rg, payload, step, acc_like, rg.world - 1 if span is None else span,
-                     direction)
+                     back, direction)
+    if back:
+        raise ValueError(f"back={back}: a double ring visits all {rg.world} blocks one way")
     return _double(rg, payload, step, acc_like, span)
 
 
-def _flat(rg: RingGroups, payload, step: Step, acc_like, span: int, direction: int):
-    order = visit_order(rg.world, rg.me, span=span, direction=direction)
-    return _ring_pass(list(rg.ranks), rg.me, order, payload, step, acc_like, span, direction,
-                      rg.read_intra, rg.acc_intra)
+def _flat(rg: RingGroups, payload, step: Step, acc_like, span: int, back: int, direction: int):
+    ring, me = list(rg.ranks), rg.me
+    chains = [_Chain(ring, me, payload, direction, span, 0, acc_like)]
+    if back:
+        chains.append(_Chain(ring, me, payload, -direction, back, 1, acc_like))
+    for t in range(max(span, back) + 1):
+        for c in chains:  # every chain's next transfer is posted before any compute
+            c.post_read(t, rg.read_intra)
+        for c in chains:
+            c.work(t, step, rg.acc_intra)
+        for c in chains:
+            c.advance()
+    if acc_like is None:
+        return None
+    results = [c.result() for c in chains]
+    for extra in results[1:]:
+        _add_(results[0], extra)
+    return results[0]
 
 
 def _ring_pass(ring: list[int], me: int, order: list[int], payload, step: Step, acc_like,
                span: int, d: int, read_group, acc_group):
     """Steps 0..span around ``ring`` (global ranks; I am ``ring[me]``), working on the blocks of
     ring positions ``order``; returns the finished accumulators of my own block."""
-    g = len(ring)
-    nxt, prv = ring[(me + d) % g], ring[(me - d) % g]
-    cur, acc_in, acc_pend, sent = payload, None, None, []
-    for s in range(span + 1):
-        read = None
-        if s < span:
-            buf = _empty(cur)
-            read = _post(read_group, cur, nxt, buf, prv)
-        acc = _zeros(acc_like) if acc_like is not None else None
-        step(order[s], cur, acc)
-        if acc is not None and span > 0:
-            if s > 0:
-                acc_pend.wait()
-                _add_(acc, acc_in)  # acc_in, added, receives the next hop's (no fourth block)
-            else:
-                acc_in = _empty(acc_like)
-            # one hop behind the data; after the last step, straight to the block's holder
-            to = nxt if s < span else ring[(me - d * span) % g]
-            frm = prv if s < span else ring[(me + d * span) % g]
-            acc_pend = _post(acc_group, acc, to, acc_in, frm)
-            sent.append(acc_pend)
-        elif acc is not None:
-            acc_in = acc  # span 0: every block is its own owner's
-        if read is not None:
-            read.wait()
-            cur = buf
-    if acc_like is None:
-        return None
-    for p in sent:
-        p.wait()
-    return acc_in
+    chain = _Chain(ring, me, payload, d, span, 0, acc_like, order)
+    for t in range(span + 1):
+        chain.post_read(t, read_group)
+        chain.work(t, step, acc_group)
+        chain.advance()
+    return None if acc_like is None else chain.result()
+
+
+class _Chain:
+    """One direction of a ring pass around ``ring`` (global ranks; I am ``ring[me]``): at step t
+    I hold the block of position me - d t (``order[t]``), working on it at steps
+    ``first``..``reach``, and post its send to the next rank before that step's work (double
+    buffer). Accumulators (fresh zeros at each working step, filled by ``step``) are added to
+    the partial sum that arrives from the previous rank and passed on, one hop behind the data;
+    after step ``reach`` the finished sum goes straight to its owner. A chain with ``first`` 1
+    skips my own block (the other chain works on it) but still sends it at step 0."""
+
+    def __init__(self, ring, me, payload, d, reach, first, acc_like, order=None):
+        g = len(ring)
+        self.nxt, self.prv = ring[(me + d) % g], ring[(me - d) % g]
+        # after the last step: my sum to the block's holder, the sum of my block from the rank
+        # that worked on it last
+        self.home, self.last = ring[(me - d * reach) % g], ring[(me + d * reach) % g]
+        self.order = order or [(me - d * t) % g for t in range(reach + 1)]
+        self.reach, self.first, self.acc_like = reach, first, acc_like
+        self.cur, self.buf, self.read = payload, None, None
+        self.acc_in, self.acc_pend, self.sent = None, None, []
+
+    def post_read(self, t: int, group) -> None:
+        if t < self.reach:
+            self.buf = _empty(self.cur)
+            self.read = _post(group, self.cur, self.nxt, self.buf, self.prv)
+
+    def work(self, t: int, step: Step, group) -> None:
+        if not self.first <= t <= self.reach:
+            return
+        acc = _zeros(self.acc_like) if self.acc_like is not None else None
+        step(self.order[t], self.cur, acc)
+        if acc is None:
+            return
+        if self.reach == 0:
+            self.acc_in = acc  # span 0: every block is its own owner's
+            return
+        if t > self.first:
+            self.acc_pend.wait()
+            _add_(acc, self.acc_in)  # acc_in, added, receives the next hop's (no fourth block)
+        else:
+            self.acc_in = _empty(self.acc_like)
+        to, frm = (self.nxt, self.prv) if t < self.reach else (self.home, self.last)
+        self.acc_pend = _post(group, acc, to, self.acc_in, frm)
+        self.sent.append(self.acc_pend)
+
+    def advance(self) -> None:
+        if self.read is not None:
+            self.read.wait()
+            self.cur, self.read = self.buf, None
+
+    def result(self) -> list[torch.Tensor] | None:
+        for p in self.sent:
+            p.wait()
+        return self.acc_in
 
 
 def _double(rg: RingGroups, payload, step: Step, acc_like, span: int | None):

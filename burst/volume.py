@@ -17,7 +17,9 @@ size of the inputs, a = element size of accumulators (fp32 = 4; float64 inputs: 
   dK+dV      dkdv = 2*b*n*Hk*D*a
 Flat ring of G ranks (span S = G-1 unless a window truncates it):
   forward S*kv; burst backward S*(qdo+dl) + (S+1)*dq; ring backward S*kv + (S+1)*dkdv
-  (no accumulator hops when S = 0).
+  (no accumulator hops when S = 0). A window that needs keys on both sides may send the blocks
+  B hops the other way as well (``burst.masks.ring_reach``): B more payload and B more
+  accumulator hops (my own block's accumulator stays with the first chain).
 Double ring, M nodes x L ranks: the payload makes M(L-1) intra + (M-1) inter hops, the
 accumulators M*L intra + M inter hops.
 For MHA with D = 128 and one dtype throughout, burst backward ~ 3G units vs ring ~ 4G: 25% fewer.
@@ -100,12 +102,15 @@ def auto_backward(**shape) -> str:
 def ring_attention_bytes(*, world: int, batch: int, seq_local: int, heads: int, kv_heads: int,
                          head_dim: int, elem: int, acc_elem: int = 4, backward: str = "burst",
                          ranks_per_node: int | None = None, node_size: int | None = None,
-                         rank: int = 0, span: int | None = None,
+                         rank: int = 0, span: int | None = None, back: int = 0,
                          grad_elem: int | None = None) -> Volume:
     """Bytes one rank sends in a (Burst or ring) attention layer.
 
     ``grad_elem``: bytes per element of the travelling gradient accumulators (dQ, dK/dV);
     default ``acc_elem`` (D and LSE always travel in ``acc_elem``).
+
+    ``span`` and ``back`` shorten a flat ring (``burst.masks.ring_reach``: blocks go ``span``
+    hops one way and ``back`` hops the other).
 
     ``ranks_per_node`` selects the double ring (None: flat). ``node_size`` is the physical node
     that labels a flat ring's links (default: one node; a node per rank with
@@ -127,18 +132,13 @@ def ring_attention_bytes(*, world: int, batch: int, seq_local: int, heads: int, 
         s = g - 1 if span is None else span
         size = node_size or g
 
-        def link_to(peer):
-            return "intra" if rank // size == (peer % g) // size else "inter"
+        def link_to(offset):
+            return "intra" if rank // size == ((rank + offset) % g) // size else "inter"
 
-        vol.add("forward", link_to(rank + 1), s * kv)
-        # the burst backward sends queries to rank-1 (burst.attention), the ring one K/V to rank+1
-        d = -1 if backward == "burst" else 1
-        link, home_link = link_to(rank + d), link_to(rank - d * s)
-        vol.add("backward", link, s * pay)
-        if s > 0:  # S hops one behind the data, then one straight home
-            vol.add("backward", link, s * acc)
-            vol.add("backward", home_link, acc)
+        _flat_ring_into(vol, link_to, s, back, kv, backward, pay, acc)
         return vol
+    if back:
+        raise ValueError(f"back={back}: a double ring visits all {g} blocks one way")
     m, l_ = g // ranks_per_node, ranks_per_node
     vol.add("forward", "intra", m * (l_ - 1) * kv)
     vol.add("forward", "inter", (m - 1) * kv)
@@ -188,12 +188,13 @@ class _Case:
             if p != self.rank:
                 vol.add(phase, self.link(p), nbytes)
 
-    def span(self, world: int, seq_local: int, layout: str, nodes: int = 1) -> int:
-        """Last useful ring step (``burst.masks.ring_span``): G-1 unless a window cuts it."""
-        from burst.masks import MaskSpec, ring_span
+    def reach(self, world: int, seq_local: int, layout: str, nodes: int = 1) -> tuple[int, int]:
+        """(span, back) of the ring (``burst.masks.ring_reach``): (G-1, 0) unless a window
+        cuts it."""
+        from burst.masks import MaskSpec, ring_reach
 
         spec = MaskSpec(causal=self.causal, window=self.window, cu_seqlens=self.cu_seqlens)
-        return ring_span(spec, layout, world, seq_local, nodes)
+        return ring_reach(spec, layout, world, seq_local, nodes)
 
 
 def _ring_like(c: _Case, backward: str, layout: str, ranks_per_node: int | None,
@@ -202,11 +203,12 @@ def _ring_like(c: _Case, backward: str, layout: str, ranks_per_node: int | None,
         raise ValueError(f"ranks_per_node={ranks_per_node} does not divide the group of "
                          f"{c.world} ranks")
     nodes = ring_shape(c.world, ranks_per_node)[0]
-    span = c.span(c.world, c.seq_local, layout, nodes) if truncate else None
+    span, back = c.reach(c.world, c.seq_local, layout, nodes) if truncate else (None, 0)
     # node_size None is one node here (method_bytes), also for ranks_per_node=1, whose own
     # default in ring_attention_bytes is a node per rank
     vol = ring_attention_bytes(**c.shape(), backward=backward, ranks_per_node=ranks_per_node,
-                               node_size=c.node_size or c.world, rank=c.rank, span=span)
+                               node_size=c.node_size or c.world, rank=c.rank, span=span,
+                               back=back)
     if nodes == 1 or c.node_size == ranks_per_node:
         return vol
     # ring_attention_bytes labels a double ring's hops by its own rings; relabel them by the
@@ -297,20 +299,34 @@ def _ulysses(c: _Case, *, layout: str = "contiguous") -> Volume:
     return vol
 
 
-def _ring_pass_into(vol: Volume, c: _Case, members: Sequence[int], span: int, kv: int,
-                    backward: str, pay: int, acc: int) -> None:
-    """A flat ring over ``members`` (c.rank among them): K/V (``kv``) forward, then the
-    backward's ``pay`` and trailing ``acc`` (``ring_hop_bytes``), to the next member for the
-    classic backward, to the previous one for the burst backward (as ``burst.attention``)."""
+def _ring_pass_into(vol: Volume, c: _Case, members: Sequence[int], reach: tuple[int, int],
+                    kv: int, backward: str, pay: int, acc: int) -> None:
+    """A flat ring over ``members`` (c.rank among them), shortened to ``reach`` (span, back)."""
     r = len(members)
     pos = members.index(c.rank)
-    vol.add("forward", c.link(members[(pos + 1) % r]), span * kv)
-    d = 1 if backward == "ring" else -1
-    to, home = members[(pos + d) % r], members[(pos - d * span) % r]
-    vol.add("backward", c.link(to), span * pay)
-    if span > 0:
-        vol.add("backward", c.link(to), span * acc)
-        vol.add("backward", c.link(home), acc)
+    _flat_ring_into(vol, lambda offset: c.link(members[(pos + offset) % r]), *reach, kv,
+                    backward, pay, acc)
+
+
+def _flat_ring_into(vol: Volume, link: Callable[[int], str], span: int, back: int, kv: int,
+                    backward: str, pay: int, acc: int) -> None:
+    """What one rank of a flat ring sends (``burst.ring._flat``; ``link(offset)``: the link to
+    the member ``offset`` places along the ring): K/V (``kv``) forward, then the backward's
+    ``pay`` and trailing ``acc`` (``ring_hop_bytes``), to the next member for the classic
+    backward, to the previous one for the burst backward (queries travel that way,
+    ``burst.attention``). The blocks go ``span`` hops that way, the accumulators one step behind
+    them and the last straight home; with ``back`` > 0 the same go ``back`` hops the other way,
+    where my own block's accumulator, made by the first chain, does not travel."""
+    d = -1 if backward == "burst" else 1
+    vol.add("forward", link(1), span * kv)
+    vol.add("backward", link(d), span * pay)
+    if span > 0:  # S hops one behind the data, then one straight home
+        vol.add("backward", link(d), span * acc)
+        vol.add("backward", link(-d * span), acc)
+    if back > 0:
+        vol.add("forward", link(-1), back * kv)
+        vol.add("backward", link(-d), back * pay + (back - 1) * acc)
+        vol.add("backward", link(d * back), acc)
 
 
 def _usp(c: _Case, *, ulysses_degree: int = 2, layout: str = "contiguous",
@@ -331,8 +347,8 @@ def _usp_volume(c: _Case, u: int, layout: str, backward: str, *, truncate: bool)
                acc_elem=c.acc_elem, grad_elem=c.grad_elem)
     kv, _ = ring_hop_bytes("ring", **hop)
     pay, acc = ring_hop_bytes(backward, **hop)
-    span = c.span(r, u * c.seq_local, layout) if truncate else r - 1
-    _ring_pass_into(vol, c, [i * u + u_idx for i in range(r)], span, kv, backward, pay, acc)
+    reach = c.reach(r, u * c.seq_local, layout) if truncate else (r - 1, 0)
+    _ring_pass_into(vol, c, [i * u + u_idx for i in range(r)], reach, kv, backward, pay, acc)
     return vol
 
 

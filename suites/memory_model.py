@@ -57,7 +57,7 @@ from burst.flops import gated_mlp
 from burst.masks import MaskSpec
 from suites.hardware import GIB, Hardware
 from suites.implementations import Implementation
-from suites.schedule import AttnShape, Plan, acc_bytes
+from suites.schedule import AttnShape, Plan, acc_bytes, ring_reach_of
 
 __all__ = ["MemoryEstimate", "attention_memory", "checkpoint_bytes", "engine_bytes_per_param",
            "head_bytes", "head_weight_copies", "layer_activation_bytes", "master_bytes",
@@ -165,15 +165,14 @@ def _attention_buffers(shape: AttnShape, plan: Plan, world: int,
         # (being filled, in flight out, in flight in; one in a ring of one). A double ring of M
         # nodes also holds the outer block arriving from the next node and, from the second
         # node's block on, the one it works on (with M > 2 both at once), and the node's
-        # accumulator in flight across nodes and the one arriving. (A window that shortens a
-        # flat ring to one step leaves one block: not counted.)
+        # accumulator in flight across nodes and the one arriving. A flat ring shortened by a
+        # window, or sending its blocks both ways, is replayed (_flat_ring_peak).
         double = plan.ring_local and plan.ring_local < members
-        local_ring = plan.ring_local if double else members
-        blocks = min(2, local_ring - 1)
-        accs = 3 if local_ring > 1 else 1
-        if double:
-            blocks += 2 if members // local_ring > 2 else 1
-            accs += 2
+        if not double:
+            reach = ring_reach_of(shape, plan.layout, members, shape.seq_len // members)
+            return _flat_ring_peak(*reach, data, grads) + local
+        blocks = min(2, plan.ring_local - 1) + (2 if members // plan.ring_local > 2 else 1)
+        accs = (3 if plan.ring_local > 1 else 1) + 2
         return blocks * data + accs * grads + local
     if plan.kind == "usp":
         # heads gathered by the all-to-all (same bytes as the local q, k, v, o; kv heads fewer
@@ -198,6 +197,34 @@ def _attention_buffers(shape: AttnShape, plan: Plan, world: int,
     # its calls merge into fp32 dq, dk, dv (baselines/local_attention.py), the same elements as
     # the local q, k, v
     return gathered + b * n * (h + 2 * hk) * d * acc
+
+
+def _flat_ring_peak(span: int, back: int, data: float, grads: float) -> float:
+    """Most bytes of blocks (``data`` each) and travelling accumulators (``grads`` each) that
+    ``burst.ring._flat`` holds at once, besides the rank's own block, replayed step by step
+    (its chains, ``burst.ring._Chain``: ``span`` hops one way, ``back`` the other).
+
+    A chain holds the block it works on from its first received one on, and from each step
+    before its last the one arriving. Its accumulators: at a working step a fresh one, while
+    the previous one is still in flight and the next partial sum's receive buffer waits (three;
+    two at its first step, and from then on two). The first chain works at steps 0..span (its
+    own block's accumulator stays home when span is 0: one), the other at 1..back, after the
+    first chain in each step. A one-way ring of two steps or more: two blocks, three
+    accumulators."""
+    def blocks(t: int) -> int:
+        return sum((reach >= 1 and t >= 1) + (t < reach) for reach in (span, back))
+
+    first_after = 1 if span == 0 else 2  # the first chain's accumulators once it has worked
+    peak = 0.0
+    for t in range(max(span, back) + 1):
+        other = 2 if back and t >= 2 else 0  # the second chain's, from its second step on
+        if t <= span:  # the first chain's fresh accumulator
+            accs = (2 + 1 + other) if t else first_after
+            peak = max(peak, blocks(t) * data + accs * grads)
+        if 1 <= t <= back:  # the second chain's, the first chain's held
+            accs = first_after + (3 if t >= 2 else 2)
+            peak = max(peak, blocks(t) * data + accs * grads)
+    return peak
 
 
 def attention_memory(hw: Hardware, shape: AttnShape, plan: Plan, world: int, *,

@@ -11,7 +11,11 @@ priced by the profile's link bandwidths. The schedule says how they combine (DES
                  or dQ) on the same link, step S the last accumulator, which then hops home:
                  a ring bound by its link takes exactly its bytes over the bandwidth.
                  A flat ring that spans nodes waits every step for its one inter-node hop, on
-                 one NIC (the other GPUs of the node are not crossing).
+                 one NIC (the other GPUs of the node are not crossing). A window shortens it
+                 to the steps it needs (burst.masks.ring_reach); one that needs keys on both
+                 sides sends the blocks both ways at once, each step working on both arrivals
+                 (inside a node a GPU's two sends share its NVLink, across nodes they leave
+                 from different GPUs).
   double ring    M rounds (burst.ring._double), each an inner flat ring of L steps on NVLink
                  (its accumulators home within it) while one inter-node hop, made by all L GPUs
                  of a node at once (they share the node's NICs), carries the next outer block
@@ -49,11 +53,12 @@ from burst import flops as F
 from burst import volume
 from burst.attention import choice_problems
 from burst.comm import ranks_per_node_ok, ring_shape
-from burst.masks import CAUSAL, DENSE, STRICT, MaskSpec, plan_pair, ring_span
+from burst.masks import CAUSAL, DENSE, STRICT, MaskSpec, plan_pair, ring_reach
 from suites.hardware import Hardware
 
 __all__ = ["ELEM", "AttnShape", "AttnTiming", "Plan", "Topo", "acc_bytes", "attention_timing",
-           "collective_seconds", "method_volume", "plan_for", "regather_volume", "step_compute"]
+           "collective_seconds", "method_volume", "plan_for", "regather_volume", "ring_reach_of",
+           "step_compute"]
 
 ELEM = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}  # bytes per element
 
@@ -355,26 +360,52 @@ def step_compute(hw: Hardware, shape: AttnShape, layout: str, members: int, m: i
     return out
 
 
-def _ring_span(shape: AttnShape, layout: str, members: int, m: int, nodes: int) -> int:
+def ring_reach_of(shape: AttnShape, layout: str, members: int, m: int,
+                  nodes: int = 1) -> tuple[int, int]:
+    """(span, back) of a ring of ``members`` ranks of ``m`` tokens (``burst.masks.ring_reach``)."""
     if shape.window is None:  # (the pair tests would find the same, in O(G^2))
-        return members - 1
-    return ring_span(shape.mask, layout, members, m, nodes)
+        return members - 1, 0
+    return ring_reach(shape.mask, layout, members, m, nodes)
+
+
+def _two_way_compute(hw: Hardware, shape: AttnShape, layout: str, members: int, m: int,
+                     heads: int, kv_heads: int, pass_: str, span: int, back: int,
+                     queries_travel: bool) -> list[float]:
+    """Kernel time of the slowest rank at each step t of a ring that sends its blocks both
+    ways (``burst.ring._flat`` with ``back`` > 0), summed per rank before the slowest is taken:
+    rank r's queries against the keys of r - t (t <= span) and of r + t (1 <= t <= back); where
+    the queries travel (the burst backward), the queries of r + t and of r - t against r's keys."""
+    merge = _merge_seconds(hw, shape, m, heads, kv_heads, pass_)
+    out = []
+    for t in range(max(span, back) + 1):
+        worst = 0.0
+        for r in _ranks_bounding(members, shape.mask):
+            total = 0.0
+            for other, works in ((r - t, t <= span), (r + t, 0 < t <= back)):
+                if works:
+                    q, k = (2 * r - other, r) if queries_travel else (r, other)
+                    sec, any_call = _pair_seconds(hw, shape, layout, members, q % members,
+                                                  k % members, m, heads, pass_)
+                    total += sec + (merge if any_call else 0.0)
+            worst = max(worst, total)
+        out.append(worst)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
 # Phase times
 
 
-def _ring_hops(span: int, pay: float, acc: float | None) -> tuple[list[float], float]:
-    """Bytes each of steps 0..span sends (``burst.ring._ring_pass``), and the last
+def _ring_hops(span: int, pay: float, acc: float | None,
+               first: int = 0) -> tuple[list[float], float]:
+    """Bytes each of steps 0..span sends (``burst.ring._Chain``), and the last
     accumulator's hop home: each step's payload goes out while it computes (none after the
-    last step); in the backward each step's accumulator hops one step behind on the same link
-    (steps 1..span carry it) and the last then hops home. No hop without a second member."""
-    if span == 0:
-        return [0.0], 0.0
-    if acc is None:
-        return [pay] * span + [0.0], 0.0
-    return [pay] + [pay + acc] * (span - 1) + [acc], acc
+    last step); in the backward the accumulator of each working step (``first``..span) hops
+    one step behind on the same link and the last then hops home. No hop without a second
+    member."""
+    hops = [(pay if t < span else 0.0) + (acc if acc is not None and first < t <= span else 0.0)
+            for t in range(span + 1)]
+    return hops, (acc if acc is not None and span > 0 else 0.0)
 
 
 def _ring_pass(steps: list[float], span: int, hop: Callable[[float], float], pay: float,
@@ -382,6 +413,22 @@ def _ring_pass(steps: list[float], span: int, hop: Callable[[float], float], pay
     """Steps 0..span of a ring: each takes max(compute, its hop) (``_ring_hops``)."""
     hops, end = _ring_hops(span, pay, acc)
     return sum(max(c, hop(h)) for c, h in zip(steps[:span + 1], hops, strict=True)) + hop(end)
+
+
+def _two_way_pass(steps: list[float], span: int, back: int,
+                  hop: Callable[[float, float], float], pay: float,
+                  acc: float | None = None) -> float:
+    """A flat ring that sends its blocks ``span`` hops one way and ``back`` hops the other at
+    the same steps (``burst.ring._flat``): each step takes max(compute, ``hop(one way's bytes,
+    the other's)``); a chain that ends first sends its last accumulator home in the next step."""
+    last = max(span, back)
+    chains = [_ring_hops(span, pay, acc), _ring_hops(back, pay, acc, first=1)]
+
+    def sent(hops, end, t):
+        return hops[t] if t < len(hops) else end if t == len(hops) else 0.0
+
+    total = sum(max(steps[t], hop(*(sent(h, e, t) for h, e in chains))) for t in range(last + 1))
+    return total + hop(*(sent(h, e, last + 1) for h, e in chains))
 
 
 def _double_ring(steps: list[float], nodes: int, local: int, hop_in: Callable[[float], float],
@@ -412,7 +459,7 @@ def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, boundary_se
     out = {}
     double = bool(plan.ring_local) and plan.ring_local < members
     nodes = members // plan.ring_local if double else 1
-    span = _ring_span(shape, plan.layout, members, m, nodes)
+    span, back = ring_reach_of(shape, plan.layout, members, m, nodes)
     grad = shape.elem if plan.options.get("grad_acc") == "input" else None
     hop_kw = dict(batch=shape.batch, seq_local=m, heads=heads, kv_heads=kv_heads,
                   head_dim=shape.head_dim, elem=shape.elem, acc_elem=acc_elem, grad_elem=grad)
@@ -454,10 +501,23 @@ def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, boundary_se
             return hw.link_seconds(nbytes, "inter" if boundary_senders else "intra",
                                    boundary_senders or 1)
 
+        def hop_both(one_way, other_way):
+            # a ring sending both ways: inside a node each GPU's two sends share its NVLink;
+            # across nodes the two directions cross from different GPUs of a node
+            if boundary_senders:
+                return max(hop_in(one_way), hop_in(other_way))
+            return hop_in(one_way + other_way)
+
     for pass_ in ("forward", "backward"):
+        p, a = (kv, None) if pass_ == "forward" else (pay, acc)
+        if back:
+            steps = [c / efficiency for c in
+                     _two_way_compute(hw, shape, plan.layout, members, m, heads, kv_heads, pass_,
+                                      span, back, pass_ == "backward" and plan.backward == "burst")]
+            out[pass_] = (_two_way_pass(steps, span, back, hop_both, p, a), sum(steps))
+            continue
         steps = [c / efficiency for c in
                  step_compute(hw, shape, plan.layout, members, m, heads, kv_heads, pass_)]
-        p, a = (kv, None) if pass_ == "forward" else (pay, acc)
         t = (_double_ring(steps, nodes, plan.ring_local, hop_in, hop_out, p, a, shared)
              if double else _ring_pass(steps, span, hop_in, p, a))
         out[pass_] = (t, sum(steps[:span + 1]))

@@ -16,7 +16,7 @@ import torch
 
 from burst.comm import ring_shape
 from burst.layout import LAYOUTS
-from burst.masks import MaskSpec, ring_span
+from burst.masks import MaskSpec, ring_reach
 from burst.spawn import spawn
 from burst.volume import ring_attention_bytes
 from tests.parity import case, check, run_cases
@@ -72,6 +72,14 @@ def _cases(world: int) -> list[dict]:
                                causal=True, seed=len(cs)))
         cs.append(case(options=dict(layout="contiguous", backward="burst"), causal=True,
                        window=(8, 0), seed=len(cs)))  # window truncates the ring
+        # windows whose keys lie on both sides, or only right: the ring sends both ways
+        # (burst.masks.ring_reach): zigzag's neighbours (1, 1), a right-only window (0, 2)
+        for backward, grad_acc in (("burst", "fp32"), ("ring", "fp32"), ("burst", "input")):
+            cs.append(case(options=dict(layout="zigzag", backward=backward, grad_acc=grad_acc),
+                           causal=True, window=(3, 0), seed=len(cs)))
+            cs.append(case(options=dict(layout="contiguous", backward=backward,
+                                        grad_acc=grad_acc), causal=False, window=(0, 10),
+                           seed=len(cs)))
     return cs
 
 
@@ -90,7 +98,8 @@ def _expected_bytes(c: dict, world: int, rank: int):
     elem = torch.empty((), dtype=getattr(torch, c["dtype"])).element_size()
     spec = MaskSpec(causal=c["causal"], window=c["window"], cu_seqlens=c["cu_seqlens"])
     rpn = opts.get("ranks_per_node")
-    span = ring_span(spec, opts["layout"], world, c["seq_local"], ring_shape(world, rpn)[0])
+    span, back = ring_reach(spec, opts["layout"], world, c["seq_local"],
+                            ring_shape(world, rpn)[0])
     backward = opts.get("backward", "burst")
     if backward == "auto":
         backward = "burst" if c["kv_heads"] == c["heads"] else "ring"
@@ -98,7 +107,8 @@ def _expected_bytes(c: dict, world: int, rank: int):
                                 heads=c["heads"], kv_heads=c["kv_heads"],
                                 head_dim=c["head_dim"], elem=elem, backward=backward,
                                 ranks_per_node=rpn, node_size=c["ranks_per_node"], rank=rank,
-                                span=span)
+                                span=span, back=back,
+                                grad_elem=elem if opts.get("grad_acc") == "input" else None)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
@@ -129,7 +139,10 @@ def test_formula_saving_approaches_25_percent_for_large_rings():
 
 EMULATED = [dict(backward=b, layout="zigzag", ranks_per_node=None) for b in ("burst", "ring")] + [
     dict(backward="burst", layout="zigzag", ranks_per_node=2),
-    dict(backward="burst", layout="contiguous", ranks_per_node=None, window=(200, 0))]
+    dict(backward="burst", layout="contiguous", ranks_per_node=None, window=(200, 0))] + [
+    # both ways (burst.masks.ring_reach (1, 1): 64-token zigzag chunks, a window of 48)
+    dict(backward=b, layout="zigzag", ranks_per_node=None, window=(48, 0))
+    for b in ("burst", "ring")]
 
 
 def _bf16_against_the_emulation(rank: int, world: int) -> list[dict]:

@@ -207,9 +207,44 @@ def test_only_a_flat_ring_is_shortened_by_a_window():
     """A window on the contiguous layout ends a flat ring after ceil(left / n) steps; a double
     ring (nodes > 1) visits every block, and refuses a shorter span instead of ignoring it."""
     spec = M.MaskSpec(causal=True, window=(100, 0))
-    assert M.ring_span(spec, "contiguous", 8, 64) == 2
-    assert M.ring_span(spec, "contiguous", 8, 64, nodes=2) == 7
+    assert M.ring_reach(spec, "contiguous", 8, 64) == (2, 0)
+    assert M.ring_reach(spec, "contiguous", 8, 64, nodes=2) == (7, 0)
     assert visit_order(8, 5, span=2) == [5, 4, 3]
     assert len(visit_order(8, 5, nodes=2, span=7)) == 8
     with pytest.raises(ValueError, match="a double ring visits all 8 blocks"):
         visit_order(8, 5, nodes=2, span=2)
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_a_window_with_keys_on_both_sides_sends_the_ring_both_ways(world):
+    """ring_reach's (span, back) covers every ring offset at which some rank needs keys, with
+    the fewest hops (brute force over every split), and keeps the one-way ring on a tie. A causal
+    window of at most a zigzag chunk needs the ranks on either side, 1 + 1 hops instead of G-1
+    (it sent every hop before); a window reaching only right goes the other way alone."""
+    n = 16  # zigzag chunks of 8 tokens
+    cases = [(True, (3, 0)), (True, (8, 0)), (True, (12, 0)), (False, (0, 20)), (False, (20, 4)),
+             (False, (3, 2)), (True, (100, 0)), (True, None)]
+    for layout in LAYOUTS:
+        for causal, window in cases:
+            spec = M.MaskSpec(causal=causal, window=window)
+            span, back = M.ring_reach(spec, layout, world, n)
+            needed = {s for s in range(1, world) for i in range(world)
+                      if not M.pair_empty(spec, layout, world, i, (i - s) % world, n)}
+            assert all(s <= span or world - s <= back for s in needed), (layout, window)
+            fewest = min([max(needed, default=0)] + [
+                max([s for s in needed if s < cut], default=0)
+                + max([world - s for s in needed if s >= cut], default=0)
+                for cut in range(1, world)])
+            assert span + back == fewest, (layout, window, span, back)
+            assert back == 0 or span + back < max(needed), (layout, window)  # ties: one way
+            order = visit_order(world, 0, span=span, back=back)
+            assert sorted(order) == sorted({0, *((-s) % world for s in range(1, span + 1)),
+                                            *(range(1, back + 1))}), order
+    zigzag = M.MaskSpec(causal=True, window=(8, 0))
+    assert M.ring_reach(zigzag, "zigzag", world, n) == (1, 1)
+    assert M.ring_reach(zigzag, "zigzag", world, n, nodes=2) == (world - 1, 0)
+    right = M.MaskSpec(causal=False, window=(0, 20))
+    assert M.ring_reach(right, "contiguous", world, n) == (0, 2)
+    assert visit_order(world, 1, span=1, back=2) == [1, 0, 2, 3]
+    with pytest.raises(ValueError, match="a double ring visits all"):
+        visit_order(world, 1, nodes=2, back=1)

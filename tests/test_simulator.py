@@ -1101,10 +1101,22 @@ def test_simulated_bytes_equal_counted_bytes():
         assert got == want, (name, opts, cell, got, want)
 
 
-# (backward, ranks_per_node): flat rings, double rings of 2 nodes x 3 and 3 x 2 on 6 ranks,
-# of 3 x 3 on 9
-BUFFER_CASES = {6: [("burst", None), ("ring", None), ("burst", 3), ("ring", 3), ("burst", 2)],
-                9: [("burst", 3), ("ring", 3)]}
+# (backward, ranks_per_node, mask): flat rings, double rings of 2 nodes x 3 and 3 x 2 on 6
+# ranks, of 3 x 3 on 9; windows that shorten a flat ring or send its blocks both ways
+# (burst.masks.ring_reach of 16 tokens a rank; zigzag chunks of 8: a causal window of 12
+# needs ranks r-1, r-2 and r+1, r+2)
+ZIGZAG = dict(layout="zigzag", causal=True)
+BUFFER_CASES = {
+    6: [("burst", None, ZIGZAG), ("ring", None, ZIGZAG), ("burst", 3, ZIGZAG),
+        ("ring", 3, ZIGZAG), ("burst", 2, ZIGZAG),
+        ("burst", None, ZIGZAG | dict(window=(12, 0))),  # (2, 2)
+        ("ring", None, ZIGZAG | dict(window=(12, 0))),
+        ("burst", None, ZIGZAG | dict(window=(4, 0))),  # (1, 1)
+        ("burst", None, dict(layout="contiguous", causal=False, window=(0, 20))),  # (0, 2)
+        ("ring", None, dict(layout="contiguous", causal=False, window=(20, 4))),  # (2, 1)
+        ("burst", None, dict(layout="contiguous", causal=True, window=(4, 0)))],  # (1, 0)
+    9: [("burst", 3, ZIGZAG), ("ring", 3, ZIGZAG),
+        ("burst", None, ZIGZAG | dict(window=(20, 0)))]}  # (3, 3)
 
 
 def _ring_buffer_peaks(rank: int, world: int) -> list[int]:
@@ -1131,10 +1143,9 @@ def _ring_buffer_peaks(rank: int, world: int) -> list[int]:
 
     peaks = []
     torch.manual_seed(rank)
-    for backward, rpn in BUFFER_CASES[world]:
+    for backward, rpn, mask in BUFFER_CASES[world]:
         q, k, v = (torch.randn(1, 16, 4, 8, requires_grad=True) for _ in range(3))
-        o = burst_attn(q, k, v, causal=True, layout="zigzag", backward=backward,
-                       ranks_per_node=rpn)
+        o = burst_attn(q, k, v, backward=backward, ranks_per_node=rpn, **mask)
         ring_mod._empty, ring_mod._zeros = (tracked(m) for m in made)
         live[:] = [0, 0]
         try:
@@ -1154,19 +1165,22 @@ def test_simulated_ring_buffers_are_what_burst_ring_holds():
     equal the most bytes of blocks and travelling accumulators ``burst.ring`` holds at once in
     a backward on gloo ranks: a flat ring two blocks and three accumulators, a double ring of
     2 nodes three blocks and five, of more nodes four and five (with inner rings of 2, a block
-    fewer). It had counted two and two, three and three (2 GiB too few for Burst-Ring's 7B at
-    2M tokens on 32 GPUs)."""
+    fewer), a flat ring sending both ways as much again for its second chain. It had counted
+    two and two, three and three (2 GiB too few for Burst-Ring's 7B at 2M tokens on 32 GPUs)."""
     for world, cases in BUFFER_CASES.items():
         per_rank = spawn(_ring_buffer_peaks, world, timeout_s=300)
-        for i, (backward, rpn) in enumerate(cases):
-            opts = {"backward": backward, "layout": "zigzag"} | (
+        for i, (backward, rpn, mask) in enumerate(cases):
+            opts = {"backward": backward, "layout": mask["layout"]} | (
                 {"ranks_per_node": rpn} if rpn else {})
+            # a flat ring's buffers do not depend on its nodes (9 ranks fill no 8-GPU node)
             cell = dict(workload="attention", method="burst", seq_len=16 * world, world=world,
-                        ranks_per_node=rpn or world, heads=4, head_dim=8, causal=True,
-                        dtype="float32", options=opts)
+                        ranks_per_node=rpn or 3, heads=4, head_dim=8,
+                        causal=mask["causal"], window=mask.get("window"), dtype="float32",
+                        options=opts)
             parts = predict(cell, HW).memory.parts
             local = 16 * (2 * 4 if backward == "burst" else 4) * 8 * 4  # dK, dV or dQ at home
-            assert parts["comm_buffers"] - local == max(r[i] for r in per_rank), (world, opts)
+            assert parts["comm_buffers"] - local == max(r[i] for r in per_rank), (world, opts,
+                                                                               mask)
 
 
 @pytest.mark.parametrize("sweep", ["cpu_scaling", "cpu_long"])
