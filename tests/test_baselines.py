@@ -117,6 +117,12 @@ def _core_cases(world: int) -> list[dict]:
         # node where the next hop would not (at world 4 both peers are one rank: untested)
         add("usp", causal=True, ranks_per_node=4,
             options=dict(ulysses_degree=2, layout="zigzag", backward="burst"))
+        # windows whose keys lie on both sides: the rings send both ways (ring_reach (1, 1)),
+        # their hops labelled by the nodes of 4 they cross in either direction
+        add("zigzag_ring", causal=True, window=(3, 0), ranks_per_node=4)
+        for backward in ("ring", "burst"):  # USP's ring of 4 over 16-token blocks
+            add("usp", causal=True, window=(6, 0), ranks_per_node=4,
+                options=dict(ulysses_degree=2, layout="zigzag", backward=backward))
     return cs
 
 
