@@ -113,8 +113,7 @@ def _flat(rg: RingGroups, payload, step: Step, acc_like, span: int, back: int, d
     if back:
         chains.append(_Chain(ring, me, payload, -direction, back, 1, acc_like))
     for t in range(max(span, back) + 1):
-        for c in chains:  # every chain's next transfer is posted before any compute
-            c.post_read(t, rg.read_intra)
+        _post_reads(chains, t, rg.read_intra)  # before any compute of the step
         for c in chains:
             c.work(t, step, rg.acc_intra)
         for c in chains:
@@ -133,10 +132,27 @@ def _ring_pass(ring: list[int], me: int, order: list[int], payload, step: Step, 
     ring positions ``order``; returns the finished accumulators of my own block."""
     chain = _Chain(ring, me, payload, d, span, 0, acc_like, order)
     for t in range(span + 1):
-        chain.post_read(t, read_group)
+        _post_reads([chain], t, read_group)
         chain.work(t, step, acc_group)
         chain.advance()
     return None if acc_like is None else chain.result()
+
+
+def _post_reads(chains: list[_Chain], t: int, group) -> None:
+    """Post step ``t``'s block transfers of every chain that sends one, as one batch (both
+    directions of a two-way ring at once: NCCL runs a batch's transfers together, where two
+    batches on one group would run one after the other)."""
+    sends, recvs, posting = [], [], []
+    for c in chains:
+        if t < c.reach:
+            c.buf = _empty(c.cur)
+            sends += [(x, c.nxt) for x in c.cur]
+            recvs += [(x, c.prv) for x in c.buf]
+            posting.append(c)
+    if posting:
+        read = comm.exchange(sends, recvs, group)
+        for c in posting:
+            c.read = read
 
 
 class _Chain:
@@ -158,11 +174,6 @@ class _Chain:
         self.reach, self.first, self.acc_like = reach, first, acc_like
         self.cur, self.buf, self.read = payload, None, None
         self.acc_in, self.acc_pend, self.sent = None, None, []
-
-    def post_read(self, t: int, group) -> None:
-        if t < self.reach:
-            self.buf = _empty(self.cur)
-            self.read = _post(group, self.cur, self.nxt, self.buf, self.prv)
 
     def work(self, t: int, step: Step, group) -> None:
         if not self.first <= t <= self.reach:
