@@ -38,7 +38,7 @@ import torch
 from burst import comm
 from burst.comm import RingGroups
 
-__all__ = ["run_ring", "visit_order"]
+__all__ = ["check_reach", "run_ring", "visit_order"]
 
 Step = Callable[[int, Sequence[torch.Tensor], list[torch.Tensor] | None], None]
 
@@ -52,12 +52,26 @@ def _empty(like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def _post(group, send: Sequence[torch.Tensor], to: int, recv: Sequence[torch.Tensor], frm: int):
-    return comm.exchange([(t, to) for t in send], [(t, frm) for t in recv], group)
+    return _post_pairs(group, [(t, to) for t in send], [(t, frm) for t in recv])
+
+
+def _post_pairs(group, sends: list[tuple[torch.Tensor, int]],
+                recvs: list[tuple[torch.Tensor, int]]):
+    """Every transfer of the ring goes out here, as one batch (``comm.exchange``)."""
+    return comm.exchange(sends, recvs, group)
 
 
 def _add_(dst: list[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
     for a, b in zip(dst, src, strict=True):
         a.add_(b)
+
+
+def check_reach(world: int, span: int, back: int) -> None:
+    """ValueError unless a flat ring of ``world`` can go ``span`` hops one way and ``back`` the
+    other without visiting a block twice (``burst.masks.ring_reach`` gives such a pair)."""
+    if min(span, back) < 0 or span + back > world - 1:
+        raise ValueError(f"span={span}, back={back}: a flat ring of {world} visits each block "
+                         f"at most once (0 <= span, 0 <= back, span + back <= {world - 1})")
 
 
 def visit_order(world: int, me: int, *, nodes: int = 1, span: int | None = None,
@@ -72,6 +86,7 @@ def visit_order(world: int, me: int, *, nodes: int = 1, span: int | None = None,
     """
     if nodes == 1:
         span = world - 1 if span is None else span
+        check_reach(world, span, back)
         return [(me + sign * direction * t) % world for t in range(max(span, back) + 1)
                 for sign, reach in ((-1, span), (1, back)) if t <= reach and (t or sign < 0)]
     if span not in (None, world - 1) or back:  # burst.masks.ring_reach never shortens it
@@ -100,8 +115,9 @@ def run_ring(rg: RingGroups, payload: Sequence[torch.Tensor], step: Step, *,
     """
     payload = [t.contiguous() for t in payload]
     if rg.nodes == 1:
-        return _flat(rg, payload, step, acc_like, rg.world - 1 if span is None else span,
-                     back, direction)
+        span = rg.world - 1 if span is None else span
+        check_reach(rg.world, span, back)  # before the first transfer
+        return _flat(rg, payload, step, acc_like, span, back, direction)
     if back:
         raise ValueError(f"back={back}: a double ring visits all {rg.world} blocks one way")
     return _double(rg, payload, step, acc_like, span)
@@ -150,7 +166,7 @@ def _post_reads(chains: list[_Chain], t: int, group) -> None:
             recvs += [(x, c.prv) for x in c.buf]
             posting.append(c)
     if posting:
-        read = comm.exchange(sends, recvs, group)
+        read = _post_pairs(group, sends, recvs)
         for c in posting:
             c.read = read
 

@@ -130,6 +130,9 @@ def ring_attention_bytes(*, world: int, batch: int, seq_local: int, heads: int, 
         node_size = node_size or 1
     if ring_shape(g, ranks_per_node)[0] == 1:
         s = g - 1 if span is None else span
+        from burst.ring import check_reach  # (burst.ring imports torch)
+
+        check_reach(g, s, back)
         size = node_size or g
 
         def link_to(offset):

@@ -14,8 +14,9 @@ priced by the profile's link bandwidths. The schedule says how they combine (DES
                  one NIC (the other GPUs of the node are not crossing). A window shortens it
                  to the steps it needs (burst.masks.ring_reach); one that needs keys on both
                  sides sends the blocks both ways at once, each step working on both arrivals
-                 (inside a node a GPU's two sends share its NVLink, across nodes they leave
-                 from different GPUs).
+                 (inside a node a GPU's two sends share its NVLink; across nodes twice as
+                 many GPUs cross at once, or, with one ring member per node, its GPU sends
+                 both ways through its share of the NICs).
   double ring    M rounds (burst.ring._double), each an inner flat ring of L steps on NVLink
                  (its accumulators home within it) while one inter-node hop, made by all L GPUs
                  of a node at once (they share the node's NICs), carries the next outer block
@@ -501,12 +502,22 @@ def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, boundary_se
             return hw.link_seconds(nbytes, "inter" if boundary_senders else "intra",
                                    boundary_senders or 1)
 
+        # ring members per node: with one (ranks_per_node=1, or USP's groups as large as a
+        # node) the same GPU crosses nodes both ways
+        per_node = max(1, topo.local * members // topo.world)
+
         def hop_both(one_way, other_way):
             # a ring sending both ways: inside a node each GPU's two sends share its NVLink;
-            # across nodes the two directions cross from different GPUs of a node
-            if boundary_senders:
-                return max(hop_in(one_way), hop_in(other_way))
-            return hop_in(one_way + other_way)
+            # across nodes each direction's boundary_senders GPUs cross at once, twice as many
+            # GPUs sharing the node's NICs, or one GPU per node sending both through its share
+            intra = hw.link_seconds(one_way + other_way, "intra")
+            if not boundary_senders:
+                return intra
+            if per_node == 1:
+                return hw.link_seconds(one_way + other_way, "inter", boundary_senders)
+            senders = min(2 * boundary_senders, topo.local)
+            return max(intra, *(hw.link_seconds(b, "inter", senders)
+                                for b in (one_way, other_way)))
 
     for pass_ in ("forward", "backward"):
         p, a = (kv, None) if pass_ == "forward" else (pay, acc)

@@ -359,10 +359,11 @@ def test_large_logits_stay_finite_across_the_merge():
     assert max(errs[:2]) < 1e-4, errs  # out and lse, against float64
 
 
-@pytest.mark.parametrize("nodes", [1, 2])
-def test_ring_posts_each_transfer_before_the_compute_it_hides_behind(monkeypatch, nodes):
+@pytest.mark.parametrize(("nodes", "back"), [(1, 0), (2, 0), (1, 2)])
+def test_ring_posts_each_transfer_before_the_compute_it_hides_behind(monkeypatch, nodes, back):
     """The overlap of the schedule itself: the read of the next block (inner and, on a double
-    ring, outer) is posted before the current step computes and waited for only after it."""
+    ring, outer) is posted before the current step computes and waited for only after it; a
+    ring sending both ways (``back``) posts both directions' reads of a step as one batch."""
     import burst.ring as ring
     from burst.comm import RingGroups
 
@@ -375,25 +376,29 @@ def test_ring_posts_each_transfer_before_the_compute_it_hides_behind(monkeypatch
         def wait(self):
             log.append(("wait", self.group, self.id))
 
-    def post(group, send, to, recv, frm):
+    def post(group, sends, recvs):
         p = Pending(group)
-        log.append(("post", group, p.id))
+        log.append(("post", group, p.id, {peer for _, peer in sends}))
         return p
 
-    monkeypatch.setattr(ring, "_post", post)
+    monkeypatch.setattr(ring, "_post_pairs", post)
     rg = RingGroups(ranks=tuple(range(8)), nodes=nodes, local=8 // nodes, me=1,
                     read_intra="read_intra", acc_intra="acc_intra", read_inter="read_inter",
                     acc_inter="acc_inter")
     x = torch.zeros(2)
+    span = 7 - 2 * back  # two-way: 3 hops one way, 2 the other
     ring.run_ring(rg, [x], lambda src, cur, acc: log.append(("step", src, None)),
-                  acc_like=[x])
+                  acc_like=[x], span=span, back=back)
     steps = [i for i, e in enumerate(log) if e[0] == "step"]
-    assert len(steps) == 8
+    assert len(steps) == span + 1 + back
     for group, per in (("read_intra", 8 // nodes), ("read_inter", 8)):
         posts = [e for e in log if e[:2] == ("post", group)]
-        assert len(posts) == (8 - nodes if group == "read_intra" else nodes - 1)
-        for _, _, pid in posts:
-            posted = next(i for i, e in enumerate(log) if e == ("post", group, pid))
+        assert len(posts) == ((max(span, back) if nodes == 1 else 8 - nodes)
+                              if group == "read_intra" else nodes - 1)
+        if back and group == "read_intra":  # one batch while both chains still send
+            assert [len(e[3]) for e in posts] == [2] * back + [1] * (span - back)
+        for _, _, pid, _ in posts:
+            posted = next(i for i, e in enumerate(log) if e[:3] == ("post", group, pid))
             waited = next(i for i, e in enumerate(log) if e == ("wait", group, pid))
             # at least one step computes between posting a read and waiting for it
             assert any(posted < s < waited for s in steps), (group, pid, log)

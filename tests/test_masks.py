@@ -14,6 +14,7 @@ import torch
 import burst.masks as M
 from burst.layout import LAYOUTS, global_positions
 from burst.ring import visit_order
+from burst.volume import ring_attention_bytes
 
 SPECS = [
     M.MaskSpec(causal=True),
@@ -248,3 +249,8 @@ def test_a_window_with_keys_on_both_sides_sends_the_ring_both_ways(world):
     assert visit_order(world, 1, span=1, back=2) == [1, 0, 2, 3]
     with pytest.raises(ValueError, match="a double ring visits all"):
         visit_order(world, 1, nodes=2, back=1)
+    with pytest.raises(ValueError, match="visits each block at most once"):
+        visit_order(world, 0, back=1)  # the full span one way and a hop back: block 1 twice
+    with pytest.raises(ValueError, match="visits each block at most once"):
+        ring_attention_bytes(world=world, batch=1, seq_local=n, heads=1, kv_heads=1,
+                             head_dim=8, elem=2, span=world - 2, back=2)

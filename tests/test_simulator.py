@@ -1165,7 +1165,8 @@ def test_simulated_ring_buffers_are_what_burst_ring_holds():
     equal the most bytes of blocks and travelling accumulators ``burst.ring`` holds at once in
     a backward on gloo ranks: a flat ring two blocks and three accumulators, a double ring of
     2 nodes three blocks and five, of more nodes four and five (with inner rings of 2, a block
-    fewer), a flat ring sending both ways as much again for its second chain. It had counted
+    fewer), a flat ring sending both ways up to two blocks and two accumulators more for its
+    second chain (replayed step by step, burst.ring._flat, from (1, 0) to (3, 3)). It had counted
     two and two, three and three (2 GiB too few for Burst-Ring's 7B at 2M tokens on 32 GPUs)."""
     for world, cases in BUFFER_CASES.items():
         per_rank = spawn(_ring_buffer_peaks, world, timeout_s=300)
@@ -2287,3 +2288,29 @@ def test_a_cell_keeps_its_id_unless_it_names_a_data_parallel():
     c = expand(load_spec("engine_7b"))
     assert len({x.cell_id for x in c}) == 3 and c[2].data_parallel == "fsdp_world"
     assert dataclasses.replace(c[2], data_parallel=None).cell_id != c[2].cell_id
+
+
+def test_a_ring_sending_both_ways_across_nodes_is_priced_by_its_nic_bytes():
+    """A window whose keys lie on both sides sends a zigzag ring both ways. Where a node holds
+    one member of the ring (a node per rank, or USP's groups as large as a node), that GPU sends
+    both ways through its share of the NICs, so the layer takes at least its inter-node bytes
+    over that share; where a node holds several, twice as many GPUs cross at once. A review
+    found the two directions priced as if they never shared a NIC: up to 2x too fast."""
+    from burst.masks import MaskSpec, ring_reach
+
+    base = dict(workload="attention", seq_len=2**21, world=32, heads=32, kv_heads=8,
+                head_dim=128, dtype="bfloat16", causal=True, window=(4096, 0))
+    # (method, ranks per node, options, ring members, GPUs of a node crossing each way)
+    cases = [("burst", 1, dict(layout="zigzag", backward="burst"), 32, 1),
+             ("usp", 8, dict(ulysses_degree=8, layout="zigzag", backward="burst"), 4, 8),
+             ("usp", 8, dict(ulysses_degree=4, layout="zigzag", backward="burst"), 8, 4)]
+    for method, rpn, opts, members, senders in cases:
+        m = base["seq_len"] // members
+        assert ring_reach(MaskSpec(causal=True, window=base["window"]), "zigzag", members,
+                          m) == (1, 1)
+        row = simulate_cell(dict(base, method=method, ranks_per_node=rpn, options=opts), HW)
+        assert row["status"] == "ok", row["error"]
+        per_node = rpn * members // base["world"]  # ring members on one node
+        crossing = senders if per_node == 1 else min(2 * senders, rpn)
+        floor = row["bytes_sent_inter"] / (HW.inter_gbps(crossing) * 1e9)
+        assert row["time_s"] >= floor, (method, opts, row["time_s"], floor)
