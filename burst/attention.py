@@ -34,7 +34,7 @@ from burst.kernel import (
     resolve_scale,
 )
 from burst.layout import divisors, local_length_problem
-from burst.masks import MaskSpec, plan_pair, ring_reach
+from burst.masks import MaskSpec, flat_ring_suffices, plan_pair, ring_reach
 from burst.merge import merge_into, new_accumulators, row_delta
 from burst.ring import run_ring
 
@@ -310,7 +310,9 @@ def burst_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = N
         layout: ``contiguous``, ``zigzag`` or ``striped`` (see ``burst.layout``).
         group: the context-parallel process group.
         ranks_per_node: turn on the topology-aware double ring with this many ranks per node
-            (ranks node-major); None: one flat ring.
+            (ranks node-major); None: one flat ring. A window (or documents) that a flat ring
+            serves in fewer hops than a node's ring runs on a flat ring, shortened
+            (``burst.masks.flat_ring_suffices``).
         backward: ``burst`` (Q, dO, D, LSE travel), ``ring`` (K, V, dK, dV travel) or ``auto``
             (fewer bytes, with the gradient sums in ``grad_acc``'s dtype).
         window: (left, right) sliding window in global token positions.
@@ -338,10 +340,12 @@ def burst_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = N
     spec.check_length(q.shape[1] * g)
     scale = resolve_scale(q.shape[-1], softmax_scale)  # every check before the first collective
     rg = comm.ring_groups(group, ranks_per_node)
+    if flat_ring_suffices(spec, layout, g, q.shape[1], rg.nodes):  # every rank decides alike
+        rg = comm.ring_groups(group, None)
     scheme = backward
     if scheme == "auto":
-        scheme = choose_backward(q, k, world=g, ranks_per_node=ranks_per_node,
-                                 grad_acc=grad_acc)
+        scheme = choose_backward(q, k, world=g, ranks_per_node=ranks_per_node if rg.nodes > 1
+                                 else None, grad_acc=grad_acc)
     out, lse = _RingAttention.apply(q, k, v, spec, layout, rg, scale, scheme, backend,
                                     grad_acc, return_lse)
     return (out, lse) if return_lse else out

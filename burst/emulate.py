@@ -33,7 +33,7 @@ from burst.comm import ranks_per_node_problem, ring_shape
 from burst.first_order import first_order
 from burst.kernel import acc_dtype, backend_problem, resolve_scale
 from burst.layout import length_problem, local_index
-from burst.masks import MaskSpec, ring_reach
+from burst.masks import MaskSpec, flat_ring_suffices, ring_reach
 from burst.merge import new_accumulators, row_delta
 from burst.ring import visit_order
 
@@ -58,6 +58,8 @@ class RingEmulator:
         self.spec.check_length(self.seq_len)
         scale = resolve_scale(q.shape[-1], softmax_scale)
         self.steps = BlockSteps(self.spec, layout, world, scale, backend)
+        if flat_ring_suffices(self.spec, layout, world, self.n, self.nodes):
+            self.nodes = 1  # as burst_attn: a flat ring serves the mask in fewer hops
         self.span, self.back = ring_reach(self.spec, layout, world, self.n, self.nodes)
         self._index = [local_index(self.seq_len, world, r, layout).to(q.device)
                        for r in range(world)]

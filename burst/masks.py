@@ -40,7 +40,7 @@ import torch
 from burst.layout import check_layout, global_positions, position_runs
 
 __all__ = ["FULL", "CAUSAL", "STRICT", "DENSE", "TILE", "Call", "MaskSpec", "bounds_mask",
-           "plan_pair", "ring_reach"]
+           "flat_ring_suffices", "plan_pair", "ring_reach"]
 
 FULL = "full"  # every query sees every key
 CAUSAL = "causal"  # square block, query a sees key b iff b <= a (top-left aligned)
@@ -457,3 +457,15 @@ def ring_reach(spec: MaskSpec, layout: str, world: int, n: int,
         if sum(cut) < sum(best):
             best = cut
     return best
+
+
+def flat_ring_suffices(spec: MaskSpec, layout: str, world: int, n: int, nodes: int) -> bool:
+    """Whether a double ring of ``nodes`` nodes runs as a flat ring instead: where the mask (a
+    window, documents) lets a flat ring bring every rank its keys in fewer hops than one round
+    of a node's ring (``ring_reach``: span + back <= L - 1). It then sends fewer blocks than the
+    double ring's first round alone, which also sends them across nodes from every GPU of a
+    node at once, where the flat ring crosses from the GPUs at a node's ends (a causal window
+    of at most a zigzag chunk: 2 hops instead of G-1)."""
+    if nodes <= 1 or spec.is_plain:
+        return False
+    return sum(ring_reach(spec, layout, world, n)) <= world // nodes - 1

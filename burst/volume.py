@@ -199,6 +199,13 @@ class _Case:
         spec = MaskSpec(causal=self.causal, window=self.window, cu_seqlens=self.cu_seqlens)
         return ring_reach(spec, layout, world, seq_local, nodes)
 
+    def flat_suffices(self, layout: str, nodes: int) -> bool:
+        """A double ring that runs flat for this mask (``burst.masks.flat_ring_suffices``)."""
+        from burst.masks import MaskSpec, flat_ring_suffices
+
+        spec = MaskSpec(causal=self.causal, window=self.window, cu_seqlens=self.cu_seqlens)
+        return flat_ring_suffices(spec, layout, self.world, self.seq_local, nodes)
+
 
 def _ring_like(c: _Case, backward: str, layout: str, ranks_per_node: int | None,
                truncate: bool = True) -> Volume:
@@ -206,6 +213,8 @@ def _ring_like(c: _Case, backward: str, layout: str, ranks_per_node: int | None,
         raise ValueError(f"ranks_per_node={ranks_per_node} does not divide the group of "
                          f"{c.world} ranks")
     nodes = ring_shape(c.world, ranks_per_node)[0]
+    if truncate and c.flat_suffices(layout, nodes):  # as burst_attn
+        ranks_per_node, nodes = None, 1
     span, back = c.reach(c.world, c.seq_local, layout, nodes) if truncate else (None, 0)
     # node_size None is one node here (method_bytes), also for ranks_per_node=1, whose own
     # default in ring_attention_bytes is a node per rank

@@ -54,7 +54,7 @@ from burst import flops as F
 from burst import volume
 from burst.attention import choice_problems
 from burst.comm import ranks_per_node_ok, ring_shape
-from burst.masks import CAUSAL, DENSE, STRICT, MaskSpec, plan_pair, ring_reach
+from burst.masks import CAUSAL, DENSE, STRICT, MaskSpec, flat_ring_suffices, plan_pair, ring_reach
 from suites.hardware import Hardware
 
 __all__ = ["ELEM", "AttnShape", "AttnTiming", "Plan", "Topo", "acc_bytes", "attention_timing",
@@ -208,15 +208,17 @@ def plan_for(method: str, options: dict | None, topo: Topo, shape: AttnShape) ->
         layout, backward, double = RING_METHODS[method]
         layout = opts.get("layout", layout)
         backward = opts.get("backward", backward)
-        if backward == "auto":
-            backward = _auto_backward(shape, topo, opts.get("ranks_per_node"),
-                                      opts.get("grad_acc", "fp32"))
-        if why := choice_problems(backward=backward):
-            raise ValueError(why[0])
         rpn = opts.get("ranks_per_node", topo.local if double else None)
         if not ranks_per_node_ok(topo.world, rpn):
             raise ValueError(f"ranks_per_node={rpn} does not divide world={topo.world}")
-        local = None if ring_shape(topo.world, rpn)[0] == 1 else rpn  # the one rule
+        nodes = ring_shape(topo.world, rpn)[0]
+        local = None if nodes == 1 or flat_ring_suffices(  # the one rule, as burst_attn's
+            shape.mask, layout, topo.world, shape.seq_len // topo.world, nodes) else rpn
+        if backward == "auto":
+            backward = _auto_backward(shape, topo, opts.get("ranks_per_node") if local else None,
+                                      opts.get("grad_acc", "fp32"))
+        if why := choice_problems(backward=backward):
+            raise ValueError(why[0])
         return Plan("ring", layout=layout, backward=backward, ring_local=local, options=opts)
     if method in OTHER_KINDS:
         kind = OTHER_KINDS[method]

@@ -16,7 +16,7 @@ import torch
 
 from burst.comm import ring_shape
 from burst.layout import LAYOUTS
-from burst.masks import MaskSpec, ring_reach
+from burst.masks import MaskSpec, flat_ring_suffices, ring_reach
 from burst.spawn import spawn
 from burst.volume import ring_attention_bytes
 from tests.parity import case, check, run_cases
@@ -60,7 +60,14 @@ def _cases(world: int) -> list[dict]:
                        ranks_per_node=1, seed=len(cs)))
         cs.append(case(options=dict(layout="contiguous", backward="burst", ranks_per_node=1),
                        ranks_per_node=1, window=(8, 0), seed=len(cs)))  # truncated, all inter
-        for backward in ("burst", "ring"):  # a window does not shorten a double ring
+        for backward in ("burst", "ring"):
+            # a window does not shorten a double ring (a flat ring needs 2 hops: more than
+            # a node's ring of 2 has)...
+            cs.append(case(options=dict(layout="contiguous", backward=backward,
+                                        ranks_per_node=2), ranks_per_node=2, window=(16, 0),
+                           seed=len(cs)))
+            # ...but one that a flat ring serves in 1 hop runs on a flat ring
+            # (burst.masks.flat_ring_suffices), its hops counted by the nodes they cross
             cs.append(case(options=dict(layout="contiguous", backward=backward,
                                         ranks_per_node=2), ranks_per_node=2, window=(8, 0),
                            seed=len(cs)))
@@ -77,6 +84,10 @@ def _cases(world: int) -> list[dict]:
         for backward, grad_acc in (("burst", "fp32"), ("ring", "fp32"), ("burst", "input")):
             cs.append(case(options=dict(layout="zigzag", backward=backward, grad_acc=grad_acc),
                            causal=True, window=(3, 0), seed=len(cs)))
+            # the same on nodes of 4: a flat ring (2 hops) instead of the double ring
+            cs.append(case(options=dict(layout="zigzag", backward=backward, grad_acc=grad_acc,
+                                        ranks_per_node=4), ranks_per_node=4, causal=True,
+                           window=(3, 0), seed=len(cs)))
             cs.append(case(options=dict(layout="contiguous", backward=backward,
                                         grad_acc=grad_acc), causal=False, window=(0, 10),
                            seed=len(cs)))
@@ -98,8 +109,10 @@ def _expected_bytes(c: dict, world: int, rank: int):
     elem = torch.empty((), dtype=getattr(torch, c["dtype"])).element_size()
     spec = MaskSpec(causal=c["causal"], window=c["window"], cu_seqlens=c["cu_seqlens"])
     rpn = opts.get("ranks_per_node")
-    span, back = ring_reach(spec, opts["layout"], world, c["seq_local"],
-                            ring_shape(world, rpn)[0])
+    nodes = ring_shape(world, rpn)[0]
+    if flat_ring_suffices(spec, opts["layout"], world, c["seq_local"], nodes):
+        rpn, nodes = None, 1
+    span, back = ring_reach(spec, opts["layout"], world, c["seq_local"], nodes)
     backward = opts.get("backward", "burst")
     if backward == "auto":
         backward = "burst" if c["kv_heads"] == c["heads"] else "ring"

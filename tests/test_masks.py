@@ -254,3 +254,19 @@ def test_a_window_with_keys_on_both_sides_sends_the_ring_both_ways(world):
     with pytest.raises(ValueError, match="visits each block at most once"):
         ring_attention_bytes(world=world, batch=1, seq_local=n, heads=1, kv_heads=1,
                              head_dim=8, elem=2, span=world - 2, back=2)
+
+
+def test_a_window_that_a_flat_ring_serves_in_fewer_hops_than_a_node_runs_flat():
+    """A double ring sends every block, across nodes from every GPU at once; where the mask
+    lets a flat ring bring every rank its keys in at most L - 1 hops (L ranks a node), the
+    ring runs flat (burst_attn, the emulation, the byte formulas and the simulator agree)."""
+    n = 16  # zigzag chunks of 8
+    near = M.MaskSpec(causal=True, window=(8, 0))  # zigzag: 1 + 1 hops
+    assert M.flat_ring_suffices(near, "zigzag", 16, n, nodes=4)  # 2 <= L - 1 = 3
+    assert not M.flat_ring_suffices(near, "zigzag", 16, n, nodes=8)  # 2 > L - 1 = 1
+    assert not M.flat_ring_suffices(near, "zigzag", 16, n, nodes=1)  # already flat
+    assert not M.flat_ring_suffices(M.MaskSpec(causal=True), "zigzag", 16, n, nodes=4)
+    far = M.MaskSpec(causal=True, window=(40, 0))  # contiguous: 3 hops back
+    assert M.flat_ring_suffices(far, "contiguous", 16, n, nodes=4)
+    assert not M.flat_ring_suffices(far, "contiguous", 16, n, nodes=8)
+    assert not M.flat_ring_suffices(far, "striped", 16, n, nodes=4)  # every rank needed

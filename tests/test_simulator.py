@@ -2314,3 +2314,29 @@ def test_a_ring_sending_both_ways_across_nodes_is_priced_by_its_nic_bytes():
         crossing = senders if per_node == 1 else min(2 * senders, rpn)
         floor = row["bytes_sent_inter"] / (HW.inter_gbps(crossing) * 1e9)
         assert row["time_s"] >= floor, (method, opts, row["time_s"], floor)
+
+
+def test_a_window_that_a_flat_ring_serves_runs_flat_on_nodes():
+    """Burst on nodes of 8 (its double ring) with a causal window of at most a zigzag chunk:
+    the code runs a flat ring of 1 + 1 hops (burst.masks.flat_ring_suffices), and the simulator
+    prices that ring: its bytes are those of 2 hops, and it is faster than the unwindowed
+    double ring, which sends every block."""
+    from suites.schedule import plan_for
+
+    base = dict(workload="attention", method="burst", seq_len=2**21, world=32,
+                ranks_per_node=8, heads=32, kv_heads=8, head_dim=128, dtype="bfloat16",
+                causal=True, options=dict(layout="zigzag", backward="burst", ranks_per_node=8))
+    cell = as_cell(dict(base, window=(4096, 0)))
+    topo = Topo(32, 8)
+    shape = AttnShape(batch=1, seq_len=2**21, heads=32, kv_heads=8, head_dim=128, causal=True,
+                      window=(4096, 0))
+    assert plan_for("burst", cell.options, topo, shape).ring_local is None
+    assert plan_for("burst", cell.options, topo,
+                    dataclasses.replace(shape, window=None)).ring_local == 8
+    windowed, plain = (simulate_cell(dict(base, window=w), HW) for w in ((4096, 0), None))
+    assert windowed["status"] == plain["status"] == "ok"
+    n = 2**21 // 32
+    kv = 2 * n * 8 * 128 * 2  # one K+V block, bf16
+    assert windowed["bytes_sent_forward"] == 2 * kv  # 1 + 1 hops
+    assert plain["bytes_sent_forward"] == 31 * kv
+    assert windowed["time_s"] < plain["time_s"] / 5
