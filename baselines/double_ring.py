@@ -14,7 +14,11 @@ groups of their own. After the last window the accumulated dK/dV land at their o
 That is exactly ``burst_attn(..., backward="ring", ranks_per_node=w)`` (``burst.ring``'s double
 ring with the classic K/V/dK/dV backward), so this adapter is that call. Per rank and layer:
 forward M(w-1) intra + (M-1) inter K/V hops; backward the same plus M*w intra + M inter dK/dV
-hops (M = G/w windows), which is also what InternEvo's code sends.
+hops (M = G/w windows), which is also what InternEvo's code sends. With an attention window (or
+documents) that a flat ring serves in at most min(w, M) - 1 hops, ``burst_attn`` runs that
+shortened flat ring instead (``burst.masks.flat_ring_suffices``); InternEvo's double ring has no
+such shortcut (its "sliding window" file name means the inner ring), so there this adapter
+sends fewer bytes than LoongTrain would.
 
 Where BurstAttention's double ring (``burst`` with ``ranks_per_node``) differs from LoongTrain's
 (BurstEngine, arXiv 2509.19836, sections on backward communication and topology-aware rings):

@@ -506,6 +506,11 @@ def ranks_per_node_problem(world: int, ranks_per_node) -> str | None:
 
 
 def ring_groups(group=None, ranks_per_node: int | None = None) -> RingGroups:
+    """The process groups of a flat (one node) or double ring over ``group``, cached. A double
+    ring's first call also makes the flat ring's groups: ``burst_attn`` runs a window or
+    documents that a flat ring serves in few hops on it (``burst.masks.flat_ring_suffices``),
+    and making them only then would make the set of groups a rank creates depend on its
+    batch, while under NCCL every rank of the world joins each creation (``subgroup``)."""
     _fresh_caches()
     ranks = tuple(group_ranks(group))
     g = len(ranks)
@@ -526,6 +531,7 @@ def ring_groups(group=None, ranks_per_node: int | None = None) -> RingGroups:
         acc = subgroup([list(ranks)], parent=group, purpose="ring-acc") if g > 1 else None
         rg = RingGroups(ranks, 1, local, me, read_intra=read, acc_intra=acc)
     else:
+        ring_groups(group, None)  # the flat ring's, made now whatever the masks (see above)
         intra = [list(ranks[n * local:(n + 1) * local]) for n in range(nodes)]
         inter = [list(ranks[l::local]) for l in range(local)]
         rg = RingGroups(

@@ -460,12 +460,18 @@ def ring_reach(spec: MaskSpec, layout: str, world: int, n: int,
 
 
 def flat_ring_suffices(spec: MaskSpec, layout: str, world: int, n: int, nodes: int) -> bool:
-    """Whether a double ring of ``nodes`` nodes runs as a flat ring instead: where the mask (a
-    window, documents) lets a flat ring bring every rank its keys in fewer hops than one round
-    of a node's ring (``ring_reach``: span + back <= L - 1). It then sends fewer blocks than the
-    double ring's first round alone, which also sends them across nodes from every GPU of a
-    node at once, where the flat ring crosses from the GPUs at a node's ends (a causal window
-    of at most a zigzag chunk: 2 hops instead of G-1)."""
+    """Whether a double ring of M = ``nodes`` nodes of L ranks runs as a flat ring instead:
+    where the mask (a window, documents) lets a flat ring bring every rank its keys in
+    span + back <= min(L, M) - 1 hops (``ring_reach``; a causal window of at most a zigzag
+    chunk: 2 hops instead of G-1, from 3 nodes of 3 ranks on).
+
+    Both bounds keep the flat ring from being slower. Its S + B hops run one after another,
+    each crossing nodes from one GPU at a node's end, while the double ring's M - 1 outer hops
+    cross from all L GPUs of a node at once, sharing its NICs (at most one a GPU): each takes
+    at least as long as one GPU's crossing, so S + B <= M - 1 crossings take no longer. And
+    S + B <= L - 1 blocks are fewer than the double ring's first round alone sends. (With more
+    hops the double ring can win: 2 nodes of 8 with 7 hops, 50-60% slower flat on the a800 and
+    h100 profiles, a review found.)"""
     if nodes <= 1 or spec.is_plain:
         return False
-    return sum(ring_reach(spec, layout, world, n)) <= world // nodes - 1
+    return sum(ring_reach(spec, layout, world, n)) <= min(world // nodes, nodes) - 1

@@ -84,10 +84,13 @@ def _cases(world: int) -> list[dict]:
         for backward, grad_acc in (("burst", "fp32"), ("ring", "fp32"), ("burst", "input")):
             cs.append(case(options=dict(layout="zigzag", backward=backward, grad_acc=grad_acc),
                            causal=True, window=(3, 0), seed=len(cs)))
-            # the same on nodes of 4: a flat ring (2 hops) instead of the double ring
-            cs.append(case(options=dict(layout="zigzag", backward=backward, grad_acc=grad_acc,
-                                        ranks_per_node=4), ranks_per_node=4, causal=True,
-                           window=(3, 0), seed=len(cs)))
+            # on nodes of 4, a window of 1 hop: a flat ring instead of the double ring
+            # (min(L, M) - 1 = 1; the zigzag's 1 + 1 hops keep the double ring here)
+            for layout in ("contiguous", "zigzag"):
+                cs.append(case(options=dict(layout=layout, backward=backward,
+                                            grad_acc=grad_acc, ranks_per_node=4),
+                               ranks_per_node=4, causal=True,
+                               window=(8 if layout == "contiguous" else 3, 0), seed=len(cs)))
             cs.append(case(options=dict(layout="contiguous", backward=backward,
                                         grad_acc=grad_acc), causal=False, window=(0, 10),
                            seed=len(cs)))
@@ -611,6 +614,22 @@ def test_auto_backward_counts_the_gradient_sums_in_grad_acc_dtype():
                                                      backward=best).sent("backward")
         opts = {"grad_acc": grad_acc, "backward": "auto"}  # the registry entry says "burst"
         assert plan_for("burst", opts, Topo(2, 2), attn).backward == best
+    # on a double ring that a window sends to a flat ring, 'auto' chooses for the flat ring
+    # (the byte formulas chose for the double ring: a review found head_dim 1 to 3 flip)
+    shape = dict(world=4, batch=1, seq_local=8, heads=2, kv_heads=2, head_dim=1, elem=8,
+                 acc_elem=8)
+    flat = dict(layout="contiguous", causal=True, window=(8, 0))
+    x = torch.zeros(1, 8, 2, 1, dtype=torch.float64)
+    best = choose_backward(x, x, world=4, ranks_per_node=None)
+    assert best != choose_backward(x, x, world=4, ranks_per_node=2)  # the case that flips
+    attn = AttnShape(batch=1, seq_len=32, heads=2, kv_heads=2, head_dim=1, dtype="float64",
+                     window=(8, 0))
+    assert plan_for("burst", dict(flat, ranks_per_node=2, backward="auto"), Topo(4, 2),
+                    attn).backward == best
+    auto = method_bytes("burst", **shape, **flat, ranks_per_node=2, backward="auto",
+                        node_size=2)
+    assert auto.by == method_bytes("burst", **shape, **flat, ranks_per_node=2, backward=best,
+                                   node_size=2).by
 
 
 def _ring_groups_used(rank: int, world: int):
@@ -642,6 +661,41 @@ def test_a_flat_ring_sends_nothing_through_the_callers_group():
     flat ring read through the caller's group (a GPU review found it)."""
     for posted, on_caller in spawn(_ring_groups_used, 2):
         assert posted > 0 and on_caller == 0
+
+
+def _groups_made(rank: int, world: int) -> list[int]:
+    """Process groups this rank creates in each of three double-ring calls (nodes of 2):
+    plain, with a window a flat ring serves in 1 hop, with one it does not."""
+    from burst import burst_attn, comm
+
+    made, real = [0], comm._new_group
+
+    def counting(*a, **k):
+        made[0] += 1
+        return real(*a, **k)
+
+    comm._new_group = counting
+    per_call = []
+    try:
+        for window in (None, (8, 0), (16, 0)):
+            made[0] = 0
+            q, k, v = (torch.randn(1, 8, 2, 8, requires_grad=True) for _ in range(3))
+            burst_attn(q, k, v, causal=True, layout="contiguous", ranks_per_node=2,
+                       window=window).sum().backward()
+            per_call.append(made[0])
+    finally:
+        comm._new_group = real
+    return per_call
+
+
+def test_the_groups_a_ring_makes_do_not_depend_on_its_mask():
+    """Under NCCL every rank of the world joins each group's creation; data-parallel replicas
+    may hold different documents, so the groups a rank makes must not depend on its mask. A
+    double ring's first call makes the flat ring's groups too (which a window a flat ring
+    serves in few hops runs on); they were made at the first such window (a review found it:
+    6 groups on one replica, 4 on another, a hang under NCCL)."""
+    for per_call in spawn(_groups_made, 4):
+        assert per_call[0] > 0 and per_call[1:] == [0, 0], per_call
 
 
 def _stays(rank: int, world: int, folder: str, launcher_err: str):

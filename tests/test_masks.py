@@ -258,12 +258,14 @@ def test_a_window_with_keys_on_both_sides_sends_the_ring_both_ways(world):
 
 def test_a_window_that_a_flat_ring_serves_in_fewer_hops_than_a_node_runs_flat():
     """A double ring sends every block, across nodes from every GPU at once; where the mask
-    lets a flat ring bring every rank its keys in at most L - 1 hops (L ranks a node), the
-    ring runs flat (burst_attn, the emulation, the byte formulas and the simulator agree)."""
+    lets a flat ring bring every rank its keys in at most min(L, M) - 1 hops (M nodes of L
+    ranks), the ring runs flat (burst_attn, the emulation, the byte formulas and the simulator
+    agree; test_simulator prices the rule)."""
     n = 16  # zigzag chunks of 8
     near = M.MaskSpec(causal=True, window=(8, 0))  # zigzag: 1 + 1 hops
-    assert M.flat_ring_suffices(near, "zigzag", 16, n, nodes=4)  # 2 <= L - 1 = 3
+    assert M.flat_ring_suffices(near, "zigzag", 16, n, nodes=4)  # 2 <= min(4, 4) - 1 = 3
     assert not M.flat_ring_suffices(near, "zigzag", 16, n, nodes=8)  # 2 > L - 1 = 1
+    assert not M.flat_ring_suffices(near, "zigzag", 16, n, nodes=2)  # 2 > M - 1 = 1
     assert not M.flat_ring_suffices(near, "zigzag", 16, n, nodes=1)  # already flat
     assert not M.flat_ring_suffices(M.MaskSpec(causal=True), "zigzag", 16, n, nodes=4)
     far = M.MaskSpec(causal=True, window=(40, 0))  # contiguous: 3 hops back
