@@ -62,7 +62,7 @@ def _cases(world: int) -> list[dict]:
                        ranks_per_node=1, window=(8, 0), seed=len(cs)))  # truncated, all inter
         for backward in ("burst", "ring"):
             # a window does not shorten a double ring (a flat ring needs 2 hops: more than
-            # a node's ring of 2 has)...
+            # min(L, M) - 1 = 1 on 2 nodes of 2)...
             cs.append(case(options=dict(layout="contiguous", backward=backward,
                                         ranks_per_node=2), ranks_per_node=2, window=(16, 0),
                            seed=len(cs)))
