@@ -58,6 +58,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from burst.comm import ranks_per_node_ok, ring_shape
+from burst.masks import MaskSpec, flat_ring_suffices, ring_reach
+from burst.ring import check_reach
 
 __all__ = ["METHODS", "Volume", "auto_backward", "formula_options", "method_bytes",
            "regather_bytes", "ring_attention_bytes", "ring_hop_bytes", "ulysses_kv_heads"]
@@ -131,8 +133,6 @@ def ring_attention_bytes(*, world: int, batch: int, seq_local: int, heads: int, 
         node_size = node_size or 1
     if ring_shape(g, ranks_per_node)[0] == 1:
         s = g - 1 if span is None else span
-        from burst.ring import check_reach  # (burst.ring imports torch)
-
         check_reach(g, s, back)
         size = node_size or g
 
@@ -192,20 +192,18 @@ class _Case:
             if p != self.rank:
                 vol.add(phase, self.link(p), nbytes)
 
+    @property
+    def mask(self) -> MaskSpec:
+        return MaskSpec(causal=self.causal, window=self.window, cu_seqlens=self.cu_seqlens)
+
     def reach(self, world: int, seq_local: int, layout: str, nodes: int = 1) -> tuple[int, int]:
         """(span, back) of the ring (``burst.masks.ring_reach``): (G-1, 0) unless a window
         cuts it."""
-        from burst.masks import MaskSpec, ring_reach
-
-        spec = MaskSpec(causal=self.causal, window=self.window, cu_seqlens=self.cu_seqlens)
-        return ring_reach(spec, layout, world, seq_local, nodes)
+        return ring_reach(self.mask, layout, world, seq_local, nodes)
 
     def flat_suffices(self, layout: str, nodes: int) -> bool:
         """A double ring that runs flat for this mask (``burst.masks.flat_ring_suffices``)."""
-        from burst.masks import MaskSpec, flat_ring_suffices
-
-        spec = MaskSpec(causal=self.causal, window=self.window, cu_seqlens=self.cu_seqlens)
-        return flat_ring_suffices(spec, layout, self.world, self.seq_local, nodes)
+        return flat_ring_suffices(self.mask, layout, self.world, self.seq_local, nodes)
 
 
 def _ring_nodes(c: _Case, layout: str, ranks_per_node: int | None,
