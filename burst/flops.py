@@ -16,6 +16,7 @@ two-matrix MLP.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 __all__ = [
@@ -160,18 +161,22 @@ def layer_flops(cfg, batch: int, seq_len: int) -> int:
     return _dense_per_token(cfg) * batch * seq_len - head_flops(cfg, batch, seq_len)
 
 
-def _attn_fwd(cfg, batch: int, seq_len: int, causal_halved: bool,
-              window: tuple[int, int] | None = None) -> float:
-    """Attention forward FLOPs of every layer (a window: the attended pairs of the causal
-    model in every convention)."""
+def _attn_fwd(cfg, batch: int, seq_len: int, causal_halved: bool, window=None) -> float:
+    """Attention forward FLOPs of every layer (a layer's window: the attended pairs of the
+    causal model in every convention). ``window``: the model's, one for every layer or one per
+    layer (``burst.masks.layer_windows``)."""
+    from burst.masks import layer_windows
+
     hd = cfg.hidden_size // cfg.num_heads
-    window = _masking(window, seq_len, True)  # the model is causal
-    causal = causal_halved or window is not None
-    return cfg.num_layers * _convention_fwd(batch, seq_len, cfg.num_heads, hd, causal, window)
+    total = 0.0
+    for w, layers in Counter(layer_windows(window, cfg.num_layers)).items():
+        w = _masking(w, seq_len, True)  # the model is causal
+        causal = causal_halved or w is not None
+        total += layers * _convention_fwd(batch, seq_len, cfg.num_heads, hd, causal, w)
+    return total
 
 
-def recompute_flops(cfg, batch: int, seq_len: int, checkpointing: str,
-                    window: tuple[int, int] | None = None) -> float:
+def recompute_flops(cfg, batch: int, seq_len: int, checkpointing: str, window=None) -> float:
     """Forward FLOPs recomputed in backward by a checkpointing mode (causal attention).
 
     none: nothing; full: the whole layer stack; selective: the layers without the attention core
@@ -179,7 +184,8 @@ def recompute_flops(cfg, batch: int, seq_len: int, checkpointing: str,
     sequence's first N/2 tokens (striped: the first half of every rank's queries against the
     first half of K/V), a quarter of the causal attention; with a window, the pairs that window
     attends among N/2 tokens (about half of its pairs among N when it is short).
-    ``window``: the model's sliding window (its attention counted as the attended pairs).
+    ``window``: the model's sliding window, one for every layer or one per layer (its
+    attention counted as the attended pairs).
     """
     if checkpointing not in CHECKPOINTING:
         raise ValueError(f"unknown checkpointing {checkpointing!r}; "
@@ -193,9 +199,9 @@ def recompute_flops(cfg, batch: int, seq_len: int, checkpointing: str,
 
 
 def model_flops(cfg, batch: int, seq_len: int, convention: str = "model_flops_causal",
-                checkpointing: str = "none", window: tuple[int, int] | None = None) -> float:
+                checkpointing: str = "none", window=None) -> float:
     """FLOPs of one training step (forward + backward) under a named convention; ``window``:
-    the model's sliding window."""
+    the model's sliding window, one for every layer or one per layer."""
     if convention not in CONVENTIONS:
         raise ValueError(f"unknown FLOP convention {convention!r}; valid: {', '.join(CONVENTIONS)}")
     dense = _dense_per_token(cfg) * batch * seq_len
@@ -209,10 +215,10 @@ def model_flops(cfg, batch: int, seq_len: int, convention: str = "model_flops_ca
 
 def rate_columns(*, time_s: float, batch: int, seq_len: int, world: int, peak: float | None,
                  cfg=None, checkpointing: str = "none", heads: int | None = None,
-                 head_dim: int | None = None, causal: bool = True,
-                 window: tuple[int, int] | None = None) -> dict:
+                 head_dim: int | None = None, causal: bool = True, window=None) -> dict:
     """The rate columns of a result row, per device: ``tokens_per_s``, and for an attention
-    layer (``cfg`` None) ``attn_tflops`` in the kernel convention, for a training step
+    layer (``cfg`` None; ``window`` its (left, right)) ``attn_tflops`` in the kernel
+    convention, for a training step (``window`` the model's, or one per layer)
     ``tflops_<convention>`` and ``mfu_<convention>`` (None without a ``peak``) of every
     convention. One place for measured, simulated and published rows alike."""
     out = {"tokens_per_s": batch * seq_len / time_s / world}

@@ -40,7 +40,8 @@ import torch
 from burst.layout import check_layout, global_positions, position_runs
 
 __all__ = ["FULL", "CAUSAL", "STRICT", "DENSE", "TILE", "Call", "MaskSpec", "bounds_mask",
-           "flat_ring_suffices", "plan_pair", "ring_reach"]
+           "flat_ring_suffices", "interleaved_windows", "layer_windows", "model_window",
+           "plan_pair", "ring_reach"]
 
 FULL = "full"  # every query sees every key
 CAUSAL = "causal"  # square block, query a sees key b iff b <= a (top-left aligned)
@@ -105,6 +106,58 @@ def _window_sides(window) -> tuple[int, int] | None:
             return None
         out.append(min(n, 1 << 40))
     return out[0], out[1]
+
+
+def layer_windows(window, layers: int) -> tuple[tuple[int, int] | None, ...]:
+    """A causal model's sliding window, one entry per decoder layer: a (left, right) pair, or
+    None for a layer that attends its whole causal context.
+
+    ``window`` is None (no layer has a window), one (left, right) pair (every layer's), or a
+    sequence of ``layers`` entries, each a pair or None: the interleaved local and global layers
+    of Gemma 2 and 3, GPT-OSS and Mistral's variants (``interleaved_windows`` builds one).
+    """
+    if window is None:
+        return (None,) * layers
+    if isinstance(window, (str, bytes)) or _unordered(window):
+        entries = None
+    else:
+        sides = _window_sides(window)
+        if sides is not None:  # one pair: every layer's
+            return (sides,) * layers
+        try:
+            entries = list(window)
+        except TypeError:
+            entries = None
+    per = None
+    if entries is not None and len(entries) == layers:
+        per = [None if w is None else _window_sides(w) for w in entries]
+    if per is None or any(p is None for p, w in zip(per, entries, strict=True) if w is not None):
+        raise ValueError(
+            f"window={window!r}: expected (left, right), two whole numbers of tokens >= 0 "
+            f"(math.inf or >= 2**40: unbounded) for every layer, or a list of {layers} entries, "
+            "one per layer, each (left, right) or None (the whole causal context)")
+    return tuple(per)
+
+
+def model_window(window, layers: int):
+    """``window`` in one form (``layer_windows``' entries checked, sides as ints): None, one
+    (left, right) pair when every layer has the same, else the tuple of per-layer entries."""
+    per = layer_windows(window, layers)
+    return per[0] if len(set(per)) == 1 else per
+
+
+def interleaved_windows(window, layers: int, global_every: int
+                        ) -> tuple[tuple[int, int] | None, ...]:
+    """Per-layer windows of a model that interleaves local and global attention: every
+    ``global_every``-th layer (the last of each group) attends its whole causal context, the
+    others the sliding ``window``. Gemma 3 uses 6 (five local layers of 1024 tokens, then a
+    global one; arXiv 2503.19786); Gemma 2 and GPT-OSS alternate (2)."""
+    if isinstance(global_every, bool) or not isinstance(global_every, int) or global_every < 1:
+        raise ValueError(f"global_every={global_every!r} must be a whole number >= 1")
+    sides = layer_windows(window, 1)[0]
+    if sides is None:
+        raise ValueError("window=None: give the local layers' (left, right) window")
+    return tuple(None if (i + 1) % global_every == 0 else sides for i in range(layers))
 
 
 @dataclass(frozen=True)

@@ -371,6 +371,51 @@ def test_recompute_flops_of_a_windowed_model():
         assert c.flops("recompute") == want, mode
 
 
+def test_each_layer_runs_its_own_window():
+    """A model whose layers interleave local and global attention: each layer's call, in the
+    forward and in full checkpointing's recomputation, gets that layer's window (None: no
+    window option at all), and the FLOP formulas count each layer's pairs."""
+    from burst.masks import interleaved_windows
+    from burst.reference import reference_attention
+
+    seen = []
+
+    def method(q, k, v, *, causal, softmax_scale=None, group=None, **mask):
+        seen.append(mask.get("window", "none"))
+        return reference_attention(q, k, v, causal=causal, scale=softmax_scale, **mask)[0]
+
+    cfg = dataclasses.replace(get_config("tiny"), num_layers=3)
+    windows = [(3, 0), None, (5, 1)]
+    tr = Trainer(cfg, attention=method, window=windows, checkpointing="full",
+                 dtype=torch.float64)
+    with count_attention_flops() as c:
+        loss = tr.forward_backward(*tr.local_batch(32, batch=2))
+    assert seen == [(3, 0), "none", (5, 1), (5, 1), "none", (3, 0)]  # forward, then backward
+    for phase in ("forward", "recompute"):
+        assert c.flops(phase) == flops.recompute_flops(cfg, 2, 32, "full", windows) \
+            - flops.recompute_flops(cfg, 2, 32, "selective", windows), phase
+    # a per-layer list counts each layer's pairs: the mean of the uniform models' counts
+    one = {w: flops.model_flops(cfg, 2, 32, "hardware_flops", "full", w) for w in windows}
+    assert flops.model_flops(cfg, 2, 32, "hardware_flops", "full", windows) == \
+        pytest.approx(sum(one.values()) / 3, rel=1e-12)
+    # the same windows given per layer, all equal, are the one window of every layer
+    uniform = Trainer(cfg, attention=method, window=[(3, 0)] * 3, dtype=torch.float64)
+    assert uniform.model.attention.window == (3, 0)
+    assert not uniform.model.attention.per_layer
+    # the loss differs from both uniform models' (each layer's mask matters)
+    for w in ((3, 0), None):
+        other = Trainer(cfg, attention=method, window=w, checkpointing="full",
+                        dtype=torch.float64)
+        assert abs(other.forward_backward(*other.local_batch(32, batch=2)) - loss) > 1e-6
+    assert interleaved_windows((7, 0), 6, 3) == ((7, 0), (7, 0), None) * 2
+    with pytest.raises(ValueError, match=r"a list of 3 entries, one per layer"):
+        Trainer(cfg, window=[(3, 0), None])
+    with pytest.raises(ValueError, match=r"a list of 3 entries, one per layer"):
+        Trainer(cfg, window=[(3, 0), None, (-1, 0)])
+    with pytest.raises(ValueError, match="for_layer"):
+        tr.model.attention(*[torch.zeros(1, 2, 4, 8)] * 3)
+
+
 def test_recompute_flops_of_documents():
     """Full recomputation with documents counts the pairs the documents attend (two of 16
     tokens: about half the sequence's causal pairs), not the whole sequence's."""

@@ -8,6 +8,10 @@ their sub-block really has, and keep every dense mask within TILE x TILE.
 
 from __future__ import annotations
 
+import math
+import re
+
+import numpy as np
 import pytest
 import torch
 
@@ -272,3 +276,21 @@ def test_a_window_that_a_flat_ring_serves_in_fewer_hops_than_a_node_runs_flat():
     assert M.flat_ring_suffices(far, "contiguous", 16, n, nodes=4)
     assert not M.flat_ring_suffices(far, "contiguous", 16, n, nodes=8)
     assert not M.flat_ring_suffices(far, "striped", 16, n, nodes=4)  # every rank needed
+
+
+def test_a_models_window_is_one_pair_or_one_entry_per_layer():
+    """``layer_windows``: None, one pair for every layer (its sides as ints, inf unbounded),
+    or one entry per layer; anything else is refused with what was given."""
+    from burst.masks import layer_windows, model_window
+
+    assert layer_windows(None, 2) == (None, None)
+    assert layer_windows((np.int64(3), 0.0), 2) == ((3, 0), (3, 0))
+    assert layer_windows((math.inf, 0), 1) == ((1 << 40, 0),)
+    assert layer_windows([[3, 0], None, (np.int64(1), 2)], 3) == ((3, 0), None, (1, 2))
+    assert layer_windows(np.array([[3, 0], [5, 0]]), 2) == ((3, 0), (5, 0))
+    assert model_window([(3, 0), [3, 0]], 2) == (3, 0)
+    assert model_window([None, None], 2) is None
+    for bad in ([(3, 0)], [(3, 0), None, None], [3, None], [(3, 0), (1, 2, 3)],
+                [(3, 0), (-1, 0)], "ab", {3, 0}, [{3, 0}, None], 3):
+        with pytest.raises(ValueError, match=re.escape(f"window={bad!r}: expected")):
+            layer_windows(bad, 2)

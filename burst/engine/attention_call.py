@@ -27,7 +27,7 @@ import contextvars
 import inspect
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -177,8 +177,26 @@ class AttentionCall:
     layout: str
     options: dict = field(default_factory=dict)
     group: object = None
-    window: tuple[int, int] | None = None
-    """(left, right) sliding window in global token positions (passed through to the method)."""
+    window: tuple | None = None
+    """(left, right) sliding window in global token positions (passed through to the method);
+    or, for a model whose layers differ, one entry per layer, each (left, right) or None
+    (``burst.masks.model_window``'s form): ``for_layer`` gives each layer's call."""
+
+    def __post_init__(self):
+        self._layers: dict[int, AttentionCall] = {}
+
+    @property
+    def per_layer(self) -> bool:
+        """The window differs between layers (``window`` holds one entry per layer)."""
+        return self.window is not None and not isinstance(self.window[0], int)
+
+    def for_layer(self, index: int) -> AttentionCall:
+        """The call of decoder layer ``index``: this one, or a copy with that layer's window."""
+        if not self.per_layer:
+            return self
+        if index not in self._layers:
+            self._layers[index] = replace(self, window=self.window[index])
+        return self._layers[index]
 
     def mask_options(self, cu_seqlens: Sequence[int] | None) -> dict:
         extra = {}
@@ -197,6 +215,9 @@ class AttentionCall:
 
     def __call__(self, q_BSHD: torch.Tensor, k_BSHD: torch.Tensor, v_BSHD: torch.Tensor, *,
                  cu_seqlens: Sequence[int] | None = None) -> torch.Tensor:
+        if self.per_layer:
+            raise ValueError("this attention call holds one window per layer; call the one "
+                             "for_layer(index) gives")
         if _COUNTERS:
             b, n, h, d = q_BSHD.shape
             g = comm.world_size(self.group)

@@ -269,8 +269,8 @@ class CausalLM(nn.Module):
         # without autograd (evaluation) nothing is saved, so there is nothing to checkpoint
         mode = self.checkpointing if torch.is_grad_enabled() else "none"
         for i, layer in enumerate(self.layers):
-            x = layer(x, rope, i, attention=self.attention, mode=mode, cache=self.cache,
-                      cu_seqlens=cu_seqlens)
+            x = layer(x, rope, i, attention=self.attention.for_layer(i), mode=mode,
+                      cache=self.cache, cu_seqlens=cu_seqlens)
         return self.norm(x)
 
     def forward(self, tokens_BS: torch.Tensor, positions_BS: torch.Tensor,

@@ -59,7 +59,7 @@ from burst.engine.parallel import (
     write_staged,
 )
 from burst.layout import divisors, length_problem
-from burst.masks import MaskSpec
+from burst.masks import MaskSpec, model_window
 
 __all__ = ["DTYPES", "OPTIMIZERS", "Trainer", "seq_len_problems"]
 
@@ -147,7 +147,9 @@ class Trainer:
             one CP group); or ``cp_degree`` to build both (CP innermost).
         checkpointing: ``none``, ``full``, ``selective``, ``selective_half`` (striped layout).
         fused_head: fused LM head + cross-entropy in chunks of ``loss_chunk`` tokens.
-        window: (left, right) sliding window of every layer's attention.
+        window: (left, right) sliding window of every layer's attention, or a list with one
+            entry per layer, each (left, right) or None (the whole causal context): a model
+            that interleaves local and global layers (``burst.masks.interleaved_windows``).
         data_parallel: ``ddp`` or ``fsdp`` (torch's) across the DP group; ``fsdp_world``:
             torch's FSDP over every rank, CP included, so that weights, gradients and optimizer
             state are sharded over the world (ZeRO-3: one unit per decoder layer). Where FSDP
@@ -164,7 +166,7 @@ class Trainer:
                  cp_degree: int | None = None, checkpointing: str = "none",
                  fused_head: bool = True, loss_chunk: int = LOSS_CHUNK,
                  dtype: torch.dtype = torch.float32, device="cpu", lr: float = 1e-3,
-                 seed: int = 0, window: tuple[int, int] | None = None,
+                 seed: int = 0, window=None,
                  data_parallel: str = "ddp", optimizer: str = "adamw",
                  weight_decay: float = 0.0, state_dict: dict | None = None,
                  ignore_index: int = IGNORE_INDEX):
@@ -211,9 +213,9 @@ class Trainer:
         if data_parallel not in DATA_PARALLEL:
             problems.append(f"unknown data_parallel {data_parallel!r}; valid: "
                             f"{', '.join(DATA_PARALLEL)}")
-        if window is not None:
-            try:
-                MaskSpec(causal=True, window=window)
+        if window is not None and cfg is not None:  # (without a config: reported above)
+            try:  # one form: sides as ints, a list of equal windows as one (model_window)
+                window = model_window(window, cfg.num_layers)
             except ValueError as e:
                 problems.append(str(e))
         self.device = torch.device(device)
