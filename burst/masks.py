@@ -41,7 +41,7 @@ from burst.layout import check_layout, global_positions, position_runs
 
 __all__ = ["FULL", "CAUSAL", "STRICT", "DENSE", "TILE", "Call", "MaskSpec", "bounds_mask",
            "flat_ring_suffices", "interleaved_windows", "layer_windows", "model_window",
-           "plan_pair", "ring_reach"]
+           "per_layer", "plan_pair", "ring_reach"]
 
 FULL = "full"  # every query sees every key
 CAUSAL = "causal"  # square block, query a sees key b iff b <= a (top-left aligned)
@@ -144,6 +144,11 @@ def model_window(window, layers: int):
     (left, right) pair when every layer has the same, else the tuple of per-layer entries."""
     per = layer_windows(window, layers)
     return per[0] if len(set(per)) == 1 else per
+
+
+def per_layer(window) -> bool:
+    """``window`` (``model_window``'s form) holds one entry per layer, not one pair."""
+    return window is not None and not isinstance(window[0], int)
 
 
 def interleaved_windows(window, layers: int, global_every: int

@@ -46,7 +46,9 @@ class Cell:
     kv_heads: int | None
     head_dim: int | None
     causal: bool
-    window: tuple[int, int] | None
+    window: tuple | None
+    """(left, right); a train_step cell's may hold one entry per layer
+    (``burst.masks.model_window``)."""
     world: int
     nodes: int
     ranks_per_node: int
@@ -89,8 +91,8 @@ class Cell:
     @classmethod
     def from_json(cls, s: str) -> Cell:
         d = json.loads(s)
-        if d.get("window") is not None:
-            d["window"] = tuple(d["window"])
+        if d.get("window") is not None:  # a pair, or a model's one entry per layer
+            d["window"] = tuple(tuple(w) if isinstance(w, list) else w for w in d["window"])
         return cls(**d)
 
     def describe(self) -> str:
@@ -133,6 +135,19 @@ def _model_shape(model: str | None) -> tuple[int | None, int | None, int | None]
     return cfg.num_heads, cfg.num_kv_heads, cfg.hidden_size // cfg.num_heads
 
 
+def _model_window(spec: SweepSpec):
+    """A train_step spec's window in a cell's form: None, one pair, or one entry per layer."""
+    if spec.window is None:
+        return None
+    from burst.engine.configs import get_config
+    from burst.masks import interleaved_windows, model_window
+
+    layers = get_config(spec.model).num_layers
+    every = spec.global_every
+    return model_window(spec.window if every is None
+                        else interleaved_windows(spec.window, layers, every), layers)
+
+
 def expand(spec: SweepSpec) -> list[Cell]:
     """The cells of a sweep, in order: scales, then sequence lengths, then methods (so that the
     methods of one length run side by side and a partial run is comparable)."""
@@ -140,7 +155,8 @@ def expand(spec: SweepSpec) -> list[Cell]:
         heads, kv_heads, head_dim = spec.shape.heads, spec.shape.kv_heads, spec.shape.head_dim
         causal, window = spec.shape.causal, spec.shape.window
     else:
-        (heads, kv_heads, head_dim), causal, window = _model_shape(spec.model), True, None
+        (heads, kv_heads, head_dim), causal = _model_shape(spec.model), True
+        window = _model_window(spec)
     cells = []
     for scale in spec.scales:
         for n in scale.seq_lens:

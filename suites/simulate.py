@@ -28,12 +28,13 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from burst import flops as F
-from burst.masks import MaskSpec
+from burst.masks import MaskSpec, model_window, per_layer
 from suites.hardware import Hardware, load
 from suites.implementations import OURS, Implementation, implementation
 from suites.memory_model import MemoryEstimate, attention_memory, train_memory
@@ -71,6 +72,9 @@ class Prediction:
     regather: tuple = ()
     """Every rank's bytes sent again in a layer's backward by this project's selective Ulysses /
     USP (``suites.schedule.regather_volume``), rank 0's first; empty otherwise."""
+    layers: tuple = ()
+    """A model whose layers differ in window: (layers, the prediction of a model with that
+    layer's window alone) per window (``predict``); empty otherwise."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,8 +149,8 @@ def as_cell(obj, gpus_per_node: int | None = None):
         raise ValueError(f"workload={workload!r} is not a workload; valid: "
                          f"{', '.join(WORKLOADS)}")
     # a key of the other workload would be ignored (the spec parser's rule, suites.spec.ONLY_FOR);
-    # a default value ignores nothing. One exception: the simulator prices a windowed training
-    # step (the engine's Trainer(window=)), which a spec has no key for yet
+    # a default value ignores nothing. One exception: a training step's window is the model's
+    # (the engine's Trainer(window=); a spec's top-level window and global_every)
     wrong = sorted(k for k, v in d.items() if ONLY_FOR.get(k, workload) != workload
                    and v is not None and v != _CELL_DEFAULTS[k]
                    and not (k == "window" and workload == "train_step"))
@@ -196,7 +200,9 @@ def as_cell(obj, gpus_per_node: int | None = None):
         raise ValueError("an attention cell needs heads and head_dim")
     d["kv_heads"] = d["kv_heads"] or d["heads"]
     d["label"] = d["label"] or d["method"]
-    if d["window"] is not None:  # the core's rule (a set's sides came in hash order)
+    if d["window"] is not None and d["workload"] == "train_step":  # the Trainer's rule: a
+        d["window"] = model_window(d["window"], cfg.num_layers)  # pair, or one per layer
+    elif d["window"] is not None:  # the core's rule (a set's sides came in hash order)
         MaskSpec(window=d["window"])
         d["window"] = tuple(plain_integer(x) for x in d["window"])
     return Cell(**d)
@@ -242,6 +248,8 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
     knob yet); a system whose profile says ``optimizer_offload`` always does."""
     cell = as_cell(cell, hw.gpus_per_node)
     impl = impl or _impl(cell)
+    if cell.workload == "train_step" and per_layer(cell.window):
+        return _mixed_layers(cell, hw, impl, invalid=invalid, offload=offload)
     opts = dict(cell.options)  # a paper system's own options are in them (spec, as_cell)
     if cell.ranks_per_node > hw.gpus_per_node:
         # a spec without nodes puts its whole world on one node, as a measured run would
@@ -338,6 +346,30 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
                       checkpointing=ckpt, recompute=again, regather=regather)
 
 
+def _mixed_layers(cell, hw: Hardware, impl: Implementation, *, invalid: str,
+                  offload: bool) -> Prediction:
+    """A model whose layers differ in window, priced from a model of each window alone. A
+    step's time is a sum of per-layer terms and terms a window does not change (head,
+    optimizer, per-step collectives; ``suites.step_model``), so it is the layer-weighted mean
+    of theirs, part by part; its peak memory is the largest of theirs, because a window
+    changes only its layer's ring buffers and kernel working set, not what the other layers
+    keep (``suites.memory_model``)."""
+    counts = Counter(cell.window)
+    groups = tuple((n, predict(dataclasses.replace(cell, window=w), hw, impl, invalid=invalid,
+                               offload=offload)) for w, n in counts.items())
+    layers = sum(counts.values())
+    for _, p in groups:
+        if p.status not in ("ok", "oom"):  # the first reason a window's model cannot run
+            return p
+    worst = max((p for _, p in groups), key=lambda p: p.memory.reserved)
+    parts = {k: sum(n * p.parts[k] for n, p in groups) / layers for k in worst.parts}
+    common = dict(memory=worst.memory, parts=parts, checkpointing=worst.checkpointing,
+                  layers=groups)
+    if worst.status == "oom":
+        return Prediction("oom", error=worst.error, **common)
+    return Prediction("ok", time_s=sum(n * p.time_s for n, p in groups) / layers, **common)
+
+
 def _metrics(cell, hw: Hardware, p: Prediction) -> dict:
     # MFU as the harness reports it: against the bf16 peak, for 16-bit cells only
     mfu_peak = hw.peak_tflops if cell.dtype in F.MFU_DTYPES else None
@@ -346,21 +378,23 @@ def _metrics(cell, hw: Hardware, p: Prediction) -> dict:
         m.update(mem_peak_bytes=int(p.memory.allocated), mem_reserved_bytes=int(p.memory.reserved))
     # the mode the system really ran (a "selective" that caches no attention is full)
     ckpt = p.checkpointing or cell.checkpointing
-    if p.attn is not None:
-        reps = 1
-        if cell.workload == "train_step":
-            cfg = _model_config(cell.model)
-            reps = cfg.num_layers
+    # (layers, prediction) per window: one group, unless the layers' windows differ
+    groups = p.layers or ((_model_config(cell.model).num_layers
+                           if cell.workload == "train_step" else 1, p),)
+    if all(g.attn is not None for _, g in groups):
 
         def sent(phase=None, link=None) -> int:
             """Every layer's bytes on each rank, plus what its backward sends again (the
             forward it recomputes, the all-to-alls a selective Ulysses gathers again); the
             busiest rank's, as measured."""
-            again = [p.recompute.volumes if p.recompute is not None else (), p.regather]
-            again = [v for v in again if v] if phase in (None, "forward") else []
-            return max(reps * (v.sent(phase, link) + sum(a[r].sent("forward", link)
-                                                         for a in again))
-                       for r, v in enumerate(p.attn.volumes))
+            per_rank = [0] * cell.world
+            for n, g in groups:
+                again = [g.recompute.volumes if g.recompute is not None else (), g.regather]
+                again = [v for v in again if v] if phase in (None, "forward") else []
+                for r, v in enumerate(g.attn.volumes):
+                    per_rank[r] += n * (v.sent(phase, link)
+                                        + sum(a[r].sent("forward", link) for a in again))
+            return max(per_rank)
 
         m.update(bytes_sent_forward=sent("forward"), bytes_sent_backward=sent("backward"),
                  bytes_sent_intra=sent(link="intra"), bytes_sent_inter=sent(link="inter"))

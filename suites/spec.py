@@ -198,6 +198,12 @@ class SweepSpec:
     """attention workload only."""
     model: str | None = None
     """train_step only: a ``burst.engine.configs`` name (tiny, 7b, 14b, ...)."""
+    window: tuple[int, int] | None = None
+    """train_step only: the model's (left, right) sliding window (attention uses [shape])."""
+    global_every: int | None = None
+    """train_step only: every ``global_every``-th layer attends its whole causal context, the
+    others ``window`` (``burst.masks.interleaved_windows``: 6 for Gemma 3); None: every layer
+    has the window."""
     warmup: int = 1
     repeats: int = 3
     baseline: str | None = None
@@ -220,6 +226,9 @@ class SweepSpec:
         d = asdict(self)
         d.pop("source")
         d.pop("source_args")
+        for k in ("window", "global_every"):  # (absent: the JSON of specs before them)
+            if d[k] is None:
+                d.pop(k)
         return json.dumps(d, sort_keys=True, default=list)
 
     @property
@@ -299,6 +308,7 @@ def data_parallel_problems(value) -> list[str]:
 
 
 _TOP = {"name", "description", "workload", "device", "dtype", "batch", "shape", "model",
+        "window", "global_every",
         "methods", "seq_lens", "world", "nodes", "gpus_per_node", "scales", "warmup", "repeats",
         "baseline", "seed", "timeout_min", "error_max_tokens", "profile_memory", "slurm"}
 _METHOD = {"name", "paper", "label", "options", "checkpointing", "fused_head", "data_parallel",
@@ -482,6 +492,7 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
                       "starting with '.' or '-')" + ("" if given else '; set name = "..."'))
 
     shape, model = _shape_or_model(r, data, workload, dtype)
+    window, global_every = _model_window(r, data, workload)
     methods, baseline = _methods(r, data, workload, shape)
     scales = _scales(r, data)
     slurm = _slurm(r, data)
@@ -492,7 +503,8 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
     try:
         spec = SweepSpec(name=name, workload=workload, methods=tuple(methods),
                          scales=tuple(scales), device=device, dtype=dtype, shape=shape,
-                         model=model, baseline=baseline, slurm=slurm, source=source, **kw)
+                         model=model, window=window, global_every=global_every,
+                         baseline=baseline, slurm=slurm, source=source, **kw)
     except (TypeError, ValueError):  # too broken to build: its own problems say why
         if not r.problems:
             raise
@@ -531,6 +543,24 @@ def _shape_or_model(r: _Reader, data: dict, workload, dtype):
             r.add("dtype", "'float16': the engine trains in float32, bfloat16 or float64 "
                   "(float16 would need loss scaling; burst.engine.trainer)")
     return shape, model
+
+
+def _model_window(r: _Reader, data: dict, workload):
+    """A train_step spec's ``window`` and ``global_every`` (top level; attention has [shape])."""
+    if workload == "attention":
+        for k in ("window", "global_every"):
+            if k in data:
+                r.add(k, "only applies to workload = 'train_step' (attention sets [shape] "
+                      "window)")
+        return None, None
+    win = r.int_list(data, "window", "", None, minimum=0)
+    if win is not None and len(win) != 2:
+        r.add("window", f"{list(win)} must be [left, right] (two token counts)")
+        win = None
+    every = r.get(data, "global_every", "", int, None, minimum=1)
+    if every is not None and win is None and "window" not in data:
+        r.add("global_every", "needs window = [left, right], the local layers' window")
+    return win, every
 
 
 def _shape(r: _Reader, data: dict) -> Shape | None:

@@ -1057,7 +1057,7 @@ def test_an_interrupted_spawn_keeps_what_the_ranks_said(capfd, tmp_path):
 
 
 def test_a_windowed_train_step_cell_trains_and_counts_with_its_window(monkeypatch):
-    """A train_step cell with a window (a Python cell: specs have no key for it) trained with
+    """A train_step cell with a window (a spec's top-level window) trained with
     full causal attention (the Trainer never got the window) and counted full causal FLOPs;
     the simulator priced the window. Both now use it."""
     import burst.engine.trainer as T

@@ -1154,6 +1154,30 @@ def test_an_attention_key_in_a_train_step_method_names_its_workload(tmp_path):
                for p in problems), problems
 
 
+def test_a_train_step_spec_gives_its_model_a_window_or_local_and_global_layers(tmp_path):
+    """window (and global_every) at a train_step spec's top level reach every cell as the
+    model's per-layer windows; attention specs keep [shape] window; the spec's JSON of a
+    spec without them is what it was."""
+    head = ('workload = "train_step"\nmodel = "tiny"\nseq_lens = [64]\nworld = 2\n'
+            '[[methods]]\nname = "burst"\n')
+    every = load_spec(_write(tmp_path, 'window = [7, 0]\nglobal_every = 2\n' + head, "lg"))
+    assert [c.window for c in expand(every)] == [((7, 0), None)]  # tiny: two layers
+    assert json.loads(every.to_json())["global_every"] == 2
+    one = load_spec(_write(tmp_path, 'window = [7, 0]\n' + head, "w"))
+    assert [c.window for c in expand(one)] == [(7, 0)]
+    plain = load_spec(_write(tmp_path, head, "p"))
+    assert [c.window for c in expand(plain)] == [None]
+    assert "window" not in json.loads(plain.to_json())
+    for text, where, why in (
+            ('window = [7]\n' + head, "window", "must be [left, right]"),
+            ('global_every = 2\n' + head, "global_every", "needs window = [left, right]"),
+            ('window = [7, 0]\nglobal_every = 0\n' + head, "global_every", ">= 1"),
+            ('window = [7, 0]\n' + head.replace("train_step", "attention").replace(
+                'model = "tiny"\n', ""), "window", "only applies to workload = 'train_step'")):
+        problems = _problems(tmp_path, text, "bad")
+        assert any(p.startswith(where) and why in p for p in problems), (text, problems)
+
+
 def _problems(tmp_path, text: str, name: str) -> list[str]:
     """The problems load_spec raises for this spec text (it must raise)."""
     with pytest.raises(SpecError) as ei:

@@ -1461,6 +1461,40 @@ def test_attn_tflops_counts_one_way_for_measured_and_simulated_rows():
         1, n, h, d, causal=False, window=(n - 1, n - 2))
 
 
+def test_a_model_with_local_and_global_layers_is_priced_layer_by_layer():
+    """Gemma-style layers (three local of 4096 tokens, then a global one): the step takes the
+    layer-weighted mean of the uniform models' times, part by part, and the larger of their
+    memories; its MFU counts each layer's pairs; an OOM window OOMs the model; the cell's
+    per-layer window survives its JSON."""
+    from burst import flops as F
+    from burst.engine.configs import get_config
+    from burst.masks import interleaved_windows
+    from suites.cells import Cell
+
+    n, cfg = 1 << 20, get_config("7b")
+    b = dict(workload="train_step", method="burst", model="7b", seq_len=n, world=32, nodes=4,
+             checkpointing="selective", fused_head=True, options={"layout": "zigzag"})
+    w = interleaved_windows((4095, 0), cfg.num_layers, 4)
+    mixed, local, whole = (predict({**b, "window": x}, HW) for x in (w, (4095, 0), None))
+    assert mixed.status == local.status == whole.status == "ok"
+    assert whole.time_s > 3 * mixed.time_s > 9 * local.time_s  # the global layers dominate
+    assert mixed.time_s == pytest.approx((24 * local.time_s + 8 * whole.time_s) / 32)
+    for k, v in mixed.parts.items():
+        assert v == pytest.approx((24 * local.parts[k] + 8 * whole.parts[k]) / 32), k
+    assert mixed.memory.reserved == max(local.memory.reserved, whole.memory.reserved)
+    row = simulate_cell({**b, "window": w}, HW)
+    assert row["tflops_model_flops_causal"] * row["time_s"] * 32e12 == pytest.approx(
+        F.model_flops(cfg, 1, n, "model_flops_causal", "selective", w))
+    assert F.model_flops(cfg, 1, n, window=(4095, 0)) < F.model_flops(cfg, 1, n, window=w) \
+        < F.model_flops(cfg, 1, n)
+    long = {**b, "seq_len": 1 << 21}
+    assert predict({**long, "window": w}, HW).status == predict(long, HW).status == "oom"
+    cell = as_cell({**b, "window": w}, HW.gpus_per_node)
+    assert Cell.from_json(cell.to_json()) == cell
+    with pytest.raises(ValueError, match="a list of 32 entries, one per layer"):
+        predict({**b, "window": w[:-1]}, HW)
+
+
 def test_windowed_train_step_mfu_counts_the_window():
     """A windowed training step's MFU and TFLOP/s count the pairs the window computes, as its
     time does: its MFU was 3.98 (model FLOPs of full causal attention over the windowed time).
@@ -1673,12 +1707,15 @@ TRAIN_BYTE_CASES = [("ulysses", {}, "selective"), ("ulysses", {}, "full"),
                     ("usp", {"ulysses_degree": 2}, "selective"),
                     ("usp", {"ulysses_degree": 2, "backward": "burst"}, "full"),
                     ("burst", {"layout": "zigzag"}, "selective"),
-                    ("burst", {"layout": "zigzag"}, "full")]
+                    ("burst", {"layout": "zigzag"}, "full"),
+                    # a window on one layer of two: that layer's ring sends two hops each way
+                    ("burst", {"layout": "zigzag"}, "full", ((7, 0), None))]
 
 
-def _train_cell(method, options, checkpointing):
+def _train_cell(method, options, checkpointing, window=None):
     return as_cell(dict(workload="train_step", model="tiny", seq_len=64, method=method,
-                        options=options, checkpointing=checkpointing, world=WORLD,
+                        options=options, checkpointing=checkpointing, window=window,
+                        world=WORLD,
                         ranks_per_node=RPN,
                         device="cpu", dtype="float32", warmup=0, repeats=1,
                         profile_memory=False))

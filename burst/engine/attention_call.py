@@ -34,6 +34,7 @@ import torch
 from burst import comm, flops
 from burst.attention import CHOICES, burst_attn, choice_problems
 from burst.layout import check_layout
+from burst.masks import per_layer
 
 __all__ = [
     "AttentionCall",
@@ -188,7 +189,7 @@ class AttentionCall:
     @property
     def per_layer(self) -> bool:
         """The window differs between layers (``window`` holds one entry per layer)."""
-        return self.window is not None and not isinstance(self.window[0], int)
+        return per_layer(self.window)
 
     def for_layer(self, index: int) -> AttentionCall:
         """The call of decoder layer ``index``: this one, or a copy with that layer's window."""
