@@ -68,7 +68,7 @@ from burst.engine.checkpointing import check_mode  # noqa: E402
 from burst.engine.parallel import DATA_PARALLEL, cp_degree_ok  # noqa: E402
 from burst.engine.trainer import DTYPES, OPTIMIZERS, seq_len_problems  # noqa: E402
 from burst.layout import chunks_per_rank  # noqa: E402
-from burst.masks import MaskSpec  # noqa: E402
+from burst.masks import MaskSpec, interleaved_windows, layer_windows, model_window  # noqa: E402
 from burst.spawn import SpawnError, interrupt_on_termination, spawn  # noqa: E402
 from results.store import RunLock, RunLockedError, replace_text  # noqa: E402
 
@@ -118,6 +118,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="K/V heads (GQA; default: the model config's)")
     p.add_argument("--window", type=int, default=None,
                    help="sliding window: each token sees itself and the WINDOW tokens before it")
+    p.add_argument("--global-every", type=positive_int, default=None,
+                   help="with --window: every GLOBAL_EVERY-th layer attends its whole causal "
+                        "context, the others the window (local and global layers "
+                        "interleaved: 6 for Gemma 3, 2 for Gemma 2)")
     p.add_argument("--doc-len", type=positive_int, default=None,
                    help="documents of DOC_LEN tokens (the last may be shorter), each attending "
                         "only within itself, positions restarting at each")
@@ -179,8 +183,11 @@ def _whole_sequence_masks(args: dict) -> dict:
     """``args`` with a --window or --doc-len that spans the whole sequence dropped: causal
     attention over one document is no mask at all, the same run (and no mask's faster path)."""
     n = args["seq_len"]
-    return {**args, **{k: None for k, last in (("window", n - 1), ("doc_len", n))
-                       if args[k] is not None and args[k] >= last}}
+    out = {**args, **{k: None for k, last in (("window", n - 1), ("doc_len", n))
+                      if args[k] is not None and args[k] >= last}}
+    if out["window"] is None and args["window"] is not None:  # no layer has a window
+        out["global_every"] = None
+    return out
 
 
 def _model(args: dict):
@@ -195,6 +202,12 @@ def _model(args: dict):
             MaskSpec(causal=True, window=window)  # the engine's own check of a window
         except ValueError as e:
             raise ValueError(f"--window {args['window']}: {e}") from None
+    if args.get("global_every") is not None:
+        if window is None:
+            raise ValueError(f"--global-every {args['global_every']} needs --window (the "
+                             "local layers' window)")
+        window = model_window(interleaved_windows(window, cfg.num_layers,
+                                                  args["global_every"]), cfg.num_layers)
     cu = None
     if args["doc_len"] is not None:
         if args["doc_len"] < 2:
@@ -283,7 +296,7 @@ def _check_run(args: dict, world: int) -> str | None:
         try:  # one written before the defaults were written out: write them out now
             saved = {**saved, **{k: v for k, v in _identity({**defaults, **saved}, world).items()
                                  if k in ("kv_heads", "ranks_per_node", "backward", "layout",
-                                          "window", "doc_len")}}
+                                          "window", "global_every", "doc_len")}}
         except (ValueError, TypeError, KeyError) as e:  # an edited file: a value of a wrong type
             return (f"{run} names a run this version cannot rebuild ({type(e).__name__}: {e}); "
                     "use another --out")
@@ -433,7 +446,10 @@ def _train(rank: int, world: int, args: dict, host_ranks: int | None = None) -> 
         say(f"{out} is already at step {start} >= --steps {args['steps']}: nothing to do "
             "(a larger --steps trains on)", flush=True)
         return
-    mask = "".join([f", window {window[0]}" if window else "",
+    local = [w for w in layer_windows(window, cfg.num_layers) if w is not None]
+    mask = "".join([f", window {local[0][0]}" if local else "",
+                    f" on {len(local)} of {cfg.num_layers} layers"
+                    if 0 < len(local) < cfg.num_layers else "",
                     f", {_count(len(cu) - 1, 'document')}" if cu else ""])
     ring = "".join([f", {_count(rpn, 'rank')} per node" if rpn < world else "",
                     f", backward {args['backward']}" if args["backward"] else ""])

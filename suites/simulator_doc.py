@@ -660,9 +660,13 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
         "alone; their bytes are in the row; the paper's systems, whose recomputation re-runs "
         "them too, are priced without them); "
         "LM head and optimizer. With a "
-        "sliding window (Python API only: a spec's train_step has no window) the MFU and "
+        "sliding window (a spec's top-level `window`) the MFU and "
         "TFLOP/s count the attended pairs exactly in every FLOP convention, as the kernel "
-        "convention does.",
+        "convention does. A model whose layers differ in window (`global_every`: local and "
+        "global layers interleaved) is priced as a model of each window alone: the step is "
+        "their layer-weighted mean, term by term (each term is per layer or the same for "
+        "every window), its memory the largest of theirs (a window changes only its layer's "
+        "ring buffers and kernel working set), its bytes each layer's.",
         "- **no fixed costs**: no kernel launch, host or framework overhead per kernel call, "
         "layer or step is modelled (and none is fitted), so a step is only its kernels, "
         "transfers and memory traffic: a tiny configuration predicts what no run reaches (the "

@@ -103,7 +103,9 @@ def test_each_training_option_reaches_the_model(tmp_path, monkeypatch):
                       (("--seq-len", "128"), "seq_len: 64 then, 128 now")):
         with pytest.raises(SystemExit, match=why):
             losses("plain", "--steps", "4", *args)
-    for name, args in {"window": ("--window", "8"), "gqa": ("--kv-heads", "4"),
+    for name, args in {"window": ("--window", "8"),
+                       "local_global": ("--window", "8", "--global-every", "2"),
+                       "gqa": ("--kv-heads", "4"),
                        "decay": ("--weight-decay", "0.5"), "sgd": ("--optimizer", "sgd"),
                        "lr": ("--lr", "0.1"), "seed": ("--seed", "1")}.items():
         got = losses(name, *args)
@@ -112,6 +114,8 @@ def test_each_training_option_reaches_the_model(tmp_path, monkeypatch):
         differs = (got[1] != plain[1] and got[0] == plain[0] if name in ("decay", "sgd", "lr")
                    else got[0] != plain[0])
         assert differs, (name, got, plain)
+        if name == "local_global":  # one layer of two windowed: neither plain nor all local
+            assert got[0] != losses("window", "--window", "8")[0], got
     # tokens/s per rank under data parallelism: the global batch of 2 replicas over 2 ranks
     losses("dp", "--world", "2", "--cp-degree", "1")
     got = json.loads((tmp_path / "dp" / "steps.jsonl").open().readline())
@@ -152,6 +156,7 @@ def test_each_training_option_reaches_the_model(tmp_path, monkeypatch):
     assert abs(got - masked) < 1e-12 and abs(got - unmasked) > 1e-6, (got, masked, unmasked)
     for args, why in [(("--kv-heads", "3"), "not divisible by num_kv_heads=3"),
                       (("--window", "-1"), "--window -1"),
+                      (("--global-every", "2"), "--global-every 2 needs --window"),
                       (("--method", "rign"), "unknown method 'rign'"),
                       # block-level (it needs the block's weights): by its level, not its name
                       (("--method", "tp"), "method 'tp' is block-level"),
@@ -184,12 +189,14 @@ def test_a_mask_spanning_the_whole_sequence_is_no_mask(monkeypatch):
 
     plain = train._identity(args(), 4)
     for extra in (("--doc-len", "64"), ("--doc-len", "100"), ("--window", "63"),
-                  ("--window", "63", "--doc-len", "64")):
+                  ("--window", "63", "--doc-len", "64"), ("--window", "63", "--global-every", "2")):
         assert train._identity(args(*extra), 4) == plain, extra
         assert train._model(args(*extra))[1:] == (None, None), extra
     assert train._model(args("--doc-len", "63"))[2] == [0, 63, 64]
     assert train._model(args("--window", "62"))[1] == (62, 0)
     assert train._identity(args("--window", "62"), 4) != plain
+    assert train._model(args("--window", "62", "--global-every", "2"))[1] == ((62, 0), None)
+    assert train._model(args("--window", "62", "--global-every", "3"))[1] == (62, 0)  # 2 layers
 
 
 def test_without_layout_each_method_trains_on_its_own(monkeypatch):
