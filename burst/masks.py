@@ -147,8 +147,8 @@ def model_window(window, layers: int):
 
 
 def per_layer(window) -> bool:
-    """``window`` (``model_window``'s form) holds one entry per layer, not one pair."""
-    return window is not None and not isinstance(window[0], int)
+    """``window`` holds one entry per layer (each a pair or None), not one pair of sides."""
+    return window is not None and any(w is None or isinstance(w, (tuple, list)) for w in window)
 
 
 def interleaved_windows(window, layers: int, global_every: int

@@ -353,7 +353,10 @@ def _mixed_layers(cell, hw: Hardware, impl: Implementation, *, invalid: str,
     optimizer, per-step collectives; ``suites.step_model``), so it is the layer-weighted mean
     of theirs, part by part; its peak memory is the largest of theirs, because a window
     changes only its layer's ring buffers and kernel working set, not what the other layers
-    keep (``suites.memory_model``)."""
+    keep (``suites.memory_model``). That is an upper bound: a model of one window peaks in its
+    last layer's backward, with every checkpoint held, while a window whose last layer comes
+    earlier (the local ones, under ``interleaved_windows``) runs with the checkpoints of the
+    layers after it freed, one layer's or more fewer."""
     counts = Counter(cell.window)
     groups = tuple((n, predict(dataclasses.replace(cell, window=w), hw, impl, invalid=invalid,
                                offload=offload)) for w, n in counts.items())

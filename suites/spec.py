@@ -560,6 +560,18 @@ def _model_window(r: _Reader, data: dict, workload):
     every = r.get(data, "global_every", "", int, None, minimum=1)
     if every is not None and win is None and "window" not in data:
         r.add("global_every", "needs window = [left, right], the local layers' window")
+    layers = None
+    if every is not None and isinstance(data.get("model"), str):
+        try:
+            from burst.engine.configs import get_config
+
+            layers = get_config(data["model"]).num_layers
+        except (ImportError, ValueError):  # (the model's own problem is reported)
+            pass
+    if every == 1 or (layers is not None and every > layers):  # a typo, not a pattern
+        r.add("global_every", f"{every}: every layer would be "
+              f"{'global (drop window)' if every == 1 else 'local (drop global_every)'}; give "
+              f"2 to {layers or 'the model' + chr(39) + 's layers'}")
     return win, every
 
 

@@ -4,6 +4,7 @@ checkpointing cache and FLOP count, and the errors for bad input (issue 4)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 import numpy as np
@@ -414,6 +415,10 @@ def test_each_layer_runs_its_own_window():
         Trainer(cfg, window=[(3, 0), None, (-1, 0)])
     with pytest.raises(ValueError, match="for_layer"):
         tr.model.attention(*[torch.zeros(1, 2, 4, 8)] * 3)
+    # one pair, whatever its numbers' types, is every layer's (it was read as one per layer)
+    for pair in ((math.inf, 0), (4.0, 0), (np.int64(4), 0)):
+        call = dataclasses.replace(tr.model.attention, window=pair)
+        assert not call.per_layer and call.for_layer(1) is call, pair
 
 
 def test_recompute_flops_of_documents():

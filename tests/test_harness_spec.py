@@ -1172,6 +1172,8 @@ def test_a_train_step_spec_gives_its_model_a_window_or_local_and_global_layers(t
             ('window = [7]\n' + head, "window", "must be [left, right]"),
             ('global_every = 2\n' + head, "global_every", "needs window = [left, right]"),
             ('window = [7, 0]\nglobal_every = 0\n' + head, "global_every", ">= 1"),
+            ('window = [7, 0]\nglobal_every = 1\n' + head, "global_every", "global (drop"),
+            ('window = [7, 0]\nglobal_every = 3\n' + head, "global_every", "give 2 to 2"),
             ('window = [7, 0]\n' + head.replace("train_step", "attention").replace(
                 'model = "tiny"\n', ""), "window", "only applies to workload = 'train_step'")):
         problems = _problems(tmp_path, text, "bad")
