@@ -304,9 +304,13 @@ def head_weight_copies(impl: Implementation) -> int:
 
 def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
                  checkpointing: str, fused_head: bool, impl: Implementation,
-                 params: int, offload: bool = False,
-                 world_sharded: bool = False) -> MemoryEstimate:
-    """Peak bytes per rank of one training step (see the module docstring)."""
+                 params: int, offload: bool = False, world_sharded: bool = False,
+                 peak_layer: int | None = None) -> MemoryEstimate:
+    """Peak bytes per rank of one training step (see the module docstring). ``peak_layer``: the
+    layer whose backward holds ``shape``'s attention buffers at the peak (default the last, with
+    every checkpoint held; an earlier one, the last layer of a model's window that differs
+    between layers, holds the checkpoints of layers 0..peak_layer and, in this project's
+    unsharded engine, the gradients of the layers from it to the last)."""
     b, n, e = shape.batch, shape.seq_len // world, shape.elem  # e: the model's dtype
     tokens = b * n
     layer_params = (params - vocab_params(cfg)) / cfg.num_layers
@@ -320,6 +324,10 @@ def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
         raise ValueError("offload: this project's engine keeps its optimizer state on the GPU "
                          "(it has no ZeRO offload); a paper system (cell.paper) can offload")
     checkpoints = cfg.num_layers * checkpoint_bytes(cfg, tokens, checkpointing, e)
+    layer = cfg.num_layers - 1 if peak_layer is None else peak_layer
+    if not 0 <= layer < cfg.num_layers:
+        raise ValueError(f"peak_layer={peak_layer} is not a layer of {cfg.num_layers}")
+    held = (layer + 1) * checkpoint_bytes(cfg, tokens, checkpointing, e)  # at its backward
     # the layer's activations again, recomputed; without checkpointing they are already among
     # the checkpoints (every activation of every layer)
     layer_act = layer_activation_bytes(cfg, tokens, e)
@@ -335,16 +343,18 @@ def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
     extra = impl.global_token_bytes * shape.seq_len
     if not impl.sharded_states:
         moments = _engine_moments(cfg, e, params, layer_params, checkpoints, head, layer_peak,
-                                  world if world_sharded else 1)
+                                  world if world_sharded else 1, held=held, layer=layer)
         return _finish(max(moments, key=lambda m: sum(m.values())), hw)
     base = {"model_states": states, "checkpoints": checkpoints, "implementation": extra}
     at_head = {**base, "head": head}
-    at_layer = {**base, "gathered_params": gathered, "layer_backward": layer_peak}
+    at_layer = {**base, "checkpoints": held, "gathered_params": gathered,
+                "layer_backward": layer_peak}
     return _finish(at_head if sum(at_head.values()) > sum(at_layer.values()) else at_layer, hw)
 
 
 def _engine_moments(cfg, e: int, params: int, layer_params: float, checkpoints: float,
-                    head: float, layer_peak: float, shards: int = 1) -> list[dict]:
+                    head: float, layer_peak: float, shards: int = 1, *,
+                    held: float | None = None, layer: int | None = None) -> list[dict]:
     """This project's engine (``Implementation.sharded_states`` False) holds its states whole,
     but not all of them all the time: ``Trainer`` sets every gradient to None before the
     forward, so the forward and the head hold the weights and AdamW's two moments (3 x e per
@@ -365,7 +375,12 @@ def _engine_moments(cfg, e: int, params: int, layer_params: float, checkpoints: 
     ZeRO-3's ``gathered`` above, and the reduce-scatter's input, the unit's gradients copied
     whole into one buffer of the reduce dtype (fp32 for a 16-bit model: torch's
     ``foreach_reduce``); the gradients' shards grow to 1/G by the end of the backward; the
-    optimizer then steps its 1/G."""
+    optimizer then steps its 1/G.
+
+    The layer's moment is that of layer ``layer`` (default the last), which holds the
+    checkpoints ``held`` (default all) and, unsharded, the gradients of the layers after it."""
+    held = checkpoints if held is None else held
+    later = cfg.num_layers - 1 - (cfg.num_layers - 1 if layer is None else layer)
     one = e * params  # one copy of every parameter
     head_grad = cfg.vocab_size * cfg.hidden_size * e
     if shards > 1:
@@ -379,14 +394,14 @@ def _engine_moments(cfg, e: int, params: int, layer_params: float, checkpoints: 
              "head": head},
             {"model_states": 3 * shard, "gathered_params": root + layers,
              "gradients": head_grad, "reduce_scatter": layer_params * m,
-             "checkpoints": checkpoints, "layer_backward": layer_peak},
+             "checkpoints": held, "layer_backward": layer_peak},
             {"model_states": 4 * shard, "gathered_params": root, "gradients": root,
              "reduce_scatter": root_params * m},
             {"model_states": 4 * shard, "optimizer_step": shard},
         ]
     return [
         {"model_states": 3 * one, "checkpoints": checkpoints, "head": head},
-        {"model_states": 3 * one, "gradients": head_grad + layer_params * e,
-         "checkpoints": checkpoints, "layer_backward": layer_peak},
+        {"model_states": 3 * one, "gradients": head_grad + (1 + later) * layer_params * e,
+         "checkpoints": held, "layer_backward": layer_peak},
         {"model_states": 4 * one, "optimizer_step": one},
     ]

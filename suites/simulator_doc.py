@@ -666,8 +666,8 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
         "global layers interleaved) is priced as a model of each window alone: the step is "
         "their layer-weighted mean, term by term (each term is per layer or the same for "
         "every window), its memory the largest of theirs (a window changes only its layer's "
-        "ring buffers and kernel working set; an upper bound, by the checkpoints of the layers "
-        "after a window's last one, already freed when it runs), its bytes each layer's.",
+        "ring buffers and kernel working set), each at the backward of the window's last layer "
+        "(the checkpoints of the layers after it freed), its bytes each layer's.",
         "- **no fixed costs**: no kernel launch, host or framework overhead per kernel call, "
         "layer or step is modelled (and none is fitted), so a step is only its kernels, "
         "transfers and memory traffic: a tiny configuration predicts what no run reaches (the "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import math
 import os
 import tempfile
@@ -26,6 +27,7 @@ import torch
 
 from burst import comm, flops
 from burst.engine import Trainer, count_attention_flops, get_config
+from burst.masks import per_layer
 from burst.reference import reference_attention
 from burst.spawn import spawn
 
@@ -492,6 +494,19 @@ def _oracle(q, k, v, *, causal, softmax_scale=None, group=None, layout="contiguo
                                scale=softmax_scale)[0]
 
 
+def _layer_oracle(windows):
+    """The float64 oracle of a model whose layers differ in window, picking each call's window
+    by its order (one forward: layer 0, 1, ...), not from what the engine passes."""
+    calls = itertools.count()
+
+    def oracle(q, k, v, *, causal, softmax_scale=None, group=None, layout="contiguous",
+               window=None, cu_seqlens=None):
+        return _oracle(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                       window=windows[next(calls) % len(windows)], cu_seqlens=cu_seqlens)
+
+    return oracle
+
+
 _REF: dict = {}
 
 
@@ -501,8 +516,10 @@ def _reference(c: dict, dp: int):
     if key not in _REF:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # tiny matmuls: one thread is ~20x faster on 2 shared cores
-        tr = Trainer(_config(c), attention=_oracle, fused_head=False, dtype=torch.float64,
-                     window=c["window"])
+        mixed = per_layer(c["window"])  # (its reference checkpoints nothing: one forward)
+        tr = Trainer(_config(c), attention=_layer_oracle(c["window"]) if mixed else _oracle,
+                     fused_head=False, dtype=torch.float64,
+                     window=None if mixed else c["window"])
         batch = tr.local_batch(c["seq"], batch=BATCH * dp, cu_seqlens=c["cu_seqlens"])
         loss = tr.forward_backward(*batch, cu_seqlens=c["cu_seqlens"])
         torch.set_num_threads(threads)

@@ -1481,7 +1481,24 @@ def test_a_model_with_local_and_global_layers_is_priced_layer_by_layer():
     assert mixed.time_s == pytest.approx((24 * local.time_s + 8 * whole.time_s) / 32)
     for k, v in mixed.parts.items():
         assert v == pytest.approx((24 * local.parts[k] + 8 * whole.parts[k]) / 32), k
-    assert mixed.memory.reserved == max(local.memory.reserved, whole.memory.reserved)
+    assert mixed.memory.reserved == max(whole.memory.reserved, predict(
+        {**b, "window": (4095, 0)}, HW, peak_layer=30).memory.reserved)  # last local layer
+    # each window's memory at the backward of its last layer (30 for the local ones), the
+    # checkpoint of layer 31 freed: a USP cell the all-local model cannot fit, the mixed fits
+    usp = dict(b, method="usp", options={"ulysses_degree": 8, "layout": "zigzag"},
+               seq_len=2523136, data_parallel="fsdp_world")
+    fits, not_local = (predict({**usp, "window": x}, HW) for x in (w, (4095, 0)))
+    assert (fits.status, not_local.status) == ("ok", "oom")
+    one = not_local.memory.parts["checkpoints"] / 32
+    assert fits.memory.parts["checkpoints"] == pytest.approx(31 * one)
+    assert fits.memory.parts["layer_backward"] == not_local.memory.parts["layer_backward"]
+    # this project's unsharded engine holds the later layers' gradients instead
+    from suites.memory_model import _engine_moments
+
+    last, first = (_engine_moments(cfg, 2, 100, 3.0, 320.0, 0.0, 0.0, held=h, layer=i)[1]
+                   for h, i in ((None, None), (10.0, 0)))
+    assert first["checkpoints"] == 10.0 and last["checkpoints"] == 320.0
+    assert first["gradients"] - last["gradients"] == 31 * 3.0 * 2
     row = simulate_cell({**b, "window": w}, HW)
     assert row["tflops_model_flops_causal"] * row["time_s"] * 32e12 == pytest.approx(
         F.model_flops(cfg, 1, n, "model_flops_causal", "selective", w))
