@@ -48,6 +48,7 @@ weights, gradients and activations in it and keep no master copy.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from burst import volume
@@ -305,12 +306,13 @@ def head_weight_copies(impl: Implementation) -> int:
 def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
                  checkpointing: str, fused_head: bool, impl: Implementation,
                  params: int, offload: bool = False, world_sharded: bool = False,
-                 peak_layer: int | None = None) -> MemoryEstimate:
-    """Peak bytes per rank of one training step (see the module docstring). ``peak_layer``: the
-    layer whose backward holds ``shape``'s attention buffers at the peak (default the last, with
-    every checkpoint held; an earlier one, the last layer of a model's window that differs
-    between layers, holds the checkpoints of layers 0..peak_layer and, in this project's
-    unsharded engine, the gradients of the layers from it to the last)."""
+                 layers: Sequence[int] | None = None) -> MemoryEstimate:
+    """Peak bytes per rank of one training step (see the module docstring). ``layers``: the
+    layers whose backward runs ``shape``'s attention (default every layer; a model whose
+    window differs between layers prices each window on its own layers). Layer k's backward
+    holds the checkpoints of layers 0..k and, in this project's engine, the gradients of the
+    layers after it (whole, or their shards under fsdp_world): linear in k, so the first and
+    the last of ``layers`` bound it."""
     b, n, e = shape.batch, shape.seq_len // world, shape.elem  # e: the model's dtype
     tokens = b * n
     layer_params = (params - vocab_params(cfg)) / cfg.num_layers
@@ -323,11 +325,12 @@ def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
     if not impl.sharded_states and offload:
         raise ValueError("offload: this project's engine keeps its optimizer state on the GPU "
                          "(it has no ZeRO offload); a paper system (cell.paper) can offload")
-    checkpoints = cfg.num_layers * checkpoint_bytes(cfg, tokens, checkpointing, e)
-    layer = cfg.num_layers - 1 if peak_layer is None else peak_layer
-    if not 0 <= layer < cfg.num_layers:
-        raise ValueError(f"peak_layer={peak_layer} is not a layer of {cfg.num_layers}")
-    held = (layer + 1) * checkpoint_bytes(cfg, tokens, checkpointing, e)  # at its backward
+    one_layer = checkpoint_bytes(cfg, tokens, checkpointing, e)
+    checkpoints = cfg.num_layers * one_layer
+    span = sorted(set(range(cfg.num_layers) if layers is None else layers))
+    if not span or not 0 <= span[0] <= span[-1] < cfg.num_layers:
+        raise ValueError(f"layers={layers!r}: not layers of {cfg.num_layers}")
+    ends = sorted({span[0], span[-1]})
     # the layer's activations again, recomputed; without checkpointing they are already among
     # the checkpoints (every activation of every layer)
     layer_act = layer_activation_bytes(cfg, tokens, e)
@@ -343,18 +346,18 @@ def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
     extra = impl.global_token_bytes * shape.seq_len
     if not impl.sharded_states:
         moments = _engine_moments(cfg, e, params, layer_params, checkpoints, head, layer_peak,
-                                  world if world_sharded else 1, held=held, layer=layer)
+                                  world if world_sharded else 1, layers=ends)
         return _finish(max(moments, key=lambda m: sum(m.values())), hw)
     base = {"model_states": states, "checkpoints": checkpoints, "implementation": extra}
-    at_head = {**base, "head": head}
-    at_layer = {**base, "checkpoints": held, "gathered_params": gathered,
-                "layer_backward": layer_peak}
-    return _finish(at_head if sum(at_head.values()) > sum(at_layer.values()) else at_layer, hw)
+    moments = [{**base, "head": head}]  # the states are constant: a later layer holds more
+    moments += [{**base, "checkpoints": (ends[-1] + 1) * one_layer,
+                 "gathered_params": gathered, "layer_backward": layer_peak}]
+    return _finish(max(moments, key=lambda m: sum(m.values())), hw)
 
 
 def _engine_moments(cfg, e: int, params: int, layer_params: float, checkpoints: float,
                     head: float, layer_peak: float, shards: int = 1, *,
-                    held: float | None = None, layer: int | None = None) -> list[dict]:
+                    layers: Sequence[int] | None = None) -> list[dict]:
     """This project's engine (``Implementation.sharded_states`` False) holds its states whole,
     but not all of them all the time: ``Trainer`` sets every gradient to None before the
     forward, so the forward and the head hold the weights and AdamW's two moments (3 x e per
@@ -377,10 +380,11 @@ def _engine_moments(cfg, e: int, params: int, layer_params: float, checkpoints: 
     ``foreach_reduce``); the gradients' shards grow to 1/G by the end of the backward; the
     optimizer then steps its 1/G.
 
-    The layer's moment is that of layer ``layer`` (default the last), which holds the
-    checkpoints ``held`` (default all) and, unsharded, the gradients of the layers after it."""
-    held = checkpoints if held is None else held
-    later = cfg.num_layers - 1 - (cfg.num_layers - 1 if layer is None else layer)
+    A layer's moment is taken at each of ``layers`` (default the first and the last): layer k
+    holds the checkpoints of layers 0..k and the gradients of the layers after it, whole or,
+    under fsdp_world, their shards."""
+    last = cfg.num_layers - 1
+    ends = (0, last) if layers is None else layers
     one = e * params  # one copy of every parameter
     head_grad = cfg.vocab_size * cfg.hidden_size * e
     if shards > 1:
@@ -392,16 +396,19 @@ def _engine_moments(cfg, e: int, params: int, layer_params: float, checkpoints: 
         return [
             {"model_states": 3 * shard, "gathered_params": root, "checkpoints": checkpoints,
              "head": head},
-            {"model_states": 3 * shard, "gathered_params": root + layers,
-             "gradients": head_grad, "reduce_scatter": layer_params * m,
-             "checkpoints": held, "layer_backward": layer_peak},
+            *({"model_states": 3 * shard, "gathered_params": root + layers,
+               "gradients": head_grad + (last - k) * layer_params * m / shards,
+               "reduce_scatter": layer_params * m,
+               "checkpoints": (k + 1) * checkpoints / cfg.num_layers,
+               "layer_backward": layer_peak} for k in ends),
             {"model_states": 4 * shard, "gathered_params": root, "gradients": root,
              "reduce_scatter": root_params * m},
             {"model_states": 4 * shard, "optimizer_step": shard},
         ]
     return [
         {"model_states": 3 * one, "checkpoints": checkpoints, "head": head},
-        {"model_states": 3 * one, "gradients": head_grad + (1 + later) * layer_params * e,
-         "checkpoints": held, "layer_backward": layer_peak},
+        *({"model_states": 3 * one, "gradients": head_grad + (last - k + 1) * layer_params * e,
+           "checkpoints": (k + 1) * checkpoints / cfg.num_layers,
+           "layer_backward": layer_peak} for k in ends),
         {"model_states": 4 * one, "optimizer_step": one},
     ]

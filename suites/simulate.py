@@ -240,15 +240,15 @@ def _cell_problem(cell) -> str | None:
 
 def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
             invalid: str = "error", offload: bool = False,
-            peak_layer: int | None = None) -> Prediction:
+            layers: tuple[int, ...] | None = None) -> Prediction:
     """Time, memory and status of one cell on ``hw`` (``impl`` overrides the cell's system).
 
     A cell the code could not run is an ``invalid`` row (``simulate_spec`` passes "skipped",
     what the harness records for the cells of a ``skip_invalid`` method). ``offload`` keeps
     ZeRO-3's fp32 optimizer state on the host (train_step; Python API only: specs have no such
-    knob yet); a system whose profile says ``optimizer_offload`` always does. ``peak_layer``
-    (train_step): the layer whose backward runs this cell's attention at the memory peak
-    (``suites.memory_model.train_memory``; default the last)."""
+    knob yet); a system whose profile says ``optimizer_offload`` always does. ``layers``
+    (train_step): the layers that run this cell's attention, for the memory peak
+    (``suites.memory_model.train_memory``; default every layer)."""
     cell = as_cell(cell, hw.gpus_per_node)
     impl = impl or _impl(cell)
     if cell.workload == "train_step" and per_layer(cell.window):
@@ -316,7 +316,7 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
             mem = train_memory(hw, cfg, shape=shape, plan=plan, world=cell.world,
                                checkpointing=ckpt, fused_head=cell.fused_head, impl=impl,
                                params=params, offload=offload, world_sharded=world_sharded,
-                               peak_layer=peak_layer)
+                               layers=layers)
         except ValueError as e:
             return Prediction("error", error=str(e))
         if ckpt == "selective_half":
@@ -357,13 +357,13 @@ def _mixed_layers(cell, hw: Hardware, impl: Implementation, *, invalid: str,
     optimizer, per-step collectives; ``suites.step_model``), so it is the layer-weighted mean
     of theirs, part by part; its peak memory is the largest of theirs, because a window
     changes only its layer's ring buffers and kernel working set, not what the other layers
-    keep (``suites.memory_model``), each priced at the backward of the last layer with that
-    window: the checkpoints of the layers after it are freed by then (and this project's
-    unsharded engine holds their gradients instead)."""
+    keep (``suites.memory_model``), each priced on the layers with that window (a layer's
+    backward holds the checkpoints of the layers before it, and in this project's engine the
+    gradients of those after it)."""
     counts = Counter(cell.window)
-    last = {w: i for i, w in enumerate(cell.window)}
     groups = tuple((n, predict(dataclasses.replace(cell, window=w), hw, impl, invalid=invalid,
-                               offload=offload, peak_layer=last[w]))
+                               offload=offload,
+                               layers=tuple(i for i, x in enumerate(cell.window) if x == w)))
                    for w, n in counts.items())
     layers = sum(counts.values())
     for _, p in groups:

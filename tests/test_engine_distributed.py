@@ -501,8 +501,9 @@ def _layer_oracle(windows):
 
     def oracle(q, k, v, *, causal, softmax_scale=None, group=None, layout="contiguous",
                window=None, cu_seqlens=None):
+        oracle.calls = next(calls) + 1
         return _oracle(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                       window=windows[next(calls) % len(windows)], cu_seqlens=cu_seqlens)
+                       window=windows[(oracle.calls - 1) % len(windows)], cu_seqlens=cu_seqlens)
 
     return oracle
 
@@ -516,12 +517,15 @@ def _reference(c: dict, dp: int):
     if key not in _REF:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # tiny matmuls: one thread is ~20x faster on 2 shared cores
-        mixed = per_layer(c["window"])  # (its reference checkpoints nothing: one forward)
-        tr = Trainer(_config(c), attention=_layer_oracle(c["window"]) if mixed else _oracle,
-                     fused_head=False, dtype=torch.float64,
-                     window=None if mixed else c["window"])
+        mixed = per_layer(c["window"])
+        oracle = _layer_oracle(c["window"]) if mixed else _oracle
+        tr = Trainer(_config(c), attention=oracle, fused_head=False, dtype=torch.float64,
+                     window=None if mixed else c["window"], checkpointing="none")
         batch = tr.local_batch(c["seq"], batch=BATCH * dp, cu_seqlens=c["cu_seqlens"])
         loss = tr.forward_backward(*batch, cu_seqlens=c["cu_seqlens"])
+        # (without recomputation the model calls each layer once, in order: what the oracle
+        # counts on)
+        assert not mixed or oracle.calls == len(c["window"]), oracle.calls
         torch.set_num_threads(threads)
         _REF[key] = (loss, {n: p.grad.clone() for n, p in tr.model.named_parameters()})
     return _REF[key]

@@ -1481,10 +1481,11 @@ def test_a_model_with_local_and_global_layers_is_priced_layer_by_layer():
     assert mixed.time_s == pytest.approx((24 * local.time_s + 8 * whole.time_s) / 32)
     for k, v in mixed.parts.items():
         assert v == pytest.approx((24 * local.parts[k] + 8 * whole.parts[k]) / 32), k
+    local_layers = tuple(i for i in range(32) if i % 4 != 3)
     assert mixed.memory.reserved == max(whole.memory.reserved, predict(
-        {**b, "window": (4095, 0)}, HW, peak_layer=30).memory.reserved)  # last local layer
-    # each window's memory at the backward of its last layer (30 for the local ones), the
-    # checkpoint of layer 31 freed: a USP cell the all-local model cannot fit, the mixed fits
+        {**b, "window": (4095, 0)}, HW, layers=local_layers).memory.reserved)
+    # each window's memory on its own layers (the last local one is 30): the checkpoint of
+    # layer 31 is freed by then: a USP cell the all-local model cannot fit, the mixed fits
     usp = dict(b, method="usp", options={"ulysses_degree": 8, "layout": "zigzag"},
                seq_len=2523136, data_parallel="fsdp_world")
     fits, not_local = (predict({**usp, "window": x}, HW) for x in (w, (4095, 0)))
@@ -1492,13 +1493,20 @@ def test_a_model_with_local_and_global_layers_is_priced_layer_by_layer():
     one = not_local.memory.parts["checkpoints"] / 32
     assert fits.memory.parts["checkpoints"] == pytest.approx(31 * one)
     assert fits.memory.parts["layer_backward"] == not_local.memory.parts["layer_backward"]
-    # this project's unsharded engine holds the later layers' gradients instead
+    # this project's engine: layer k holds the checkpoints of layers 0..k and the gradients
+    # of those after it (whole; fsdp_world: their shards, fp32 here for bf16), so its first
+    # layer can hold more than its last (a review's 1b cell, 16K tokens, full checkpointing)
     from suites.memory_model import _engine_moments
 
-    last, first = (_engine_moments(cfg, 2, 100, 3.0, 320.0, 0.0, 0.0, held=h, layer=i)[1]
-                   for h, i in ((None, None), (10.0, 0)))
-    assert first["checkpoints"] == 10.0 and last["checkpoints"] == 320.0
-    assert first["gradients"] - last["gradients"] == 31 * 3.0 * 2
+    for shards, grad in ((1, 3.0 * 2), (4, 3.0 * 4 / 4)):
+        first, last = _engine_moments(cfg, 2, 100, 3.0, 320.0, 0.0, 0.0, shards)[1:3]
+        assert (first["checkpoints"], last["checkpoints"]) == (10.0, 320.0)
+        assert first["gradients"] - last["gradients"] == 31 * grad
+    small = dict(workload="train_step", method="burst", model="1b", seq_len=1 << 14, world=1,
+                 checkpointing="full", fused_head=True, options={"layout": "zigzag"})
+    at = {k: predict(small, HW, layers=(k,)).memory for k in (0, 15)}
+    assert at[0].reserved > at[15].reserved  # a layer's gradient outweighs its checkpoint
+    assert predict(small, HW).memory.reserved == at[0].reserved
     row = simulate_cell({**b, "window": w}, HW)
     assert row["tflops_model_flops_causal"] * row["time_s"] * 32e12 == pytest.approx(
         F.model_flops(cfg, 1, n, "model_flops_causal", "selective", w))
