@@ -37,7 +37,9 @@ otherwise; this project's engine: nothing sharded, ``Implementation.sharded_stat
 The peak is the larger of the head moment (all checkpoints + head) and the last layer's
 backward. This project's engine has a third moment, and holds its states by moment
 (``_engine_moments``): weights and AdamW moments in the forward, gradients growing in the
-backward, and at the optimizer step all four plus foreach AdamW's sqrt(v), 5 x e per parameter
+backward as the checkpoints are freed (so its first layer's backward, with every other
+layer's gradient, can hold more than its last one's), and at the optimizer step all four
+plus foreach AdamW's sqrt(v), 5 x e per parameter
 (with ``data_parallel="fsdp_world"``: 1/G of them at rest, in fp32 for a 16-bit model, so 16
 bytes / parameter / G as ZeRO's; the embedding and head gathered for the step and the decoder
 layers one at a time, as ZeRO-3).

@@ -666,8 +666,9 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
         "global layers interleaved) is priced as a model of each window alone: the step is "
         "their layer-weighted mean, term by term (each term is per layer or the same for "
         "every window), its memory the largest of theirs (a window changes only its layer's "
-        "ring buffers and kernel working set), each at the backward of the window's last layer "
-        "(the checkpoints of the layers after it freed), its bytes each layer's.",
+        "ring buffers and kernel working set), each on its own layers (layer k's backward holds "
+        "the checkpoints of layers 0..k and, in this project's engine, the gradients of those "
+        "after it: the first and the last of them bound it), its bytes each layer's.",
         "- **no fixed costs**: no kernel launch, host or framework overhead per kernel call, "
         "layer or step is modelled (and none is fitted), so a step is only its kernels, "
         "transfers and memory traffic: a tiny configuration predicts what no run reaches (the "

@@ -2315,8 +2315,15 @@ def test_the_engines_fsdp_world_shards_its_states_over_every_rank():
     assert set(parts) == {"model_states", "gathered_params", "gradients", "reduce_scatter",
                           "checkpoints", "layer_backward"}
     assert world.memory.reserved < 0.5 * ddp.memory.reserved
-    # 4K tokens per rank: the optimizer step, with foreach AdamW's fp32 sqrt(v) of its shard
-    short = predict(dataclasses.replace(cell, seq_len=1 << 15, data_parallel="fsdp_world"), HW)
+    # 4K tokens per rank: the first layer's backward, which holds one layer's checkpoint and
+    # the fp32 gradient shards of the 31 layers after it (FSDP reduce-scatters each layer's
+    # gradients into its shard as its backward ends)
+    first = predict(dataclasses.replace(cell, seq_len=1 << 15, data_parallel="fsdp_world"), HW)
+    assert first.memory.parts["gradients"] == pytest.approx(
+        cfg.vocab_size * cfg.hidden_size * 2 + 31 * 4 * layer / 8)
+    assert first.memory.parts["checkpoints"] == parts["checkpoints"] / 4 / 32  # 1/4 the tokens
+    # 2K tokens per rank: the optimizer step, with foreach AdamW's fp32 sqrt(v) of its shard
+    short = predict(dataclasses.replace(cell, seq_len=1 << 14, data_parallel="fsdp_world"), HW)
     assert short.memory.parts == {"model_states": 16 * params / 8,
                                   "optimizer_step": 4 * params / 8}
     # ZeRO-3 moves the layers' weights twice in bf16 (gather, gather again) and their
