@@ -471,8 +471,23 @@ def _collect(job, cell: Cell, run: Run, ctx: RunContext) -> None:
     append_row(run.dir / "jobs.jsonl", {"cell_id": cell.cell_id, "job_id": str(job.job_id),
                                         "collected": True})
     _forget_local_tasks(job)
-    if not job.done():  # ranks left waiting on a failed one: free their slots
+    if not (failed or silent or vanished) and row.get("status") == "ok":
+        _ends_by_itself(job)  # every rank is past the row's last collective
+    if not job.done():  # ranks left waiting on a failed one (or stuck): free their slots
         job.cancel(check=False)
+
+
+FINISH_GRACE_S = 10.0
+"""How long a job whose rank 0 reported a good row may take to finish (its other ranks write
+their results a moment later) before the driver cancels it: cancelled at once, a rank that had
+not yet written its result was killed, and SLURM's accounting called the job CANCELLED (a CI
+run saw it)."""
+
+
+def _ends_by_itself(job, poll_s: float = 0.2) -> None:
+    deadline = time.monotonic() + FINISH_GRACE_S
+    while not job.done() and time.monotonic() < deadline:
+        time.sleep(poll_s)
 
 
 def _task_log(job, i: int) -> str:

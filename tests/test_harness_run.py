@@ -1182,6 +1182,41 @@ def test_a_stale_result_file_of_this_cell_from_another_run_is_not_its_row(tmp_pa
     assert row["status"] == "error" and "of run 2024-old" in row["error"]
 
 
+class _Finishing(_FakeJob):
+    """A job whose rank 0 has reported; it ends by itself after ``polls`` more polls."""
+
+    def __init__(self, folder: Path, row: dict, polls: int):
+        super().__init__(folder, "RUNNING", False, row=row)
+        self.polls, self.cancelled = polls, False
+
+    def done(self):
+        self.polls -= 1
+        return self.polls < 0
+
+    def cancel(self, check=False):
+        self.cancelled = True
+
+
+def test_a_job_whose_rank_0_reported_a_good_row_ends_by_itself(tmp_path, monkeypatch):
+    """Its other ranks write their results a moment after rank 0's: the driver waits for them
+    (cancelled at once, one was killed before it wrote, and SLURM's accounting said CANCELLED:
+    a CI run's test_slurm saw it); a job still running after the grace is cancelled."""
+    from submitit.core.utils import cloudpickle_dump as pickle_dump
+
+    from suites import executors
+
+    cell, ctx = _cell_and_ctx(tmp_path)
+    row = {"cell_id": cell.cell_id, "run_id": ctx.run_id, "status": "ok", "time_s": 1.0}
+    pickle_dump(("success", row), tmp_path / "0_result.pkl")
+    ending = _Finishing(tmp_path, row, polls=3)
+    executors._collect(ending, cell, executors.Run(tmp_path), ctx)
+    assert not ending.cancelled and ending.polls < 0
+    monkeypatch.setattr(executors, "FINISH_GRACE_S", 0.3)
+    stuck = _Finishing(tmp_path, row, polls=10**6)
+    executors._collect(stuck, cell, executors.Run(tmp_path), ctx)
+    assert stuck.cancelled
+
+
 class _TwoRanks:
     """A running 2-task job: rank 1 has raised, rank 0 still runs (waiting on it)."""
 
