@@ -28,6 +28,7 @@ __all__ = [
     "attention_flops_halved",
     "attention_kernel_flops",
     "attention_pairs",
+    "counted_window",
     "gated_mlp",
     "head_flops",
     "layer_flops",
@@ -101,8 +102,9 @@ def attention_flops_halved(batch: int, seq_len: int, heads: int, head_dim: int, 
 BACKWARD_OVER_FORWARD = 2.5  # flash-attention convention: backward FLOPs = 2.5 x forward
 
 
-def _masking(window, seq_len: int, causal: bool):
-    """The window, or None when it spans the sequence (burst.masks.MaskSpec.over)."""
+def counted_window(window, seq_len: int, causal: bool):
+    """The window as FLOPs count it: None when it spans the sequence, which it then masks
+    nothing of (burst.masks.MaskSpec.over)."""
     if window is None:
         return None
     from burst.masks import MaskSpec
@@ -116,7 +118,7 @@ def _convention_fwd(batch: int, seq_len: int, heads: int, head_dim: int, causal:
     the exact attended pairs (half or all of N^2 would count pairs the window never computes,
     and a windowed run's MFU would exceed 1). A window that spans the sequence (sides of N - 1
     tokens) masks nothing and is counted as no window: one mask, one count."""
-    window = _masking(window, seq_len, causal)
+    window = counted_window(window, seq_len, causal)
     if window is not None:
         return attention_flops(batch, seq_len, heads, head_dim, causal=causal, window=window)
     return attention_flops_halved(batch, seq_len, heads, head_dim, causal=causal)
@@ -170,7 +172,7 @@ def _attn_fwd(cfg, batch: int, seq_len: int, causal_halved: bool, window=None) -
     hd = cfg.hidden_size // cfg.num_heads
     total = 0.0
     for w, layers in Counter(layer_windows(window, cfg.num_layers)).items():
-        w = _masking(w, seq_len, True)  # the model is causal
+        w = counted_window(w, seq_len, True)  # the model is causal
         causal = causal_halved or w is not None
         total += layers * _convention_fwd(batch, seq_len, cfg.num_heads, hd, causal, w)
     return total

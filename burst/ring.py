@@ -124,10 +124,12 @@ def run_ring(rg: RingGroups, payload: Sequence[torch.Tensor], step: Step, *,
 
 
 def _flat(rg: RingGroups, payload, step: Step, acc_like, span: int, back: int, direction: int):
-    ring, me = list(rg.ranks), rg.me
-    chains = [_Chain(ring, me, payload, direction, span, 0, acc_like)]
-    if back:
-        chains.append(_Chain(ring, me, payload, -direction, back, 1, acc_like))
+    ring, me, g = list(rg.ranks), rg.me, rg.world
+    chains = [_Chain(ring, me, visit_order(g, me, span=span, direction=direction), payload,
+                     direction, 0, acc_like)]
+    if back:  # the same schedule the other way, from step 1 (my own block is the first's)
+        chains.append(_Chain(ring, me, visit_order(g, me, span=back, direction=-direction),
+                             payload, -direction, 1, acc_like))
     for t in range(max(span, back) + 1):
         _post_reads(chains, t, rg.read_intra)  # before any compute of the step
         for c in chains:
@@ -143,11 +145,11 @@ def _flat(rg: RingGroups, payload, step: Step, acc_like, span: int, back: int, d
 
 
 def _ring_pass(ring: list[int], me: int, order: list[int], payload, step: Step, acc_like,
-               span: int, d: int, read_group, acc_group):
-    """Steps 0..span around ``ring`` (global ranks; I am ``ring[me]``), working on the blocks of
-    ring positions ``order``; returns the finished accumulators of my own block."""
-    chain = _Chain(ring, me, payload, d, span, 0, acc_like, order)
-    for t in range(span + 1):
+               d: int, read_group, acc_group):
+    """One step per block of ``order`` (ring positions) around ``ring`` (global ranks; I am
+    ``ring[me]``); returns the finished accumulators of my own block."""
+    chain = _Chain(ring, me, order, payload, d, 0, acc_like)
+    for t in range(len(order)):
         _post_reads([chain], t, read_group)
         chain.work(t, step, acc_group)
         chain.advance()
@@ -173,21 +175,21 @@ def _post_reads(chains: list[_Chain], t: int, group) -> None:
 
 class _Chain:
     """One direction of a ring pass around ``ring`` (global ranks; I am ``ring[me]``): at step t
-    I hold the block of position me - d t (``order[t]``), working on it at steps
-    ``first``..``reach``, and post its send to the next rank before that step's work (double
-    buffer). Accumulators (fresh zeros at each working step, filled by ``step``) are added to
-    the partial sum that arrives from the previous rank and passed on, one hop behind the data;
-    after step ``reach`` the finished sum goes straight to its owner. A chain with ``first`` 1
-    skips my own block (the other chain works on it) but still sends it at step 0."""
+    I hold the block of ring position ``order[t]`` (``visit_order``'s), working on it at steps
+    ``first``..``reach`` (the last of ``order``), and post its send to the next rank before
+    that step's work (double buffer). Accumulators (fresh zeros at each working step, filled by
+    ``step``) are added to the partial sum that arrives from the previous rank and passed on,
+    one hop behind the data; after step ``reach`` the finished sum goes straight to its owner.
+    A chain with ``first`` 1 skips my own block (the other chain works on it) but still sends
+    it at step 0."""
 
-    def __init__(self, ring, me, payload, d, reach, first, acc_like, order=None):
-        g = len(ring)
+    def __init__(self, ring, me, order, payload, d, first, acc_like):
+        g, reach = len(ring), len(order) - 1
         self.nxt, self.prv = ring[(me + d) % g], ring[(me - d) % g]
         # after the last step: my sum to the block's holder, the sum of my block from the rank
         # that worked on it last
         self.home, self.last = ring[(me - d * reach) % g], ring[(me + d * reach) % g]
-        self.order = order or [(me - d * t) % g for t in range(reach + 1)]
-        self.reach, self.first, self.acc_like = reach, first, acc_like
+        self.order, self.reach, self.first, self.acc_like = order, reach, first, acc_like
         self.cur, self.buf, self.read = payload, None, None
         self.acc_in, self.acc_pend, self.sent = None, None, []
 
@@ -235,7 +237,7 @@ def _double(rg: RingGroups, payload, step: Step, acc_like, span: int | None):
             outer_read = _post(rg.read_inter, outer, inter_next, outer_buf, inter_prev)
         # the outer block around the node ring; its node-local accumulators come back to me
         node_acc = _ring_pass(node_ring, loc, order[m * l_loc:(m + 1) * l_loc], outer, step,
-                              acc_like, l_loc - 1, 1, rg.read_intra, rg.acc_intra)
+                              acc_like, 1, rg.read_intra, rg.acc_intra)
         if acc_like is not None:
             if m > 0:
                 inter_pend.wait()

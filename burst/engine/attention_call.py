@@ -34,7 +34,7 @@ import torch
 from burst import comm, flops
 from burst.attention import CHOICES, burst_attn, choice_problems
 from burst.layout import check_layout
-from burst.masks import MaskSpec, per_layer
+from burst.masks import per_layer
 
 __all__ = [
     "AttentionCall",
@@ -134,8 +134,7 @@ class AttentionFlops:
     def record(self, *, batch: int, seq_len: int, heads: int, head_dim: int, causal: bool,
                window, cu_seqlens) -> None:
         phase = _PHASE.get()
-        if window is not None:  # one that spans the call's sequence masks nothing: counted as
-            window = MaskSpec(causal=causal, window=window).over(seq_len).window  # none (flops)
+        window = flops.counted_window(window, seq_len, causal)  # spanning the call: none
         masked = window is not None or cu_seqlens is not None
         exact = flops.attention_flops(batch, seq_len, heads, head_dim, causal=causal,
                                       window=window, cu_seqlens=cu_seqlens)
