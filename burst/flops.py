@@ -166,9 +166,11 @@ def layer_flops(cfg, batch: int, seq_len: int) -> int:
 def _attn_fwd(cfg, batch: int, seq_len: int, causal_halved: bool, window=None) -> float:
     """Attention forward FLOPs of every layer (a layer's window: the attended pairs of the
     causal model in every convention). ``window``: the model's, one for every layer or one per
-    layer (``burst.masks.layer_windows``)."""
+    layer (``burst.masks.layer_windows``); None: the config's own (``ModelConfig.window``)."""
     from burst.masks import layer_windows
 
+    if window is None:
+        window = getattr(cfg, "window", None)
     hd = cfg.hidden_size // cfg.num_heads
     total = 0.0
     for w, layers in Counter(layer_windows(window, cfg.num_layers)).items():
@@ -187,7 +189,7 @@ def recompute_flops(cfg, batch: int, seq_len: int, checkpointing: str, window=No
     first half of K/V), a quarter of the causal attention; with a window, the pairs that window
     attends among N/2 tokens (about half of its pairs among N when it is short).
     ``window``: the model's sliding window, one for every layer or one per layer (its
-    attention counted as the attended pairs).
+    attention counted as the attended pairs); None: the config's own.
     """
     if checkpointing not in CHECKPOINTING:
         raise ValueError(f"unknown checkpointing {checkpointing!r}; "
@@ -203,7 +205,8 @@ def recompute_flops(cfg, batch: int, seq_len: int, checkpointing: str, window=No
 def model_flops(cfg, batch: int, seq_len: int, convention: str = "model_flops_causal",
                 checkpointing: str = "none", window=None) -> float:
     """FLOPs of one training step (forward + backward) under a named convention; ``window``:
-    the model's sliding window, one for every layer or one per layer."""
+    the model's sliding window, one for every layer or one per layer (None: the config's
+    own)."""
     if convention not in CONVENTIONS:
         raise ValueError(f"unknown FLOP convention {convention!r}; valid: {', '.join(CONVENTIONS)}")
     dense = _dense_per_token(cfg) * batch * seq_len

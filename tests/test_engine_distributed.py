@@ -38,19 +38,22 @@ MODES = flops.CHECKPOINTING
 
 def case(method="burst", *, layout=None, checkpointing="none", fused=True, dtype="float64",
          options=None, window=None, cu_seqlens=None, tie=False, kv_heads=2, cp_degree=None,
-         data_parallel="ddp", seq=SEQ, expect_error=None) -> dict:
+         data_parallel="ddp", seq=SEQ, expect_error=None, model_window=False) -> dict:
+    """One engine case; ``model_window``: the window is the config's own (ModelConfig.window,
+    as ``from_hf`` makes it), and the Trainer is given none."""
     opts = dict(options or {})
     if layout is not None:
         opts["layout"] = layout
     return dict(method=method, options=opts, checkpointing=checkpointing, fused=fused,
                 dtype=dtype, window=window, cu_seqlens=cu_seqlens, tie=tie, kv_heads=kv_heads,
                 cp_degree=cp_degree, data_parallel=data_parallel, seq=seq,
-                expect_error=expect_error)
+                expect_error=expect_error, model_window=model_window)
 
 
 def _config(c: dict):
     return dataclasses.replace(get_config("tiny"), tie_embeddings=c["tie"],
-                               num_kv_heads=c["kv_heads"])
+                               num_kv_heads=c["kv_heads"],
+                               window=c["window"] if c["model_window"] else None)
 
 
 def _cases(world: int) -> list[dict]:
@@ -78,6 +81,8 @@ def _cases(world: int) -> list[dict]:
         # a window on some layers only (local and global layers interleaved, as Gemma's)
         case(layout="zigzag", checkpointing="full", window=((3, 0), None)),
         case(layout="striped", checkpointing="selective_half", window=(None, (6, 2))),
+        case(layout="zigzag", checkpointing="selective", window=((4, 0), None),
+             model_window=True),
         case(layout="zigzag", checkpointing="selective", cu_seqlens=(0, 5, 19, SEQ)),
         case(layout="striped", checkpointing="selective_half", cu_seqlens=(0, 5, 19, SEQ)),
         case(layout="zigzag", checkpointing="selective", dtype="float32"),
@@ -125,7 +130,8 @@ def _run_case(c: dict, world: int) -> dict:
     try:
         tr = Trainer(_config(c), attention=registry.get(c["method"]),
                      attention_options=c["options"], checkpointing=c["checkpointing"],
-                     fused_head=c["fused"], loss_chunk=7, dtype=dtype, window=c["window"],
+                     fused_head=c["fused"], loss_chunk=7, dtype=dtype,
+                     window=None if c["model_window"] else c["window"],
                      cp_degree=c["cp_degree"], data_parallel=c["data_parallel"])
         batch = tr.local_batch(c["seq"], batch=BATCH, cu_seqlens=c["cu_seqlens"])
         with count_attention_flops() as fl, comm.count_bytes() as cnt:
@@ -175,6 +181,7 @@ def _run_all(rank: int, world: int, cases: list[dict], folder: str) -> dict:
         out["layers"] = _gathered_while_layers_run(rank, world)
         out["mixed"] = _mixed_precision(rank, world)
         out["built"] = _built_in_shards()
+        out["hf"] = _hf_ministral_over_ranks()
     if world == 4:
         out["train"] = _train({"layout": "zigzag", "backward": "burst"}, "selective")
         out["resume"] = _resume_from_fsdp()
@@ -182,6 +189,38 @@ def _run_all(rank: int, world: int, cases: list[dict], folder: str) -> dict:
         out["state"] = _resume_training(Path(folder) / "state.pt")
         out["sharded"] = _resume_sharded(Path(folder) / "sharded")
     return out
+
+
+def _hf_ministral_over_ranks() -> dict | None:
+    """A Hugging Face Ministral checkpoint (local and global layers: layer_types) trained over
+    the context-parallel ranks (zigzag, selective checkpointing, float64), and transformers'
+    own loss and gradients of the whole sequence on this rank, for the parent to compare."""
+    try:
+        from tests.hf_models import hf_windowed
+
+        hf = hf_windowed("ministral", sliding_window=6, layer_types=[
+            "sliding_attention", "full_attention", "sliding_attention"]).double()
+    except pytest.skip.Exception:  # transformers (a dev extra) is not installed
+        return None
+    from burst.engine import from_hf
+
+    model = from_hf(hf.state_dict(), hf.config)
+    g = torch.Generator().manual_seed(3)
+    tokens, targets = (torch.randint(0, 96, (1, SEQ), generator=g) for _ in range(2))
+    losses = []
+    for cfg in (model.config, dataclasses.replace(model.config, window=None)):
+        tr = Trainer(cfg, state_dict=model.state_dict(), dtype=torch.float64,
+                     attention_options={"layout": "zigzag"}, checkpointing="selective")
+        losses.append(tr.forward_backward(*tr.shard_batch(tokens, targets,
+                                                          torch.arange(SEQ)[None])))
+        if not losses[1:]:
+            grads = {n: p.grad.clone() for n, p in tr.model.named_parameters()}
+    want = torch.nn.functional.cross_entropy(hf(tokens).logits[0], targets[0])
+    want.backward()
+    return dict(loss=losses[0], unwindowed=losses[1], want=float(want),
+                window=model.config.window, grads=grads,
+                want_grads={n.removeprefix("model."): p.grad.clone()
+                            for n, p in hf.named_parameters()})
 
 
 def _data_parallel_checks(rank: int) -> list:
@@ -519,7 +558,9 @@ def _reference(c: dict, dp: int):
         torch.set_num_threads(1)  # tiny matmuls: one thread is ~20x faster on 2 shared cores
         mixed = per_layer(c["window"])
         oracle = _layer_oracle(c["window"]) if mixed else _oracle
-        tr = Trainer(_config(c), attention=oracle, fused_head=False, dtype=torch.float64,
+        # the oracle takes each layer's window itself: the model is given none
+        cfg = dataclasses.replace(_config(c), window=None)
+        tr = Trainer(cfg, attention=oracle, fused_head=False, dtype=torch.float64,
                      window=None if mixed else c["window"], checkpointing="none")
         batch = tr.local_batch(c["seq"], batch=BATCH * dp, cu_seqlens=c["cu_seqlens"])
         loss = tr.forward_backward(*batch, cu_seqlens=c["cu_seqlens"])
@@ -552,6 +593,8 @@ def _ranks(world: int, key: str) -> list:
 
 def _label(c: dict) -> str:
     extra = {k: c[k] for k in ("window", "cu_seqlens", "cp_degree") if c[k] is not None}
+    if c["model_window"]:
+        extra["window"] = f"{c['window']} (the config's)"
     return (f"{c['method']} {c['options']} {c['checkpointing']} fused={c['fused']} "
             f"{c['dtype']} tie={c['tie']} {extra}")
 
@@ -1093,6 +1136,28 @@ def _built_in_shards() -> dict:
                                                   drawn=list(drawn))
     return {"runs": out, "whole": sum(v.numel() * 4 for v in whole.values()),
             "largest": max(v.numel() * 4 for v in whole.values())}
+
+
+def test_a_ministral_checkpoint_trains_over_ranks_as_transformers_computes_it():
+    """Hugging Face's Ministral (layer_types: local layers of a 6-token window around a global
+    one) loaded with from_hf and trained over 2 context-parallel ranks (zigzag, selective
+    checkpointing, float64) has transformers' loss and gradients of the whole sequence: the
+    config's window reaches every rank's ring, layer by layer. transformers computes RoPE's
+    cos and sin in float32 whatever the model's dtype, so its float64 model is exact to about
+    1e-6 (the engine's own float64 parity, 1e-10, is the model_window case of the parity
+    cases); the same run without the window is off by far more."""
+    tol = 1e-5
+    out = _ranks(2, "hf")  # run by the world-2 spawn of the parity cases
+    if out[0] is None:
+        pytest.skip("transformers (a dev extra) is not installed")
+    for rank in out:
+        assert rank["window"] == ((5, 0), None, (5, 0))
+        assert abs(rank["loss"] - rank["want"]) <= tol * abs(rank["want"]), rank
+        assert abs(rank["unwindowed"] - rank["want"]) > 100 * tol * abs(rank["want"]), rank
+        assert set(rank["grads"]) == set(rank["want_grads"])
+        bad = {n: e for n, g in rank["grads"].items()
+               if not (e := _rel(g, rank["want_grads"][n])) < tol}
+        assert not bad, bad
 
 
 def test_fsdp_shards_the_model_before_its_weights_are_made():

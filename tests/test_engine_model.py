@@ -26,6 +26,8 @@ from burst.engine import (
 )
 from burst.engine.fused_loss import plain_cross_entropy
 from burst.engine.hf import convert_hf_state_dict
+from burst.masks import layer_windows
+from tests.hf_models import hf_llama, hf_windowed
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -152,27 +154,9 @@ def test_a_gelu_mlp_is_up_gelu_down():
 # Hugging Face parity
 
 
-def _hf_model(tie: bool, kv_heads: int = 2, eps: float = 1e-6):
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(
-        vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=256,
-        rope_theta=10000.0, rms_norm_eps=eps, tie_word_embeddings=tie,
-        attn_implementation="eager")
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():  # HF inits norms to one and matrices small: make attention sharp and
-        for name, p in model.named_parameters():  # the norms non-trivial, so every part counts
-            if name.endswith("norm.weight"):
-                p.add_(0.1 * torch.randn_like(p))
-            elif "q_proj" in name or "k_proj" in name:
-                p.mul_(20.0)
-    return model
-
-
 @pytest.mark.parametrize("tie,kv_heads,eps", [(False, 2, 1e-6), (True, 4, 0.1)])
 def test_logits_equal_transformers_llama(tie, kv_heads, eps):
-    hf = _hf_model(tie, kv_heads, eps)
+    hf = hf_llama(tie, kv_heads, eps)
     ours = from_hf(hf.state_dict(), hf.config).eval()
     assert ours.config.tie_embeddings == tie and ours.config.num_kv_heads == kv_heads
     tokens = torch.randint(0, 96, (2, 40), generator=torch.Generator().manual_seed(1))
@@ -194,7 +178,7 @@ def test_logits_equal_transformers_llama(tie, kv_heads, eps):
 
 
 def test_bad_state_dict_names_the_key():
-    hf = _hf_model(False)
+    hf = hf_llama(False)
     sd = dict(hf.state_dict())
     cfg = from_hf(sd, hf.config).config
     bad = dict(sd)
@@ -213,15 +197,85 @@ def test_bad_state_dict_names_the_key():
         from_hf(sd, biased)
     with pytest.raises(ValueError, match="attention_dropout=0.1 is not supported"):
         from_hf(sd, hf.config.to_dict() | {"attention_dropout": 0.1})
-    # another architecture, Mistral's sliding window (ignored: logits off by 0.17) and a zero
-    # rope_theta (read as 10000) were loaded without an error
-    for change, match in (({"model_type": "qwen2"}, "model_type='qwen2' is not supported"),
-                          ({"model_type": "mistral", "sliding_window": 8},
-                           "sliding_window=8 is not translated"),
-                          ({"rope_theta": 0}, "rope_theta=0 must be a positive number")):
+    # another architecture, a window on a Llama (HF's Llama reads none: which would run?), a
+    # zero rope_theta (read as 10000) and malformed windows were loaded without an error
+    layers = hf.config.num_hidden_layers
+    for change, match in (
+            ({"model_type": "qwen2"}, "model_type='qwen2' is not supported"),
+            ({"sliding_window": 8}, "sliding_window=8 is not read for model_type='llama'"),
+            ({"rope_theta": 0}, "rope_theta=0 must be a positive number"),
+            ({"model_type": "mistral", "sliding_window": 0},
+             "sliding_window=0 must be a whole number of tokens >= 1"),
+            ({"model_type": "mistral", "sliding_window": 8.0},
+             "sliding_window=8.0 must be a whole number"),
+            ({"model_type": "ministral", "sliding_window": 8,
+              "layer_types": ["sliding_attention"]},
+             f"expected {layers} entries (one per layer)"),
+            ({"model_type": "ministral", "sliding_window": 8,
+              "layer_types": ["sliding_attention", "local"]}, "each one of sliding_attention"),
+            ({"model_type": "ministral", "sliding_window": None,
+              "layer_types": ["sliding_attention", "full_attention"]},
+             "layer_types name sliding_attention layers, but sliding_window is None")):
         with pytest.raises(ValueError, match=re.escape(match)):
             from_hf(sd, hf.config.to_dict() | change)
-    assert from_hf(sd, hf.config.to_dict() | {"model_type": "mistral", "sliding_window": None})
+    assert from_hf(sd, hf.config.to_dict() | {"model_type": "mistral", "sliding_window": None}
+                   ).config.window is None
+
+
+@pytest.mark.parametrize("kind,window,want", [
+    ("mistral", dict(sliding_window=6), (5, 0)),
+    ("ministral", dict(sliding_window=6, layer_types=["sliding_attention", "full_attention",
+                                                      "sliding_attention"]),
+     ((5, 0), None, (5, 0)))])
+def test_logits_equal_transformers_with_a_sliding_window(kind, window, want):
+    """Mistral's sliding_window (every layer) and Ministral's layer_types (local and global
+    layers) become the config's window, which the model attends through alone and in a
+    Trainer: the logits equal transformers' at 40 tokens, a window of 6. HF's window of W
+    keys is the engine's (W - 1, 0); (W, 0), or no window, is far off."""
+    hf = hf_windowed(kind, **window)
+    ours = from_hf(hf.state_dict(), hf.config).eval()
+    assert ours.config.window == want
+    tokens = torch.randint(0, 96, (2, 40), generator=torch.Generator().manual_seed(1))
+    positions = torch.arange(40).expand(2, -1)
+    with torch.no_grad():
+        want_logits = hf(tokens).logits
+        got = ours(tokens, positions)
+    err = float((got - want_logits).abs().max())
+    assert err < 2e-5 * float(want_logits.abs().max()), err
+    tr = Trainer(ours.config, state_dict=ours.state_dict())  # the config's window runs there
+    with torch.no_grad():
+        assert torch.equal(tr.model(tokens, positions), got)
+    wider = [None if w is None else (6, 0) for w in layer_windows(want, 3)]
+    for other in (None, wider):
+        model = from_hf(hf.state_dict(), hf.config).eval()
+        model.attention = dataclasses.replace(model.attention, window=other)
+        with torch.no_grad():
+            assert float((model(tokens, positions) - want_logits).abs().max()) > 100 * err
+    # the FLOP counts take the config's window unless told another
+    cfg = ours.config
+    assert flops.model_flops(cfg, 1, 40) == flops.model_flops(cfg, 1, 40, window=want) \
+        < flops.model_flops(dataclasses.replace(cfg, window=None), 1, 40)
+
+
+def test_a_configs_window_is_the_models_own():
+    """ModelConfig.window: stored in one form, checked against the layer count, and the one a
+    Trainer runs; a Trainer given another window for it refuses, naming both."""
+    tiny = get_config("tiny")
+    assert tiny.window is None
+    cfg = dataclasses.replace(tiny, window=[[3.0, 0], [3, 0]])
+    assert cfg.window == (3, 0) and hash(cfg) == hash(dataclasses.replace(tiny, window=(3, 0)))
+    mixed = dataclasses.replace(tiny, window=[(3, 0), None])
+    assert mixed.window == ((3, 0), None)
+    for bad in ([(3, 0)], (-1, 0), "3,0"):
+        with pytest.raises(ValueError, match="ModelConfig: window="):
+            dataclasses.replace(tiny, window=bad)
+    assert Trainer(mixed).model.attention.window == ((3, 0), None)
+    assert Trainer(mixed, window=[(3, 0), None]).model.attention.window == ((3, 0), None)
+    with pytest.raises(ValueError, match=re.escape(
+            "window=(5, 0) differs from the model's own, ((3, 0), None)")):
+        Trainer(mixed, window=(5, 0))
+    assert Trainer(tiny, window=(5, 0)).model.attention.window == (5, 0)
+    assert CausalLM.skeleton(mixed).attention.window == ((3, 0), None)
 
 
 # ---------------------------------------------------------------------------------------------

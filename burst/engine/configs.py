@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 
 from burst.flops import mlp_matrices
 from burst.layout import divisors
+from burst.masks import model_window
 
 __all__ = ["CONFIGS", "ModelConfig", "get_config", "param_count", "vocab_params"]
 
@@ -48,6 +49,12 @@ class ModelConfig:
     max_seq_len: int = 1 << 22
     """Longest global sequence (tokens) a run may use; the paper trains up to 4M tokens. RoPE
     tables are computed from position ids on the fly, so this is a guard, not a table size."""
+    window: tuple | None = None
+    """The architecture's sliding window (the model attends through it wherever it runs: alone,
+    in a Trainer, in the FLOP counts): None, one (left, right) pair for every layer, or one
+    entry per layer, each a pair or None (``burst.masks.layer_windows``; stored in
+    ``model_window``'s form). Mistral's ``sliding_window`` and Ministral's ``layer_types``
+    arrive here through ``burst.engine.hf``."""
 
     def __post_init__(self):
         problems = []
@@ -73,6 +80,11 @@ class ModelConfig:
         for name in ("tie_embeddings", "gated_mlp"):
             if not isinstance(getattr(self, name), bool):
                 problems.append(f"{name}={getattr(self, name)!r} must be a bool")
+        if self.window is not None:
+            try:  # hashable and comparable: sides as ints, a list of equal windows as one pair
+                object.__setattr__(self, "window", model_window(self.window, self.num_layers))
+            except ValueError as e:
+                problems.append(str(e))
         if problems:
             raise ValueError("ModelConfig: " + "; ".join(problems))
 

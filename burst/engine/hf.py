@@ -1,4 +1,7 @@
-"""Load weights from a Hugging Face transformers ``LlamaForCausalLM`` (state dict + config).
+"""Load weights from a Hugging Face transformers ``LlamaForCausalLM`` (state dict + config), or
+from one of the architectures that are Llama's with a sliding window: ``MistralForCausalLM``
+(one window for every layer) and ``MinistralForCausalLM`` (local and global layers, its
+``layer_types``).
 
     model = from_hf(hf_model.state_dict(), hf_model.config)      # a CausalLM with those weights
     trainer = Trainer(model.config, state_dict=model.state_dict(), ...)
@@ -6,8 +9,9 @@
 The engine's parameter names are Hugging Face's without the ``model.`` prefix, so the mapping is
 a rename; what it checks is that the checkpoint fits: every expected key present with the
 expected shape, no unknown keys, and no feature the engine does not implement (another
-architecture than Llama's (Mistral's is, without its sliding window), biases, rope scaling, a
-sliding window, a head_dim other than hidden / heads, a rope_theta that is not positive).
+architecture, biases, rope scaling, a head_dim other than hidden / heads, a rope_theta that is
+not positive). A sliding window becomes the config's ``window``, which the model then attends
+through wherever it runs (alone, in a Trainer, in the FLOP counts).
 Every problem is listed at once, naming the key.
 transformers is not imported: any object with LlamaConfig's attributes (or a dict) works.
 """
@@ -23,8 +27,9 @@ from burst.engine.model import CausalLM
 
 __all__ = ["config_from_hf", "convert_hf_state_dict", "from_hf"]
 
-# architectures that are the engine's Llama (Mistral's is, without its sliding window)
-MODEL_TYPES = ("llama", "mistral")
+# architectures that are the engine's Llama, the last two with a sliding window
+MODEL_TYPES = ("llama", "mistral", "ministral")
+LAYER_TYPES = ("sliding_attention", "full_attention")  # Ministral's layer_types
 
 
 def _get(cfg, name, default=None):
@@ -39,10 +44,7 @@ def config_from_hf(hf_config, *, max_seq_len: int | None = None) -> ModelConfig:
     kind = _get(hf_config, "model_type")
     if kind not in (None, *MODEL_TYPES):  # e.g. a Qwen2 or Gemma checkpoint loaded silently
         problems.append(f"model_type={kind!r} is not supported; valid: {', '.join(MODEL_TYPES)}")
-    if _get(hf_config, "sliding_window") is not None:  # Mistral's: ignored, logits off by 0.17
-        problems.append(f"sliding_window={_get(hf_config, 'sliding_window')!r} is not translated "
-                        "(give the engine's Trainer(window=(left, 0)) yourself and load a config "
-                        "without it)")
+    window = _window(hf_config, kind, problems)
     rope = _get(hf_config, "rope_parameters") or _get(hf_config, "rope_scaling") or {}
     theta = next((t for t in (_get(hf_config, "rope_theta"), rope.get("rope_theta"))
                   if t is not None), 10000.0)
@@ -75,10 +77,43 @@ def config_from_hf(hf_config, *, max_seq_len: int | None = None) -> ModelConfig:
               ffn_size=_get(hf_config, "intermediate_size"),
               vocab_size=_get(hf_config, "vocab_size"), rope_theta=float(theta),
               rms_eps=float(_get(hf_config, "rms_norm_eps", 1e-6)),
-              tie_embeddings=bool(_get(hf_config, "tie_word_embeddings", False)))
+              tie_embeddings=bool(_get(hf_config, "tie_word_embeddings", False)),
+              window=window)
     if max_seq_len is not None:
         kw["max_seq_len"] = max_seq_len
     return ModelConfig(**kw)
+
+
+def _window(hf_config, kind, problems: list[str]):
+    """The engine's window of an HF config: Mistral's ``sliding_window`` on every layer,
+    Ministral's on its ``sliding_attention`` layers. HF lets a query see the keys of the last
+    ``sliding_window`` positions, itself included (transformers' masking_utils,
+    ``sliding_window_overlay``: kv_idx > q_idx - sliding_window): the engine's (W - 1, 0)."""
+    size = _get(hf_config, "sliding_window")
+    types = _get(hf_config, "layer_types") if kind == "ministral" else None
+    if size is None:
+        if types is not None and "sliding_attention" in types:
+            problems.append("layer_types name sliding_attention layers, but sliding_window is "
+                            "None")
+        return None
+    if kind not in ("mistral", "ministral"):  # HF's Llama has no window: which would it be?
+        problems.append(f"sliding_window={size!r} is not read for model_type={kind!r} (only "
+                        "for mistral and ministral); load a config without it, and give the "
+                        "engine's Trainer(window=(left, 0)) if the model needs one")
+        return None
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        problems.append(f"sliding_window={size!r} must be a whole number of tokens >= 1")
+        return None
+    pair = (size - 1, 0)
+    if types is None:  # Mistral's, and a Ministral config without layer_types: every layer
+        return pair
+    layers = _get(hf_config, "num_hidden_layers")
+    bad = [t for t in types if t not in LAYER_TYPES]
+    if bad or len(types) != layers:
+        problems.append(f"layer_types={list(types)!r}: expected {layers} entries (one per "
+                        f"layer), each one of {', '.join(LAYER_TYPES)}")
+        return None
+    return [pair if t == "sliding_attention" else None for t in types]
 
 
 def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

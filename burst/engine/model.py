@@ -195,9 +195,9 @@ class CausalLM(nn.Module):
     """The decoder plus LM head. ``forward`` returns logits, or the loss when targets are given.
 
     Engine settings (set by the Trainer, defaults for a single process): ``attention`` (the
-    AttentionCall), ``checkpointing`` (a ``burst.flops.CHECKPOINTING`` mode), ``fused_head`` and
-    ``loss_chunk``; ``cache`` holds the selective modes' attention outputs between forward and
-    backward, keyed by layer.
+    AttentionCall, with the config's window), ``checkpointing`` (a
+    ``burst.flops.CHECKPOINTING`` mode), ``fused_head`` and ``loss_chunk``; ``cache`` holds the
+    selective modes' attention outputs between forward and backward, keyed by layer.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -209,7 +209,7 @@ class CausalLM(nn.Module):
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size,
                                                                  bias=False)
         method = BurstMethod()
-        self.attention = AttentionCall(method, method.layout())
+        self.attention = AttentionCall(method, method.layout(), window=cfg.window)
         self.checkpointing = "none"
         self.fused_head = True
         self.loss_chunk = LOSS_CHUNK

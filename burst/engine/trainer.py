@@ -150,6 +150,8 @@ class Trainer:
         window: (left, right) sliding window of every layer's attention, or a list with one
             entry per layer, each (left, right) or None (the whole causal context): a model
             that interleaves local and global layers (``burst.masks.interleaved_windows``).
+            None: the config's own (``ModelConfig.window``, e.g. from ``from_hf``); a window
+            that differs from a config's own is refused.
         data_parallel: ``ddp`` or ``fsdp`` (torch's) across the DP group; ``fsdp_world``:
             torch's FSDP over every rank, CP included, so that weights, gradients and optimizer
             state are sharded over the world (ZeRO-3: one unit per decoder layer). Where FSDP
@@ -218,6 +220,16 @@ class Trainer:
                 window = model_window(window, cfg.num_layers)
             except ValueError as e:
                 problems.append(str(e))
+            else:
+                if cfg.window is not None and window != cfg.window:
+                    # a second window for the same model: which one ran would be a guess
+                    problems.append(
+                        f"window={window!r} differs from the model's own, {cfg.window!r} "
+                        "(model_config.window, e.g. a Mistral checkpoint's sliding_window); "
+                        "give window=None, or a config with the window to run "
+                        "(dataclasses.replace(config, window=...))")
+        elif cfg is not None:
+            window = cfg.window
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             problems.append(f"device={device!r}, but torch sees no CUDA device here")
