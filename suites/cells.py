@@ -136,12 +136,13 @@ def _model_shape(model: str | None) -> tuple[int | None, int | None, int | None]
 
 
 def _model_window(spec: SweepSpec):
-    """A train_step spec's window in a cell's form: None, one pair, or one entry per layer."""
-    if spec.window is None:
-        return None
+    """A train_step spec's window in a cell's form: None, one pair, or one entry per layer; a
+    model with its own window (``ModelConfig.window``) has that one."""
     from burst.engine.configs import get_config
     from burst.masks import interleaved_windows, model_window
 
+    if spec.window is None:
+        return get_config(spec.model).window
     layers = get_config(spec.model).num_layers
     every = spec.global_every
     return model_window(spec.window if every is None

@@ -560,19 +560,38 @@ def _model_window(r: _Reader, data: dict, workload):
     every = r.get(data, "global_every", "", int, None, minimum=1)
     if every is not None and win is None and "window" not in data:
         r.add("global_every", "needs window = [left, right], the local layers' window")
-    layers = None
-    if every is not None and isinstance(data.get("model"), str):
+    layers = own = None
+    if (every is not None or win is not None) and isinstance(data.get("model"), str):
         try:
             from burst.engine.configs import get_config
 
-            layers = get_config(data["model"]).num_layers
+            cfg = get_config(data["model"])
+            layers, own = cfg.num_layers, cfg.window
         except (ImportError, ValueError):  # (the model's own problem is reported)
             pass
-    if every == 1 or (layers is not None and every > layers):  # a typo, not a pattern
+    if own is not None:  # the model's architecture has its window: a second one is a guess
+        r.add("window" if win is not None else "global_every",
+              f"model {data['model']!r} has its own window ({_shown_window(own)}); drop "
+              "window and global_every")
+        return None, None
+    # a typo, not a pattern
+    if every is not None and (every == 1 or (layers is not None and every > layers)):
         r.add("global_every", f"{every}: every layer would be "
               f"{'global (drop window)' if every == 1 else 'local (drop global_every)'}; give "
               f"2 to {layers or 'the model' + chr(39) + 's layers'}")
     return win, every
+
+
+def _shown_window(window) -> str:
+    """A config's window in a line: its pair, or its distinct entries with their layer counts."""
+    from collections import Counter
+
+    from burst.masks import per_layer
+
+    if not per_layer(window):
+        return f"{list(window)} on every layer"
+    return ", ".join(f"{'global' if w is None else list(w)} on {n} layers"
+                     for w, n in Counter(window).items())
 
 
 def _shape(r: _Reader, data: dict) -> Shape | None:

@@ -1143,17 +1143,17 @@ def test_a_ministral_checkpoint_trains_over_ranks_as_transformers_computes_it():
     one) loaded with from_hf and trained over 2 context-parallel ranks (zigzag, selective
     checkpointing, float64) has transformers' loss and gradients of the whole sequence: the
     config's window reaches every rank's ring, layer by layer. transformers computes RoPE's
-    cos and sin in float32 whatever the model's dtype, so its float64 model is exact to about
-    1e-6 (the engine's own float64 parity, 1e-10, is the model_window case of the parity
-    cases); the same run without the window is off by far more."""
-    tol = 1e-5
+    cos and sin in float32 whatever the model's dtype, so its float64 model's gradients are
+    exact to about 1e-6 (the loss to 1e-10; the engine's own float64 parity, 1e-10, is the
+    model_window case of the parity cases); the same run without the window is 4e-3 off."""
+    loss_tol, tol = 1e-8, 1e-5
     out = _ranks(2, "hf")  # run by the world-2 spawn of the parity cases
     if out[0] is None:
         pytest.skip("transformers (a dev extra) is not installed")
     for rank in out:
         assert rank["window"] == ((5, 0), None, (5, 0))
-        assert abs(rank["loss"] - rank["want"]) <= tol * abs(rank["want"]), rank
-        assert abs(rank["unwindowed"] - rank["want"]) > 100 * tol * abs(rank["want"]), rank
+        assert abs(rank["loss"] - rank["want"]) <= loss_tol * abs(rank["want"]), rank
+        assert abs(rank["unwindowed"] - rank["want"]) > 1e4 * loss_tol * abs(rank["want"]), rank
         assert set(rank["grads"]) == set(rank["want_grads"])
         bad = {n: e for n, g in rank["grads"].items()
                if not (e := _rel(g, rank["want_grads"][n])) < tol}

@@ -112,6 +112,9 @@ def test_named_configs_and_param_counts():
     assert flops.model_flops(c7, 1, 4096) - flops.model_flops(gelu, 1, 4096) == \
         3 * 2 * 4096 * 32 * 4096 * 11008  # one matrix fewer per layer, 3 passes
     assert param_count(l3) == 8_030_261_248  # Llama-3-8B
+    mini = get_config("ministral-8b")  # its model card's count, its pattern of 1 global : 3
+    assert param_count(mini) == 8_019_808_256
+    assert mini.window == (None, (32767, 0), (32767, 0), (32767, 0)) * 9
     assert c7.head_dim == 128 and c14.head_dim == 128 and set(CONFIGS) >= {"tiny"}
     # the harness's FLOP counts take these configs as they are
     assert flops.model_flops(c7, 1, 4096) > 0
@@ -208,18 +211,37 @@ def test_bad_state_dict_names_the_key():
              "sliding_window=0 must be a whole number of tokens >= 1"),
             ({"model_type": "mistral", "sliding_window": 8.0},
              "sliding_window=8.0 must be a whole number"),
+            ({"model_type": "mistral", "sliding_window": True},
+             "sliding_window=True must be a whole number"),
             ({"model_type": "ministral", "sliding_window": 8,
               "layer_types": ["sliding_attention"]},
-             f"expected {layers} entries (one per layer)"),
+             f"expected a list of {layers} entries (one per layer)"),
             ({"model_type": "ministral", "sliding_window": 8,
               "layer_types": ["sliding_attention", "local"]}, "each one of sliding_attention"),
             ({"model_type": "ministral", "sliding_window": None,
+              "layer_types": ["full_attention", "chunked_attention"]},
+             "each one of sliding_attention"),
+            ({"model_type": "ministral", "sliding_window": None,
               "layer_types": ["sliding_attention", "full_attention"]},
-             "layer_types name sliding_attention layers, but sliding_window is None")):
+             "layer_types name sliding_attention layers, but sliding_window is None"),
+            # transformers' MistralForCausalLM ignores layer_types, its AutoConfig reads such a
+            # config.json as Ministral's: which model was meant is not known (a review)
+            ({"model_type": "mistral", "sliding_window": 8,
+              "layer_types": ["sliding_attention", "full_attention"]},
+             "model_type='mistral' with layer_types that are not all sliding_attention")):
         with pytest.raises(ValueError, match=re.escape(match)):
             from_hf(sd, hf.config.to_dict() | change)
-    assert from_hf(sd, hf.config.to_dict() | {"model_type": "mistral", "sliding_window": None}
-                   ).config.window is None
+    hf_dict = hf.config.to_dict()
+    for change, window in (
+            ({"model_type": "mistral", "sliding_window": None}, None),
+            ({"model_type": "mistral", "sliding_window": 8,
+              "layer_types": ["sliding_attention"] * 2}, (7, 0)),
+            # a config.json without sliding_window: transformers' default, 4096 (a review)
+            ({"model_type": "mistral"}, (4095, 0)),
+            ({"model_type": "ministral", "layer_types": ["full_attention", "sliding_attention"]},
+             (None, (4095, 0)))):
+        assert "sliding_window" not in hf_dict
+        assert from_hf(sd, hf_dict | change).config.window == window, change
 
 
 @pytest.mark.parametrize("kind,window,want", [
@@ -254,7 +276,9 @@ def test_logits_equal_transformers_with_a_sliding_window(kind, window, want):
     # the FLOP counts take the config's window unless told another
     cfg = ours.config
     assert flops.model_flops(cfg, 1, 40) == flops.model_flops(cfg, 1, 40, window=want) \
-        < flops.model_flops(dataclasses.replace(cfg, window=None), 1, 40)
+        < flops.model_flops(dataclasses.replace(cfg, window=None), 1, 40) \
+        == flops.model_flops(cfg, 1, 40, window=(39, 0))  # (spans 40 tokens: no window)
+    assert flops.model_flops(cfg, 1, 40, window=(2, 0)) < flops.model_flops(cfg, 1, 40)
 
 
 def test_a_configs_window_is_the_models_own():

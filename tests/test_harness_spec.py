@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from burst.engine.configs import get_config
 from results import store
 from results.schema import COLUMNS, empty_row, markdown_table
 from results.tables import add_speedup, compare, summary
@@ -1178,6 +1179,26 @@ def test_a_train_step_spec_gives_its_model_a_window_or_local_and_global_layers(t
                 'model = "tiny"\n', ""), "window", "only applies to workload = 'train_step'")):
         problems = _problems(tmp_path, text, "bad")
         assert any(p.startswith(where) and why in p for p in problems), (text, problems)
+
+
+def test_a_model_with_its_own_window_takes_it_into_every_cell(tmp_path):
+    """A named config with a window (ministral-8b: one global layer, then three of 32768 keys)
+    gives it to every cell of a train_step spec, so the simulator, the FLOP counts and a run
+    see the same model; a spec that gives it another window is refused, naming the model's."""
+    head = ('workload = "train_step"\nmodel = "ministral-8b"\nseq_lens = [65536]\n'
+            'world = 8\ndevice = "cuda"\ndtype = "bfloat16"\n'
+            '[[methods]]\nname = "burst"\n')
+    [cell] = expand(load_spec(_write(tmp_path, head, "own")))
+    assert cell.window == get_config("ministral-8b").window
+    assert cell.window[:4] == (None, (32767, 0), (32767, 0), (32767, 0))
+    for extra in ('window = [7, 0]\n', 'window = [7, 0]\nglobal_every = 4\n'):
+        problems = _problems(tmp_path, extra + head, "twice")
+        assert any(p.startswith("window") and "model 'ministral-8b' has its own window "
+                   "(global on 9 layers, [32767, 0] on 27 layers)" in p for p in problems), \
+            problems
+    # the shipped spec of it
+    assert {c.window for c in expand(load_spec(SPEC_DIR / "engine_ministral.toml"))} == {
+        get_config("ministral-8b").window}
 
 
 def _problems(tmp_path, text: str, name: str) -> list[str]:

@@ -116,6 +116,16 @@ CONFIGS: dict[str, ModelConfig] = {
     "llama3-8b": ModelConfig(hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8,
                              ffn_size=14336, vocab_size=128256, rope_theta=500000.0,
                              rms_eps=1e-5),
+    # Mistral AI's Ministral-8B (model card of mistralai/Ministral-8B-Instruct-2410: 36 layers,
+    # 32/8 heads of 128, FFN 12288, vocabulary 131072, 8,019,808,256 parameters, which
+    # param_count gives with an untied head; attention pattern "ragged (128k, 32k, 32k, 32k)",
+    # i.e. one global layer then three with a window of 32768 keys, transformers'
+    # MinistralConfig layer_types). rope_theta 1e8 and rms_eps 1e-5 are third-party listings,
+    # not checked against its config.json; neither changes a FLOP, byte or memory count
+    "ministral-8b": ModelConfig(hidden_size=4096, num_layers=36, num_heads=32, num_kv_heads=8,
+                                ffn_size=12288, vocab_size=131072, rope_theta=1e8,
+                                rms_eps=1e-5, window=(None, (32767, 0), (32767, 0),
+                                                      (32767, 0)) * 9),
 }
 
 

@@ -11,7 +11,9 @@ a rename; what it checks is that the checkpoint fits: every expected key present
 expected shape, no unknown keys, and no feature the engine does not implement (another
 architecture, biases, rope scaling, a head_dim other than hidden / heads, a rope_theta that is
 not positive). A sliding window becomes the config's ``window``, which the model then attends
-through wherever it runs (alone, in a Trainer, in the FLOP counts).
+through wherever it runs (alone, in a Trainer, in the FLOP counts); a Mistral config whose
+``layer_types`` mix sliding and full layers is refused (transformers builds either model from
+it, MistralForCausalLM or, through AutoConfig, Ministral's).
 Every problem is listed at once, naming the key.
 transformers is not imported: any object with LlamaConfig's attributes (or a dict) works.
 """
@@ -89,17 +91,36 @@ def _window(hf_config, kind, problems: list[str]):
     Ministral's on its ``sliding_attention`` layers. HF lets a query see the keys of the last
     ``sliding_window`` positions, itself included (transformers' masking_utils,
     ``sliding_window_overlay``: kv_idx > q_idx - sliding_window): the engine's (W - 1, 0)."""
-    size = _get(hf_config, "sliding_window")
-    types = _get(hf_config, "layer_types") if kind == "ministral" else None
+    if kind not in ("mistral", "ministral"):  # HF's Llama has no window: which would it be?
+        size = _get(hf_config, "sliding_window")
+        if size is not None:
+            problems.append(f"sliding_window={size!r} is not read for model_type={kind!r} (only "
+                            "for mistral and ministral); load a config without it, and give "
+                            "the engine's Trainer(window=(left, 0)) if the model needs one")
+        return None
+    # a config.json without the key: transformers' MistralConfig and MinistralConfig default
+    size = _get(hf_config, "sliding_window", 4096)
+    types = _get(hf_config, "layer_types")
+    layers = _get(hf_config, "num_hidden_layers")
+    if types is not None:
+        if (not isinstance(types, (list, tuple)) or len(types) != layers
+                or any(t not in LAYER_TYPES for t in types)):
+            problems.append(f"layer_types={types!r}: expected a list of {layers} entries (one "
+                            f"per layer), each one of {', '.join(LAYER_TYPES)}")
+            return None
+        if kind == "mistral" and any(t != "sliding_attention" for t in types):
+            # transformers' MistralForCausalLM ignores layer_types (the window on every layer)
+            # while AutoConfig reads such a config.json as Ministral's (configuration_auto.py)
+            problems.append("model_type='mistral' with layer_types that are not all "
+                            "sliding_attention is two models in transformers: "
+                            "MistralForCausalLM gives every layer the window, AutoModel reads "
+                            "it as Ministral (the layer_types); set model_type='ministral' or "
+                            "drop layer_types to say which")
+            return None
     if size is None:
         if types is not None and "sliding_attention" in types:
             problems.append("layer_types name sliding_attention layers, but sliding_window is "
                             "None")
-        return None
-    if kind not in ("mistral", "ministral"):  # HF's Llama has no window: which would it be?
-        problems.append(f"sliding_window={size!r} is not read for model_type={kind!r} (only "
-                        "for mistral and ministral); load a config without it, and give the "
-                        "engine's Trainer(window=(left, 0)) if the model needs one")
         return None
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         problems.append(f"sliding_window={size!r} must be a whole number of tokens >= 1")
@@ -107,12 +128,6 @@ def _window(hf_config, kind, problems: list[str]):
     pair = (size - 1, 0)
     if types is None:  # Mistral's, and a Ministral config without layer_types: every layer
         return pair
-    layers = _get(hf_config, "num_hidden_layers")
-    bad = [t for t in types if t not in LAYER_TYPES]
-    if bad or len(types) != layers:
-        problems.append(f"layer_types={list(types)!r}: expected {layers} entries (one per "
-                        f"layer), each one of {', '.join(LAYER_TYPES)}")
-        return None
     return [pair if t == "sliding_attention" else None for t in types]
 
 
