@@ -15,7 +15,7 @@ That is exactly ``burst_attn(..., backward="ring", ranks_per_node=w)`` (``burst.
 ring with the classic K/V/dK/dV backward), so this adapter is that call. Per rank and layer:
 forward M(w-1) intra + (M-1) inter K/V hops; backward the same plus M*w intra + M inter dK/dV
 hops (M = G/w windows), which is also what InternEvo's code sends. With an attention window (or
-documents) that a flat ring serves in at most min(w, M) - 1 hops, ``burst_attn`` runs that
+documents) that a flat ring serves in at most M - 1 steps each way, ``burst_attn`` runs that
 shortened flat ring instead (``burst.masks.flat_ring_suffices``); InternEvo's double ring has no
 such shortcut (its "sliding window" file name means the inner ring), so there this adapter
 sends fewer bytes than LoongTrain would.

@@ -311,7 +311,7 @@ def burst_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = N
         group: the context-parallel process group.
         ranks_per_node: turn on the topology-aware double ring with this many ranks per node
             (ranks node-major); None: one flat ring. A window (or documents) that a flat ring
-            serves in at most min(L, M) - 1 hops (M nodes of L ranks) runs on that shortened
+            serves in at most M - 1 steps each way (M nodes) runs on that shortened
             flat ring, which is then no slower (``burst.masks.flat_ring_suffices``).
         backward: ``burst`` (Q, dO, D, LSE travel), ``ring`` (K, V, dK, dV travel) or ``auto``
             (fewer bytes, with the gradient sums in ``grad_acc``'s dtype).

@@ -508,7 +508,7 @@ def ranks_per_node_problem(world: int, ranks_per_node) -> str | None:
 def ring_groups(group=None, ranks_per_node: int | None = None) -> RingGroups:
     """The process groups of a flat (one node) or double ring over ``group``, cached. A double
     ring's first call also makes the flat ring's groups: ``burst_attn`` runs a window or
-    documents that a flat ring serves in at most min(L, M) - 1 hops on it (two more
+    documents that a flat ring serves in at most M - 1 steps each way on it (two more
     communicators per double ring under NCCL, used or not; ``burst.masks.flat_ring_suffices``),
     and making them only then would make the set of groups a rank creates depend on its
     batch, while under NCCL every rank of the world joins each creation (``subgroup``)."""

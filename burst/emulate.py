@@ -59,7 +59,7 @@ class RingEmulator:
         scale = resolve_scale(q.shape[-1], softmax_scale)
         self.steps = BlockSteps(self.spec, layout, world, scale, backend)
         if flat_ring_suffices(self.spec, layout, world, self.n, self.nodes):
-            self.nodes = 1  # as burst_attn: a flat ring of at most min(L, M) - 1 hops
+            self.nodes = 1  # as burst_attn: a flat ring of at most M - 1 steps each way
         self.span, self.back = ring_reach(self.spec, layout, world, self.n, self.nodes)
         self._index = [local_index(self.seq_len, world, r, layout).to(q.device)
                        for r in range(world)]

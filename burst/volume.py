@@ -21,8 +21,8 @@ Flat ring of G ranks (span S = G-1 unless a window truncates it):
   B hops the other way as well (``burst.masks.ring_reach``): B more payload and B more
   accumulator hops (my own block's accumulator stays with the first chain).
 Double ring, M nodes x L ranks: the payload makes M(L-1) intra + (M-1) inter hops, the
-accumulators M*L intra + M inter hops (a mask that a flat ring serves in at most min(L, M) - 1
-hops runs on that flat ring: ``burst.masks.flat_ring_suffices``).
+accumulators M*L intra + M inter hops (a mask that a flat ring serves in at most M - 1 steps
+each way runs on that flat ring: ``burst.masks.flat_ring_suffices``).
 For MHA with D = 128 and one dtype throughout, burst backward ~ 3G units vs ring ~ 4G: 25% fewer.
 
 ``method_bytes(name, ...)`` gives the same for every registry method (``baselines``), under the

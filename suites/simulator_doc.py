@@ -606,7 +606,7 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
         "sides: each step then works on both arrivals, inside a node a GPU's two sends share "
         "its NVLink, and across nodes twice as many GPUs cross at once (one ring member per "
         "node: its GPU sends both ways through its NIC share); a double ring whose mask a flat "
-        "ring serves in at most min(L, M) - 1 hops runs as that flat ring, as the code does "
+        "ring serves in at most M - 1 steps each way runs as that flat ring, as the code does "
         "(`burst.masks.flat_ring_suffices`). Double ring: the inter-node hop "
         "of all L GPUs of a node (sharing the node's NICs) hides behind a round of L NVLink "
         "steps "

@@ -61,8 +61,8 @@ def _cases(world: int) -> list[dict]:
         cs.append(case(options=dict(layout="contiguous", backward="burst", ranks_per_node=1),
                        ranks_per_node=1, window=(8, 0), seed=len(cs)))  # truncated, all inter
         for backward in ("burst", "ring"):
-            # a window does not shorten a double ring (a flat ring needs 2 hops: more than
-            # min(L, M) - 1 = 1 on 2 nodes of 2)...
+            # a window does not shorten a double ring (a flat ring needs 2 steps: more than
+            # M - 1 = 1 on 2 nodes of 2)...
             cs.append(case(options=dict(layout="contiguous", backward=backward,
                                         ranks_per_node=2), ranks_per_node=2, window=(16, 0),
                            seed=len(cs)))
@@ -84,13 +84,14 @@ def _cases(world: int) -> list[dict]:
         for backward, grad_acc in (("burst", "fp32"), ("ring", "fp32"), ("burst", "input")):
             cs.append(case(options=dict(layout="zigzag", backward=backward, grad_acc=grad_acc),
                            causal=True, window=(3, 0), seed=len(cs)))
-            # on nodes of 4, a window of 1 hop: a flat ring instead of the double ring
-            # (min(L, M) - 1 = 1; the zigzag's 1 + 1 hops keep the double ring here)
-            for layout in ("contiguous", "zigzag"):
+            # on 2 nodes of 4, a window of 1 step each way: a flat ring instead of the double
+            # ring (M - 1 = 1), sent both ways on the zigzag layout; the zigzag's 2 + 2 steps
+            # of a window of 9 keep the double ring
+            for layout, left in (("contiguous", 8), ("zigzag", 3), ("zigzag", 9)):
                 cs.append(case(options=dict(layout=layout, backward=backward,
                                             grad_acc=grad_acc, ranks_per_node=4),
-                               ranks_per_node=4, causal=True,
-                               window=(8 if layout == "contiguous" else 3, 0), seed=len(cs)))
+                               ranks_per_node=4, causal=True, window=(left, 0),
+                               seed=len(cs)))
             cs.append(case(options=dict(layout="contiguous", backward=backward,
                                         grad_acc=grad_acc), causal=False, window=(0, 10),
                            seed=len(cs)))

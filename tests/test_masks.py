@@ -260,21 +260,27 @@ def test_a_window_with_keys_on_both_sides_sends_the_ring_both_ways(world):
                              head_dim=8, elem=2, span=world - 2, back=2)
 
 
-def test_a_window_that_a_flat_ring_serves_in_fewer_hops_than_a_node_runs_flat():
+def test_a_window_that_a_flat_ring_serves_in_fewer_steps_than_nodes_runs_flat():
     """A double ring sends every block, across nodes from every GPU at once; where the mask
-    lets a flat ring bring every rank its keys in at most min(L, M) - 1 hops (M nodes of L
-    ranks), the ring runs flat (burst_attn, the emulation, the byte formulas and the simulator
-    agree; test_simulator prices the rule)."""
+    lets a flat ring bring every rank its keys in at most M - 1 steps each way (M nodes), the
+    ring runs flat (burst_attn, the emulation, the byte formulas and the simulator agree;
+    test_simulator prices the rule, and one step more)."""
     n = 16  # zigzag chunks of 8
     near = M.MaskSpec(causal=True, window=(8, 0))  # zigzag: 1 + 1 hops
-    assert M.flat_ring_suffices(near, "zigzag", 16, n, nodes=4)  # 2 <= min(4, 4) - 1 = 3
-    assert not M.flat_ring_suffices(near, "zigzag", 16, n, nodes=8)  # 2 > L - 1 = 1
-    assert not M.flat_ring_suffices(near, "zigzag", 16, n, nodes=2)  # 2 > M - 1 = 1
+    assert M.ring_reach(near, "zigzag", 16, n) == (1, 1)
+    assert M.flat_ring_suffices(near, "zigzag", 16, n, nodes=4)  # 1 <= M - 1 = 3
+    assert M.flat_ring_suffices(near, "zigzag", 16, n, nodes=8)  # 1 <= 7 (2 ranks a node)
+    assert M.flat_ring_suffices(near, "zigzag", 16, n, nodes=2)  # 1 <= 1
     assert not M.flat_ring_suffices(near, "zigzag", 16, n, nodes=1)  # already flat
     assert not M.flat_ring_suffices(M.MaskSpec(causal=True), "zigzag", 16, n, nodes=4)
     far = M.MaskSpec(causal=True, window=(40, 0))  # contiguous: 3 hops back
-    assert M.flat_ring_suffices(far, "contiguous", 16, n, nodes=4)
-    assert not M.flat_ring_suffices(far, "contiguous", 16, n, nodes=8)
+    assert M.ring_reach(far, "contiguous", 16, n) == (3, 0)
+    assert M.flat_ring_suffices(far, "contiguous", 16, n, nodes=4)  # 3 <= 3
+    assert M.flat_ring_suffices(far, "contiguous", 16, n, nodes=8)
+    assert not M.flat_ring_suffices(far, "contiguous", 16, n, nodes=2)  # 3 > 1
+    farther = M.MaskSpec(causal=True, window=(56, 0))  # 4 hops: one step more than 4 nodes
+    assert M.ring_reach(farther, "contiguous", 16, n) == (4, 0)
+    assert not M.flat_ring_suffices(farther, "contiguous", 16, n, nodes=4)
     assert not M.flat_ring_suffices(far, "striped", 16, n, nodes=4)  # every rank needed
 
 
