@@ -591,6 +591,36 @@ def test_a_non_finite_loss_does_not_update_the_weights():
         assert torch.equal(p, before[n]) and p.grad is None, n
 
 
+def test_a_state_saved_with_another_window_loads_with_a_warning(tmp_path):
+    """A state records the model's sliding window (both formats): loaded by a Trainer whose
+    window differs (a config that lost its window, or a longer context on purpose) it loads,
+    and says so; the same window, or a state without the record, loads silently (a review)."""
+    import warnings
+
+    kw = dict(dtype=torch.float64)
+    mixed = dataclasses.replace(get_config("tiny"), window=[(3, 0), None])
+    tr = Trainer(mixed, **kw)
+    tr.step(*tr.local_batch(16, batch=1))
+    state = tr.state_dict()
+    assert state["window"] == ((3, 0), None)
+    tr.save(tmp_path / "one.pt")
+    tr.save(tmp_path / "sharded", sharded=True)
+    for load in (lambda t: t.load_state_dict(state), lambda t: t.load(tmp_path / "one.pt"),
+                 lambda t: t.load(tmp_path / "sharded")):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            load(Trainer(mixed, **kw))  # the same window: silent
+            load(Trainer("tiny", window=[[3, 0], None], **kw))  # another form of it
+        with pytest.warns(UserWarning, match=re.escape(
+                "the state was saved by a run with window=((3, 0), None); this Trainer's is "
+                "None")):
+            load(Trainer("tiny", **kw))
+    older = {k: v for k, v in state.items() if k != "window"}  # saved before the record
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Trainer("tiny", **kw).load_state_dict(older)
+
+
 def test_a_sharded_save_keeps_the_one_before_and_refuses_what_is_not_its_state(tmp_path,
                                                                               monkeypatch):
     """Trainer.save(..., sharded=True) on one process: the link names the last save, the other

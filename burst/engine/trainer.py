@@ -24,6 +24,7 @@ on rank 0, or with ``sharded=True`` as every rank's own shards (``burst.engine.s
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -282,6 +283,7 @@ class Trainer:
         # numpy integers included
         loss_chunk, seed, ignore_index = int(loss_chunk), int(seed), int(ignore_index)
         self.config, self.layout, self.dtype = cfg, layout, dtype
+        self.window = window
         self.checkpointing, self.ignore_index = checkpointing, ignore_index
         self.model = model
         self.cp_group, self.dp_group = self._groups(cp_group, dp_group, cp_degree)
@@ -378,14 +380,15 @@ class Trainer:
     def state_dict(self) -> dict | None:
         """The whole training state, to resume a run exactly: ``{"model": weights (as
         ``model_state_dict``), "optimizer": its state and hyperparameters keyed by parameter
-        name, "optimizer_name": "adamw" | "sgd"}`` as plain CPU tensors, on global rank 0 only
-        (None on the others: no other rank holds a whole copy). What ``load_state_dict``
-        restores on any CP x DP layout and either DP wrapper. A collective: every rank calls
-        it."""
+        name, "optimizer_name": "adamw" | "sgd", "window": the model's sliding window}`` as
+        plain CPU tensors, on global rank 0 only (None on the others: no other rank holds a
+        whole copy). What ``load_state_dict`` restores on any CP x DP layout and either DP
+        wrapper. A collective: every rank calls it."""
         weights, optim = full_state(self.model, self.optimizer, rank0_only=True)
         if comm.rank() != 0:
             return None
-        return {"model": weights, "optimizer": optim, "optimizer_name": self.optimizer_name}
+        return {"model": weights, "optimizer": optim, "optimizer_name": self.optimizer_name,
+                "window": self.window}
 
     def load_state_dict(self, state: dict | None) -> None:
         """Restore the ``state_dict()`` given on global rank 0 (the other ranks' argument is not
@@ -404,6 +407,7 @@ class Trainer:
             raise ValueError(f"Trainer.load_state_dict: {head['problem']}")
         if comm.rank() == 0:
             self._warn_if_rounded(state["model"])
+            self._warn_if_other_window(state)
         # torch's loading sets the state up with a zero-lr step, skipped where gradients wait
         self.optimizer.zero_grad(set_to_none=True)
         # torch's loading puts its shards into the dicts it is given: the caller's stay theirs
@@ -416,6 +420,22 @@ class Trainer:
         except Exception as e:  # noqa: BLE001  (every rank must learn of it)
             error = e
         self._raise_if_any(error, "load_state_dict")
+
+    def _warn_if_other_window(self, saved: dict, who: str = "Trainer.load_state_dict") -> None:
+        """A state saved by a run whose model attended through another sliding window (a
+        state of before the window was saved: not checked). Its weights fit this model, so
+        it loads; the run goes on with this Trainer's window, which may be meant (a longer
+        context) or not (a config that lost its window)."""
+        if "window" not in saved:
+            return
+        window = saved["window"]
+        with contextlib.suppress(ValueError):  # (else shown as saved)
+            window = model_window(window, self.config.num_layers) if window else None
+        if window != self.window:
+            warnings.warn(f"{who}: the state was saved by a run with window={window!r}; this "
+                          f"Trainer's is {self.window!r}, and the run goes on with it (give "
+                          "the config or Trainer the saved window to resume that model)",
+                          stacklevel=3)
 
     def _warn_if_rounded(self, weights: dict, who: str = "Trainer.load_state_dict") -> None:
         """A state of other weights than this Trainer keeps: a bfloat16 run's fp32 master
@@ -639,7 +659,7 @@ class Trainer:
             try:
                 sharded_state.publish(path, folder, {
                     "format": 1, "meta": dict(meta or {}), "optimizer_name": self.optimizer_name,
-                    "fresh": hyper, "crcs": crcs})
+                    "fresh": hyper, "crcs": crcs, "window": self.window})
             except Exception as e:  # noqa: BLE001
                 error = e
         self._raise_if_any(error, what)
@@ -684,6 +704,7 @@ class Trainer:
         self._raise_if_any(error, f"the load of {path}")
         if comm.rank() == 0:
             self._warn_if_rounded(weights, "Trainer.load")
+            self._warn_if_other_window(info, "Trainer.load")
         self.optimizer.zero_grad(set_to_none=True)  # gradients not yet applied: dropped
         try:  # "fresh": the hyperparameters of an optimizer saved before its first step
             load_local_state(self.model, self.optimizer, folder, fresh=info["fresh"])
