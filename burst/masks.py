@@ -528,7 +528,10 @@ def flat_ring_suffices(spec: MaskSpec, layout: str, world: int, n: int, nodes: i
     first back), while each of the double ring's M - 1 outer hops sends L blocks from a node,
     its L GPUs sharing the node's NICs: so the flat ring crosses with no more blocks per NIC
     (2 (M - 1) <= L (M - 1) on one NIC, at most M - 1 per NIC on more) and, inside the node,
-    sends 2 (M - 1) blocks over each GPU's NVLink against the double ring's M (L - 1). Priced
+    sends at most 2 (M - 1) blocks over each GPU's NVLink against the double ring's M (L - 1)
+    (with L = 2 each GPU's second send crosses nodes: M - 1 over NVLink). Not memory: with
+    L = 2 and both S and B of 2 or more the flat ring holds four blocks to the double ring's
+    three (up to 9% more reserved, a review priced; it never made a cell run out). Priced
     on the a800 and h100 profiles, every cell of a grid this rule sends flat is at least as
     fast flat (up to 3.7x faster: tests/test_simulator.py), and one step more can be slower:
     8 nodes of 4 with an 8-hop window, 3% on the a800. (The first rules asked S + B <= L - 1,

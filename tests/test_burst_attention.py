@@ -85,8 +85,8 @@ def _cases(world: int) -> list[dict]:
             cs.append(case(options=dict(layout="zigzag", backward=backward, grad_acc=grad_acc),
                            causal=True, window=(3, 0), seed=len(cs)))
             # on 2 nodes of 4, a window of 1 step each way: a flat ring instead of the double
-            # ring (M - 1 = 1), sent both ways on the zigzag layout; the zigzag's 2 + 2 steps
-            # of a window of 9 keep the double ring
+            # ring (M - 1 = 1), sent both ways on the zigzag layout; the zigzag's 3 + 3 steps
+            # of a window of 9 (chunks of 4 tokens) keep the double ring
             for layout, left in (("contiguous", 8), ("zigzag", 3), ("zigzag", 9)):
                 cs.append(case(options=dict(layout=layout, backward=backward,
                                             grad_acc=grad_acc, ranks_per_node=4),
