@@ -394,11 +394,11 @@ def _engine_moments(cfg, e: int, params: int, layer_params: float, checkpoints: 
         shard = m * params / shards  # one state's shard (fp32 for 16-bit)
         root_params = params - cfg.num_layers * layer_params  # embedding, head, final norm
         root = root_params * e
-        layers = 3 * layer_params * e  # two layers' weights and one layer's gradients
+        in_flight = 3 * layer_params * e  # two layers' weights and one layer's gradients
         return [
             {"model_states": 3 * shard, "gathered_params": root, "checkpoints": checkpoints,
              "head": head},
-            *({"model_states": 3 * shard, "gathered_params": root + layers,
+            *({"model_states": 3 * shard, "gathered_params": root + in_flight,
                "gradients": head_grad + (last - k) * layer_params * m / shards,
                "reduce_scatter": layer_params * m,
                "checkpoints": (k + 1) * checkpoints / cfg.num_layers,

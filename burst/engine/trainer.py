@@ -24,7 +24,6 @@ on rank 0, or with ``sharded=True`` as every rank's own shards (``burst.engine.s
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import math
@@ -283,7 +282,6 @@ class Trainer:
         # numpy integers included
         loss_chunk, seed, ignore_index = int(loss_chunk), int(seed), int(ignore_index)
         self.config, self.layout, self.dtype = cfg, layout, dtype
-        self.window = window
         self.checkpointing, self.ignore_index = checkpointing, ignore_index
         self.model = model
         self.cp_group, self.dp_group = self._groups(cp_group, dp_group, cp_degree)
@@ -421,6 +419,12 @@ class Trainer:
             error = e
         self._raise_if_any(error, "load_state_dict")
 
+    @property
+    def window(self):
+        """The model's sliding window (``burst.masks.model_window``'s form): its config's, or
+        the one this Trainer was given."""
+        return self.model.attention.window
+
     def _warn_if_other_window(self, saved: dict, who: str = "Trainer.load_state_dict") -> None:
         """A state saved by a run whose model attended through another sliding window (a
         state of before the window was saved: not checked). Its weights fit this model, so
@@ -428,9 +432,7 @@ class Trainer:
         context) or not (a config that lost its window)."""
         if "window" not in saved:
             return
-        window = saved["window"]
-        with contextlib.suppress(ValueError):  # (else shown as saved)
-            window = model_window(window, self.config.num_layers) if window else None
+        window = saved["window"]  # in model_window's form, as state_dict gives it
         if window != self.window:
             warnings.warn(f"{who}: the state was saved by a run with window={window!r}; this "
                           f"Trainer's is {self.window!r}, and the run goes on with it (give "
