@@ -2364,26 +2364,91 @@ def test_a_ring_sending_both_ways_across_nodes_is_priced_by_its_nic_bytes():
     """A window whose keys lie on both sides sends a zigzag ring both ways. Where a node holds
     one member of the ring (a node per rank, or USP's groups as large as a node), that GPU sends
     both ways through its share of the NICs, so the layer takes at least its inter-node bytes
-    over that share; where a node holds several, twice as many GPUs cross at once. A review
-    found the two directions priced as if they never shared a NIC: up to 2x too fast."""
+    over that share. A review found the two directions priced as if they never shared a NIC:
+    up to 2x too fast. (Where a node holds several members, the GPUs that cross depend on the
+    step: test_each_hop_crosses_nodes_from_the_gpus_whose_targets_lie_on_another_node.)"""
     from burst.masks import MaskSpec, ring_reach
 
     base = dict(workload="attention", seq_len=2**21, world=32, heads=32, kv_heads=8,
                 head_dim=128, dtype="bfloat16", causal=True, window=(4096, 0))
     # (method, ranks per node, options, ring members, GPUs of a node crossing each way)
     cases = [("burst", 1, dict(layout="zigzag", backward="burst"), 32, 1),
-             ("usp", 8, dict(ulysses_degree=8, layout="zigzag", backward="burst"), 4, 8),
-             ("usp", 8, dict(ulysses_degree=4, layout="zigzag", backward="burst"), 8, 4)]
+             ("usp", 8, dict(ulysses_degree=8, layout="zigzag", backward="burst"), 4, 8)]
     for method, rpn, opts, members, senders in cases:
         m = base["seq_len"] // members
         assert ring_reach(MaskSpec(causal=True, window=base["window"]), "zigzag", members,
                           m) == (1, 1)
         row = simulate_cell(dict(base, method=method, ranks_per_node=rpn, options=opts), HW)
         assert row["status"] == "ok", row["error"]
-        per_node = rpn * members // base["world"]  # ring members on one node
-        crossing = senders if per_node == 1 else min(2 * senders, rpn)
-        floor = row["bytes_sent_inter"] / (HW.inter_gbps(crossing) * 1e9)
+        assert rpn * members // base["world"] == 1  # one ring member on each node
+        floor = row["bytes_sent_inter"] / (HW.inter_gbps(senders) * 1e9)
         assert row["time_s"] >= floor, (method, opts, row["time_s"], floor)
+
+
+@pytest.mark.parametrize("case", ["one way, 8 back", "both ways, 2 each", "usp, 1 each"])
+def test_each_hop_crosses_nodes_from_the_gpus_whose_targets_lie_on_another_node(case):
+    """With free compute and no latency, a shortened flat ring across nodes takes each step's
+    bytes through the NIC share of the GPUs that cross in that step. A regular hop crosses from
+    one ring member per node (the last going forward, the first going back); the last
+    accumulator goes straight home, S members back (burst.ring._Chain), so it leaves a node
+    from min(S, members per node) GPUs at once, and where both chains end together a GPU can
+    send both its sums across. A review found that hop priced as one GPU's crossing (up to
+    19.5% fast); the same change prices a step where only one way sends from half the GPUs.
+
+    n: tokens per rank; a800: one NIC per GPU for up to 4 senders a node, half for 8."""
+    from burst.masks import MaskSpec, ring_reach
+    from burst.volume import ring_hop_bytes
+
+    hw = HW.with_values(peak_tflops=1e12, hbm_gbps=1e12, nvlink_latency_us=0.0,
+                        nic_latency_us=0.0)
+    seq, heads, kv_heads, d = 2**17, 8, 8, 128
+
+    def bw(senders):
+        return hw.inter_gbps(senders) * 1e9
+
+    if case == "one way, 8 back":  # a flat ring of 16 on nodes of 8, 8 steps back
+        method, opts, topo, layout, window, members = "burst", {}, Topo(16, 8), "contiguous", \
+            (8 * 8192, 0), 16
+        reach = (8, 0)
+    elif case == "both ways, 2 each":  # zigzag on nodes of 2: both GPUs send both sums across
+        method, opts, topo, layout, window, members = "burst", {}, Topo(16, 2), "zigzag", \
+            (8192, 0), 16
+        reach = (2, 2)
+    else:  # USP, rings of 8 over 4 nodes (2 members a node, 4 rings side by side)
+        method, opts, topo, layout, window, members = "usp", {"ulysses_degree": 4}, \
+            Topo(32, 8), "zigzag", (4096, 0), 8
+        reach = (1, 1)
+    u = opts.get("ulysses_degree", 1)
+    m = seq // members
+    assert ring_reach(MaskSpec(causal=True, window=window), layout, members, m) == reach
+    shape = AttnShape(batch=1, seq_len=seq, heads=heads, kv_heads=kv_heads, head_dim=d,
+                      causal=True, window=window)
+    t = attention_timing(hw, method, dict(opts, layout=layout, backward="burst"), shape, topo)
+    hop = dict(batch=1, seq_local=m, heads=heads // u, kv_heads=kv_heads // u, head_dim=d,
+               elem=2, acc_elem=4)
+    kv = ring_hop_bytes("ring", **hop)[0]
+    pay, acc = ring_hop_bytes("burst", **hop)
+    if case == "one way, 8 back":
+        # one GPU of a node crosses at each of the 8 steps, all 8 send their sums home
+        forward = 8 * kv / bw(1)
+        backward = 8 * (pay + acc) / bw(1) + acc / bw(8)
+    elif case == "both ways, 2 each":
+        # each step one GPU of the node crosses each way (the other way stays on the node);
+        # steps: kv | kv (forward); pay | pay + acc one way, pay the other | acc | both sums
+        # home, 2 hops each way, from both GPUs
+        forward = 2 * kv / bw(2)
+        backward = (pay + (pay + acc) + acc + 2 * acc) / bw(2)
+    else:
+        # steps: pay both ways (2 members a ring cross, 8 GPUs); the accumulator one way only
+        # (1 member a ring, 4 GPUs); both sums home, one hop each way (8 GPUs)
+        forward = kv / bw(8)
+        backward = pay / bw(8) + acc / bw(4) + acc / bw(8)
+        a2a = method_bytes("ulysses", world=u, batch=1, seq_local=seq // 32, heads=heads,
+                           kv_heads=kv_heads, head_dim=d, elem=2)
+        forward += collective_seconds(hw, a2a.sent("forward"), u, topo)
+        backward += collective_seconds(hw, a2a.sent("backward"), u, topo)
+    assert t.forward_s == pytest.approx(forward, rel=1e-9)
+    assert t.backward_s == pytest.approx(backward, rel=1e-9)
 
 
 def test_a_window_that_a_flat_ring_serves_runs_flat_on_nodes():
