@@ -13,12 +13,13 @@ priced by the profile's link bandwidths. The schedule says how they combine (DES
                  A flat ring that spans nodes waits every step for its one inter-node hop, on
                  one NIC (the other GPUs of the node are not crossing). A window shortens it
                  to the steps it needs (burst.masks.ring_reach); its last accumulators then
-                 go straight home, S members back, from min(S, members per node) GPUs of a
-                 node at once. A window that needs keys on both sides sends the blocks both
-                 ways at once, each step working on both arrivals (inside a node a GPU's two
-                 sends share its NVLink; across nodes the GPUs that cross either way share
-                 the node's NICs, and with one ring member per node its GPU sends both ways
-                 through its share). Each step is priced on the GPUs that cross in it.
+                 go straight home, S members back, leaving a node from every GPU whose owner
+                 lies on another node. A window that needs keys on both sides sends the
+                 blocks both ways at once, each step working on both arrivals (inside a node
+                 a GPU's two sends share its NVLink; across nodes the GPUs that cross either
+                 way share the node's NICs, and a GPU whose both sends cross sends both
+                 through its share). Each step is priced on the GPUs of each node that cross
+                 in it (``_crossings``: every rank of the job, USP's rings too).
   double ring    M rounds (burst.ring._double), each an inner flat ring of L steps on NVLink
                  (its accumulators home within it) while one inter-node hop, made by all L GPUs
                  of a node at once (they share the node's NICs), carries the next outer block
@@ -30,7 +31,8 @@ priced by the profile's link bandwidths. The schedule says how they combine (DES
   ulysses        all-to-all of q, k, v, then the whole sequence for H/U heads, all-to-all of o;
                  backward mirrors it (dO in, dq/dk/dv out). Nothing overlaps.
   usp            Ulysses inside groups of U ranks, a flat ring across the G/U groups on blocks of
-                 U*n tokens and H/U heads (all U GPUs of a group cross nodes at once).
+                 U*n tokens and H/U heads: U rings side by side (ranks j, j + U, ...), whose
+                 GPUs that cross nodes in a step share their node's NICs.
   allgather      all-gather K/V, local queries against all keys, reduce-scatter dK/dV.
   tp             heads split over G ranks, the sequence gathered and scattered around the layer
                  (reached by no cell: 'tp' is block-level, so the harness and the simulator
@@ -446,29 +448,43 @@ def _two_way_pass(steps: list[float], span: int, back: int, hop: Hop, pay: float
     return total + hop(*(sent(c, last + 1) for c in chains))
 
 
-def _flat_hop_seconds(hw: Hardware, transfers, members: int, per_node: int, rings: int,
-                      node_gpus: int) -> float:
-    """One step's sends of a flat ring of ``members`` ranks, ``per_node`` consecutive ones on
-    each node, beside ``rings - 1`` other such rings whose members share the node's NICs (USP's
-    Ulysses groups; ``rings`` 0: the ring stays inside one node). ``transfers``: (bytes, offset)
-    pairs, each sent by every member to the member ``offset`` places on. A member sends what
-    stays on its node over its NVLink and what leaves it through its share of the NICs, shared
-    with every GPU of the node that crosses in the same step; the slowest member prices the
-    step. A regular hop crosses from one member per node; a shortened ring's last accumulator
-    hop, S members back, from min(S, per node) (a review: pricing it as one GPU's crossing was
-    up to 19.5% optimistic)."""
-    sends = []
-    for pos in range(per_node):
-        intra = inter = 0.0
-        for nbytes, offset in transfers:
-            if rings and ((pos + offset) % members) // per_node:
-                inter += nbytes
-            else:
-                intra += nbytes
-        sends.append((intra, inter))
-    crossing = min(node_gpus, rings * sum(1 for _, inter in sends if inter > 0))
-    return max(max(hw.link_seconds(intra, "intra"), hw.link_seconds(inter, "inter", crossing))
-               for intra, inter in sends)
+@functools.lru_cache(maxsize=1024)
+def _crossings(offsets: tuple[int, ...], members: int, rings: int,
+               local: int) -> frozenset[tuple[tuple[bool, ...], int]]:
+    """Which of a step's sends cross nodes, for every GPU of a job of ``rings`` flat rings of
+    ``members`` ranks each (node-major, ``local`` GPUs a node): ring j holds the ranks j,
+    j + rings, j + 2 rings, ... (USP's rings across its Ulysses groups; one ring: every rank
+    in order), and its member i sends to member i + offset of the same ring. Returns the
+    distinct (crosses per send, GPUs of its node that cross in the step) pairs."""
+    node = [r // local for r in range(members * rings)]
+    sends = [tuple(node[((r // rings + o) % members) * rings + r % rings] != node[r]
+                   for o in offsets) for r in range(members * rings)]
+    crossing = [0] * (node[-1] + 1)
+    for r, s in enumerate(sends):
+        crossing[node[r]] += any(s)
+    return frozenset((s, crossing[node[r]]) for r, s in enumerate(sends))
+
+
+def _flat_hop_seconds(hw: Hardware, transfers, members: int, rings: int,
+                      local: int) -> float:
+    """One step's sends of ``rings`` flat rings of ``members`` ranks side by side
+    (``_crossings``): ``transfers`` are (bytes, offset) pairs, each sent by every member to the
+    member ``offset`` places on. A GPU sends what stays on its node over its NVLink and what
+    leaves it through its share of the NICs, shared with every GPU of its node that crosses
+    in the same step; the slowest GPU prices the step. A regular hop crosses from one member
+    of each ring per node; a shortened ring's last accumulators, S members back, from every
+    member whose owner lies on another node (a review: priced as one GPU's crossing, that hop
+    was up to 19.5% optimistic)."""
+    transfers = [(nbytes, offset) for nbytes, offset in transfers if nbytes > 0]
+    if not transfers:
+        return 0.0
+    worst = 0.0
+    for crosses, senders in _crossings(tuple(o for _, o in transfers), members, rings, local):
+        inter = sum(nbytes for (nbytes, _), x in zip(transfers, crosses, strict=True) if x)
+        intra = sum(nbytes for nbytes, _ in transfers) - inter
+        worst = max(worst, hw.link_seconds(intra, "intra"),
+                    hw.link_seconds(inter, "inter", senders))
+    return worst
 
 
 def _double_ring(steps: list[float], nodes: int, local: int, hop_in: Hop,
@@ -490,10 +506,11 @@ def _double_ring(steps: list[float], nodes: int, local: int, hop_in: Hop,
     return total + (hop_out(acc) if acc is not None else 0.0)
 
 
-def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, boundary_senders,
+def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, rings: int = 1,
                  efficiency: float = 1.0, acc_elem: int = 4):
     """Forward and backward seconds of a (flat or double) ring of ``members`` ranks holding
-    ``m`` tokens of ``heads`` (``kv_heads``) heads each; its hops carry the bytes of
+    ``m`` tokens of ``heads`` (``kv_heads``) heads each, beside ``rings - 1`` others (USP: one
+    per rank of a Ulysses group, ``_crossings``); its hops carry the bytes of
     ``burst.volume.ring_hop_bytes``, those ``burst.volume.method_bytes`` counts (a test holds
     a ring bound by its links to exactly those bytes over the bandwidth)."""
     out = {}
@@ -537,12 +554,8 @@ def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, boundary_se
                                            senders),
                            hw.link_seconds(outer_bytes + inner_bytes, "inter", 1))
     else:
-        # ring members per node (consecutive in ring order): with one (ranks_per_node=1, or
-        # USP's groups as large as a node) the same GPU crosses nodes both ways
-        per_node = min(members, max(1, topo.local * members // topo.world))
-
         def hop_in(*sent):
-            return _flat_hop_seconds(hw, sent, members, per_node, boundary_senders, topo.local)
+            return _flat_hop_seconds(hw, sent, members, rings, topo.local)
 
     for pass_ in ("forward", "backward"):
         p, a = (kv, None) if pass_ == "forward" else (pay, acc)
@@ -639,11 +652,10 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
     where a step waits for its hop the slower compute stays hidden."""
     plan = plan_for(method, options, topo, shape)
     g, n = topo.world, shape.seq_len // topo.world
-    crosses = g > topo.local
     if plan.kind == "ring":
         vol = method_volume(method, options, shape, topo, acc_elem=acc_elem)
-        ph = _ring_phases(hw, shape, topo, plan, g, n, shape.heads, shape.kv_heads,
-                          1 if crosses else 0, efficiency, acc_elem)
+        ph = _ring_phases(hw, shape, topo, plan, g, n, shape.heads, shape.kv_heads, 1,
+                          efficiency, acc_elem)
         fwd, bwd = ph["forward"], ph["backward"]
     elif plan.kind == "usp":
         u = plan.ulysses
@@ -654,10 +666,8 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
         sub = dataclasses.replace(shape, heads=hu, kv_heads=hku)
         inner = Plan("ring", layout=plan.layout, backward=plan.backward,
                      options={"grad_acc": plan.options.get("grad_acc", "fp32")})
-        # every rank of a Ulysses group runs its own ring: U GPUs of a node cross at once
-        senders = min(u, topo.local) if crosses else 0
-        ph = _ring_phases(hw, sub, topo, inner, g // u, u * n, hu, hku, senders,
-                          efficiency, acc_elem)
+        # every rank of a Ulysses group runs its own ring: U rings side by side
+        ph = _ring_phases(hw, sub, topo, inner, g // u, u * n, hu, hku, u, efficiency, acc_elem)
         fwd, bwd = ((ph[p][0] + collective_seconds(hw, a2a.sent(p), u, topo), ph[p][1])
                     for p in ("forward", "backward"))
     elif plan.kind in ("ulysses", "tp", "allgather"):

@@ -2385,49 +2385,60 @@ def test_a_ring_sending_both_ways_across_nodes_is_priced_by_its_nic_bytes():
         assert row["time_s"] >= floor, (method, opts, row["time_s"], floor)
 
 
-@pytest.mark.parametrize("case", ["one way, 8 back", "both ways, 2 each", "usp, 1 each"])
+# (method, options, world, ranks per node, layout, causal, window, ring members, reach)
+CROSSING_CASES = {
+    # a flat ring of 16 on nodes of 8, 8 steps back
+    "one way, 8 back": ("burst", {}, 16, 8, "contiguous", True, (8 * 8192, 0), 16, (8, 0)),
+    # zigzag on nodes of 2: both GPUs send both sums across
+    "both ways, 2 each": ("burst", {}, 16, 2, "zigzag", True, (8192, 0), 16, (2, 2)),
+    # a two-sided window on nodes of 4: 2 steps one way, 1 the other
+    "2 one way, 1 the other": ("burst", {}, 16, 4, "contiguous", False, (2 * 8192, 8192), 16,
+                               (2, 1)),
+    # USP: rings of 8 over 4 nodes (2 members a node, 4 rings side by side)
+    "usp, U 4 on nodes of 8": ("usp", {"ulysses_degree": 4}, 32, 8, "zigzag", True, (4096, 0),
+                               8, (1, 1)),
+    # USP whose groups straddle nodes: ring j holds ranks j, j + 4, ..., nodes hold 6 ranks
+    "usp, U 4 on nodes of 6": ("usp", {"ulysses_degree": 4}, 24, 6, "zigzag", True, (4096, 0),
+                               6, (1, 1)),
+}
+
+
+@pytest.mark.parametrize("case", list(CROSSING_CASES))
 def test_each_hop_crosses_nodes_from_the_gpus_whose_targets_lie_on_another_node(case):
     """With free compute and no latency, a shortened flat ring across nodes takes each step's
     bytes through the NIC share of the GPUs that cross in that step. A regular hop crosses from
     one ring member per node (the last going forward, the first going back); the last
     accumulator goes straight home, S members back (burst.ring._Chain), so it leaves a node
-    from min(S, members per node) GPUs at once, and where both chains end together a GPU can
-    send both its sums across. A review found that hop priced as one GPU's crossing (up to
-    19.5% fast); the same change prices a step where only one way sends from half the GPUs.
+    from every GPU whose owner lies on another node, and where both chains end together a GPU
+    can send both its sums across. A review found that hop priced as one GPU's crossing (up to
+    19.5% fast), a step where only one way sends priced as if both did, and USP with groups
+    that straddle nodes priced at 0.68-0.75 of its time. One NIC a node here, so that every
+    count of crossing GPUs shows (the a800's four give 1 to 4 senders a NIC each).
 
-    n: tokens per rank; a800: one NIC per GPU for up to 4 senders a node, half for 8."""
+    kv, pay, acc: one hop's K/V, Q/dO/D/LSE and dQ bytes; bw(c): a GPU's bytes/s across nodes
+    while c GPUs of its node cross."""
     from burst.masks import MaskSpec, ring_reach
     from burst.volume import ring_hop_bytes
 
     hw = HW.with_values(peak_tflops=1e12, hbm_gbps=1e12, nvlink_latency_us=0.0,
-                        nic_latency_us=0.0)
-    seq, heads, kv_heads, d = 2**17, 8, 8, 128
+                        nic_latency_us=0.0, nics_per_node=1)
+    method, opts, world, rpn, layout, causal, window, members, reach = CROSSING_CASES[case]
+    seq, heads, d = 2**15 * 3 if world == 24 else 2**17, 8, 128
+    u = opts.get("ulysses_degree", 1)
+    m = seq // members
+    assert ring_reach(MaskSpec(causal=causal, window=window), layout, members, m) == reach
+    shape = AttnShape(batch=1, seq_len=seq, heads=heads, kv_heads=heads, head_dim=d,
+                      causal=causal, window=window)
+    topo = Topo(world, rpn)
+    t = attention_timing(hw, method, dict(opts, layout=layout, backward="burst"), shape, topo)
+    hop = dict(batch=1, seq_local=m, heads=heads // u, kv_heads=heads // u, head_dim=d,
+               elem=2, acc_elem=4)
+    kv = ring_hop_bytes("ring", **hop)[0]
+    pay, acc = ring_hop_bytes("burst", **hop)
 
     def bw(senders):
         return hw.inter_gbps(senders) * 1e9
 
-    if case == "one way, 8 back":  # a flat ring of 16 on nodes of 8, 8 steps back
-        method, opts, topo, layout, window, members = "burst", {}, Topo(16, 8), "contiguous", \
-            (8 * 8192, 0), 16
-        reach = (8, 0)
-    elif case == "both ways, 2 each":  # zigzag on nodes of 2: both GPUs send both sums across
-        method, opts, topo, layout, window, members = "burst", {}, Topo(16, 2), "zigzag", \
-            (8192, 0), 16
-        reach = (2, 2)
-    else:  # USP, rings of 8 over 4 nodes (2 members a node, 4 rings side by side)
-        method, opts, topo, layout, window, members = "usp", {"ulysses_degree": 4}, \
-            Topo(32, 8), "zigzag", (4096, 0), 8
-        reach = (1, 1)
-    u = opts.get("ulysses_degree", 1)
-    m = seq // members
-    assert ring_reach(MaskSpec(causal=True, window=window), layout, members, m) == reach
-    shape = AttnShape(batch=1, seq_len=seq, heads=heads, kv_heads=kv_heads, head_dim=d,
-                      causal=True, window=window)
-    t = attention_timing(hw, method, dict(opts, layout=layout, backward="burst"), shape, topo)
-    hop = dict(batch=1, seq_local=m, heads=heads // u, kv_heads=kv_heads // u, head_dim=d,
-               elem=2, acc_elem=4)
-    kv = ring_hop_bytes("ring", **hop)[0]
-    pay, acc = ring_hop_bytes("burst", **hop)
     if case == "one way, 8 back":
         # one GPU of a node crosses at each of the 8 steps, all 8 send their sums home
         forward = 8 * kv / bw(1)
@@ -2438,13 +2449,27 @@ def test_each_hop_crosses_nodes_from_the_gpus_whose_targets_lie_on_another_node(
         # home, 2 hops each way, from both GPUs
         forward = 2 * kv / bw(2)
         backward = (pay + (pay + acc) + acc + 2 * acc) / bw(2)
-    else:
+    elif case == "2 one way, 1 the other":
+        # GPUs 0-3 of a node; one way sends to i + 1 (GPU 3 crosses), the other to i - 1
+        # (GPU 0) and ends first: step 1 sends one way only, step 2 GPU 3 sends the first
+        # way's accumulator and the other's sum home (i + 1) across, step 3 the first way's
+        # sums go home from GPUs 0 and 1 (i - 2)
+        forward = kv / bw(2) + kv / bw(1)
+        backward = pay / bw(2) + (pay + acc) / bw(1) + 2 * acc / bw(1) + acc / bw(2)
+    elif case == "usp, U 4 on nodes of 8":
         # steps: pay both ways (2 members a ring cross, 8 GPUs); the accumulator one way only
         # (1 member a ring, 4 GPUs); both sums home, one hop each way (8 GPUs)
         forward = kv / bw(8)
         backward = pay / bw(8) + acc / bw(4) + acc / bw(8)
-        a2a = method_bytes("ulysses", world=u, batch=1, seq_local=seq // 32, heads=heads,
-                           kv_heads=kv_heads, head_dim=d, elem=2)
+    else:
+        # a hop of +-1 ring member is +-4 ranks: on node 0, GPUs 2-5 cross going up, 0-3 going
+        # down, so both ways 6 GPUs cross and GPUs 2 and 3 send both blocks across; one way
+        # alone (the accumulator, step 1) 4 GPUs
+        forward = 2 * kv / bw(6)
+        backward = 2 * pay / bw(6) + acc / bw(4) + 2 * acc / bw(6)
+    if method == "usp":
+        a2a = method_bytes("ulysses", world=u, batch=1, seq_local=seq // world, heads=heads,
+                           kv_heads=heads, head_dim=d, elem=2)
         forward += collective_seconds(hw, a2a.sent("forward"), u, topo)
         backward += collective_seconds(hw, a2a.sent("backward"), u, topo)
     assert t.forward_s == pytest.approx(forward, rel=1e-9)
