@@ -329,13 +329,17 @@ def _pair_calls(mask: MaskSpec, layout: str, g: int, q_rank: int, k_rank: int,
                  for c in plan_pair(mask, layout, g, q_rank, k_rank, m))
 
 
-def _ranks_bounding(g: int, mask) -> list[int]:
+def _ranks_bounding(g: int, mask, layout: str | None = None) -> list[int]:
     """The ranks whose work bounds the slowest one at every step. Without a window or
     documents: the first, middle and last (contiguous causal is imbalanced, zigzag and striped
-    are not). With either, every rank: a window on the zigzag layout binds the ranks near the
-    middle of the second half at later steps (up to 2x the sampled ranks' work: a simulator
-    audit), and documents fall wherever their boundaries do."""
-    if mask.window is None and mask.cu_seqlens is None:
+    are not). With documents, every rank: they fall wherever their boundaries do. With a
+    window, every rank too (a window on the zigzag layout binds the ranks near the middle of
+    the second half at later steps, up to 2x the sampled ranks' work: a simulator audit),
+    except at a ring step (``layout`` given) on the contiguous layout: a window depends only
+    on the distance from query to key, so the pair (r, r - s) of step s is the same pair for
+    every r >= s (rank g - 1's) and for every r < s (rank 0's, its keys wrapped round). A
+    test checks this against every rank."""
+    if mask.cu_seqlens is None and (mask.window is None or layout == "contiguous"):
         return sorted({0, g // 2, g - 1})
     return list(range(g))
 
@@ -353,13 +357,15 @@ def _merge_seconds(hw: Hardware, shape: AttnShape, m: int, heads: int, kv_heads:
 
 
 def step_compute(hw: Hardware, shape: AttnShape, layout: str, members: int, m: int, heads: int,
-                 kv_heads: int, pass_: str) -> list[float]:
-    """Kernel time of the slowest rank at each ring step 0..members-1 (0 = its own block)."""
+                 kv_heads: int, pass_: str, steps: int | None = None) -> list[float]:
+    """Kernel time of the slowest rank at each ring step 0..members-1 (0 = its own block), or
+    at the first ``steps`` of them (a ring a window shortens: the steps it never takes would
+    plan every rank's fully masked pairs, 15x the work of a 256-rank cell with 17 steps)."""
     merge = _merge_seconds(hw, shape, m, heads, kv_heads, pass_)
     out = []
-    for s in range(members):
+    for s in range(members if steps is None else steps):
         worst = 0.0
-        for r in _ranks_bounding(members, shape.mask):
+        for r in _ranks_bounding(members, shape.mask, layout):
             t, any_call = _pair_seconds(hw, shape, layout, members, r, (r - s) % members, m,
                                         heads, pass_)
             worst = max(worst, t + (merge if any_call else 0.0))
@@ -386,7 +392,7 @@ def _two_way_compute(hw: Hardware, shape: AttnShape, layout: str, members: int, 
     out = []
     for t in range(max(span, back) + 1):
         worst = 0.0
-        for r in _ranks_bounding(members, shape.mask):
+        for r in _ranks_bounding(members, shape.mask, layout):
             total = 0.0
             for other, works in ((r - t, t <= span), (r + t, 0 < t <= back)):
                 if works:
@@ -566,7 +572,8 @@ def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, rings: int 
             out[pass_] = (_two_way_pass(steps, span, back, hop_in, p, a), sum(steps))
             continue
         steps = [c / efficiency for c in
-                 step_compute(hw, shape, plan.layout, members, m, heads, kv_heads, pass_)]
+                 step_compute(hw, shape, plan.layout, members, m, heads, kv_heads, pass_,
+                              None if double else span + 1)]
         t = (_double_ring(steps, nodes, plan.ring_local, hop_in, hop_out, p, a, shared)
              if double else _ring_pass(steps, span, hop_in, p, a))
         out[pass_] = (t, sum(steps[:span + 1]))
