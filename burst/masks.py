@@ -533,11 +533,14 @@ def flat_ring_suffices(spec: MaskSpec, layout: str, world: int, n: int, nodes: i
     L = 2 and both S and B of 2 or more the flat ring holds four blocks to the double ring's
     three (up to 9% more reserved, a review priced; it never made a cell run out). Priced
     on the a800 and h100 profiles, every cell of a grid this rule sends flat is at least as
-    fast flat (up to 3.7x faster: tests/test_simulator.py), and one step more can be slower:
-    8 nodes of 4 with an 8-hop window, 3% on the a800. (The first rules asked S + B <= L - 1,
+    fast flat (tests/test_simulator.py), and one step more can be slower: 4 nodes of 4 with a
+    zigzag window of 4 + 4 hops, 14% on the a800. (The first rules asked S + B <= L - 1,
     then S + B <= min(L, M) - 1: Ministral-8B's local layers, a window of 32768 on 32 GPUs at
-    1M tokens, 2 + 2 steps, kept the double ring, 7% slower a step; a review had found L - 1
-    alone sent 2 nodes of 8 with 7 hops flat, 50-60% slower.)"""
+    1M tokens, 2 + 2 steps, kept the double ring, 1.9x slower a layer; a review had found L - 1
+    alone sent 2 nodes of 8 with 7 hops flat, 14% slower. These are priced with the double
+    ring's blocks in burst.ring's order, which the simulator got wrong for windowed double
+    rings before a later review: most cells beyond the bound then price faster flat too, so
+    the bound is on the safe side.)"""
     if nodes <= 1 or spec.is_plain:
         return False
     return max(ring_reach(spec, layout, world, n)) <= nodes - 1

@@ -335,10 +335,12 @@ def _ranks_bounding(g: int, mask, layout: str | None = None) -> list[int]:
     are not). With documents, every rank: they fall wherever their boundaries do. With a
     window, every rank too (a window on the zigzag layout binds the ranks near the middle of
     the second half at later steps, up to 2x the sampled ranks' work: a simulator audit),
-    except at a ring step (``layout`` given) on the contiguous layout: a window depends only
-    on the distance from query to key, so the pair (r, r - s) of step s is the same pair for
-    every r >= s (rank g - 1's) and for every r < s (rank 0's, its keys wrapped round). A
-    test checks this against every rank."""
+    except at a flat ring's step (``layout`` given) on the contiguous layout: a window depends
+    only on the distance from query to key, so the pair (r, r - s) of step s is the same pair
+    for every r >= s (rank g - 1's) and for every r < s (rank 0's, its keys wrapped round);
+    a two-way ring's rank also sums the pair (r, r + s), and the middle rank stands for the
+    ranks where both or neither of its pairs wrap. A test checks this against every rank. (A
+    double ring's blocks follow nodes, not distances: every rank.)"""
     if mask.cu_seqlens is None and (mask.window is None or layout == "contiguous"):
         return sorted({0, g // 2, g - 1})
     return list(range(g))
@@ -357,17 +359,26 @@ def _merge_seconds(hw: Hardware, shape: AttnShape, m: int, heads: int, kv_heads:
 
 
 def step_compute(hw: Hardware, shape: AttnShape, layout: str, members: int, m: int, heads: int,
-                 kv_heads: int, pass_: str, steps: int | None = None) -> list[float]:
+                 kv_heads: int, pass_: str, steps: int | None = None,
+                 nodes: int = 1) -> list[float]:
     """Kernel time of the slowest rank at each ring step 0..members-1 (0 = its own block), or
     at the first ``steps`` of them (a ring a window shortens: the steps it never takes would
-    plan every rank's fully masked pairs, 15x the work of a 256-rank cell with 17 steps)."""
+    plan fully masked pairs, 15x the work of a 256-rank cell with 17 steps). Each rank works
+    on the blocks ``burst.ring.visit_order`` gives it: r - s on a flat ring; on a double ring
+    of ``nodes`` nodes of L, at step s = outer m x L + inner i, the block of node n - m and
+    local rank l - i (a review: pricing it as r - s took the previous node's block for l < i,
+    and with a window on the contiguous layout timed the double ring 1.3-1.9x too fast)."""
     merge = _merge_seconds(hw, shape, m, heads, kv_heads, pass_)
+    local = members // nodes
+    # the contiguous layout's three ranks stand for every rank of a flat ring only
+    ranks = _ranks_bounding(members, shape.mask, layout if nodes == 1 else None)
     out = []
     for s in range(members if steps is None else steps):
+        outer, inner = divmod(s, local)
         worst = 0.0
-        for r in _ranks_bounding(members, shape.mask, layout):
-            t, any_call = _pair_seconds(hw, shape, layout, members, r, (r - s) % members, m,
-                                        heads, pass_)
+        for r in ranks:
+            k = ((r // local - outer) % nodes) * local + (r % local - inner) % local
+            t, any_call = _pair_seconds(hw, shape, layout, members, r, k, m, heads, pass_)
             worst = max(worst, t + (merge if any_call else 0.0))
         out.append(worst)
     return out
@@ -512,7 +523,7 @@ def _double_ring(steps: list[float], nodes: int, local: int, hop_in: Hop,
     return total + (hop_out(acc) if acc is not None else 0.0)
 
 
-def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, rings: int = 1,
+def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, *, rings: int = 1,
                  efficiency: float = 1.0, acc_elem: int = 4):
     """Forward and backward seconds of a (flat or double) ring of ``members`` ranks holding
     ``m`` tokens of ``heads`` (``kv_heads``) heads each, beside ``rings - 1`` others (USP: one
@@ -573,7 +584,7 @@ def _ring_phases(hw, shape, topo, plan, members, m, heads, kv_heads, rings: int 
             continue
         steps = [c / efficiency for c in
                  step_compute(hw, shape, plan.layout, members, m, heads, kv_heads, pass_,
-                              None if double else span + 1)]
+                              None if double else span + 1, nodes)]
         t = (_double_ring(steps, nodes, plan.ring_local, hop_in, hop_out, p, a, shared)
              if double else _ring_pass(steps, span, hop_in, p, a))
         out[pass_] = (t, sum(steps[:span + 1]))
@@ -661,8 +672,8 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
     g, n = topo.world, shape.seq_len // topo.world
     if plan.kind == "ring":
         vol = method_volume(method, options, shape, topo, acc_elem=acc_elem)
-        ph = _ring_phases(hw, shape, topo, plan, g, n, shape.heads, shape.kv_heads, 1,
-                          efficiency, acc_elem)
+        ph = _ring_phases(hw, shape, topo, plan, g, n, shape.heads, shape.kv_heads,
+                          efficiency=efficiency, acc_elem=acc_elem)
         fwd, bwd = ph["forward"], ph["backward"]
     elif plan.kind == "usp":
         u = plan.ulysses
@@ -674,7 +685,8 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
         inner = Plan("ring", layout=plan.layout, backward=plan.backward,
                      options={"grad_acc": plan.options.get("grad_acc", "fp32")})
         # every rank of a Ulysses group runs its own ring: U rings side by side
-        ph = _ring_phases(hw, sub, topo, inner, g // u, u * n, hu, hku, u, efficiency, acc_elem)
+        ph = _ring_phases(hw, sub, topo, inner, g // u, u * n, hu, hku, rings=u,
+                          efficiency=efficiency, acc_elem=acc_elem)
         fwd, bwd = ((ph[p][0] + collective_seconds(hw, a2a.sent(p), u, topo), ph[p][1])
                     for p in ("forward", "backward"))
     elif plan.kind in ("ulysses", "tp", "allgather"):

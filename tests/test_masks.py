@@ -283,7 +283,7 @@ def test_a_window_that_a_flat_ring_serves_in_fewer_steps_than_nodes_runs_flat():
     assert not M.flat_ring_suffices(farther, "contiguous", 16, n, nodes=4)
     assert not M.flat_ring_suffices(far, "striped", 16, n, nodes=4)  # every rank needed
     # a right-only window steps back alone: B, not S, is what the bound counts (a review: the
-    # rule with S alone sent (0, 16384) at 32K tokens on 4 nodes of 8 flat, 1.8x slower)
+    # rule with S alone sent (0, 16384) at 32K tokens on 4 nodes of 8 flat, 1.7x slower)
     right = M.MaskSpec(causal=False, window=(0, 40))
     assert M.ring_reach(right, "contiguous", 16, n) == (0, 3)
     assert M.flat_ring_suffices(right, "contiguous", 16, n, nodes=4)  # 3 <= 3
