@@ -381,48 +381,44 @@ def test_windows_shrink_every_method_they_mask():
     assert usp.volume.sent("forward") == counted.sent("forward")
 
 
+def _slowest_per_step(shape, layout, g, n, pass_, order, ranks=None):
+    """Each step's time on its slowest rank (of ``ranks``, default every rank), each rank's
+    pair at step s being its block ``order(rank)[s]``, found pair by pair."""
+    from suites.schedule import _merge_seconds, _pair_seconds
+
+    merge = _merge_seconds(HW, shape, n, shape.heads, shape.kv_heads, pass_)
+    ranks = range(g) if ranks is None else ranks
+    orders = {r: order(r) for r in ranks}
+    out = []
+    for s in range(g):
+        worst = 0.0
+        for r in ranks:
+            t, any_call = _pair_seconds(HW, shape, layout, g, r, orders[r][s], n, shape.heads,
+                                        pass_)
+            worst = max(worst, t + (merge if any_call else 0.0))
+        out.append(worst)
+    return out
+
+
 def test_a_windowed_ring_step_is_timed_on_its_slowest_rank():
     """Each ring step is bound by its slowest rank. Without a window or documents the first,
     middle and last ranks bound it; with a window on the zigzag layout the ranks near the
     middle of the second half carry up to 2x their work at later steps, which the sample
     missed (a 1M-token cell on 32 GPUs came out 28% too fast: a simulator audit). Every
     step's time is the maximum over every rank, found here pair by pair."""
-    from suites.schedule import _merge_seconds, _pair_seconds, _ranks_bounding, step_compute
+    from burst.ring import visit_order
+    from suites.schedule import _ranks_bounding, step_compute
 
     g, n = 16, 1 << 10
     shape = AttnShape(batch=1, seq_len=g * n, heads=8, kv_heads=8, head_dim=64,
                       window=(g * n // 4, 0))
-    merge = _merge_seconds(HW, shape, n, 8, 8, "forward")
-    brute, sampled = [], []
-    for s in range(g):
-        per_rank = []
-        for r in range(g):
-            t, any_call = _pair_seconds(HW, shape, "zigzag", g, r, (r - s) % g, n, 8,
-                                        "forward")
-            per_rank.append(t + (merge if any_call else 0.0))
-        brute.append(max(per_rank))
-        sampled.append(max(per_rank[r] for r in (0, g // 2, g - 1)))
+    brute, sampled = (_slowest_per_step(shape, "zigzag", g, n, "forward",
+                                        lambda r: visit_order(g, r), ranks)
+                      for ranks in (None, (0, g // 2, g - 1)))
     assert step_compute(HW, shape, "zigzag", g, n, 8, 8, "forward") == brute
     assert sum(brute) > 1.1 * sum(sampled)  # the case the three-rank sample misses
     # unwindowed, the sample stands
     assert _ranks_bounding(g, dataclasses.replace(shape, window=None).mask) == [0, 8, 15]
-
-
-def _slowest_per_step(shape, layout, g, n, pass_, order):
-    """Each step's time on its slowest rank, every rank's pair found by ``order(rank)``."""
-    from suites.schedule import _merge_seconds, _pair_seconds
-
-    merge = _merge_seconds(HW, shape, n, shape.heads, shape.kv_heads, pass_)
-    orders = [order(r) for r in range(g)]
-    out = []
-    for s in range(g):
-        worst = 0.0
-        for r in range(g):
-            t, any_call = _pair_seconds(HW, shape, layout, g, r, orders[r][s], n, shape.heads,
-                                        pass_)
-            worst = max(worst, t + (merge if any_call else 0.0))
-        out.append(worst)
-    return out
 
 
 def test_a_double_rings_steps_are_timed_on_the_blocks_it_visits():
