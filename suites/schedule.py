@@ -117,7 +117,7 @@ class AttnShape:
     def elem(self) -> int:
         return ELEM[self.dtype]
 
-    @property
+    @functools.cached_property  # asked for per pair: hundreds of thousands of times a cell
     def mask(self) -> MaskSpec:
         return MaskSpec(causal=self.causal, window=self.window)
 

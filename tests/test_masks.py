@@ -72,15 +72,21 @@ def test_empty_pairs_are_found_without_planning_them():
     """``pair_empty`` (which shortens rings and skips planning) never calls a pair empty that has
     a visible key, and without documents it finds every empty pair of the contiguous and zigzag
     layouts: each chunk of a zigzag rank is tested apart, so a windowed pair of ranks whose
-    positions together span the sequence is empty without its key bounds being computed."""
+    positions together span the sequence is empty without its key bounds being computed. Given
+    arrays of ranks (as ``ring_reach`` does, every pair of a ring at once), it answers the same
+    pair by pair."""
     world, n, found = 8, 8, 0
+    ranks = np.arange(world)
     for spec in SPECS:
         for layout in LAYOUTS:
+            at_once = M.pair_empty(spec, layout, world, ranks[:, None], ranks[None, :], n)
+            assert np.shape(at_once) == (world, world)
             for qr in range(world):
                 for kr in range(world):
                     visible = bool(spec.visible(global_positions(n, world, qr, layout),
                                                 global_positions(n, world, kr, layout)).any())
                     empty = M.pair_empty(spec, layout, world, qr, kr, n)
+                    assert isinstance(empty, bool) and empty == at_once[qr, kr], (spec, layout)
                     assert not (empty and visible), (spec, layout, qr, kr)
                     if layout != "striped" and spec.cu_seqlens is None:
                         assert empty == (not visible), (spec, layout, qr, kr)
@@ -245,6 +251,9 @@ def test_a_window_with_keys_on_both_sides_sends_the_ring_both_ways(world):
             order = visit_order(world, 0, span=span, back=back)
             assert sorted(order) == sorted({0, *((-s) % world for s in range(1, span + 1)),
                                             *(range(1, back + 1))}), order
+    docs = M.MaskSpec(causal=True, cu_seqlens=tuple(range(0, world * n, 12)) + (world * n,))
+    assert M.ring_reach(docs, "zigzag", world, n) == (1, 1)  # documents of 12 < chunks of 8 + 8
+    assert M.ring_reach(docs, "contiguous", world, n) == (1, 0)
     zigzag = M.MaskSpec(causal=True, window=(8, 0))
     assert M.ring_reach(zigzag, "zigzag", world, n) == (1, 1)
     assert M.ring_reach(zigzag, "zigzag", world, n, nodes=2) == (world - 1, 0)
