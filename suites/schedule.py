@@ -54,11 +54,22 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from burst import flops as F
 from burst import volume
 from burst.attention import choice_problems
 from burst.comm import ranks_per_node_ok, ring_shape
-from burst.masks import CAUSAL, DENSE, STRICT, MaskSpec, flat_ring_suffices, plan_pair, ring_reach
+from burst.masks import (
+    CAUSAL,
+    DENSE,
+    STRICT,
+    MaskSpec,
+    flat_ring_suffices,
+    pair_geometry,
+    plan_pair,
+    ring_reach,
+)
 from suites.hardware import Hardware
 
 __all__ = ["ELEM", "AttnShape", "AttnTiming", "Plan", "Topo", "acc_bytes", "attention_timing",
@@ -329,21 +340,40 @@ def _pair_calls(mask: MaskSpec, layout: str, g: int, q_rank: int, k_rank: int,
                  for c in plan_pair(mask, layout, g, q_rank, k_rank, m))
 
 
-def _ranks_bounding(g: int, mask, layout: str | None = None) -> list[int]:
+def _ranks_bounding(g: int, mask) -> list[int]:
     """The ranks whose work bounds the slowest one at every step. Without a window or
     documents: the first, middle and last (contiguous causal is imbalanced, zigzag and striped
-    are not). With documents, every rank: they fall wherever their boundaries do. With a
-    window, every rank too (a window on the zigzag layout binds the ranks near the middle of
-    the second half at later steps, up to 2x the sampled ranks' work: a simulator audit),
-    except at a flat ring's step (``layout`` given) on the contiguous layout: a window depends
-    only on the distance from query to key, so the pair (r, r - s) of step s is the same pair
-    for every r >= s (rank g - 1's) and for every r < s (rank 0's, its keys wrapped round);
-    a two-way ring's rank also sums the pair (r, r + s), and the middle rank stands for the
-    ranks where both or neither of its pairs wrap. A test checks this against every rank. (A
-    double ring's blocks follow nodes, not distances: every rank.)"""
-    if mask.cu_seqlens is None and (mask.window is None or layout == "contiguous"):
+    are not). With either, every rank: documents fall wherever their boundaries do, and a
+    window on the zigzag layout binds the ranks near the middle of the second half at later
+    steps, up to 2x the sampled ranks' work (a simulator audit). ``_slowest_rank`` prices each
+    geometry of work once, so every rank costs little more than three."""
+    if mask.is_plain:
         return sorted({0, g // 2, g - 1})
     return list(range(g))
+
+
+def _slowest_rank(hw: Hardware, shape: AttnShape, layout: str, g: int, m: int, heads: int,
+                  pass_: str, merge: float, pairs: list[tuple[np.ndarray, np.ndarray]]) -> float:
+    """Kernel time of the slowest rank at one ring step, where the i-th rank priced works on
+    the pair (q[i], k[i]) of each (q, k) in ``pairs`` (arrays over the ranks), each pair that
+    has a call followed by a merge. Pairs of one geometry (``burst.masks.pair_geometry``) get
+    the same calls, so the ranks whose pairs have equal geometries are priced once, on one of
+    them: the same maximum, to the bit, as pricing each (a windowed ring of 4096 ranks has a
+    handful of geometries a step). With documents, each rank on its own."""
+    rows = [pair_geometry(shape.mask, layout, g, q, k, m) for q, k in pairs]
+    if rows[0] is None:
+        chosen = range(len(pairs[0][0]))
+    else:
+        chosen = np.unique(np.concatenate(rows, axis=-1), axis=0, return_index=True)[1]
+    worst = 0.0
+    for i in chosen:
+        total = 0.0
+        for q, k in pairs:
+            sec, any_call = _pair_seconds(hw, shape, layout, g, int(q[i]), int(k[i]), m, heads,
+                                          pass_)
+            total += sec + (merge if any_call else 0.0)
+        worst = max(worst, total)
+    return worst
 
 
 def _merge_seconds(hw: Hardware, shape: AttnShape, m: int, heads: int, kv_heads: int,
@@ -370,17 +400,12 @@ def step_compute(hw: Hardware, shape: AttnShape, layout: str, members: int, m: i
     and with a window on the contiguous layout timed the double ring 1.3-1.9x too fast)."""
     merge = _merge_seconds(hw, shape, m, heads, kv_heads, pass_)
     local = members // nodes
-    # the contiguous layout's three ranks stand for every rank of a flat ring only
-    ranks = _ranks_bounding(members, shape.mask, layout if nodes == 1 else None)
+    r = np.array(_ranks_bounding(members, shape.mask))
     out = []
     for s in range(members if steps is None else steps):
         outer, inner = divmod(s, local)
-        worst = 0.0
-        for r in ranks:
-            k = ((r // local - outer) % nodes) * local + (r % local - inner) % local
-            t, any_call = _pair_seconds(hw, shape, layout, members, r, k, m, heads, pass_)
-            worst = max(worst, t + (merge if any_call else 0.0))
-        out.append(worst)
+        k = ((r // local - outer) % nodes) * local + (r % local - inner) % local
+        out.append(_slowest_rank(hw, shape, layout, members, m, heads, pass_, merge, [(r, k)]))
     return out
 
 
@@ -400,19 +425,15 @@ def _two_way_compute(hw: Hardware, shape: AttnShape, layout: str, members: int, 
     rank r's queries against the keys of r - t (t <= span) and of r + t (1 <= t <= back); where
     the queries travel (the burst backward), the queries of r + t and of r - t against r's keys."""
     merge = _merge_seconds(hw, shape, m, heads, kv_heads, pass_)
+    r = np.array(_ranks_bounding(members, shape.mask))
     out = []
     for t in range(max(span, back) + 1):
-        worst = 0.0
-        for r in _ranks_bounding(members, shape.mask, layout):
-            total = 0.0
-            for other, works in ((r - t, t <= span), (r + t, 0 < t <= back)):
-                if works:
-                    q, k = (2 * r - other, r) if queries_travel else (r, other)
-                    sec, any_call = _pair_seconds(hw, shape, layout, members, q % members,
-                                                  k % members, m, heads, pass_)
-                    total += sec + (merge if any_call else 0.0)
-            worst = max(worst, total)
-        out.append(worst)
+        pairs = []
+        for other, works in ((r - t, t <= span), (r + t, 0 < t <= back)):
+            if works:
+                q, k = (2 * r - other, r) if queries_travel else (r, other)
+                pairs.append((q % members, k % members))
+        out.append(_slowest_rank(hw, shape, layout, members, m, heads, pass_, merge, pairs))
     return out
 
 

@@ -94,6 +94,36 @@ def test_empty_pairs_are_found_without_planning_them():
     assert found > 0
 
 
+def test_pairs_of_one_geometry_get_the_same_plan():
+    """``plan_pair`` plans one pair per ``pair_geometry`` (each pair of position runs' offset, or
+    its sign where the runs see nothing of each other) and hands that plan to every pair of the
+    geometry: pair by pair, without the cache, every pair of one geometry has equal calls, on
+    every layout, for masks that depend only on the distance from query to key. With
+    documents a pair has no geometry (it is planned by its ranks)."""
+    def described(calls):
+        return [(c.q, c.k, c.kind, c.pairs,
+                 None if c.bounds is None else [b.tolist() for b in c.bounds]) for c in calls]
+
+    specs = [s for s in SPECS if s.cu_seqlens is None] + [
+        M.MaskSpec(causal=True, window=(12, 0)), M.MaskSpec(causal=False, window=(20, 1)),
+        M.MaskSpec(causal=True, window=(1, 0))]
+    shared = 0
+    for spec in specs:
+        for layout in LAYOUTS:
+            for world, n in ((8, 4), (6, 8)):
+                plans = {}
+                for qr in range(world):
+                    for kr in range(world):
+                        geometry = M.pair_geometry(spec, layout, world, qr, kr, n)
+                        plan = described(M._plan(spec, layout, world, qr, kr, n, M.TILE,
+                                                 M.DOC_CUT_MIN))
+                        first = plans.setdefault(geometry, (plan, qr, kr))
+                        assert plan == first[0], (spec, layout, world, (qr, kr), first[1:])
+                        shared += first[1:] != (qr, kr)
+    assert shared > 1000  # most pairs share a geometry with another
+    assert M.pair_geometry(SPECS[-1], "zigzag", 8, 1, 2, 4) is None
+
+
 def test_large_windowed_blocks_plan_without_large_masks():
     """A 64K-token windowed block: the visible bulk in mask-free calls, only the band's edges
     dense, each at most TILE x TILE (a single mask would be 4 GiB)."""
