@@ -288,7 +288,7 @@ class MaskSpec:
             empty = empty | (k_hi < q_lo - left) | (k_lo > q_hi + right)
         if self.cu_seqlens is not None:  # doc(p): the document index of position p
             cu = self.cu_seqlens
-            if isinstance(q_lo, np.ndarray) or isinstance(k_lo, np.ndarray):
+            if any(isinstance(x, np.ndarray) for x in (q_lo, q_hi, k_lo, k_hi)):
                 def doc(x):
                     return np.searchsorted(cu, x, side="right")
             else:
@@ -518,6 +518,11 @@ def _run_pairs(spec: MaskSpec, layout: str, world: int, q_rank: int | np.ndarray
     the key run's start minus the query run's, and whether the two runs see nothing of each
     other (``span_empty``). Ranks are ints or numpy arrays (broadcast); each result has shape
     (..., runs x runs)."""
+    for name, rank in (("q_rank", q_rank), ("k_rank", k_rank)):
+        r = np.asarray(rank)  # numpy indexing would take -1 for world - 1 (a review)
+        if r.dtype.kind not in "iu" or (r.size and not 0 <= r.min() <= r.max() < world):
+            raise ValueError(f"{name}={rank!r}: expected ranks 0 .. {world - 1} of a world of "
+                             f"{world}")
     runs = _run_table(layout, world, n)
     q = runs[q_rank][..., :, None, :]
     k = runs[k_rank][..., None, :, :]
@@ -528,7 +533,7 @@ def _run_pairs(spec: MaskSpec, layout: str, world: int, q_rank: int | np.ndarray
     return offsets.reshape(rows), empty.reshape(rows)
 
 
-@lru_cache(maxsize=64)  # G^2 pair tests (in numpy: under 1 s at G = 4096, 26 s one by one), once
+@lru_cache(maxsize=64)  # G^2 pair tests (in numpy: 1-3 s at G = 4096, 26 s one by one), once
 # per (mask, layout, G, n); packed batches bring a new mask (its document boundaries) every step
 def ring_reach(spec: MaskSpec, layout: str, world: int, n: int,
                nodes: int = 1) -> tuple[int, int]:
@@ -549,7 +554,7 @@ def ring_reach(spec: MaskSpec, layout: str, world: int, n: int,
     if nodes > 1:
         return world - 1, 0
     needed, ranks = [], np.arange(world)
-    chunk = max(1, (1 << 20) // world)  # offsets tested at once: about a million pairs
+    chunk = max(1, (1 << 20) // world)  # offsets tested at once: 2^20 pairs, ~150 MB
     for first in range(1, world, chunk):
         offsets = np.arange(first, min(first + chunk, world))[:, None]
         empty = pair_empty(spec, layout, world, ranks, (ranks - offsets) % world, n)

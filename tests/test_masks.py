@@ -124,6 +124,25 @@ def test_pairs_of_one_geometry_get_the_same_plan():
     assert M.pair_geometry(SPECS[-1], "zigzag", 8, 1, 2, 4) is None
 
 
+def test_a_rank_outside_the_world_is_refused_not_wrapped():
+    """Plans are cached by geometry, which indexes ranks: rank -1 was taken for rank G-1, and
+    its plan, built for -1, was then handed to the pair (G-1, k) (a review: a windowed
+    block's keys dropped). Ranks outside 0..G-1, bools and floats are refused."""
+    spec = M.MaskSpec(causal=True, window=(4, 0))
+    want = M.plan_pair(spec, "contiguous", 4, 3, 2, 8)
+    assert want
+    for bad in (-1, 4, True, 1.0, np.array([0, 4])):
+        with pytest.raises(ValueError, match="expected ranks 0 .. 3 of a world of 4"):
+            M.pair_geometry(spec, "contiguous", 4, bad, 2, 8)
+        with pytest.raises(ValueError, match="expected ranks 0 .. 3"):
+            M.pair_empty(spec, "contiguous", 4, 2, bad, 8)
+    with pytest.raises(ValueError, match="q_rank=-1"):
+        M.plan_pair(spec, "contiguous", 4, -1, 2, 8)
+    assert M.plan_pair(spec, "contiguous", 4, 3, 2, 8) == want
+    docs = M.MaskSpec(cu_seqlens=(0, 5, 32))  # any argument may be the array
+    assert docs.span_empty(0, np.array([3, 9]), 10, 12).tolist() == [True, False]
+
+
 def test_large_windowed_blocks_plan_without_large_masks():
     """A 64K-token windowed block: the visible bulk in mask-free calls, only the band's edges
     dense, each at most TILE x TILE (a single mask would be 4 GiB)."""

@@ -452,6 +452,7 @@ def test_a_windowed_ring_is_priced_once_per_geometry_as_rank_by_rank(monkeypatch
     one-way and two-way rings, flat and double. It prices far fewer pairs. (Rank by rank, a
     1024-GPU windowed Ministral spec took 52 s, now 5 s; a 4096-GPU one 40 s, now 16 s.)"""
     import suites.schedule as schedule
+    from burst import masks
     from burst.masks import MaskSpec, ring_reach
 
     windows = [(True, (5000, 0)), (True, (3 * 1024, 0)), (False, (2 * 1024, 1024)),
@@ -474,9 +475,13 @@ def test_a_windowed_ring_is_priced_once_per_geometry_as_rank_by_rank(monkeypatch
                     priced[how] += 1
                     return real(*args)
                 m.setattr(schedule, "_pair_seconds", counting)
-                if how == "rank":
+                if how == "rank":  # no geometry anywhere: each pair planned on its own
                     m.setattr(schedule, "pair_geometry", lambda *args: None)
+                    m.setattr(masks, "pair_geometry", lambda *args: None)
+                    m.setattr(masks, "_PLANS", masks._PlanCache(256 << 20))
+                    schedule._pair_calls.cache_clear()
                 t = attention_timing(HW, method, opts, shape, Topo(g, 4 if g == 16 else g))
+            schedule._pair_calls.cache_clear()
             timings[how] = (t.forward_s, t.backward_s)
         assert timings["geometry"] == timings["rank"], (g, causal, window, method, opts)
     assert two_way >= 15
