@@ -66,6 +66,7 @@ from burst.masks import (
     STRICT,
     MaskSpec,
     flat_ring_suffices,
+    pair_empty,
     pair_geometry,
     plan_pair,
     ring_reach,
@@ -618,8 +619,14 @@ def _whole_sequence_seconds(hw: Hardware, shape: AttnShape, layout: str, g: int,
     G ranks of n tokens; Ulysses and TP: one rank of N), from the same kernel plans as the ring
     (windows and documents are tiled as ``burst.masks.plan_pair`` runs them)."""
     n = shape.seq_len // g
-    return max(sum(_pair_seconds(hw, shape, layout, g, r, k, n, heads, pass_)[0]
-                   for k in range(g)) for r in _ranks_bounding(g, shape.mask))
+    keys = np.arange(g)
+
+    def busy(r: int) -> float:  # pairs with no call cost nothing: not priced one by one
+        empty = pair_empty(shape.mask, layout, g, np.full(g, r), keys, n)
+        return sum(_pair_seconds(hw, shape, layout, g, r, int(k), n, heads, pass_)[0]
+                   for k in keys[~empty])
+
+    return max(busy(r) for r in _ranks_bounding(g, shape.mask))
 
 
 COLLECTIVES = ("all_to_all", "gather")

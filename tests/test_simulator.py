@@ -15,6 +15,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -449,8 +450,9 @@ def test_a_windowed_ring_is_priced_once_per_geometry_as_rank_by_rank(monkeypatch
     geometry (``burst.masks.pair_geometry``: the same offsets between their position runs)
     have the same calls, so each geometry is priced once: the times equal those of pricing
     every rank on its own, to the last bit, on every layout, for causal and two-sided windows,
-    one-way and two-way rings, flat and double. It prices far fewer pairs. (Rank by rank, a
-    1024-GPU windowed Ministral spec took 52 s, now 5 s; a 4096-GPU one 40 s, now 16 s.)"""
+    one-way and two-way rings, flat and double, and the all-gather's sum over every block. It
+    prices far fewer pairs. (Rank by rank, a 1024-GPU windowed Ministral spec took 52 s, now
+    5 s; a 4096-GPU one 40 s, now 16 s; a 1024-GPU windowed all-gather layer 64 s, now 2 s.)"""
     import suites.schedule as schedule
     from burst import masks
     from burst.masks import MaskSpec, ring_reach
@@ -460,7 +462,8 @@ def test_a_windowed_ring_is_priced_once_per_geometry_as_rank_by_rank(monkeypatch
     methods = [("burst", {"layout": "contiguous", "backward": "burst"}),
                ("burst", {"layout": "contiguous", "backward": "ring"}), ("ring", {}),
                ("burst", {"layout": "zigzag"}), ("striped_ring", {}),
-               ("burst", {"layout": "zigzag", "ranks_per_node": 4})]
+               ("burst", {"layout": "zigzag", "ranks_per_node": 4}),
+               ("allgather", {"layout": "zigzag"}), ("allgather", {"layout": "contiguous"})]
     priced = {"geometry": 0, "rank": 0}
     real = schedule._pair_seconds
     two_way = 0
@@ -475,8 +478,10 @@ def test_a_windowed_ring_is_priced_once_per_geometry_as_rank_by_rank(monkeypatch
                     priced[how] += 1
                     return real(*args)
                 m.setattr(schedule, "_pair_seconds", counting)
-                if how == "rank":  # no geometry anywhere: each pair planned on its own
+                if how == "rank":  # no geometry, no skipping: each pair planned on its own
                     m.setattr(schedule, "pair_geometry", lambda *args: None)
+                    m.setattr(schedule, "pair_empty",
+                              lambda mask, layout, g, q, k, n: np.zeros(np.shape(k), bool))
                     m.setattr(masks, "pair_geometry", lambda *args: None)
                     m.setattr(masks, "_PLANS", masks._PlanCache(256 << 20))
                     schedule._pair_calls.cache_clear()
@@ -485,7 +490,7 @@ def test_a_windowed_ring_is_priced_once_per_geometry_as_rank_by_rank(monkeypatch
             timings[how] = (t.forward_s, t.backward_s)
         assert timings["geometry"] == timings["rank"], (g, causal, window, method, opts)
     assert two_way >= 15
-    assert priced["rank"] > 3 * priced["geometry"]  # more, the more ranks
+    assert priced["rank"] > 2 * priced["geometry"]  # more, the more ranks
     assert schedule._ranks_bounding(16, MaskSpec(causal=True, window=(9, 0))) == list(range(16))
     assert schedule._ranks_bounding(16, MaskSpec(causal=True)) == [0, 8, 15]
 
