@@ -28,6 +28,7 @@ __all__ = [
     "attention_flops_halved",
     "attention_kernel_flops",
     "attention_pairs",
+    "attention_share",
     "counted_window",
     "gated_mlp",
     "head_flops",
@@ -216,6 +217,16 @@ def model_flops(cfg, batch: int, seq_len: int, convention: str = "model_flops_ca
     if convention == "hardware_flops":
         total += recompute_flops(cfg, batch, seq_len, checkpointing, window)
     return total
+
+
+def attention_share(cfg, batch: int, seq_len: int, convention: str = "model_flops_causal",
+                    window=None) -> float:
+    """Attention's share of a training step's FLOPs under ``convention`` (``model_flops``,
+    without recomputation): a windowed layer counts its attended pairs in every convention, a
+    global one N^2, halved for causal except in the dense convention."""
+    attn = _attn_fwd(cfg, batch, seq_len, causal_halved=convention != "model_flops_dense",
+                     window=window)
+    return 3 * attn / model_flops(cfg, batch, seq_len, convention, window=window)
 
 
 def rate_columns(*, time_s: float, batch: int, seq_len: int, world: int, peak: float | None,

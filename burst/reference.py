@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from burst.kernel import block_forward
+from burst.attention import qkv_problems
+from burst.kernel import block_forward, resolve_scale
 from burst.masks import DENSE, FULL, MaskSpec
 
 __all__ = ["naive_attention", "reference_attention"]
@@ -30,8 +31,21 @@ def _mask(spec: MaskSpec, n: int, device) -> torch.Tensor | None:
     return spec.visible(pos, pos)
 
 
+def _check(who: str, q, k, v) -> None:
+    """The shapes every method takes (``burst.attention.qkv_problems``) and H % Hk == 0: a q
+    batch of 1 against k of 2 broadcast, 3-dim inputs attended across heads, and 1 query head
+    on 2 kv heads gave an empty output (a review)."""
+    problems = qkv_problems(q, k, v)
+    if not problems and (0 in (q.shape[2], k.shape[2]) or q.shape[2] % k.shape[2]):
+        problems.append(f"{q.shape[2]} query heads and {k.shape[2]} kv heads: expected at least "
+                        "one of each, the query heads a multiple of the kv heads")
+    if problems:
+        raise ValueError(f"{who}: " + "; ".join(problems))
+
+
 def reference_attention(q, k, v, *, causal=False, window=None, cu_seqlens=None, scale=None):
     """Differentiable (out, lse) of full attention with plain matmul/logsumexp (oracle)."""
+    _check("reference_attention", q, k, v)
     spec = MaskSpec(causal=causal, window=window, cu_seqlens=cu_seqlens)
     spec.check_length(q.shape[1])
     mask = _mask(spec, q.shape[1], q.device)
@@ -41,9 +55,10 @@ def reference_attention(q, k, v, *, causal=False, window=None, cu_seqlens=None, 
 
 def naive_attention(q, k, v, *, causal=False, window=None, cu_seqlens=None, scale=None):
     """Attention computed entirely in the inputs' dtype (the baseline for the tolerance rule)."""
+    _check("naive_attention", q, k, v)
     spec = MaskSpec(causal=causal, window=window, cu_seqlens=cu_seqlens)
     spec.check_length(q.shape[1])
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scale = resolve_scale(q.shape[-1], scale)
     g = q.shape[2] // k.shape[2]
     qt = q.transpose(1, 2)
     kt = k.transpose(1, 2).repeat_interleave(g, 1)

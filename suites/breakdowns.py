@@ -37,13 +37,9 @@ def breakdown_rows(models=MODELS, seq_lens=SEQ_LENS, world: int = WORLD) -> list
         cfg = get_config(name)
         for n in seq_lens:
             for conv in ("model_flops_causal", "model_flops_dense"):
-                total = F.model_flops(cfg, 1, n, conv) / 3  # one forward pass
-                attn = F.recompute_flops(cfg, 1, n, "full") - F.recompute_flops(cfg, 1, n,
-                                                                                 "selective")
-                if conv == "model_flops_dense":
-                    attn *= 2  # burst.flops halves N^2 for causal; the dense convention not
                 rows.append(dict(kind="attention_share", model=name, world=1, seq_len=n,
-                                 series=conv, value=attn / total, unit="fraction"))
+                                 series=conv, value=F.attention_share(cfg, 1, n, conv),
+                                 unit="fraction"))
             tokens = max(1, n // world)
             for fused in (False, True):
                 rows.append(dict(kind="logits_memory", model=name, world=world, seq_len=n,

@@ -56,7 +56,9 @@ class PaperMethod:
     name: str
     """Registry name."""
     label: str
-    """The label the paper's main table uses (burstengine_main.csv)."""
+    """The label a spec's row gets when it names none: the main table's (burstengine_main.csv),
+    except ``burst``, the kernel table's "BurstAttention" (the kernel table calls the others
+    Megatron-CP and LoongTrain-DoubleRing, so paper_kernel_32gpu sets its labels itself)."""
     options: dict = field(default_factory=dict)
     checkpointing: str = "selective"
     fused_head: bool = False

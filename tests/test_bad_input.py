@@ -157,6 +157,26 @@ def test_mismatched_tensors():
         burst_attn(q.numpy(), k, v)
 
 
+def test_the_references_refuse_what_the_methods_refuse():
+    """The float64 oracle and the naive baseline took a q batch of 1 against k of 2 (broadcast
+    to 2), 3-dim inputs (attended across heads, not tokens), one query head on two kv heads
+    (an empty output), and naive_attention a negative scale (a review)."""
+    from burst.reference import naive_attention, reference_attention
+
+    q = torch.randn(1, 8, 2, 4, dtype=torch.float64)
+    cases = [((q, torch.randn(2, 8, 2, 4).double(), torch.randn(2, 8, 2, 4).double()), {},
+              "must agree in batch"),
+             ((q[0], q[0], q[0]), {}, "expected 4 dims"),
+             ((q[:, :, :1], q, q), {}, "1 query heads and 2 kv heads"),
+             ((q, q, q), {"scale": -1}, "must be a positive finite number")]
+    for args, kw, match in cases:
+        for f in (reference_attention, naive_attention):
+            with pytest.raises(ValueError, match=match):
+                f(*args, **kw)
+    assert torch.allclose(naive_attention(q, q, q, causal=True),
+                          reference_attention(q, q, q, causal=True)[0])
+
+
 def test_local_attention_and_dense_blocks_reject_bad_masks():
     from baselines.local_attention import local_attention
     from burst.masks import DENSE, MaskSpec

@@ -454,6 +454,30 @@ def test_recompute_flops_of_a_windowed_model():
         assert c.flops("recompute") == want, (mode, window)
 
 
+def test_attention_share_counts_a_windowed_layer_alike_in_every_convention():
+    """The attention share behind the paper's motivation figure (suites.breakdowns): a global
+    layer counts N^2, halved for causal except in the dense convention; a windowed one its
+    attended pairs in both. Doubling every layer's causal count for the dense convention gave
+    Ministral-8B (3 of 4 layers windowed) at 1M tokens 0.996 instead of 0.919 (a review)."""
+    from suites.breakdowns import breakdown_rows
+
+    cfg = get_config("ministral-8b")
+    n = 1 << 20
+    dense = flops.model_flops(cfg, 1, n, "model_flops_dense") / 3
+    causal = flops.model_flops(cfg, 1, n, "model_flops_causal") / 3
+    share = {c: flops.attention_share(cfg, 1, n, c)
+             for c in ("model_flops_causal", "model_flops_dense")}
+    # the conventions differ in attention only: the same FLOPs outside it
+    assert (1 - share["model_flops_dense"]) * dense == pytest.approx(
+        (1 - share["model_flops_causal"]) * causal, rel=1e-12)
+    assert share["model_flops_dense"] == pytest.approx(0.9186, abs=1e-4)
+    windowed = dataclasses.replace(get_config("7b"), window=(4096, 0))
+    assert flops.attention_share(windowed, 1, n, "model_flops_dense") == \
+        flops.attention_share(windowed, 1, n, "model_flops_causal")
+    rows = breakdown_rows(models=("ministral-8b",), seq_lens=(n,))
+    assert {r["series"]: r["value"] for r in rows if r["kind"] == "attention_share"} == share
+
+
 def test_each_layer_runs_its_own_window():
     """A model whose layers interleave local and global attention: each layer's call, in the
     forward and in full checkpointing's recomputation, gets that layer's window (None: no
@@ -1036,6 +1060,17 @@ def test_local_batch_targets_and_positions_by_hand():
                                         world=2, rank=0)
     assert positions[0].tolist() == [0, 1, 6, 7]
     assert targets[0].tolist() == [int(full[1]), int(full[2]), int(full[7]), -100]
+    # boundaries any mask would refuse are refused here too ([1, 8] gave position -1 and
+    # [0, 3] documents that stop short: a review), a repeated one is an empty document
+    for bad, match in (((1, 8), "starting at 0"), ((0, 5, 3, 8), "non-decreasing"),
+                       ((0, 3), "ends at 3 but the global sequence has 8 tokens")):
+        with pytest.raises(ValueError, match=match):
+            local_batch(seq_len=8, batch=1, seed=3, vocab=97, layout="zigzag", world=2,
+                        rank=0, cu_seqlens=bad)
+    assert torch.equal(local_batch(seq_len=8, batch=1, seed=3, vocab=97, layout="zigzag",
+                                   world=2, rank=0, cu_seqlens=(0, 3, 3, 8))[2],
+                       local_batch(seq_len=8, batch=1, seed=3, vocab=97, layout="zigzag",
+                                   world=2, rank=0, cu_seqlens=(0, 3, 8))[2])
 
 
 @pytest.mark.parametrize("grad", [True, False])

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from burst.layout import local_index, shard
+from burst.masks import MaskSpec
 
 __all__ = ["RUN", "local_batch", "shard_batch", "synthetic_tokens"]
 
@@ -52,7 +53,12 @@ def local_batch(*, seq_len: int, batch: int, seed: int, vocab: int, layout: str,
     """(tokens, targets, positions) of this rank's shard, each (batch, seq_len / world).
 
     ``seq_offset`` numbers the sequences of this rank's batch (data-parallel replicas take
-    different sequences)."""
+    different sequences). ``cu_seqlens``: document boundaries 0 .. seq_len, as every mask
+    takes them (``burst.masks.MaskSpec``; [1, 8, 16] gave position -16, a review)."""
+    if cu_seqlens is not None:
+        docs = MaskSpec(causal=True, cu_seqlens=cu_seqlens)
+        docs.check_length(seq_len)
+        cu_seqlens = docs.cu_seqlens
     idx = local_index(seq_len, world, rank, layout)
     seq_ids = torch.arange(batch) + seq_offset
     tokens = synthetic_tokens(seq_ids, idx, vocab=vocab, seed=seed)

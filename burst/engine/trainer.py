@@ -777,8 +777,6 @@ class Trainer:
         if bad:  # 8.0 gave float positions, 0 empty tensors that step() refused later
             raise ValueError("Trainer.local_batch: " + "; ".join(bad))
         self._check_seq_len(seq_len)
-        if cu_seqlens is not None:
-            MaskSpec(causal=True, cu_seqlens=cu_seqlens).check_length(seq_len)
         t = local_batch(seq_len=seq_len, batch=batch, seed=seed, vocab=self.config.vocab_size,
                         layout=self.layout, world=self.cp_size, rank=self.cp_rank,
                         seq_offset=self.dp_rank * batch, cu_seqlens=cu_seqlens,
