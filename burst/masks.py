@@ -278,8 +278,8 @@ class MaskSpec:
 
     def span_empty(self, q_lo, q_hi, k_lo, k_hi):
         """Cheap sufficient test that no query at positions q_lo..q_hi sees any key at
-        k_lo..k_hi (inclusive ends): exact for runs of consecutive positions. Ints give a
-        bool; numpy arrays (broadcast together) give one per element."""
+        k_lo..k_hi (inclusive ends): exact for runs of consecutive positions. Numbers or numpy
+        arrays (broadcast together: one answer per element)."""
         empty = False
         if self.causal:
             empty = empty | (k_lo > q_hi)
@@ -287,13 +287,8 @@ class MaskSpec:
             left, right = self.window
             empty = empty | (k_hi < q_lo - left) | (k_lo > q_hi + right)
         if self.cu_seqlens is not None:  # doc(p): the document index of position p
-            cu = self.cu_seqlens
-            if any(isinstance(x, np.ndarray) for x in (q_lo, q_hi, k_lo, k_hi)):
-                def doc(x):
-                    return np.searchsorted(cu, x, side="right")
-            else:
-                def doc(x):
-                    return bisect_right(cu, x)
+            def doc(x):
+                return np.searchsorted(self.cu_seqlens, x, side="right")
             empty = empty | (doc(k_hi) < doc(q_lo)) | (doc(k_lo) > doc(q_hi))
         return empty
 

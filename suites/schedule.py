@@ -344,10 +344,10 @@ def _pair_calls(mask: MaskSpec, layout: str, g: int, q_rank: int, k_rank: int,
 def _ranks_bounding(g: int, mask) -> list[int]:
     """The ranks whose work bounds the slowest one at every step. Without a window or
     documents: the first, middle and last (contiguous causal is imbalanced, zigzag and striped
-    are not). With either, every rank: documents fall wherever their boundaries do, and a
-    window on the zigzag layout binds the ranks near the middle of the second half at later
-    steps, up to 2x the sampled ranks' work (a simulator audit). ``_slowest_rank`` prices each
-    geometry of work once, so every rank costs little more than three."""
+    are not). With a window, every rank: on the zigzag layout it binds the ranks near the
+    middle of the second half at later steps, up to 2x the sampled ranks' work (a simulator
+    audit). ``_slowest_rank`` prices each geometry of work once, so every rank costs little
+    more than three. (Documents would need every rank too; no ``AttnShape`` holds them.)"""
     if mask.is_plain:
         return sorted({0, g // 2, g - 1})
     return list(range(g))
@@ -360,12 +360,10 @@ def _slowest_rank(hw: Hardware, shape: AttnShape, layout: str, g: int, m: int, h
     has a call followed by a merge. Pairs of one geometry (``burst.masks.pair_geometry``) get
     the same calls, so the ranks whose pairs have equal geometries are priced once, on one of
     them: the same maximum, to the bit, as pricing each (a windowed ring of 4096 ranks has a
-    handful of geometries a step). With documents, each rank on its own."""
+    handful of geometries a step). ``AttnShape`` masks hold no documents, so every pair has a
+    geometry."""
     rows = [pair_geometry(shape.mask, layout, g, q, k, m) for q, k in pairs]
-    if rows[0] is None:
-        chosen = range(len(pairs[0][0]))
-    else:
-        chosen = np.unique(np.concatenate(rows, axis=-1), axis=0, return_index=True)[1]
+    chosen = np.unique(np.concatenate(rows, axis=-1), axis=0, return_index=True)[1]
     worst = 0.0
     for i in chosen:
         total = 0.0

@@ -479,7 +479,8 @@ def test_a_windowed_ring_is_priced_once_per_geometry_as_rank_by_rank(monkeypatch
                     return real(*args)
                 m.setattr(schedule, "_pair_seconds", counting)
                 if how == "rank":  # no geometry, no skipping: each pair planned on its own
-                    m.setattr(schedule, "pair_geometry", lambda *args: None)
+                    m.setattr(schedule, "pair_geometry",  # a pair's "geometry": its ranks
+                              lambda mask, layout, g, q, k, n: np.stack([q, k], axis=-1))
                     m.setattr(schedule, "pair_empty",
                               lambda mask, layout, g, q, k, n: np.zeros(np.shape(k), bool))
                     m.setattr(masks, "pair_geometry", lambda *args: None)
