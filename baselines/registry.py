@@ -274,8 +274,12 @@ def _load_builtins() -> None:
     global _LOADED
     if _LOADED:
         return
-    _LOADED = True
-    from baselines._builtins import MODULES  # each adapter module registers itself
+    _LOADED = True  # before the imports: an adapter that asks the registry does not recurse
+    try:
+        from baselines._builtins import MODULES  # each adapter module registers itself
+    except BaseException:
+        _LOADED = False  # a failed import leaves no partial registry: the next call retries
+        raise
 
     rank = {f"baselines.{m}": i for i, m in enumerate(MODULES)}
     ordered = sorted(_REGISTRY.items(), key=lambda kv: rank.get(kv[1].fn.__module__, len(rank)))

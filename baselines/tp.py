@@ -34,6 +34,7 @@ from baselines.checks import backend_problems, degree_problems
 from baselines.local_attention import local_attention
 from baselines.registry import Method, register
 from burst import comm
+from burst.first_order import first_order
 from burst.kernel import resolve_scale
 from burst.masks import MaskSpec
 from burst.reference import reference_attention
@@ -168,6 +169,7 @@ class _GatherLinear(torch.autograd.Function):
         return x_full @ w
 
     @staticmethod
+    @first_order  # raw collectives: a second derivative would silently lose its terms
     def backward(ctx, dy):
         x, w = ctx.saved_tensors
         with comm.phase("backward"):
@@ -187,6 +189,7 @@ class _ReduceScatterSeq(torch.autograd.Function):
             return comm.reduce_scatter(y.contiguous(), dim=1, group=group)
 
     @staticmethod
+    @first_order  # raw collectives: a second derivative would silently lose its terms
     def backward(ctx, dy):
         with comm.phase("backward"):
             return comm.all_gather(dy.contiguous(), dim=1, group=ctx.group), None

@@ -33,6 +33,7 @@ from baselines.checks import check_call, degree_problems, layout_problems
 from baselines.local_attention import local_attention
 from baselines.registry import Method, register
 from burst import comm
+from burst.first_order import first_order
 from burst.kernel import resolve_scale
 from burst.layout import LAYOUTS, global_positions
 from burst.masks import MaskSpec
@@ -50,6 +51,7 @@ class _AllToAll(torch.autograd.Function):
             return comm.all_to_all(x, split_dim=split_dim, cat_dim=cat_dim, group=group)
 
     @staticmethod
+    @first_order  # raw collectives: a second derivative would silently lose its terms
     def backward(ctx, grad):
         split_dim, cat_dim, group = ctx.args
         with comm.phase("backward"):

@@ -23,7 +23,7 @@ def first_order(backward):
 
     @functools.wraps(backward)
     def guarded(ctx, *grads):
-        if torch.is_grad_enabled() and any(ctx.needs_input_grad):
+        if torch.is_grad_enabled():  # (autograd calls a backward only where an input needs grad)
             owner = backward.__qualname__.split(".")[0].lstrip("_")
             raise RuntimeError(f"{owner}: no second derivative (backward with "
                                "create_graph=True); its backward is not itself differentiable")

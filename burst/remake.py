@@ -32,8 +32,13 @@ _RECORDER: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("rem
 
 def remakeable(fn: Callable[..., tuple[torch.Tensor, ...]], *inputs: torch.Tensor
                ) -> tuple[torch.Tensor, ...]:
-    """``fn(*inputs)``, told to a recording cache (``recording``) as a recipe for its outputs."""
-    out = tuple(fn(*inputs))
+    """``fn(*inputs)``, told to a recording cache (``recording``) as a recipe for its outputs.
+    ``fn`` returns a tuple (or list) of tensors, one output as ``(out,)``."""
+    out = fn(*inputs)
+    if not isinstance(out, (tuple, list)):  # tuple(tensor) would be the tuple of its rows
+        raise TypeError(f"remakeable: {getattr(fn, '__qualname__', fn)} returned a "
+                        f"{type(out).__name__}, not a tuple of tensors; return (out,)")
+    out = tuple(out)
     recorder = _RECORDER.get()
     if recorder is not None:
         recorder(fn, inputs, out)

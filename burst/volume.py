@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import numbers
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -172,6 +173,16 @@ class _Case:
     causal: bool = False
     window: tuple[int, int] | None = None
     cu_seqlens: tuple[int, ...] | None = None
+
+    def __post_init__(self):  # the shapes the methods refuse get no byte count either
+        sizes = {k: getattr(self, k) for k in ("world", "batch", "seq_local", "heads",
+                                                "kv_heads", "head_dim", "elem", "acc_elem")}
+        if bad := [f"{k}={v!r}" for k, v in sizes.items()
+                   if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1]:
+            raise ValueError(f"byte count: {', '.join(bad)}: expected whole numbers >= 1")
+        if self.kv_heads > self.heads or self.heads % self.kv_heads:
+            raise ValueError(f"byte count: {self.heads} query heads on {self.kv_heads} kv heads: "
+                             "the kv heads must divide the query heads")
 
     @property
     def bn(self) -> int:

@@ -19,7 +19,7 @@ MODE_NAMES = {"none": "none (every activation kept)",
               "full": "full (layer inputs; paper: w/o sele-ckpt)",
               "selective": "selective (+ attention output, lse)",
               "selective_half": "selective_half (half of that cache)"}
-USABLE_GIB = load("a800").usable_gib  # the simulator's OOM line, as memory_bars
+HW = load("a800")  # its usable memory: the simulator's OOM line, as memory_bars
 
 
 def make(tables):
@@ -33,10 +33,11 @@ def make(tables):
     df["GiB"] = df["value"] / GIB
     for j, model in enumerate(models):
         ax = axes[0][j]
-        for mode, d in df[df["model"] == model].groupby("series", sort=False):
+        rows = df[df["model"] == model]
+        for mode, d in rows.groupby("series", sort=False):
             ax.plot(d["seq_len"], d["GiB"], marker="o", ms=3, color=MODE_COLORS.get(mode, "0.5"),
                     label=MODE_NAMES.get(mode, mode))
-        memory_axes(ax, USABLE_GIB, int(df["world"].iloc[0]),
+        memory_axes(ax, HW, rows["world"],
                     "checkpointed activations per GPU (GiB)" if j == 0 else "")
         ax.set_title(f"{model.upper()}: activations alone (no model states)", fontsize=9)
         legend(ax, fontsize=6.5, loc="upper left")

@@ -32,18 +32,20 @@ def new_figure(ncols: int = 1, nrows: int = 1, *, width: float = 4.2, height: fl
 
 
 def fmt_tokens(x, _pos=None) -> str:
-    return seq_label(x) if x >= 1024 else f"{int(x)}"
+    return seq_label(x)
 
 
-def memory_axes(ax, usable_gib: float, world: int, ylabel: str) -> None:
+def memory_axes(ax, hw, worlds, ylabel: str) -> None:
     """A memory-per-GPU against sequence-length panel: log-log, token ticks, and the usable
-    memory of an A800 (the simulator's OOM line) dashed."""
-    ax.axhline(usable_gib, color="black", lw=0.8, ls="--",
-               label=f"usable on an A800 ({usable_gib:g} GiB)")
+    memory of hardware profile ``hw`` (the simulator's OOM line) dashed; ``worlds``: the GPU
+    counts of the panel's rows."""
+    ax.axhline(hw.usable_gib, color="black", lw=0.8, ls="--",
+               label=f"usable on an {hw.name.upper()} ({hw.usable_gib:g} GiB)")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.xaxis.set_major_formatter(fmt_tokens)
-    ax.set_xlabel(f"sequence length (tokens), {world} GPUs")
+    gpus = "/".join(str(int(w)) for w in sorted(set(worlds)))
+    ax.set_xlabel(f"sequence length (tokens), {gpus} GPUs")
     ax.set_ylabel(ylabel)
 
 

@@ -16,7 +16,7 @@ from suites.hardware import GIB, load
 from suites.implementations import Implementation
 
 NAME = "logits_memory"
-USABLE_GIB = load("a800").usable_gib  # the simulator's OOM line, as memory_bars
+HW = load("a800")  # its usable memory: the simulator's OOM line, as memory_bars
 
 
 def make(tables):
@@ -31,7 +31,7 @@ def make(tables):
     for (model, series), d in df.groupby(["model", "series"], sort=False):
         ax.plot(d["seq_len"], d["GiB"], "-" if series == "plain head" else ":", marker="o",
                 ms=3, color=MODEL_COLORS.get(model, "0.4"), label=f"{model.upper()} {series}")
-    memory_axes(ax, USABLE_GIB, int(df["world"].iloc[0]), "LM head + loss peak per GPU (GiB)")
+    memory_axes(ax, HW, df["world"], "LM head + loss peak per GPU (GiB)")
     # the counting rule the crossover depends on (suites.memory_model.head_bytes)
     vocab = ", ".join(f"{m.upper()} V = {get_config(m).vocab_size}"
                       for m in dict.fromkeys(df["model"]))

@@ -464,3 +464,28 @@ def test_an_old_ring_flash_attn_is_refused_on_a_sub_group(tmp_path, monkeypatch,
     else:
         assert "sub-group of 2 of 4 ranks" in problem
         assert "pip install -U ring-flash-attn" in problem
+
+
+def test_remakeable_takes_a_tuple_and_recording_restores_its_recorder():
+    """remakeable took ``tuple(fn(...))``: a recipe that returned one tensor came back as the
+    tuple of its rows (``remakeable(f, t)[0]`` was row 0 of the batch, no error). And the
+    recorder of a ``recording`` block must not outlive it (an exception included), or every
+    later remakeable call would report to a dead cache entry and keep its tensors alive."""
+    from burst.remake import recording, remakeable
+
+    t = torch.arange(6.0).reshape(3, 2)
+    with pytest.raises(TypeError, match="returned a Tensor, not a tuple"):
+        remakeable(lambda x: x * 2, t)
+    (doubled,) = remakeable(lambda x: (x * 2,), t)
+    assert torch.equal(doubled, t * 2)
+    outer, inner = [], []
+    with recording(lambda *a: outer.append(a)):
+        remakeable(lambda x: (x,), t)
+        with pytest.raises(KeyError), recording(lambda *a: inner.append(a)):
+            remakeable(lambda x: (x,), t)
+            raise KeyError("inside")
+        remakeable(lambda x: (x,), t)  # the outer recorder again
+    remakeable(lambda x: (x,), t)  # outside: a plain call, told to no one
+    assert (len(outer), len(inner)) == (2, 1)
+    fn, inputs, outputs = outer[0]
+    assert inputs == (t,) and outputs[0] is t

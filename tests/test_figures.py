@@ -1193,3 +1193,43 @@ def test_a_label_full_recomputed_in_any_source_is_hatched():
     df = pd.DataFrame({"label": ["X", "X"], "checkpointing": ["selective", "full"]})
     assert label_checkpointing(df, "X") == "full"
     assert label_checkpointing(df.iloc[::-1], "X") == "full"
+
+
+def test_a_saved_figure_has_no_creation_date(tmp_path, monkeypatch):
+    """common.save promises that a figure whose data did not change regenerates byte for byte
+    (paper_figures/out/*.pdf are committed): the PDF must carry no creation date. No test held
+    it (dropping metadata={"CreationDate": None} passed every test: a mutation audit)."""
+    from paper_figures.common import new_figure, save
+
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)  # (matplotlib's fixed date)
+    fig, axes = new_figure()
+    axes[0][0].plot([1, 2], [3, 4])
+    png, pdf, csv = save(fig, pd.DataFrame({"x": [1, 2]}), "t", tmp_path)
+    assert b"/CreationDate" not in pdf.read_bytes()
+    assert pd.read_csv(csv).to_dict("list") == {"x": [1, 2]}
+
+
+def test_a_memory_panel_names_the_gpus_of_its_own_rows():
+    """checkpoint_memory labelled every panel with the first row's world of the whole table
+    (right only while every model was priced on one world), and the OOM line said A800 for any
+    profile it was given."""
+    import matplotlib.pyplot as plt
+
+    from paper_figures import checkpoint_memory
+    from suites.hardware import load
+
+    rows = (breakdown_rows(models=("7b",), seq_lens=(1 << 14,), world=32)
+            + breakdown_rows(models=("14b",), seq_lens=(1 << 14,), world=64))
+    fig, _ = checkpoint_memory.make(Tables(paper=pd.DataFrame(), simulated=pd.DataFrame(),
+                                           measured=pd.DataFrame(),
+                                           breakdowns=pd.DataFrame(rows)))
+    assert [ax.get_xlabel() for ax in fig.axes] == [
+        "sequence length (tokens), 32 GPUs", "sequence length (tokens), 64 GPUs"]
+    plt.close(fig)
+    from paper_figures.common import memory_axes, new_figure
+
+    fig, axes = new_figure()
+    memory_axes(axes[0][0], load("h100"), [8, 16, 8], "GiB")
+    assert axes[0][0].get_xlabel() == "sequence length (tokens), 8/16 GPUs"
+    assert any(ln.get_label().startswith("usable on an H100 (") for ln in axes[0][0].get_lines())
+    plt.close(fig)
