@@ -12,8 +12,9 @@ dies or hangs past ``timeout_s`` (+30 s for start-up) is killed and reported the
 silent hang. The ranks' reports come cause first: in the order the ranks raised or (the first
 to die) were seen dead, the others' "connection closed" after the cause, then the rest.
 
-Ranks start from Python's fork server with torch already imported (a spawn of 4 ranks: about
-0.3 s instead of 4-9 s, each rank importing torch anew; ``BURST_START_METHOD=spawn`` starts each
+Ranks start from Python's fork server with torch already imported (a spawn of 4 ranks: 0.2 to
+0.35 s instead of about 4 s, each rank importing torch anew, on a 2-core machine:
+``scripts/bench_spawn.py``; ``BURST_START_METHOD=spawn`` starts each
 rank as a new interpreter). The server starts at a process's first ``spawn`` and imports torch
 alone; each rank still imports the caller's module and this project afresh, with the caller's
 ``sys.path``, working folder, environment and stdout of the moment. So ``fn`` must be defined at
