@@ -1,4 +1,5 @@
-"""``first_order``: the backward decorator of every hand-written attention and loss here.
+"""``first_order``: the backward decorator of every hand-written attention, loss, checkpoint
+and raw collective here (an identity, as checkpointing's ``_Anchor``, needs none).
 
 torch's ``once_differentiable`` refuses a second derivative only when an incoming gradient
 requires grad. A loss linear in the output (``(out * w).sum()``) hands backward a constant

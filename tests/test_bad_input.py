@@ -489,3 +489,27 @@ def test_remakeable_takes_a_tuple_and_recording_restores_its_recorder():
     assert (len(outer), len(inner)) == (2, 1)
     fn, inputs, outputs = outer[0]
     assert inputs == (t,) and outputs[0] is t
+
+
+def test_every_hand_written_backward_refuses_a_second_derivative():
+    """Each torch.autograd.Function here decorates its backward with ``first_order`` (the TP
+    block's raw-collective backwards did not: a gradient penalty through it lost a term,
+    silently), save an identity whose backward is itself differentiable."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    identities = {"_Anchor"}  # burst/engine/checkpointing.py: returns g as it came
+    found, bare = [], []
+    for path in sorted([*root.glob("burst/**/*.py"), *root.glob("baselines/*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ClassDef)
+                    and any(ast.unparse(b).endswith("autograd.Function") for b in node.bases)):
+                continue
+            found.append(node.name)
+            for fn in node.body:
+                if (isinstance(fn, ast.FunctionDef) and fn.name == "backward"
+                        and "first_order" not in [ast.unparse(d) for d in fn.decorator_list]
+                        and node.name not in identities):
+                    bare.append(f"{path.relative_to(root)}:{node.name}")
+    assert len(found) >= 12 and set(identities) <= set(found), found
+    assert bare == [], bare
