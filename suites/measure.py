@@ -95,6 +95,9 @@ def _attention(cell: Cell, dev: torch.device):
         out = method(qq, kk, vv, causal=cell.causal, **mask, **opts)
         out = out[0] if isinstance(out, tuple) else out
         out.backward(do)
+        if none := [n for n, t in (("q", qq), ("k", kk), ("v", vv)) if t.grad is None]:
+            raise ValueError(f"method {cell.method!r}: its output does not depend on "
+                             f"{', '.join(none)} (no gradient reached it): not attention")
         return out.detach(), qq.grad, kk.grad, vv.grad
 
     def error(result) -> float | None:

@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -196,7 +197,11 @@ def short_reason(error, limit: int = 120) -> str:
     if len(starts) > 1:  # the first report (one line when it is all on its first)
         lines = lines[starts[0]:starts[1]]
         lines = [line for line in lines if line.strip()] or lines
-    why = lines[-1]
+    # a C++ backtrace after torch's message ("Exception raised from ...", "frame #0: ...") and
+    # lines without a word (a lone quote) say nothing of why
+    cut = next((i for i, line in enumerate(lines) if line.startswith("Exception raised from ")),
+               len(lines))
+    why = ([line for line in lines[:cut] if re.search(r"\w", line)] or lines)[-1]
     return why if len(why) <= limit else why[:limit - 4].rsplit(" ", 1)[0] + " ..."
 
 

@@ -581,8 +581,10 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
         "## What it predicts, and from what",
         "",
         "`suites.simulate` turns any harness cell (attention layer or engine training step, "
-        "any registry method and options, any scale; packed documents and the non-fused "
-        "kernel backends 'torch' and 'cpu_flash' are `error` rows, not modelled) into a result "
+        "any registry method and options, any scale; packed documents (`cu_seqlens` among a "
+        "method's options) and a cell that names the kernel backend 'torch' or 'cpu_flash' "
+        "are `error` rows, not modelled; float64 cells, which run 'torch' under backend "
+        "'auto', are priced: see **dtype**) into a result "
         "row with "
         "`source=simulated` for a hardware profile (`suites/hardware/*.toml`; a cell given "
         "in Python without `nodes` or `ranks_per_node` is placed on nodes of the profile's "
@@ -593,7 +595,9 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
         "- **attention layer** (`suites.schedule`): the kernel calls of every ring step "
         "(`burst.masks.plan_pair`, so causal balance follows the layout), FLOPs from "
         "`burst.flops`, priced at the profile's kernel efficiency eta(t) = eta_max t/(t + "
-        "t_half) of the smaller side t of each call; bytes per rank from "
+        "t_half) of the smaller side t of each call (a causal diagonal call times max((t + "
+        "1)/(t + b), (t + 1)/(2t)), b = `causal_tile_tokens`; the backward times "
+        "`bwd_over_fwd`); bytes per rank from "
         "`burst.volume.method_bytes`, priced by the link they cross. Each ring step is "
         "timed on its slowest rank: the first, middle or last without a window or documents "
         "(they bound every layout's imbalance), any rank with them (every rank priced, "

@@ -71,6 +71,9 @@ SLURM_MIN_TIME_MIN = 3
 """A SLURM job's least time limit: submitit asks for its warning signal 90 s before the limit,
 and SLURM may send it a minute early, so with 1 or 2 minutes it came at the job's start and
 killed every rank ("User defined signal 2") before any cell ran."""
+MAX_SEQ_LEN = 2**40  # tokens; sizes are int64 inside (2**70 crashed the masks' numpy)
+MAX_WORLD = 2**20  # ranks, nodes or GPUs per node
+MAX_HEADS = 2**16  # heads, kv heads or head_dim
 MAX_TIMEOUT_MIN = 7 * 24 * 60  # a cell's time limit: a week (1e12 minutes overflowed timedelta)
 
 
@@ -374,23 +377,26 @@ class _Reader:
             return None
         return v
 
-    def int_list(self, table: dict, key: str, where: str, default=_MISSING, minimum: int = 1):
+    def int_list(self, table: dict, key: str, where: str, default=_MISSING, minimum: int = 1,
+                 maximum: int | None = None):
         v = self.get(table, key, where, list, default)
         if v is None or v is default:
             return v
-        bad = [x for x in v if isinstance(x, bool) or not isinstance(x, int) or x < minimum]
+        bad = [x for x in v if isinstance(x, bool) or not isinstance(x, int) or x < minimum
+               or maximum is not None and x > maximum]
         if bad or not v:
+            most = f" and <= {maximum}" if maximum is not None else ""
             self.add(f"{where}{key}", f"{v!r}: expected a non-empty list of integers >= "
-                     f"{minimum}")
+                     f"{minimum}{most}")
             return None
         return tuple(v)
 
 
 def _scale(r: _Reader, t: dict, where: str, seq_lens) -> Scale | None:
-    world = r.get(t, "world", where, int, None, minimum=1)
-    nodes = r.get(t, "nodes", where, int, 1, minimum=1)
-    rpn = r.get(t, "gpus_per_node", where, int, None, minimum=1)
-    lens = r.int_list(t, "seq_lens", where, seq_lens)
+    world = r.get(t, "world", where, int, None, minimum=1, maximum=MAX_WORLD)
+    nodes = r.get(t, "nodes", where, int, 1, minimum=1, maximum=MAX_WORLD)
+    rpn = r.get(t, "gpus_per_node", where, int, None, minimum=1, maximum=MAX_WORLD)
+    lens = r.int_list(t, "seq_lens", where, seq_lens, maximum=MAX_SEQ_LEN)
     if lens is None:
         if "seq_lens" not in t:
             r.add(f"{where}seq_lens", "required (here or at the top level)")
@@ -599,7 +605,7 @@ def _shape(r: _Reader, data: dict) -> Shape | None:
     if t is None:
         return None
     r.keys(t, _SHAPE, "shape.")
-    vals = {k: r.get(t, k, "shape.", int, d, minimum=m) for k, d, m in
+    vals = {k: r.get(t, k, "shape.", int, d, minimum=m, maximum=MAX_HEADS) for k, d, m in
             (("heads", 8, 1), ("kv_heads", 0, 0), ("head_dim", 64, 1))}
     vals["causal"] = r.get(t, "causal", "shape.", bool, True)
     win = r.int_list(t, "window", "shape.", None, minimum=0)
@@ -646,7 +652,7 @@ def _methods(r: _Reader, data: dict, workload, shape):
 def _scales(r: _Reader, data: dict) -> list:
     """The [[scales]] entries, or the one scale of the top-level machine size."""
     scales = []
-    top_lens = r.int_list(data, "seq_lens", "", None)
+    top_lens = r.int_list(data, "seq_lens", "", None, maximum=MAX_SEQ_LEN)
     if "scales" in data:
         for k in ("world", "nodes", "gpus_per_node"):
             if k in data:

@@ -45,6 +45,11 @@ def nan_output_on_rank1(q, k, v, *, causal, softmax_scale=None, group=None):
     return out + torch.full_like(out, float("nan") if comm.rank() == 1 else 0.0)
 
 
+def ignores_k_and_v(q, k, v, *, causal, softmax_scale=None, group=None):
+    """Not attention: no gradient reaches k or v (a row of it was ok, with a time)."""
+    return q * 2.0
+
+
 def ignores_causal(q, k, v, *, causal, softmax_scale=None, group=None):
     """Runs, finite, fast, and wrong: it drops the causal mask."""
     return user_attention(q, k, v, causal=False, softmax_scale=softmax_scale, group=group)

@@ -811,6 +811,13 @@ def _fake_clock(rank: int, world: int):
                                       method=f"{M_METHODS}:talks_to_torch_distributed",
                                       world=world, device="cpu", dtype="float32", warmup=0,
                                       repeats=1, profile_memory=False)))
+    try:  # (the executor makes a raising cell an error row)
+        M.measure(as_cell(dict(method=f"{M_METHODS}:ignores_k_and_v", seq_len=16, world=world,
+                               heads=2, head_dim=8, device="cpu", dtype="float32", repeats=1,
+                               profile_memory=False, compute_error=False)))
+        not_attention = None
+    except ValueError as e:
+        not_attention = str(e)
     # a registry method whose traffic bypasses burst.comm (the external packages' adapters)
     from baselines import registry as R
     from tests import harness_methods
@@ -825,7 +832,7 @@ def _fake_clock(rank: int, world: int):
     cell = as_cell(dict(method="ring", seq_len=16, world=world, heads=2, head_dim=8,
                         device="cpu", dtype="float32", warmup=2, repeats=3,
                         profile_memory=False))
-    return M.measure(cell), (nan, nan_out), own, own_step, adapter
+    return M.measure(cell), (nan, nan_out, not_attention), own, own_step, adapter
 
 
 def test_measured_time_is_the_median_of_the_slowest_rank_per_repeat():
@@ -843,11 +850,15 @@ def test_measured_time_is_the_median_of_the_slowest_rank_per_repeat():
         assert own_step["status"] == "ok" and own_step["bytes_sent_backward"] is None, own_step
         assert own_step["bytes_sent_other"] > 0
         assert r["bytes_sent_forward"] > 0
+        *nans, not_attention = nans
         for nan in nans:  # NaN gradients on rank 1; a NaN output there alone (every rank
             # votes: rank 1's own verdict made rank 0's row ok, with a time: a mutation audit)
             assert nan["max_err"] is None and nan["status"] == "error", nan  # not checked
             assert "not finite (NaN or inf) on some rank" in nan["error"]
             assert nan["time_s"] is None
+        # an output that no gradient of k or v reaches: refused, not an ok row with a time
+        # (with the error check on, an AttributeError of the check itself)
+        assert "output does not depend on k, v (no gradient" in (not_attention or ""), r
         assert (r["time_s"], r["time_s_min"], r["time_s_max"]) == (10.0, 2.0, 10.0)
         assert r["tokens_per_s"] == 16 / 10.0 / 2
         assert r["attn_tflops"] == pytest.approx(

@@ -1959,3 +1959,31 @@ def test_a_kernel_backend_and_a_label_are_checked_before_anything_runs(tmp_path)
         assert part in probs, (part, probs)
     ok = text.replace('"bogus" }', '"torch" }').replace('"cuda_sdpa" }', '"cpu_flash" }')
     assert load_spec(_write(tmp_path, ok.replace("two\\nlines", "two lines"), "ok"))
+
+
+def test_sizes_beyond_int64_are_refused_by_name(tmp_path):
+    """A seq_len of 2**70 passed the spec and crashed the masks' numpy (a traceback from
+    simulate, a one-character reason from run); every size has a bound now."""
+    text = ('workload = "attention"\nworld = 2\nseq_lens = [%d]\n[shape]\nheads = %d\n'
+            '[[methods]]\nname = "burst"\n')
+    for lens, heads, where, match in ((2**70, 2, "seq_lens", "integers >= 1 and <= 1099511627776"),
+                                      (64, 2**17, "shape.heads", "must be <= 65536")):
+        with pytest.raises(SpecError) as ei:
+            load_spec(_write(tmp_path, text % (lens, heads)))
+        assert any(line.startswith(where) and match in line for line in ei.value.problems), \
+            ei.value.problems
+    with pytest.raises(SpecError, match="world: 2097152 must be <= 1048576"):
+        load_spec(_write(tmp_path, text.replace("world = 2", "world = 2097152") % (64, 2)))
+
+
+def test_a_progress_line_quotes_the_message_not_a_cpp_backtrace():
+    """torch's C++ errors end with a backtrace; the progress line quoted its last line (a
+    lone quote: 'error (")')."""
+    from suites.run import short_reason
+
+    text = ("RuntimeError: value cannot be converted to type int64_t without overflow\n"
+            "Exception raised from checked_convert at c10/util/TypeCast.h:12 (most recent "
+            "call first):\nframe #0: c10::Error::Error() + 0x9a\nframe #1: f + 0x1\n\"\n")
+    assert short_reason(text) == ("RuntimeError: value cannot be converted to type int64_t "
+                                  "without overflow")
+    assert short_reason("ValueError: bad\n\"") == "ValueError: bad"

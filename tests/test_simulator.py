@@ -1065,6 +1065,16 @@ def test_hardware_profiles_reject_bools_tiles_under_a_token_and_name_a_broken_fi
         assert str(tmp_path / f"{name}.toml") in str(ei.value)
     with pytest.raises(ValueError, match=re.escape(str(tmp_path / "broken.toml"))):
         load(profile("broken", r"^(gpus = \{ value = 8),", r"\1"))
+    (tmp_path / "binary.toml").write_bytes(b"\xff\xfe" + text.encode())  # not UTF-8
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'binary.toml'}: not valid TOML")):
+        load(tmp_path / "binary.toml")
+    # no memory, and an allocator that reserves twice what is allocated (a CLI fuzz: every
+    # cell came out "0.00 GiB reserved > 0.00 GiB usable")
+    for field, match in (("memory_gib", "memory_gib=0 must be positive"),
+                         ("usable_gib", "usable_gib=0 must be positive"),
+                         ("allocator_overhead", "allocator_overhead=1.0 must be below 1")):
+        with pytest.raises(ValueError, match=re.escape(match)):
+            HW.with_values(**{field: 0 if field != "allocator_overhead" else 1.0})
     with pytest.raises(ValueError, match="fwd_eta_max=True"):
         HW.with_values(fwd_eta_max=True)
 

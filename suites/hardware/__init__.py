@@ -132,7 +132,7 @@ class Hardware:
                 bad.append(f"{f.name}={v!r} must be a fraction in (0, 1]")
         for f in ("peak_tflops", "peak_tf32_tflops", "peak_fp32_tflops", "peak_fp64_tflops",
                   "pcie_gbps", "cpu_adam_params_per_s", "hbm_gbps", "nvlink_gbps", "nic_gbps",
-                  "gpus_per_node", "nics_per_node"):
+                  "gpus_per_node", "nics_per_node", "memory_gib", "usable_gib"):
             if getattr(self, f) == 0:
                 bad.append(f"{f}=0 must be positive")
         # a tile under one token would make a causal call more than fully efficient:
@@ -140,6 +140,9 @@ class Hardware:
         if isinstance(self.causal_tile_tokens, int | float) and self.causal_tile_tokens < 1:
             bad.append(f"causal_tile_tokens={self.causal_tile_tokens!r} must be >= 1 (tokens "
                        "per kernel tile)")
+        if isinstance(self.allocator_overhead, int | float) and self.allocator_overhead >= 1:
+            bad.append(f"allocator_overhead={self.allocator_overhead!r} must be below 1 (a "
+                       "fraction of the allocated memory that the allocator reserves on top)")
         if self.usable_gib > self.memory_gib:
             bad.append(f"usable_gib={self.usable_gib} exceeds memory_gib={self.memory_gib}")
         if bad:
@@ -330,7 +333,7 @@ def load(name_or_path: str | Path) -> Hardware:
     try:
         with open(path, "rb") as f:
             raw = tomllib.load(f)
-    except tomllib.TOMLDecodeError as e:  # which file, as a spec's error says
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:  # which file, as a spec's says
         raise ValueError(f"hardware profile {path}: not valid TOML: {e}") from None
     kw, sources = {}, {}
     problems = _key_problems(raw)
