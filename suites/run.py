@@ -26,6 +26,7 @@ import os
 import re
 import signal
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -205,6 +206,25 @@ def short_reason(error, limit: int = 120) -> str:
     return why if len(why) <= limit else why[:limit - 4].rsplit(" ", 1)[0] + " ..."
 
 
+def _check_out(sweep: Path) -> None:
+    """Refuse, before anything runs, a sweep folder that cannot be made (``--out`` a file, or
+    under one, or where this user cannot write): the OSError came later and read as a run that
+    died with its rows kept. The folders made to try are removed again."""
+    made = [p for p in (sweep, *sweep.absolute().parents) if not p.exists()]
+    try:
+        sweep.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=sweep):  # a name of its own: drivers run at once
+            pass
+    except OSError as e:
+        raise ValueError(f"--out: cannot write the sweep folder {sweep} "
+                         f"({e.strerror or e}); nothing ran") from None
+    for folder in made:  # innermost first
+        try:
+            folder.rmdir()
+        except OSError:  # another driver started meanwhile and uses it
+            break
+
+
 def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
               out: str | Path = DEFAULT_OUT, run_id: str | None = None, new: bool = False,
               retry_failed: bool = False, slurm: SlurmSpec | None = None,
@@ -227,6 +247,7 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
                          f"{executor} executor measures them (burst-bench simulate predicts a "
                          "whole sweep's rows)")
     cells = expand(spec)
+    _check_out(Path(out) / spec.name)
     if executor == "dry-run":
         _dry_run_sweep(spec, cells, out=out, run_id=run_id, new=new, retry_failed=retry_failed,
                        slurm=slurm, job_folder=job_folder, stream=stream, hardware=hardware)

@@ -466,8 +466,26 @@ def simulate_spec(spec, hardware: str | Hardware, out_dir: str | Path | None = N
                 "executor": "simulate", "hardware": hw.name,
                 # which file, and which values: a profile's name alone does not say them
                 "hardware_profile": hw.provenance()}
-        write_rows(rows, Path(out_dir) / sw.name / ctx.run_id, meta)
+        run_dir = Path(out_dir) / sw.name / ctx.run_id
+        _same_profile_file(run_dir, hw)
+        write_rows(rows, run_dir, meta)
     return rows
+
+
+def _same_profile_file(run_dir: Path, hw: Hardware) -> None:
+    """Refuse to replace the rows of one profile file with those of another file that carries
+    the same name: they share ``simulated-<name>``, and the first one's rows went without a
+    word (a CLI fuzz). The same file with new values replaces its rows, as a re-run should."""
+    from results import store
+
+    try:
+        old = store.read_meta(run_dir).get("hardware_profile") or {}
+    except (OSError, ValueError):  # no run yet, or a broken run.json (replaced whole)
+        return
+    if old.get("path") not in (None, hw.path):
+        raise ValueError(f"{run_dir} holds the rows of hardware profile {hw.name!r} from "
+                         f"{old['path']}; this one is {hw.path}: give it another name, or "
+                         "remove that folder")
 
 
 PROVENANCE_ONLY = ("date", "git_commit", "git_dirty")

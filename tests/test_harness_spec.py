@@ -82,6 +82,13 @@ name = "ring"
 """
 
 
+def _file_as(out, name="sweep"):
+    """An --out folder in which a file stands where the sweep ``name``'s folder would go."""
+    out.mkdir(exist_ok=True)
+    (out / name).write_text("")
+    return out
+
+
 def _write(tmp_path, text, name="sweep"):
     p = tmp_path / f"{name}.toml"
     p.write_text(text)
@@ -534,6 +541,12 @@ def test_cli_user_errors_are_messages_not_tracebacks(tmp_path, capsys, monkeypat
              "a --new run has none"),
             (["run", str(_write(tmp_path, GOOD_TINY)), "--out", str(d / "rows.jsonl")],
              "is a file, not a folder"),
+            # a CLI fuzz: a file where the sweep folder goes said "rows written before it are
+            # kept and a rerun resumes", and so did the dry run, which writes no rows
+            (["run", str(_write(tmp_path, GOOD_TINY)), "--out", str(_file_as(tmp_path / "fo"))],
+             "cannot write the sweep folder"),
+            (["run", str(_write(tmp_path, GOOD_TINY)), "--executor", "dry-run", "--out",
+              str(_file_as(tmp_path / "fo"))], "cannot write the sweep folder"),
             (["run", str(_binary(tmp_path / "bin.toml")), "--executor", "dry-run"],
              "bin.toml: 1 problem:\n  - not UTF-8 text"),
             # found by a CLI audit: a CSV into a missing folder failed after the comparison

@@ -2221,6 +2221,15 @@ def test_a_copied_profile_cannot_pass_for_the_shipped_one(tmp_path, capsys):
                          edit=lambda t: t.replace("value = 0.55,", "value = 0.5,"))
     assert load(same).values_hash() == hw.values_hash()
     assert hw.with_values(fwd_eta_max=0.55).values_hash() != hw.values_hash()
+    # another file of the same name replaced mycluster's rows without a word (a CLI fuzz);
+    # the same file, edited, replaces them
+    rows_before = (run / store.ROWS).read_text()
+    with pytest.raises(ValueError, match=f"from {mine}; this one is {same}"):
+        simulate_spec("smoke", load(same), out_dir=tmp_path / "out")
+    assert (run / store.ROWS).read_text() == rows_before
+    mine.write_text(mine.read_text().replace("value = 0.5,", "value = 0.45,"))
+    assert simulate_spec("smoke", load(mine), out_dir=tmp_path / "out")
+    assert store.read_meta(run)["hardware_profile"]["values_sha256"] != hw.values_hash()
     shipped = simulate_spec("smoke", "h100", out_dir=tmp_path / "out")
     assert shipped and store.read_meta(tmp_path / "out" / "smoke" / "simulated-h100")[
         "hardware_profile"]["path"] == "suites/hardware/h100.toml"
