@@ -427,11 +427,18 @@ def load(path: str | os.PathLike):
         return consolidate(path.parent, write=False)
     if path.suffix == ".jsonl":
         return _rows_table(_frame(_last_per_cell(read_rows(path))), path)
-    if path.suffix == ".parquet":
-        return _rows_table(pd.read_parquet(path), path)
-    if path.suffix == ".csv":  # an empty field is missing; a label "NA" stays a label
-        return _rows_table(pd.read_csv(path, keep_default_na=False, na_values=[""]), path)
-    raise ValueError(f"cannot read {path}: expected a folder, .jsonl, .parquet or .csv")
+    try:  # pandas' and pyarrow's parse errors are ValueErrors that do not name the file
+        if path.suffix == ".parquet":
+            df = pd.read_parquet(path)
+        elif path.suffix == ".csv":  # an empty field is missing; a label "NA" stays a label
+            df = pd.read_csv(path, keep_default_na=False, na_values=[""])
+        else:
+            df = None
+    except ValueError as e:
+        raise ValueError(f"{path}: not a readable {path.suffix[1:]} table ({e})") from None
+    if df is None:
+        raise ValueError(f"cannot read {path}: expected a folder, .jsonl, .parquet or .csv")
+    return _rows_table(df, path)
 
 
 # the columns every row has that the tables of show and compare are keyed by
@@ -447,4 +454,16 @@ def _rows_table(df, path: Path):
                          f"{', '.join(map(repr, missing))}; the row schema is in "
                          "results/README.md): give a run folder, a sweep folder, its rows.jsonl, "
                          f"or the {CSV} / {TABLE} a run writes")
+    import pandas as pd
+
+    from results.tables import METRICS
+
+    # a word among the numbers, named (pandas said later only "could not convert string to
+    # float", without the file or the column)
+    for c in ("seq_len", "world", *METRICS):
+        if c in df.columns and not pd.api.types.is_numeric_dtype(df[c]):
+            bad = df[c][pd.to_numeric(df[c], errors="coerce").isna() & df[c].notna()]
+            if len(bad):
+                raise ValueError(f"{path}: column {c!r} holds {bad.iloc[0]!r} (row "
+                                 f"{bad.index[0] + 1}), not a number")
     return df

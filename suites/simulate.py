@@ -342,10 +342,12 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
     if cell.workload == "train_step":
         again = attn if ckpt == "full" else half if ckpt == "selective_half" else None
     if not mem.fits:
+        held, usable = mem.reserved_gib, mem.usable / 2**30
+        digits = next((d for d in range(2, 10) if round(held, d) > round(usable, d)), 10)
         return Prediction("oom", attn=attn, memory=mem, parts=parts, checkpointing=ckpt,
                           recompute=again, regather=regather,
-                          error=f"predicted OOM: {mem.reserved_gib:.2f} GiB reserved > "
-                                f"{mem.usable / 2**30:.2f} GiB usable on {hw.name}")
+                          error=f"predicted OOM: {held:.{digits}f} GiB reserved > "
+                                f"{usable:.{digits}f} GiB usable on {hw.name}")
     return Prediction("ok", time_s=time_s, attn=attn, memory=mem, parts=parts,
                       checkpointing=ckpt, recompute=again, regather=regather)
 

@@ -597,6 +597,15 @@ def test_cli_user_errors_are_messages_not_tracebacks(tmp_path, capsys, monkeypat
         assert cli.main(argv) == 2
         assert "other.csv is not a table of result rows (no column 'label', 'status'" in \
             capsys.readouterr().err
+    # a CSV pandas cannot parse, or a word in a number column, named with its file (and
+    # column): it was pandas' message alone (a CLI fuzz)
+    (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "word.csv").write_text("label,status,seq_len,world,time_s\nring,ok,64,2,fast\n")
+    for name, says in (("empty.csv", "empty.csv: not a readable csv table (No columns"),
+                       ("word.csv", "word.csv: column 'time_s' holds 'fast' (row 1), not a "
+                                    "number")):
+        assert cli.main(["show", str(tmp_path / name)]) == 2
+        assert says in capsys.readouterr().err
     (tmp_path / "specs").mkdir()
     _write(tmp_path / "specs", GOOD_TINY.replace("world = 2", "world = 0"), "broken")
     assert cli.main(["list", "--dir", str(tmp_path / "specs")]) == 0  # `run` finds it by path

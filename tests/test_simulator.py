@@ -2656,3 +2656,22 @@ def test_the_flat_ring_a_double_ring_falls_back_to_is_never_slower(monkeypatch):
         assert not flat_ring_suffices(spec, "zigzag", 16, 2**11, 4)
         assert seconds(four, hw, True) > 1.08 * seconds(four, hw, False), name
     assert fell_back >= 40
+
+
+def test_an_oom_by_a_hair_prints_the_digits_that_tell_the_sides_apart():
+    """A predicted OOM printed both sides to 2 decimals: "78.50 GiB reserved > 78.50 GiB
+    usable" (a CLI fuzz, with --longest)."""
+    from suites.simulate import simulate_cell
+
+    cell = dict(method="burst", seq_len=1 << 20, world=8, heads=32, head_dim=128,
+                dtype="bfloat16", device="cuda")
+    ok = simulate_cell(cell, HW)
+    assert ok["status"] == "ok"
+    held = ok["mem_reserved_bytes"] / 2**30
+    row = simulate_cell(cell, HW.with_values(usable_gib=held - 1e-4))
+    assert row["status"] == "oom"
+    got = re.fullmatch(r"predicted OOM: ([0-9.]+) GiB reserved > ([0-9.]+) GiB usable on a800",
+                       row["error"])
+    assert got and float(got[1]) > float(got[2]) and len(got[1].split(".")[1]) == 4, row["error"]
+    far = simulate_cell(cell, HW.with_values(usable_gib=held / 2))["error"]
+    assert re.search(r": \d+\.\d\d GiB reserved > \d+\.\d\d GiB usable", far), far
