@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from burst.attention import dims_problems
 from burst.kernel import resolve_scale
-from burst.layout import LAYOUTS
+from burst.layout import LAYOUTS, heads_problem
 from burst.masks import MaskSpec
 
 __all__ = ["LEVELS", "Method", "accepted_options", "get", "names", "plain_integer",
@@ -114,11 +114,11 @@ class Method:
                             f"{', '.join(self.layouts)}")
         if self.causal_only and not causal:
             problems.append("it balances causal work only; use causal=True or the 'ring' method")
-        if heads < 1 or kv_heads < 1:
-            problems.append(f"{heads} heads and {kv_heads} kv heads: need at least one of each")
-            raise ValueError(f"method {self.name!r} cannot run this case: " + "; ".join(problems))
-        if heads % kv_heads:
-            problems.append(f"{heads} heads are not divisible by {kv_heads} kv heads")
+        if why := heads_problem(heads, kv_heads):
+            problems.append(why)
+            if heads < 1 or kv_heads < 1:  # the checks below divide by them
+                raise ValueError(f"method {self.name!r} cannot run this case: "
+                                 + "; ".join(problems))
         if self.requires is not None:
             problems += self.requires(world=world, heads=heads, kv_heads=kv_heads,
                                       seq_local=seq_local, causal=causal, **opts)

@@ -33,7 +33,7 @@ from burst.kernel import (
     resolve_backend,
     resolve_scale,
 )
-from burst.layout import divisors, local_length_problem
+from burst.layout import heads_problem, local_length_problem
 from burst.masks import MaskSpec, flat_ring_suffices, plan_pair, ring_reach
 from burst.merge import merge_into, new_accumulators, row_delta
 from burst.ring import run_ring
@@ -245,12 +245,8 @@ def _validate(q, k, v, *, layout, group, ranks_per_node, backward, backend, grad
     problems = qkv_problems(q, k, v)
     if any("expected 4 dims" in p for p in problems):
         raise ValueError("burst_attn: " + "; ".join(problems))
-    if q.shape[2] == 0 or k.shape[2] == 0:
-        problems.append(f"{q.shape[2]} query heads and {k.shape[2]} kv heads: need at least one "
-                        "of each")
-    elif q.shape[2] % k.shape[2]:
-        problems.append(f"{q.shape[2]} query heads are not divisible by {k.shape[2]} kv heads; "
-                        f"valid kv head counts: {', '.join(map(str, divisors(q.shape[2])))}")
+    if why := heads_problem(q.shape[2], k.shape[2]):
+        problems.append(why)
     try:
         if why := local_length_problem(q.shape[1], layout):
             problems.append(why)

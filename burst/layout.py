@@ -28,6 +28,7 @@ __all__ = [
     "chunks_per_rank",
     "divisors",
     "global_positions",
+    "heads_problem",
     "length_problem",
     "local_length_problem",
     "local_index",
@@ -42,6 +43,17 @@ LAYOUTS = ("contiguous", "zigzag", "striped")
 def divisors(n: int, *, at_least: int = 1) -> list[int]:
     """The degrees n splits evenly into (error messages list them as the valid values)."""
     return [d for d in range(at_least, n + 1) if n % d == 0]
+
+
+def heads_problem(heads: int, kv_heads: int) -> str | None:
+    """Why ``heads`` query heads cannot attend over ``kv_heads`` kv heads (None: they can); the
+    one wording of the rule for burst_attn, the registry, the references and the byte counts."""
+    if heads < 1 or kv_heads < 1:
+        return f"{heads} query heads and {kv_heads} kv heads: need at least one of each"
+    if heads % kv_heads:
+        return (f"{heads} query heads are not divisible by {kv_heads} kv heads; valid kv head "
+                f"counts: {', '.join(map(str, divisors(heads)))}")
+    return None
 
 
 def check_layout(layout: str) -> None:

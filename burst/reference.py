@@ -19,6 +19,7 @@ import torch
 
 from burst.attention import qkv_problems
 from burst.kernel import block_forward, resolve_scale
+from burst.layout import heads_problem
 from burst.masks import DENSE, FULL, MaskSpec
 
 __all__ = ["naive_attention", "reference_attention"]
@@ -36,9 +37,8 @@ def _check(who: str, q, k, v) -> None:
     batch of 1 against k of 2 broadcast, 3-dim inputs attended across heads, and 1 query head
     on 2 kv heads gave an empty output (a review)."""
     problems = qkv_problems(q, k, v)
-    if not problems and (0 in (q.shape[2], k.shape[2]) or q.shape[2] % k.shape[2]):
-        problems.append(f"{q.shape[2]} query heads and {k.shape[2]} kv heads: expected at least "
-                        "one of each, the query heads a multiple of the kv heads")
+    if not problems and (why := heads_problem(q.shape[2], k.shape[2])):
+        problems.append(why)
     if problems:
         raise ValueError(f"{who}: " + "; ".join(problems))
 

@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from burst.comm import ranks_per_node_ok, ring_shape
+from burst.layout import heads_problem
 from burst.masks import MaskSpec, flat_ring_suffices, ring_reach
 from burst.ring import check_reach
 
@@ -180,9 +181,8 @@ class _Case:
         if bad := [f"{k}={v!r}" for k, v in sizes.items()
                    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1]:
             raise ValueError(f"byte count: {', '.join(bad)}: expected whole numbers >= 1")
-        if self.kv_heads > self.heads or self.heads % self.kv_heads:
-            raise ValueError(f"byte count: {self.heads} query heads on {self.kv_heads} kv heads: "
-                             "the kv heads must divide the query heads")
+        if why := heads_problem(self.heads, self.kv_heads):
+            raise ValueError(f"byte count: {why}")
 
     @property
     def bn(self) -> int:

@@ -26,7 +26,6 @@ import os
 import re
 import signal
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -209,20 +208,14 @@ def short_reason(error, limit: int = 120) -> str:
 def _check_out(sweep: Path) -> None:
     """Refuse, before anything runs, a sweep folder that cannot be made (``--out`` a file, or
     under one, or where this user cannot write): the OSError came later and read as a run that
-    died with its rows kept. The folders made to try are removed again."""
-    made = [p for p in (sweep, *sweep.absolute().parents) if not p.exists()]
+    died with its rows kept. The sweep's own lock tries it (and removes the folders it made
+    for nothing, as when a run is refused)."""
     try:
-        sweep.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=sweep):  # a name of its own: drivers run at once
+        with store.SweepLock(sweep):
             pass
     except OSError as e:
         raise ValueError(f"--out: cannot write the sweep folder {sweep} "
                          f"({e.strerror or e}); nothing ran") from None
-    for folder in made:  # innermost first
-        try:
-            folder.rmdir()
-        except OSError:  # another driver started meanwhile and uses it
-            break
 
 
 def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",

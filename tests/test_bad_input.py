@@ -167,7 +167,7 @@ def test_the_references_refuse_what_the_methods_refuse():
     cases = [((q, torch.randn(2, 8, 2, 4).double(), torch.randn(2, 8, 2, 4).double()), {},
               "must agree in batch"),
              ((q[0], q[0], q[0]), {}, "expected 4 dims"),
-             ((q[:, :, :1], q, q), {}, "1 query heads and 2 kv heads"),
+             ((q[:, :, :1], q, q), {}, "1 query heads are not divisible by 2 kv heads"),
              ((q, q, q), {"scale": -1}, "must be a positive finite number")]
     for args, kw, match in cases:
         for f in (reference_attention, naive_attention):
@@ -423,7 +423,7 @@ def test_loose_arguments_are_refused_by_name():
             spawn(print, world)
     # Method.check alone (the sweep planner's and the simulator's gate) names what a call
     # would refuse later
-    with pytest.raises(ValueError, match="6 heads are not divisible by 4 kv heads"):
+    with pytest.raises(ValueError, match="6 query heads are not divisible by 4 kv heads"):
         registry.get("ring").check(world=4, seq_local=8, causal=True, heads=6, kv_heads=4)
     with pytest.raises(ValueError, match="unknown grad_acc 'bf16'"):
         registry.get("zigzag_ring").check(world=4, seq_local=8, causal=True, heads=4,

@@ -306,8 +306,8 @@ def test_bad_names_and_options_are_rejected():
     with pytest.raises(ValueError, match="backward='Burst': expected 'burst' or 'ring'"):
         method_bytes("burst", backward="Burst", **shape)  # was priced as the ring backward
     # the shapes every method refuses get no byte count (kv_heads 0 counted 0 bytes)
-    for bad, why in ((dict(kv_heads=8), "4 query heads on 8 kv heads"),
-                     (dict(kv_heads=3), "4 query heads on 3 kv heads"),
+    for bad, why in ((dict(kv_heads=8), "4 query heads are not divisible by 8 kv heads"),
+                     (dict(kv_heads=3), "4 query heads are not divisible by 3 kv heads"),
                      (dict(kv_heads=0), "kv_heads=0"), (dict(world=True), "world=True"),
                      (dict(head_dim=8.0), "head_dim=8.0")):
         with pytest.raises(ValueError, match=why):
@@ -316,7 +316,7 @@ def test_bad_names_and_options_are_rejected():
 
     assert method_bytes("burst", **{**shape, "world": np.int64(4)}).by == method_bytes(
         "burst", **shape).by
-    with pytest.raises(ValueError, match="2 heads and 0 kv heads: need at least one"):
+    with pytest.raises(ValueError, match="2 query heads and 0 kv heads: need at least one"):
         registry.get("ring")(torch.zeros(1, 8, 2, 8), torch.zeros(1, 8, 0, 8),
                              torch.zeros(1, 8, 0, 8), causal=True)  # was ZeroDivisionError
     with pytest.raises(ValueError, match="block-level"):
