@@ -57,27 +57,31 @@ def backend_problems(backend: str, x) -> list[str]:
 
 
 def degree_problems(what: str, degree, world: int, heads: int, kv_heads: int, *,
-                    kv_replicate: bool) -> list[str]:
+                    kv_replicate: bool, of_world: bool = False) -> list[str]:
     """Problems of a head-splitting degree (Ulysses, USP, TP) for these head counts.
 
     Query heads must split evenly. K/V heads must split evenly too, or (``kv_replicate``) the
     degree must be a multiple of them, in which case each kv head is replicated to the
-    degree/kv_heads ranks whose query heads use it.
+    degree/kv_heads ranks whose query heads use it. The valid degrees named are the divisors of
+    the world; where the degree is the world itself (``of_world``: Ulysses, TP, which no option
+    sets), the group sizes that split these heads.
     """
     if not isinstance(degree, int) or isinstance(degree, bool) or degree < 1 or world % degree:
         return [f"{what}={degree!r} must divide the group of {world} ranks; valid: "
                 f"{_join(divisors(world))}"]
     out = []
+    named = "group sizes" if of_world else "degrees"
+    candidates = divisors(heads) if of_world else divisors(world)
     if heads % degree:
-        valid = [d for d in divisors(world) if heads % d == 0]
-        out.append(f"{what} {degree} does not divide {heads} query heads; valid degrees: "
+        valid = [d for d in candidates if heads % d == 0]
+        out.append(f"{what} {degree} does not divide {heads} query heads; valid {named}: "
                    f"{_join(valid)}")
     kv_ok = kv_heads % degree == 0 or (kv_replicate and degree % kv_heads == 0)
-    if not kv_ok:
+    if not kv_ok and not (out and kv_heads == heads):  # (as many kv heads: said already)
         rule = ("divide them or be a multiple of them (kv heads are then replicated)"
                 if kv_replicate else "divide them")
-        valid = [d for d in divisors(world)
+        valid = [d for d in candidates
                  if heads % d == 0 and (kv_heads % d == 0 or (kv_replicate and d % kv_heads == 0))]
         out.append(f"{what} {degree} and {kv_heads} kv heads: the degree must {rule}; valid "
-                   f"degrees: {_join(valid)}")
+                   f"{named}: {_join(valid)}")
     return out

@@ -254,7 +254,7 @@ def _call_problem(fn) -> str | None:
     """Why ``fn`` cannot be called as a method (not callable, or fewer than three positional
     parameters for q, k, v), else None; a signature Python cannot read is given the benefit."""
     if not callable(fn):
-        return f"is a {type(fn).__name__}, not a function"
+        return f"is of type {type(fn).__name__}, not a function"
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):

@@ -125,7 +125,7 @@ class AttentionBlockWeights:
     def shard(self, rank: int, world: int) -> AttentionBlockWeights:
         """Rank ``rank``'s share of ``world``-way tensor parallelism (a contiguous head range)."""
         problems = degree_problems("tensor-parallel degree", world, world, self.heads,
-                                   self.kv_heads, kv_replicate=False)
+                                   self.kv_heads, kv_replicate=False, of_world=True)
         if not 0 <= rank < world:
             problems.append(f"rank {rank} is outside the group of {world} ranks")
         if self.world != 1:
@@ -262,7 +262,7 @@ def _core_entry(q, k, v, *, causal=False, softmax_scale=None, group=None, **opti
 
 def _requires(*, world, heads, kv_heads, **_):
     return degree_problems("tensor-parallel degree (group size)", world, world, heads, kv_heads,
-                           kv_replicate=False)
+                           kv_replicate=False, of_world=True)
 
 
 METHOD = register(Method(

@@ -135,7 +135,7 @@ def ulysses_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None =
 
 def _requires(*, world, heads, kv_heads, seq_local, layout, **_):
     return (degree_problems("ulysses degree (group size)", world, world, heads, kv_heads,
-                            kv_replicate=True)
+                            kv_replicate=True, of_world=True)
             + layout_problems(layout, seq_local))
 
 

@@ -217,10 +217,14 @@ def _values(df, col) -> list:
     return sorted({json.dumps(_key_value(v), default=str) for v in df[col]})
 
 
-def no_match_reason(a, b) -> str:
-    """Why no cell of a has a match in b: the keys compared, and the ones whose values the two
-    tables do not share where leaving those out would match cells (a measured CPU run against
-    a simulation of its spec differs in ``device`` alone)."""
+def no_match_reason(a, b, names: tuple[str, str] = ("a", "b")) -> str:
+    """Why no cell of a has a match in b: a table with no rows, or the keys compared, and the
+    ones whose values the two tables do not share where leaving those out would match cells (a
+    measured CPU run against a simulation of its spec differs in ``device`` alone)."""
+    empty = [n for n, df in zip(names, (a, b), strict=True) if df.empty]
+    if empty:
+        return (f"no matching cells: {' and '.join(empty)} "
+                f"{'has' if len(empty) == 1 else 'have'} no rows")
     cols = compare_keys(a, b)
     msg = f"no matching cells (cells match on {', '.join(cols)})"
     apart = [k for k in cols if not set(_values(a, k)) & set(_values(b, k))]

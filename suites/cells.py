@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import json
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from suites.spec import MethodSpec, Scale, SweepSpec, data_parallel_problems
@@ -247,7 +248,7 @@ def cell_problem(cell: Cell) -> str | None:
     if cell.workload == "train_step":
         from burst.engine.checkpointing import check_mode
         from burst.engine.configs import get_config
-        from burst.engine.trainer import DTYPES, seq_len_problems
+        from burst.engine.trainer import seq_len_problems
 
         try:
             check_mode(cell.checkpointing, layout, method)
@@ -256,10 +257,8 @@ def cell_problem(cell: Cell) -> str | None:
         limit = get_config(cell.model).max_seq_len
         if cell.seq_len > limit:
             return f"seq_len {cell.seq_len} exceeds model {cell.model!r}'s max_seq_len {limit}"
-        dtypes = [str(d).replace("torch.", "") for d in DTYPES]
-        if cell.dtype not in dtypes:
-            return (f"the engine trains in {', '.join(dtypes)}, not {cell.dtype} (float16 "
-                    "would need loss scaling)")
+        if why := engine_dtype_problem(cell.dtype):
+            return why
         why = seq_len_problems(get_config(cell.model), cell.seq_len, cp_size=cell.world,
                                layout=layout, checkpointing=cell.checkpointing)
         if why and layout in LAYOUTS:
@@ -279,12 +278,24 @@ def cell_problem(cell: Cell) -> str | None:
     return None
 
 
-def cell_problems(spec: SweepSpec) -> list[str]:
+def engine_dtype_problem(dtype: str) -> str | None:
+    """Why the engine cannot train in ``dtype`` (None: it can): a spec's and a cell's reason."""
+    from burst.engine.trainer import DTYPES
+
+    dtypes = [str(d).replace("torch.", "") for d in DTYPES]
+    if dtype in dtypes:
+        return None
+    return (f"the engine trains in {', '.join(dtypes)}, not {dtype} (float16 would need loss "
+            "scaling)")
+
+
+def cell_problems(spec: SweepSpec, reported: Collection[str] = ()) -> list[str]:
     """Every problem of every cell, deduplicated, in method order (``parse_spec`` already
     reported the method entries' own problems; here they only guard the cell checks). Cells of
     a method with ``skip_invalid`` are not problems: they become ``skipped`` rows at run time.
     A cell that appears twice (repeated seq_lens or scales) is a problem: it would be measured
-    twice under one id."""
+    twice under one id. A cell's problem among ``reported`` (what the spec's fields already
+    said: a bad dtype, data_parallel) is not said again for every method."""
     cells = expand(spec)
     out: list[str] = []
     seen: set[str] = set()
@@ -304,7 +315,7 @@ def cell_problems(spec: SweepSpec) -> list[str]:
             where: dict[str, list[str]] = {}  # one line per distinct problem, with its cells
             for c in mine:
                 p = cell_problem(c)
-                if p is not None:
+                if p is not None and p not in reported:
                     where.setdefault(p, []).append(f"{c.seq_len}@{c.world}")
             probs += [f"methods[{i}] ({m.label}) at seq_len@world {', '.join(at)}: {p}"
                       for p, at in where.items()]

@@ -286,7 +286,7 @@ def _cmd_compare(args) -> int:
         raise ValueError(f"--names {args.names!r}: give two different names, e.g. cpu,gpu")
     df = compare(a, b, args.metric, names=names)
     if df.empty or (df[f"status_{names[1]}"] == "missing").all():
-        print(no_match_reason(a, b))
+        print(no_match_reason(a, b, names))
         return 1
     varying = [c for c in ("label", "model", "seq_len", "world", "nodes", "dtype", "device")
                if c in df.columns and (c == "label" or df[c].astype(str).nunique() > 1)]

@@ -359,7 +359,7 @@ class _Reader:
         kinds = kind if isinstance(kind, tuple) else (kind,)
         if isinstance(v, bool) and bool not in kinds or not isinstance(v, kinds):
             want = " or ".join(k.__name__ for k in kinds)
-            self.add(name, f"{v!r} is a {type(v).__name__}; expected {want}")
+            self.add(name, f"{v!r} is of type {type(v).__name__}; expected {want}")
             return None
         if choices is not None and v not in choices:
             near = difflib.get_close_matches(str(v), list(map(str, choices)), n=1)
@@ -426,7 +426,9 @@ def _method(r: _Reader, t: dict, where: str, workload: str) -> MethodSpec | None
     r.keys(t, _METHOD, where)
     paper = r.get(t, "paper", where, str, None, choices=tuple(PAPER_METHODS))
     base = paper_method(paper) if paper else None
-    name = r.get(t, "name", where, str, base.name if base else _MISSING)
+    # a misspelt paper method is reported once: its name, not given, is not missing too
+    name = r.get(t, "name", where, str,
+                 base.name if base else None if "paper" in t else _MISSING)
     options = r.get(t, "options", where, dict, {})
     ckpt = r.get(t, "checkpointing", where, str, base.checkpointing if base else "none",
                  choices=CHECKPOINTING)
@@ -518,7 +520,7 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
         from suites.cells import cell_problems
 
         try:
-            more = cell_problems(spec)
+            more = cell_problems(spec, {p.split(": ", 1)[-1] for p in r.problems})
         except (TypeError, ValueError, KeyError, AttributeError) as e:  # a broken [shape]
             more = [] if r.problems else [f"cells: {e}"]
         r.problems += [p for p in more if p not in r.problems]
@@ -545,9 +547,11 @@ def _shape_or_model(r: _Reader, data: dict, workload, dtype):
         if "shape" in data:
             r.add("shape", "only applies to workload = 'attention' (train_step takes the "
                   "shape from the model config)")
-        if dtype == "float16":
-            r.add("dtype", "'float16': the engine trains in float32, bfloat16 or float64 "
-                  "(float16 would need loss scaling; burst.engine.trainer)")
+        if dtype is not None:
+            from suites.cells import engine_dtype_problem
+
+            if why := engine_dtype_problem(dtype):
+                r.add("dtype", why)
     return shape, model
 
 
@@ -582,9 +586,12 @@ def _model_window(r: _Reader, data: dict, workload):
         return None, None
     # a typo, not a pattern
     if every is not None and (every == 1 or (layers is not None and every > layers)):
+        valid = ("2 to the model's layers" if layers is None else "2" if layers == 2 else
+                 f"2 to {layers}")
         r.add("global_every", f"{every}: every layer would be "
-              f"{'global (drop window)' if every == 1 else 'local (drop global_every)'}; give "
-              f"2 to {layers or 'the model' + chr(39) + 's layers'}")
+              f"{'global (drop window)' if every == 1 else 'local (drop global_every)'}; " +
+              (f"a model of {layers} layer cannot mix local and global layers" if layers == 1
+               else f"give {valid}"))
     return win, every
 
 
@@ -644,7 +651,8 @@ def _methods(r: _Reader, data: dict, workload, shape):
         r.add("methods", f"label {lab!r} is used by {labels.count(lab)} methods; labels must be "
               "unique (give each a label)")
     baseline = r.get(data, "baseline", "", str, None)
-    if baseline is not None and methods and baseline not in labels:
+    # (with an entry that could not be read, the baseline may be its label: not a second error)
+    if baseline is not None and methods and len(methods) == len(raw) and baseline not in labels:
         r.add("baseline", f"{baseline!r} is not a method label; valid: {', '.join(labels)}")
     return methods, baseline
 

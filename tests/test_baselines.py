@@ -323,7 +323,7 @@ def test_bad_names_and_options_are_rejected():
         registry.get("tp")(torch.zeros(1, 4, 2, 8), torch.zeros(1, 4, 2, 8),
                            torch.zeros(1, 4, 2, 8))
     w = AttentionBlockWeights.random(12, 4, 2, 4)  # hidden 12, 4 heads x 4
-    with pytest.raises(ValueError, match="valid degrees: 1, 2"):
+    with pytest.raises(ValueError, match="valid group sizes: 1, 2$"):
         w.shard(0, 4)  # 2 kv heads cannot split 4 ways
     with pytest.raises(ValueError, match="wo has shape"):
         AttentionBlockWeights(w.wq, w.wk, w.wv, w.wo.T, 4, 2)
@@ -627,3 +627,24 @@ def test_registry_order_is_the_builtins_whatever_was_imported_first():
         rank = [MODULES.index(entry.split(":")[0].removeprefix("baselines.")) for entry in out]
         assert rank == sorted(rank) and out[0] == "baselines.burst_method:burst", (first, out)
     assert len({tuple(o) for o in orders.values()}) == 1, orders
+
+
+def test_a_degree_that_is_the_world_names_the_group_sizes_that_work():
+    """Ulysses and TP split heads over the whole group: no option sets their degree, so the
+    valid values are group sizes, any that split the heads (the divisors of the world said
+    "valid degrees: 1, 2, 4, 8" to 40 heads on 32 ranks, and named no size above the world).
+    USP's ulysses_degree is an option: its valid degrees are the world's divisors."""
+    def why(name, world, heads, kv_heads, **options):
+        with pytest.raises(ValueError) as e:
+            registry.get(name).check(world=world, heads=heads, kv_heads=kv_heads,
+                                     seq_local=64, causal=True, **options)
+        return str(e.value)
+
+    assert why("ulysses", 32, 40, 40).endswith(  # (a kv-heads line alike is not added)
+        "ulysses degree (group size) 32 does not divide 40 query heads; valid group sizes: "
+        "1, 2, 4, 5, 8, 10, 20, 40")
+    assert why("tp", 4, 6, 2).endswith(
+        "valid group sizes: 1, 2, 3, 6; tensor-parallel degree (group size) 4 and 2 kv heads: "
+        "the degree must divide them; valid group sizes: 1, 2")
+    assert why("usp", 8, 6, 6, ulysses_degree=4).endswith(
+        "ulysses_degree 4 does not divide 6 query heads; valid degrees: 1, 2")

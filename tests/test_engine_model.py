@@ -828,10 +828,10 @@ def test_save_refuses_meta_that_load_cannot_read_back(tmp_path):
     path = tmp_path / "state.pt"
     tr.save(path, meta={"step": 3, "args": {"seq": [16, (1, 2)], "tag": None, 2: 3}})
     saved = path.read_bytes()
-    for meta, why in (({"step": np.int64(3)}, r"meta\['step'\] is a int64"),
-                      ({"out": tmp_path}, r"meta\['out'\] is a PosixPath"),
-                      ({"a": [1, {"x": object()}]}, r"meta\['a'\]\[1\]\['x'\] is a object"),
-                      ({np.int64(1): 0}, r"meta key np.int64\(1\) is a int64")):
+    for meta, why in (({"step": np.int64(3)}, r"meta\['step'\] is of type int64"),
+                      ({"out": tmp_path}, r"meta\['out'\] is of type PosixPath"),
+                      ({"a": [1, {"x": object()}]}, r"meta\['a'\]\[1\]\['x'\] is of type object"),
+                      ({np.int64(1): 0}, r"meta key np.int64\(1\) is of type int64")):
         with pytest.raises(ValueError, match=why):
             tr.save(path, meta=meta)
         assert path.read_bytes() == saved

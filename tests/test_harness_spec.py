@@ -110,7 +110,7 @@ def test_bad_spec_lists_every_problem(tmp_path):
         ("shape.kv_heads", "4 does not divide heads=6", "valid: 1, 2, 3, 6"),
         ("methods", "label 'burst' is used by 2 methods"),
         ("methods[2].checkpointing", "only applies to workload = 'train_step'"),
-        ("slurm.partition", "3 is a int; expected str"),
+        ("slurm.partition", "3 is of type int; expected str"),
         ("slurm.time_min", "must be >= 3"),  # the warning signal came at the job's start
         ("name", "'../escaped': a sweep name is one folder under results/"),
         ("slurm.setup", "expected a list of shell lines"),
@@ -170,7 +170,7 @@ def test_sweep_options_a_run_would_not_honour_are_refused(tmp_path):
         load_spec(_write(tmp_path, shaped, "ext"))
     train = ('workload = "train_step"\nmodel = "tiny"\ndtype = "float16"\nseq_lens = [64]\n'
              'world = 2\n[[methods]]\nname = "burst"\n')
-    with pytest.raises(SpecError, match="'float16': the engine trains in"):
+    with pytest.raises(SpecError, match="dtype: the engine trains in .*, not float16"):
         load_spec(_write(tmp_path, train, "fp16"))
     uly = train.replace('"float16"', '"float32"').replace('name = "burst"\n', (
         'name = "ulysses"\noptions = { layout = "striped" }\ncheckpointing = '
@@ -445,6 +445,9 @@ def test_compare_says_every_key_it_matches_on_and_which_differ(tmp_path, capsys)
     b = pd.DataFrame(_rows([("ring", 128, 1.0, "ok"), ("burst", 64, 1.0, "ok")]))
     msg = no_match_reason(a, b)
     assert "differ only" not in msg and "cells match on workload" in msg
+    # a table of no rows (a header-only CSV) is named, not blamed on the keys
+    assert no_match_reason(a, b.iloc[:0], ("cpu", "gpu")) == "no matching cells: gpu has no rows"
+    assert no_match_reason(a.iloc[:0], b.iloc[:0]) == "no matching cells: a and b have no rows"
     # a spec edited in its checkpointing keeps its labels: the cells are not the same
     full = b.assign(seq_len=a["seq_len"], checkpointing="full")
     assert compare(a.assign(checkpointing="selective"), full)["status_b"].eq("missing").all()
@@ -619,7 +622,7 @@ def test_cli_user_errors_are_messages_not_tracebacks(tmp_path, capsys, monkeypat
     for text, want in (
             (GOOD_TINY.replace("heads = 2", "heads = 0"), "shape.heads: 0 must be >= 1"),
             (GOOD_TINY.replace("[shape]\nheads = 2\nhead_dim = 8", 'shape = "big"'),
-             "shape: 'big' is a str"),
+             "shape: 'big' is of type str"),
             ("seed = 99999999999999999999\n" + GOOD_TINY, "seed: 99999999999999999999 must be"),
             (GOOD_TINY.replace("world = 2", "world = 0"), "world: 0 must be >= 1"),
             (GOOD_TINY + 'label = " "\n', "label: ' ' is empty"),
@@ -1196,11 +1199,14 @@ def test_a_train_step_spec_gives_its_model_a_window_or_local_and_global_layers(t
             ('global_every = 2\n' + head, "global_every", "needs window = [left, right]"),
             ('window = [7, 0]\nglobal_every = 0\n' + head, "global_every", ">= 1"),
             ('window = [7, 0]\nglobal_every = 1\n' + head, "global_every", "global (drop"),
-            ('window = [7, 0]\nglobal_every = 3\n' + head, "global_every", "give 2 to 2"),
+            ('window = [7, 0]\nglobal_every = 3\n' + head, "global_every", "give 2"),
             ('window = [7, 0]\n' + head.replace("train_step", "attention").replace(
                 'model = "tiny"\n', ""), "window", "only applies to workload = 'train_step'")):
         problems = _problems(tmp_path, text, "bad")
         assert any(p.startswith(where) and why in p for p in problems), (text, problems)
+    # the only value for 2 layers is named as such ("give 2 to 2" before)
+    assert _problems(tmp_path, 'window = [7, 0]\nglobal_every = 3\n' + head, "bad") == [
+        "global_every: 3: every layer would be local (drop global_every); give 2"]
 
 
 def test_a_model_with_its_own_window_takes_it_into_every_cell(tmp_path):
@@ -2009,3 +2015,23 @@ def test_a_progress_line_quotes_the_message_not_a_cpp_backtrace():
     assert short_reason(text) == ("RuntimeError: value cannot be converted to type int64_t "
                                   "without overflow")
     assert short_reason("ValueError: bad\n\"") == "ValueError: bad"
+
+
+def test_one_mistake_in_a_spec_is_reported_once(tmp_path):
+    """A fuzz of the CLI: one mistake was reported more than once. A misspelt paper method
+    also said that its entry's name was required and that the baseline (its label) was no
+    method's; a float16 dtype or an unknown data_parallel was said again for every method
+    whose cells have it."""
+    main7b = (SPEC_DIR / "paper_main_7b.toml").read_text()
+    paper = ("'loongtrain_uspp' is not valid (did you mean 'loongtrain_usp'?); valid: "
+             "megatron_cp, deepspeed_ulysses, loongtrain_double_ring, loongtrain_usp, burst, "
+             "burstengine, burstengine_usp")
+    assert _problems(tmp_path, main7b.replace('"loongtrain_usp"', '"loongtrain_uspp"'),
+                     "p") == [f"methods[3].paper: {paper}", f"methods[7].paper: {paper}"]
+    engine = (SPEC_DIR / "engine_7b.toml").read_text()
+    assert _problems(tmp_path, engine.replace('dtype = "bfloat16"', 'dtype = "float16"'),
+                     "f") == ["dtype: the engine trains in float32, float64, bfloat16, not "
+                              "float16 (float16 would need loss scaling)"]
+    assert _problems(tmp_path, engine.replace('data_parallel = "fsdp_world"',
+                                              'data_parallel = "zero9"'), "d") == [
+        "methods[2].data_parallel: unknown data_parallel 'zero9'; valid: ddp, fsdp_world"]

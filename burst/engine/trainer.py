@@ -990,6 +990,6 @@ def _check_plain(value, where: str) -> None:
             _check_plain(k, f"{where} key {k!r}")
             _check_plain(v, f"{where}[{k!r}]")
         return
-    raise ValueError(f"{where} is a {type(value).__name__} ({value!r}): Trainer.save keeps "
+    raise ValueError(f"{where} is of type {type(value).__name__} ({value!r}): Trainer.save keeps "
                      "plain values (None, bool, int, float, str and lists, tuples and dicts "
                      "of them) that load can read back; nothing was saved")
