@@ -346,33 +346,76 @@ def _ranks_bounding(g: int, mask) -> list[int]:
     documents: the first, middle and last (contiguous causal is imbalanced, zigzag and striped
     are not). With a window, every rank: on the zigzag layout it binds the ranks near the
     middle of the second half at later steps, up to 2x the sampled ranks' work (a simulator
-    audit). ``_slowest_rank`` prices each geometry of work once, so every rank costs little
+    audit). ``_distinct`` picks one rank per geometry of work, so every rank costs little
     more than three. (Documents would need every rank too; no ``AttnShape`` holds them.)"""
     if mask.is_plain:
         return sorted({0, g // 2, g - 1})
     return list(range(g))
 
 
+Priced = tuple[tuple[tuple[int, int], ...], ...]  # per rank priced: its (q rank, k rank) pairs
+
+
 def _slowest_rank(hw: Hardware, shape: AttnShape, layout: str, g: int, m: int, heads: int,
-                  pass_: str, merge: float, pairs: list[tuple[np.ndarray, np.ndarray]]) -> float:
-    """Kernel time of the slowest rank at one ring step, where the i-th rank priced works on
-    the pair (q[i], k[i]) of each (q, k) in ``pairs`` (arrays over the ranks), each pair that
-    has a call followed by a merge. Pairs of one geometry (``burst.masks.pair_geometry``) get
-    the same calls, so the ranks whose pairs have equal geometries are priced once, on one of
-    them: the same maximum, to the bit, as pricing each (a windowed ring of 4096 ranks has a
-    handful of geometries a step). ``AttnShape`` masks hold no documents, so every pair has a
-    geometry."""
-    rows = [pair_geometry(shape.mask, layout, g, q, k, m) for q, k in pairs]
-    chosen = np.unique(np.concatenate(rows, axis=-1), axis=0, return_index=True)[1]
+                  pass_: str, merge: float, priced: Priced) -> float:
+    """Kernel time of the slowest of the ranks ``priced`` at one ring step (``_distinct``):
+    each works on its (query rank, key rank) pairs, each pair that has a call followed by a
+    merge."""
     worst = 0.0
-    for i in chosen:
+    for pairs in priced:
         total = 0.0
         for q, k in pairs:
-            sec, any_call = _pair_seconds(hw, shape, layout, g, int(q[i]), int(k[i]), m, heads,
-                                          pass_)
+            sec, any_call = _pair_seconds(hw, shape, layout, g, q, k, m, heads, pass_)
             total += sec + (merge if any_call else 0.0)
         worst = max(worst, total)
     return worst
+
+
+def _distinct(mask, layout: str, g: int, m: int,
+              pairs: list[tuple[np.ndarray, np.ndarray]]) -> Priced:
+    """The ranks to price at one ring step, where the i-th rank of ``_ranks_bounding`` works on
+    the pair (q[i], k[i]) of each (q, k) in ``pairs`` (arrays over those ranks). Pairs of one
+    geometry (``burst.masks.pair_geometry``) get the same calls, so of the ranks whose pairs
+    have equal geometries one is priced: the same maximum, to the bit, as pricing each (a
+    windowed ring of 4096 ranks has a handful of geometries a step). ``AttnShape`` masks hold
+    no documents, so every pair has a geometry. Which ranks these are depends on the ring's
+    shape alone, not on the hardware: ``_one_way_work`` and ``_two_way_work`` keep them for
+    every evaluation of a fit (they took 85% of its time)."""
+    rows = [pair_geometry(mask, layout, g, q, k, m) for q, k in pairs]
+    chosen = np.unique(np.concatenate(rows, axis=-1), axis=0, return_index=True)[1]
+    return tuple(tuple((int(q[i]), int(k[i])) for q, k in pairs) for i in chosen)
+
+
+@functools.lru_cache(maxsize=1024)
+def _one_way_work(mask, layout: str, members: int, m: int, steps: int,
+                  nodes: int) -> tuple[Priced, ...]:
+    """``_distinct`` at each of the first ``steps`` steps of a flat or double ring
+    (``step_compute``)."""
+    local = members // nodes
+    r = np.array(_ranks_bounding(members, mask))
+    out = []
+    for s in range(steps):
+        outer, inner = divmod(s, local)
+        k = ((r // local - outer) % nodes) * local + (r % local - inner) % local
+        out.append(_distinct(mask, layout, members, m, [(r, k)]))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=1024)
+def _two_way_work(mask, layout: str, members: int, m: int, span: int, back: int,
+                  queries_travel: bool) -> tuple[Priced, ...]:
+    """``_distinct`` at each step of a ring that sends its blocks both ways
+    (``_two_way_compute``)."""
+    r = np.array(_ranks_bounding(members, mask))
+    out = []
+    for t in range(max(span, back) + 1):
+        pairs = []
+        for other, works in ((r - t, t <= span), (r + t, 0 < t <= back)):
+            if works:
+                q, k = (2 * r - other, r) if queries_travel else (r, other)
+                pairs.append((q % members, k % members))
+        out.append(_distinct(mask, layout, members, m, pairs))
+    return tuple(out)
 
 
 def _merge_seconds(hw: Hardware, shape: AttnShape, m: int, heads: int, kv_heads: int,
@@ -398,14 +441,10 @@ def step_compute(hw: Hardware, shape: AttnShape, layout: str, members: int, m: i
     local rank l - i (a review: pricing it as r - s took the previous node's block for l < i,
     and with a window on the contiguous layout timed the double ring 1.3-1.9x too fast)."""
     merge = _merge_seconds(hw, shape, m, heads, kv_heads, pass_)
-    local = members // nodes
-    r = np.array(_ranks_bounding(members, shape.mask))
-    out = []
-    for s in range(members if steps is None else steps):
-        outer, inner = divmod(s, local)
-        k = ((r // local - outer) % nodes) * local + (r % local - inner) % local
-        out.append(_slowest_rank(hw, shape, layout, members, m, heads, pass_, merge, [(r, k)]))
-    return out
+    work = _one_way_work(shape.mask, layout, members, m, members if steps is None else steps,
+                         nodes)
+    return [_slowest_rank(hw, shape, layout, members, m, heads, pass_, merge, priced)
+            for priced in work]
 
 
 def ring_reach_of(shape: AttnShape, layout: str, members: int, m: int,
@@ -424,16 +463,9 @@ def _two_way_compute(hw: Hardware, shape: AttnShape, layout: str, members: int, 
     rank r's queries against the keys of r - t (t <= span) and of r + t (1 <= t <= back); where
     the queries travel (the burst backward), the queries of r + t and of r - t against r's keys."""
     merge = _merge_seconds(hw, shape, m, heads, kv_heads, pass_)
-    r = np.array(_ranks_bounding(members, shape.mask))
-    out = []
-    for t in range(max(span, back) + 1):
-        pairs = []
-        for other, works in ((r - t, t <= span), (r + t, 0 < t <= back)):
-            if works:
-                q, k = (2 * r - other, r) if queries_travel else (r, other)
-                pairs.append((q % members, k % members))
-        out.append(_slowest_rank(hw, shape, layout, members, m, heads, pass_, merge, pairs))
-    return out
+    work = _two_way_work(shape.mask, layout, members, m, span, back, queries_travel)
+    return [_slowest_rank(hw, shape, layout, members, m, heads, pass_, merge, priced)
+            for priced in work]
 
 
 # ---------------------------------------------------------------------------------------------
