@@ -115,9 +115,9 @@ def _fold(job: tuple) -> list[dict]:
 def crossval(fitted: list[dict], hw_name: str, by: tuple[str, ...] = BY, jobs: int = 2,
              log=None) -> list[dict]:
     """Every fold of ``by``, ``jobs`` fits at a time (a time fold takes about 20 s on one
-    core, a memory fold under a second); ``fitted`` is the shipped fit's evaluation
-    (``calibrate.evaluate``), whose rows the folds leave out and whose predictions sit next to
-    theirs."""
+    core, a memory fold under a second; all 86, two at a time: about 8 minutes); ``fitted`` is
+    the shipped fit's evaluation (``calibrate.evaluate``), whose rows the folds leave out and
+    whose predictions sit next to theirs."""
     log = log or sys.stderr
     work = [(hw_name, b, name, held) for b in by for name, held in folds(fitted, b)]
     ins = {_key(e): e for e in fitted}

@@ -981,7 +981,7 @@ def test_fit_reproduces_the_shipped_constants():
 def test_kernel_table_alone_predicts_burstengines_training_rows():
     """Out of sample: the time constants fitted on the attention-only table (no training step
     in it) predict every BurstEngine training row within 15%, median within 5% (the reverse
-    fit, which the doc also reports, is left to ``python -m suites.calibrate``: 40 s)."""
+    fit, which the doc also reports, is left to ``python -m suites.calibrate``)."""
     held = calibrate.holdout(fit_on=("kernel",))
     s = calibrate.holdout_summary(held["kernel"].evals)["burstengine"]
     assert s["rows"] == 16 and s["median"] <= 0.05 and s["worst"] <= 0.15
