@@ -499,6 +499,33 @@ def test_a_windowed_ring_is_priced_once_per_geometry_as_rank_by_rank(monkeypatch
     assert schedule._ranks_bounding(16, MaskSpec(causal=True)) == [0, 8, 15]
 
 
+def test_which_ranks_a_step_prices_is_worked_out_once_per_ring_not_per_profile(monkeypatch):
+    """A fit prices the same cells hundreds of times with other constants; which ranks each
+    ring step prices (one per geometry of work) depends on the ring alone. Worked out at every
+    evaluation, it took 85% of ``calibrate.fit`` (169 s; 18 s kept per ring): pricing a cell
+    again, on another profile, finds no geometry, and gives that profile's own times."""
+    import suites.schedule as schedule
+
+    geometries = []
+    real = schedule.pair_geometry
+    monkeypatch.setattr(schedule, "pair_geometry",
+                        lambda *args: geometries.append(1) or real(*args))
+    for cache in (schedule._one_way_work, schedule._two_way_work):
+        cache.cache_clear()
+    shape = AttnShape(batch=1, seq_len=16 * 1024, heads=4, kv_heads=4, head_dim=64,
+                      causal=True, window=(3 * 1024, 0))
+    cells = [("burst", {"layout": "zigzag"}, Topo(16, 16)),  # two-way, windowed
+             ("burst", {"layout": "contiguous", "ranks_per_node": 4}, Topo(16, 4)),  # double
+             ("ring", {}, Topo(16, 16))]
+    a800 = [attention_timing(HW, m, o, shape, t) for m, o, t in cells]
+    assert geometries
+    geometries.clear()
+    h100 = [attention_timing(load("h100"), m, o, shape, t) for m, o, t in cells]
+    assert not geometries
+    assert all(a.forward_s > b.forward_s and a.backward_s > b.backward_s
+               for a, b in zip(a800, h100, strict=True))
+
+
 def test_a_cell_takes_numpy_counts_and_refuses_what_the_core_refuses():
     """Found by a simulator fuzz: ranks_per_node=np.int64(2) was priced as an error row
     ("2 does not divide world=8"), any numpy value failed in the cell id; a window given as a
