@@ -386,7 +386,7 @@ def _distinct(mask, layout: str, g: int, m: int,
     return tuple(tuple((int(q[i]), int(k[i])) for q, k in pairs) for i in chosen)
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=64)  # (a fit prices 23 rings; one of 4096 ranks keeps ~5 MB)
 def _one_way_work(mask, layout: str, members: int, m: int, steps: int,
                   nodes: int) -> tuple[Priced, ...]:
     """``_distinct`` at each of the first ``steps`` steps of a flat or double ring
@@ -401,7 +401,7 @@ def _one_way_work(mask, layout: str, members: int, m: int, steps: int,
     return tuple(out)
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=64)
 def _two_way_work(mask, layout: str, members: int, m: int, span: int, back: int,
                   queries_travel: bool) -> tuple[Priced, ...]:
     """``_distinct`` at each step of a ring that sends its blocks both ways
