@@ -380,7 +380,7 @@ def _distinct(mask, layout: str, g: int, m: int,
     windowed ring of 4096 ranks has a handful of geometries a step). ``AttnShape`` masks hold
     no documents, so every pair has a geometry. Which ranks these are depends on the ring's
     shape alone, not on the hardware: ``_one_way_work`` and ``_two_way_work`` keep them for
-    every evaluation of a fit (they took 85% of its time)."""
+    every evaluation of a fit (worked out at each, ``calibrate.fit()`` took 169 s; kept, 18 s)."""
     rows = [pair_geometry(mask, layout, g, q, k, m) for q, k in pairs]
     chosen = np.unique(np.concatenate(rows, axis=-1), axis=0, return_index=True)[1]
     return tuple(tuple((int(q[i]), int(k[i])) for q, k in pairs) for i in chosen)
