@@ -397,7 +397,16 @@ def _cpu_flash_fwd(q, k, v, scale, causal, mask):
                      query=q.transpose(1, 2), key=k.transpose(1, 2), value=v.transpose(1, 2),
                      dropout_p=0.0, is_causal=causal, attn_mask=_additive(mask, q.dtype),
                      scale=scale)
-    return out.transpose(1, 2), lse.to(acc_dtype(q.dtype)).contiguous()
+    out, lse = out.transpose(1, 2), lse.to(acc_dtype(q.dtype)).contiguous()
+    # torch's CPU op gives a query row that holds a NaN, against few keys (under 8 in float64,
+    # 8 or under in float32), an output of 0 and a finite lse (its gradients NaN): a
+    # forward-only run would not see it (a fuzz: zigzag on 4 ranks of 4 tokens). Made NaN, as
+    # every other backend gives it.
+    bad = q.isnan().any(-1)  # B S H
+    if bad.any():  # (a CPU tensor: no device sync; the common case copies nothing)
+        out = out.masked_fill(bad.unsqueeze(-1), float("nan"))
+        lse = lse.masked_fill(bad.transpose(1, 2), float("nan"))
+    return out, lse
 
 
 def _cpu_flash_bwd(do, q, k, v, lse, delta, scale, causal, mask, out=None):

@@ -31,10 +31,9 @@ def new_accumulators(q_BSHD: torch.Tensor, acc: torch.dtype):
 def _weights(lse_old: torch.Tensor, lse_new: torch.Tensor, lse_tot: torch.Tensor):
     """Only a row that has seen no key (LSE = -inf) gets weight 0 instead of exp(-inf + inf);
     a NaN (a NaN or inf in the inputs) propagates, as in one kernel call on the whole row.
-    What a kernel returns for a NaN input is the kernel's: torch's CPU flash op (the default
-    ``cpu_flash`` backend on CPU) gives a row with NaN in q an output of 0 (and NaN gradients),
-    the ``torch`` backend and CUDA kernels NaN; the harness checks every cell's output and
-    gradients for both (suites.measure)."""
+    What a kernel returns for a NaN input is the kernel's: every backend gives a row with NaN
+    in q a NaN output (torch's CPU flash op gives 0, which the ``cpu_flash`` backend makes NaN);
+    the harness checks every cell's output and gradients for both (suites.measure)."""
     empty = lse_tot == float("-inf")
     safe = torch.where(empty, torch.zeros_like(lse_tot), lse_tot)
     w_old = torch.where(empty, torch.zeros_like(lse_tot), torch.exp(lse_old - safe))
