@@ -157,6 +157,10 @@ def test_half_precision_holds_at_a_nearly_one_hot_softmax(dtype):
 
 
 def test_per_step_calls_replay_forward_and_backward():
+    """The per-step calls, replayed rank by rank, give the float64 reference's output and
+    gradients (forward() is a loop over the same calls, and both backward schemes start from
+    its output, so comparing them with each other alone let a call that took the wrong
+    rank's values pass: a test audit)."""
     q, k, v, do = _inputs(4, dtype=torch.float32, seed=7)
     em = RingEmulator(q, k, v, world=4, causal=True, layout="zigzag")
     out, lse = em.forward()
@@ -166,15 +170,21 @@ def test_per_step_calls_replay_forward_and_backward():
         assert [src for src, _ in calls] == visit_order(4, r)
         for _, call in calls:
             call()
-    assert torch.equal(em.unshard([o.to(q.dtype) for o, _ in state]), out)
+    replayed = em.unshard([o.to(q.dtype) for o, _ in state])
+    assert torch.equal(replayed, out)
+    ref = [t.double().requires_grad_() for t in (q, k, v)]
+    ref_out, _ = reference_attention(*ref, causal=True)
+    ref_out.backward(do.double())
+    assert (replayed.double() - ref_out).abs().max() < F32_TOL
     dq, dk, dv = em.backward(do, "burst")
     bstate = em.new_backward_state(do)
     for r in range(4):
         for _, call in em.backward_calls(r, bstate, "ring"):
             call()
     again = [em.unshard([g[i].to(q.dtype) for g in bstate[2]]) for i in range(3)]
-    for a, b in zip((dq, dk, dv), again, strict=True):
+    for a, b, want in zip((dq, dk, dv), again, (t.grad for t in ref), strict=True):
         assert (a - b).abs().max() < F32_TOL  # the two schemes agree
+        assert (b.double() - want).abs().max() < F32_TOL  # and are the gradients
 
 
 def test_window_truncates_the_emulated_ring_like_the_real_one():

@@ -164,7 +164,21 @@ def test_dry_run_writes_rows_for_every_section(tmp_path):
     # measured sections: real numbers under the schema's columns
     ours = [r for r in by["kernel"] if r["method"] == "burst.kernel" and r["status"] == "ok"]
     assert ours and all(r["time_s"] > 0 and r["attn_tflops"] > 0 for r in ours)
-    assert all(r["speedup"] is not None for r in ours)  # against torch SDPA
+    # each rate is its own arithmetic (a ratio turned upside down, or GFLOP/s written as
+    # TFLOP/s, passed: a test audit): the kernel convention's FLOPs of the pass over the time,
+    # and the speedup torch SDPA's time at that length and pass over ours
+    from burst import flops
+
+    sdpa = {(r["seq_len"], r["label"].split(" ", 1)[1]): r["time_s"] for r in by["kernel"]
+            if r["method"] == "torch_sdpa" and r["status"] == "ok"}
+    for r in ours:
+        pas = r["label"].split(" ", 1)[1]
+        fl = flops.attention_kernel_flops(1, r["seq_len"], r["heads"], r["head_dim"], True)
+        fl /= 1 if pas == "fwd+bwd" else 1 + flops.BACKWARD_OVER_FORWARD
+        assert json.loads(r["spec"])["flops"] == pytest.approx(fl, rel=1e-12)
+        assert r["attn_tflops"] == pytest.approx(fl / r["time_s"] / 1e12, rel=1e-9)
+        assert r["tokens_per_s"] == pytest.approx(r["seq_len"] / r["time_s"], rel=1e-9)
+        assert r["speedup"] == pytest.approx(sdpa[r["seq_len"], pas] / r["time_s"], rel=1e-9)
     assert any(r["status"] == "ok" for r in by["ring_emulation"])
     (stand_in,) = [r for r in by["ring_emulation"] if r["label"].startswith("stand-in out")]
     assert stand_in["status"] == "ok" and stand_in["time_s"] > 0
@@ -174,6 +188,14 @@ def test_dry_run_writes_rows_for_every_section(tmp_path):
     steps = [r for r in by["train_step"] if r["status"] == "ok"]
     assert steps and all(r["tokens_per_s"] > 0 and r["tflops_model_flops_causal"] > 0
                          for r in steps)
+    from burst.engine.configs import get_config
+
+    for r in steps:
+        fl = flops.model_flops(get_config(r["model"]), 1, r["seq_len"], "model_flops_causal",
+                               r["checkpointing"])
+        assert r["tokens_per_s"] == pytest.approx(r["seq_len"] / r["time_s"], rel=1e-9)
+        assert r["tflops_model_flops_causal"] == pytest.approx(fl / r["time_s"] / 1e12,
+                                                               rel=1e-9)
     assert {r["checkpointing"] for r in by["train_step"]} >= {"none", "full"}
     # every measured engine step and kernel of ours carries the simulator's prediction for it
     # (a CPU priced as the h200 profile here: the path, not the model)
