@@ -833,6 +833,11 @@ def test_timegate_threshold_and_check(monkeypatch, tmp_path):
     for r, code in ((1.06, 1), (1.04, 0)):
         monkeypatch.setattr(timegate, "measure_ratio", lambda a, b, repeats=7, r=r: r)
         assert timegate.check() == code
+    # a spread above the floor's: 3 x spread sets it (the case above never reached that term)
+    ratios = iter([1.0, 1.1, 1.0, 1.0, 0.99])  # median 1.0, spread (1.1 - 0.99) / 1.0
+    monkeypatch.setattr(timegate, "measure_ratio", lambda a, b, repeats=7: next(ratios))
+    out = timegate.record(trials=5)
+    assert out["g"]["threshold"] == pytest.approx(1.0 * (1 + 3 * 0.11))
     # a gate added after the baseline was recorded: a message and exit 2 (was a KeyError)
     monkeypatch.setattr(timegate, "GATES", {"g": lambda: (None, None), "new": lambda: (0, 0)})
     assert timegate.check() == 2
@@ -1430,9 +1435,16 @@ def test_every_scaled_metric_heading_ends_with_its_unit():
 
     from results.tables import METRICS
 
+    # and the scale is that unit's, from the column's own unit (s, bytes, a fraction): a MiB
+    # heading over 1e-6 (1 GiB shown as 1073.7) or a % heading over 1 passed (a test audit)
+    per_unit = {"ms": 1e3, "MiB": 2.0**-20, "%": 100.0}
     for metric, (heading, scale, _, _) in METRICS.items():
-        if scale != 1:
-            assert re.fullmatch(r".* \((ms|MiB|%)\)", heading), (metric, heading)
+        unit = re.fullmatch(r".* \((ms|MiB|%)\)", heading)
+        scaled = metric == "time_s" or metric.startswith("mfu_") or "bytes" in metric
+        assert bool(unit) == scaled and (scale != 1) == scaled, (metric, heading, scale)
+        if unit:
+            assert scale == per_unit[unit[1]], (metric, heading, scale)
+            assert {"ms": "time_s", "MiB": "bytes", "%": "mfu_"}[unit[1]] in metric, metric
 
 
 def test_show_names_a_newest_run_that_has_no_row_yet(tmp_path, capsys):

@@ -1128,7 +1128,11 @@ def test_each_dtype_runs_at_its_own_peak():
                  checkpointing="selective", fused_head=True, paper="burstengine")
     bf16, fp32 = (predict({**train, "dtype": dt}, HW, ZERO3_ON_GPU)
                   for dt in ("bfloat16", "float32"))
-    assert fp32.parts["layers_forward"] > 5 * bf16.parts["layers_forward"]
+    # the GEMMs at the CUDA cores' 19.5 against 312 (priced at the attention kernel's 52, a
+    # float32 layer came out 5.8x a bf16 one instead of 8.1x, and passed "> 5": a test audit)
+    assert HW.gemm_seconds(1e15, "float32") / HW.gemm_seconds(1e15, "bfloat16") == \
+        pytest.approx(312 / 19.5)
+    assert 7.5 < fp32.parts["layers_forward"] / bf16.parts["layers_forward"] < 9
     # float32 weights, gradients and activations, no master copy: same states, twice the
     # activations (the cached lse is fp32 in both)
     assert fp32.memory.parts["model_states"] == bf16.memory.parts["model_states"]
