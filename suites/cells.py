@@ -248,7 +248,7 @@ def cell_problem(cell: Cell) -> str | None:
     if cell.workload == "train_step":
         from burst.engine.checkpointing import check_mode
         from burst.engine.configs import get_config
-        from burst.engine.trainer import seq_len_problems
+        from burst.engine.trainer import dtype_problem, seq_len_problems
 
         try:
             check_mode(cell.checkpointing, layout, method)
@@ -257,7 +257,7 @@ def cell_problem(cell: Cell) -> str | None:
         limit = get_config(cell.model).max_seq_len
         if cell.seq_len > limit:
             return f"seq_len {cell.seq_len} exceeds model {cell.model!r}'s max_seq_len {limit}"
-        if why := engine_dtype_problem(cell.dtype):
+        if why := dtype_problem(cell.dtype):
             return why
         why = seq_len_problems(get_config(cell.model), cell.seq_len, cp_size=cell.world,
                                layout=layout, checkpointing=cell.checkpointing)
@@ -276,17 +276,6 @@ def cell_problem(cell: Cell) -> str | None:
     except ValueError as e:
         return str(e)
     return None
-
-
-def engine_dtype_problem(dtype: str) -> str | None:
-    """Why the engine cannot train in ``dtype`` (None: it can): a spec's and a cell's reason."""
-    from burst.engine.trainer import DTYPES
-
-    dtypes = [str(d).replace("torch.", "") for d in DTYPES]
-    if dtype in dtypes:
-        return None
-    return (f"the engine trains in {', '.join(dtypes)}, not {dtype} (float16 would need loss "
-            "scaling)")
 
 
 def cell_problems(spec: SweepSpec, reported: Collection[str] = ()) -> list[str]:

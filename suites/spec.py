@@ -548,9 +548,9 @@ def _shape_or_model(r: _Reader, data: dict, workload, dtype):
             r.add("shape", "only applies to workload = 'attention' (train_step takes the "
                   "shape from the model config)")
         if dtype is not None:
-            from suites.cells import engine_dtype_problem
+            from burst.engine.trainer import dtype_problem
 
-            if why := engine_dtype_problem(dtype):
+            if why := dtype_problem(dtype):
                 r.add("dtype", why)
     return shape, model
 

@@ -2044,6 +2044,13 @@ def test_one_mistake_in_a_spec_is_reported_once(tmp_path):
     assert _problems(tmp_path, engine.replace('dtype = "bfloat16"', 'dtype = "float16"'),
                      "f") == ["dtype: the engine trains in float32, float64, bfloat16, not "
                               "float16 (float16 would need loss scaling)"]
+    import torch
+
+    from burst.engine.trainer import Trainer
+
+    with pytest.raises(ValueError, match=r"^Trainer: dtype: the engine trains in float32, "
+                       r"float64, bfloat16, not float16 \(float16 would need loss scaling\)$"):
+        Trainer("tiny", dtype=torch.float16)  # the one wording, the engine's
     assert _problems(tmp_path, engine.replace('data_parallel = "fsdp_world"',
                                               'data_parallel = "zero9"'), "d") == [
         "methods[2].data_parallel: unknown data_parallel 'zero9'; valid: ddp, fsdp_world"]

@@ -61,7 +61,7 @@ from burst.engine.parallel import (
 from burst.layout import divisors, length_problem
 from burst.masks import MaskSpec, model_window
 
-__all__ = ["DTYPES", "OPTIMIZERS", "Trainer", "seq_len_problems"]
+__all__ = ["DTYPES", "OPTIMIZERS", "Trainer", "dtype_problem", "seq_len_problems"]
 
 # float16 is left out: without loss scaling and fp32 master weights its optimizer step underflows
 DTYPES = (torch.float32, torch.float64, torch.bfloat16)
@@ -96,6 +96,16 @@ def _positive_number(x, zero: bool = False) -> bool:
         x = x.item()
     return (isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
             and (x >= 0 if zero else x > 0))
+
+
+def dtype_problem(dtype) -> str | None:
+    """Why the engine cannot train in ``dtype`` (a torch dtype or its name; None: it can): the
+    one wording for the Trainer, a sweep spec and its cells."""
+    names = [str(d).removeprefix("torch.") for d in DTYPES]
+    if str(dtype).removeprefix("torch.") in names:
+        return None
+    return (f"the engine trains in {', '.join(names)}, not {str(dtype).removeprefix('torch.')} "
+            "(float16 would need loss scaling)")
 
 
 def seq_len_problems(config: ModelConfig, seq_len: int, *, cp_size: int, layout: str,
@@ -194,8 +204,7 @@ class Trainer:
         except ValueError as e:
             problems.append(str(e))
         if dtype not in DTYPES:
-            problems.append(f"dtype {dtype} is not supported; valid: "
-                            f"{', '.join(map(str, DTYPES))} (float16 would need loss scaling)")
+            problems.append(f"dtype: {dtype_problem(dtype)}")
         if (not isinstance(loss_chunk, numbers.Integral) or isinstance(loss_chunk, bool)
                 or loss_chunk < 1):
             problems.append(f"loss_chunk={loss_chunk!r} must be a whole number of tokens >= 1")
