@@ -402,8 +402,10 @@ def _cpu_flash_fwd(q, k, v, scale, causal, mask):
     # 8 or under in float32), an output of 0 and a finite lse (its gradients NaN): a
     # forward-only run would not see it (a fuzz: zigzag on 4 ranks of 4 tokens). Made NaN, as
     # every other backend gives it.
-    bad = q.isnan().any(-1)  # B S H
-    if bad.any():  # (a CPU tensor: no device sync; the common case copies nothing)
+    # A NaN anywhere in q makes its sum NaN: one reduction without a copy decides the common
+    # case (a per-row isnan().any(-1) on every call made the timed ring forward 9% slower).
+    if q.sum().isnan():  # (a CPU tensor: no device sync)
+        bad = q.isnan().any(-1)  # B S H
         out = out.masked_fill(bad.unsqueeze(-1), float("nan"))
         lse = lse.masked_fill(bad.transpose(1, 2), float("nan"))
     return out, lse
