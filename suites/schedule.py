@@ -761,9 +761,9 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
     else:  # pragma: no cover - plan_for rejects unknown kinds
         raise AssertionError(plan.kind)
 
-    def rank_volume(rank: int) -> volume.Volume:
-        return vol if rank == 0 else method_volume(method, options, shape, topo,
-                                                   acc_elem=acc_elem, rank=rank)
+    def rank_volume(rank: int) -> volume.Volume:  # method_volume with the plan made once
+        return vol if rank == 0 else _method_bytes(method, plan.options, shape, g, n,
+                                                   topo.local, acc_elem, rank=rank)
 
     return AttnTiming(forward_s=fwd[0], backward_s=bwd[0], compute_forward_s=fwd[1],
                       compute_backward_s=bwd[1], plan=plan, rank_volume=rank_volume, world=g)
