@@ -304,7 +304,13 @@ def burst_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = N
         causal: mask keys after the query (global positions).
         softmax_scale: default head_dim ** -0.5.
         layout: ``contiguous``, ``zigzag`` or ``striped`` (see ``burst.layout``).
-        group: the context-parallel process group.
+        group: the context-parallel process group. The first call over a group makes its
+            ring's process groups (``burst.comm.ring_groups``, cached). Under NCCL with a
+            bound device (``init_process_group(device_id=...)``) torch makes a group by
+            splitting the world's communicator, which every rank of the world joins: where
+            the group is part of the world (CP x DP), every group's ranks make that first
+            call alike, as a training step does; a call by one group's ranks alone (an
+            evaluation on one DP replica) waits for the others until the timeout.
         ranks_per_node: turn on the topology-aware double ring with this many ranks per node
             (ranks node-major); None: one flat ring. A window (or documents) that a flat ring
             serves in at most M - 1 steps each way (M nodes) runs on that shortened

@@ -922,6 +922,11 @@ def test_bad_input_errors():
     tok, tgt, pos = tr.local_batch(8)
     with pytest.raises(ValueError, match="must have the same shape"):
         tr.step(tok, tgt[:, :4], pos)
+    # a batch left on another device (a CPU loader's, for a CUDA Trainer) is refused by name,
+    # on every rank, before the model (meta stands in for the other device here)
+    with pytest.raises(ValueError, match=re.escape(
+            "positions on meta, not on the Trainer's device cpu: move them there")):
+        tr.step(tok, tgt, pos.to("meta"))
     with pytest.raises(ValueError, match="window=.*whole numbers of tokens >= 0"):
         Trainer("tiny", window=(-1, 0))
     with pytest.raises(ValueError, match="loss_chunk=0 must be a whole number of tokens >= 1"):

@@ -14,6 +14,8 @@ their max error is held to ``RING_MAX`` x the plain one's (burst/reference.py, t
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -285,6 +287,13 @@ def test_engine_tiny_model_on_cuda():
     for _ in range(5):
         last = tr.step(*batch)
     assert torch.isfinite(torch.tensor(last)) and last < first, (first, last)
+    # whole sequences from a CPU loader: shard_batch returns them on the Trainer's device, and
+    # global_targets counts CPU targets too (its all-reduce under NCCL takes no CPU tensor)
+    full = [torch.randint(0, cfg.vocab_size, (1, 512)) for _ in range(2)]
+    shards = tr.shard_batch(*full, torch.arange(512).unsqueeze(0))
+    assert all(t.device.type == "cuda" for t in shards), [t.device for t in shards]
+    assert tr.global_targets(full[1]) == tr.global_targets(shards[1]) == 512
+    assert math.isfinite(tr.step(*shards))
 
 
 def test_every_method_over_nccl():

@@ -68,6 +68,12 @@ DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 OPTIMIZERS = ("adamw", "sgd")
 
 
+def _on(have: torch.device, want: torch.device) -> bool:
+    """Whether a tensor on ``have`` is on ``want`` (a device without an index, "cuda", is
+    the current one: any index passes here)."""
+    return have.type == want.type and (want.index is None or have.index == want.index)
+
+
 def _canonical(x) -> str:
     """One text for values that run alike on every rank: numpy and torch scalars as Python
     numbers, tuples as lists, dicts by key (checksums of ``_agree``/``_check_batch``)."""
@@ -799,7 +805,10 @@ class Trainer:
             raise ValueError(f"Trainer.shard_batch: tokens, targets and positions must be "
                              f"(batch, seq_len) tensors of one shape, got {shapes}")
         self._check_seq_len(tokens.shape[1])
-        return shard_batch(tokens, targets, positions, layout=self.layout, group=self.cp_group)
+        # on the Trainer's device, as local_batch's (a CPU loader's shards went on to
+        # global_targets' all-reduce, which NCCL refuses for CPU tensors)
+        return tuple(t.to(self.device) for t in shard_batch(
+            tokens, targets, positions, layout=self.layout, group=self.cp_group))
 
     # -- step -----------------------------------------------------------------------------------
 
@@ -866,6 +875,12 @@ class Trainer:
         if not problems and not (tokens.shape == targets.shape == positions.shape):
             problems.append(f"tokens {tuple(tokens.shape)}, targets {tuple(targets.shape)} and "
                             f"positions {tuple(positions.shape)} must have the same shape")
+        if not problems and (away := [f"{name} on {t.device}" for name, t in (
+                ("tokens", tokens), ("targets", targets), ("positions", positions))
+                if not _on(t.device, self.device)]):  # failed in the model on that rank alone
+            problems.append(f"{', '.join(away)}, not on the Trainer's device {self.device}: "
+                            "move them there (.to(trainer.device); local_batch and shard_batch "
+                            "return them there)")
         if not problems and tokens.numel() == 0:  # crashed in the model, its DP peers waiting
             problems.append(f"an empty batch {tuple(tokens.shape)}: every rank needs at least "
                             "one row of tokens (a data-parallel group without data has none "
@@ -896,7 +911,7 @@ class Trainer:
         stats = [valid.sum(), (((targets < 0) | (targets >= vocab)) & valid).sum()]
         if tokens is not None:
             stats.append(((tokens < 0) | (tokens >= vocab)).sum())
-        stats = torch.stack(stats).to(torch.float64)
+        stats = torch.stack(stats).to(self.device, torch.float64)  # (NCCL: no CPU tensors)
         with comm.phase("loss"):
             comm.all_reduce(stats)
         counts = stats[1:].tolist()
