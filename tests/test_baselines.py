@@ -381,6 +381,15 @@ def test_formulas_agree_where_methods_coincide():
     assert method_bytes("ring_flash_attn", layout="contiguous", **shape).by == ring
     ulysses = method_bytes("ulysses", **shape)
     assert method_bytes("usp", ulysses_degree=8, **shape).by == ulysses.by  # U = G: Ulysses
+    # selective checkpointing's re-sent all-to-alls: USP's are Ulysses' over its U ranks (a
+    # group of 2 whatever the degree passed a test audit)
+    from burst.volume import regather_bytes
+
+    for u in (2, 4, 8):
+        usp = regather_bytes("usp", ulysses_degree=u, **shape).by
+        assert usp == regather_bytes("ulysses", **{**shape, "world": u}).by, u
+        assert usp == {("forward", "intra"): method_bytes(  # the forward's all-to-alls
+            "usp", ulysses_degree=u, **{**shape, "world": u}).sent("forward")}, u
     assert (method_bytes("allgather", **shape).sent("forward")
             == method_bytes("ring", **shape).sent("forward"))  # both move (G-1) K/V blocks
     # Ulysses: 8 all-to-alls of (G-1)/G of a local tensor; 2 kv heads replicated to 8

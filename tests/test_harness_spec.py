@@ -402,6 +402,10 @@ def test_tables_summary_speedup_compare(tmp_path):
     s = summary(df, "time_s", baseline="ring")
     assert list(s.columns) == ["seq_len", "ring", "burst"]
     assert s.iloc[0]["burst"] == "1000.0 (2.00x)" and s.iloc[1]["burst"] == "oom"
+    # the speedup is time's: another metric with a baseline shows no ratio (a time speedup in
+    # a memory column passed a test audit)
+    other = summary(df.assign(mem_peak_bytes=2.0 ** 30), "mem_peak_bytes", baseline="ring")
+    assert other.iloc[0]["burst"] and "x)" not in other.to_string(), other
     tiny = df.assign(time_s=df["time_s"] * 1e-5)  # simulated microsecond steps are not "0.0"
     assert summary(tiny, "time_s").iloc[0]["burst"] == "0.01"
     # a second run, burst twice as fast at 64

@@ -1447,6 +1447,10 @@ def test_a_group_of_one_holds_no_transfer_buffers():
     usp = predict(as_cell(dict(eight, method="usp", options={"ulysses_degree": 8})),
                   HW).memory.parts["comm_buffers"]
     assert usp - ulysses / 2 == fp32_grads / 8
+    # allgather over 8 holds the gathered K, V and their gradients of the whole sequence
+    # (halved, a 1M-token cell's 32 GiB came out 16 and passed: a test audit)
+    gathered = predict(as_cell(dict(eight, method="allgather")), HW).memory.parts["comm_buffers"]
+    assert gathered == 4 * n * h * d * 2
 
 
 def test_system_sharding_and_vocabulary_change_memory():
@@ -1969,6 +1973,13 @@ def test_input_dtype_accumulators_and_float64_scores_follow_the_dtype(tmp_path, 
     p64 = predict({**ring, "dtype": "float64"}, HW)
     n = (1 << 15) // 8
     assert p64.memory.parts["float64_scores"] == 4 * 8 * n * n * 8
+    # allgather's local queries meet the whole gathered sequence (not its own n keys: 8x less,
+    # which passed a test audit); Ulysses' whole sequence meets itself for H / G heads
+    for method, want in (("allgather", 4 * 8 * n * (1 << 15) * 8),
+                         ("ulysses", 4 * 1 * (1 << 15) ** 2 * 8)):
+        parts = predict({**cell, "method": method, "paper": None, "dtype": "float64"},
+                        HW).memory.parts
+        assert parts["float64_scores"] == want, (method, parts["float64_scores"], want)
     assert "float64_scores" not in predict({**ring, "dtype": "float32"}, HW).memory.parts
     spec = tmp_path / "fp32_train.toml"
     spec.write_text('description = "t"\nworkload = "train_step"\nmodel = "tiny"\n'
