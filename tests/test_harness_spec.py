@@ -1301,6 +1301,12 @@ def test_loading_a_runs_rows_file_or_csv_keeps_what_its_folder_gives(tmp_path):
     for got in (store.load(d / store.ROWS), store.load(d / store.CSV)):
         assert got["label"].tolist() == ["NA", "ring"]
         assert got["speedup"].tolist() == [2.0, 1.0]
+    # rows appended out of the sweep's order (parallel jobs finish as they do) are tabled in
+    # its order (a table without the sort passed a test audit)
+    rows = _rows([("ring", 64, 2.0, "ok"), ("burst", 64, 1.0, "ok"), ("ring", 128, 4.0, "ok")])
+    d = _run_dir(tmp_path, "20250101T000000Z-2", rows[::-1])
+    store.write_meta(d, {"baseline": "ring", "cells": [r["cell_id"] for r in rows]})
+    assert store.consolidate(d)["cell_id"].tolist() == ["ring-64", "burst-64", "ring-128"]
 
 
 def test_compare_matches_a_whole_float_key_with_its_int():
