@@ -317,6 +317,16 @@ def _run_in_group(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedP
 _PYTEST_STATUS = {"PASSED": "ok", "FAILED": "error", "ERROR": "error", "SKIPPED": "skipped"}
 
 
+class _RowsOn:
+    """``rows`` whose every row also takes ``cols`` (a section's own provenance)."""
+
+    def __init__(self, rows: Rows, **cols):
+        self.rows, self.cols = rows, cols
+
+    def write(self, **cols) -> dict:
+        return self.rows.write(**{**self.cols, **cols})
+
+
 def _progress_rows(rows: Rows, text: str) -> int:
     """A row per test that pytest -v's progress lines name as finished (no junit file after a
     kill or a crash); how many."""
@@ -331,6 +341,10 @@ def _progress_rows(rows: Rows, text: str) -> int:
 
 
 def section_tests(rows: Rows, sz: Sizes, budget: Budget, out: Path, dry: bool) -> None:
+    # pytest sees every GPU of the machine (the NCCL test spawns up to 4 ranks): its rows say so,
+    # where the other sections' rows keep the provenance's one device
+    seen = torch.cuda.device_count() if sz.device == "cuda" and not dry else 1
+    rows = _RowsOn(rows, device_count=max(1, seen))
     junit = out / "junit_gpu.xml"
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/test_gpu.py", "-v", "-rs",
            "-o", "addopts=", "-p", "no:cacheprovider", f"--junitxml={junit}"]

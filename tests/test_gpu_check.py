@@ -106,6 +106,30 @@ def test_cudnn_kernels_run_after_every_other_kernel_at_every_length(tmp_path, mo
                      ("a[cudnn]", n2)]
 
 
+def test_the_pytest_rows_count_every_gpu_the_tests_could_use(tmp_path, monkeypatch):
+    """Every row said device_count=1, also the GPU tests', whose NCCL test spawns a rank on each
+    of up to 4 GPUs (an NCCL review); the other sections run on one GPU and keep 1."""
+    import dataclasses
+
+    mod = _module(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+
+    def pytest_run(cmd, timeout, cwd, env):
+        junit = Path(next(a for a in cmd if a.startswith("--junitxml=")).split("=", 1)[1])
+        junit.write_text('<testsuite><testcase classname="t" name="nccl" time="1"/></testsuite>')
+        return subprocess.CompletedProcess(cmd, 0, "1 passed\n", "")
+
+    monkeypatch.setattr(mod, "_run_in_group", pytest_run)
+    rows = mod.Rows(tmp_path, {"device_count": 1})
+    gpu = dataclasses.replace(mod.DRY, device="cuda")
+    mod.section_tests(rows, gpu, mod.Budget(60.0), tmp_path, dry=False)
+    assert [(r["label"], r["status"], r["device_count"]) for r in rows.written] == [
+        ("t::nccl", "ok", 4), ("pytest -m gpu (summary)", "ok", 4)]
+    rows.written.clear()
+    mod.section_tests(rows, gpu, mod.Budget(60.0), tmp_path, dry=True)  # no GPU in a dry run
+    assert {r["device_count"] for r in rows.written} == {1}
+
+
 def test_a_section_keeps_the_time_of_the_sections_after_it(monkeypatch):
     mod = _module(monkeypatch)
     b = mod.Budget(100.0, t0=0.0)

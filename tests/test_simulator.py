@@ -2308,6 +2308,39 @@ def test_profile_errors_say_missing_unknown_and_not_found(tmp_path):
         load("h10")
 
 
+def test_a_profile_file_with_a_value_in_another_unit_is_refused(tmp_path):
+    """A NIC's bandwidth in bytes/s or a latency in seconds was priced as given: 1e9 times the
+    bandwidth, a millionth of the latency, rows that looked like any others. A file's values must
+    lie in their unit's range (which every shipped profile does); an idealised profile built in
+    Python may still leave it, as tests here do to price a term alone."""
+    import re
+
+    from suites.hardware import names, profile_path
+
+    text = profile_path("a800").read_text().replace('name = "a800"', 'name = "mine"')
+    for pattern, repl, match in (
+            (r"^(\[nic\](?:\n.*)*?\ngbps_per_direction = \{ value = )[0-9.]+", r"\g<1>25e9",
+             "nic.gbps_per_direction=2.5e+10 is outside 0.01-100000 GB/s (1e9 bytes/s) per "
+             "direction: is it in another unit?"),
+            (r"^(\[nvlink\](?:\n.*)*?\nlatency_us = \{ value = )[0-9.]+", r"\g<1>10e-6",
+             "nvlink.latency_us=1e-05 is outside 0.01-1e+06 microseconds"),
+            (r"^(memory_gib = \{ value = )[0-9.]+", r"\g<1>85.2e9", "gpu.memory_gib=8.52e+10"),
+            (r"^(peak_bf16_tflops = \{ value = )[0-9.]+", r"\g<1>312e12",
+             "gpu.peak_bf16_tflops=3.12e+14 is outside 0.001-100000 TFLOP/s"),
+            (r"^(gpus = \{ value = )8", r"\g<1>8000", "node.gpus=8000 is outside 1-1024")):
+        new = re.sub(pattern, repl, text, count=1, flags=re.M)
+        assert new != text, pattern
+        (tmp_path / "mine.toml").write_text(new)
+        with pytest.raises(ValueError, match=re.escape(match)):
+            load(tmp_path / "mine.toml")
+    # an ideal link (latency 0) is a value in range, as are the shipped profiles'
+    (tmp_path / "mine.toml").write_text(re.sub(r"^(latency_us = \{ value = )[0-9.]+", r"\g<1>0",
+                                               text, count=1, flags=re.M))
+    assert load(tmp_path / "mine.toml").nvlink_latency_us == 0
+    assert all(load(n) for n in names())
+    assert HW.with_values(peak_tflops=1e12).peak_tflops == 1e12
+
+
 def test_hardware_values_must_be_finite():
     """An infinite bandwidth or peak priced every transfer or kernel at 0 s."""
     for name in ("hbm_gbps", "peak_tflops"):

@@ -8,6 +8,8 @@
 Every value in a profile is ``{value = ..., source = "..."}``; the source says whether it is a
 datasheet number, a measured range (DESIGN.md 4), an assumption, or calibrated against which
 published numbers (``python -m suites.calibrate`` fits and can rewrite the calibrated ones).
+Units are in the keys' names (TFLOP/s, GB/s per direction, microseconds, GiB); ``load`` refuses a
+value far outside any real machine's range for its unit, as a value in another unit is.
 
 Model of the attention kernel (issue 6, docs/simulator.md): a call whose smaller side has t
 tokens runs at eta(t) = fwd_eta_max * t / (t + t_half_tokens) of the dense peak in forward and
@@ -296,6 +298,39 @@ def profile_path(name_or_path: str | Path) -> Path:
     raise ValueError(f"unknown hardware profile {str(name_or_path)!r}{hint}; {_shipped()}")
 
 
+# The range, per unit, that a value read from a profile file must lie in. Far wider than any GPU,
+# link or host of 2026 (an H200's 989 TFLOP/s, 4.8 TB/s of HBM, 141 GB), it refuses what a wrong
+# unit gives: a NIC's 25 GB/s written as 25e9 bytes/s, a latency of 15 us written as 15e-6 s.
+# Only files are checked: in Python, an idealised profile (``Hardware.with_values(peak_tflops=
+# 1e12)``, compute for free) is a legitimate way to isolate a term.
+_UNITS = {
+    "TFLOP/s": ((1e-3, 1e5), ("peak_tflops", "peak_tf32_tflops", "peak_fp32_tflops",
+                              "peak_fp64_tflops")),
+    "GB/s (1e9 bytes/s) per direction": ((1e-2, 1e5), ("hbm_gbps", "nvlink_gbps", "nic_gbps",
+                                                        "pcie_gbps")),
+    "microseconds": ((1e-2, 1e6), ("nvlink_latency_us", "nic_latency_us")),
+    "GiB": ((1e-2, 1e5), ("memory_gib", "usable_gib")),
+    "GPUs or NICs": ((1, 1024), ("gpus_per_node", "nics_per_node")),
+    "tokens": ((0, 1e7), ("t_half_tokens", "causal_tile_tokens")),
+    "parameters per second": ((1e3, 1e14), ("cpu_adam_params_per_s",)),
+}
+
+
+def _implausible(values: dict[str, float], keys: dict[str, str]) -> list[str]:
+    """The values outside their unit's range (``_UNITS``), by their key in the file; a latency
+    of exactly 0 (an ideal link) passes."""
+    out = []
+    for unit, ((lo, hi), attrs) in _UNITS.items():
+        for attr in attrs:
+            v = values.get(attr)
+            if v is None or not isinstance(v, int | float) or v != v or (
+                    v == 0 and unit == "microseconds") or lo <= v <= hi:
+                continue
+            out.append(f"{keys[attr]}={v:g} is outside {lo:g}-{hi:g} {unit}: is it in "
+                       "another unit?")
+    return out
+
+
 # what a profile file may hold besides its FIELDS and OPTIONAL_FIELDS
 _TOP_KEYS = ("name", "description")
 _ENTRY_KEYS = ("value", "source")
@@ -325,7 +360,8 @@ def _key_problems(raw: dict) -> list[str]:
 
 def load(name_or_path: str | Path) -> Hardware:
     """Read a profile, check every required value (and each optional one it gives) is present
-    with a source, and that it has no unknown key.
+    with a source, that it has no unknown key, and that each value lies in its unit's (wide)
+    range, which a value given in another unit leaves (``_UNITS``).
 
     A profile read from a path must not carry a shipped profile's name unless it is that file:
     its rows would be written, and tabulated, as the shipped profile's (``simulated-<name>``)."""
@@ -376,6 +412,7 @@ def load(name_or_path: str | Path) -> Hardware:
             f"name={name!r} is the shipped profile suites/hardware/{name}.toml, but this is "
             f"another file: give it its own name (name = \"my-{name}\", say), or its rows "
             f"would be written and tabulated as the shipped {name}'s (simulated-{name})")
+    problems += _implausible(kw, {attr: key for key, attr, _ in (*FIELDS, *OPTIONAL_FIELDS)})
     if problems:
         raise ValueError(f"hardware profile {path}: " + "; ".join(problems))
     try:
