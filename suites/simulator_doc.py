@@ -781,6 +781,11 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
         "",
         f"## The {result.hw.name} profile",
         "",
+        "Each value of a profile file is `{value, source}` in the unit its key names (TFLOP/s, "
+        "GB/s per direction, microseconds, GiB); `suites.hardware.load` refuses a value outside "
+        "its unit's range, far wider than any machine's, as a value in another unit is "
+        "(bytes/s for GB/s, seconds for microseconds).",
+        "",
         *_constants_table(result.hw, fitted),
         "",
         "## Systems",
