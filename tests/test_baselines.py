@@ -657,3 +657,60 @@ def test_a_degree_that_is_the_world_names_the_group_sizes_that_work():
         "the degree must divide them; valid group sizes: 1, 2")
     assert why("usp", 8, 6, 6, ulysses_degree=4).endswith(
         "ulysses_degree 4 does not divide 6 query heads; valid degrees: 1, 2")
+
+
+SCALE = 0.3  # not head_dim ** -0.5 (8 ** -0.5 = 0.354): a method that drops it is caught
+SCALED = {"burst": ("burst", dict(backward="burst")),
+          "burst-ring": ("burst", dict(backward="ring")),
+          "burst-double": ("burst", dict(backward="burst", ranks_per_node=2)),
+          "burst-double-ring": ("burst", dict(backward="ring", ranks_per_node=2)),
+          "ring": ("ring", {}), "zigzag_ring": ("zigzag_ring", {}),
+          "striped_ring": ("striped_ring", {}), "allgather": ("allgather", {}),
+          "ulysses": ("ulysses", {}), "double_ring": ("double_ring", dict(ranks_per_node=2)),
+          "usp": ("usp", dict(ulysses_degree=2, layout="zigzag")),
+          "usp-burst": ("usp", dict(ulysses_degree=2, layout="zigzag", backward="burst"))}
+
+
+def _softmax_scale_reaches_every_method(rank: int, world: int) -> dict:
+    from burst.reference import reference_attention
+
+    g = torch.Generator().manual_seed(11)
+    n, h, d = 8 * world, 4, 8
+    q, k, v, do = (torch.randn(1, n, h, d, generator=g, dtype=torch.float64) for _ in range(4))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, _ = reference_attention(*leaves, causal=True, scale=SCALE)
+    out.backward(do)
+    ref = [out.detach(), *(t.grad for t in leaves)]
+    errs = {}
+    for label, (name, opts) in SCALED.items():
+        method = registry.get(name)
+        layout = method.layout(opts)
+        mine = [shard(t, layout=layout).requires_grad_() for t in (q, k, v)]
+        got = method(*mine, causal=True, softmax_scale=SCALE, **opts)
+        got.backward(shard(do, layout=layout))
+        errs[label] = max(float((a.detach() - shard(w, layout=layout)).abs().max())
+                          for a, w in zip((got, *(t.grad for t in mine)), ref, strict=True))
+    # the tensor-parallel block: the scale of its local attention
+    full = AttentionBlockWeights.random(16, h, h, d, generator=g, dtype=torch.float64)
+    x = torch.randn(1, n, 16, generator=g, dtype=torch.float64)
+    dy = torch.randn(1, n, 16, generator=g, dtype=torch.float64)
+    ref_x = x.clone().requires_grad_()
+    y_ref = attention_block_reference(ref_x, full, causal=True, softmax_scale=SCALE)
+    y_ref.backward(dy)
+    x_loc = shard(x, layout="contiguous").requires_grad_()
+    y = tp_attention_block(x_loc, full.shard(rank, world), causal=True, softmax_scale=SCALE)
+    y.backward(shard(dy, layout="contiguous"))
+    errs["tp"] = max(_rel(y, shard(y_ref.detach(), layout="contiguous")),
+                     _rel(x_loc.grad, shard(ref_x.grad, layout="contiguous")))
+    return errs
+
+
+def test_every_method_takes_the_callers_softmax_scale():
+    """Every parity case runs at the default scale, where a method (or a backward) that drops
+    ``softmax_scale`` and falls back to head_dim ** -0.5 agrees with the oracle: a mutation
+    audit found double_ring, usp, ulysses, allgather, the ring family, tp and both ring
+    backwards could each ignore it unseen. Here a scale of 0.3, float64, out and dq/dk/dv."""
+    for rank, errs in enumerate(spawn(_softmax_scale_reaches_every_method, 4, timeout_s=120)):
+        assert len(errs) == len(SCALED) + 1, errs
+        bad = {label: e for label, e in errs.items() if not e < 1e-12}
+        assert not bad, (rank, bad)

@@ -305,6 +305,119 @@ def test_lse_is_differentiable():
         assert max(errs.values()) < 1e-10, errs
 
 
+def _lse_zero_dout_on_one_node(rank: int, world: int, ranks_per_node: int):
+    """dO = 0 on some rows of rank 0 alone, an lse gradient on every row, on a double ring:
+    rank 0's queries travel to the other node, whose ranks must take the fallback kernel too
+    (the flag is agreed across the nodes, not only inside each)."""
+    from burst import burst_attn
+    from burst.layout import shard
+    from burst.reference import reference_attention
+
+    g = torch.Generator().manual_seed(6)
+    n = 8 * world
+    q, k, v = (torch.randn(1, n, 2, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    w_lse = torch.randn(1, 2, n, generator=g, dtype=torch.float64)
+    rows_0 = shard(torch.arange(n), layout="zigzag", dim=0, world=world, rank=0)
+    w_out = torch.ones(1, n, 2, 16, dtype=torch.float64)
+    w_out[:, rows_0[1::3]] = 0
+    full = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, lse = reference_attention(*full, causal=True)
+    ((out * w_out).sum() + (lse * w_lse).sum()).backward()
+    errs = {}
+    for backward in ("burst", "ring"):
+        mine = [shard(t, layout="zigzag").requires_grad_() for t in (q, k, v)]
+        o, l_ = burst_attn(*mine, causal=True, backward=backward, return_lse=True,
+                           ranks_per_node=ranks_per_node)
+        ((o * shard(w_out, layout="zigzag")).sum()
+         + (l_ * shard(w_lse, layout="zigzag", dim=2)).sum()).backward()
+        errs[backward] = max(float((m.grad - shard(f.grad, layout="zigzag")).abs().max())
+                             for m, f in zip(mine, full, strict=True))
+    return errs
+
+
+def test_lse_gradient_with_zero_dout_on_one_node_of_a_double_ring():
+    """The backend flag of ``_backend_for_dlse`` must reach every rank of a double ring (its
+    inner rings, then across them): agreed inside each node alone, the node without dO = 0
+    rows kept the cpu_flash kernel for rank 0's travelling queries and dropped their lse
+    gradient (a mutation audit; the double-ring lse test has dO = 0 rows on every rank)."""
+    for errs in spawn(_lse_zero_dout_on_one_node, 4, args=(2,), timeout_s=120):
+        assert max(errs.values()) < 1e-10, errs
+
+
+def _lse_alone(rank: int, world: int) -> dict:
+    """A loss of lse alone: autograd hands backward no output gradient (None, not zeros)."""
+    import warnings
+
+    from burst import burst_attn
+    from burst.layout import shard
+    from burst.reference import reference_attention
+
+    g = torch.Generator().manual_seed(7)
+    n = 8 * world
+    q, k, v = (torch.randn(1, n, 2, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    w_lse = torch.randn(1, 2, n, generator=g, dtype=torch.float64)
+    full = [t.clone().requires_grad_() for t in (q, k, v)]
+    _, lse = reference_attention(*full, causal=True)
+    (lse * w_lse).sum().backward()
+    errs = {}
+    for backward in ("burst", "ring"):
+        mine = [shard(t, layout="zigzag").requires_grad_() for t in (q, k, v)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (the torch kernel backend: dO is zero)
+            _, l_ = burst_attn(*mine, causal=True, backward=backward, return_lse=True)
+            (l_ * shard(w_lse, layout="zigzag", dim=2)).sum().backward()
+        # lse does not depend on v: the oracle's v.grad is None, ours zeros
+        errs[backward] = max(float((m.grad - (0 if f.grad is None else
+                                              shard(f.grad, layout="zigzag"))).abs().max())
+                             for m, f in zip(mine, full, strict=True))
+    return errs
+
+
+def test_a_loss_of_lse_alone_gets_its_gradient():
+    """Every distributed lse test also puts the output in its loss, so the backward's
+    ``dout is None`` branch (set_materialize_grads(False): a loss of lse alone) never ran."""
+    for errs in spawn(_lse_alone, 2, timeout_s=120):
+        assert max(errs.values()) < 1e-10, errs
+
+
+def _shortened_ring_in_a_sub_group(rank: int, world: int) -> float:
+    """Two context-parallel groups of 4 ranks (each its own sequence), 2 ranks per node: a
+    window that a flat ring serves in M - 1 = 1 step runs on the shortened flat ring
+    (``flat_ring_suffices``), which must be the caller's group's, not the world's."""
+    import torch.distributed as dist
+
+    from burst import burst_attn
+    from burst.layout import shard
+    from burst.reference import reference_attention
+
+    groups = [dist.new_group([0, 1, 2, 3]), dist.new_group([4, 5, 6, 7])]  # every rank: both
+    group, sub = groups[rank // 4], rank % 4
+    g = torch.Generator().manual_seed(9 + rank // 4)  # another sequence in each group
+    q, k, v, do = (torch.randn(1, 32, 2, 8, generator=g, dtype=torch.float64)
+                   for _ in range(4))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, _ = reference_attention(*leaves, causal=True, window=(8, 0))
+    out.backward(do)
+    errs = []
+    for backward in ("burst", "ring"):
+        mine = [shard(t, layout="contiguous", world=4, rank=sub).requires_grad_()
+                for t in (q, k, v)]
+        got = burst_attn(*mine, causal=True, window=(8, 0), layout="contiguous", group=group,
+                         ranks_per_node=2, backward=backward)
+        got.backward(shard(do, layout="contiguous", world=4, rank=sub))
+        errs += [float((a.detach() - shard(w, layout="contiguous", world=4, rank=sub))
+                       .abs().max()) for a, w in zip((got, *(t.grad for t in mine)),
+                                                      (out, *(t.grad for t in leaves)),
+                                                      strict=True)]
+    return max(errs)
+
+
+def test_a_shortened_flat_ring_stays_in_the_callers_group():
+    """A double ring over a context-parallel group that is not the world (CP x DP) whose
+    window runs on the shortened flat ring: out and dq/dk/dv of each group's own sequence."""
+    assert max(spawn(_shortened_ring_in_a_sub_group, 8, timeout_s=60)) < 1e-12
+
+
 def _edges(rank: int, world: int, store: str):
     import sys
 

@@ -577,6 +577,25 @@ def test_fused_head_ignores_the_trainers_ignore_index(ignore_index):
         assert torch.allclose(g_fused[name], grad, rtol=0, atol=1e-12), name
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_loss_is_the_mean_over_the_targets_that_are_not_ignored(fused):
+    """The Trainer's loss against torch's own cross-entropy (mean over the targets that are not
+    ignore_index) of the model's logits: the comparisons above put the fused head against the
+    plain one and micro-batches against one call, all through the Trainer's count of targets,
+    so a count that took the ignored targets in moved every side alike (a mutation audit)."""
+    import torch.nn.functional as F
+
+    tr = Trainer("tiny", dtype=torch.float64, fused_head=fused, seed=0)
+    tokens, targets, positions = tr.local_batch(32, batch=2)
+    targets[:, :8] = tr.ignore_index
+    loss = tr.forward_backward(tokens, targets, positions)
+    with torch.no_grad():
+        logits = tr.model(tokens, positions)
+    want = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                           ignore_index=tr.ignore_index)
+    assert abs(loss - float(want)) < 1e-12 * abs(float(want))
+
+
 def test_failed_call_keeps_accumulated_gradients():
     """Gradient accumulation: a micro-batch that fails (the attention raises) leaves the
     gradients of the earlier micro-batches exactly as they were (they were set aside and lost)."""
