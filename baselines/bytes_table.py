@@ -74,7 +74,13 @@ def table(world: int, heads: int, kv_heads: int) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    # no options: --world 16 or --seq-len 1024 were ignored without a word (the fixed table)
+    argparse.ArgumentParser(prog="python -m baselines.bytes_table",
+                            description="The fixed table of docs/communication.md (no "
+                            "options: its cases are CASES in this module)").parse_args(argv)
     print(f"Bytes sent per rank per attention layer (tp: per attention block), in units of "
           f"(N/G)*H*{HEAD_DIM} bf16 elements; MiB at N = {TOKENS:,} tokens, batch 1.\n")
     print("\n\n".join(table(*c) for c in CASES))

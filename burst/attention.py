@@ -212,8 +212,10 @@ def qkv_problems(q, k, v) -> list[str]:
     problems = dims_problems(q, k, v)
     if problems:
         return problems
-    if not q.dtype.is_floating_point:
-        problems.append(f"q has dtype {q.dtype}; attention needs a floating dtype")
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        # float8 is a floating dtype too, which the kernels then refused in torch's words
+        problems.append(f"q has dtype {q.dtype}; attention needs a floating dtype of 16 bits "
+                        "or more: float16, bfloat16, float32 or float64")
     if not (q.dtype == k.dtype == v.dtype):
         problems.append(f"dtypes differ: q {q.dtype}, k {k.dtype}, v {v.dtype}; cast them to one")
     if not (q.device == k.device == v.device):

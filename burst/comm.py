@@ -201,6 +201,11 @@ class ByteCount:
 
     @staticmethod
     def _total(table, phase, link):
+        # a misspelt link or phase ("internode", "bwd") matched nothing and counted 0 bytes
+        if link not in (None, "intra", "inter"):
+            raise ValueError(f"link={link!r}; valid: 'intra', 'inter' (or None: both)")
+        if phase is not None and not isinstance(phase, str):
+            raise ValueError(f"phase={phase!r}: expected a phase name (or None: every phase)")
         return sum(v for (p, lk), v in table.items()
                    if (phase is None or p == phase) and (link is None or lk == link))
 

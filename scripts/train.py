@@ -206,8 +206,13 @@ def _model(args: dict):
         if window is None:
             raise ValueError(f"--global-every {args['global_every']} needs --window (the "
                              "local layers' window)")
-        window = model_window(interleaved_windows(window, cfg.num_layers,
-                                                  args["global_every"]), cfg.num_layers)
+        every, layers = args["global_every"], cfg.num_layers
+        if every == 1:  # every layer global: the --window was dropped without a word (the
+            # sweep spec's rule, suites.spec, refuses it as a typo too)
+            raise ValueError("--global-every 1: every layer would be global, so --window "
+                             f"{args['window']} would apply to none; drop --window, or give "
+                             "--global-every 2 or more")
+        window = model_window(interleaved_windows(window, layers, every), layers)
     cu = None
     if args["doc_len"] is not None:
         if args["doc_len"] < 2:
@@ -280,6 +285,15 @@ def _check_run(args: dict, world: int) -> str | None:
     # either kind of state binds the folder to its run (a resume must keep --sharded-state)
     has_state = any(out.joinpath(n).exists() or out.joinpath(n).is_symlink()
                     for n in ("state.pt", "state"))
+    if run.exists() and not has_state:  # another tool's run.json (a sweep run's) is not
+        try:  # replaced: that folder is not this script's
+            other = json.loads(run.read_text())
+        except (OSError, ValueError):
+            other = None
+        if isinstance(other, dict) and "sweep" in other:
+            return (f"{run} is a burst-bench sweep run's (sweep {other['sweep']!r}), not a "
+                    "training run's: its rows would lose their spec; use another --out "
+                    "(nothing was written)")
     if has_state and not run.exists():
         return (f"{out} holds a saved state but no run.json (the arguments it was started "
                 "with); use another --out")

@@ -16,7 +16,7 @@ import dataclasses
 import hashlib
 import json
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from suites.spec import MethodSpec, Scale, SweepSpec, data_parallel_problems
@@ -278,7 +278,8 @@ def cell_problem(cell: Cell) -> str | None:
     return None
 
 
-def cell_problems(spec: SweepSpec, reported: Collection[str] = ()) -> list[str]:
+def cell_problems(spec: SweepSpec, reported: Collection[str] = (),
+                  positions: Sequence[int] | None = None) -> list[str]:
     """Every problem of every cell, deduplicated, in method order (``parse_spec`` already
     reported the method entries' own problems; here they only guard the cell checks). Cells of
     a method with ``skip_invalid`` are not problems: they become ``skipped`` rows at run time.
@@ -297,7 +298,10 @@ def cell_problems(spec: SweepSpec, reported: Collection[str] = ()) -> list[str]:
             if msg not in out:
                 out.append(msg)
         seen.add(c.cell_id)
-    for i, m in enumerate(spec.methods):
+    for j, m in enumerate(spec.methods):
+        # the entry's index in the file (``positions``: an entry that could not be read is
+        # not in spec.methods, and the entries after it were named one index too low)
+        i = positions[j] if positions is not None else j
         mine = [c for c in cells if c.label == m.label]
         probs = option_problems(i, m, bool(spec.shape and spec.shape.window))
         if not probs and not m.skip_invalid:

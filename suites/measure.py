@@ -94,6 +94,11 @@ def _attention(cell: Cell, dev: torch.device):
         qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
         out = method(qq, kk, vv, causal=cell.causal, **mask, **opts)
         out = out[0] if isinstance(out, tuple) else out
+        if out.shape != qq.shape or out.dtype != qq.dtype:  # a float16 output of a float32
+            # cell was an ok row of float32 (its error under float32's limit)
+            raise ValueError(f"method {cell.method!r}: its output is {out.dtype} "
+                             f"{tuple(out.shape)}, not q's {qq.dtype} {tuple(qq.shape)}: "
+                             "attention returns q's shape and dtype")
         out.backward(do)
         return out.detach(), qq.grad, kk.grad, vv.grad
 

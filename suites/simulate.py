@@ -444,12 +444,14 @@ def run_id(hw: Hardware) -> str:
     return f"simulated-{hw.name}"
 
 
-def simulate_spec(spec, hardware: str | Hardware, out_dir: str | Path | None = None
-                  ) -> list[dict]:
+def simulate_spec(spec, hardware: str | Hardware, out_dir: str | Path | None = None,
+                  on_row=None) -> list[dict]:
     """Rows for every cell of a spec (path, name in suites/specs, or a SweepSpec).
 
     With ``out_dir`` the rows are also written as a run folder of ``results.store``:
-    ``out_dir/<sweep>/simulated-<hardware>/rows.jsonl`` + table.parquet / table.csv."""
+    ``out_dir/<sweep>/simulated-<hardware>/rows.jsonl`` + table.parquet / table.csv.
+    ``on_row(row)`` is called as each cell is priced (the CLI's progress: a cell of tens of
+    thousands of GPUs takes seconds to a minute)."""
     from suites.cells import expand
     from suites.provenance import code_provenance
     from suites.rows import RunContext
@@ -460,7 +462,11 @@ def simulate_spec(spec, hardware: str | Hardware, out_dir: str | Path | None = N
     ctx = RunContext(run_id=run_id(hw), executor="simulate",
                      sweep_spec=sw.to_json(), **code_provenance())
     cells = expand(sw)
-    rows = [simulate_cell(c, hw, ctx=ctx, invalid="skipped") for c in cells]
+    rows = []
+    for c in cells:
+        rows.append(simulate_cell(c, hw, ctx=ctx, invalid="skipped"))
+        if on_row is not None:
+            on_row(rows[-1])
     if out_dir is not None:
         # the run.json of a measured run, so the table's speedup is filled against the baseline
         meta = {"sweep": sw.name, "run_id": ctx.run_id, "source": sw.source, "spec": sw.to_json(),
@@ -597,39 +603,46 @@ def main(argv: list[str] | None = None) -> int:
             print(f"simulate {s}: {e}", file=sys.stderr)
             return 2
         specs.append((s, spec))
+    from suites.cells import expand
+
+    def line(r: dict, width: int, fit=None) -> str:
+        val = r["status"]
+        if val == "ok" and r["workload"] == "attention":
+            val = f"{r['attn_tflops']:.1f} TFLOP/s per GPU"
+        elif val == "ok":
+            mfu = r.get("mfu_model_flops_causal")  # 16-bit cells only
+            val = f"{r['tokens_per_s']:.1f} tokens/s per GPU" + (
+                f", MFU {100 * mfu:.1f}%" if mfu is not None else "")
+        elif r.get("error"):  # why it was not priced, on the console too (not only --out)
+            val = f"{val}: {r['error'].splitlines()[0]}"  # whole: a cut one misleads
+        if fit is not None:  # the longest fit, and why the next length on the grid is not one
+            val = (f"longest fit, {val}, {r['mem_reserved_bytes'] / 2**30:.1f} GiB; "
+                   f"at {fit.stop_len}: {fit.stop.splitlines()[0]}" if fit.seq_len
+                   else f"nothing fits (shortest on the grid: {r['seq_len']}); {val}")
+        seq = "-" if fit is not None and not fit.seq_len else r["seq_len"]
+        return f"{r['label']:{width}s} seq={seq:>8} world={r['world']:>3d} {val}"
+
     for s, spec in specs:
+        if spec.device != "cuda":
+            print(f"note: {spec.name} is a {spec.device} spec; priced on {hw.name} GPUs")
+        cells = expand(spec)
+        width = max([28, *(len(c.label) for c in cells)])  # a long label keeps its column
         try:
             if a.longest:
                 from suites.longest import longest_spec
 
                 fits = longest_spec(spec, hw, a.out)
                 rows, name = [f.row for f in fits], f"{spec.name}-longest"
-            else:
-                rows, name = simulate_spec(spec, hw, a.out), spec.name
+                for f in fits:
+                    print(line(f.row, width, f))
+            else:  # each row as it is priced
+                rows = simulate_spec(spec, hw, a.out, on_row=lambda r, w=width: print(
+                    line(r, w), flush=True))
+                name = spec.name
         except (SpecError, ValueError) as e:
             print(f"simulate {s}: {e}", file=sys.stderr)
             return 2
-        if spec.device != "cuda":
-            print(f"note: {spec.name} is a {spec.device} spec; priced on {hw.name} GPUs")
-        width = max([28, *(len(r["label"]) for r in rows)])  # a long label keeps its column
-        for i, r in enumerate(rows):
-            val = r["status"]
-            if val == "ok" and r["workload"] == "attention":
-                val = f"{r['attn_tflops']:.1f} TFLOP/s per GPU"
-            elif val == "ok":
-                mfu = r.get("mfu_model_flops_causal")  # 16-bit cells only
-                val = f"{r['tokens_per_s']:.1f} tokens/s per GPU" + (
-                    f", MFU {100 * mfu:.1f}%" if mfu is not None else "")
-            elif r.get("error"):  # why it was not priced, on the console too (not only --out)
-                val = f"{val}: {r['error'].splitlines()[0]}"  # whole: a cut one misleads
-            if a.longest:  # the longest fit, and why the next length on the grid is not one
-                f = fits[i]
-                val = (f"longest fit, {val}, {r['mem_reserved_bytes'] / 2**30:.1f} GiB; "
-                       f"at {f.stop_len}: {f.stop.splitlines()[0]}" if f.seq_len
-                       else f"nothing fits (shortest on the grid: {r['seq_len']}); {val}")
-            seq = "-" if a.longest and not fits[i].seq_len else r["seq_len"]
-            print(f"{r['label']:{width}s} seq={seq:>8} world={r['world']:>3d} {val}")
-            errors += r["status"] == "error"
+        errors += sum(r["status"] == "error" for r in rows)
         where = (str(Path(a.out) / name / run_id(hw)) if a.out is not None
                  else "nothing written (--out keeps the rows)")
         print(json.dumps({"spec": s, "hardware": hw.name, "rows": len(rows), "written": where}))

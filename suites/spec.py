@@ -501,7 +501,7 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
 
     shape, model = _shape_or_model(r, data, workload, dtype)
     window, global_every = _model_window(r, data, workload)
-    methods, baseline = _methods(r, data, workload, shape)
+    methods, baseline, positions = _methods(r, data, workload, shape)
     scales = _scales(r, data)
     slurm = _slurm(r, data)
 
@@ -520,7 +520,8 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
         from suites.cells import cell_problems
 
         try:
-            more = cell_problems(spec, {p.split(": ", 1)[-1] for p in r.problems})
+            more = cell_problems(spec, {p.split(": ", 1)[-1] for p in r.problems},
+                                 positions)
         except (TypeError, ValueError, KeyError, AttributeError) as e:  # a broken [shape]
             more = [] if r.problems else [f"cells: {e}"]
         r.problems += [p for p in more if p not in r.problems]
@@ -654,7 +655,7 @@ def _methods(r: _Reader, data: dict, workload, shape):
     # (with an entry that could not be read, the baseline may be its label: not a second error)
     if baseline is not None and methods and len(methods) == len(raw) and baseline not in labels:
         r.add("baseline", f"{baseline!r} is not a method label; valid: {', '.join(labels)}")
-    return methods, baseline
+    return methods, baseline, positions
 
 
 def _scales(r: _Reader, data: dict) -> list:
@@ -728,6 +729,9 @@ def spec_path(spec: str | Path) -> Path:
     """A spec file from a path, or from a name in suites/specs (``smoke`` -> smoke.toml)."""
     p = Path(spec)
     if p.is_dir():
+        cand = SPEC_DIR / f"{spec}.toml"
+        if "/" not in str(spec) and cand.exists():  # a bare name: the shipped spec, not a
+            return cand  # results folder of the same name in the current directory
         raise ValueError(f"spec {spec!r} is a folder, not a spec file (TOML)")
     if p.exists():
         return p
@@ -748,7 +752,8 @@ def load_spec(spec: str | Path) -> SweepSpec:
     else:  # pragma: no cover - Python 3.10
         import tomli as tomllib
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        # utf-8-sig: a byte-order mark (Windows editors) was "Invalid statement at line 1"
+        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
     except tomllib.TOMLDecodeError as e:
         raise SpecError([f"not valid TOML: {e}"], str(path)) from None
     except UnicodeDecodeError as e:  # TOML is UTF-8: a binary or other-encoded file

@@ -153,6 +153,8 @@ def test_mismatched_tensors():
         burst_attn(q[0], k, v)
     with pytest.raises(ValueError, match="floating dtype"):
         burst_attn(*(t.to(torch.int64) for t in (q, k, v)))
+    with pytest.raises(ValueError, match="float8_e4m3fn; attention needs a floating dtype of 16"):
+        burst_attn(*(t.to(torch.float8_e4m3fn) for t in (q, k, v)))  # torch's NotImplemented
     with pytest.raises(TypeError, match="must be a torch.Tensor"):
         burst_attn(q.numpy(), k, v)
 
@@ -513,3 +515,57 @@ def test_every_hand_written_backward_refuses_a_second_derivative():
                     bare.append(f"{path.relative_to(root)}:{node.name}")
     assert len(found) >= 12 and set(identities) <= set(found), found
     assert bare == [], bare
+
+
+def test_a_bad_input_audit_of_the_public_helpers(tmp_path, monkeypatch):
+    """Found by a bad-input audit: attention_flops counted causal="no" as causal, -1024 tokens
+    as 1023 x 1024 / 2 pairs and a negative window as negative FLOPs; ModelConfig took a NaN
+    eps and an infinite RoPE base; Trainer(dtype="bfloat16") said "dtype: None"; a misspelt
+    link counted 0 bytes; a spec's cell problem named the entry after an unreadable one by
+    the wrong index; a results folder named like a shipped spec in the current directory
+    shadowed it; bytes_table ignored its arguments."""
+    import dataclasses
+
+    from burst import comm, flops
+    from burst.engine.configs import get_config
+    from burst.engine.trainer import Trainer
+    from suites.spec import SPEC_DIR, SpecError, parse_spec, spec_path
+
+    for kw, match in ((dict(causal="no"), "causal='no'"), (dict(causal=True, window=(-5, 0)),
+                      r"window=\(-5, 0\)"), (dict(causal=True, cu_seqlens=(0, 9, 5, 16)),
+                                             "non-decreasing")):
+        with pytest.raises(ValueError, match=match):
+            flops.attention_flops(1, 16, 2, 8, **kw)
+    for args in ((1, -16, 2, 8), (1, 16, -2, 8), (1, 16.0, 2, 8)):
+        with pytest.raises(ValueError, match="whole number"):
+            flops.attention_flops(*args, causal=True)
+    import numpy as np
+
+    assert flops.attention_flops(np.int64(1), np.int64(16), 2, 8, causal=True) == \
+        flops.attention_flops(1, 16, 2, 8, causal=True)
+    for k, v in (("rms_eps", float("nan")), ("rope_theta", float("inf"))):
+        with pytest.raises(ValueError, match=f"{k}={v!r} must be a positive number"):
+            dataclasses.replace(get_config("tiny"), **{k: v})
+    assert Trainer("tiny", dtype="bfloat16").dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="not float16"):
+        Trainer("tiny", dtype="float16")
+    with comm.count_bytes() as c:
+        pass
+    with pytest.raises(ValueError, match="link='internode'; valid: 'intra', 'inter'"):
+        c.sent("backward", "internode")
+    data = {"workload": "attention", "world": 2, "seq_lens": [256],
+            "shape": {"heads": 2, "head_dim": 16},
+            "methods": [{"name": "ring", "options": 5}, {"name": "ring"},
+                        {"name": "usp", "options": {"ulysses_degree": 4}}]}
+    with pytest.raises(SpecError) as e:
+        parse_spec(data, name="x")
+    assert any(p.startswith("methods[2] (usp") for p in e.value.problems), e.value.problems
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "smoke").mkdir()  # a run's folder (burst-bench run smoke --out .)
+    assert spec_path("smoke") == SPEC_DIR / "smoke.toml"
+    with pytest.raises(ValueError, match="is a folder"):
+        spec_path("./smoke")
+    from baselines import bytes_table
+
+    with pytest.raises(SystemExit):
+        bytes_table.main(["--world", "16"])

@@ -838,6 +838,14 @@ def _fake_clock(rank: int, world: int):
         not_attention = None
     except ValueError as e:
         not_attention = str(e)
+    unlike_q = []
+    for fn in ("returns_half", "returns_one_head"):
+        try:
+            M.measure(as_cell(dict(method=f"{M_METHODS}:{fn}", seq_len=16, world=world,
+                                   heads=2, head_dim=8, device="cpu", dtype="float32",
+                                   repeats=1, profile_memory=False)))
+        except ValueError as e:
+            unlike_q.append(str(e))
     # a registry method whose traffic bypasses burst.comm (the external packages' adapters)
     from baselines import registry as R
     from tests import harness_methods
@@ -852,7 +860,7 @@ def _fake_clock(rank: int, world: int):
     cell = as_cell(dict(method="ring", seq_len=16, world=world, heads=2, head_dim=8,
                         device="cpu", dtype="float32", warmup=2, repeats=3,
                         profile_memory=False))
-    return M.measure(cell), (nan, nan_out, not_attention), own, own_step, adapter
+    return M.measure(cell), (nan, nan_out, not_attention), own, own_step, adapter, unlike_q
 
 
 def test_measured_time_is_the_median_of_the_slowest_rank_per_repeat():
@@ -861,7 +869,7 @@ def test_measured_time_is_the_median_of_the_slowest_rank_per_repeat():
     from burst import flops
     from burst.spawn import spawn
 
-    for r, nans, own, own_step, adapter in spawn(_fake_clock, 2, timeout_s=120):
+    for r, nans, own, own_step, adapter, unlike_q in spawn(_fake_clock, 2, timeout_s=120):
         # ring_flash_attn and yunchang recorded 0 bytes (their packages bypass burst.comm)
         assert adapter["status"] == "ok" and adapter["bytes_sent_forward"] is None, adapter
         # a user's method that talks through torch.distributed: bytes unknown, not 0; in a
@@ -879,6 +887,13 @@ def test_measured_time_is_the_median_of_the_slowest_rank_per_repeat():
         # an output that no gradient of k or v reaches: refused, not an ok row with a time
         # (with the error check on, an AttributeError of the check itself)
         assert "output does not depend on k, v (no gradient" in (not_attention or ""), r
+        # an output unlike q: refused by name, not an ok row (float16 for a float32 cell) nor
+        # torch's "Mismatch in shape" (one head kept)
+        assert [e.split(": ", 1)[1] for e in unlike_q] == [
+            "its output is torch.float16 (1, 8, 2, 8), not q's torch.float32 (1, 8, 2, 8): "
+            "attention returns q's shape and dtype",
+            "its output is torch.float32 (1, 8, 1, 8), not q's torch.float32 (1, 8, 2, 8): "
+            "attention returns q's shape and dtype"], unlike_q
         assert (r["time_s"], r["time_s_min"], r["time_s_max"]) == (10.0, 2.0, 10.0)
         assert r["tokens_per_s"] == 16 / 10.0 / 2
         assert r["attn_tflops"] == pytest.approx(

@@ -92,3 +92,20 @@ def test_the_time_gate_refuses_zero_repeats_or_trials(args, capsys):
     with pytest.raises(SystemExit) as e:
         timegate.main(args)
     assert e.value.code == 2 and "give a whole number >= 1" in capsys.readouterr().err
+
+
+def test_train_refuses_a_window_that_no_layer_has_and_a_sweeps_run_folder(tmp_path, scripts):
+    """Found by a bad-input audit: --global-every 1 made every layer global, so --window was
+    dropped without a word (the run trained with no window; a sweep spec refuses the same);
+    and an --out that holds a burst-bench sweep run had its run.json (the sweep's spec and
+    provenance) replaced by the training run's arguments."""
+    train = scripts("train.py")
+    with pytest.raises(SystemExit, match="--global-every 1: every layer would be global"):
+        train.main(["--out", str(tmp_path / "a"), "--window", "16", "--global-every", "1"])
+    assert not (tmp_path / "a").exists()
+    sweep = tmp_path / "sweep_run"
+    sweep.mkdir()
+    (sweep / "run.json").write_text('{"sweep": "smoke", "run_id": "r1"}')
+    with pytest.raises(SystemExit, match="is a burst-bench sweep run's"):
+        train.main(["--out", str(sweep)])
+    assert (sweep / "run.json").read_text() == '{"sweep": "smoke", "run_id": "r1"}'

@@ -2114,6 +2114,25 @@ def test_tied_embeddings_are_one_matrix_not_two_in_the_layers_share(monkeypatch)
         untied.memory.parts["gathered_params"])
 
 
+def test_simulate_spec_hands_each_row_over_as_it_is_priced(monkeypatch):
+    """The CLI printed nothing until every cell was priced (a cell of 65536 GPUs takes about
+    a minute: a bad-input audit waited 300 s on a blank console); each row now reaches
+    ``on_row`` before the next cell is priced, which the CLI prints."""
+    import suites.simulate as S
+
+    events, priced = [], S.simulate_cell
+
+    def pricing(cell, *a, **kw):
+        events.append(("priced", cell.cell_id))
+        return priced(cell, *a, **kw)
+
+    monkeypatch.setattr(S, "simulate_cell", pricing)
+    rows = S.simulate_spec("paper_kernel_32gpu", HW, on_row=lambda r: events.append(
+        ("row", r["cell_id"])))
+    assert len(rows) == 16
+    assert events == [e for r in rows for e in (("priced", r["cell_id"]), ("row", r["cell_id"]))]
+
+
 def test_simulate_console_says_why_and_takes_one_profile(capsys, tmp_path):
     """A cell the simulator cannot price printed only its status (the reason was in rows.jsonl,
     written only with --out); a repeated --hardware silently kept the last profile."""
@@ -2333,6 +2352,13 @@ def test_a_profile_file_with_a_value_in_another_unit_is_refused(tmp_path):
         (tmp_path / "mine.toml").write_text(new)
         with pytest.raises(ValueError, match=re.escape(match)):
             load(tmp_path / "mine.toml")
+    # a value without a source is not a profile's (every value says where it comes from)
+    no_source = re.sub(r'^(latency_us = \{ value = [0-9.]+, source = )"[^"]*"', r'\g<1>" "',
+                       text, count=1, flags=re.M)
+    assert no_source != text
+    (tmp_path / "mine.toml").write_text(no_source)
+    with pytest.raises(ValueError, match=re.escape("nvlink.latency_us: source=' ' must say")):
+        load(tmp_path / "mine.toml")
     # an ideal link (latency 0) is a value in range, as are the shipped profiles'
     (tmp_path / "mine.toml").write_text(re.sub(r"^(latency_us = \{ value = )[0-9.]+", r"\g<1>0",
                                                text, count=1, flags=re.M))

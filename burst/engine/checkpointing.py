@@ -67,8 +67,10 @@ def check_mode(mode: str, layout: str, method=None) -> None:
     if mode == "selective_half" and layout != "striped":
         raise ValueError(f"checkpointing 'selective_half' needs the striped layout (the first "
                          f"halves of all ranks must form a prefix of the sequence), but the "
-                         f"attention uses {layout!r}; pass attention_options={{'layout': "
-                         f"'striped'}} or use checkpointing 'selective'")
+                         f"attention uses {layout!r}; give the attention the striped layout "
+                         f"(Trainer: attention_options={{'layout': 'striped'}}; scripts/"
+                         f"train.py: --layout striped; a spec: the method's options = {{layout "
+                         f"= \"striped\"}}) or use checkpointing 'selective'")
     if mode == "selective_half" and not getattr(method, "row_saves", True):
         raise ValueError(f"checkpointing 'selective_half' caches per-row tensors, but "
                          f"{getattr(method, 'name', method)!r} also saves tensors that are not "

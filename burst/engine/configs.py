@@ -10,6 +10,7 @@ even where the model cannot be instantiated here, so every field is plain data.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 from burst.flops import mlp_matrices
@@ -62,7 +63,8 @@ class ModelConfig:
             v = getattr(self, f.name)
             if f.type in ("int", int) and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 problems.append(f"{f.name}={v!r} must be a positive integer")
-            if f.type in ("float", float) and (not isinstance(v, (int, float)) or v <= 0):
+            if f.type in ("float", float) and (not isinstance(v, (int, float)) or isinstance(
+                    v, bool) or not 0 < v < math.inf):  # nan passed "v <= 0", and inf
                 problems.append(f"{f.name}={v!r} must be a positive number")
         if problems:
             raise ValueError("ModelConfig: " + "; ".join(problems))

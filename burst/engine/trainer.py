@@ -209,8 +209,11 @@ class Trainer:
             kind = TypeError
         except ValueError as e:
             problems.append(str(e))
+        if isinstance(dtype, str):  # a name, as a spec and scripts/train.py spell it
+            dtype = next((d for d in DTYPES if str(d).removeprefix("torch.")
+                          == dtype.removeprefix("torch.")), dtype)
         if dtype not in DTYPES:
-            problems.append(f"dtype: {dtype_problem(dtype)}")
+            problems.append(f"dtype: {dtype_problem(dtype) or f'{dtype!r} is not a torch dtype'}")
         if (not isinstance(loss_chunk, numbers.Integral) or isinstance(loss_chunk, bool)
                 or loss_chunk < 1):
             problems.append(f"loss_chunk={loss_chunk!r} must be a whole number of tokens >= 1")

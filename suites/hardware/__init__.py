@@ -367,8 +367,8 @@ def load(name_or_path: str | Path) -> Hardware:
     its rows would be written, and tabulated, as the shipped profile's (``simulated-<name>``)."""
     path = profile_path(name_or_path)
     try:
-        with open(path, "rb") as f:
-            raw = tomllib.load(f)
+        # utf-8-sig: a byte-order mark (Windows editors) was "Invalid statement at line 1"
+        raw = tomllib.loads(path.read_bytes().decode("utf-8-sig"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:  # which file, as a spec's says
         raise ValueError(f"hardware profile {path}: not valid TOML: {e}") from None
     kw, sources = {}, {}
@@ -390,6 +390,10 @@ def load(name_or_path: str | Path) -> Hardware:
             continue
         if not isinstance(entry, dict) or "value" not in entry or "source" not in entry:
             problems.append(f"{key} must be a table {{value = ..., source = \"...\"}}")
+            continue
+        if not isinstance(entry["source"], str) or not entry["source"].strip():
+            problems.append(f"{key}: source={entry['source']!r} must say where the value comes "
+                            "from (datasheet, design, measured, assumed or calibrated: how)")
             continue
         v = entry["value"]
         if isinstance(v, bool) or typ is int and not isinstance(v, int) or not isinstance(
