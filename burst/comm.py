@@ -201,7 +201,8 @@ class ByteCount:
 
     @staticmethod
     def _total(table, phase, link):
-        # a misspelt link or phase ("internode", "bwd") matched nothing and counted 0 bytes
+        # a misspelt link ("internode") matched nothing and counted 0 bytes; phases are the
+        # callers' own labels (comm.phase), so a misspelt one still counts 0
         if link not in (None, "intra", "inter"):
             raise ValueError(f"link={link!r}; valid: 'intra', 'inter' (or None: both)")
         if phase is not None and not isinstance(phase, str):

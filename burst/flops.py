@@ -63,16 +63,17 @@ CHECKPOINTING = ("none", "full", "selective", "selective_half")
 def attention_pairs(seq_len: int, *, causal: bool = False, window: tuple[int, int] | None = None,
                     cu_seqlens: Sequence[int] | None = None) -> int:
     """Exact number of visible (query, key) pairs for one sequence of ``seq_len`` tokens."""
-    from burst.masks import MaskSpec  # (burst.masks does not import this module)
-
-    if isinstance(seq_len, bool) or not isinstance(seq_len, numbers.Integral) or seq_len < 0:
-        # -1024 tokens counted as 1023 x 1024 / 2 pairs, a float length as a float count
+    if not _whole(seq_len):  # -1024 tokens counted as 1023 x 1024 / 2 pairs
         raise ValueError(f"seq_len={seq_len!r}: expected a whole number of tokens >= 0")
-    # the mask's own rule: causal="no" counted causal, window=(-5, 0) a negative count
-    spec = MaskSpec(causal=causal, window=window, cu_seqlens=cu_seqlens)
-    if spec.cu_seqlens is not None:
-        spec.check_length(seq_len)
-    causal, window, cu_seqlens = spec.causal, spec.window, spec.cu_seqlens
+    if window is None and cu_seqlens is None and type(causal).__name__ in ("bool", "bool_"):
+        causal = bool(causal)  # a plain mask, asked once per rank pair: no MaskSpec built
+    else:  # the mask's own rule: causal="no" counted causal, window=(-5, 0) a negative count
+        from burst.masks import MaskSpec  # (burst.masks does not import this module)
+
+        spec = MaskSpec(causal=causal, window=window, cu_seqlens=cu_seqlens)
+        if spec.cu_seqlens is not None:
+            spec.check_length(seq_len)
+        causal, window, cu_seqlens = spec.causal, spec.window, spec.cu_seqlens
     docs = ([(0, seq_len)] if not cu_seqlens
             else list(zip(cu_seqlens[:-1], cu_seqlens[1:], strict=True)))
     total = 0
@@ -98,11 +99,18 @@ def _excess(n: int, k: int) -> int:
     return m * (m + 1) // 2
 
 
+def _whole(n) -> bool:
+    """A whole number >= 0: a Python int (the common case, checked first), or numpy's; not a
+    bool, a float or a tensor."""
+    return (type(n) is int or not isinstance(n, bool) and isinstance(n, numbers.Integral)) \
+        and n >= 0
+
+
 def attention_flops(batch: int, seq_len: int, heads: int, head_dim: int, **mask) -> int:
     """Forward FLOPs of attention (QK^T and PV), exact for the mask."""
-    bad = [f"{k}={v!r}" for k, v in (("batch", batch), ("heads", heads), ("head_dim", head_dim))
-           if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0]
-    if bad:
+    if not (_whole(batch) and _whole(heads) and _whole(head_dim)):
+        bad = [f"{k}={v!r}" for k, v in (("batch", batch), ("heads", heads),
+                                         ("head_dim", head_dim)) if not _whole(v)]
         raise ValueError(f"attention_flops: {', '.join(bad)}: expected whole numbers >= 0")
     return 4 * batch * attention_pairs(seq_len, **mask) * heads * head_dim
 

@@ -341,10 +341,11 @@ def _progress_rows(rows: Rows, text: str) -> int:
 
 
 def section_tests(rows: Rows, sz: Sizes, budget: Budget, out: Path, dry: bool) -> None:
-    # pytest sees every GPU of the machine (the NCCL test spawns up to 4 ranks): its rows say so,
-    # where the other sections' rows keep the provenance's one device
-    seen = torch.cuda.device_count() if sz.device == "cuda" and not dry else 1
-    rows = _RowsOn(rows, device_count=max(1, seen))
+    # pytest sees every GPU of the machine: its summary says how many; a test uses one of them,
+    # or up to 4 (the NCCL test), so with more than one a test's row says None (not known),
+    # where every row said 1; the other sections' rows keep the provenance's one device
+    seen = max(1, torch.cuda.device_count() if sz.device == "cuda" and not dry else 1)
+    rows = _RowsOn(rows, device_count=1 if seen == 1 else None)
     junit = out / "junit_gpu.xml"
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/test_gpu.py", "-v", "-rs",
            "-o", "addopts=", "-p", "no:cacheprovider", f"--junitxml={junit}"]
@@ -364,13 +365,15 @@ def section_tests(rows: Rows, sz: Sizes, budget: Budget, out: Path, dry: bool) -
             e.stdout or "")
         (out / "pytest_gpu.txt").write_text(text[-200000:])
         _progress_rows(rows, text)
-        rows.write(workload="gpu_tests", label="pytest -m gpu", status="timeout",
-                   time_s=time.monotonic() - t0, error="pytest exceeded the section budget")
+        rows.write(workload="gpu_tests", device_count=seen, label="pytest -m gpu",
+                   status="timeout", time_s=time.monotonic() - t0,
+                   error="pytest exceeded the section budget")
         return
     if not junit.exists():  # pytest died (a CUDA abort in a test): its progress lines remain
         n = _progress_rows(rows, res.stdout)
-        rows.write(workload="gpu_tests", label="pytest -m gpu (summary)", status="error",
-                   time_s=time.monotonic() - t0, error="pytest wrote no junit file",
+        rows.write(workload="gpu_tests", device_count=seen, label="pytest -m gpu (summary)",
+                   status="error", time_s=time.monotonic() - t0,
+                   error="pytest wrote no junit file",
                    spec={"returncode": res.returncode, "summary": tail[0], "cases": n})
         return
     cases = ET.parse(junit).getroot().iter("testcase")
@@ -386,7 +389,7 @@ def section_tests(rows: Rows, sz: Sizes, budget: Budget, out: Path, dry: bool) -
         rows.write(workload="gpu_tests", method="pytest", status=status, error=err,
                    label=f"{case.get('classname', '')}::{case.get('name', '')}",
                    time_s=float(case.get("time") or 0.0))
-    rows.write(workload="gpu_tests", label="pytest -m gpu (summary)",
+    rows.write(workload="gpu_tests", device_count=seen, label="pytest -m gpu (summary)",
                status="ok" if res.returncode in (0, 5) else "error",
                time_s=time.monotonic() - t0, error=None if n else "no junit test cases",
                spec={"returncode": res.returncode, "summary": tail[0], "cases": n})

@@ -207,11 +207,13 @@ def _model(args: dict):
             raise ValueError(f"--global-every {args['global_every']} needs --window (the "
                              "local layers' window)")
         every, layers = args["global_every"], cfg.num_layers
-        if every == 1:  # every layer global: the --window was dropped without a word (the
-            # sweep spec's rule, suites.spec, refuses it as a typo too)
-            raise ValueError("--global-every 1: every layer would be global, so --window "
-                             f"{args['window']} would apply to none; drop --window, or give "
-                             "--global-every 2 or more")
+        if every == 1 or every > layers:  # every layer global (--window dropped without a
+            # word) or every one local: a typo, not a pattern, as a sweep spec says (suites.spec)
+            raise ValueError(
+                f"--global-every {every}: every layer would be "
+                + (f"global, so --window {args['window']} would apply to none; drop --window"
+                   if every == 1 else f"local ({args['model']} has {layers} layers); drop "
+                   "--global-every") + f", or give {'2' if layers == 2 else f'2 to {layers}'}")
         window = model_window(interleaved_windows(window, layers, every), layers)
     cu = None
     if args["doc_len"] is not None:

@@ -92,11 +92,12 @@ def longest(cell, hardware: str | Hardware, *, unit: int = UNIT, ctx=None,
 
 
 def longest_spec(spec, hardware: str | Hardware, out_dir: str | Path | None = None,
-                 *, unit: int = UNIT) -> list[Longest]:
+                 *, unit: int = UNIT, on_fit=None) -> list[Longest]:
     """``longest`` for each method and scale of a spec (its seq_lens ignored; a method with
     ``skip_invalid`` gets ``skipped`` rows where it cannot run, as in a sweep). With
     ``out_dir`` the rows (at each longest length) are written as the run folder
-    ``out_dir/<sweep>-longest/simulated-<hardware>/``."""
+    ``out_dir/<sweep>-longest/simulated-<hardware>/``. ``on_fit(fit)`` is called as each is
+    found (the CLI's progress: each search prices many lengths)."""
     from suites.cells import expand
     from suites.provenance import code_provenance
     from suites.rows import RunContext
@@ -116,6 +117,8 @@ def longest_spec(spec, hardware: str | Hardware, out_dir: str | Path | None = No
             seen.add(key)
             out.append(longest(dataclasses.replace(c, sweep=name), hw, unit=unit, ctx=ctx,
                                invalid="skipped" if c.label in skip else "error"))
+            if on_fit is not None:
+                on_fit(out[-1])
     if out_dir is not None:
         meta = {"sweep": name, "run_id": ctx.run_id, "source": sw.source, "spec": sw.to_json(),
                 "baseline": sw.baseline, "cells": [f.row["cell_id"] for f in out],

@@ -25,6 +25,7 @@ Command line (the harness CLI ``burst-bench simulate`` calls the same functions)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -542,6 +543,15 @@ def write_rows(rows: list[dict], run_dir: Path, meta: dict | None = None) -> Pat
 
 
 def main(argv: list[str] | None = None) -> int:
+    from suites.cli import _PipeSafe
+
+    # rows are printed as they are priced, before --out writes them: a reader that goes away
+    # (`| head`) silences the output, never the rows (it lost them: a review)
+    with contextlib.redirect_stdout(_PipeSafe(sys.stdout)):
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     ap = argparse.ArgumentParser(prog="burst-bench simulate", description=__doc__.split(
         "\n")[0] + " (also: python -m suites.simulate). Exit 1 when a cell is an error row.")
     ap.add_argument("specs", nargs="+", help="spec files or names in suites/specs")
@@ -631,10 +641,9 @@ def main(argv: list[str] | None = None) -> int:
             if a.longest:
                 from suites.longest import longest_spec
 
-                fits = longest_spec(spec, hw, a.out)
+                fits = longest_spec(spec, hw, a.out, on_fit=lambda f, w=width: print(
+                    line(f.row, w, f), flush=True))  # each as it is found
                 rows, name = [f.row for f in fits], f"{spec.name}-longest"
-                for f in fits:
-                    print(line(f.row, width, f))
             else:  # each row as it is priced
                 rows = simulate_spec(spec, hw, a.out, on_row=lambda r, w=width: print(
                     line(r, w), flush=True))

@@ -547,8 +547,10 @@ def test_a_bad_input_audit_of_the_public_helpers(tmp_path, monkeypatch):
         with pytest.raises(ValueError, match=f"{k}={v!r} must be a positive number"):
             dataclasses.replace(get_config("tiny"), **{k: v})
     assert Trainer("tiny", dtype="bfloat16").dtype == torch.bfloat16
-    with pytest.raises(ValueError, match="not float16"):
+    with pytest.raises(ValueError, match=r"not float16 \(float16 would need loss scaling\)"):
         Trainer("tiny", dtype="float16")
+    with pytest.raises(ValueError, match=r"float64, bfloat16, not bf16$"):  # (no float16 hint)
+        Trainer("tiny", dtype="bf16")
     with comm.count_bytes() as c:
         pass
     with pytest.raises(ValueError, match="link='internode'; valid: 'intra', 'inter'"):
@@ -567,5 +569,6 @@ def test_a_bad_input_audit_of_the_public_helpers(tmp_path, monkeypatch):
         spec_path("./smoke")
     from baselines import bytes_table
 
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         bytes_table.main(["--world", "16"])
+    assert e.value.code == 2

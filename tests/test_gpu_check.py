@@ -108,7 +108,9 @@ def test_cudnn_kernels_run_after_every_other_kernel_at_every_length(tmp_path, mo
 
 def test_the_pytest_rows_count_every_gpu_the_tests_could_use(tmp_path, monkeypatch):
     """Every row said device_count=1, also the GPU tests', whose NCCL test spawns a rank on each
-    of up to 4 GPUs (an NCCL review); the other sections run on one GPU and keep 1."""
+    of up to 4 GPUs (an NCCL review): the summary now says how many GPUs pytest saw, and a
+    test's row None where more than one was there to use (a test uses one, the NCCL test up
+    to 4); the other sections run on one GPU and keep 1."""
     import dataclasses
 
     mod = _module(monkeypatch)
@@ -124,7 +126,7 @@ def test_the_pytest_rows_count_every_gpu_the_tests_could_use(tmp_path, monkeypat
     gpu = dataclasses.replace(mod.DRY, device="cuda")
     mod.section_tests(rows, gpu, mod.Budget(60.0), tmp_path, dry=False)
     assert [(r["label"], r["status"], r["device_count"]) for r in rows.written] == [
-        ("t::nccl", "ok", 4), ("pytest -m gpu (summary)", "ok", 4)]
+        ("t::nccl", "ok", None), ("pytest -m gpu (summary)", "ok", 4)]
     rows.written.clear()
     mod.section_tests(rows, gpu, mod.Budget(60.0), tmp_path, dry=True)  # no GPU in a dry run
     assert {r["device_count"] for r in rows.written} == {1}

@@ -191,3 +191,24 @@ def test_a_small_even_unit_keeps_every_length_rule():
     assert f.seq_len and f.seq_len % 16 == 0 and f.stop.startswith("oom")
     assert not seq_len_problems(get_config("7b"), f.seq_len, cp_size=8, layout="striped",
                                 checkpointing="selective_half")
+
+
+def test_each_fit_is_handed_over_as_it_is_found(monkeypatch):
+    """`burst-bench simulate --longest` printed nothing until every search was done (each prices
+    many lengths: 14 s for 2 cells at 2048 GPUs, a review); ``on_fit`` gets each fit before the
+    next search starts, which the CLI prints."""
+    import types
+
+    import suites.longest as L
+
+    events = []
+
+    def search(cell, hw, **kw):
+        events.append(("searched", cell.label))
+        return types.SimpleNamespace(cell=cell, row={"cell_id": cell.cell_id})
+
+    monkeypatch.setattr(L, "longest", search)
+    fits = L.longest_spec("cpu_long", HW, on_fit=lambda f: events.append(("fit", f.cell.label)))
+    assert len(fits) == 3
+    assert events == [e for f in fits for e in (("searched", f.cell.label),
+                                                 ("fit", f.cell.label))]

@@ -100,7 +100,8 @@ def test_train_refuses_a_window_that_no_layer_has_and_a_sweeps_run_folder(tmp_pa
     and an --out that holds a burst-bench sweep run had its run.json (the sweep's spec and
     provenance) replaced by the training run's arguments."""
     train = scripts("train.py")
-    with pytest.raises(SystemExit, match="--global-every 1: every layer would be global"):
+    with pytest.raises(SystemExit, match="--global-every 1: every layer would be global, so "
+                       "--window 16 would apply to none; drop --window, or give 2"):
         train.main(["--out", str(tmp_path / "a"), "--window", "16", "--global-every", "1"])
     assert not (tmp_path / "a").exists()
     sweep = tmp_path / "sweep_run"

@@ -196,7 +196,10 @@ def test_a_mask_spanning_the_whole_sequence_is_no_mask(monkeypatch):
     assert train._model(args("--window", "62"))[1] == (62, 0)
     assert train._identity(args("--window", "62"), 4) != plain
     assert train._model(args("--window", "62", "--global-every", "2"))[1] == ((62, 0), None)
-    assert train._model(args("--window", "62", "--global-every", "3"))[1] == (62, 0)  # 2 layers
+    with pytest.raises(ValueError, match=re.escape(  # 2 layers: every one local, a typo
+            "--global-every 3: every layer would be local (tiny has 2 layers); drop "
+            "--global-every, or give 2")):
+        train._model(args("--window", "62", "--global-every", "3"))
 
 
 def test_without_layout_each_method_trains_on_its_own(monkeypatch):

@@ -2133,6 +2133,37 @@ def test_simulate_spec_hands_each_row_over_as_it_is_priced(monkeypatch):
     assert events == [e for r in rows for e in (("priced", r["cell_id"]), ("row", r["cell_id"]))]
 
 
+def test_the_console_shows_each_row_before_the_next_cell_and_a_gone_reader_loses_none(
+        capsys, tmp_path, monkeypatch):
+    """What a user sees: each row on the console before the next cell is priced; and with the
+    reader gone (`| head`), the rows still reach --out (printed before they are written, a
+    broken pipe lost them all: a review)."""
+    import os
+    import subprocess
+    import sys
+
+    import suites.simulate as S
+
+    printed, priced = [], S.simulate_cell
+
+    def pricing(cell, *a, **kw):
+        printed.append(capsys.readouterr().out.count(" TFLOP/s per GPU"))  # since the last
+        return priced(cell, *a, **kw)
+
+    monkeypatch.setattr(S, "simulate_cell", pricing)
+    assert S.main(["paper_kernel_32gpu"]) == 0
+    assert printed == [0] + [1] * 15
+    root = Path(__file__).resolve().parent.parent
+    p = subprocess.Popen([sys.executable, "-m", "suites.simulate", "paper_kernel_32gpu", "--out",
+                          str(tmp_path)], cwd=root, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(root)))
+    p.stdout.close()  # the reader is gone before the first row
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=300) == 0, err
+    rows = tmp_path / "paper_kernel_32gpu" / "simulated-a800" / "rows.jsonl"
+    assert len(rows.read_text().splitlines()) == 16, err
+
+
 def test_simulate_console_says_why_and_takes_one_profile(capsys, tmp_path):
     """A cell the simulator cannot price printed only its status (the reason was in rows.jsonl,
     written only with --out); a repeated --hardware silently kept the last profile."""

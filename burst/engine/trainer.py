@@ -110,8 +110,9 @@ def dtype_problem(dtype) -> str | None:
     names = [str(d).removeprefix("torch.") for d in DTYPES]
     if str(dtype).removeprefix("torch.") in names:
         return None
-    return (f"the engine trains in {', '.join(names)}, not {str(dtype).removeprefix('torch.')} "
-            "(float16 would need loss scaling)")
+    shown = str(dtype).removeprefix("torch.")
+    return (f"the engine trains in {', '.join(names)}, not {shown}" + (
+        " (float16 would need loss scaling)" if shown in ("float16", "half") else ""))
 
 
 def seq_len_problems(config: ModelConfig, seq_len: int, *, cp_size: int, layout: str,

@@ -326,8 +326,8 @@ def _implausible(values: dict[str, float], keys: dict[str, str]) -> list[str]:
             if v is None or not isinstance(v, int | float) or v != v or (
                     v == 0 and unit == "microseconds") or lo <= v <= hi:
                 continue
-            out.append(f"{keys[attr]}={v:g} is outside {lo:g}-{hi:g} {unit}: is it in "
-                       "another unit?")
+            out.append(f"{keys[attr]}={v:g} is outside {lo:g}-{hi:g} {unit}" + (
+                "" if unit == "GPUs or NICs" else ": is it in another unit?"))
     return out
 
 
