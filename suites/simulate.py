@@ -635,9 +635,9 @@ def _main(argv: list[str] | None) -> int:
     for s, spec in specs:
         if spec.device != "cuda":
             print(f"note: {spec.name} is a {spec.device} spec; priced on {hw.name} GPUs")
-        cells = expand(spec)
-        width = max([28, *(len(c.label) for c in cells)])  # a long label keeps its column
         try:
+            # a long label keeps its column
+            width = max([28, *(len(c.label) for c in expand(spec))])
             if a.longest:
                 from suites.longest import longest_spec
 
