@@ -2114,25 +2114,6 @@ def test_tied_embeddings_are_one_matrix_not_two_in_the_layers_share(monkeypatch)
         untied.memory.parts["gathered_params"])
 
 
-def test_simulate_spec_hands_each_row_over_as_it_is_priced(monkeypatch):
-    """The CLI printed nothing until every cell was priced (a cell of 65536 GPUs takes about
-    a minute: a bad-input audit waited 300 s on a blank console); each row now reaches
-    ``on_row`` before the next cell is priced, which the CLI prints."""
-    import suites.simulate as S
-
-    events, priced = [], S.simulate_cell
-
-    def pricing(cell, *a, **kw):
-        events.append(("priced", cell.cell_id))
-        return priced(cell, *a, **kw)
-
-    monkeypatch.setattr(S, "simulate_cell", pricing)
-    rows = S.simulate_spec("paper_kernel_32gpu", HW, on_row=lambda r: events.append(
-        ("row", r["cell_id"])))
-    assert len(rows) == 16
-    assert events == [e for r in rows for e in (("priced", r["cell_id"]), ("row", r["cell_id"]))]
-
-
 def test_the_console_shows_each_row_before_the_next_cell_and_a_gone_reader_loses_none(
         capsys, tmp_path, monkeypatch):
     """What a user sees: each row on the console before the next cell is priced; and with the

@@ -107,12 +107,18 @@ def _positive_number(x, zero: bool = False) -> bool:
 def dtype_problem(dtype) -> str | None:
     """Why the engine cannot train in ``dtype`` (a torch dtype or its name; None: it can): the
     one wording for the Trainer, a sweep spec and its cells."""
-    names = [str(d).removeprefix("torch.") for d in DTYPES]
-    if str(dtype).removeprefix("torch.") in names:
+    shown = _dtype_name(dtype)
+    if shown in _BY_NAME:
         return None
-    shown = str(dtype).removeprefix("torch.")
-    return (f"the engine trains in {', '.join(names)}, not {shown}" + (
+    return (f"the engine trains in {', '.join(_BY_NAME)}, not {shown}" + (
         " (float16 would need loss scaling)" if shown in ("float16", "half") else ""))
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+_BY_NAME = {_dtype_name(d): d for d in DTYPES}  # "float32": torch.float32, ...
 
 
 def seq_len_problems(config: ModelConfig, seq_len: int, *, cp_size: int, layout: str,
@@ -211,8 +217,7 @@ class Trainer:
         except ValueError as e:
             problems.append(str(e))
         if isinstance(dtype, str):  # a name, as a spec and scripts/train.py spell it
-            dtype = next((d for d in DTYPES if str(d).removeprefix("torch.")
-                          == dtype.removeprefix("torch.")), dtype)
+            dtype = _BY_NAME.get(_dtype_name(dtype), dtype)
         if dtype not in DTYPES:
             problems.append(f"dtype: {dtype_problem(dtype) or f'{dtype!r} is not a torch dtype'}")
         if (not isinstance(loss_chunk, numbers.Integral) or isinstance(loss_chunk, bool)

@@ -323,7 +323,8 @@ def _implausible(values: dict[str, float], keys: dict[str, str]) -> list[str]:
     for unit, ((lo, hi), attrs) in _UNITS.items():
         for attr in attrs:
             v = values.get(attr)
-            if v is None or not isinstance(v, int | float) or v != v or (
+            # (NaN and inf are the profile's own check: "must be a finite number")
+            if v is None or v != v or v == math.inf or (
                     v == 0 and unit == "microseconds") or lo <= v <= hi:
                 continue
             out.append(f"{keys[attr]}={v:g} is outside {lo:g}-{hi:g} {unit}" + (
