@@ -418,13 +418,13 @@ def load(path: str | os.PathLike):
                                  f"{ROWS} in it or its subfolders)")
             path = run
         if (path / ROWS).exists():
-            return consolidate(path, write=False)
-        return pd.read_parquet(path / TABLE)
+            return _rows_table(consolidate(path, write=False), path / ROWS)
+        return _rows_table(pd.read_parquet(path / TABLE), path / TABLE)
     if not path.exists():
         raise ValueError(f"{path} does not exist; give a run folder, a sweep folder, rows.jsonl, "
                          ".parquet or .csv")
     if path.name == ROWS:  # a run's rows: as its folder (cell order, speedups)
-        return consolidate(path.parent, write=False)
+        return _rows_table(consolidate(path.parent, write=False), path)
     if path.suffix == ".jsonl":
         return _rows_table(_frame(_last_per_cell(read_rows(path))), path)
     try:  # pandas' and pyarrow's parse errors are ValueErrors that do not name the file
@@ -458,12 +458,27 @@ def _rows_table(df, path: Path):
 
     from results.tables import METRICS
 
-    # a word among the numbers, named (pandas said later only "could not convert string to
-    # float", without the file or the column)
+    # a word among the numbers, or a negative time, count or size, named (a hand-edited row
+    # was pandas' "'<' not supported between 'str' and 'int'" in show, without the file or
+    # the column, or a -104x speedup)
     for c in ("seq_len", "world", *METRICS):
-        if c in df.columns and not pd.api.types.is_numeric_dtype(df[c]):
-            bad = df[c][pd.to_numeric(df[c], errors="coerce").isna() & df[c].notna()]
+        if c not in df.columns:
+            continue
+        col = df[c]
+        if not pd.api.types.is_numeric_dtype(col):  # a JSON string "1024" is no number either
+            bad = col[col.notna() & ~col.map(_is_number)]
             if len(bad):
                 raise ValueError(f"{path}: column {c!r} holds {bad.iloc[0]!r} (row "
                                  f"{bad.index[0] + 1}), not a number")
+            col = col.astype(float)
+        bad = df[c][col < 0]
+        if len(bad):
+            raise ValueError(f"{path}: column {c!r} holds {bad.iloc[0]} (row "
+                             f"{bad.index[0] + 1}), below 0")
     return df
+
+
+def _is_number(x) -> bool:
+    import numbers
+
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)

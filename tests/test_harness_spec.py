@@ -613,6 +613,21 @@ def test_cli_user_errors_are_messages_not_tracebacks(tmp_path, capsys, monkeypat
                                     "number")):
         assert cli.main(["show", str(tmp_path / name)]) == 2
         assert says in capsys.readouterr().err
+    # so are a run folder's hand-edited rows: a number written as a string (pandas' "'<' not
+    # supported between 'str' and 'int'" traceback in show) and a negative time (a -104x
+    # speedup), in the folder, its rows file and a copy of that file
+    row = {"cell_id": "a", "label": "ring", "status": "ok", "seq_len": 64, "world": 2,
+           "time_s": 0.5}
+    for i, (edit, says) in enumerate(((dict(seq_len="64"), "column 'seq_len' holds '64' (row 2)"),
+                                      (dict(time_s=-0.5), "column 'time_s' holds -0.5 (row 2)"))):
+        run = tmp_path / f"edited{i}" / "r1"
+        run.mkdir(parents=True)
+        store.append_row(run / store.ROWS, row)
+        store.append_row(run / store.ROWS, {**row, "cell_id": "b", **edit})
+        (tmp_path / f"edited{i}.jsonl").write_bytes((run / store.ROWS).read_bytes())
+        for path in (run.parent, run, run / store.ROWS, tmp_path / f"edited{i}.jsonl"):
+            assert cli.main(["show", str(path)]) == 2
+            assert says in capsys.readouterr().err, path
     (tmp_path / "specs").mkdir()
     _write(tmp_path / "specs", GOOD_TINY.replace("world = 2", "world = 0"), "broken")
     assert cli.main(["list", "--dir", str(tmp_path / "specs")]) == 0  # `run` finds it by path
