@@ -20,9 +20,9 @@ from paper_figures.palette import (
     series_color,
 )
 
-__all__ = ["FAILED_MARKERS", "bar_legend", "label_checkpointing", "label_order", "line_labels",
-           "failure_note", "footnote", "mark_failures", "panel_bars", "panel_rows", "rows_for",
-           "model_notes", "status_note", "status_of"]
+__all__ = ["FAILED_MARKERS", "FAILED_WORDS", "bar_legend", "label_checkpointing", "label_order",
+           "line_labels", "failure_note", "footnote", "mark_failures", "panel_bars", "panel_rows",
+           "rows_for", "model_notes", "status_note", "status_of"]
 
 FADED = 0.35  # the alpha of a bar drawn for a cell predicted OOM
 
@@ -30,6 +30,8 @@ FADED = 0.35  # the alpha of a bar drawn for a cell predicted OOM
 # ran without this number ("no value": e.g. MFU on a GPU whose peak no profile gives)
 FAILED_MARKERS = {"oom": "x", "skipped": "o", "error": "^", "timeout": "v", "missing": "s",
                   "no value": "*"}
+FAILED_WORDS = {"oom": "OOM", "skipped": "cannot run", "error": "error", "timeout": "timeout",
+                "missing": "missing", "no value": "no number"}
 
 KEEP = ["source", "workload", "model", "world", "seq_len", "label", "system", "checkpointing",
         "status", "hardware", "tokens_per_s", "mfu_model_flops_causal", "attn_tflops",
@@ -77,14 +79,24 @@ def panel_rows(df: pd.DataFrame, model: str, world: int) -> pd.DataFrame:
 def mark_failures(ax, rows: pd.DataFrame, x: str, y: float, colour: str, metric: str,
                   size: float = 30):
     """Cells of a line without a ``metric`` number, marked by status (``status_of``) at height
-    ``y`` (axes fraction: a log axis has no 0) below the line's x positions."""
+    ``y`` (axes fraction: a log axis has no 0) below the line's x positions, each with its
+    status in words beside it: on an axis that does not start at 0 a bare mark read as a value
+    (an audit read cpu_sweep's skipped Ulysses as "0.57x over ring"). The word goes left of a
+    mark at the line's last x, where the axes end."""
     status = rows.apply(lambda r: status_of(r, metric), axis=1) if len(rows) else rows["status"]
+    last = rows[x].max() if len(rows) else None
     for st, marker in FAILED_MARKERS.items():
         bad = rows[status == st]
         if len(bad):
             ax.scatter(bad[x], np.full(len(bad), y), marker=marker, s=size, color=colour,
                        facecolors=colour if marker in "x+*" else "none", clip_on=False,
                        transform=ax.get_xaxis_transform())
+            for at in bad[x]:
+                left = at == last and at != rows[x].min()
+                ax.annotate(FAILED_WORDS[st], (at, y), xycoords=ax.get_xaxis_transform(),
+                            xytext=(-5 if left else 5, 0), textcoords="offset points",
+                            ha="right" if left else "left", va="center", fontsize=5.5,
+                            color=colour, annotation_clip=False)
 
 
 def label_checkpointing(df: pd.DataFrame, label: str):
@@ -122,7 +134,7 @@ def bar_legend(fig, measured: bool = False, faded: bool = False, **kw):
     return fig.legend(handles=handles, fontsize=8, frameon=False, **kw)
 
 
-def status_note(df: pd.DataFrame) -> str:
+def status_note(df: pd.DataFrame, mfu: bool = True) -> str:
     """A footnote for the tags a reader cannot guess: why cells were skipped (the first such
     row's error) and what a published MISSING is; empty where neither is drawn."""
     notes = []
@@ -133,14 +145,15 @@ def status_note(df: pd.DataFrame) -> str:
                      "run the cell as configured" + (f", e.g. {why}" if why else ""))
     if ((df["source"] == "paper") & (df["status"] == "missing")).any():
         notes.append("paper MISSING: the paper's table has no number for the cell")
-    notes += model_notes(df)
+    notes += model_notes(df, mfu)
     return "; ".join(notes)
 
 
-def model_notes(df: pd.DataFrame) -> list[str]:
+def model_notes(df: pd.DataFrame, mfu: bool = True) -> list[str]:
     """A clause per model that a drawn paper system built otherwise than the named config
     (``Implementation.gelu_mlp_models``: BurstEngine's 7B), for its simulated and published
-    rows (a measured row is this project's engine, which builds the config)."""
+    rows (a measured row is this project's engine, which builds the config); ``mfu``: the
+    figure draws MFU, whose FLOPs the clause then names."""
     import dataclasses
 
     from burst.engine.configs import get_config, param_count
@@ -161,8 +174,9 @@ def model_notes(df: pd.DataFrame) -> list[str]:
             gelu = param_count(dataclasses.replace(cfg, gated_mlp=False))
             notes.append(f"{', '.join(labels)} at {model.upper()}: the system's own config, a "
                          f"two-matrix GELU MLP ({gelu / 1e9:.2f}B parameters; the others "
-                         f"SwiGLU, {param_count(cfg) / 1e9:.2f}B), priced as built; its MFU "
-                         "counts the SwiGLU model's FLOPs, as the paper's does")
+                         f"SwiGLU, {param_count(cfg) / 1e9:.2f}B), priced as built"
+                         + ("; its MFU counts the SwiGLU model's FLOPs, as the paper's does"
+                            if mfu else ""))
     return notes
 
 
@@ -185,7 +199,7 @@ def _why(error) -> str:
 def failure_note(df: pd.DataFrame, x: str = "world", unit: str = "GPUs") -> str:
     """One clause per label and status of the simulated cells without a number, with the
     ``x`` values where they fail and the first one's reason (its row's error), in legend
-    order: "Megatron: oom at 1, 2, 4 GPUs (predicted OOM: 144.98 GiB reserved > ...)"."""
+    order: "Megatron: oom at 1, 2, 4 GPUs (at 1: predicted OOM: 144.98 GiB reserved > ...)"."""
     sim = df[(df["source"] == "simulated") & (df["status"] != "ok")]
     parts = []
     for label in label_order(sim) if len(sim) else []:
@@ -193,6 +207,8 @@ def failure_note(df: pd.DataFrame, x: str = "world", unit: str = "GPUs") -> str:
         for status, g in d.groupby("status", sort=False):
             where = ", ".join(str(int(v)) for v in g[x])
             why = _why(g["error"].iloc[0])
+            if why and len(g) > 1:  # the first cell's reason, its numbers not every cell's
+                why = f"at {int(g[x].iloc[0])}: {why}"
             parts.append(f"{label}: {status} at {where} {unit}" + (f" ({why})" if why else ""))
     return "; ".join(parts)
 

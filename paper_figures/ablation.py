@@ -10,9 +10,11 @@ import json
 
 import pandas as pd
 import seaborn as sns
+from matplotlib.patches import Patch
 
-from paper_figures._bars import rows_for
+from paper_figures._bars import label_checkpointing, rows_for
 from paper_figures.common import new_figure, note_empty, seq_label
+from paper_figures.palette import FULL_RECOMPUTE, FULL_RECOMPUTE_LABEL, hatch
 from suites.hardware import GIB
 
 NAME = "ablation"
@@ -71,6 +73,9 @@ def make(tables):
     options = df.sort_index().drop_duplicates("label")["method_options"].tolist()
     ticks = step_labels(steps, options)
     colors = dict(zip(steps, sns.color_palette("Reds", len(steps) + 1)[1:], strict=True))
+    # hatched as in every other figure: a step with full recomputation (the paper's "w/o
+    # sele-ckpt")
+    hatches = [hatch(label_checkpointing(df, step)) for step in steps]
     rows = []
     for j, n in enumerate(lens):
         sub = df[(df["seq_len"] == n) & (df["source"] == "simulated")]
@@ -87,8 +92,10 @@ def make(tables):
             vals = [v if st == "ok" else float("nan") for v, st in zip(sub[metric], status,
                                                                       strict=True)]
             why = ["no value" if st == "ok" else st for st in status]  # where vals is NaN
-            sns.barplot(x=steps, y=[0.0 if pd.isna(v) else v for v in vals], hue=steps,
-                        palette=colors, legend=False, ax=ax, saturation=1.0)
+            bars = sns.barplot(x=steps, y=[0.0 if pd.isna(v) else v for v in vals], hue=steps,
+                               palette=colors, legend=False, ax=ax, saturation=1.0)
+            for patch, h in zip(bars.patches, hatches, strict=False):
+                patch.set_hatch(h or None)
             ups = speedups(vals) if metric == "tokens_per_s" else [None] * len(vals)
             for k, (v, st, up) in enumerate(zip(vals, why, ups, strict=True)):
                 if pd.isna(v):
@@ -103,13 +110,21 @@ def make(tables):
             ax.set_ylabel(ylabel if j == 0 else "")
             if i == 0:
                 ax.set_title(f"{where}, {seq_label(n)} tokens", fontsize=9)
-            rows += [{"seq_len": n, "label": s, "step": tick, "metric": metric,
+            rows += [{"model": sub["model"].dropna().iloc[0], "world": int(sub["world"].max()),
+                      "seq_len": n, "label": s, "step": tick, "metric": metric,
+                      "checkpointing": label_checkpointing(df, s),
                       "value": None if pd.isna(v) else v,
                       "status": st if pd.isna(v) else "ok",
                       "speedup": None if up is None or pd.isna(up) else up}
                      for s, tick, v, st, up in zip(steps, ticks, vals, why, ups, strict=True)]
     fig.suptitle("BurstEngine options added one at a time (simulated, A800; the paper publishes no "
                  "ablation numbers).\nThe fused head is priced at the plain head's FLOPs and "
-                 "traffic: its step changes memory alone", fontsize=9)
-    fig.tight_layout()
+                 "traffic: its step changes memory alone. Every step sends its accumulators in "
+                 "fp32,\nso the steps differ in one option each (the main figure's Burst-Ring "
+                 "sends them in bf16, as the paper's system does)", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.96))  # (the suptitle has its own room)
+    if hatch(FULL_RECOMPUTE) in hatches:  # what the hatching means, under the title
+        fig.legend(handles=[Patch(facecolor="white", edgecolor="0.3", hatch=hatch(FULL_RECOMPUTE),
+                                  label=FULL_RECOMPUTE_LABEL)], loc="upper center",
+                   bbox_to_anchor=(0.5, 0.9), fontsize=7, frameon=False)
     return fig, pd.DataFrame(rows)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from paper_figures.common import legend, memory_axes, new_figure, note_empty
+from paper_figures.common import memory_axes, new_figure, note_empty
 from paper_figures.palette import MODE_COLORS
 from suites.hardware import GIB, load
 
@@ -40,6 +40,9 @@ def make(tables):
         memory_axes(ax, HW, rows["world"],
                     "checkpointed activations per GPU (GiB)" if j == 0 else "")
         ax.set_title(f"{model.upper()}: activations alone (no model states)", fontsize=9)
-        legend(ax, fontsize=6.5, loc="upper left")
-    fig.tight_layout()
+    # one legend under the panels: inside, "upper left" covered "none" crossing the usable
+    # line, and no corner of the panels is free of lines
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.tight_layout(rect=(0, 0.13, 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7, frameon=False)
     return fig, df

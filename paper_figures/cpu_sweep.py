@@ -148,7 +148,8 @@ def _legend(ax, styles: dict, labels: list[str]) -> None:
     ax.legend(handles=[Line2D([], [], color=styles[lab]["color"], ls=styles[lab]["ls"],
                               lw=1.4, marker=styles[lab]["marker"], ms=5,
                               markeredgecolor="black", markeredgewidth=0.5, label=lab)
-                       for lab in labels], fontsize=6, loc="lower right")
+                       for lab in labels], fontsize=6, loc="lower right",
+              bbox_to_anchor=(1.0, FLOOR + 0.05))  # above the marks at the floor
 
 
 def _baseline(ok: pd.DataFrame) -> str | None:

@@ -52,7 +52,8 @@ def make(tables):
                 note_empty(ax)
                 continue
             d = panel_bars(ax, sub, metric, label_order(sub), scale=scale)
-            d["model"], d["world"], d["metric"], d["unit"] = model, world, metric, UNITS[metric]
+            d["model"], d["world"], d["seq_len"] = model, world, int(sub["seq_len"].iloc[0])
+            d["metric"], d["unit"] = metric, UNITS[metric]
             plotted.append(d)
             seq = seq_label(sub["seq_len"].iloc[0])
             ax.set_title(f"{model.upper()}, {world} GPUs, {seq} tokens", fontsize=9)

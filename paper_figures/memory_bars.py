@@ -53,7 +53,8 @@ def make(tables):
         d = panel_bars(ax, sub, "mem_gib", label_order(sub), clip=YMAX_GIB,
                        drawn_oom=predicted_oom)
         d.loc[(d["source"] == "simulated") & d["label"].isin(predicted_oom), "status"] = "oom"
-        d["model"], d["world"], d["metric"] = model, world, "mem_reserved_gib"
+        d["model"], d["world"], d["seq_len"] = model, world, int(sub["seq_len"].iloc[0])
+        d["metric"], d["unit"] = "mem_reserved_gib", "GiB"
         plotted.append(d)
         ax.axhline(usable, color="black", lw=0.8, ls="--")
         # room for the tallest bar or diamond, not an empty third of the panel
@@ -66,11 +67,16 @@ def make(tables):
     fig.suptitle(f"Memory per GPU: simulated peak (bars; above the dashed line, the {usable:g} "
                  f"GiB usable of the {hw.memory_gib:g} CUDA sees, = OOM), published (\u25c6)"
                  + (", measured on GPUs (\u25a1)" if measured else "")
-                 + "; published: the paper's max_memory_reserved, its GB read as GiB",
+                 + "; published: the paper's max_memory_reserved, its GB read as GiB (see "
+                 "below)",
                  fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     bar_legend(fig, measured, faded=True, loc="upper center", bbox_to_anchor=(0.5, 0.945),
                ncol=4)
-    footnote(fig, status_note(pd.concat([panel_rows(df, m, w) for m, w in PANELS])),
+    footnote(fig, "; ".join(filter(None, [
+        status_note(pd.concat([panel_rows(df, m, w) for m, w in PANELS]), mfu=False),
+        "published memory: the paper's max_memory_reserved, in GB by its column name, read as "
+        "GiB, which is confirmed for BurstEngine's rows only and assumed for the others "
+        "(results/paper_reference/README.md; as decimal GB they would be 6.9% lower)"])),
              width=250, fontsize=8)
     return fig, pd.concat(plotted, ignore_index=True) if plotted else pd.DataFrame()

@@ -38,7 +38,10 @@ PEAK_TFLOPS = 312.0  # A800 dense bf16 (suites/hardware/a800.toml, peak_bf16_tfl
 
 
 def _dir(path: str | os.PathLike | None) -> Path:
-    return Path(path or os.environ.get("BURST_PAPER_REFERENCE", PAPER_DIR))
+    """``path``, else the tables in this repository; no environment variable overrides them
+    (one did: the figures and the fit then read numbers from outside the repository without a
+    word)."""
+    return Path(path or PAPER_DIR)
 
 
 def _read(path: Path) -> list[dict]:

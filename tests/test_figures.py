@@ -431,9 +431,15 @@ def test_cpu_figure_keeps_cells_without_a_number_and_draws_the_long_sweep(fixtur
     from paper_figures import cpu_sweep
 
     fig, _ = cpu_sweep.make(fixture_tables)
-    marks = [c for ax in fig.axes[:2] for c in ax.collections
-             if len(c.get_offsets()) and c.get_transform() != ax.transData]
-    assert marks  # the skipped cell is marked at the floor of both top panels
+    for ax in fig.axes[:2]:  # the skipped cell is marked at the floor of both top panels,
+        marks = [c for c in ax.collections
+                 if len(c.get_offsets()) and c.get_transform() != ax.transData]
+        assert marks, ax.get_title()
+        # with its status in words beside it: a bare mark on an axis that does not start at
+        # 0 read as a value (an audit read a skipped Ulysses as "0.57x over ring")
+        words = [t.xy for t in ax.texts if t.get_text() == "cannot run"]
+        assert words == [(4, 0.03)], ax.get_title()
+        assert any(tuple(c.get_offsets()[0]) == (4, 0.03) for c in marks), ax.get_title()
 
 
 def test_memory_bars_tag_the_peaks_predicted_oom(fixture_tables):
@@ -464,21 +470,34 @@ def test_figures_say_when_the_simulation_is_on_another_profile(tmp_path):
     assert "draw the a800 simulation" in note and "holds only h100" in note
 
 
-def test_a_simulated_number_where_the_paper_ran_out_of_memory_is_ringed(fixture_tables):
+def test_a_simulated_number_where_the_paper_ran_out_of_memory_is_drawn_apart(fixture_tables):
     """Megatron-CP's simulated line at 512K-1M read as agreeing with the paper, which reports
-    OOM there (the x marks at the floor were easy to miss)."""
+    OOM there (the x marks at the floor were easy to miss). Its point is a large dot in its own
+    colour over every other mark: a black ring around it (drawn before) lay around the other
+    methods' diamonds at the same height, and an audit read it as theirs."""
     import dataclasses
 
+    from matplotlib.colors import to_rgba
+
     from paper_figures import kernel_tflops
+    from paper_figures.palette import series_color
 
     sim = fixture_tables.simulated.copy()
     at = (sim["sweep"] == "paper_kernel_32gpu") & (sim["system"] == "megatron_cp") & (
         sim["seq_len"] == 1 << 19)
     assert at.sum() == 1
     sim.loc[at, ["status", "attn_tflops"]] = ["ok", 170.0]
-    _, data = kernel_tflops.make(dataclasses.replace(fixture_tables, simulated=sim))
-    ringed = data[data["ringed"]]
-    assert list(zip(ringed["system"], ringed["seq_len"], strict=True)) == [("megatron_cp", 1 << 19)]
+    fig, data = kernel_tflops.make(dataclasses.replace(fixture_tables, simulated=sim))
+    flagged = data[data["oom_in_paper"]]
+    assert list(zip(flagged["system"], flagged["seq_len"], strict=True)) == [
+        ("megatron_cp", 1 << 19)]
+    ax = fig.axes[0]
+    dots = [c for c in ax.collections if len(c.get_offsets())
+            and tuple(c.get_offsets()[0]) == (1 << 19, 170.0)]
+    assert len(dots) == 1
+    assert tuple(dots[0].get_facecolor()[0]) == to_rgba(series_color("megatron_cp"))
+    assert dots[0].get_zorder() > max(a.get_zorder() for a in [*ax.collections, *ax.lines]
+                                      if a is not dots[0])
 
 
 # ---- the committed tables (results/), drawn once: published values, colours, hatching,
@@ -655,14 +674,19 @@ def test_hatching_marks_exactly_the_full_recomputation_bars(committed):
     assert palette.hatch("full") == "//" and not palette.hatch("selective")
     assert palette.linestyle("full") == "--" and palette.linestyle("selective") == "-"
     _, drawn = committed
-    for name in ("main_throughput", "memory_bars"):
-        fig, _ = drawn[name]
-        bars = [s for panel in _bars_of(fig) for s in panel]
+    for name in ("main_throughput", "memory_bars", "ablation"):
+        fig, data = drawn[name]
+        # (the ablation's upper panels share the lower ones' ticks: their labels are empty)
+        bars = [s for panel in _bars_of(fig) for s in panel if s[0]]
         hatched = {lab for lab, _, h in bars if h}
         plain = {lab for lab, _, h in bars if not h}
         assert hatched and plain, name
-        assert all("w/o sele-ckpt" in lab for lab in hatched), (name, hatched)
-        assert not any("w/o sele-ckpt" in lab for lab in plain), (name, plain)
+        if name == "ablation":  # its steps are named by the option they add (ticks)
+            full = set(data.loc[data["checkpointing"] == "full", "step"])
+            assert hatched == full and not plain & full, (hatched, plain)
+        else:
+            assert all("w/o sele-ckpt" in lab for lab in hatched), (name, hatched)
+            assert not any("w/o sele-ckpt" in lab for lab in plain), (name, plain)
         legend = [t.get_text() for lg in fig.legends for t in lg.get_texts()]
         assert "hatched: w/o sele-ckpt (full recomputation)" in legend, name
 
@@ -857,6 +881,24 @@ def test_the_reference_tables_are_the_papers():
         assert (root / "results" / "paper_reference" / f.name).read_bytes() == f.read_bytes(), f
 
 
+def test_the_published_numbers_are_read_from_the_repository_alone(tmp_path, monkeypatch):
+    """An environment variable, BURST_PAPER_REFERENCE, pointed results.paper at another folder:
+    the figures and the fit then drew numbers from outside the repository without a word (an
+    audit changed one and saw it in main_throughput.csv)."""
+    import shutil
+
+    from results import paper
+
+    want = paper.paper_rows()
+    other = tmp_path / "reference"
+    shutil.copytree(paper.PAPER_DIR, other)
+    text = (other / paper.MAIN_CSV).read_text()
+    (other / paper.MAIN_CSV).write_text(text.replace("100.1", "150.0"))
+    assert paper.paper_rows(other) != want  # the copy differs, read when named
+    monkeypatch.setenv("BURST_PAPER_REFERENCE", str(other))
+    assert paper.paper_rows() == want
+
+
 def test_published_rows_take_the_profiles_peak_and_the_models_shapes():
     """results.paper wrote the A800 peak and the models' heads a second time; the peak stays
     a constant there (results does not import suites) and must equal the profile's."""
@@ -1043,6 +1085,12 @@ def test_footnotes_say_which_bars_are_another_model(committed):
     note = status_note(df)
     assert note.startswith("Burst-Ring, Burst-USP at 7B: the system's own config, a two-matrix "
                            "GELU MLP (5.30B parameters; the others SwiGLU, 6.74B)")
+    assert note.endswith("its MFU counts the SwiGLU model's FLOPs, as the paper's does")
+    # a figure without MFU (the memory bars) says nothing of it
+    assert status_note(df, mfu=False).endswith("6.74B), priced as built")
+    fig, _ = committed[1]["memory_bars"]
+    said = " ".join(" ".join(t.get_text().split()) for t in fig.texts)
+    assert "priced as built" in said and "MFU" not in said
     assert "14B" not in note and "LoongTrain" not in note
     assert status_note(df[df["model"] == "14b"]) == ""
     assert status_note(df.assign(source="measured")) == ""
@@ -1119,7 +1167,9 @@ def test_footnotes_say_why_cells_have_no_number():
              world=64, status="missing", error=None),
     ])
     note = failure_note(df)
-    assert "Megatron: oom at 1, 2 GPUs (predicted OOM: 145 GiB reserved > 78.5 GiB usable)" in note
+    # the reason is the first cell's, and says so (its 145 GiB is not the 2-GPU cell's)
+    assert ("Megatron: oom at 1, 2 GPUs (at 1: predicted OOM: 145 GiB reserved > 78.5 GiB "
+            "usable)") in note
     assert ("Deepspeed-Ulysses: skipped at 64 GPUs (ulysses degree (group size) 64 does not "
             "divide 32 query heads)") in note
     said = status_note(df)
