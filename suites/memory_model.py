@@ -27,7 +27,8 @@ otherwise; this project's engine: nothing sharded, ``Implementation.sharded_stat
                  freed activations) + the attention method's buffers (the ring's blocks and
                  fp32 accumulators in flight, Ulysses' gathered heads)
   head           plain: the whole local logits at the loss, N/G x V x ``logits_bytes`` (fp32
-                 logits and their fp32 gradient: 8; this project's engine 12, ``OURS``);
+                 logits and their fp32 gradient: 8; this project's engine 12, ``OURS``;
+                 doubled for a float64 model, whose accumulators are float64);
                  fused: one chunk of bf16 logits, their fp32 copy and gradient + the fp32
                  weight gradient (burst.engine.fused_loss);
                  + the head's gathered weight and gradient (ZeRO-3), its gradient (this
@@ -188,8 +189,21 @@ def _attention_buffers(shape: AttnShape, plan: Plan, world: int,
         return gathered + _attention_buffers(dataclasses.replace(shape, kv_heads=hk), sub, world,
                                              members=world // plan.ulysses, estimated=estimated)
     # ulysses / tp / allgather: the gathered inputs and their gradients
-    if plan.kind == "allgather":  # K, V and their gradients over the whole sequence
-        return 4 * shape.seq_len * b * hk * d * e if world > 1 else 0
+    if plan.kind == "allgather":
+        # baselines/allgather.py's backward: K, V gathered over the whole sequence (a group of
+        # one keeps its own), their gradients accumulated there in fp32 (dk_all, dv_all), the
+        # local dq in fp32, and, at the reduce-scatter of dk_all, its copy in the input dtype
+        # when that is not fp32 (comm.reduce_scatter hands a group of one that copy back as its
+        # gradient), with its pieces copied when the batch makes them strided. Counted in the
+        # input dtype before: half the gradients' bytes in bf16, and a cell reserving 57 GiB
+        # priced at 40 (a metamorphic audit)
+        whole = shape.seq_len * b * hk * d
+        grads = 2 * whole * acc + b * n * h * d * acc
+        if world == 1:
+            return grads
+        cast = whole * e if e != acc else 0
+        pieces = whole * e if b > 1 else 0
+        return 2 * whole * e + grads + cast + pieces
     degree = plan.ulysses or world
     if plan.kind == "ulysses":  # kv heads fewer than the degree are replicated up to it
         hk = volume.ulysses_kv_heads(hk, degree)
@@ -290,7 +304,9 @@ def head_bytes(cfg, tokens: int, fused: bool,
         acc = acc_bytes(elem)  # softmax and the weight gradient's sum (burst.engine.fused_loss)
         out = min(tokens, LOSS_CHUNK) * v * (elem + 2 * acc) + v * h * acc + tokens * h * elem
     else:
-        out = tokens * v * logits_bytes + tokens * h * elem
+        # logits_bytes counts fp32 tensors (the accumulators' dtype): a float64 model's are
+        # float64 (plain_cross_entropy upcasts to acc_dtype), twice the bytes
+        out = tokens * v * logits_bytes * acc_bytes(elem) / FP32 + tokens * h * elem
     return out + weight_copies * v * h * elem
 
 
@@ -322,7 +338,11 @@ def train_memory(hw: Hardware, cfg, *, shape: AttnShape, plan: Plan, world: int,
     gathered = 2 * layer_params * e + layer_params * e
     if impl.replicated_bytes_per_param:  # weights + grads whole, only the optimizer sharded
         optimizer = 0 if offload else (zero_bytes_per_param(e) - 2 * e) * params / world
-        states = impl.replicated_bytes_per_param * params + optimizer
+        # the profile's bytes are a 16-bit model's: its weight moves with the model's dtype,
+        # its main gradient with the accumulators' (a float32 model holds 8, not 6, as the
+        # step model's collectives send: a metamorphic audit saw its states below bf16's)
+        whole = impl.replicated_bytes_per_param + (e - BF16) + (acc_bytes(e) - FP32)
+        states = whole * params + optimizer
         gathered = 0.0
     if not impl.sharded_states and offload:
         raise ValueError("offload: this project's engine keeps its optimizer state on the GPU "

@@ -49,7 +49,7 @@ from suites.schedule import (
     plan_for,
     regather_volume,
 )
-from suites.spec import ONLY_FOR, WORKLOADS
+from suites.spec import ONLY_FOR, WORKLOADS, shown_window
 from suites.step_model import train_step_timing
 
 __all__ = ["Prediction", "as_cell", "predict", "simulate_cell", "simulate_spec"]
@@ -201,8 +201,17 @@ def as_cell(obj, gpus_per_node: int | None = None):
         raise ValueError("an attention cell needs heads and head_dim")
     d["kv_heads"] = d["kv_heads"] or d["heads"]
     d["label"] = d["label"] or d["method"]
-    if d["window"] is not None and d["workload"] == "train_step":  # the Trainer's rule: a
-        d["window"] = model_window(d["window"], cfg.num_layers)  # pair, or one per layer
+    if d["workload"] == "train_step":  # the Trainer's rule: the model's own window, else a
+        # pair or one per layer (a dict cell of ministral-8b was priced with no window at all,
+        # where a spec's cell has the model's)
+        if d["window"] is None:
+            d["window"] = cfg.window
+        else:
+            d["window"] = model_window(d["window"], cfg.num_layers)
+            if cfg.window is not None and d["window"] != cfg.window:
+                raise ValueError(f"window {shown_window(d['window'])} differs from model "
+                                 f"{d['model']}'s own ({shown_window(cfg.window)}); give no "
+                                 "window (a spec refuses one too)")
     elif d["window"] is not None:  # the core's rule (a set's sides came in hash order)
         MaskSpec(window=d["window"])
         d["window"] = tuple(plain_integer(x) for x in d["window"])

@@ -582,7 +582,7 @@ def _model_window(r: _Reader, data: dict, workload):
             pass
     if own is not None:  # the model's architecture has its window: a second one is a guess
         r.add("window" if win is not None else "global_every",
-              f"model {data['model']!r} has its own window ({_shown_window(own)}); drop "
+              f"model {data['model']!r} has its own window ({shown_window(own)}); drop "
               "window and global_every")
         return None, None
     # a typo, not a pattern
@@ -596,7 +596,7 @@ def _model_window(r: _Reader, data: dict, workload):
     return win, every
 
 
-def _shown_window(window) -> str:
+def shown_window(window) -> str:
     """A config's window in a line: its pair, or its distinct entries with their layer counts."""
     from collections import Counter
 

@@ -110,7 +110,7 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
     fwd = max(dense + elem + a_fwd, gather)
     bwd = max(2 * dense + 2 * elem + a_bwd + recompute, gather + scatter)
     # head + loss: 3 passes of the head GEMM, the loss reads/writes the logits a few times
-    logits_bytes = tokens * cfg.vocab_size * (e + 4 + 4)
+    logits_bytes = tokens * cfg.vocab_size * (e + 2 * acc_bytes(e))
     head_s = hw.gemm_seconds(3 * head, dtype) + hw.hbm_seconds(2 * logits_bytes)
     shard = params / g
     if not sharded_states:  # read and write every param, grad, m, v (no master copy)

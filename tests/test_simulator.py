@@ -1317,6 +1317,53 @@ def test_simulated_ring_buffers_are_what_burst_ring_holds():
                                                                                mask)
 
 
+ALLGATHER_CASES = [  # (world, dtype, tokens a rank, heads, kv heads, head dim)
+    (4, torch.bfloat16, 16, 2, 2, 256), (4, torch.float32, 16, 2, 2, 256),
+    (2, torch.bfloat16, 32, 4, 2, 128), (1, torch.bfloat16, 64, 2, 2, 256)]
+
+
+def _allgather_backward_peak(rank: int, world: int, dtype, n: int, h: int, hk: int,
+                             d: int) -> int:
+    """The most CPU bytes alive at once in one allgather backward on this rank, above what
+    was alive before it (burst.memory.ProfilerPeak, the harness's CPU peak)."""
+    from baselines.allgather import allgather_attn
+    from burst.memory import ProfilerPeak
+
+    torch.manual_seed(rank)
+    q = torch.randn(1, n, h, d, dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(1, n, hk, d, dtype=dtype, requires_grad=True) for _ in range(2))
+    o = allgather_attn(q, k, v, causal=True)
+    dout = torch.randn_like(o)
+    with ProfilerPeak() as p:
+        o.backward(dout)
+    return p.peak_bytes
+
+
+def test_simulated_allgather_buffers_are_what_its_backward_holds():
+    """The all-gather method's buffers (``comm_buffers``) against the CPU peak of its backward
+    on gloo ranks: the peak holds them all, and beyond them no more than the model leaves out
+    (the gradients returned, D, a few fp32 score blocks of the CPU kernel, and two
+    whole-sequence K's in the input dtype: gloo's staging of the gather and its reduce-scatter,
+    a reduce of a cloned piece per rank; the peaks vary by such pieces from run to run, 557184
+    to 622720 bytes on one rank of the first case). They were counted as K, V and their gradients
+    in the input dtype, where the code accumulates the gradients over the whole sequence in
+    fp32 beside an fp32 dq: 262144 bytes against a peak of 573568 here, and a 4M-token cell
+    on 32 A800s reserving 57 GiB priced at 40 (a metamorphic audit)."""
+    for world, dtype, n, h, hk, d in ALLGATHER_CASES:
+        args = (dtype, n, h, hk, d)
+        peaks = (spawn(_allgather_backward_peak, world, args=args, timeout_s=120) if world > 1
+                 else [_allgather_backward_peak(0, 1, *args)])
+        cell = dict(workload="attention", method="allgather", seq_len=n * world, world=world,
+                    heads=h, kv_heads=hk, head_dim=d, causal=True,
+                    dtype=str(dtype).removeprefix("torch."), options={"layout": "zigzag"})
+        model = predict(cell, HW).memory.parts["comm_buffers"]
+        e = dtype.itemsize
+        left_out = (n * h * d + 2 * n * hk * d) * e + n * h * 4 + 8 * n * n * h * 4 \
+            + 2 * world * n * hk * d * e
+        assert model <= min(peaks) and max(peaks) <= model + left_out, (world, dtype, peaks,
+                                                                        model)
+
+
 @pytest.mark.parametrize("sweep", ["cpu_scaling", "cpu_long"])
 def test_committed_cpu_runs_send_the_simulated_bytes(sweep):
     """The measured CPU sweeps kept in results/ (up to 1M tokens over 8 ranks, windowed) sent
@@ -1432,7 +1479,9 @@ def test_replicated_weights_gather_once_per_step_not_per_layer():
 
 def test_a_group_of_one_holds_no_transfer_buffers():
     """One rank sends nothing: its ring keeps only its fp32 gradient accumulators and its
-    collectives return their input (they were charged 4-18 GiB of buffers at 128K tokens)."""
+    collectives return their input (they were charged 4-18 GiB of buffers at 128K tokens); the
+    all-gather method keeps its fp32 dq, dk, dv as the ring does (it was counted 0: the
+    peak test above measures them)."""
     n, h, d = 1 << 17, 32, 128
     base = dict(workload="attention", seq_len=n, world=1, heads=h, head_dim=d, causal=True,
                 dtype="bfloat16")
@@ -1440,17 +1489,19 @@ def test_a_group_of_one_holds_no_transfer_buffers():
              for m, o in (("allgather", {}), ("ulysses", {}), ("burst", {}),
                           ("usp", {"ulysses_degree": 1}))}
     fp32_grads = 3 * n * h * d * 4  # dq, dk, dv
-    assert parts == {"allgather": 0, "ulysses": 0, "burst": fp32_grads, "usp": fp32_grads}
+    assert parts == {"allgather": fp32_grads, "ulysses": 0, "burst": fp32_grads,
+                     "usp": fp32_grads}
     # usp over one node's 8 ranks (a ring of one) = Ulysses + its ring's fp32 accumulators
     eight = dict(base, world=8)
     ulysses = predict(as_cell(dict(eight, method="ulysses")), HW).memory.parts["comm_buffers"]
     usp = predict(as_cell(dict(eight, method="usp", options={"ulysses_degree": 8})),
                   HW).memory.parts["comm_buffers"]
     assert usp - ulysses / 2 == fp32_grads / 8
-    # allgather over 8 holds the gathered K, V and their gradients of the whole sequence
-    # (halved, a 1M-token cell's 32 GiB came out 16 and passed: a test audit)
+    # allgather over 8 holds the gathered K, V and their fp32 gradients of the whole sequence,
+    # its fp32 dq and a bf16 copy of dK at its reduce-scatter (halved, a 1M-token cell's
+    # buffers passed: a test audit)
     gathered = predict(as_cell(dict(eight, method="allgather")), HW).memory.parts["comm_buffers"]
-    assert gathered == 4 * n * h * d * 2
+    assert gathered == (2 * 2 + 2 * 4 + 2) * n * h * d + n // 8 * h * d * 4
 
 
 def test_system_sharding_and_vocabulary_change_memory():
@@ -1468,6 +1519,11 @@ def test_system_sharding_and_vocabulary_change_memory():
     params = _param_count(get_config("14b"))
     states = predict(cell, HW, mega).memory.parts["model_states"]
     assert states == pytest.approx(6 * params + 12 * params / 32)
+    # a float32 model's weight and main gradient are both 4 bytes: 8 whole, m and v sharded
+    # (it held 6: its states came out below the bf16 model's, a metamorphic audit)
+    fp32 = dataclasses.replace(cell, dtype="float32")
+    assert predict(fp32, HW, mega).memory.parts["model_states"] == pytest.approx(
+        8 * params + 8 * params / 32)
     assert predict(cell, HW, zero3).memory.parts["model_states"] == pytest.approx(16 * params / 32)
     small = predict(cell, HW, zero3.with_values(vocab_size=32000)).memory
     big = predict(cell, HW, zero3).memory  # the model's 120000
@@ -1475,6 +1531,21 @@ def test_system_sharding_and_vocabulary_change_memory():
     assert big.parts["model_states"] - small.parts["model_states"] == pytest.approx(
         16 * 2 * (120000 - 32000) * 5120 / 32)
     assert big.allocated > small.allocated
+
+
+def test_the_plain_heads_logits_take_the_accumulators_dtype():
+    """This project's plain head upcasts the logits to the accumulators' dtype (fp32; float64
+    for a float64 model, burst.engine.fused_loss.plain_cross_entropy): three such tensors a
+    logit at the loss's backward, 12 bytes, 24 in float64 (it was 12 for both: a metamorphic
+    audit)."""
+    from burst.engine.configs import get_config
+    from suites.memory_model import head_bytes
+
+    cfg = get_config("1b")
+    tokens = 8192
+    for elem, per_logit in ((2, 12), (4, 12), (8, 24)):
+        got = head_bytes(cfg, tokens, False, OURS.logits_bytes, elem, 0)
+        assert got == tokens * cfg.vocab_size * per_logit + tokens * cfg.hidden_size * elem
 
 
 def test_attention_memory_matches_the_papers_benchmark_log(evals):
@@ -1705,6 +1776,33 @@ def test_keys_of_the_other_workload_and_unknown_workloads_are_rejected():
         predict(dict(attn, workload="inference"), HW)
     assert predict(dict(attn, checkpointing="none", fused_head=False), HW).status == "ok"
     assert predict(dict(step, causal=True, window=(1024, 0)), HW).status == "ok"
+
+
+def test_a_cell_given_in_python_has_its_models_own_window():
+    """A dict cell of a model with its own window (ministral-8b) was priced with no window at
+    all: 165.8 tokens/s per GPU, against 470.1 for the spec's cell, which has the model's
+    (found by a metamorphic audit). A second window for such a model is refused, as a spec and
+    the Trainer refuse it."""
+    from burst.engine.configs import get_config
+    from suites.cells import expand
+    from suites.spec import load_spec
+
+    own = get_config("ministral-8b").window
+    assert own is not None
+    cell = dict(workload="train_step", method="burst", model="ministral-8b", seq_len=1 << 18,
+                world=8, ranks_per_node=8, checkpointing="selective", fused_head=True)
+    assert as_cell(cell).window == own == as_cell({**cell, "window": own}).window
+    with pytest.raises(ValueError, match=r"window \[4095, 0\] on every layer differs from "
+                                         r"model ministral-8b's own \(global on 9 layers"):
+        as_cell({**cell, "window": (4095, 0)})
+    spec_cell = expand(load_spec("engine_ministral"))[0]
+    assert spec_cell.window == own
+    mine = simulate_cell({**cell, **{k: getattr(spec_cell, k) for k in (
+        "method", "options", "seq_len", "world", "nodes", "checkpointing", "fused_head",
+        "dtype", "data_parallel", "label")}}, HW)
+    theirs = simulate_cell(spec_cell, HW)
+    assert mine["status"] == theirs["status"] == "ok"
+    assert mine["time_s"] == theirs["time_s"] and mine["mem_peak_bytes"] == theirs["mem_peak_bytes"]
 
 
 def test_windowed_attention_is_priced_by_the_same_tiles_for_every_method():
