@@ -4,10 +4,10 @@ on 32 A800s at 128K-1M tokens. Lines: simulated; diamonds: published; squares:
 measured on GPUs (if any); at the bottom, a mark per cell without a number (x: out of memory;
 the other failures have their own marks, ``_bars.FAILED_MARKERS``); a simulated number where
 the paper reports OOM is a large dot in its method's colour, drawn over every other mark, and its
-segment dotted (the simulator's attention-only memory fits there: docs/simulator.md). A black
-ring around it hid nothing of the paper's diamonds beneath, and an audit read it as theirs:
-Megatron-CP's 175.3 at 512K lies under BurstAttention's 177.5 and the published 174.5 and
-178.6)."""
+segment dotted (the simulator's attention-only memory fits there: docs/simulator.md). It was a
+black ring, drawn under the other marks: the ring lay around other methods' diamonds at the
+same height, and an audit read it as theirs (Megatron-CP's 175.3 at 512K lies under
+BurstAttention's 177.5 and the published 174.5 and 178.6)."""
 
 from __future__ import annotations
 
