@@ -41,7 +41,7 @@ from burst.layout import check_layout, global_positions, position_runs
 
 __all__ = ["FULL", "CAUSAL", "STRICT", "DENSE", "TILE", "Call", "MaskSpec", "bounds_mask",
            "flat_ring_suffices", "interleaved_windows", "layer_windows", "model_window",
-           "pair_geometry", "per_layer", "plan_pair", "ring_reach"]
+           "pair_geometry", "per_layer", "plan_pair", "ring_reach", "shown_window"]
 
 FULL = "full"  # every query sees every key
 CAUSAL = "causal"  # square block, query a sees key b iff b <= a (top-left aligned)
@@ -144,6 +144,15 @@ def model_window(window, layers: int):
     (left, right) pair when every layer has the same, else the tuple of per-layer entries."""
     per = layer_windows(window, layers)
     return per[0] if len(set(per)) == 1 else per
+
+
+def shown_window(window) -> str:
+    """A model's window in a line (``model_window``'s form): its pair, or its distinct entries
+    with their layer counts: "global on 9 layers, [32767, 0] on 27 layers"."""
+    if not per_layer(window):
+        return f"{list(window)} on every layer"
+    return ", ".join(f"{'global' if w is None else list(w)} on {n} layer{'s' * (n != 1)}"
+                     for w, n in collections.Counter(window).items())
 
 
 def per_layer(window) -> bool:

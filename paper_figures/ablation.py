@@ -94,7 +94,7 @@ def make(tables):
             why = ["no value" if st == "ok" else st for st in status]  # where vals is NaN
             bars = sns.barplot(x=steps, y=[0.0 if pd.isna(v) else v for v in vals], hue=steps,
                                palette=colors, legend=False, ax=ax, saturation=1.0)
-            for patch, h in zip(bars.patches, hatches, strict=False):
+            for patch, h in zip(bars.patches, hatches, strict=True):
                 patch.set_hatch(h or None)
             ups = speedups(vals) if metric == "tokens_per_s" else [None] * len(vals)
             for k, (v, st, up) in enumerate(zip(vals, why, ups, strict=True)):

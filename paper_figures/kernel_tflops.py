@@ -3,11 +3,12 @@ convention: backward = 2.5 x forward, causal pairs halved; the shape, from the r
 on 32 A800s at 128K-1M tokens. Lines: simulated; diamonds: published; squares:
 measured on GPUs (if any); at the bottom, a mark per cell without a number (x: out of memory;
 the other failures have their own marks, ``_bars.FAILED_MARKERS``); a simulated number where
-the paper reports OOM is a large dot in its method's colour, drawn over every other mark, and its
-segment dotted (the simulator's attention-only memory fits there: docs/simulator.md). It was a
-black ring, drawn under the other marks: the ring lay around other methods' diamonds at the
-same height, and an audit read it as theirs (Megatron-CP's 175.3 at 512K lies under
-BurstAttention's 177.5 and the published 174.5 and 178.6)."""
+the paper reports OOM is ringed in its method's colour, over every other mark (open: the
+published diamonds at the same height stay visible inside it), and its segment dotted (the
+simulator's attention-only memory fits there: docs/simulator.md). The ring was black, and drawn
+under the other marks: it lay around other methods' diamonds, and an audit read it as theirs
+(Megatron-CP's 175.3 at 512K lies under BurstAttention's 177.5 and the published 174.5 and
+178.6); a filled dot on top then hid those diamonds (a review)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ SWEEP = "paper_kernel_32gpu"  # suites/specs: the kernel table
 
 
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
-OOM_DOT = 55  # marker area of a simulated number where the paper has OOM
+OOM_RING = 90  # marker area of the ring around a simulated number where the paper has OOM
 
 
 def _one(values, fmt=str) -> str:
@@ -68,13 +69,13 @@ def make(tables):
                 label=label)
         d = df[df["label"] == label].sort_values("seq_len")
         # a simulated number where the paper has OOM (Megatron-CP at 512K, 1M: docs/simulator.md
-        # says why): a large dot in the method's colour over every other mark, reached by a
-        # dotted segment, so the line does not read as agreeing with the paper
+        # says why): ringed in the method's colour over every other mark, reached by a dotted
+        # segment, so the line does not read as agreeing with the paper
         oom = set(d.loc[(d["source"] == "paper") & (d["status"] == "oom"), "seq_len"])
         sim = d[(d["source"] == "simulated") & (d["status"] == "ok") & d["seq_len"].isin(oom)]
         if len(sim):
-            ax.scatter(sim["seq_len"], sim["attn_tflops"], s=OOM_DOT, color=colour,
-                       edgecolors="black", lw=1.2, zorder=7)
+            ax.scatter(sim["seq_len"], sim["attn_tflops"], s=OOM_RING, facecolors="none",
+                       edgecolors=colour, lw=1.8, zorder=7)
             flagged = True
         for src in ("simulated", "paper", "measured"):
             s = d[d["source"] == src].drop_duplicates("seq_len", keep="last")
@@ -106,16 +107,16 @@ def make(tables):
     ax.set_ylabel("attention TFLOP/s per GPU")
     ax.set_ylim(0, None)
     if flagged:  # the legend: the methods, then what the marks mean
-        ax.scatter([], [], s=OOM_DOT, color="white", edgecolors="black", lw=1.2,
-                   label="simulated, OOM in the paper\n(large dot, on top)")
+        ax.scatter([], [], s=OOM_RING, facecolors="none", edgecolors="0.3", lw=1.8,
+                   label="simulated, OOM in the paper\n(ringed in the method's colour)")
     ax.scatter([], [], marker=SOURCE_MARKERS["paper"], color="0.5", edgecolor="black", s=30,
                label="published")
     measured = (df["source"] == "measured").any()
     if measured:
         ax.scatter([], [], marker=SOURCE_MARKERS["measured"], color="0.5", edgecolor="black",
                    s=30, label="measured on GPUs")
-    # below every line from 512K (the lowest, LoongTrain-DoubleRing, is at 130 there), above
-    # the marks at the floor: "center right" covered the 512K and 1M points
+    # lower right, above the marks at the floor ("center right" covered the paper's 512K and
+    # 1M points, which lie high in this figure)
     legend(ax, fontsize=6.5, loc="lower right", bbox_to_anchor=(1.0, 0.1))
     # the marks of the failures drawn, and only those
     status = df.apply(lambda r: status_of(r, "attn_tflops"), axis=1)

@@ -466,15 +466,15 @@ def _rows_table(df, path: Path):
             continue
         col = df[c]
         if not pd.api.types.is_numeric_dtype(col):  # a JSON string "1024" is no number either
-            bad = col[col.notna() & ~col.map(_is_number)]
-            if len(bad):
-                raise ValueError(f"{path}: column {c!r} holds {bad.iloc[0]!r} (row "
-                                 f"{bad.index[0] + 1}), not a number")
-            col = col.astype(float)
-        bad = df[c][col < 0]
-        if len(bad):
-            raise ValueError(f"{path}: column {c!r} holds {bad.iloc[0]} (row "
-                             f"{bad.index[0] + 1}), below 0")
+            bad = (col.notna() & ~col.map(_is_number)).to_numpy()
+            if bad.any():
+                raise ValueError(f"{path}: column {c!r} holds {col[bad].iloc[0]!r} "
+                                 f"({_which_row(df, bad)}), not a number")
+            col = pd.to_numeric(col)
+        bad = (col < 0).fillna(False).to_numpy(dtype=bool)
+        if bad.any():
+            raise ValueError(f"{path}: column {c!r} holds {df[c][bad].iloc[0]} "
+                             f"({_which_row(df, bad)}), below 0")
     return df
 
 
@@ -482,3 +482,16 @@ def _is_number(x) -> bool:
     import numbers
 
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _which_row(df, bad) -> str:
+    """The first ``bad`` row, as a reader finds it: its cell and label where rows have them (a
+    run's rows come out sorted, one per cell), else its line in the table."""
+    import numpy as np
+
+    i = int(np.flatnonzero(bad)[0])
+    row = df.iloc[i]
+    if "cell_id" in df.columns and isinstance(row["cell_id"], str):
+        return f"cell {row['cell_id']}" + (f", label {row['label']!r}"
+                                           if isinstance(row.get("label"), str) else "")
+    return f"row {i + 1}"

@@ -47,9 +47,11 @@ class Implementation:
     output and lse, gathers the q, k, v again and moves the output back again (this project's
     engine: burst/engine/checkpointing.py, burst/remake.py)."""
     replicated_bytes_per_param: float = 0.0
-    """Bytes per parameter every rank holds whole in training (Megatron's distributed optimizer
-    shards only the fp32 optimizer state: bf16 weights 2 + fp32 main grads 4 = 6); 0: ZeRO-3,
-    weights and gradients sharded too."""
+    """Bytes per parameter every rank holds whole in training, for a 16-bit model (Megatron's
+    distributed optimizer shards only the fp32 optimizer state: bf16 weights 2 + fp32 main
+    grads 4 = 6; ``memory_model.train_memory`` moves the weight's bytes with the model's dtype
+    and the gradient's with the accumulators': 8 in float32); 0: ZeRO-3, weights and gradients
+    sharded too."""
     vocab_size: int = 0
     """Vocabulary its training runs built (its tokenizer / model config); 0: the model's."""
     gelu_mlp_models: tuple[str, ...] = ()

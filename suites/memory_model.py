@@ -11,7 +11,8 @@ otherwise; this project's engine: nothing sharded, ``Implementation.sharded_stat
                  (ZeRO, Rajbhandari et al. 2020: 2 + 2 + K, K = 12); with offload only the bf16
                  parameter and gradient shards stay on the GPU; a system with
                  ``replicated_bytes_per_param`` r (Megatron's distributed optimizer) holds
-                 r bytes / parameter whole and shards only the fp32 optimizer (12 / G); this
+                 r bytes / parameter whole (a 16-bit model's: 6; 8 in float32, weights and
+                 main gradients both fp32) and shards only the fp32 optimizer (12 / G); this
                  project's engine holds weights, gradients and AdamW's two moments whole, in
                  the model's dtype: 4 x 2 = 8 bytes / parameter in bf16
   gathered       the current and the prefetched layer's full bf16 parameters + one layer's bf16
@@ -193,8 +194,11 @@ def _attention_buffers(shape: AttnShape, plan: Plan, world: int,
         # baselines/allgather.py's backward: K, V gathered over the whole sequence (a group of
         # one keeps its own), their gradients accumulated there in fp32 (dk_all, dv_all), the
         # local dq in fp32, and, at the reduce-scatter of dk_all, its copy in the input dtype
-        # when that is not fp32 (comm.reduce_scatter hands a group of one that copy back as its
-        # gradient), with its pieces copied when the batch makes them strided. Counted in the
+        # when that is not the accumulators' (comm.reduce_scatter hands a group of one that
+        # copy back as its gradient), with its pieces copied when the batch makes them strided.
+        # An input already in the accumulators' dtype (fp32) gets dq, and in a group of one dK
+        # and dV, back as its gradients: counted here too, as the ring's accumulators are (on
+        # the safe side, one local dq at most, or three in a group of one). Counted in the
         # input dtype before, without dq and the copy: 32 GiB of 58 for 4M tokens on 32 A800s
         # (32 heads, 8 KV heads of 128), 39.8 GiB reserved against 67.8 now, and 6M tokens
         # priced to fit at 59.7 (a metamorphic audit)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from burst import flops as F
-from burst.masks import MaskSpec, model_window, per_layer
+from burst.masks import MaskSpec, per_layer
 from suites.hardware import Hardware, load
 from suites.implementations import OURS, Implementation, implementation
 from suites.memory_model import MemoryEstimate, attention_memory, train_memory
@@ -49,7 +49,7 @@ from suites.schedule import (
     plan_for,
     regather_volume,
 )
-from suites.spec import ONLY_FOR, WORKLOADS, shown_window
+from suites.spec import ONLY_FOR, WORKLOADS
 from suites.step_model import train_step_timing
 
 __all__ = ["Prediction", "as_cell", "predict", "simulate_cell", "simulate_spec"]
@@ -121,6 +121,18 @@ def _check_field_types(d: dict) -> None:
         raise ValueError(f"cell field {'; '.join(bad)}")
 
 
+def _model_run_window(model: str, window):
+    """A train_step cell's window: the model's own where none is given, a second one refused
+    (``burst.engine.configs.run_window``; a dict cell of ministral-8b was priced with no window
+    at all, where a spec's cell has the model's)."""
+    from burst.engine.configs import run_window
+
+    try:
+        return run_window(_model_config(model), window)
+    except ValueError as e:
+        raise ValueError(f"model {model}: {e}") from None
+
+
 def as_cell(obj, gpus_per_node: int | None = None):
     """A ``suites.cells.Cell`` from a Cell, or from a dict / object with the cell's fields.
 
@@ -131,8 +143,11 @@ def as_cell(obj, gpus_per_node: int | None = None):
     from baselines.registry import plain_integer, plain_integers
     from suites.cells import Cell, placeholder_value
 
-    if isinstance(obj, Cell):
-        return obj
+    if isinstance(obj, Cell):  # a Cell made in Python too (dataclasses.replace of a spec's)
+        if obj.workload != "train_step" or obj.model is None:
+            return obj
+        window = _model_run_window(obj.model, obj.window)
+        return obj if window == obj.window else dataclasses.replace(obj, window=window)
     d = dict(obj) if isinstance(obj, dict) else {
         f.name: getattr(obj, f.name) for f in dataclasses.fields(Cell) if hasattr(obj, f.name)}
     d = plain_integers(d)  # a numpy count is the same count (as the registry's call takes it)
@@ -201,17 +216,8 @@ def as_cell(obj, gpus_per_node: int | None = None):
         raise ValueError("an attention cell needs heads and head_dim")
     d["kv_heads"] = d["kv_heads"] or d["heads"]
     d["label"] = d["label"] or d["method"]
-    if d["workload"] == "train_step":  # the Trainer's rule: the model's own window, else a
-        # pair or one per layer (a dict cell of ministral-8b was priced with no window at all,
-        # where a spec's cell has the model's)
-        if d["window"] is None:
-            d["window"] = cfg.window
-        else:
-            d["window"] = model_window(d["window"], cfg.num_layers)
-            if cfg.window is not None and d["window"] != cfg.window:
-                raise ValueError(f"window {shown_window(d['window'])} differs from model "
-                                 f"{d['model']}'s own ({shown_window(cfg.window)}); give no "
-                                 "window (a spec refuses one too)")
+    if d["workload"] == "train_step":  # the Trainer's rule (a spec refuses a second window)
+        d["window"] = _model_run_window(d["model"], d["window"])
     elif d["window"] is not None:  # the core's rule (a set's sides came in hash order)
         MaskSpec(window=d["window"])
         d["window"] = tuple(plain_integer(x) for x in d["window"])
@@ -259,7 +265,14 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
     knob yet); a system whose profile says ``optimizer_offload`` always does. ``layers``
     (train_step): the layers that run this cell's attention, for the memory peak
     (``suites.memory_model.train_memory``; default every layer)."""
-    cell = as_cell(cell, hw.gpus_per_node)
+    return _predict(as_cell(cell, hw.gpus_per_node), hw, impl, invalid=invalid,
+                    offload=offload, layers=layers)
+
+
+def _predict(cell, hw: Hardware, impl: Implementation | None, *, invalid: str, offload: bool,
+             layers: tuple[int, ...] | None) -> Prediction:
+    """``predict`` of a cell as given: ``_mixed_layers`` prices a model of each of its windows
+    alone, which ``as_cell`` would give the model's own window again."""
     impl = impl or _impl(cell)
     if cell.workload == "train_step" and per_layer(cell.window):
         return _mixed_layers(cell, hw, impl, invalid=invalid, offload=offload)
@@ -373,9 +386,9 @@ def _mixed_layers(cell, hw: Hardware, impl: Implementation, *, invalid: str,
     backward holds the checkpoints of the layers before it, and in this project's engine the
     gradients of those after it)."""
     counts = Counter(cell.window)
-    groups = tuple((n, predict(dataclasses.replace(cell, window=w), hw, impl, invalid=invalid,
-                               offload=offload,
-                               layers=tuple(i for i, x in enumerate(cell.window) if x == w)))
+    groups = tuple((n, _predict(dataclasses.replace(cell, window=w), hw, impl, invalid=invalid,
+                                offload=offload,
+                                layers=tuple(i for i, x in enumerate(cell.window) if x == w)))
                    for w, n in counts.items())
     layers = sum(counts.values())
     for _, p in groups:

@@ -46,6 +46,7 @@ from pathlib import Path
 
 from burst.flops import CHECKPOINTING
 from burst.layout import divisors
+from burst.masks import shown_window
 
 __all__ = [
     "DEVICES",
@@ -594,18 +595,6 @@ def _model_window(r: _Reader, data: dict, workload):
               (f"a model of {layers} layer cannot mix local and global layers" if layers == 1
                else f"give {valid}"))
     return win, every
-
-
-def shown_window(window) -> str:
-    """A config's window in a line: its pair, or its distinct entries with their layer counts."""
-    from collections import Counter
-
-    from burst.masks import per_layer
-
-    if not per_layer(window):
-        return f"{list(window)} on every layer"
-    return ", ".join(f"{'global' if w is None else list(w)} on {n} layers"
-                     for w, n in Counter(window).items())
 
 
 def _shape(r: _Reader, data: dict) -> Shape | None:

@@ -296,7 +296,8 @@ def test_a_configs_window_is_the_models_own():
     assert Trainer(mixed).model.attention.window == ((3, 0), None)
     assert Trainer(mixed, window=[(3, 0), None]).model.attention.window == ((3, 0), None)
     with pytest.raises(ValueError, match=re.escape(
-            "window=(5, 0) differs from the model's own, ((3, 0), None)")):
+            "window [5, 0] on every layer differs from the model's own ([3, 0] on 1 layer, "
+            "global on 1 layer")):
         Trainer(mixed, window=(5, 0))
     assert Trainer(tiny, window=(5, 0)).model.attention.window == (5, 0)
     assert CausalLM.skeleton(mixed).attention.window == ((3, 0), None)

@@ -618,8 +618,10 @@ def test_cli_user_errors_are_messages_not_tracebacks(tmp_path, capsys, monkeypat
     # speedup), in the folder, its rows file and a copy of that file
     row = {"cell_id": "a", "label": "ring", "status": "ok", "seq_len": 64, "world": 2,
            "time_s": 0.5}
-    for i, (edit, says) in enumerate(((dict(seq_len="64"), "column 'seq_len' holds '64' (row 2)"),
-                                      (dict(time_s=-0.5), "column 'time_s' holds -0.5 (row 2)"))):
+    # (named by its cell: a run's rows come out one per cell, sorted, not as the file has them)
+    for i, (edit, says) in enumerate((
+            (dict(seq_len="64"), "column 'seq_len' holds '64' (cell b, label 'ring')"),
+            (dict(time_s=-0.5), "column 'time_s' holds -0.5 (cell b, label 'ring')"))):
         run = tmp_path / f"edited{i}" / "r1"
         run.mkdir(parents=True)
         store.append_row(run / store.ROWS, row)

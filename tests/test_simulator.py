@@ -1317,12 +1317,13 @@ def test_simulated_ring_buffers_are_what_burst_ring_holds():
                                                                                mask)
 
 
-ALLGATHER_CASES = [  # (world, dtype, tokens a rank, heads, kv heads, head dim)
-    (4, torch.bfloat16, 16, 2, 2, 256), (4, torch.float32, 16, 2, 2, 256),
-    (2, torch.bfloat16, 32, 4, 2, 128), (1, torch.bfloat16, 64, 2, 2, 256)]
+ALLGATHER_CASES = [  # (world, dtype, batch, tokens a rank, heads, kv heads, head dim)
+    (4, torch.bfloat16, 1, 16, 2, 2, 256), (4, torch.float32, 1, 16, 2, 2, 256),
+    (2, torch.bfloat16, 1, 32, 4, 2, 128), (1, torch.bfloat16, 1, 64, 2, 2, 256),
+    (4, torch.bfloat16, 2, 16, 2, 2, 256)]
 
 
-def _allgather_backward_peak(rank: int, world: int, dtype, n: int, h: int, hk: int,
+def _allgather_backward_peak(rank: int, world: int, dtype, b: int, n: int, h: int, hk: int,
                              d: int) -> int:
     """The most CPU bytes alive at once in one allgather backward on this rank, above what
     was alive before it (burst.memory.ProfilerPeak, the harness's CPU peak)."""
@@ -1330,8 +1331,8 @@ def _allgather_backward_peak(rank: int, world: int, dtype, n: int, h: int, hk: i
     from burst.memory import ProfilerPeak
 
     torch.manual_seed(rank)
-    q = torch.randn(1, n, h, d, dtype=dtype, requires_grad=True)
-    k, v = (torch.randn(1, n, hk, d, dtype=dtype, requires_grad=True) for _ in range(2))
+    q = torch.randn(b, n, h, d, dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(b, n, hk, d, dtype=dtype, requires_grad=True) for _ in range(2))
     o = allgather_attn(q, k, v, causal=True)
     dout = torch.randn_like(o)
     with ProfilerPeak() as p:
@@ -1345,21 +1346,23 @@ def test_simulated_allgather_buffers_are_what_its_backward_holds():
     (the gradients returned, D, a few fp32 score blocks of the CPU kernel, and two
     whole-sequence K's in the input dtype: gloo's staging of the gather and its reduce-scatter,
     a reduce of a cloned piece per rank; the peaks vary by such pieces from run to run, 557184
-    to 622720 bytes on one rank of the first case). They were counted as K, V and their gradients
+    to 622720 bytes on one rank of the first case: a review saw 4 to 8 pieces above the model
+    over some 290 rank peaks, against 12 allowed). They were counted as K, V and their gradients
     in the input dtype, where the code accumulates the gradients over the whole sequence in
     fp32 beside an fp32 dq: 262144 bytes against a peak of 573568 here, and a 4M-token cell
     on 32 A800s priced at 39.8 GiB reserved, 67.8 counted so (a metamorphic audit)."""
-    for world, dtype, n, h, hk, d in ALLGATHER_CASES:
-        args = (dtype, n, h, hk, d)
+    for world, dtype, b, n, h, hk, d in ALLGATHER_CASES:
+        args = (dtype, b, n, h, hk, d)
         peaks = (spawn(_allgather_backward_peak, world, args=args, timeout_s=120) if world > 1
                  else [_allgather_backward_peak(0, 1, *args)])
         cell = dict(workload="attention", method="allgather", seq_len=n * world, world=world,
-                    heads=h, kv_heads=hk, head_dim=d, causal=True,
+                    batch=b, heads=h, kv_heads=hk, head_dim=d, causal=True,
                     dtype=str(dtype).removeprefix("torch."), options={"layout": "zigzag"})
         model = predict(cell, HW).memory.parts["comm_buffers"]
         e = dtype.itemsize
-        left_out = (n * h * d + 2 * n * hk * d) * e + n * h * 4 + 8 * n * n * h * 4 \
-            + 2 * world * n * hk * d * e
+        # (a group of one stages nothing: its collectives return their input)
+        left_out = b * ((n * h * d + 2 * n * hk * d) * e + n * h * 4 + 8 * n * n * h * 4
+                        + 2 * (world > 1) * world * n * hk * d * e)
         assert model <= min(peaks) and max(peaks) <= model + left_out, (world, dtype, peaks,
                                                                         model)
 
@@ -1502,6 +1505,10 @@ def test_a_group_of_one_holds_no_transfer_buffers():
     # buffers passed: a test audit)
     gathered = predict(as_cell(dict(eight, method="allgather")), HW).memory.parts["comm_buffers"]
     assert gathered == (2 * 2 + 2 * 4 + 2) * n * h * d + n // 8 * h * d * 4
+    # a batch of 2 twice that, and the reduce-scatter's pieces of dK copied (strided: a chunk
+    # of the sequence dimension behind the batch's; the peak test above bounds it from below)
+    two = predict(as_cell(dict(eight, method="allgather", batch=2)), HW).memory
+    assert two.parts["comm_buffers"] == 2 * gathered + 2 * n * h * d * 2
 
 
 def test_system_sharding_and_vocabulary_change_memory():
@@ -1792,11 +1799,16 @@ def test_a_cell_given_in_python_has_its_models_own_window():
     cell = dict(workload="train_step", method="burst", model="ministral-8b", seq_len=1 << 18,
                 world=8, ranks_per_node=8, checkpointing="selective", fused_head=True)
     assert as_cell(cell).window == own == as_cell({**cell, "window": own}).window
-    with pytest.raises(ValueError, match=r"window \[4095, 0\] on every layer differs from "
-                                         r"model ministral-8b's own \(global on 9 layers"):
+    with pytest.raises(ValueError, match=r"model ministral-8b: window \[4095, 0\] on every "
+                                         r"layer differs from the model's own \(global on 9 "):
         as_cell({**cell, "window": (4095, 0)})
     spec_cell = expand(load_spec("engine_ministral"))[0]
     assert spec_cell.window == own
+    # a Cell made in Python (a spec's, replaced) follows the same rule
+    assert as_cell(dataclasses.replace(spec_cell, window=None)).window == own
+    assert as_cell(spec_cell) is spec_cell
+    with pytest.raises(ValueError, match="differs from the model's own"):
+        simulate_cell(dataclasses.replace(spec_cell, window=(4095, 0)), HW)
     mine = simulate_cell({**cell, **{k: getattr(spec_cell, k) for k in (
         "method", "options", "seq_len", "world", "nodes", "checkpointing", "fused_head",
         "dtype", "data_parallel", "label")}}, HW)

@@ -15,9 +15,10 @@ from dataclasses import dataclass, fields
 
 from burst.flops import mlp_matrices
 from burst.layout import divisors
-from burst.masks import model_window
+from burst.masks import model_window, shown_window
 
-__all__ = ["CONFIGS", "ModelConfig", "get_config", "param_count", "vocab_params"]
+__all__ = ["CONFIGS", "ModelConfig", "get_config", "param_count", "run_window",
+           "vocab_params"]
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,24 @@ def get_config(name: str) -> ModelConfig:
     if name not in CONFIGS:
         raise ValueError(f"unknown model config {name!r}; valid names: {', '.join(CONFIGS)}")
     return CONFIGS[name]
+
+
+def run_window(cfg: ModelConfig, window=None):
+    """The window ``cfg``'s model runs when ``window`` is asked for (``Trainer(window=)``, a
+    simulated cell's): the model's own (``cfg.window``) where ``window`` is None, else
+    ``window`` in ``model_window``'s form. ValueError where the model has a window of its own
+    and ``window`` differs from it (which one ran would be a guess), or where ``window`` is no
+    window of its layers. The Trainer and the simulator's cells share this rule (a cell given
+    in Python was priced without the model's window)."""
+    if window is None:
+        return cfg.window
+    window = model_window(window, cfg.num_layers)
+    if cfg.window is not None and window != cfg.window:
+        raise ValueError(f"window {shown_window(window)} differs from the model's own "
+                         f"({shown_window(cfg.window)}: model_config.window, e.g. a Mistral "
+                         "checkpoint's sliding_window); give window=None, or a config with the "
+                         "window to run (dataclasses.replace(config, window=...))")
+    return window
 
 
 def vocab_params(cfg: ModelConfig) -> int:

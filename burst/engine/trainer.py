@@ -39,7 +39,7 @@ from burst import comm
 from burst.engine import sharded_state
 from burst.engine.attention_call import AttentionCall, resolve_attention
 from burst.engine.checkpointing import check_mode
-from burst.engine.configs import ModelConfig, get_config
+from burst.engine.configs import ModelConfig, get_config, run_window
 from burst.engine.data import local_batch, shard_batch
 from burst.engine.fused_loss import IGNORE_INDEX, LOSS_CHUNK
 from burst.engine.model import CausalLM, assign_whole
@@ -59,7 +59,7 @@ from burst.engine.parallel import (
     write_staged,
 )
 from burst.layout import divisors, length_problem
-from burst.masks import MaskSpec, model_window
+from burst.masks import MaskSpec
 
 __all__ = ["DTYPES", "OPTIMIZERS", "Trainer", "dtype_problem", "seq_len_problems"]
 
@@ -239,21 +239,11 @@ class Trainer:
         if data_parallel not in DATA_PARALLEL:
             problems.append(f"unknown data_parallel {data_parallel!r}; valid: "
                             f"{', '.join(DATA_PARALLEL)}")
-        if window is not None and cfg is not None:  # (without a config: reported above)
-            try:  # one form: sides as ints, a list of equal windows as one (model_window)
-                window = model_window(window, cfg.num_layers)
+        if cfg is not None:  # (without a config: reported above)
+            try:  # one form, the model's own where none is given (configs.run_window)
+                window = run_window(cfg, window)
             except ValueError as e:
                 problems.append(str(e))
-            else:
-                if cfg.window is not None and window != cfg.window:
-                    # a second window for the same model: which one ran would be a guess
-                    problems.append(
-                        f"window={window!r} differs from the model's own, {cfg.window!r} "
-                        "(model_config.window, e.g. a Mistral checkpoint's sliding_window); "
-                        "give window=None, or a config with the window to run "
-                        "(dataclasses.replace(config, window=...))")
-        elif cfg is not None:
-            window = cfg.window
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             problems.append(f"device={device!r}, but torch sees no CUDA device here")
