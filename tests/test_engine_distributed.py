@@ -966,6 +966,51 @@ def test_no_data_parallel_wrapper_without_data_parallelism_and_one_num_targets()
                 "another rank's input is invalid") in short, (rank, short)
 
 
+def _groups_by_hand(rank: int, world: int) -> list[str]:
+    """Trainers on CP and DP groups made by hand: a grid as make_groups makes it (strided CP
+    groups too), and two that are not one, each refused on every rank."""
+    layouts = {"make_groups": ([[0, 1], [2, 3]], [[0, 2], [1, 3]]),
+               "strided": ([[0, 2], [1, 3]], [[0, 1], [2, 3]]),
+               "misaligned": ([[0, 3], [1, 2]], [[0, 2], [1, 3]]),
+               "dp_is_cp": ([[0, 1], [2, 3]], [[0, 1], [2, 3]])}
+    out = []
+    for name, (cps, dps) in layouts.items():
+        cp = comm.subgroup(cps, purpose=f"test-cp-{name}")
+        dp = comm.subgroup(dps, purpose=f"test-dp-{name}")
+        try:
+            Trainer("tiny", dtype=torch.float64, cp_group=cp, dp_group=dp,
+                    attention_options={"layout": "zigzag"})
+            out.append("no error")
+        except ValueError as e:
+            out.append(str(e))
+    return out
+
+
+def test_groups_given_by_hand_must_form_the_engines_grid():
+    """Explicit cp_group / dp_group were checked for their sizes only. A grid whose CP groups'
+    ranks have different DP ranks (CP {0, 3}, {1, 2} with DP {0, 2}, {1, 3}), or DP groups
+    equal to the CP groups, trained without an error on wrong gradients (relative errors
+    1.1-1.5 against the one-process float64 step, DDP and FSDP: an audit); both are refused on
+    every rank now, and the grids make_groups builds (or strided CP groups) are not."""
+    from burst.engine.parallel import grid_members, grid_problem
+
+    for rank, (grid, strided, misaligned, dp_is_cp) in enumerate(spawn(_groups_by_hand, 4)):
+        assert grid == strided == "no error", (rank, grid, strided)
+        assert ("do not form a grid: the ranks of CP group [0, 3] have DP ranks [0, 1]"
+                in misaligned), (rank, misaligned)
+        assert ("do not form a grid: CP group [0, 1] and DP group [0, 1] share 2 ranks, not "
+                "one") in dp_is_cp, (rank, dp_is_cp)
+    # make_groups' grids are grids (their members as the check sees them, without groups)
+    for cp in (1, 2, 4, 8):
+        assert grid_problem([grid_members(r, 8, cp) for r in range(8)]) is None, cp
+    assert grid_members(5, 8, 2) == ([4, 5], [1, 3, 5, 7])
+    # one group of each kind, seen alike by its members: the grid's precondition
+    assert grid_problem([([0, 1], [0]), ([0, 1], [1])]) is None
+    assert "rank 1's CP group is [0, 1], but rank 0's is [0]" in grid_problem(
+        [([0], [0, 1]), ([0, 1], [0, 1])])
+    assert "does not hold rank 1" in grid_problem([([0], [0]), ([0], [1])])
+
+
 def _bucketed_sums(rank: int, world: int, limits: tuple[int, ...]) -> dict:
     return {limit: _bucketed_sum(rank, limit) for limit in limits}
 

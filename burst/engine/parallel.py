@@ -28,9 +28,9 @@ from burst import comm
 from burst.layout import divisors
 
 __all__ = ["DATA_PARALLEL", "GRAD_BUCKET_BYTES", "all_reduce_grads", "full_state",
-           "hyperparameters", "load_full_state", "load_local_state", "make_groups",
-           "SAVE_ERRORS", "save_local_state", "stage_local_state", "wrap_data_parallel",
-           "write_staged"]
+           "grid_members", "grid_problem", "hyperparameters", "load_full_state",
+           "load_local_state", "make_groups", "SAVE_ERRORS", "save_local_state",
+           "stage_local_state", "wrap_data_parallel", "write_staged"]
 
 DATA_PARALLEL = ("ddp", "fsdp", "fsdp_world")
 """torch's DDP or FSDP across the DP group; ``fsdp_world``: FSDP over every rank (CP x DP), so
@@ -52,14 +52,66 @@ def make_groups(cp_degree: int, world: int | None = None):
         raise ValueError(f"world of {world} ranks is not divisible by the context-parallel "
                          f"degree {cp_degree!r}; valid degrees: "
                          f"{', '.join(map(str, divisors(world)))}")
-    dp = world // cp_degree
-    if dp == 1:
+    if world == cp_degree:
         return None, None
-    cp_lists = [[d * cp_degree + c for c in range(cp_degree)] for d in range(dp)]
-    dp_lists = [[d * cp_degree + c for d in range(dp)] for c in range(cp_degree)]
+    cp_lists, dp_lists = _grid(cp_degree, world)
     # a CP degree of 1 gets one-rank groups: None would mean the whole world
     return (comm.subgroup(cp_lists, purpose="engine-cp"),
             comm.subgroup(dp_lists, purpose="engine-dp"))
+
+
+def _grid(cp_degree: int, world: int) -> tuple[list[list[int]], list[list[int]]]:
+    """``make_groups``' CP and DP groups, as lists of global ranks (CP innermost)."""
+    dp = world // cp_degree
+    return ([[d * cp_degree + c for c in range(cp_degree)] for d in range(dp)],
+            [[d * cp_degree + c for d in range(dp)] for c in range(cp_degree)])
+
+
+def grid_members(rank: int, world: int, cp_degree: int | None = None, cp_group=None,
+                 dp_group=None) -> tuple[list[int], list[int]]:
+    """The global ranks of ``rank``'s CP and DP groups: ``make_groups``' for ``cp_degree``,
+    else the groups given (None: the whole world for CP, no DP: the rank alone)."""
+    if cp_degree is not None:
+        if cp_degree == world:
+            return list(range(world)), [rank]
+        cp_lists, dp_lists = _grid(cp_degree, world)
+        return cp_lists[rank // cp_degree], dp_lists[rank % cp_degree]
+    return comm.group_ranks(cp_group), comm.group_ranks(dp_group) if dp_group else [rank]
+
+
+def grid_problem(members) -> str | None:
+    """Why groups given by hand are not the grid the engine assumes (None if they are).
+
+    ``members``: per global rank, the global ranks of its (CP group, DP group), in group-rank
+    order. A rank's batch is its DP rank's (``local_batch``), its shard of the sequence its
+    CP rank's, and its CP peers' gradients are summed into one model (under FSDP: into the
+    same shard, its DP rank's): so every CP group must meet every DP group in exactly one
+    rank, and the ranks of a CP group must share one DP rank. ``make_groups`` builds such a
+    grid. Other groups passed the size check and trained on wrong gradients without an error
+    (relative errors 1.1-1.5: an audit; CP groups {0, 3}, {1, 2} with DP groups {0, 2},
+    {1, 3}, or DP groups equal to the CP groups)."""
+    members = [(tuple(cp), tuple(dp)) for cp, dp in members]
+    for r, (cp, dp) in enumerate(members):
+        for kind, group, i in (("CP", cp, 0), ("DP", dp, 1)):
+            if r not in group:
+                return f"rank {r}'s {kind} group {list(group)} does not hold rank {r}"
+            other = next((s for s in group if members[s][i] != group), None)
+            if other is not None:
+                return (f"rank {r}'s {kind} group is {list(group)}, but rank {other}'s is "
+                        f"{list(members[other][i])}")
+    cps, dps = sorted(set(cp for cp, _ in members)), sorted(set(dp for _, dp in members))
+    for cp in cps:
+        for dp in dps:
+            both = set(cp) & set(dp)
+            if len(both) != 1:
+                return (f"CP group {list(cp)} and DP group {list(dp)} share {len(both)} ranks, "
+                        "not one: every DP group must hold one rank of each CP group")
+        dp_ranks = sorted({members[r][1].index(r) for r in cp})
+        if len(dp_ranks) > 1:
+            return (f"the ranks of CP group {list(cp)} have DP ranks {dp_ranks}: they must "
+                    "share one (it picks their batch and, under FSDP, their shard of the "
+                    "weights)")
+    return None
 
 
 GRAD_BUCKET_BYTES = 1 << 28

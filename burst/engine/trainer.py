@@ -49,6 +49,8 @@ from burst.engine.parallel import (
     all_reduce_grads,
     cp_degree_ok,
     full_state,
+    grid_members,
+    grid_problem,
     hyperparameters,
     load_full_state,
     load_local_state,
@@ -167,7 +169,9 @@ class Trainer:
             registry's ``burst`` entry defaults to ``backward="burst"``).
         attention_options: options for every call (``layout``, ``backward``, ...).
         cp_group / dp_group: context-parallel and data-parallel groups (None: the whole world is
-            one CP group); or ``cp_degree`` to build both (CP innermost).
+            one CP group), forming a grid (every CP group meets every DP group in one rank, and
+            the ranks of a CP group share one DP rank: ``parallel.grid_problem``); or
+            ``cp_degree`` to build both (CP innermost).
         checkpointing: ``none``, ``full``, ``selective``, ``selective_half`` (striped layout).
         fused_head: fused LM head + cross-entropy in chunks of ``loss_chunk`` tokens.
         window: (left, right) sliding window of every layer's attention, or a list with one
@@ -291,6 +295,11 @@ class Trainer:
                                 int(loss_chunk), str(dtype), repr(cfg), int(ignore_index),
                                 optimizer, float(lr), float(weight_decay), dp_kind, groups])
         self._setup = setup
+        # the groups' members, checked for the grid the engine assumes (parallel.grid_problem:
+        # make_groups builds one, groups given by hand were checked for their sizes alone)
+        self._members = None  # (a CP degree that does not divide: make_groups refuses it)
+        if not problems and world > 1 and (cp_degree is None or cp_degree_ok(cp_degree, world)):
+            self._members = grid_members(comm.rank(), world, cp_degree, cp_group, dp_group)
         self._agree(problems, kind, seed, state_dict, param_dtype)
 
         # numpy integers included
@@ -349,7 +358,8 @@ class Trainer:
         if mine is None:
             weights = (None if state_dict is None else
                        [_crc(state_dict[n], param_dtype) for n in self._weight_shapes])
-            summary = (self._setup, None if state_dict is not None else int(seed), weights)
+            summary = (self._setup, None if state_dict is not None else int(seed), weights,
+                       self._members)
         # a "cuda" device torch cannot see is one of the problems: gathered on the host
         device = (self.device if self.device.type != "cuda" or torch.cuda.is_available()
                   else None)
@@ -362,13 +372,18 @@ class Trainer:
             r, m = bad[0]
             raise ValueError(f"Trainer: the arguments of rank {r} are invalid ({m}); every "
                              "rank must be given the same valid arguments")
-        setups, seeds, weights = zip(*(s for _, s in theirs), strict=True)
+        setups, seeds, weights, members = zip(*(s for _, s in theirs), strict=True)
         if len(set(setups)) > 1:
             raise ValueError("Trainer: the ranks differ in their setup (attention method, "
                              "options, layout, window, checkpointing, head, dtype, model, "
                              "optimizer, lr, weight decay, data parallel, CP degree or group "
                              "sizes); it must be the same on every rank (this rank: "
                              f"{self._setup[:400]})")
+        why = None if None in members else grid_problem(members)
+        if why:
+            raise ValueError(f"Trainer: cp_group and dp_group do not form a grid: {why}; "
+                             "give cp_degree, or groups as burst.engine.parallel.make_groups "
+                             "makes them")
         if len({s is None for s in seeds}) > 1:
             why = "a state_dict was given to some ranks only"
         elif len(set(seeds)) > 1:
