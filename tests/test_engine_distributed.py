@@ -992,23 +992,24 @@ def test_groups_given_by_hand_must_form_the_engines_grid():
     equal to the CP groups, trained without an error on wrong gradients (relative errors
     1.1-1.5 against the one-process float64 step, DDP and FSDP: an audit); both are refused on
     every rank now, and the grids make_groups builds (or strided CP groups) are not."""
-    from burst.engine.parallel import grid_members, grid_problem
+    from burst.engine.parallel import grid_place, grid_problem, place_in
 
     for rank, (grid, strided, misaligned, dp_is_cp) in enumerate(spawn(_groups_by_hand, 4)):
         assert grid == strided == "no error", (rank, grid, strided)
         assert ("do not form a grid: the ranks of CP group [0, 3] have DP ranks [0, 1]"
                 in misaligned), (rank, misaligned)
-        assert ("do not form a grid: CP group [0, 1] and DP group [0, 1] share 2 ranks, not "
-                "one") in dp_is_cp, (rank, dp_is_cp)
-    # make_groups' grids are grids (their members as the check sees them, without groups)
+        assert ("do not form a grid: ranks 0 and 1 share their CP group and their DP group"
+                in dp_is_cp), (rank, dp_is_cp)
+    # make_groups' grids are grids (their places as the check sees them, without groups)
     for cp in (1, 2, 4, 8):
-        assert grid_problem([grid_members(r, 8, cp) for r in range(8)]) is None, cp
-    assert grid_members(5, 8, 2) == ([4, 5], [1, 3, 5, 7])
-    # one group of each kind, seen alike by its members: the grid's precondition
-    assert grid_problem([([0, 1], [0]), ([0, 1], [1])]) is None
-    assert "rank 1's CP group is [0, 1], but rank 0's is [0]" in grid_problem(
-        [([0], [0, 1]), ([0, 1], [0, 1])])
-    assert "does not hold rank 1" in grid_problem([([0], [0]), ([0], [1])])
+        assert grid_problem([grid_place(r, 8, cp) for r in range(8)]) is None, cp
+    assert grid_place(5, 8, 2) == place_in(5, [4, 5], [1, 3, 5, 7])
+    # each group seen alike by its members, each rank in its own: the grid's precondition
+    assert grid_problem([place_in(0, [0, 1], [0]), place_in(1, [0, 1], [1])]) is None
+    assert "do not agree on their CP groups" in grid_problem(
+        [place_in(0, [0], [0, 1]), place_in(1, [0, 1], [0, 1])])
+    assert "rank 1 is not a member of its own CP group" in grid_problem(
+        [place_in(0, [0], [0]), place_in(1, [0], [1])])
 
 
 def _bucketed_sums(rank: int, world: int, limits: tuple[int, ...]) -> dict:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+import zlib
+from array import array
 
 import torch
 from torch import nn
@@ -28,7 +30,7 @@ from burst import comm
 from burst.layout import divisors
 
 __all__ = ["DATA_PARALLEL", "GRAD_BUCKET_BYTES", "all_reduce_grads", "full_state",
-           "grid_members", "grid_problem", "hyperparameters", "load_full_state",
+           "grid_place", "grid_problem", "place_in", "hyperparameters", "load_full_state",
            "load_local_state", "make_groups", "SAVE_ERRORS", "save_local_state",
            "stage_local_state", "wrap_data_parallel", "write_staged"]
 
@@ -67,50 +69,73 @@ def _grid(cp_degree: int, world: int) -> tuple[list[list[int]], list[list[int]]]
             [[d * cp_degree + c for d in range(dp)] for c in range(cp_degree)])
 
 
-def grid_members(rank: int, world: int, cp_degree: int | None = None, cp_group=None,
-                 dp_group=None) -> tuple[list[int], list[int]]:
-    """The global ranks of ``rank``'s CP and DP groups: ``make_groups``' for ``cp_degree``,
-    else the groups given (None: the whole world for CP, no DP: the rank alone)."""
-    if cp_degree is not None:
-        if cp_degree == world:
-            return list(range(world)), [rank]
+def grid_place(rank: int, world: int, cp_degree: int | None = None, cp_group=None,
+               dp_group=None) -> tuple:
+    """``rank``'s place in its CP and DP groups, for ``grid_problem``: per group a key of its
+    members (their count, the first, and a checksum of them in group order) and the rank's
+    position in it (-1: not a member). The groups are ``make_groups``' for ``cp_degree``, else
+    the ones given (None: the whole world for CP, no DP: the rank alone). A few numbers a rank,
+    so that a world of thousands gathers and checks them quickly."""
+    if cp_degree is None:
+        cp = comm.group_ranks(cp_group)
+        dp = comm.group_ranks(dp_group) if dp_group else [rank]
+    elif cp_degree == world:
+        cp, dp = list(range(world)), [rank]
+    else:
         cp_lists, dp_lists = _grid(cp_degree, world)
-        return cp_lists[rank // cp_degree], dp_lists[rank % cp_degree]
-    return comm.group_ranks(cp_group), comm.group_ranks(dp_group) if dp_group else [rank]
+        cp, dp = cp_lists[rank // cp_degree], dp_lists[rank % cp_degree]
+    return place_in(rank, cp, dp)
 
 
-def grid_problem(members) -> str | None:
-    """Why groups given by hand are not the grid the engine assumes (None if they are).
+def place_in(rank: int, cp: list[int], dp: list[int]) -> tuple:
+    """``grid_place`` of ``rank`` in groups of these global ranks (group order)."""
+    return (_key(cp), cp.index(rank) if rank in cp else -1,
+            _key(dp), dp.index(rank) if rank in dp else -1)
 
-    ``members``: per global rank, the global ranks of its (CP group, DP group), in group-rank
-    order. A rank's batch is its DP rank's (``local_batch``), its shard of the sequence its
-    CP rank's, and its CP peers' gradients are summed into one model (under FSDP: into the
-    same shard, its DP rank's): so every CP group must meet every DP group in exactly one
-    rank, and the ranks of a CP group must share one DP rank. ``make_groups`` builds such a
-    grid. Other groups passed the size check and trained on wrong gradients without an error
-    (relative errors 1.1-1.5: an audit; CP groups {0, 3}, {1, 2} with DP groups {0, 2},
-    {1, 3}, or DP groups equal to the CP groups)."""
-    members = [(tuple(cp), tuple(dp)) for cp, dp in members]
-    for r, (cp, dp) in enumerate(members):
-        for kind, group, i in (("CP", cp, 0), ("DP", dp, 1)):
-            if r not in group:
-                return f"rank {r}'s {kind} group {list(group)} does not hold rank {r}"
-            other = next((s for s in group if members[s][i] != group), None)
-            if other is not None:
-                return (f"rank {r}'s {kind} group is {list(group)}, but rank {other}'s is "
-                        f"{list(members[other][i])}")
-    cps, dps = sorted(set(cp for cp, _ in members)), sorted(set(dp for _, dp in members))
-    for cp in cps:
-        for dp in dps:
-            both = set(cp) & set(dp)
-            if len(both) != 1:
-                return (f"CP group {list(cp)} and DP group {list(dp)} share {len(both)} ranks, "
-                        "not one: every DP group must hold one rank of each CP group")
-        dp_ranks = sorted({members[r][1].index(r) for r in cp})
+
+def _key(ranks: list[int]) -> tuple[int, int, int]:
+    return len(ranks), min(ranks), zlib.crc32(array("q", ranks).tobytes())
+
+
+def grid_problem(places) -> str | None:
+    """Why the ranks' groups (``grid_place`` of every rank, in rank order) are not the grid the
+    engine assumes (None if they are).
+
+    A rank's batch is its DP rank's (``local_batch``), its shard of the sequence its CP
+    rank's, and its CP peers' gradients are summed into one model (under FSDP: into the same
+    shard, its DP rank's): so every CP group must meet every DP group in exactly one rank, and
+    the ranks of a CP group must share one DP rank. ``make_groups`` builds such a grid. Groups
+    given by hand were checked for their sizes alone, and trained on wrong gradients without
+    an error (relative errors 1.1-1.5: an audit; CP groups {0, 3}, {1, 2} with DP groups
+    {0, 2}, {1, 3}, or DP groups equal to the CP groups). Group sizes whose product is not the
+    world are left to the size check (``Trainer._groups``)."""
+    groups = []
+    for i, kind in ((0, "CP"), (2, "DP")):
+        by: dict = {}
+        for r, place in enumerate(places):
+            if place[i + 1] < 0:
+                return f"rank {r} is not a member of its own {kind} group"
+            by.setdefault(place[i], []).append(r)
+        for (size, first, _), ranks in by.items():
+            if sorted(places[r][i + 1] for r in ranks) != list(range(size)):
+                return (f"the ranks do not agree on their {kind} groups: {len(ranks)} of the "
+                        f"{size} members of rank {ranks[0]}'s (the first rank {first}) name it")
+        groups.append(by)
+    cps, dps = groups
+    if len(cps) * len(dps) != len(places):
+        return None
+    met: dict = {}
+    for r, place in enumerate(places):
+        other = met.setdefault((place[0], place[2]), r)
+        if other != r:
+            return (f"ranks {other} and {r} share their CP group and their DP group: every DP "
+                    "group must hold one rank of each CP group")
+    for ranks in cps.values():
+        dp_ranks = sorted({places[r][3] for r in ranks})
         if len(dp_ranks) > 1:
-            return (f"the ranks of CP group {list(cp)} have DP ranks {dp_ranks}: they must "
-                    "share one (it picks their batch and, under FSDP, their shard of the "
-                    "weights)")
+            return (f"the ranks of CP group {ranks[:8]}{' ...' if len(ranks) > 8 else ''} have "
+                    f"DP ranks {dp_ranks[:8]}: they must share one (it picks their batch and, "
+                    "under FSDP, their shard of the weights)")
     return None
 
 

@@ -49,7 +49,7 @@ from burst.engine.parallel import (
     all_reduce_grads,
     cp_degree_ok,
     full_state,
-    grid_members,
+    grid_place,
     grid_problem,
     hyperparameters,
     load_full_state,
@@ -299,7 +299,7 @@ class Trainer:
         # make_groups builds one, groups given by hand were checked for their sizes alone)
         self._members = None  # (a CP degree that does not divide: make_groups refuses it)
         if not problems and world > 1 and (cp_degree is None or cp_degree_ok(cp_degree, world)):
-            self._members = grid_members(comm.rank(), world, cp_degree, cp_group, dp_group)
+            self._members = grid_place(comm.rank(), world, cp_degree, cp_group, dp_group)
         self._agree(problems, kind, seed, state_dict, param_dtype)
 
         # numpy integers included
