@@ -983,6 +983,16 @@ def _groups_by_hand(rank: int, world: int) -> list[str]:
             out.append("no error")
         except ValueError as e:
             out.append(str(e))
+    # cp_degree on rank 0, the same grid by hand on the others: rank 0 made groups of its own
+    # in make_groups, and every rank hung (a review)
+    cp, dp = comm.subgroup(layouts["make_groups"][0], purpose="test-cp-mixed"), comm.subgroup(
+        layouts["make_groups"][1], purpose="test-dp-mixed")
+    try:
+        Trainer("tiny", dtype=torch.float64, **(dict(cp_degree=2) if rank == 0 else
+                                                dict(cp_group=cp, dp_group=dp)))
+        out.append("no error")
+    except ValueError as e:
+        out.append(str(e))
     return out
 
 
@@ -994,7 +1004,9 @@ def test_groups_given_by_hand_must_form_the_engines_grid():
     every rank now, and the grids make_groups builds (or strided CP groups) are not."""
     from burst.engine.parallel import grid_place, grid_problem, place_in
 
-    for rank, (grid, strided, misaligned, dp_is_cp) in enumerate(spawn(_groups_by_hand, 4)):
+    for rank, (grid, strided, misaligned, dp_is_cp, mixed) in enumerate(
+            spawn(_groups_by_hand, 4, timeout_s=120)):
+        assert "the ranks differ in their setup" in mixed, (rank, mixed)
         assert grid == strided == "no error", (rank, grid, strided)
         assert ("do not form a grid: the ranks of CP group [0, 3] have DP ranks [0, 1]"
                 in misaligned), (rank, misaligned)
@@ -1006,7 +1018,8 @@ def test_groups_given_by_hand_must_form_the_engines_grid():
     assert grid_place(5, 8, 2) == place_in(5, [4, 5], [1, 3, 5, 7])
     # each group seen alike by its members, each rank in its own: the grid's precondition
     assert grid_problem([place_in(0, [0, 1], [0]), place_in(1, [0, 1], [1])]) is None
-    assert "do not agree on their CP groups" in grid_problem(
+    assert ("rank 1's CP group (2 ranks from rank 0) is named by 1 of its 2 members: every "
+            "member must pass the same group") in grid_problem(
         [place_in(0, [0], [0, 1]), place_in(1, [0, 1], [0, 1])])
     assert "rank 1 is not a member of its own CP group" in grid_problem(
         [place_in(0, [0], [0]), place_in(1, [0], [1])])

@@ -118,8 +118,9 @@ def grid_problem(places) -> str | None:
             by.setdefault(place[i], []).append(r)
         for (size, first, _), ranks in by.items():
             if sorted(places[r][i + 1] for r in ranks) != list(range(size)):
-                return (f"the ranks do not agree on their {kind} groups: {len(ranks)} of the "
-                        f"{size} members of rank {ranks[0]}'s (the first rank {first}) name it")
+                return (f"rank {ranks[0]}'s {kind} group ({size} ranks from rank {first}) is "
+                        f"named by {len(ranks)} of its {size} members: every member must pass "
+                        "the same group")
         groups.append(by)
     cps, dps = groups
     if len(cps) * len(dps) != len(places):

@@ -293,7 +293,11 @@ class Trainer:
             effective = {**getattr(method, "options", {}), **(attention_options or {})}
             setup = _canonical([name, layout, window, effective, checkpointing, fused_head,
                                 int(loss_chunk), str(dtype), repr(cfg), int(ignore_index),
-                                optimizer, float(lr), float(weight_decay), dp_kind, groups])
+                                optimizer, float(lr), float(weight_decay), dp_kind, groups,
+                                # cp_degree on some ranks and groups on others: the former
+                                # made groups of their own and every rank hung (a review)
+                                cp_degree is not None and cp_degree_ok(cp_degree, world)
+                                and cp_degree != world])
         self._setup = setup
         # the groups' members, checked for the grid the engine assumes (parallel.grid_problem:
         # make_groups builds one, groups given by hand were checked for their sizes alone)
