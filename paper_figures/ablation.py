@@ -75,7 +75,8 @@ def make(tables):
     colors = dict(zip(steps, sns.color_palette("Reds", len(steps) + 1)[1:], strict=True))
     # hatched as in every other figure: a step with full recomputation (the paper's "w/o
     # sele-ckpt")
-    hatches = [hatch(label_checkpointing(df, step)) for step in steps]
+    modes = {step: label_checkpointing(df, step) for step in steps}
+    hatches = [hatch(modes[step]) for step in steps]
     rows = []
     for j, n in enumerate(lens):
         sub = df[(df["seq_len"] == n) & (df["source"] == "simulated")]
@@ -112,7 +113,7 @@ def make(tables):
                 ax.set_title(f"{where}, {seq_label(n)} tokens", fontsize=9)
             rows += [{"model": sub["model"].dropna().iloc[0], "world": int(sub["world"].max()),
                       "seq_len": n, "label": s, "step": tick, "metric": metric,
-                      "checkpointing": label_checkpointing(df, s),
+                      "checkpointing": modes[s],
                       "value": None if pd.isna(v) else v,
                       "status": st if pd.isna(v) else "ok",
                       "speedup": None if up is None or pd.isna(up) else up}

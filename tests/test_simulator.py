@@ -1323,21 +1323,24 @@ ALLGATHER_CASES = [  # (world, dtype, batch, tokens a rank, heads, kv heads, hea
     (4, torch.bfloat16, 2, 16, 2, 2, 256)]
 
 
-def _allgather_backward_peak(rank: int, world: int, dtype, b: int, n: int, h: int, hk: int,
-                             d: int) -> int:
-    """The most CPU bytes alive at once in one allgather backward on this rank, above what
-    was alive before it (burst.memory.ProfilerPeak, the harness's CPU peak)."""
+def _allgather_backward_peaks(rank: int, world: int) -> list[int]:
+    """Per case of ``ALLGATHER_CASES`` on this many ranks, the most CPU bytes alive at once in
+    one allgather backward on this rank, above what was alive before it
+    (burst.memory.ProfilerPeak, the harness's CPU peak); one spawn runs them all."""
     from baselines.allgather import allgather_attn
     from burst.memory import ProfilerPeak
 
-    torch.manual_seed(rank)
-    q = torch.randn(b, n, h, d, dtype=dtype, requires_grad=True)
-    k, v = (torch.randn(b, n, hk, d, dtype=dtype, requires_grad=True) for _ in range(2))
-    o = allgather_attn(q, k, v, causal=True)
-    dout = torch.randn_like(o)
-    with ProfilerPeak() as p:
-        o.backward(dout)
-    return p.peak_bytes
+    peaks = []
+    for _, dtype, b, n, h, hk, d in (c for c in ALLGATHER_CASES if c[0] == world):
+        torch.manual_seed(rank)
+        q = torch.randn(b, n, h, d, dtype=dtype, requires_grad=True)
+        k, v = (torch.randn(b, n, hk, d, dtype=dtype, requires_grad=True) for _ in range(2))
+        o = allgather_attn(q, k, v, causal=True)
+        dout = torch.randn_like(o)
+        with ProfilerPeak() as p:
+            o.backward(dout)
+        peaks.append(p.peak_bytes)
+    return peaks
 
 
 def test_simulated_allgather_buffers_are_what_its_backward_holds():
@@ -1351,10 +1354,12 @@ def test_simulated_allgather_buffers_are_what_its_backward_holds():
     in the input dtype, where the code accumulates the gradients over the whole sequence in
     fp32 beside an fp32 dq: 262144 bytes against a peak of 573568 here, and a 4M-token cell
     on 32 A800s priced at 39.8 GiB reserved, 67.8 counted so (a metamorphic audit)."""
+    worlds = sorted({c[0] for c in ALLGATHER_CASES})
+    per_world = {w: spawn(_allgather_backward_peaks, w, timeout_s=120) if w > 1
+                 else [_allgather_backward_peaks(0, 1)] for w in worlds}  # [rank][case]
     for world, dtype, b, n, h, hk, d in ALLGATHER_CASES:
-        args = (dtype, b, n, h, hk, d)
-        peaks = (spawn(_allgather_backward_peak, world, args=args, timeout_s=120) if world > 1
-                 else [_allgather_backward_peak(0, 1, *args)])
+        i = [c for c in ALLGATHER_CASES if c[0] == world].index((world, dtype, b, n, h, hk, d))
+        peaks = [ranks[i] for ranks in per_world[world]]
         cell = dict(workload="attention", method="allgather", seq_len=n * world, world=world,
                     batch=b, heads=h, kv_heads=hk, head_dim=d, causal=True,
                     dtype=str(dtype).removeprefix("torch."), options={"layout": "zigzag"})
