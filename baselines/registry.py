@@ -95,6 +95,13 @@ class Method:
     def layout(self, options: dict | None = None) -> str:
         return {**self.options, **(options or {})}.get("layout", "contiguous")
 
+    def layout_problem(self, options: dict | None = None) -> str | None:
+        """Why the layout these options name (or the default) is not one of ``layouts``."""
+        lay = self.layout(options)
+        if lay in self.layouts:
+            return None
+        return f"layout {lay!r} is not supported; valid layouts: {', '.join(self.layouts)}"
+
     def check(self, *, world: int, heads: int, kv_heads: int, seq_local: int, causal: bool,
               **options) -> None:
         """Raise ValueError listing every reason these shapes/options cannot run."""
@@ -108,10 +115,8 @@ class Method:
         if why:  # the checks below would be handed an option they do not know
             problems.append(f"it {why}")
             raise ValueError(f"method {self.name!r} cannot run this case: " + "; ".join(problems))
-        lay = self.layout(opts)
-        if lay not in self.layouts:
-            problems.append(f"layout {lay!r} is not supported; valid layouts: "
-                            f"{', '.join(self.layouts)}")
+        if why := self.layout_problem(opts):
+            problems.append(why)
         if self.causal_only and not causal:
             problems.append("it balances causal work only; use causal=True or the 'ring' method")
         if why := heads_problem(heads, kv_heads):

@@ -669,6 +669,23 @@ def test_spawn_reports_the_cause_first():
     assert short_reason(text) == "ValueError: the cause (rank 1)"
 
 
+def _rank1_returns_a_lambda(rank: int, world: int):
+    return (lambda: rank) if rank == 1 else rank
+
+
+def test_a_result_that_cannot_be_pickled_is_a_spawn_error():
+    """It was torch's ProcessRaisedException from the rank's last line (the pickling of its
+    result), with a half-written result file left behind."""
+    from burst.spawn import SpawnError
+
+    with pytest.raises(SpawnError) as e:
+        spawn(_rank1_returns_a_lambda, 2, timeout_s=60)
+    assert str(e.value).startswith("rank 1 raised:\nthe function's result on rank 1 cannot be "
+                                   "pickled to return it (AttributeError: Can't pickle local "
+                                   "object"), str(e.value)
+    assert "rank 0" not in str(e.value), str(e.value)
+
+
 def test_nccl_spawn_needs_a_gpu_per_rank():
     """NCCL refuses two ranks on one GPU ("Duplicate GPU detected") at the first collective;
     spawn put rank r on GPU r % count."""

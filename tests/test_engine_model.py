@@ -930,7 +930,14 @@ def test_bad_input_errors():
             (None, {"backward": "bust"}, "unknown backward 'bust'; valid: auto, burst, ring"),
             (None, {"return_lse": True}, "burst has no option 'return_lse'"),
             (registry.get("ring"), {"layuot": "zigzag"},
-             "method 'ring' cannot run this case: it has no option 'layuot'")):
+             "method 'ring' cannot run this case: it has no option 'layuot'"),
+            # a layout or package no call can run: refused here, not in the first step
+            (registry.get("usp"), {"layout": "striped"}, "method 'usp' cannot run this case: "
+             "layout 'striped' is not supported; valid layouts: contiguous, zigzag"),
+            (registry.get("ring"), {"layout": "zigzag"}, "method 'ring' cannot run this case: "
+             "layout 'zigzag' is not supported; valid layouts: contiguous"),
+            *[(m, {}, f"method {m.name!r} cannot run this case: {m.unavailable()}")
+              for m in map(registry.get, ("ring_flash_attn", "yunchang")) if m.unavailable()]):
         with pytest.raises(ValueError, match=re.escape(f"attention_options: {why}")):
             Trainer("tiny", attention=attention, attention_options=options)
     with pytest.raises(ValueError, match="world of 4 ranks is not divisible by the context-"

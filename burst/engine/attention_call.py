@@ -99,7 +99,8 @@ def resolve_attention(attention, options: dict | None) -> tuple[Callable, str]:
 
 def _option_problems(method, opts: dict) -> list[str]:
     """Option names the method does not take (and, for the engine's own burst, values it does
-    not know); a method of another kind checks its options when it is called."""
+    not know; for a registry method, a layout it does not support or a package that is not
+    here); a method of another kind checks its options when it is called."""
     if isinstance(method, BurstMethod):
         valid = (set(inspect.signature(burst_attn).parameters) - {"q", "k", "v", "return_lse"}
                  - RESERVED)  # the model takes the output alone
@@ -107,8 +108,11 @@ def _option_problems(method, opts: dict) -> list[str]:
                for k in sorted(set(opts) - valid)]
         return out + choice_problems(**{k: opts[k] for k in CHOICES if k in opts})
     if callable(getattr(method, "option_problems", None)):  # a registry method
-        return [f"method {getattr(method, 'name', method)!r} cannot run this case: it {why}"
-                for _, why in method.option_problems(opts, refused=False)]  # (its check's words)
+        why = [f"it {w}" for _, w in method.option_problems(opts, refused=False)]
+        if not why:  # (its layout is read from options it knows) what no call of it can run
+            why = [w for w in (method.unavailable(), method.layout_problem(opts)) if w]
+        return [f"method {getattr(method, 'name', method)!r} cannot run this case: {w}"
+                for w in why]  # (its check's words)
     return []
 
 
