@@ -75,9 +75,10 @@ COLUMNS: dict[str, str] = {
                           "attention forward its backward runs again",
     "bytes_sent_backward": "bytes sent per rank in backward",
     "bytes_sent_intra": "attention bytes (forward + backward) sent per rank to peers on the "
-                        "same node",
+                        "same node (the busiest rank in this column: on a flat ring across "
+                        "nodes intra + inter can exceed forward + backward)",
     "bytes_sent_inter": "attention bytes (forward + backward) sent per rank to peers on other "
-                        "nodes",
+                        "nodes (the busiest rank in this column)",
     "bytes_sent_other": "bytes sent per rank outside the attention layers through burst.comm: "
                         "a train step's CP gradient sum, loss and check all-reduces (measured "
                         "rows; torch's DDP/FSDP traffic across DP groups is not counted)",

@@ -19,7 +19,7 @@ import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-from suites.spec import MethodSpec, Scale, SweepSpec, data_parallel_problems
+from suites.spec import MethodSpec, SweepSpec, data_parallel_problems
 
 __all__ = ["Cell", "cell_problem", "cell_problems", "expand", "option_problems",
            "placeholder_value", "resolve_options", "stable_id"]
@@ -119,10 +119,20 @@ def placeholder_value(value, ranks_per_node: int, world: int):
     return base // int(m[2] or 1)
 
 
-def resolve_options(options: dict, scale: Scale) -> dict:
-    """Replace the placeholders ("@node", "@world", "@world/K") by this scale's numbers."""
-    return {k: placeholder_value(v, scale.ranks_per_node, scale.world)
-            for k, v in options.items()}
+def resolve_options(method: str, options: dict, ranks_per_node: int, world: int) -> dict:
+    """A cell's options on this machine: the placeholders ("@node", "@world", "@world/K")
+    replaced by its numbers, and a node's ranks as ``ranks_per_node`` where the options leave
+    it out but the method's registry entry has a default for it (double_ring: its inner ring is
+    a node's; the entry's default, 2, serves a call outside a sweep, which knows no nodes)."""
+    from baselines import registry
+
+    try:
+        defaults = registry.get(method).options
+    except ValueError:  # an unknown method: its cell says so
+        defaults = {}
+    if "ranks_per_node" in defaults and "ranks_per_node" not in options:
+        options = {**options, "ranks_per_node": "@node"}
+    return {k: placeholder_value(v, ranks_per_node, world) for k, v in options.items()}
 
 
 def _model_shape(model: str | None) -> tuple[int | None, int | None, int | None]:
@@ -165,7 +175,8 @@ def expand(spec: SweepSpec) -> list[Cell]:
             for m in spec.methods:
                 cells.append(Cell(
                     sweep=spec.name, workload=spec.workload, method=m.name, label=m.label,
-                    options=resolve_options(m.options, scale), seq_len=n, batch=spec.batch,
+                    options=resolve_options(m.name, m.options, scale.ranks_per_node,
+                                            scale.world), seq_len=n, batch=spec.batch,
                     heads=heads, kv_heads=kv_heads, head_dim=head_dim, causal=causal,
                     window=window, world=scale.world, nodes=scale.nodes,
                     ranks_per_node=scale.ranks_per_node, dtype=spec.dtype, device=spec.device,

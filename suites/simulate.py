@@ -141,7 +141,7 @@ def as_cell(obj, gpus_per_node: int | None = None):
     node); train_step cells take heads and head_dim from the model.
     """
     from baselines.registry import plain_integer, plain_integers
-    from suites.cells import Cell, placeholder_value
+    from suites.cells import Cell, resolve_options
 
     if isinstance(obj, Cell):  # a Cell made in Python too (dataclasses.replace of a spec's)
         if obj.workload != "train_step" or obj.model is None:
@@ -204,8 +204,7 @@ def as_cell(obj, gpus_per_node: int | None = None):
                              "(the hardware profile's); give nodes or ranks_per_node")
         raise ValueError(f"ranks_per_node={d['ranks_per_node']} does not divide world={world}")
     d["nodes"] = world // d["ranks_per_node"]
-    d["options"] = {k: placeholder_value(v, d["ranks_per_node"], world)
-                    for k, v in d["options"].items()}
+    d["options"] = resolve_options(d["method"], d["options"], d["ranks_per_node"], world)
     if d["workload"] == "train_step":
         if d["model"] is None:
             raise ValueError("a train_step cell needs model (burst.engine.configs name)")

@@ -877,6 +877,12 @@ def test_option_placeholders_resolve_per_scale(tmp_path):
     for bad in ("@world/0", "@nodes", "@world/x"):
         with pytest.raises(SpecError, match="not a known placeholder"):
             load_spec(_write(tmp_path, text.replace("@world/4", bad), "bad"))
+    # double_ring without ranks_per_node: a node's ranks, its inner ring (the registry's
+    # default, 2, was taken: an inner ring of 2 GPUs on nodes of 8); ring takes none
+    text = GOOD_TINY.replace("world = 2", "[[scales]]\nnodes = 2\ngpus_per_node = 4") + \
+        '[[methods]]\nname = "double_ring"\n'
+    ring, double = expand(load_spec(_write(tmp_path, text, "nodes")))
+    assert ring.options == {} and double.options == {"ranks_per_node": 4}, (ring, double)
 
 
 def test_a_broken_run_file_is_named_and_does_not_block_the_sweep(tmp_path, capsys):
