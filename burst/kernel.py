@@ -392,26 +392,32 @@ def _torch_bwd(do, q, k, v, lse, delta, scale, causal, mask, out=None):  # takes
 # cpu_flash
 
 
+def _not_finite(*ts: torch.Tensor) -> bool:
+    """Whether any of these (CPU) tensors holds a NaN or an infinity: one sum each, without a
+    copy (a per-row isnan().any(-1) on every call made the timed ring forward 9% slower); a sum
+    that overflows on finite values says so too, and costs only the oracle's speed."""
+    return not all(bool(t.sum().isfinite()) for t in ts)
+
+
 def _cpu_flash_fwd(q, k, v, scale, causal, mask):
+    # torch's CPU op mishandles rows that meet a NaN or an infinity: a query row holding a NaN,
+    # against few keys, gets out 0 and a finite lse (a fuzz: zigzag on 4 ranks of 4 tokens); a
+    # row whose visible keys in the block score NaN (a NaN in k) or all -inf (an infinity in q
+    # or k) gets out 0 and lse 0, which the ring's merge counts as a key of logit 0 (a NaN
+    # dropped from the output, every row shrunk: a numerical audit). The oracle gives NaN, or
+    # (0, -inf), as the whole row's one kernel call would.
+    if _not_finite(q, k):
+        return _torch_fwd(q, k, v, scale, causal, mask)
     out, lse = _aten("_scaled_dot_product_flash_attention_for_cpu",
                      query=q.transpose(1, 2), key=k.transpose(1, 2), value=v.transpose(1, 2),
                      dropout_p=0.0, is_causal=causal, attn_mask=_additive(mask, q.dtype),
                      scale=scale)
-    out, lse = out.transpose(1, 2), lse.to(acc_dtype(q.dtype)).contiguous()
-    # torch's CPU op gives a query row that holds a NaN, against few keys (under 8 in float64,
-    # 8 or under in float32), an output of 0 and a finite lse (its gradients NaN): a
-    # forward-only run would not see it (a fuzz: zigzag on 4 ranks of 4 tokens). Made NaN, as
-    # every other backend gives it.
-    # A NaN anywhere in q makes its sum NaN: one reduction without a copy decides the common
-    # case (a per-row isnan().any(-1) on every call made the timed ring forward 9% slower).
-    if q.sum().isnan():  # (a CPU tensor: no device sync)
-        bad = q.isnan().any(-1)  # B S H
-        out = out.masked_fill(bad.unsqueeze(-1), float("nan"))
-        lse = lse.masked_fill(bad.transpose(1, 2), float("nan"))
-    return out, lse
+    return out.transpose(1, 2), lse.to(acc_dtype(q.dtype)).contiguous()
 
 
 def _cpu_flash_bwd(do, q, k, v, lse, delta, scale, causal, mask, out=None):
+    if _not_finite(q, k):  # as the forward
+        return _torch_bwd(do, q, k, v, lse, delta, scale, causal, mask)
     out = _stand_in_out(do, delta) if out is None else out
     dq, dk, dv = _aten(
         "_scaled_dot_product_flash_attention_for_cpu_backward",

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Low-precision error of the whole BurstAttention ring against a plain same-dtype attention.
 
-    python scripts/bench_precision.py    # bf16, fp16 x MHA, GQA x G = 2-16 x 20 seeds (~2 min)
+    python scripts/bench_precision.py    # bf16, fp16 x MHA, GQA x G = 2-16 x 20 seeds, then
+                                         # float32 at logits of std 1-1e4, G = 1-64 (~1.5 min)
 
 A ring computes each (query block, key block) pair with a kernel that returns its partial output
 and gradients in the input dtype, as flash-attention kernels do, and merges them in fp32; a
@@ -96,7 +97,38 @@ def main(argv=None) -> int:
         h, hk = SHAPES[shape]
         print(f"worst {shape} ({h} query heads, {hk} kv heads): max error {w['max']:.2f}x, "
               f"RMS error {w['rms']:.2f}x the plain one's")
+    print("\nfloat32 at large logits (logit std L; MHA, 128 tokens, zigzag, burst backward, "
+          "seed 0): max abs error against the float64 oracle over the oracle's max abs value, "
+          "ours on G emulated ranks (G = 1: one kernel call) / a plain float32 attention's")
+    print(f"{'L':>7} {'G':>3}  " + "  ".join(f"{n + ' ours':>9} {n + ' plain':>9}" for n in NAMES))
+    for logit in (1.0, 1e2, 1e3, 1e4):
+        for world in (1, 2, 16, 64):
+            ours, plain = large_logit_errors(logit, world)
+            print(f"{logit:7.0e} {world:3d}  " + "  ".join(
+                f"{a:9.1e} {b:9.1e}" for a, b in zip(ours, plain, strict=True)), flush=True)
     return 0
+
+
+def large_logit_errors(logit: float, world: int, tokens: int = 128) -> tuple[list, list]:
+    """Max abs errors over the oracle's max abs value (out, dq, dk, dv) of the emulated ring
+    and of a plain attention, both in float32, at logits of standard deviation ``logit``: each
+    block's fp32 lse is rounded to its ulp (eps x |lse|) and the merge carries that into every
+    block's weight, where one kernel call normalises by the row's max; a flash-style backward,
+    on one rank too, recomputes P from the fp32 lse."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(1, tokens, 4, 16, generator=g, dtype=torch.float64)
+                   for _ in range(4))
+    q = q * (logit ** 0.5 * 16 ** 0.25)  # q.k / sqrt(16) has std logit
+    k = k * (logit ** 0.5 * 16 ** 0.25)
+    ref = _grads(lambda a, b, c: reference_attention(a, b, c, causal=True), q, k, v, do)
+    low = [t.float() for t in (q, k, v, do)]
+    ours = _grads(lambda a, b, c: emulate_attn(a, b, c, world=world, causal=True,
+                                               layout="zigzag", backward="burst"), *low)
+    plain = _grads(lambda a, b, c: naive_attention(a, b, c, causal=True), *low)
+    return ([float((o.double() - r).abs().max() / r.abs().max())
+             for o, r in zip(ours, ref, strict=True)],
+            [float((p.double() - r).abs().max() / r.abs().max())
+             for p, r in zip(plain, ref, strict=True)])
 
 
 if __name__ == "__main__":

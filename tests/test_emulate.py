@@ -326,6 +326,51 @@ def test_nan_input_gives_nan_not_zero(backend):
         assert torch.allclose(out[~bad], ref[~bad], atol=1e-12)
         assert torch.allclose(lse.transpose(1, 2)[~bad], ref_lse.transpose(1, 2)[~bad],
                               atol=1e-12)
+    # a NaN key that a row meets alone in a block (the first of a causal block), and keys every
+    # query scores -inf: torch's CPU flash op gave such a row out 0 and lse 0, which the merge
+    # took for a key of logit 0 (the NaN dropped, every row's output shrunk: a numerical audit)
+    q, k, v, _ = _inputs(4, seq_local=4)
+    nan_key = k.clone()
+    nan_key[:, 4] = float("nan")  # rank 1's first key (contiguous)
+    out = emulate_attn(q, nan_key, v, world=4, causal=True, backend=backend,
+                       layout="contiguous")
+    assert out[:, 4:].isnan().all()
+    assert torch.allclose(out[:, :4], reference_attention(q[:, :4], k[:, :4], v[:, :4],
+                                                          causal=True)[0], atol=1e-12)
+    q, far = q.abs(), k.clone()
+    far[:, 4:8, :, 0] = float("-inf")  # rank 1's whole block (contiguous): weight 0 everywhere
+    ref = reference_attention(q, far, v, causal=False)[0]
+    assert ref.isfinite().all()
+    for layout in ("contiguous", "zigzag"):
+        out = emulate_attn(q, far, v, world=4, causal=False, backend=backend, layout=layout)
+        assert torch.allclose(out, ref, atol=1e-12), (layout, (out - ref).abs().max())
+
+
+def test_the_merge_keeps_one_kernel_calls_precision_at_large_logits():
+    """float32 logits of standard deviation 1e3: the ring's output and gradients are as close
+    to the float64 oracle as one kernel call over the whole row. The merge weighed each block
+    by exp(LSE - LSE'), LSE' rounded to its ulp (a numerical audit): relative to their largest,
+    out 5.5e-6 off where one call is 5.2e-8, and the backward's D from that output gave dq
+    0.81 where one call's is 0.23 (the flash-style backward's own, from the rounded lse)."""
+    for seed in (3, 4):
+        q, k, v, do = _inputs(1, seq_local=64, batch=1, heads=2, kv_heads=2, head_dim=16,
+                              seed=seed)
+        q, k = q * 1e3 ** 0.5 * 2, k * 1e3 ** 0.5 * 2  # q.k / sqrt(16): std 1e3
+        ref = _run(lambda a, b, c: reference_attention(a, b, c, causal=True), q, k, v, do)
+
+        def errors(world, q=q, k=k, v=v, do=do, ref=ref):
+            low = (t.float() for t in (q, k, v, do))
+            got = _run(lambda a, b, c: emulate_attn(a, b, c, world=world, causal=True,
+                                                    return_lse=True), *low)
+            return [float((x.double() - r).abs().max() / r.abs().max())
+                    for x, r in zip(got[:1] + got[2:], ref[:1] + ref[2:], strict=True)]
+
+        one = errors(1)
+        assert one[0] < 1e-6 and one[1] < 0.5, one
+        for world in (2, 8):
+            ring = errors(world)
+            assert all(r <= 2 * o + 1e-6 for r, o in zip(ring, one, strict=True)), \
+                (seed, world, ring, one)
 
 
 def test_naive_attention_is_the_reference_in_float64():
