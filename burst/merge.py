@@ -32,13 +32,13 @@ def new_accumulators(q_BSHD: torch.Tensor, acc: torch.dtype):
 def _weights(lse_old: torch.Tensor, lse_new: torch.Tensor, lse_tot: torch.Tensor):
     """exp(LSE - LSE') and exp(lse_r - LSE') as sigmoids of the difference d = lse_r - LSE,
     the same numbers without LSE' (rounded to its ulp, eps |LSE'|, which exp(LSE - LSE')
-    carried into every weight: at logits of 1e4 an fp32 output 4e-4 off where one kernel call
-    is 5e-6, and the backward's D from it 0.1-5x off; the dominant block now weighs 1 up to
-    e^-|d|). Only a row that has seen no key (LSE = -inf) gets weight 0 instead of NaN from
-    -inf + inf; a NaN (a NaN or inf in the inputs) propagates, as in one kernel call on the
-    whole row. What a kernel returns for a NaN input is the kernel's (the ``cpu_flash``
-    backend gives the oracle's there); the harness checks every cell's output and gradients
-    for both (suites.measure)."""
+    carried into every weight: at float32 logits of 1e4 an output 4e-4 off where one kernel
+    call is 5e-6, and gradients, through the backward's D of that output, 5.6x their size
+    off; the dominant block now weighs 1 up to e^-|d|). Only a row that has seen no key
+    (LSE = -inf) gets weight 0 instead of NaN from -inf + inf; a NaN (a NaN or inf in the
+    inputs) propagates, as in one kernel call on the whole row. What a kernel returns for a
+    NaN input is the kernel's (the ``cpu_flash`` backend gives the oracle's there); the
+    harness checks every cell's output and gradients for both (suites.measure)."""
     empty = lse_tot == float("-inf")
     d = torch.where(empty, torch.zeros_like(lse_tot), lse_new - lse_old)
     w_old = torch.where(empty, torch.zeros_like(lse_tot), torch.sigmoid(-d))

@@ -421,3 +421,15 @@ def test_a_refused_cudnn_block_falls_back_to_flash_for_good(monkeypatch):
         kernel._cudnn_refused(q, RuntimeError("No valid execution plans built.\nmore"))
     assert {"cpu"} == kernel._CUDNN_OFF
     assert not kernel._sdpa_cudnn_ok(q, 2, FULL)
+
+
+def test_cpu_flash_leaves_its_op_only_for_inputs_that_are_not_finite():
+    """The op mishandles NaN and infinite inputs, so the cpu_flash backend gives those blocks
+    to the oracle (tests/test_emulate.py); finite float16 whose float16 sum overflows stay on
+    the op (a sum in the input dtype sent them to the oracle, the slow path)."""
+    ones = torch.ones(2, 4096, 2, 16, dtype=torch.float16)
+    assert ones.sum().isinf() and not kernel._not_finite(ones, ones)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        k = ones.clone()
+        k[1, 7, 0, 3] = bad
+        assert kernel._not_finite(ones, k), bad
