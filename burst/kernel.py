@@ -393,21 +393,48 @@ def _torch_bwd(do, q, k, v, lse, delta, scale, causal, mask, out=None):  # takes
 
 
 def _not_finite(*ts: torch.Tensor) -> bool:
-    """Whether any of these (CPU) tensors holds a NaN or an infinity: one sum each, in the
-    accumulation dtype (a float16 sum of finite values overflows), without a copy (a per-row
-    isnan().any(-1) on every call made the timed ring forward 9% slower)."""
-    return not all(bool(t.sum(dtype=acc_dtype(t.dtype)).isfinite()) for t in ts)
+    """Whether any of these (CPU) tensors holds a NaN or an infinity: one sum each, without a
+    copy (a per-row isnan().any(-1) on every call made the timed ring forward 9% slower); a
+    float16 sum of finite values may overflow, so an infinite sum is summed again in the
+    accumulation dtype (a bf16 sum in float32 is 30x slower: not first)."""
+    return not all(bool(t.sum().isfinite()) or bool(t.sum(dtype=acc_dtype(t.dtype)).isfinite())
+                   for t in ts)
+
+
+ORACLE_CHUNK_SCORES = 1 << 24  # scores a chunk of the oracle fallback holds (64 MiB in fp32)
+
+
+def _oracle_in_chunks(q, k, v, scale, causal, mask):
+    """The oracle's forward over chunks of at least 64 query rows, so that a long CPU block
+    holds a bounded share of its scores (a 128K-token shard's whole matrix is tens of GiB)."""
+    sq, sk = q.shape[1], k.shape[1]
+    rows = max(64, ORACLE_CHUNK_SCORES // max(1, q.shape[0] * q.shape[2] * sk))
+    if rows >= sq:
+        return _torch_fwd(q, k, v, scale, causal, mask)
+    keys = torch.arange(sk, device=q.device)
+    outs, lses = [], []
+    for a in range(0, sq, rows):
+        b = min(sq, a + rows)
+        vis = None if mask is None else mask[a:b]
+        if causal:  # top-left: row i sees keys j <= i
+            tri = keys <= torch.arange(a, b, device=q.device)[:, None]
+            vis = tri if vis is None else vis & tri
+        o, lse = _torch_fwd(q[:, a:b], k, v, scale, False, vis)
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs, 1), torch.cat(lses, 2)
 
 
 def _cpu_flash_fwd(q, k, v, scale, causal, mask):
     # torch's CPU op mishandles rows that meet a NaN or an infinity: a query row holding a NaN,
     # against few keys, gets out 0 and a finite lse (a fuzz: zigzag on 4 ranks of 4 tokens); a
-    # row whose visible keys in the block score NaN (a NaN in k) or all -inf (an infinity in q
-    # or k) gets out 0 and lse 0, which the ring's merge counts as a key of logit 0 (a NaN
-    # dropped from the output, every row shrunk: a numerical audit). The oracle gives NaN, or
-    # (0, -inf), as the whole row's one kernel call would.
+    # row whose visible keys in the block meet a NaN in k, or an infinity in q or k that
+    # scores them all -inf, gets out 0 and lse 0, which the ring's merge counts as a key of
+    # logit 0 (a NaN dropped from the output, every row shrunk: a numerical audit). The oracle
+    # gives NaN, or (0, -inf), as the whole row's one kernel call would. (Finite q and k whose
+    # products overflow float32, |q.k| scale > 3e38, still reach the op.)
     if _not_finite(q, k):
-        return _torch_fwd(q, k, v, scale, causal, mask)
+        return _oracle_in_chunks(q, k, v, scale, causal, mask)
     out, lse = _aten("_scaled_dot_product_flash_attention_for_cpu",
                      query=q.transpose(1, 2), key=k.transpose(1, 2), value=v.transpose(1, 2),
                      dropout_p=0.0, is_causal=causal, attn_mask=_additive(mask, q.dtype),
@@ -416,8 +443,6 @@ def _cpu_flash_fwd(q, k, v, scale, causal, mask):
 
 
 def _cpu_flash_bwd(do, q, k, v, lse, delta, scale, causal, mask, out=None):
-    if _not_finite(q, k):  # as the forward
-        return _torch_bwd(do, q, k, v, lse, delta, scale, causal, mask)
     out = _stand_in_out(do, delta) if out is None else out
     dq, dk, dv = _aten(
         "_scaled_dot_product_flash_attention_for_cpu_backward",

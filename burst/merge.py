@@ -35,8 +35,9 @@ def _weights(lse_old: torch.Tensor, lse_new: torch.Tensor, lse_tot: torch.Tensor
     carried into every weight: at float32 logits of 1e4 an output 4e-4 off where one kernel
     call is 5e-6, and gradients, through the backward's D of that output, 5.6x their size
     off; the dominant block now weighs 1 up to e^-|d|). Only a row that has seen no key
-    (LSE = -inf) gets weight 0 instead of NaN from -inf + inf; a NaN (a NaN or inf in the
-    inputs) propagates, as in one kernel call on the whole row. What a kernel returns for a
+    (LSE = -inf) gets weight 0 instead of NaN from -inf + inf; a NaN LSE propagates, as in one
+    kernel call on the whole row (an LSE of +inf, which no backend returns, takes the whole
+    weight). What a kernel returns for a
     NaN input is the kernel's (the ``cpu_flash`` backend gives the oracle's there); the
     harness checks every cell's output and gradients for both (suites.measure)."""
     empty = lse_tot == float("-inf")

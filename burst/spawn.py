@@ -236,12 +236,12 @@ def _entry(rank, world, port, out_dir, backend, threads, timeout_s, launcher, en
     except BaseException:  # noqa: BLE001 - reported to the parent with the traceback and
         result = ("error", traceback.format_exc(), time.time())  # when (the first comes first)
     try:
-        data = pickle.dumps(result)
+        with open(path + ".tmp", "wb") as f:
+            pickle.dump(result, f)
     except Exception as e:  # noqa: BLE001 - the result must cross to the parent: say why not
-        data = pickle.dumps(("error", f"the function's result on rank {rank} cannot be "
-                             f"pickled to return it ({type(e).__name__}: {e})", time.time()))
-    with open(path + ".tmp", "wb") as f:
-        f.write(data)
+        with open(path + ".tmp", "wb") as f:
+            pickle.dump(("error", f"the function's result on rank {rank} cannot be pickled to "
+                         f"return it ({type(e).__name__}: {e})", time.time()), f)
     os.replace(path + ".tmp", path)
     with contextlib.suppress(Exception):
         comm.destroy()

@@ -681,8 +681,8 @@ def test_a_result_that_cannot_be_pickled_is_a_spawn_error():
     with pytest.raises(SpawnError) as e:
         spawn(_rank1_returns_a_lambda, 2, timeout_s=60)
     assert str(e.value).startswith("rank 1 raised:\nthe function's result on rank 1 cannot be "
-                                   "pickled to return it (AttributeError: Can't pickle local "
-                                   "object"), str(e.value)
+                                   "pickled to return it ("), str(e.value)
+    assert "<lambda>" in str(e.value), str(e.value)  # (Python's own words differ by version)
     assert "rank 0" not in str(e.value), str(e.value)
 
 

@@ -433,3 +433,23 @@ def test_cpu_flash_leaves_its_op_only_for_inputs_that_are_not_finite():
         k = ones.clone()
         k[1, 7, 0, 3] = bad
         assert kernel._not_finite(ones, k), bad
+
+
+@pytest.mark.parametrize(("kind", "mask"), [(CAUSAL, None), (FULL, None),
+                                            (DENSE, _mask(200, 200))])
+def test_a_non_finite_block_is_the_oracles_in_bounded_chunks(monkeypatch, kind, mask):
+    """A block with a NaN key and keys every query scores -inf: cpu_flash gives the oracle's
+    numbers, NaN where it has NaN, also when the oracle runs in chunks of query rows (its
+    memory bounded for a long CPU shard)."""
+    q, k, v, _ = _qkvd(sq=200, sk=200, dtype=torch.float32)
+    q, k = q.abs(), k.clone()
+    k[0, 5, 1, 2] = float("nan")
+    k[1, 7:9, :, 0] = float("-inf")
+    kw = dict(kind=kind) if mask is None else dict(kind=kind, mask=mask)
+    want = block_forward(q, k, v, backend="torch", **kw)
+    for scores in (1 << 24, 1):  # whole, then chunks of 64 rows
+        monkeypatch.setattr(kernel, "ORACLE_CHUNK_SCORES", scores)
+        got = block_forward(q, k, v, backend="cpu_flash", **kw)
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a.isnan(), b.isnan()) and a.isnan().any()
+            assert torch.equal(a.nan_to_num(), b.nan_to_num()), scores
