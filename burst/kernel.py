@@ -409,8 +409,6 @@ def _oracle_in_chunks(q, k, v, scale, causal, mask):
     holds a bounded share of its scores (a 128K-token shard's whole matrix is tens of GiB)."""
     sq, sk = q.shape[1], k.shape[1]
     rows = max(64, ORACLE_CHUNK_SCORES // max(1, q.shape[0] * q.shape[2] * sk))
-    if rows >= sq:
-        return _torch_fwd(q, k, v, scale, causal, mask)
     keys = torch.arange(sk, device=q.device)
     outs, lses = [], []
     for a in range(0, sq, rows):
