@@ -392,47 +392,98 @@ def _torch_bwd(do, q, k, v, lse, delta, scale, causal, mask, out=None):  # takes
 # cpu_flash
 
 
-def _not_finite(*ts: torch.Tensor) -> bool:
-    """Whether any of these (CPU) tensors holds a NaN or an infinity: one sum each, without a
-    copy (a per-row isnan().any(-1) on every call made the timed ring forward 9% slower); a
-    float16 sum of finite values may overflow, so an infinite sum is summed again in the
-    accumulation dtype (a bf16 sum in float32 is 30x slower: not first)."""
-    return not all(bool(t.sum().isfinite()) or bool(t.sum(dtype=acc_dtype(t.dtype)).isfinite())
-                   for t in ts)
+def _abs_max(t: torch.Tensor) -> float:
+    """max |t| of a (CPU) tensor, NaN if it holds one: one aminmax pass, without a copy (a
+    per-row isnan().any(-1) on every call made the timed ring forward 9% slower; unlike a
+    sum, the max of finite float16 cannot overflow)."""
+    if not t.numel():
+        return 0.0
+    lo, hi = torch.aminmax(t)
+    return float(torch.maximum(-lo, hi))
+
+
+OP, ORACLE, FLOAT64 = "op", "oracle", "float64"  # where a cpu_flash block goes (_route)
+
+
+def _route(q: torch.Tensor, k: torch.Tensor, scale: float) -> str:
+    """OP (torch's fused CPU op), ORACLE (a NaN or an infinity in q or k, which the op
+    mishandles) or FLOAT64 (finite q and k whose scores may overflow the accumulation dtype:
+    |q.k| scale <= D max|q| max|k| |scale| passes its largest value)."""
+    bound = _abs_max(q) * _abs_max(k)
+    if not math.isfinite(bound):
+        return ORACLE
+    if bound * q.shape[-1] * abs(scale) > torch.finfo(acc_dtype(q.dtype)).max:
+        return FLOAT64
+    return OP
 
 
 ORACLE_CHUNK_SCORES = 1 << 24  # scores a chunk of the oracle fallback holds (64 MiB in fp32)
 
 
-def _oracle_in_chunks(q, k, v, scale, causal, mask):
-    """The oracle's forward over chunks of at least 64 query rows, so that a long CPU block
-    holds a bounded share of its scores (a 128K-token shard's whole matrix is tens of GiB)."""
+def _row_chunks(q, k, causal, mask):
+    """(a, b, visible) for chunks of at least 64 query rows, so that a long CPU block holds a
+    bounded share of its scores in the oracle (a 128K-token shard's whole matrix is tens of
+    GiB); ``visible``: the chunk's bool mask, or None."""
     sq, sk = q.shape[1], k.shape[1]
     rows = max(64, ORACLE_CHUNK_SCORES // max(1, q.shape[0] * q.shape[2] * sk))
     keys = torch.arange(sk, device=q.device)
-    outs, lses = [], []
     for a in range(0, sq, rows):
         b = min(sq, a + rows)
         vis = None if mask is None else mask[a:b]
         if causal:  # top-left: row i sees keys j <= i
             tri = keys <= torch.arange(a, b, device=q.device)[:, None]
             vis = tri if vis is None else vis & tri
-        o, lse = _torch_fwd(q[:, a:b], k, v, scale, False, vis)
-        outs.append(o)
-        lses.append(lse)
+        yield a, b, vis
+
+
+def _oracle_in_chunks(q, k, v, scale, causal, mask):
+    """The oracle's forward over ``_row_chunks``."""
+    outs, lses = zip(*(_torch_fwd(q[:, a:b], k, v, scale, False, vis)
+                       for a, b, vis in _row_chunks(q, k, causal, mask)), strict=True)
     return torch.cat(outs, 1), torch.cat(lses, 2)
+
+
+def _forward_in_float64(q, k, v, scale, causal, mask):
+    """The oracle in float64 for scores that may overflow the accumulation dtype; an error
+    where a row's lse does (its block's result cannot be stated in that dtype)."""
+    out, lse = _oracle_in_chunks(q.double(), k.double(), v.double(), scale, causal, mask)
+    top = torch.finfo(acc_dtype(q.dtype)).max
+    over = lse.isfinite() & (lse.abs() > top)
+    if over.any():
+        raise OverflowError(
+            f"attention logits overflow {acc_dtype(q.dtype)}: a query's log-sum-exp is "
+            f"{float(lse[over][0]):.3g}, beyond {top:.3g} (|q| up to {_abs_max(q):.3g}, |k| up "
+            f"to {_abs_max(k):.3g}, scale {scale:.3g}); scale q or k down")
+    return out.to(q.dtype), lse.to(acc_dtype(q.dtype))
+
+
+def _backward_in_float64(do, q, k, v, lse, delta, scale, causal, mask):
+    """The oracle's backward in float64 over ``_row_chunks`` (dq by rows, dk and dv summed)."""
+    k64, v64 = k.double(), v.double()
+    dq, dk, dv = torch.empty_like(q), torch.zeros_like(k64), torch.zeros_like(v64)
+    for a, b, vis in _row_chunks(q, k, causal, mask):
+        dq_c, dk_c, dv_c = _torch_bwd(do[:, a:b].double(), q[:, a:b].double(), k64, v64,
+                                      lse[:, :, a:b].double(), delta[:, :, a:b].double(),
+                                      scale, False, vis)
+        dq[:, a:b] = dq_c
+        dk += dk_c
+        dv += dv_c
+    return dq, dk.to(k.dtype), dv.to(v.dtype)
 
 
 def _cpu_flash_fwd(q, k, v, scale, causal, mask):
     # torch's CPU op mishandles rows that meet a NaN or an infinity: a query row holding a NaN,
     # against few keys, gets out 0 and a finite lse (a fuzz: zigzag on 4 ranks of 4 tokens); a
-    # row whose visible keys in the block meet a NaN in k, or an infinity in q or k that
-    # scores them all -inf, gets out 0 and lse 0, which the ring's merge counts as a key of
-    # logit 0 (a NaN dropped from the output, every row shrunk: a numerical audit). The oracle
-    # gives NaN, or (0, -inf), as the whole row's one kernel call would. (Finite q and k whose
-    # products overflow float32, |q.k| scale > 3e38, still reach the op.)
-    if _not_finite(q, k):
+    # row whose visible keys in the block meet a NaN in k, or an infinity in q or k (or finite
+    # q and k whose float32 products overflow) that scores them all -inf, gets out 0 and lse 0,
+    # which the ring's merge counts as a key of logit 0 (a NaN dropped from the output, every
+    # row shrunk: numerical audits). The oracle gives NaN, or (0, -inf), as the whole row's
+    # one kernel call would; scores that may overflow are computed in float64.
+    route = _route(q, k, scale)
+    if route == ORACLE:
         return _oracle_in_chunks(q, k, v, scale, causal, mask)
+    if route == FLOAT64:
+        return _forward_in_float64(q, k, v, scale, causal, mask)
     out, lse = _aten("_scaled_dot_product_flash_attention_for_cpu",
                      query=q.transpose(1, 2), key=k.transpose(1, 2), value=v.transpose(1, 2),
                      dropout_p=0.0, is_causal=causal, attn_mask=_additive(mask, q.dtype),
@@ -441,6 +492,8 @@ def _cpu_flash_fwd(q, k, v, scale, causal, mask):
 
 
 def _cpu_flash_bwd(do, q, k, v, lse, delta, scale, causal, mask, out=None):
+    if _route(q, k, scale) == FLOAT64:
+        return _backward_in_float64(do, q, k, v, lse, delta, scale, causal, mask)
     out = _stand_in_out(do, delta) if out is None else out
     dq, dk, dv = _aten(
         "_scaled_dot_product_flash_attention_for_cpu_backward",

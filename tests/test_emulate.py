@@ -346,6 +346,31 @@ def test_nan_input_gives_nan_not_zero(backend):
         assert torch.allclose(out, ref, atol=1e-12), (layout, (out - ref).abs().max())
 
 
+def test_a_ring_whose_float32_products_overflow_is_exact_or_refused():
+    """float32 q and k whose products pass float32's range (about 4e38) while their scaled
+    scores do not (about -1.5e38, every one): the ring's output equals float64's on cpu_flash
+    (torch's CPU op gave every block out 0 and lse 0, merged as keys of logit 0). Its
+    gradients are not finite, not wrong: the float32 lse the backward is given is off by up
+    to 5e30, so exp(s - lse) is 0 or inf in any kernel. Where a row's lse itself passes
+    float32's range, an OverflowError."""
+    q, k, v, do = _inputs(4, dtype=torch.float32)
+    g = torch.Generator().manual_seed(1)
+    q[..., 0] = 2e19 * (1 + 0.1 * torch.rand(q.shape[:3], generator=g))
+    k[..., 0] = -2e19 * (1 + 0.1 * torch.rand(k.shape[:3], generator=g))
+    ref = _run(lambda a, b, c: reference_attention(a, b, c, causal=True),
+               *(t.double() for t in (q, k, v, do)))
+    for layout in ("contiguous", "zigzag"):
+        got = _run(lambda a, b, c, layout=layout: emulate_attn(
+            a, b, c, world=4, causal=True, backend="cpu_flash", layout=layout,
+            return_lse=True), q, k, v, do)
+        assert (got[0].double() - ref[0]).abs().max() < 1e-6, layout
+        assert ((got[1].double() - ref[1]) / ref[1]).abs().max() < 1e-6, layout
+        assert not all(g.isfinite().all() for g in got[2:]), layout
+    k[:, 8:16, :, 0] *= 10  # rank 1's keys score about -1.5e39 against every query
+    with pytest.raises(OverflowError, match="log-sum-exp"):
+        emulate_attn(q, k, v, world=4, causal=True, backend="cpu_flash", layout="contiguous")
+
+
 def test_the_merge_keeps_one_kernel_calls_precision_at_large_logits():
     """float32 logits of standard deviation 1e3: the ring's output and gradients are as close
     to the float64 oracle as one kernel call over the whole row. The merge weighed each block

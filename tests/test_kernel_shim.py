@@ -423,16 +423,72 @@ def test_a_refused_cudnn_block_falls_back_to_flash_for_good(monkeypatch):
     assert not kernel._sdpa_cudnn_ok(q, 2, FULL)
 
 
-def test_cpu_flash_leaves_its_op_only_for_inputs_that_are_not_finite():
+def test_cpu_flash_leaves_its_op_only_for_inputs_that_are_not_finite_or_may_overflow():
     """The op mishandles NaN and infinite inputs, so the cpu_flash backend gives those blocks
-    to the oracle (tests/test_emulate.py); finite float16 whose float16 sum overflows stay on
-    the op (a sum in the input dtype sent them to the oracle, the slow path)."""
+    to the oracle (tests/test_emulate.py); finite float16 whose float16 sum overflows stays on
+    the op (a sum in the input dtype sent it to the oracle, the slow path); finite q and k
+    whose scores may pass float32's range go to float64; an empty block is the op's."""
     ones = torch.ones(2, 4096, 2, 16, dtype=torch.float16)
-    assert ones.sum().isinf() and not kernel._not_finite(ones, ones)
+    assert ones.sum().isinf() and kernel._route(ones, ones, 0.25) == kernel.OP
     for bad in (float("nan"), float("inf"), float("-inf")):
         k = ones.clone()
         k[1, 7, 0, 3] = bad
-        assert kernel._not_finite(ones, k), bad
+        assert kernel._route(ones, k, 0.25) == kernel.ORACLE, bad
+    big = torch.full((1, 2, 1, 16), 1e18)  # 16 x 1e36 x 0.25 = 4e36: no overflow
+    assert kernel._route(big, big, 0.25) == kernel.OP
+    assert kernel._route(big, big * 100, 0.25) == kernel.FLOAT64  # 4e38 > 3.4e38
+    assert kernel._route(big, big * 100, -0.25) == kernel.FLOAT64  # the bound takes |scale|
+    assert kernel._route(big.double(), big.double() * 100, 0.25) == kernel.OP  # float64's
+    empty = torch.ones(0, 2, 1, 16)
+    assert kernel._route(empty, empty, 0.25) == kernel.OP
+
+
+def _products_overflow(sq=70, sk=90, sign=1.0, seed=0):
+    """float32 q and k whose first terms' products, about 4e38, pass float32's range, while
+    the scaled scores, about 1.5e38, do not (the softmax is one-hot on the largest); ``sign``
+    -1: every score about -1.5e38."""
+    q, k, v, do = _qkvd(sq=sq, sk=sk, h=2, hk=2, d=8, dtype=torch.float32, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    q[..., 0] = 2e19 * (1 + 0.1 * torch.rand(q.shape[:3], generator=g))
+    k[..., 0] = sign * 2e19 * (1 + 0.1 * torch.rand(k.shape[:3], generator=g))
+    return q, k, v, do
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+@pytest.mark.parametrize(("kind", "mask"), [(FULL, None), (CAUSAL, None),
+                                            (DENSE, _mask(70, 90))])
+def test_cpu_flash_blocks_whose_products_overflow_float32_run_in_float64(kind, mask, sign):
+    """torch's CPU op gives such rows NaN and lse inf, or (scores all negative) out 0 and lse
+    0, which a ring merges as a key of logit 0; the backend gives the float64 oracle's
+    numbers, forward and backward (given a float64 lse: a float32 lse of 1.5e38 is off by
+    up to 5e30, so exp(s - lse) is 0 or inf in any kernel; the ring test shows it loud)."""
+    q, k, v, do = _products_overflow(sq=90 if kind == CAUSAL else 70, sign=sign)
+    kw = dict(kind=kind) if mask is None else dict(kind=kind, mask=mask)
+    out, lse = block_forward(q, k, v, backend="cpu_flash", **kw)
+    o64, l64 = block_forward(q.double(), k.double(), v.double(), backend="torch", **kw)
+    assert (out.double() - o64).abs().max() < 1e-6
+    seen = l64.isfinite()
+    assert torch.equal(lse.isfinite(), seen) and seen.sum() > 100
+    assert ((lse.double()[seen] - l64[seen]) / l64[seen]).abs().max() < 1e-6
+    assert l64[seen].abs().min() > 1e38
+    delta = (do.double() * o64).sum(-1).transpose(1, 2)
+    got = block_backward(do, q, k, v, l64, delta, backend="cpu_flash", **kw)
+    want = block_backward(do.double(), q.double(), k.double(), v.double(), l64, delta,
+                          backend="torch", **kw)
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == torch.float32 and a.isfinite().all()
+        assert (a.double() - b).abs().max() <= 1e-6 * b.abs().max() + 1e-6
+
+
+def test_a_block_whose_lse_passes_float32_is_an_error_not_a_masked_row():
+    """A row whose every key scores below -3.4e38: torch's CPU op returns out 0 and lse 0 (a
+    ring merged it as a key of logit 0: 0.11 off); its result cannot be stated in float32."""
+    q, k, v, _ = _qkvd(sq=8, sk=8, h=2, hk=2, d=4, dtype=torch.float32)
+    q[0, 3, 0] = torch.tensor([1e20, 0.0, 0.0, 0.0])
+    k[0, :, 0, 0] = -1e20
+    with pytest.raises(OverflowError, match=r"overflow torch.float32: a query's log-sum-exp "
+                                            r"is -5e\+39, beyond 3.4e\+38 .*scale q or k down"):
+        block_forward(q, k, v, backend="cpu_flash")
 
 
 @pytest.mark.parametrize(("kind", "mask"), [(CAUSAL, None), (FULL, None),
