@@ -2911,6 +2911,23 @@ def test_the_flat_ring_a_double_ring_falls_back_to_is_never_slower(monkeypatch):
     assert fell_back >= 40
 
 
+def test_a_predicted_oom_names_its_largest_parts():
+    """What to cut: a planning audit asked which part of an OOM's peak is the largest (Llama-3
+    8B at 1M tokens on 16 H100s, selective: the plain head's logits)."""
+    from suites.hardware import GIB, load
+    from suites.simulate import predict, simulate_cell
+
+    cell = dict(workload="train_step", model="llama3-8b", method="burst", seq_len=1 << 20,
+                world=16, dtype="bfloat16", device="cuda", checkpointing="selective")
+    row = simulate_cell(cell, "h100")
+    parts = predict(cell, load("h100")).memory.parts
+    top = sorted(parts, key=parts.get, reverse=True)
+    assert row["status"] == "oom" and top[0] == "head", row
+    named = row["error"].split("; allocated, largest first: ")[1]
+    assert named.startswith(", ".join(f"{k} {parts[k] / GIB:.1f}" for k in top[:3]) + " GiB")
+    assert named.endswith(f" and {len(top) - 3} smaller parts") == (len(top) > 4), named
+
+
 def test_an_oom_by_a_hair_prints_the_digits_that_tell_the_sides_apart():
     """A predicted OOM printed both sides to 2 decimals: "78.50 GiB reserved > 78.50 GiB
     usable" (a CLI fuzz, with --longest)."""
@@ -2923,8 +2940,8 @@ def test_an_oom_by_a_hair_prints_the_digits_that_tell_the_sides_apart():
     held = ok["mem_reserved_bytes"] / 2**30
     row = simulate_cell(cell, HW.with_values(usable_gib=held - 1e-4))
     assert row["status"] == "oom"
-    got = re.fullmatch(r"predicted OOM: ([0-9.]+) GiB reserved > ([0-9.]+) GiB usable on a800",
-                       row["error"])
+    got = re.fullmatch(r"predicted OOM: ([0-9.]+) GiB reserved > ([0-9.]+) GiB usable on a800"
+                       r"; allocated, largest first: .*", row["error"])
     assert got and float(got[1]) > float(got[2]) and len(got[1].split(".")[1]) == 4, row["error"]
     far = simulate_cell(cell, HW.with_values(usable_gib=held / 2))["error"]
     assert re.search(r": \d+\.\d\d GiB reserved > \d+\.\d\d GiB usable", far), far
