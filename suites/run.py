@@ -502,10 +502,12 @@ WHY_CHARS = 240  # a failed cell's reason in the summary; longer ones are cut, m
 def summary_text(table, spec: SweepSpec | None = None, *, baseline: str | None = None,
                  metrics: tuple[str, ...] | None = None) -> str:
     """Methods side by side for each cell: time per step with speedup against the baseline,
-    then bytes sent per rank (and max error when measured)."""
+    then bytes sent per rank (and max error when measured); a training sweep's tokens/s,
+    TFLOP/s and saved-for-backward bytes instead of bytes; a simulation's reserved memory."""
     if table is None or table.empty:
         return "(no rows)"
     baseline = baseline or (spec.baseline if spec else None)
+    simulated = "source" in table and (table["source"] == "simulated").all()
     if metrics is None:
         metrics = ("time_s", "bytes_sent")
         if table.get("max_err") is not None and table["max_err"].notna().any():
@@ -513,6 +515,8 @@ def summary_text(table, spec: SweepSpec | None = None, *, baseline: str | None =
         model_tf = table.get("tflops_model_flops_causal")
         if model_tf is not None and model_tf.notna().any():
             metrics = ("time_s", "tokens_per_s", "tflops_model_flops_causal", "saved_bytes")
+        if simulated:  # a prediction has no saved_bytes; its reserved peak decides OOM
+            metrics = (*(m for m in metrics if m != "saved_bytes"), "mem_reserved_bytes")
     parts = []
     for m in metrics:
         title = METRICS[m][0]
@@ -530,7 +534,6 @@ def summary_text(table, spec: SweepSpec | None = None, *, baseline: str | None =
         key = (r["status"], r["label"], why)
         failed.setdefault(key, []).append(f"{r['seq_len']}@{r['world']}")
     if failed:
-        simulated = "source" in table and (table["source"] == "simulated").all()
         parts.append("\n".join(f"{st}: {label} at seq_len@world {', '.join(at)}: {why}"
                                for (st, label, why), at in failed.items())
                      + ("" if simulated else "\n(a resumed run counts these cells as done; "

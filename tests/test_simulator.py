@@ -2911,6 +2911,23 @@ def test_the_flat_ring_a_double_ring_falls_back_to_is_never_slower(monkeypatch):
     assert fell_back >= 40
 
 
+def test_the_summary_of_a_simulation_shows_its_reserved_memory():
+    """A prediction has no saved_bytes (a training sweep's memory table was all '-'); its
+    reserved peak, which decides OOM, is shown instead (a planning audit)."""
+    from results import store
+    from suites.run import summary_text
+
+    root = Path(__file__).resolve().parent.parent / "results" / "simulated"
+    for sweep in ("paper_main_7b", "paper_kernel_32gpu"):
+        table = store.load(root / sweep)
+        text = summary_text(table)
+        assert "saved for backward" not in text and "\n\nreserved memory (MiB)\n" in text
+        got = text.split("reserved memory (MiB)\n")[1].split("\n\n")[0]
+        ok = table[table["status"] == "ok"]
+        assert f"{ok['mem_reserved_bytes'].iloc[0] / 2**20:.1f}" in got, sweep
+    assert "reserved memory" not in summary_text(table.assign(source="measured"))
+
+
 def test_a_predicted_oom_names_its_largest_parts():
     """What to cut: a planning audit asked which part of an OOM's peak is the largest (Llama-3
     8B at 1M tokens on 16 H100s, selective: the plain head's logits)."""
