@@ -609,6 +609,11 @@ def _main(argv: list[str] | None) -> int:
                     help="for each method and scale, the longest sequence that fits (the "
                          "spec's seq_lens are ignored; suites.longest); --out writes the rows "
                          "at those lengths as sweep <name>-longest")
+    ap.add_argument("--headroom", type=float, default=0.0, metavar="FRACTION",
+                    help="keep this fraction of each GPU's usable memory free: a cell fits "
+                         "when its predicted reserved peak is within the rest (the memory "
+                         "model's worst error on the paper's published memory is 19.5%%, "
+                         "docs/simulator.md); default 0")
     raw = list(sys.argv[1:] if argv is None else argv)
     if sum(x == "--hardware" or x.startswith("--hardware=") for x in raw) > 1:
         ap.error("--hardware given more than once: one profile per run (the last one would "
@@ -624,6 +629,13 @@ def _main(argv: list[str] | None) -> int:
     except (OSError, ValueError) as e:
         print(f"simulate: {e}", file=sys.stderr)
         return 2
+    if not 0 <= a.headroom < 1:
+        ap.error(f"--headroom {a.headroom}: a fraction of the usable memory, 0 <= f < 1")
+    if a.headroom:
+        usable = hw.usable_gib * (1 - a.headroom)
+        print(f"note: --headroom {a.headroom:g}: {usable:.2f} of the {hw.name} profile's "
+              f"{hw.usable_gib:.2f} usable GiB counted")
+        hw = hw.with_values(usable_gib=usable)
     if a.gpus_per_node is not None and a.gpus_per_node > hw.gpus_per_node:
         ap.error(f"--gpus-per-node {a.gpus_per_node}: the {hw.name} profile has "
                  f"{hw.gpus_per_node} GPUs per node")
