@@ -133,6 +133,26 @@ def _model_run_window(model: str, window):
         raise ValueError(f"model {model}: {e}") from None
 
 
+def _paper_defaults(d: dict) -> None:
+    """A dict cell naming a ``paper`` system takes, where it gives none, the system's method,
+    label and (a training step) checkpointing and fused head, as a spec's entry does
+    (``suites.spec``); its options are merged in ``as_cell``."""
+    from suites.paper_methods import paper_method
+    from suites.spec import paper_label
+
+    base = paper_method(d["paper"])
+    train = (d.get("workload") or _CELL_DEFAULTS["workload"]) == "train_step"
+    given = {k: d[k] for k in ("method", "checkpointing", "fused_head") if d.get(k) is not None}
+    d.update({"method": base.name, **({"checkpointing": base.checkpointing,
+                                        "fused_head": base.fused_head} if train else {}),
+              **given})
+    if d.get("label") is None:
+        options = d.get("options") if isinstance(d.get("options"), Mapping) else {}
+        d["label"] = paper_label(base, d["method"], options,
+                                 d.get("checkpointing", base.checkpointing),
+                                 d.get("fused_head", base.fused_head))
+
+
 def as_cell(obj, gpus_per_node: int | None = None):
     """A ``suites.cells.Cell`` from a Cell, or from a dict / object with the cell's fields.
 
@@ -153,6 +173,8 @@ def as_cell(obj, gpus_per_node: int | None = None):
     d = plain_integers(d)  # a numpy count is the same count (as the registry's call takes it)
     if "method_options" in d:
         d["options"] = d.pop("method_options")
+    if d.get("paper"):  # what a spec's [[methods]] entry takes from its paper system
+        _paper_defaults(d)
     unknown = sorted(set(d) - {f.name for f in dataclasses.fields(Cell)})
     if unknown:
         raise ValueError(f"unknown cell fields {unknown}; valid: "

@@ -453,14 +453,14 @@ def _method(r: _Reader, t: dict, where: str, workload: str) -> MethodSpec | None
               "a name on one line")
         label = None
     if label is None:
-        label = _paper_label(base, name, options, ckpt, fused) if base else \
+        label = paper_label(base, name, options, ckpt, fused) if base else \
             default_label(name, options)
     return MethodSpec(name=name, label=label, options=opts, checkpointing=ckpt, fused_head=fused,
                       data_parallel=dp,
                       paper=paper, skip_invalid=bool(skip))
 
 
-def _paper_label(base, name: str, options: dict, ckpt: str, fused: bool) -> str:
+def paper_label(base, name: str, options: dict, ckpt: str, fused: bool) -> str:
     """The paper's label, with what the entry changes of the paper's system in brackets (the
     paper's label alone would match the published rows of another setup)."""
     changed = [f"name={name}"] if name != base.name else []

@@ -2911,6 +2911,33 @@ def test_the_flat_ring_a_double_ring_falls_back_to_is_never_slower(monkeypatch):
     assert fell_back >= 40
 
 
+def test_a_dict_cell_naming_a_paper_system_is_the_specs_entry():
+    """simulate_cell(dict(paper=...)) needed ``method`` and took checkpointing "none" and no
+    fused head, where a spec's entry takes the system's (a planning audit); given keys win."""
+    from suites.cells import expand
+    from suites.simulate import as_cell, simulate_cell
+    from suites.spec import load_spec
+
+    spec = next(c for c in expand(load_spec("paper_main_7b"))
+                if c.label == "Burst-Ring" and c.world == 32)
+    row = simulate_cell(dict(workload="train_step", model="7b", paper="burstengine",
+                             seq_len=spec.seq_len, world=32), HW)
+    want = simulate_cell(spec, HW)
+    assert (row["label"], row["method"], row["checkpointing"], row["fused_head"]) == (
+        "Burst-Ring", "burst", "selective", True)
+    assert row["tokens_per_s"] == want["tokens_per_s"]
+    assert row["mem_reserved_bytes"] == want["mem_reserved_bytes"]
+    full = as_cell(dict(workload="train_step", model="7b", paper="burstengine", world=32,
+                        seq_len=spec.seq_len, checkpointing="full", fused_head=False))
+    assert (full.label, full.checkpointing, full.fused_head) == (
+        "Burst-Ring [checkpointing=full,fused_head=false]", "full", False)
+    attn = as_cell(dict(paper="burst", seq_len=1 << 17, world=32, heads=32, head_dim=128), 8)
+    assert (attn.method, attn.label, attn.options["ranks_per_node"]) == (
+        "burst", "BurstAttention", 8)
+    with pytest.raises(ValueError, match="unknown paper method 'bursty'"):
+        as_cell(dict(paper="bursty", seq_len=64, world=1, heads=2, head_dim=8))
+
+
 def test_the_summary_of_a_simulation_shows_its_reserved_memory():
     """A prediction has no saved_bytes (a training sweep's memory table was all '-'); its
     reserved peak, which decides OOM, is shown instead (a planning audit)."""
