@@ -2607,6 +2607,16 @@ def test_a_spec_placed_on_other_nodes_keeps_its_world(capsys, tmp_path):
         with pytest.raises(SystemExit) as e:
             main(["paper_kernel_32gpu", *argv])
         assert e.value.code == 2 and why in capsys.readouterr().err
+    # a spec's own scale so: refused before any cell is priced (it was an error row per cell)
+    wide = tmp_path / "wide.toml"
+    wide.write_text('workload = "attention"\nseq_lens = [65536]\n[shape]\nheads = 8\n'
+                    'head_dim = 64\n[[scales]]\nnodes = 1\ngpus_per_node = 16\n'
+                    '[[methods]]\nname = "ring"\n')
+    assert main([str(wide), "--out", str(tmp_path / "w")]) == 2
+    assert "a scale places 16 GPUs on a node, but the a800 profile's nodes have 8; " \
+           "--gpus-per-node 8 places the same world on them" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
+    assert main([str(wide), "--gpus-per-node", "8"]) == 0
 
 
 @pytest.mark.parametrize("argv", [["--check", "--write"], ["--hardware", "h100"],
