@@ -88,8 +88,9 @@ def usp_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = Non
             group; heads % U == 0.
         k, v: (batch, seq_local, kv_heads, head_dim); kv_heads % U == 0 or U % kv_heads == 0.
         ulysses_degree: U, the size of the Ulysses (head-parallel) groups; divides G.
-        backward: ``ring`` (yunchang's classic ring backward) or ``burst`` (BurstEngine's
-            Burst-USP: Ulysses inside a node, BurstAttention's backward across nodes).
+        backward: ``ring`` (yunchang's classic ring backward), ``burst`` (BurstEngine's
+            Burst-USP: Ulysses inside a node, BurstAttention's backward across nodes) or
+            ``auto`` (the one whose ring moves fewer bytes: ``burst_attn``'s rule).
         grad_acc: the ring's travelling gradient accumulators (dK, dV or dQ) in ``fp32`` or
             in the ``input`` dtype (BurstEngine's dQ), as ``burst_attn``'s.
     Returns:
@@ -130,8 +131,8 @@ def _requires(*, world, heads, kv_heads, seq_local, layout, ulysses_degree, back
               grad_acc="fp32", **_):
     out = degree_problems("ulysses_degree", ulysses_degree, world, heads, kv_heads,
                           kv_replicate=True)
-    if backward not in ("ring", "burst"):
-        out.append(f"backward={backward!r}; valid: ring, burst")
+    if backward not in ("auto", "ring", "burst"):
+        out.append(f"backward={backward!r}; valid: auto, ring, burst")
     out += layout_problems(layout, seq_local, LAYOUTS) + choice_problems(grad_acc=grad_acc)
     return out
 

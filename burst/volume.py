@@ -65,7 +65,8 @@ from burst.masks import MaskSpec, flat_ring_suffices, ring_reach
 from burst.ring import check_reach
 
 __all__ = ["METHODS", "Volume", "auto_backward", "formula_options", "method_bytes",
-           "regather_bytes", "ring_attention_bytes", "ring_hop_bytes", "ulysses_kv_heads"]
+           "regather_bytes", "ring_attention_bytes", "ring_hop_bytes", "ulysses_kv_heads",
+           "usp_auto_backward"]
 
 
 @dataclass
@@ -367,10 +368,19 @@ def _usp(c: _Case, *, ulysses_degree: int = 2, layout: str = "contiguous",
     return _usp_volume(_grads_in(c, grad_acc), ulysses_degree, layout, backward, truncate=True)
 
 
+def usp_auto_backward(*, ulysses_degree: int, world: int, kv_heads: int, **shape) -> str:
+    """usp's backward="auto": what ``burst_attn`` picks for USP's ring across the Ulysses
+    groups (``auto_backward``), whose unit of U*n tokens x H/U, Hk/U heads moves the bytes of
+    n tokens x H, Hk heads (Hk replicated up to U where fewer); ``shape``: ``auto_backward``'s
+    other arguments."""
+    return auto_backward(world=world // ulysses_degree,
+                         kv_heads=ulysses_kv_heads(kv_heads, ulysses_degree), **shape)
+
+
 def _usp_volume(c: _Case, u: int, layout: str, backward: str, *, truncate: bool) -> Volume:
     """USP's bytes; ``truncate``: a window shortens the ring (ours; yunchang's ring does not)."""
-    if backward not in ("ring", "burst"):
-        raise ValueError(f"usp backward={backward!r}; valid: ring, burst")
+    if backward not in ("auto", "ring", "burst"):
+        raise ValueError(f"usp backward={backward!r}; valid: auto, ring, burst")
     r, u_idx = c.world // u, c.rank % u
     vol = Volume()
     _ulysses_into(vol, c, _ulysses_group(c, u))
@@ -378,6 +388,8 @@ def _usp_volume(c: _Case, u: int, layout: str, backward: str, *, truncate: bool)
     hop = dict(batch=c.batch, seq_local=c.seq_local, heads=c.heads,
                kv_heads=ulysses_kv_heads(c.kv_heads, u), head_dim=c.head_dim, elem=c.elem,
                acc_elem=c.acc_elem, grad_elem=c.grad_elem)
+    if backward == "auto":
+        backward = usp_auto_backward(ulysses_degree=u, **c.shape())
     kv, _ = ring_hop_bytes("ring", **hop)
     pay, acc = ring_hop_bytes(backward, **hop)
     reach = c.reach(r, u * c.seq_local, layout) if truncate else (r - 1, 0)

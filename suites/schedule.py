@@ -244,6 +244,11 @@ def plan_for(method: str, options: dict | None, topo: Topo, shape: AttnShape) ->
             raise ValueError(f"ulysses_degree={u} does not divide world={topo.world}")
         # usp's ring: the registry runs the classic ring backward; BurstEngine-USP the burst one
         backward = opts.get("backward", "ring")
+        if kind == "usp" and backward == "auto":
+            backward = volume.usp_auto_backward(
+                ulysses_degree=u, **_vol_kw(shape, topo.world, shape.seq_len // topo.world,
+                                            acc_elem=acc_bytes(shape.elem)),
+                grad_elem=shape.elem if opts.get("grad_acc") == "input" else None)
         return Plan(kind, layout=opts.get("layout", "zigzag"), backward=backward, ulysses=u,
                     options=opts)
     raise ValueError(f"method {method!r} has no schedule model; modelled: "

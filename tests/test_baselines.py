@@ -72,6 +72,9 @@ def _core_cases(world: int) -> list[dict]:
             add("usp", causal=True, ranks_per_node=node,
                 options=dict(ulysses_degree=2, layout="zigzag", backward="burst"))
         add("usp", causal=True, options=dict(ulysses_degree=4, layout="zigzag"))  # = Ulysses
+        for kv in (h, 1):  # backward="auto": burst for MHA, ring for one kv head (replicated)
+            add("usp", causal=True, kv_heads=kv, ranks_per_node=2,
+                options=dict(ulysses_degree=2, layout="zigzag", backward="auto"))
         for m in ("ring", "allgather", "ulysses", "usp"):  # sliding window (ring span 1)
             add(m, causal=True, window=(5, 0), options=dict(layout="contiguous"))
         add("zigzag_ring", causal=True, cu_seqlens=(0, 5, 21, 32))  # documents
@@ -231,6 +234,22 @@ def test_core_parity_and_bytes(world):
     cases, _, per_rank, *_ = _results(world)
     failures = check(cases, per_rank, world, _expected, F32_TOL)
     assert not failures, "\n".join(failures[:20])
+
+
+def test_usp_auto_backward_is_burst_attns_rule_on_its_ring():
+    """usp's backward="auto" (it was refused): the ring across the Ulysses groups takes the
+    scheme whose bytes are fewer, as burst_attn's rule gives for the ring's own tensors (U*n
+    tokens x H/U heads); the parity cases above run both outcomes on gloo."""
+    from burst.volume import auto_backward, usp_auto_backward
+
+    shape = dict(batch=1, seq_local=16, heads=4, head_dim=8, elem=4, acc_elem=4)
+    for kv, want in ((4, "burst"), (1, "ring")):
+        got = usp_auto_backward(ulysses_degree=2, world=4, kv_heads=kv, **shape)
+        own = auto_backward(**{**shape, "seq_local": 32, "heads": 2}, world=2,
+                            kv_heads=max(kv, 2) // 2)  # kv heads replicated up to U = 2
+        assert got == own == want, (kv, got, own)
+    registry.get("usp").check(world=4, heads=4, kv_heads=4, seq_local=16, causal=True,
+                              ulysses_degree=2, backward="auto")  # raised before
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])

@@ -2948,6 +2948,23 @@ def test_a_dict_cell_naming_a_paper_system_is_the_specs_entry():
         as_cell(dict(paper="bursty", seq_len=64, world=1, heads=2, head_dim=8))
 
 
+def test_usp_backward_auto_prices_the_scheme_its_ring_picks():
+    """usp takes backward="auto" (refused before, a planning audit): the simulator prices what
+    burst_attn picks for its ring, burst for MHA and ring for few kv heads."""
+    from suites.simulate import simulate_cell
+
+    for kv, picked in ((32, "burst"), (4, "ring")):
+        cell = dict(method="usp", seq_len=1 << 20, world=32, heads=32, kv_heads=kv,
+                    head_dim=128, options=dict(ulysses_degree=8, backward="auto"))
+        got = simulate_cell(cell, HW)
+        want = simulate_cell({**cell, "options": dict(ulysses_degree=8, backward=picked)}, HW)
+        other = simulate_cell({**cell, "options": dict(
+            ulysses_degree=8, backward={"burst": "ring", "ring": "burst"}[picked])}, HW)
+        assert got["status"] == "ok" and got["time_s"] == want["time_s"], kv
+        assert got["bytes_sent_backward"] == want["bytes_sent_backward"] < other[
+            "bytes_sent_backward"], kv
+
+
 def test_the_summary_of_a_simulation_shows_its_reserved_memory():
     """A prediction has no saved_bytes (a training sweep's memory table was all '-'); its
     reserved peak, which decides OOM, is shown instead (a planning audit)."""
