@@ -363,8 +363,13 @@ def _at_least_one(value, name: str, what: str) -> int:
 
 
 def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
-          threads: int = 1, timeout_s: float = 300.0) -> list:
-    """Run ``fn(rank, world, *args)`` on ``world`` fresh processes; return their results."""
+          threads: int = 1, timeout_s: float = 300.0,
+          watch: Callable[[], str | None] | None = None) -> list:
+    """Run ``fn(rank, world, *args)`` on ``world`` fresh processes; return their results.
+
+    ``watch``: called about every 0.2 s while the ranks run; a message it returns ends them
+    (killed from here, so a rank that holds the GIL cannot escape it) and is raised as the
+    ``SpawnError``."""
     world = _at_least_one(world, "world", "ranks")
     threads = _at_least_one(threads, "threads", "threads per rank")
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) \
@@ -379,13 +384,13 @@ def spawn(fn: Callable, world: int, *, args: tuple = (), backend: str = "gloo",
     except OSError:
         stdout = None
     try:
-        return _spawn(fn, world, args, backend, threads, timeout_s, _Stdout(stdout))
+        return _spawn(fn, world, args, backend, threads, timeout_s, _Stdout(stdout), watch)
     finally:
         if stdout is not None:
             os.close(stdout)
 
 
-def _spawn(fn, world, args, backend, threads, timeout_s, stdout):
+def _spawn(fn, world, args, backend, threads, timeout_s, stdout, watch=None):
     store = _rendezvous(timeout_s)  # held (the port with it) until the ranks end
     port = store.port
     method = _start_method()
@@ -423,6 +428,10 @@ def _spawn(fn, world, args, backend, threads, timeout_s, stdout):
                         first_dead, died_at = e.error_index, alive_at
                 if failed_at is None and _any_error(out_dir, world):
                     failed_at = time.monotonic()  # the others may now wait forever on that rank
+                why = watch() if watch is not None and failed_at is None else None
+                if why:
+                    _kill(ctx.processes)
+                    raise SpawnError(why)
                 now = time.monotonic()
                 if now > deadline or (failed_at is not None and now - failed_at > 3):
                     stopped = _kill(ctx.processes)

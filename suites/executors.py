@@ -91,20 +91,23 @@ def _backend(cell: Cell) -> str:
 # inline: burst.spawn
 
 
-def _watchdog(cell: Cell, marker: Path) -> threading.Timer:
-    """Rank 0 ends its process when a cell runs past its time limit; the marker tells the
-    driver the cell timed out (the other ranks are then killed by spawn)."""
-    limit = cell.timeout_min * 60
+CURRENT = "current"  # the state file naming the cell rank 0 is measuring, since when
 
-    def fire():
-        marker.write_text(f"cell {cell.cell_id} ({cell.describe()}) exceeded its time limit of "
-                          f"{limit:.0f} s (timeout_min={cell.timeout_min})")
-        os._exit(124)
 
-    t = threading.Timer(limit, fire)
-    t.daemon = True
-    t.start()
-    return t
+def _overdue(state: Path) -> str | None:
+    """The driver's time limit of the cell rank 0 is measuring (``CURRENT``): past it, a
+    ``timeout-<cell>`` marker and its message, which ends the ranks (``spawn``'s ``watch``);
+    kept by the driver, as a timer inside rank 0 could not fire while a hang held its GIL."""
+    try:
+        cur = json.loads((state / CURRENT).read_text())
+    except (OSError, ValueError):  # none yet, or being replaced
+        return None
+    if time.time() - cur["started"] <= cur["limit_s"]:
+        return None
+    why = (f"cell {cur['cell_id']} ({cur['what']}) exceeded its time limit of "
+           f"{cur['limit_s']:.0f} s (timeout_min={cur['timeout_min']})")
+    (state / f"timeout-{cur['cell_id']}").write_text(why)
+    return why
 
 
 def _inline_ranks(rank: int, world: int, cells_json: list[str], rows: str, ctx: RunContext,
@@ -120,11 +123,15 @@ def _inline_ranks(rank: int, world: int, cells_json: list[str], rows: str, ctx: 
     host = host_provenance(Cell.from_json(cells_json[0]).device) if rank == 0 else None
     for s in cells_json:
         cell = Cell.from_json(s)
-        timer = _watchdog(cell, Path(state) / f"timeout-{cell.cell_id}") if rank == 0 else None
+        if rank == 0:  # what the driver times (_overdue), replaced whole (never read torn)
+            tmp = Path(state) / f"{CURRENT}.tmp"
+            tmp.write_text(json.dumps(dict(
+                cell_id=cell.cell_id, what=cell.describe(), started=time.time(),
+                limit_s=cell.timeout_min * 60, timeout_min=cell.timeout_min)))
+            os.replace(tmp, Path(state) / CURRENT)
         torch.manual_seed(cell.seed)
         metrics = measure(cell)
         if rank == 0:
-            timer.cancel()
             try:
                 append_row(rows, make_row(cell, metrics, ctx, host=host))
             except OSError as e:  # a full or lost disk: the driver stops the sweep (below)
@@ -136,6 +143,14 @@ def _inline_ranks(rank: int, world: int, cells_json: list[str], rows: str, ctx: 
         if cell.device == "cuda":
             gc.collect()  # a train step's model sits in a reference cycle: free it first
             torch.cuda.empty_cache()
+
+
+def _started(state: Path, cell: Cell) -> bool:
+    """Whether rank 0 began measuring ``cell`` (``CURRENT`` names it)."""
+    try:
+        return json.loads((state / CURRENT).read_text())["cell_id"] == cell.cell_id
+    except (OSError, ValueError):
+        return False
 
 
 def run_inline(cells: list[Cell], run: Run, ctx: RunContext) -> None:
@@ -154,7 +169,8 @@ def run_inline(cells: list[Cell], run: Run, ctx: RunContext) -> None:
                 try:
                     spawn(_inline_ranks, todo[0].world, backend=_backend(todo[0]),
                           timeout_s=budget, args=([c.to_json() for c in todo], str(run.rows),
-                                                  ctx, state))
+                                                  ctx, state),
+                          watch=functools.partial(_overdue, Path(state)))
                     failure = None
                 except SpawnError as e:
                     failure = str(e)
@@ -167,6 +183,9 @@ def run_inline(cells: list[Cell], run: Run, ctx: RunContext) -> None:
                 left = [c for c in todo if c.cell_id not in done]
                 if left and failure is None:  # cannot happen unless a row write was lost
                     failure = "the ranks finished without writing this cell's row"
+                if left and len(left) < len(todo) and not _started(Path(state), left[0]):
+                    todo = left  # the ranks died between two cells: the next one never ran,
+                    continue     # so it gets a fresh group, not an error row (a crash audit)
                 if left:
                     marker = Path(state) / f"timeout-{left[0].cell_id}"
                     if marker.exists():

@@ -93,6 +93,34 @@ def hang(q, k, v, *, causal, softmax_scale=None, group=None):
     raise AssertionError("unreachable: the cell's time limit ends the ranks first")
 
 
+def hang_holding_the_gil(q, k, v, *, causal, softmax_scale=None, group=None):
+    """Rank 0 hangs in a regular expression's backtracking, which holds the GIL: no thread of
+    its process runs (a crash audit: a timer in rank 0 could not end it, 150 s past 6)."""
+    import re
+
+    if comm.rank() == 0:
+        re.match(r"(a|aa)+$", "a" * 200 + "b")
+    time.sleep(3600)  # the other ranks wait, as for a collective rank 0 never joins
+    raise AssertionError("unreachable: the cell's time limit ends the ranks first")
+
+
+def dies_between_cells_on_rank1(q, k, v, *, causal, softmax_scale=None, group=None):
+    """Correct, but rank 1 then dies at the barrier after the cell (its row written), before
+    the next cell starts: as the OOM killer might take it there (a crash audit)."""
+    import sys
+
+    if comm.rank() == 1 and comm.barrier.__name__ != "dying_barrier":
+        real = comm.barrier
+
+        def dying_barrier(*a, **kw):
+            if sys._getframe(1).f_code.co_name == "_inline_ranks":  # the harness's, between
+                os._exit(3)
+            return real(*a, **kw)
+
+        comm.barrier = dying_barrier
+    return user_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group)
+
+
 def talks_to_torch_distributed(q, k, v, *, causal, softmax_scale=None, group=None):
     """Communicates through torch.distributed itself, not burst.comm: its bytes are unknown."""
     import torch.distributed as dist

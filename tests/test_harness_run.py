@@ -91,6 +91,35 @@ def _expected_burst_bytes(row) -> tuple[int, int]:
     return vol.sent("forward"), vol.sent("backward")
 
 
+def test_a_hang_holding_the_gil_is_ended_at_the_cells_limit(tmp_path):
+    """The time limit was a timer inside rank 0, which cannot fire while rank 0 holds the GIL
+    (a crash audit: a 6 s limit ended after 150 s, by another rank's gloo timeout); the driver
+    now keeps it, and the next cell runs."""
+    text = SWEEP.split("[[methods]]")[0].replace("timeout_min = 0.25", "timeout_min = 0.1") + (
+        f'[[methods]]\nname = "{M}:hang_holding_the_gil"\nlabel = "gil"\n'
+        f'[[methods]]\nname = "{M}:user_attention"\nlabel = "burst-ringbwd"\n')
+    t0 = time.monotonic()
+    res = run_sweep(_spec(tmp_path, text), out=tmp_path / "out", stream=_quiet())
+    took = time.monotonic() - t0
+    by = {r["label"]: r for r in store.read_rows(res.run_dir / "rows.jsonl")}
+    assert by["gil"]["status"] == "timeout", by["gil"]["error"]
+    assert "exceeded its time limit of 6 s (timeout_min=0.1)" in by["gil"]["error"]
+    assert by["burst-ringbwd"]["status"] == "ok" and took < 60, took
+
+
+def test_a_rank_dying_between_cells_costs_the_next_cell_nothing(tmp_path):
+    """A rank that died after a cell's row and before the next cell began got the next cell,
+    which never ran, an error row, so a resume skipped it (a crash audit); it now runs in a
+    fresh group."""
+    text = SWEEP.split("[[methods]]")[0] + (
+        f'[[methods]]\nname = "{M}:dies_between_cells_on_rank1"\nlabel = "dies after"\n'
+        f'[[methods]]\nname = "{M}:user_attention"\nlabel = "burst-ringbwd"\n')
+    res = run_sweep(_spec(tmp_path, text), out=tmp_path / "out", stream=_quiet())
+    rows = store.read_rows(res.run_dir / "rows.jsonl")
+    assert [(r["label"], r["status"]) for r in rows] == [("dies after", "ok"),
+                                                         ("burst-ringbwd", "ok")], rows
+
+
 def test_a_row_that_cannot_be_written_stops_the_sweep_and_its_cell_runs_again(tmp_path,
                                                                               monkeypatch):
     """Found by a failure-injection audit: a cell that ran but whose row rank 0 could not write
@@ -1173,11 +1202,12 @@ def test_a_row_torn_by_a_killed_rank_is_cut_before_the_next_group_writes(tmp_pat
     run.dir.mkdir()
     groups = []
 
-    def fake_spawn(fn, world, *, backend, timeout_s, args):
+    def fake_spawn(fn, world, *, backend, timeout_s, args, watch):
         todo = [c for c in cells if c.to_json() in args[0]]
         groups.append(len(todo))
         if len(groups) == 1:
             store.append_row(run.rows, {"cell_id": todo[0].cell_id, "status": "ok"})
+            (Path(args[3]) / "current").write_text(json.dumps({"cell_id": todo[1].cell_id}))
             with open(run.rows, "a") as f:  # killed in the middle of the next row
                 f.write('{"cell_id": "' + todo[1].cell_id + '", "status": "o')
             raise burst.spawn.SpawnError("rank 1 exited without a result: killed")
