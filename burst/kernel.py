@@ -407,12 +407,13 @@ OP, ORACLE, FLOAT64 = "op", "oracle", "float64"  # where a cpu_flash block goes 
 
 def _route(q: torch.Tensor, k: torch.Tensor, scale: float) -> str:
     """OP (torch's fused CPU op), ORACLE (a NaN or an infinity in q or k, which the op
-    mishandles) or FLOAT64 (finite q and k whose scores may overflow the accumulation dtype:
-    |q.k| scale <= D max|q| max|k| |scale| passes its largest value)."""
+    mishandles) or FLOAT64 (finite q and k whose products may overflow the accumulation dtype,
+    scaled or not: the op overflows on q.k before it scales, so the bound
+    D max|q| max|k| max(1, |scale|) must stay under its largest value)."""
     bound = _abs_max(q) * _abs_max(k)
     if not math.isfinite(bound):
         return ORACLE
-    if bound * q.shape[-1] * abs(scale) > torch.finfo(acc_dtype(q.dtype)).max:
+    if bound * q.shape[-1] * max(1.0, abs(scale)) > torch.finfo(acc_dtype(q.dtype)).max:
         return FLOAT64
     return OP
 
@@ -445,7 +446,8 @@ def _oracle_in_chunks(q, k, v, scale, causal, mask):
 
 def _forward_in_float64(q, k, v, scale, causal, mask):
     """The oracle in float64 for scores that may overflow the accumulation dtype; an error
-    where a row's lse does (its block's result cannot be stated in that dtype)."""
+    where a row's lse in this block does (the block's result cannot be stated in that dtype,
+    even where, far below it, its weight in the row's merge would be 0)."""
     out, lse = _oracle_in_chunks(q.double(), k.double(), v.double(), scale, causal, mask)
     top = torch.finfo(acc_dtype(q.dtype)).max
     over = lse.isfinite() & (lse.abs() > top)

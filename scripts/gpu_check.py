@@ -504,7 +504,7 @@ def _cudnn_gqa_probe(rows: Rows, sz: Sizes, budget: Budget, n: int = 8192, h: in
     on an H200) because torch's cuDNN backward passes the query's head count to its graph and
     no GPU has checked it; this compares the cuDNN op, forward and backward, with the flash op
     on one causal GQA block (a row of max |difference| per output; last, as the other cuDNN
-    calls: a fault in it costs no other row; skipped with under 20 s left in the run, as
+    calls: a fault in it costs no other row; skipped with under 20 s left in its section, as
     building cuDNN graphs for new shapes takes seconds)."""
     common = dict(workload="kernel", method="cudnn_gqa_probe", seq_len=n, batch=1, heads=h,
                   kv_heads=hk, head_dim=128, causal=True,
@@ -514,8 +514,8 @@ def _cudnn_gqa_probe(rows: Rows, sz: Sizes, budget: Budget, n: int = 8192, h: in
         _skip(rows, why="needs a CUDA device of sm90 or newer (where the shim uses cuDNN)",
               **common)
         return
-    if budget.global_left() < 20:
-        _skip(rows, why=f"{budget.global_left():.0f} s left in the run (< 20 s)", **common)
+    if budget.left() < 20:
+        _skip(rows, why=f"{budget.left():.0f} s left in the kernel section (< 20 s)", **common)
         return
     from burst import kernel
 

@@ -102,7 +102,7 @@ def _overdue(state: Path) -> str | None:
         cur = json.loads((state / CURRENT).read_text())
     except (OSError, ValueError):  # none yet, or being replaced
         return None
-    if time.time() - cur["started"] <= cur["limit_s"]:
+    if time.monotonic() - cur["started"] <= cur["limit_s"]:  # (one clock for every process)
         return None
     why = (f"cell {cur['cell_id']} ({cur['what']}) exceeded its time limit of "
            f"{cur['limit_s']:.0f} s (timeout_min={cur['timeout_min']})")
@@ -126,7 +126,7 @@ def _inline_ranks(rank: int, world: int, cells_json: list[str], rows: str, ctx: 
         if rank == 0:  # what the driver times (_overdue), replaced whole (never read torn)
             tmp = Path(state) / f"{CURRENT}.tmp"
             tmp.write_text(json.dumps(dict(
-                cell_id=cell.cell_id, what=cell.describe(), started=time.time(),
+                cell_id=cell.cell_id, what=cell.describe(), started=time.monotonic(),
                 limit_s=cell.timeout_min * 60, timeout_min=cell.timeout_min)))
             os.replace(tmp, Path(state) / CURRENT)
         torch.manual_seed(cell.seed)
@@ -139,10 +139,10 @@ def _inline_ranks(rank: int, world: int, cells_json: list[str], rows: str, ctx: 
                     (Path(state) / "write-error").write_text(
                         json.dumps([e.errno, e.strerror or str(e), e.filename or rows]))
                 raise
-        comm.barrier()
         if cell.device == "cuda":
             gc.collect()  # a train step's model sits in a reference cycle: free it first
             torch.cuda.empty_cache()
+        comm.barrier()  # last: a rank that dies before it leaves the next cell unstarted
 
 
 def _started(state: Path, cell: Cell) -> bool:

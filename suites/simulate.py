@@ -149,8 +149,9 @@ def _paper_defaults(d: dict) -> None:
     if d.get("label") is None:
         options = d.get("options") if isinstance(d.get("options"), Mapping) else {}
         d["label"] = paper_label(base, d["method"], options,
-                                 d.get("checkpointing", base.checkpointing),
-                                 d.get("fused_head", base.fused_head))
+                                 d.get("checkpointing") or base.checkpointing,
+                                 base.fused_head if d.get("fused_head") is None
+                                 else d["fused_head"])
 
 
 def as_cell(obj, gpus_per_node: int | None = None):
@@ -635,7 +636,7 @@ def _main(argv: list[str] | None) -> int:
                     help="keep this fraction of each GPU's usable memory free: a cell fits "
                          "when its predicted reserved peak is within the rest (the memory "
                          "model's worst error on the paper's published memory is 19.5%%, "
-                         "docs/simulator.md); default 0")
+                         "docs/simulator.md); rows go to sweep <name>-headroom<F>; default 0")
     raw = list(sys.argv[1:] if argv is None else argv)
     if sum(x == "--hardware" or x.startswith("--hardware=") for x in raw) > 1:
         ap.error("--hardware given more than once: one profile per run (the last one would "
@@ -671,6 +672,8 @@ def _main(argv: list[str] | None) -> int:
             spec = load_spec(s)
             if a.gpus_per_node is not None:
                 spec = spec.on_nodes_of(a.gpus_per_node, hw.gpus_per_node)
+            if a.headroom:  # its own sweep name: never over the rows of the full memory
+                spec = dataclasses.replace(spec, name=f"{spec.name}-headroom{a.headroom:g}")
             if a.engine:
                 spec = spec.as_this_engine()
             if a.data_parallel is not None:

@@ -351,8 +351,9 @@ def test_a_ring_whose_float32_products_overflow_is_exact_or_refused():
     scores do not (about -1.5e38, every one): the ring's output equals float64's on cpu_flash
     (torch's CPU op gave every block out 0 and lse 0, merged as keys of logit 0). Its
     gradients are not finite, not wrong: the float32 lse the backward is given is off by up
-    to 5e30, so exp(s - lse) is 0 or inf in any kernel. Where a row's lse itself passes
-    float32's range, an OverflowError."""
+    to 5e30, so exp(s - lse) is 0 or inf in any kernel. Where a block's lse for a row passes
+    float32's range, an OverflowError, even though rank 1's keys here, about -1.5e39, would
+    weigh 0 against the rows' other blocks: the block's own result cannot be stated."""
     q, k, v, do = _inputs(4, dtype=torch.float32)
     g = torch.Generator().manual_seed(1)
     q[..., 0] = 2e19 * (1 + 0.1 * torch.rand(q.shape[:3], generator=g))

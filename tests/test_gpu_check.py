@@ -133,17 +133,19 @@ def test_the_pytest_rows_count_every_gpu_the_tests_could_use(tmp_path, monkeypat
 
 
 def test_the_cudnn_gqa_probe_is_skipped_near_the_deadline(tmp_path, monkeypatch):
-    """Building cuDNN graphs for new shapes takes seconds: with under 20 s left in the run the
-    probe writes a skipped row and touches no device (a GPU-path review)."""
+    """Building cuDNN graphs for new shapes takes seconds: with under 20 s left in its section
+    the probe writes a skipped row and touches no device (a GPU-path review)."""
     import dataclasses
 
     mod = _module(monkeypatch)
     monkeypatch.setattr(mod.torch.cuda, "get_device_capability", lambda *_: (9, 0))
     rows = mod.Rows(tmp_path, {})
-    mod._cudnn_gqa_probe(rows, dataclasses.replace(mod.FULL, device="cuda"),
-                         mod.Budget(15.0))
+    budget = mod.Budget(100.0)  # the run has time, the kernel section does not (a review)
+    budget.enter("kernel", 15.0)
+    mod._cudnn_gqa_probe(rows, dataclasses.replace(mod.FULL, device="cuda"), budget)
     (row,) = rows.written
-    assert row["status"] == "skipped" and "s left in the run (< 20 s)" in row["error"], row
+    assert row["status"] == "skipped" and "s left in the kernel section (< 20 s)" in \
+        row["error"], row
 
 
 def test_a_section_keeps_the_time_of_the_sections_after_it(monkeypatch):

@@ -439,6 +439,8 @@ def test_cpu_flash_leaves_its_op_only_for_inputs_that_are_not_finite_or_may_over
     assert kernel._route(big, big * 100, 0.25) == kernel.FLOAT64  # 4e38 > 3.4e38
     assert kernel._route(big, big * 100, -0.25) == kernel.FLOAT64  # the bound takes |scale|
     assert kernel._route(big.double(), big.double() * 100, 0.25) == kernel.OP  # float64's
+    # the op overflows on q.k before it scales: a small scale does not keep it in range
+    assert kernel._route(big, big * 100, 1e-3) == kernel.FLOAT64
     empty = torch.ones(0, 2, 1, 16)
     assert kernel._route(empty, empty, 0.25) == kernel.OP
 
@@ -464,9 +466,11 @@ def test_cpu_flash_blocks_whose_products_overflow_float32_run_in_float64(kind, m
     up to 5e30, so exp(s - lse) is 0 or inf in any kernel; the ring test shows it loud)."""
     q, k, v, do = _products_overflow(sq=90 if kind == CAUSAL else 70, sign=sign)
     kw = dict(kind=kind) if mask is None else dict(kind=kind, mask=mask)
-    out, lse = block_forward(q, k, v, backend="cpu_flash", **kw)
-    o64, l64 = block_forward(q.double(), k.double(), v.double(), backend="torch", **kw)
-    assert (out.double() - o64).abs().max() < 1e-6
+    for scale in (1e-3, None):  # a scale under 1 does not keep the op's q.k in range
+        out, lse = block_forward(q, k, v, backend="cpu_flash", scale=scale, **kw)
+        o64, l64 = block_forward(q.double(), k.double(), v.double(), backend="torch",
+                                 scale=scale, **kw)
+        assert (out.double() - o64).abs().max() < 1e-6, scale
     seen = l64.isfinite()
     assert torch.equal(lse.isfinite(), seen) and seen.sum() > 100
     assert ((lse.double()[seen] - l64[seen]) / l64[seen]).abs().max() < 1e-6

@@ -132,9 +132,10 @@ def test_headroom_keeps_a_fraction_of_the_memory_free(tmp_path, capsys):
     usable = load("a800").usable_gib
 
     def fits(*extra):
-        out = tmp_path / "_".join(extra or ("plain",))
+        out = tmp_path / "rows"  # one folder: the two runs must not share a sweep (a review)
         assert simulate_main(["smoke", "--longest", "--out", str(out), *extra]) == 0
-        run = out / "smoke-longest" / "simulated-a800"
+        sweep = "smoke-headroom0.2-longest" if extra else "smoke-longest"
+        run = out / sweep / "simulated-a800"
         return {r["label"]: r for r in map(json.loads, (run / "rows.jsonl").read_text()
                                            .splitlines())}
 

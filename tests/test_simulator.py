@@ -2941,7 +2941,8 @@ def test_a_dict_cell_naming_a_paper_system_is_the_specs_entry():
                         seq_len=spec.seq_len, checkpointing="full", fused_head=False))
     assert (full.label, full.checkpointing, full.fused_head) == (
         "Burst-Ring [checkpointing=full,fused_head=false]", "full", False)
-    attn = as_cell(dict(paper="burst", seq_len=1 << 17, world=32, heads=32, head_dim=128), 8)
+    attn = as_cell(dict(paper="burst", seq_len=1 << 17, world=32, heads=32, head_dim=128,
+                        checkpointing=None, fused_head=None), 8)  # None: not given
     assert (attn.method, attn.label, attn.options["ranks_per_node"]) == (
         "burst", "BurstAttention", 8)
     with pytest.raises(ValueError, match="unknown paper method 'bursty'"):
