@@ -678,10 +678,9 @@ def _main(argv: list[str] | None) -> int:
                 spec = spec.as_this_engine()
             if a.data_parallel is not None:
                 spec = spec.with_data_parallel(a.data_parallel)
-            wide = sorted({sc.ranks_per_node for sc in spec.scales} - set(
-                range(1, hw.gpus_per_node + 1)))
-            if wide:
-                raise ValueError(f"a scale places {wide[-1]} GPUs on a node, but the {hw.name} "
+            widest = max(sc.ranks_per_node for sc in spec.scales)
+            if widest > hw.gpus_per_node:
+                raise ValueError(f"a scale places {widest} GPUs on a node, but the {hw.name} "
                                  f"profile's nodes have {hw.gpus_per_node}; "
                                  f"--gpus-per-node {hw.gpus_per_node} places the same world on "
                                  "them")
