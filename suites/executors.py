@@ -94,16 +94,21 @@ def _backend(cell: Cell) -> str:
 CURRENT = "current"  # the state file naming the cell rank 0 is measuring, since when
 
 
+def _current(state: Path) -> dict | None:
+    """What rank 0 wrote in ``CURRENT``: the cell it measures (``cell_id``), since when."""
+    try:
+        return json.loads((state / CURRENT).read_text())
+    except (OSError, ValueError):  # none yet
+        return None
+
+
 def _overdue(state: Path) -> str | None:
     """The driver's time limit of the cell rank 0 is measuring (``CURRENT``): past it, a
     ``timeout-<cell>`` marker and its message, which ends the ranks (``spawn``'s ``watch``);
     kept by the driver, as a timer inside rank 0 could not fire while a hang held its GIL."""
-    try:
-        cur = json.loads((state / CURRENT).read_text())
-    except (OSError, ValueError):  # none yet, or being replaced
-        return None
-    if time.monotonic() - cur["started"] <= cur["limit_s"]:  # (one clock for every process)
-        return None
+    cur = _current(state)
+    if cur is None or time.monotonic() - cur["started"] <= cur["limit_s"]:  # (one clock
+        return None                                                         # for every process)
     why = (f"cell {cur['cell_id']} ({cur['what']}) exceeded its time limit of "
            f"{cur['limit_s']:.0f} s (timeout_min={cur['timeout_min']})")
     (state / f"timeout-{cur['cell_id']}").write_text(why)
@@ -145,14 +150,6 @@ def _inline_ranks(rank: int, world: int, cells_json: list[str], rows: str, ctx: 
         comm.barrier()  # last: a rank that dies before it leaves the next cell unstarted
 
 
-def _started(state: Path, cell: Cell) -> bool:
-    """Whether rank 0 began measuring ``cell`` (``CURRENT`` names it)."""
-    try:
-        return json.loads((state / CURRENT).read_text())["cell_id"] == cell.cell_id
-    except (OSError, ValueError):
-        return False
-
-
 def run_inline(cells: list[Cell], run: Run, ctx: RunContext) -> None:
     """Run cells on local ranks, one process group per scale; failures become rows."""
     import tempfile
@@ -183,7 +180,8 @@ def run_inline(cells: list[Cell], run: Run, ctx: RunContext) -> None:
                 left = [c for c in todo if c.cell_id not in done]
                 if left and failure is None:  # cannot happen unless a row write was lost
                     failure = "the ranks finished without writing this cell's row"
-                if left and len(left) < len(todo) and not _started(Path(state), left[0]):
+                started = (_current(Path(state)) or {}).get("cell_id")
+                if left and len(left) < len(todo) and started != left[0].cell_id:
                     todo = left  # the ranks died between two cells: the next one never ran,
                     continue     # so it gets a fresh group, not an error row (a crash audit)
                 if left:
