@@ -389,10 +389,13 @@ def _predict(cell, hw: Hardware, impl: Implementation | None, *, invalid: str, o
     if not mem.fits:
         held, usable = mem.reserved_gib, mem.usable / 2**30
         digits = next((d for d in range(2, 10) if round(held, d) > round(usable, d)), 10)
+        # a usable memory set in Python or by --headroom is not the profile's: say so
+        lowered = " (usable_gib overridden)" if hw.sources.get("usable_gib") == "override" else ""
         return Prediction("oom", attn=attn, memory=mem, parts=parts, checkpointing=ckpt,
                           recompute=again, regather=regather,
                           error=f"predicted OOM: {held:.{digits}f} GiB reserved > "
-                                f"{usable:.{digits}f} GiB usable on {hw.name}; {_largest(mem)}")
+                                f"{usable:.{digits}f} GiB usable on {hw.name}{lowered}; "
+                                f"{_largest(mem)}")
     return Prediction("ok", time_s=time_s, attn=attn, memory=mem, parts=parts,
                       checkpointing=ckpt, recompute=again, regather=regather)
 

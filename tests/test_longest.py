@@ -139,9 +139,13 @@ def test_headroom_keeps_a_fraction_of_the_memory_free(tmp_path, capsys):
         return {r["label"]: r for r in map(json.loads, (run / "rows.jsonl").read_text()
                                            .splitlines())}
 
-    plain, kept = fits(), fits("--headroom", "0.2")
-    assert "note: --headroom 0.2: 62.80 of the a800 profile's 78.50 usable GiB counted" in \
-        capsys.readouterr().out
+    plain = fits()
+    assert "(usable_gib overridden)" not in capsys.readouterr().out
+    kept = fits("--headroom", "0.2")
+    out = capsys.readouterr().out
+    assert "note: --headroom 0.2: 62.80 of the a800 profile's 78.50 usable GiB counted" in out
+    # the next length's OOM says the usable memory is not the profile's (a review)
+    assert "GiB usable on a800 (usable_gib overridden); allocated" in out
     assert set(plain) == set(kept) and len(kept) > 5
     for label, r in kept.items():
         held = r["mem_reserved_bytes"] / 2**30
