@@ -112,6 +112,10 @@ def test_named_configs_and_param_counts():
     assert flops.model_flops(c7, 1, 4096) - flops.model_flops(gelu, 1, 4096) == \
         3 * 2 * 4096 * 32 * 4096 * 11008  # one matrix fewer per layer, 3 passes
     assert param_count(l3) == 8_030_261_248  # Llama-3-8B
+    l70 = get_config("llama3-70b")  # Meta's config.json and parameter count
+    assert (l70.num_layers, l70.hidden_size, l70.num_heads, l70.num_kv_heads, l70.ffn_size,
+            l70.vocab_size, l70.head_dim) == (80, 8192, 64, 8, 28672, 128256, 128)
+    assert param_count(l70) == 70_553_706_496
     mini = get_config("ministral-8b")  # its model card's count, its pattern of 1 global : 3
     assert param_count(mini) == 8_019_808_256
     assert mini.window == (None, (32767, 0), (32767, 0), (32767, 0)) * 9

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -177,6 +178,24 @@ def test_docs_show_the_longest_fits_of_the_shipped_model(fits):
     assert (f"7b on 32 A800s, Burst-Ring fits {got[('Burst-Ring', 32)] / 2**20:.2f}M tokens "
             f"with selective checkpointing (Burst-USP {got[('Burst-USP', 32)] / 2**20:.2f}M) "
             f"where LoongTrain-Ring and LoongTrain-USP fit {lt.pop() / 2**20:.2f}M") in readme
+
+
+def test_readme_plans_llama3_70b_on_h100s():
+    """The README's planning example for a model the paper did not train is what the search
+    gives now: Llama-3-70B, ZeRO-3 over 64 H100s, selective checkpointing and the fused head."""
+    from pathlib import Path
+
+    f = longest(dict(workload="train_step", model="llama3-70b", method="burst", world=64,
+                     checkpointing="selective", fused_head=True, data_parallel="fsdp_world"),
+                "h100")
+    r = f.row
+    assert r["status"] == "ok" and f.seq_len % (64 * 1024) == 0 and f.stop.startswith("oom")
+    held = re.search(r"([\d.]+) GiB reserved", f.stop).group(1)
+    ckpt = re.search(r"checkpoints ([\d.]+)", f.stop).group(1)
+    readme = " ".join((Path(__file__).resolve().parent.parent / "README.md").read_text().split())
+    assert (f"fits {f.seq_len / 2**20:.2f}M tokens on 64 H100s at {r['tokens_per_s']:.1f} tokens/s "
+            f"per GPU (MFU {100 * r['mfu_model_flops_causal']:.1f}%;") in readme
+    assert f"its checkpoints alone take {ckpt} GiB of the predicted {held} GiB" in readme
 
 
 def test_a_cell_that_never_runs_out_stops_at_the_search_limit(monkeypatch):

@@ -1,5 +1,5 @@
 """Named Llama-style model configs (issue 4): ``tiny`` for tests, the BurstEngine paper's 7B and
-14B, and Llama-3-8B.
+14B, Llama-3-8B and -70B, and Ministral-8B.
 
 The harness and the simulator use these configs for FLOP and memory counts (``burst.flops``)
 even where the model cannot be instantiated here, so every field is plain data.
@@ -119,6 +119,11 @@ CONFIGS: dict[str, ModelConfig] = {
     "llama3-8b": ModelConfig(hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8,
                              ffn_size=14336, vocab_size=128256, rope_theta=500000.0,
                              rms_eps=1e-5),
+    # Meta Llama-3-70B (config.json of meta-llama/Meta-Llama-3-70B; 70,553,706,496 parameters,
+    # which param_count gives): a planning size for the simulator, too large to build here
+    "llama3-70b": ModelConfig(hidden_size=8192, num_layers=80, num_heads=64, num_kv_heads=8,
+                              ffn_size=28672, vocab_size=128256, rope_theta=500000.0,
+                              rms_eps=1e-5),
     # Mistral AI's Ministral-8B (model card of mistralai/Ministral-8B-Instruct-2410: 36 layers,
     # 32/8 heads of 128, FFN 12288, vocabulary 131072, 8,019,808,256 parameters, which
     # param_count gives with an untied head; attention pattern "ragged (128k, 32k, 32k, 32k)",
