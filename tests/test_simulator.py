@@ -2108,7 +2108,11 @@ def test_input_dtype_accumulators_and_float64_scores_follow_the_dtype(tmp_path, 
                     'device = "cuda"\ndtype = "float32"\nseq_lens = [4096]\nworld = 4\n'
                     '[[methods]]\nname = "burst"\n')
     assert main([str(spec), "--hardware", "a100", "--out", str(tmp_path / "out")]) == 0
-    assert "tokens/s per GPU" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    row = json.loads((tmp_path / "out" / "fp32_train" / "simulated-a100" / "rows.jsonl")
+                     .read_text())
+    # each ok line says its rate and the memory it reserves (the room left, for a planner)
+    assert f"tokens/s per GPU, {row['mem_reserved_bytes'] / 2**30:.1f} GiB reserved" in out
 
 
 def test_holdout_summary_is_the_median_and_worst_absolute_error():
