@@ -3017,7 +3017,7 @@ def test_an_oom_by_a_hair_prints_the_digits_that_tell_the_sides_apart():
     row = simulate_cell(cell, HW.with_values(usable_gib=held - 1e-4))
     assert row["status"] == "oom"
     got = re.fullmatch(r"predicted OOM: ([0-9.]+) GiB reserved > ([0-9.]+) GiB usable on a800"
-                       r"; allocated, largest first: .*", row["error"])
+                       r" \(usable_gib overridden\); allocated, largest first: .*", row["error"])
     assert got and float(got[1]) > float(got[2]) and len(got[1].split(".")[1]) == 4, row["error"]
     far = simulate_cell(cell, HW.with_values(usable_gib=held / 2))["error"]
     assert re.search(r": \d+\.\d\d GiB reserved > \d+\.\d\d GiB usable", far), far
