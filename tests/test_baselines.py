@@ -248,6 +248,12 @@ def test_usp_auto_backward_is_burst_attns_rule_on_its_ring():
         own = auto_backward(**{**shape, "seq_local": 32, "heads": 2}, world=2,
                             kv_heads=max(kv, 2) // 2)  # kv heads replicated up to U = 2
         assert got == own == want, (kv, got, own)
+    # one kv head replicated up to U = 4 is as many as the heads: burst, as for MHA (ring
+    # for the one kv head unreplicated); usp's bytes under "auto" are those of that pick
+    assert usp_auto_backward(ulysses_degree=4, world=8, kv_heads=1, **shape) == "burst"
+    case = dict(shape, world=8, kv_heads=1, ulysses_degree=4, causal=True)
+    assert method_bytes("usp", **case, backward="auto").by == method_bytes(
+        "usp", **case, backward="burst").by != method_bytes("usp", **case, backward="ring").by
     registry.get("usp").check(world=4, heads=4, kv_heads=4, seq_local=16, causal=True,
                               ulysses_degree=2, backward="auto")  # raised before
 

@@ -1222,6 +1222,42 @@ def test_a_row_torn_by_a_killed_rank_is_cut_before_the_next_group_writes(tmp_pat
     assert groups == [3, 1]
 
 
+def test_ranks_that_die_before_the_first_cell_starts_give_it_an_error_row(tmp_path,
+                                                                          monkeypatch):
+    """A group whose ranks die before rank 0 names its first cell (a rank that cannot start):
+    that cell gets the error row and a fresh group runs the rest. Taken for a death between
+    cells, the cell was never charged and the same group was spawned again, forever."""
+    import burst.spawn
+    from suites.cells import expand
+    from suites.executors import Run, run_inline
+    from suites.rows import RunContext
+
+    spec_file = tmp_path / "t.toml"
+    spec_file.write_text('workload = "attention"\nseq_lens = [32, 64, 96]\nworld = 2\n'
+                         '[shape]\nheads = 2\nhead_dim = 8\n[[methods]]\nname = "ring"\n')
+    cells = expand(load_spec(spec_file))
+    run = Run(tmp_path / "run")
+    run.dir.mkdir()
+    groups = []
+
+    def fake_spawn(fn, world, *, backend, timeout_s, args, watch):
+        todo = [c for c in cells if c.to_json() in args[0]]
+        groups.append(len(todo))
+        if len(groups) > 3:
+            raise RuntimeError(f"spawned again and again: {groups}")
+        if len(groups) == 1:  # no "current" file: the first cell never started
+            raise burst.spawn.SpawnError("rank 1 exited without a result: exit code 1")
+        for c in todo:
+            store.append_row(run.rows, {"cell_id": c.cell_id, "status": "ok"})
+
+    monkeypatch.setattr(burst.spawn, "spawn", fake_spawn)
+    run_inline(cells, run, RunContext("r", "inline", "{}", None, None))
+    rows = store.read_rows(run.rows)
+    assert [(r["cell_id"], r["status"]) for r in rows] == [
+        (cells[0].cell_id, "error"), (cells[1].cell_id, "ok"), (cells[2].cell_id, "ok")]
+    assert groups == [3, 2]
+
+
 def test_a_dead_local_job_without_a_result_runs_its_cell_again(tmp_path):
     """A local job adopted from a dead driver whose process is gone with no result (killed with
     its driver) wrote nothing: its cell runs again, no time-out is recorded that never happened

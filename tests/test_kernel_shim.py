@@ -441,6 +441,12 @@ def test_cpu_flash_leaves_its_op_only_for_inputs_that_are_not_finite_or_may_over
     assert kernel._route(big.double(), big.double() * 100, 0.25) == kernel.OP  # float64's
     # the op overflows on q.k before it scales: a small scale does not keep it in range
     assert kernel._route(big, big * 100, 1e-3) == kernel.FLOAT64
+    # a scale over 1 takes scores that fit past the range: 16 x 1e37 fits, x 4 does not
+    assert kernel._route(big, big * 10, 1.0) == kernel.OP
+    assert kernel._route(big, big * 10, 4.0) == kernel.FLOAT64
+    # the bound is the accumulation dtype's: float16 scores of 1.6e5 stay on the op
+    half = torch.full((1, 2, 1, 16), 100.0, dtype=torch.float16)
+    assert kernel._route(half, half, 1.0) == kernel.OP
     empty = torch.ones(0, 2, 1, 16)
     assert kernel._route(empty, empty, 0.25) == kernel.OP
 
@@ -493,6 +499,36 @@ def test_a_block_whose_lse_passes_float32_is_an_error_not_a_masked_row():
     with pytest.raises(OverflowError, match=r"overflow torch.float32: a query's log-sum-exp "
                                             r"is -5e\+39, beyond 3.4e\+38 .*scale q or k down"):
         block_forward(q, k, v, backend="cpu_flash")
+    # scores that fit float32 until a scale over 1 takes them past it: the op gave NaN
+    q = torch.full((1, 4, 1, 16), 3e18)  # q.k 1.44e38, x 4: 5.8e38
+    with pytest.raises(OverflowError, match=r"log-sum-exp is 5.76e\+38"):
+        block_forward(q, q, q, backend="cpu_flash", scale=4.0)
+
+
+@pytest.mark.parametrize(("kind", "mask"), [(FULL, None), (CAUSAL, None),
+                                            (DENSE, _mask(150, 90))])
+def test_float64_blocks_in_bounded_chunks_are_the_whole_blocks(monkeypatch, kind, mask):
+    """The float64 route's forward and backward over chunks of 64 query rows (a long CPU
+    shard) give the float64 oracle's numbers: dq by rows, dk and dv summed over the chunks;
+    a bfloat16 block's out is bfloat16 and its lse float32, as the op's."""
+    monkeypatch.setattr(kernel, "ORACLE_CHUNK_SCORES", 1)  # chunks of 64 rows: 3 here
+    q, k, v, do = _products_overflow(sq=90 if kind == CAUSAL else 150)
+    kw = dict(kind=kind) if mask is None else dict(kind=kind, mask=mask)
+    o64, l64 = block_forward(q.double(), k.double(), v.double(), backend="torch", **kw)
+    delta = (do.double() * o64).sum(-1).transpose(1, 2)
+    got = block_backward(do, q, k, v, l64, delta, backend="cpu_flash", **kw)
+    want = block_backward(do.double(), q.double(), k.double(), v.double(), l64, delta,
+                          backend="torch", **kw)
+    for a, b in zip(got, want, strict=True):
+        assert (a.double() - b).abs().max() <= 1e-6 * b.abs().max() + 1e-6
+    qb, kb, vb = (t.bfloat16() for t in (q, k, v))
+    assert kernel._route(qb, kb, 0.25) == kernel.FLOAT64
+    out, lse = block_forward(qb, kb, vb, backend="cpu_flash", **kw)
+    _, l64 = block_forward(qb.double(), kb.double(), vb.double(), backend="torch", **kw)
+    seen = l64.isfinite()
+    assert (out.dtype, lse.dtype) == (torch.bfloat16, torch.float32)
+    assert torch.equal(lse.isfinite(), seen)
+    assert ((lse.double()[seen] - l64[seen]) / l64[seen]).abs().max() < 1e-6
 
 
 @pytest.mark.parametrize(("kind", "mask"), [(CAUSAL, None), (FULL, None),

@@ -2615,6 +2615,7 @@ def test_a_spec_placed_on_other_nodes_keeps_its_world(capsys, tmp_path):
     wide = tmp_path / "wide.toml"
     wide.write_text('workload = "attention"\nseq_lens = [65536]\n[shape]\nheads = 8\n'
                     'head_dim = 64\n[[scales]]\nnodes = 1\ngpus_per_node = 16\n'
+                    '[[scales]]\nnodes = 1\ngpus_per_node = 8\n'  # the widest counts
                     '[[methods]]\nname = "ring"\n')
     assert main([str(wide), "--out", str(tmp_path / "w")]) == 2
     assert "a scale places 16 GPUs on a node, but the a800 profile's nodes have 8; " \
@@ -2951,6 +2952,16 @@ def test_a_dict_cell_naming_a_paper_system_is_the_specs_entry():
         "burst", "BurstAttention", 8)
     with pytest.raises(ValueError, match="unknown paper method 'bursty'"):
         as_cell(dict(paper="bursty", seq_len=64, world=1, heads=2, head_dim=8))
+    # None is not given (a row read back from a table); options, under either name, are in
+    # the label (the paper's label alone matches its published rows)
+    kept = as_cell(dict(workload="train_step", model="7b", paper="burstengine", world=32,
+                        seq_len=spec.seq_len, checkpointing=None, fused_head=None))
+    assert (kept.label, kept.checkpointing, kept.fused_head) == ("Burst-Ring", "selective", True)
+    for key in ("options", "method_options"):
+        ring = as_cell(dict(paper="burst", seq_len=1 << 17, world=32, heads=32, head_dim=128,
+                            **{key: {"backward": "ring"}}), 8)
+        assert (ring.label, ring.options["backward"]) == ("BurstAttention [backward=ring]",
+                                                          "ring"), key
 
 
 def test_usp_backward_auto_prices_the_scheme_its_ring_picks():
@@ -3002,6 +3013,11 @@ def test_a_predicted_oom_names_its_largest_parts():
     named = row["error"].split("; allocated, largest first: ")[1]
     assert named.startswith(", ".join(f"{k} {parts[k] / GIB:.1f}" for k in top[:3]) + " GiB")
     assert named.endswith(f" and {len(top) - 3} smaller parts") == (len(top) > 4), named
+    # a peak of four parts: the fourth counted, in the singular
+    four = simulate_cell(dict(method="burst", seq_len=1 << 20, world=8, heads=32, head_dim=128,
+                              dtype="bfloat16", device="cuda"),
+                         load("a800").with_values(usable_gib=1))
+    assert four["error"].endswith(", grads 4.0 GiB and 1 smaller part"), four["error"]
 
 
 def test_an_oom_by_a_hair_prints_the_digits_that_tell_the_sides_apart():
