@@ -14,7 +14,7 @@ gate ``trials`` times), never from a guess:
     python -m suites.timegate            # check: exit 1 when a ratio exceeds its threshold
 
 Baselines live in ``benchmarks/time_gates.json`` keyed by machine class (``machine_class``: the
-GPU model, or the CPU architecture and thread count: ``platform.processor()`` is empty on Linux).
+GPU model, or the CPU architecture, thread count and model name).
 The gates are deliberately not part of ``make test`` (a timed test flakes on a shared 2-core
 machine); ``make perf-gate`` runs them on a quiet machine of the recorded class (they time CPU
 code, also on a GPU runner).
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import statistics
 import sys
 import time
@@ -38,10 +39,27 @@ __all__ = ["GATES", "machine_class", "measure_ratio", "record", "check"]
 STORE = Path(__file__).resolve().parent.parent / "benchmarks" / "time_gates.json"
 
 
+def cpu_model() -> str:
+    """The CPU's model name: /proc/cpuinfo's on Linux (``platform.processor()`` is empty
+    there), else ``platform.processor()``; empty when neither says."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
 def machine_class() -> str:
+    """The GPU model, or on CPUs the architecture, thread count and CPU model: one ratio read
+    1.35 on one x86-64 CPU and 1.20-1.28 on another (docs/regressions.md), so two CPUs never
+    share a baseline."""
     if torch.cuda.is_available():
         return torch.cuda.get_device_name(0).replace(" ", "_")
-    return f"cpu-{platform.processor() or platform.machine()}-{torch.get_num_threads()}t"
+    model = re.sub(r"[^A-Za-z0-9.]+", "_", cpu_model()).strip("_")
+    return f"cpu-{platform.machine()}-{torch.get_num_threads()}t" + (f"-{model}" if model else "")
 
 
 def measure_ratio(a: Callable[[], object], b: Callable[[], object], *, repeats: int = 7,
@@ -162,8 +180,9 @@ def check(repeats: int = 7) -> int:
     torch.set_num_threads(1)
     base = _load().get(machine_class())
     if base is None:
-        print(f"no recorded baseline for machine class {machine_class()!r} in {STORE}; "
-              "run `python -m suites.timegate --record` on this machine class first")
+        print(f"no recorded baseline for machine class {machine_class()!r} in {STORE} "
+              f"(recorded: {', '.join(sorted(_load())) or 'none'}); run `python -m "
+              "suites.timegate --record` on a quiet machine of this class first")
         return 2
     missing = [name for name in GATES if name not in base]
     if missing:

@@ -864,6 +864,29 @@ def test_timegate_threshold_and_check(monkeypatch, tmp_path):
     assert timegate.check() == 2
 
 
+def test_timegate_machine_class_names_the_cpu_model(monkeypatch, tmp_path, capsys):
+    """Two x86-64 CPUs shared one class, whose baseline did not fit the other (a ring gate read
+    1.35 on one, 1.20-1.28 on the other: a docs audit): the class names the CPU model, and a
+    class without a baseline exits 2, naming the recorded ones."""
+    from suites import timegate
+
+    monkeypatch.setattr(timegate.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(timegate, "cpu_model", lambda: "Intel(R) Xeon(R) Processor")
+    monkeypatch.setattr(timegate.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(timegate.torch, "get_num_threads", lambda: 1)
+    assert timegate.machine_class() == "cpu-x86_64-1t-Intel_R_Xeon_R_Processor"
+    monkeypatch.setattr(timegate, "STORE", tmp_path / "gates.json")
+    (tmp_path / "gates.json").write_text('{"cpu-x86_64-1t-Intel_R_Xeon_R_Processor": {}}')
+    monkeypatch.setattr(timegate.torch, "set_num_threads", lambda n: None)
+    monkeypatch.setattr(timegate, "cpu_model", lambda: "AMD EPYC")
+    assert timegate.check() == 2
+    assert ("no recorded baseline for machine class 'cpu-x86_64-1t-AMD_EPYC' in "
+            f"{tmp_path / 'gates.json'} (recorded: cpu-x86_64-1t-Intel_R_Xeon_R_Processor)"
+            ) in capsys.readouterr().out
+    monkeypatch.setattr(timegate, "cpu_model", lambda: "")
+    assert timegate.machine_class() == "cpu-x86_64-1t"
+
+
 def test_option_placeholders_resolve_per_scale(tmp_path):
     """"@world/K" is world // K on each scale (InternEvo's inner ring of cp/4); one that forms
     no group is a cell the method refuses; an unknown placeholder is a spec problem."""
