@@ -411,6 +411,33 @@ def _largest(mem, n: int = 3) -> str:
     return f"allocated, largest first: {named} GiB{more}"
 
 
+def _time(s: float) -> str:
+    return f"{s * 1e3:.3g} ms" if s < 1 else f"{s:.4g} s"
+
+
+def explain(p: Prediction) -> str:
+    """Where a priced cell's time and memory go, on one line: an attention layer's forward and
+    backward, each with its kernels' share (the rest waits on transfers); a training step's
+    layers, head, optimizer and what runs after the backward, with the attention's share of
+    the layers; then the largest parts of the memory peak. Empty for a cell not priced."""
+    if p.status not in ("ok", "oom") or p.memory is None:
+        return ""
+    memory = _largest(p.memory)
+    if "layers_forward" not in p.parts:  # an attention layer
+        a = p.attn
+        return (f"forward {_time(a.forward_s)} (kernels {_time(a.compute_forward_s)}), backward "
+                f"{_time(a.backward_s)} (kernels {_time(a.compute_backward_s)}), the rest "
+                f"waiting on transfers; {memory}")
+    t = p.parts
+    step = sum(t[k] for k in ("layers_forward", "layers_backward", "head", "optimizer",
+                              "after_backward"))
+    return (f"step {_time(step)}{' were it to fit' if p.status == 'oom' else ''}: layers "
+            f"forward {_time(t['layers_forward'])}, backward {_time(t['layers_backward'])}, LM "
+            f"head and loss {_time(t['head'])}, optimizer {_time(t['optimizer'])}, collectives "
+            f"after the backward {_time(t['after_backward'])}; attention "
+            f"{_time(t['attention'])} of the layers' (recomputation included); {memory}")
+
+
 def _mixed_layers(cell, hw: Hardware, impl: Implementation, *, invalid: str,
                   offload: bool) -> Prediction:
     """A model whose layers differ in window, priced from a model of each window alone. A
@@ -640,6 +667,10 @@ def _main(argv: list[str] | None) -> int:
                          "when its predicted reserved peak is within the rest (the memory "
                          "model's worst error on the paper's published memory is 19.5%%, "
                          "docs/simulator.md); rows go to sweep <name>-headroom<F>; default 0")
+    ap.add_argument("--explain", action="store_true",
+                    help="under each priced cell, where its time and memory go (an attention "
+                         "layer's kernels and transfer waits; a step's layers, head, optimizer "
+                         "and collectives; the memory peak's largest parts)")
     raw = list(sys.argv[1:] if argv is None else argv)
     if sum(x == "--hardware" or x.startswith("--hardware=") for x in raw) > 1:
         ap.error("--hardware given more than once: one profile per run (the last one would "
@@ -712,6 +743,15 @@ def _main(argv: list[str] | None) -> int:
         seq = "-" if fit is not None and not fit.seq_len else r["seq_len"]
         return f"{r['label']:{width}s} seq={seq:>8} world={r['world']:>3d} {val}"
 
+    def show(r: dict, cell, width: int, fit=None) -> None:
+        print(line(r, width, fit), flush=True)
+        if not a.explain:
+            return
+        if r["cell_id"] != cell.cell_id:  # never explain another cell than the row's
+            raise RuntimeError(f"--explain: row {r['cell_id']} came with cell {cell.cell_id}")
+        if why := explain(predict(cell, hw, invalid="skipped")):
+            print(f"    {why}", flush=True)
+
     for s, spec in specs:
         if spec.device != "cuda":
             print(f"note: {spec.name} is a {spec.device} spec; priced on {hw.name} GPUs")
@@ -721,12 +761,13 @@ def _main(argv: list[str] | None) -> int:
             if a.longest:
                 from suites.longest import longest_spec
 
-                fits = longest_spec(spec, hw, a.out, on_fit=lambda f, w=width: print(
-                    line(f.row, w, f), flush=True))  # each as it is found
+                fits = longest_spec(spec, hw, a.out, on_fit=lambda f, w=width: show(
+                    f.row, dataclasses.replace(f.cell, seq_len=f.row["seq_len"]), w, f))
                 rows, name = [f.row for f in fits], f"{spec.name}-longest"
-            else:  # each row as it is priced
-                rows = simulate_spec(spec, hw, a.out, on_row=lambda r, w=width: print(
-                    line(r, w), flush=True))
+            else:  # each row as it is priced, the cells in the same order
+                cells = iter(expand(spec))
+                rows = simulate_spec(spec, hw, a.out, on_row=lambda r, w=width, c=cells: show(
+                    r, next(c), w))
                 name = spec.name
         except (SpecError, ValueError) as e:
             print(f"simulate {s}: {e}", file=sys.stderr)

@@ -126,6 +126,8 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
              # the model states' collectives: ZeRO-3's per-layer gathers and reduce-scatters,
              # the distributed optimizer's, or this engine's all-reduces (fsdp_world: ZeRO-3's
              # and its root unit's all-gather and reduce-scatter)
-             "state_collectives": layers * (2 * gather + scatter) + per_step}
+             "state_collectives": layers * (2 * gather + scatter) + per_step,
+             # the model states' collectives that wait for the backward, not overlapped
+             "after_backward": per_step}
     return StepTiming(total_s=parts["layers_forward"] + parts["layers_backward"] + head_s + opt
                       + per_step, parts=parts)

@@ -3037,3 +3037,56 @@ def test_an_oom_by_a_hair_prints_the_digits_that_tell_the_sides_apart():
     assert got and float(got[1]) > float(got[2]) and len(got[1].split(".")[1]) == 4, row["error"]
     far = simulate_cell(cell, HW.with_values(usable_gib=held / 2))["error"]
     assert re.search(r": \d+\.\d\d GiB reserved > \d+\.\d\d GiB usable", far), far
+
+
+def test_explain_says_where_a_cells_time_and_memory_go(tmp_path, capsys):
+    """``explain``: a step's parts add up to its time (the collectives after the backward are
+    their own part: Megatron's distributed optimizer and this engine's all-reduces wait for
+    it, ZeRO-3's overlap the layers); an attention layer's kernels are at most its time; the
+    memory's largest parts. ``simulate --explain`` prints it under each priced cell."""
+    from suites.simulate import _largest, explain
+    from suites.simulate import main as simulate_main
+
+    base = dict(workload="train_step", model="7b", seq_len=1 << 21, world=32)
+    steps = {}
+    for name, cell in (("zero3", dict(base, paper="burstengine")),
+                       ("megatron", dict(base, paper="megatron_cp")),
+                       ("engine", dict(base, method="burst", checkpointing="full")),
+                       ("windows", dict(base, model="ministral-8b", seq_len=1 << 18,
+                                        method="burst", data_parallel="fsdp_world",
+                                        checkpointing="selective"))):
+        p = predict(cell, HW)
+        t = p.parts
+        step = sum(t[k] for k in ("layers_forward", "layers_backward", "head", "optimizer",
+                                  "after_backward"))
+        if p.status == "ok":
+            assert step == pytest.approx(p.time_s, rel=1e-12), name
+        steps[name] = (p, t["after_backward"])
+        text = explain(p)
+        assert text.startswith(f"step {step:.4g} s" + (" were it to fit:" if p.status == "oom"
+                                                        else ":")), text
+        assert f"; attention {t['attention']:.4g} s of the layers'" in text
+        assert text.endswith(_largest(p.memory)), text
+    assert steps["megatron"][0].status == "oom" and steps["megatron"][1] > 0
+    assert steps["zero3"][1] == 0 and steps["engine"][1] > 0
+    layer = predict(dict(paper="burst", seq_len=1 << 17, world=32, heads=32, head_dim=128), HW)
+    a = layer.attn
+    for kernels, whole in ((a.compute_forward_s, a.forward_s),
+                           (a.compute_backward_s, a.backward_s)):  # a sum's last bit apart
+        assert 0 < kernels <= whole * (1 + 1e-12)
+    assert explain(layer).startswith(f"forward {a.forward_s * 1e3:.3g} ms (kernels "
+                                     f"{a.compute_forward_s * 1e3:.3g} ms), backward ")
+    assert explain(predict(dict(method="tp", seq_len=64, world=2, heads=2, head_dim=8),
+                           HW)) == ""
+    # the CLI: one indented line under each priced cell (oom included), none under the others
+    assert simulate_main(["paper_main_7b", "--explain"]) == 0
+    lines = capsys.readouterr().out.splitlines()[:-1]  # the last: the run's summary
+    pairs = [(lines[i], lines[i + 1] if i + 1 < len(lines) else "") for i in range(len(lines))
+             if not lines[i].startswith("    ")]
+    assert len(pairs) == 20
+    for row_line, under in pairs:
+        priced = " oom: " in row_line or "tokens/s per GPU" in row_line
+        assert under.startswith("    step ") == priced, (row_line, under)
+    assert simulate_main(["paper_kernel_32gpu", "--longest", "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n    forward ") == out.count(" longest fit, ") > 0
