@@ -31,6 +31,7 @@ the caller's main module (its top level, which the ``__main__`` guard keeps shor
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import multiprocessing
 import numbers
@@ -204,6 +205,10 @@ def _die_with(launcher: int) -> None:
 
 def _entry(rank, world, port, out_dir, backend, threads, timeout_s, launcher, env, stdout,
            ignored):
+    # what the rank holds now (torch and this project, imported) is never garbage: out of the
+    # collector's sight, so comm.destroy's gc.collect scans only what fn made (it scanned all
+    # of it, 74 ms a rank: forkserver spawns took twice e850ddc's time, bench_spawn.py)
+    gc.freeze()
     _die_with(launcher)
     # a rank from the fork server has the server's environment, stdout and signals: take the
     # caller's
