@@ -46,9 +46,9 @@ DTYPES = {name: getattr(torch, name) for name in spec.DTYPES}  # what a spec may
 # dtype (a few 1e-2); a method that ignores the causal mask is off by ~5
 WRONG_ABOVE = {"float64": 1e-6, "float32": 1e-2, "bfloat16": 0.5, "float16": 0.5}
 
-def device_name(device: str) -> str:
-    if device == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_name()
+def cpu_model() -> str:
+    """The CPU's model name: /proc/cpuinfo's on Linux (``platform.processor()`` is empty
+    there), else ``platform.processor()``; empty when neither says."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -56,7 +56,13 @@ def device_name(device: str) -> str:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return platform.processor()
+
+
+def device_name(device: str) -> str:
+    if device == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return cpu_model() or platform.machine()
 
 
 def _device(cell: Cell) -> torch.device:

@@ -34,22 +34,11 @@ from pathlib import Path
 
 import torch
 
+from suites.measure import cpu_model
+
 __all__ = ["GATES", "machine_class", "measure_ratio", "record", "check"]
 
 STORE = Path(__file__).resolve().parent.parent / "benchmarks" / "time_gates.json"
-
-
-def cpu_model() -> str:
-    """The CPU's model name: /proc/cpuinfo's on Linux (``platform.processor()`` is empty
-    there), else ``platform.processor()``; empty when neither says."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def machine_class() -> str:

@@ -1183,50 +1183,10 @@ def test_a_job_whose_row_was_written_is_not_pending(tmp_path):
     assert {c: r["job_id"] for c, r in pending_jobs(tmp_path, "local").items()} == {"c2": "44"}
 
 
-def test_a_row_torn_by_a_killed_rank_is_cut_before_the_next_group_writes(tmp_path,
-                                                                         monkeypatch):
-    """A rank killed while appending a row (spawn kills rank 0 once a peer dies) leaves half a
-    line; the driver's failure row and the next group's rows come after it. The torn line is
-    cut first: one readable row per cell (glued on, the table stopped the sweep, beyond a
-    resume's repair of a last line: an executor audit)."""
-    import burst.spawn
-    from suites.cells import expand
-    from suites.executors import Run, run_inline
-    from suites.rows import RunContext
-
-    spec_file = tmp_path / "t.toml"
-    spec_file.write_text('workload = "attention"\nseq_lens = [32, 64, 96]\nworld = 2\n'
-                         '[shape]\nheads = 2\nhead_dim = 8\n[[methods]]\nname = "ring"\n')
-    cells = expand(load_spec(spec_file))
-    run = Run(tmp_path / "run")
-    run.dir.mkdir()
-    groups = []
-
-    def fake_spawn(fn, world, *, backend, timeout_s, args, watch):
-        todo = [c for c in cells if c.to_json() in args[0]]
-        groups.append(len(todo))
-        if len(groups) == 1:
-            store.append_row(run.rows, {"cell_id": todo[0].cell_id, "status": "ok"})
-            (Path(args[3]) / "current").write_text(json.dumps({"cell_id": todo[1].cell_id}))
-            with open(run.rows, "a") as f:  # killed in the middle of the next row
-                f.write('{"cell_id": "' + todo[1].cell_id + '", "status": "o')
-            raise burst.spawn.SpawnError("rank 1 exited without a result: killed")
-        for c in todo:
-            store.append_row(run.rows, {"cell_id": c.cell_id, "status": "ok"})
-
-    monkeypatch.setattr(burst.spawn, "spawn", fake_spawn)
-    run_inline(cells, run, RunContext("r", "inline", "{}", None, None))
-    rows = store.read_rows(run.rows)
-    assert [(r["cell_id"], r["status"]) for r in rows] == [
-        (cells[0].cell_id, "ok"), (cells[1].cell_id, "error"), (cells[2].cell_id, "ok")]
-    assert groups == [3, 1]
-
-
-def test_ranks_that_die_before_the_first_cell_starts_give_it_an_error_row(tmp_path,
-                                                                          monkeypatch):
-    """A group whose ranks die before rank 0 names its first cell (a rank that cannot start):
-    that cell gets the error row and a fresh group runs the rest. Taken for a death between
-    cells, the cell was never charged and the same group was spawned again, forever."""
+def _three_cells_inline(tmp_path, monkeypatch, first_group):
+    """Run three cells inline with a fake spawn: its first group does ``first_group(todo, args,
+    run)`` (which raises, as a group whose rank died), every later group writes its cells' rows
+    (at most three groups: more is a respawn loop). The rows, the cells and each group's size."""
     import burst.spawn
     from suites.cells import expand
     from suites.executors import Run, run_inline
@@ -1245,16 +1205,49 @@ def test_ranks_that_die_before_the_first_cell_starts_give_it_an_error_row(tmp_pa
         groups.append(len(todo))
         if len(groups) > 3:
             raise RuntimeError(f"spawned again and again: {groups}")
-        if len(groups) == 1:  # no "current" file: the first cell never started
-            raise burst.spawn.SpawnError("rank 1 exited without a result: exit code 1")
+        if len(groups) == 1:
+            first_group(todo, args, run)
         for c in todo:
             store.append_row(run.rows, {"cell_id": c.cell_id, "status": "ok"})
 
     monkeypatch.setattr(burst.spawn, "spawn", fake_spawn)
     run_inline(cells, run, RunContext("r", "inline", "{}", None, None))
-    rows = store.read_rows(run.rows)
-    assert [(r["cell_id"], r["status"]) for r in rows] == [
-        (cells[0].cell_id, "error"), (cells[1].cell_id, "ok"), (cells[2].cell_id, "ok")]
+    rows = [(r["cell_id"], r["status"]) for r in store.read_rows(run.rows)]
+    return rows, [c.cell_id for c in cells], groups
+
+
+def test_a_row_torn_by_a_killed_rank_is_cut_before_the_next_group_writes(tmp_path,
+                                                                         monkeypatch):
+    """A rank killed while appending a row (spawn kills rank 0 once a peer dies) leaves half a
+    line; the driver's failure row and the next group's rows come after it. The torn line is
+    cut first: one readable row per cell (glued on, the table stopped the sweep, beyond a
+    resume's repair of a last line: an executor audit)."""
+    import burst.spawn
+
+    def first(todo, args, run):
+        store.append_row(run.rows, {"cell_id": todo[0].cell_id, "status": "ok"})
+        (Path(args[3]) / "current").write_text(json.dumps({"cell_id": todo[1].cell_id}))
+        with open(run.rows, "a") as f:  # killed in the middle of the next row
+            f.write('{"cell_id": "' + todo[1].cell_id + '", "status": "o')
+        raise burst.spawn.SpawnError("rank 1 exited without a result: killed")
+
+    rows, ids, groups = _three_cells_inline(tmp_path, monkeypatch, first)
+    assert rows == [(ids[0], "ok"), (ids[1], "error"), (ids[2], "ok")]
+    assert groups == [3, 1]
+
+
+def test_ranks_that_die_before_the_first_cell_starts_give_it_an_error_row(tmp_path,
+                                                                          monkeypatch):
+    """A group whose ranks die before rank 0 names its first cell (a rank that cannot start):
+    that cell gets the error row and a fresh group runs the rest. Taken for a death between
+    cells, the cell was never charged and the same group was spawned again, forever."""
+    import burst.spawn
+
+    def first(todo, args, run):  # no "current" file: the first cell never started
+        raise burst.spawn.SpawnError("rank 1 exited without a result: exit code 1")
+
+    rows, ids, groups = _three_cells_inline(tmp_path, monkeypatch, first)
+    assert rows == [(ids[0], "error"), (ids[1], "ok"), (ids[2], "ok")]
     assert groups == [3, 2]
 
 
