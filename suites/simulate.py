@@ -732,10 +732,10 @@ def _main(argv: list[str] | None) -> int:
             mfu = r.get("mfu_model_flops_causal")  # 16-bit cells only
             val = f"{r['tokens_per_s']:.1f} tokens/s per GPU" + (
                 f", MFU {100 * mfu:.1f}%" if mfu is not None else "")
-        if r["status"] == "ok" and fit is None:  # the room left, before a run books it
-            val += f", {r['mem_reserved_bytes'] / 2**30:.1f} GiB reserved"
         elif r.get("error"):  # why it was not priced, on the console too (not only --out)
             val = f"{val}: {r['error'].splitlines()[0]}"  # whole: a cut one misleads
+        if r["status"] == "ok" and fit is None:  # the room left, before a run books it
+            val += f", {r['mem_reserved_bytes'] / 2**30:.1f} GiB reserved"
         if fit is not None:  # the longest fit, and why the next length on the grid is not one
             val = (f"longest fit, {val}, {r['mem_reserved_bytes'] / 2**30:.1f} GiB; "
                    f"at {fit.stop_len}: {fit.stop.splitlines()[0]}" if fit.seq_len
