@@ -13,7 +13,7 @@ silent hang. The ranks' reports come cause first: in the order the ranks raised 
 to die) were seen dead, the others' "connection closed" after the cause, then the rest.
 
 Ranks start from Python's fork server with torch already imported (a spawn of 4 ranks: about
-0.2 s instead of 3-4 s, each rank importing torch anew, on a 2-core machine:
+0.2 s instead of 2.8-4.2 s, each rank importing torch anew, on 2-core machines:
 ``scripts/bench_spawn.py``; ``BURST_START_METHOD=spawn`` starts each
 rank as a new interpreter). The server starts at a process's first ``spawn`` and imports torch
 alone; each rank still imports the caller's module and this project afresh, with the caller's

@@ -412,30 +412,37 @@ def _largest(mem, n: int = 3) -> str:
 
 
 def _time(s: float) -> str:
-    return f"{s * 1e3:.3g} ms" if s < 1 else f"{s:.4g} s"
+    if s < 0.9995:  # under 1000 ms once rounded
+        return f"{s * 1e3:.3g} ms"
+    return f"{s:.3g} s" if s < 99.95 else f"{s:.1f} s"
 
 
 def explain(p: Prediction) -> str:
     """Where a priced cell's time and memory go, on one line: an attention layer's forward and
-    backward, each with its kernels' share (the rest waits on transfers); a training step's
-    layers, head, optimizer and what runs after the backward, with the attention's share of
-    the layers; then the largest parts of the memory peak. Empty for a cell not priced."""
+    backward, each with its kernels' time (the rest waits on transfers); a training step's
+    layers, LM head, optimizer and the collectives that overlap no compute, with the
+    attention's share of the layers; then, for a cell that fits, the largest parts of its
+    memory peak (an OOM row's error names them). An OOM row's times are those it would take
+    were it to fit. Empty for a cell not priced."""
     if p.status not in ("ok", "oom") or p.memory is None:
         return ""
-    memory = _largest(p.memory)
+    unfit = " were it to fit" if p.status == "oom" else ""
+    memory = f"; {_largest(p.memory)}" if p.status == "ok" else ""
     if "layers_forward" not in p.parts:  # an attention layer
         a = p.attn
+        waits = (a.forward_s - a.compute_forward_s + a.backward_s - a.compute_backward_s
+                 > 1e-9 * (a.forward_s + a.backward_s))
         return (f"forward {_time(a.forward_s)} (kernels {_time(a.compute_forward_s)}), backward "
-                f"{_time(a.backward_s)} (kernels {_time(a.compute_backward_s)}), the rest "
-                f"waiting on transfers; {memory}")
+                f"{_time(a.backward_s)} (kernels {_time(a.compute_backward_s)}){unfit}"
+                f"{', the rest waiting on transfers' if waits else ''}{memory}")
     t = p.parts
     step = sum(t[k] for k in ("layers_forward", "layers_backward", "head", "optimizer",
-                              "after_backward"))
-    return (f"step {_time(step)}{' were it to fit' if p.status == 'oom' else ''}: layers "
-            f"forward {_time(t['layers_forward'])}, backward {_time(t['layers_backward'])}, LM "
-            f"head and loss {_time(t['head'])}, optimizer {_time(t['optimizer'])}, collectives "
-            f"after the backward {_time(t['after_backward'])}; attention "
-            f"{_time(t['attention'])} of the layers' (recomputation included); {memory}")
+                              "per_step_collectives"))
+    return (f"step {_time(step)}{unfit}: layers forward {_time(t['layers_forward'])}, backward "
+            f"{_time(t['layers_backward'])}, LM head and loss {_time(t['head'])}, optimizer "
+            f"{_time(t['optimizer'])}, collectives that overlap no compute "
+            f"{_time(t['per_step_collectives'])}; attention {_time(t['attention'])} of the "
+            f"layers' (with its recomputed forward){memory}")
 
 
 def _mixed_layers(cell, hw: Hardware, impl: Implementation, *, invalid: str,
@@ -735,7 +742,9 @@ def _main(argv: list[str] | None) -> int:
         elif r.get("error"):  # why it was not priced, on the console too (not only --out)
             val = f"{val}: {r['error'].splitlines()[0]}"  # whole: a cut one misleads
         if r["status"] == "ok" and fit is None:  # the room left, before a run books it
-            val += f", {r['mem_reserved_bytes'] / 2**30:.1f} GiB reserved"
+            held = r["mem_reserved_bytes"]
+            val += (f", {held / 2**30:.1f} GiB reserved" if held >= 0.1 * 2**30
+                    else f", {held / 2**20:.1f} MiB reserved")  # a small cell: not "0.0 GiB"
         if fit is not None:  # the longest fit, and why the next length on the grid is not one
             val = (f"longest fit, {val}, {r['mem_reserved_bytes'] / 2**30:.1f} GiB; "
                    f"at {fit.stop_len}: {fit.stop.splitlines()[0]}" if fit.seq_len

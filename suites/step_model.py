@@ -127,7 +127,9 @@ def train_step_timing(hw: Hardware, cfg, *, shape: AttnShape, topo: Topo, attn: 
              # the distributed optimizer's, or this engine's all-reduces (fsdp_world: ZeRO-3's
              # and its root unit's all-gather and reduce-scatter)
              "state_collectives": layers * (2 * gather + scatter) + per_step,
-             # the model states' collectives that wait for the backward, not overlapped
-             "after_backward": per_step}
+             # those that overlap no compute, once a step: the distributed optimizer's and this
+             # engine's after the backward (fsdp_world: its root unit's gather before the forward
+             # and reduce-scatter after the backward)
+             "per_step_collectives": per_step}
     return StepTiming(total_s=parts["layers_forward"] + parts["layers_backward"] + head_s + opt
                       + per_step, parts=parts)

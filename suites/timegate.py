@@ -14,7 +14,7 @@ gate ``trials`` times), never from a guess:
     python -m suites.timegate            # check: exit 1 when a ratio exceeds its threshold
 
 Baselines live in ``benchmarks/time_gates.json`` keyed by machine class (``machine_class``: the
-GPU model, or the CPU architecture, thread count and model name).
+CPU architecture, thread count and model name, after the GPU model on a GPU machine).
 The gates are deliberately not part of ``make test`` (a timed test flakes on a shared 2-core
 machine); ``make perf-gate`` runs them on a quiet machine of the recorded class (they time CPU
 code, also on a GPU runner).
@@ -42,13 +42,15 @@ STORE = Path(__file__).resolve().parent.parent / "benchmarks" / "time_gates.json
 
 
 def machine_class() -> str:
-    """The GPU model, or on CPUs the architecture, thread count and CPU model: one ratio read
-    1.35 on one x86-64 CPU and 1.20-1.28 on another (docs/regressions.md), so two CPUs never
-    share a baseline."""
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name(0).replace(" ", "_")
+    """The CPU's architecture, thread count and model name, after the GPU model on a GPU
+    machine (the gates time CPU code there too): one ratio read 1.35 on one x86-64 CPU and
+    1.20-1.28 on another (docs/regressions.md). A CPU's name is what /proc/cpuinfo says, which
+    in a VM can be as generic as "AMD EPYC": one class for several CPU generations."""
     model = re.sub(r"[^A-Za-z0-9.]+", "_", cpu_model()).strip("_")
-    return f"cpu-{platform.machine()}-{torch.get_num_threads()}t" + (f"-{model}" if model else "")
+    cpu = f"cpu-{platform.machine()}-{torch.get_num_threads()}t" + (f"-{model}" if model else "")
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0).replace(" ", "_") + "-" + cpu
+    return cpu
 
 
 def measure_ratio(a: Callable[[], object], b: Callable[[], object], *, repeats: int = 7,

@@ -885,6 +885,10 @@ def test_timegate_machine_class_names_the_cpu_model(monkeypatch, tmp_path, capsy
             ) in capsys.readouterr().out
     monkeypatch.setattr(timegate, "cpu_model", lambda: "")
     assert timegate.machine_class() == "cpu-x86_64-1t"
+    # on a GPU machine the gates still time CPU code: the CPU's class follows the GPU's name
+    monkeypatch.setattr(timegate.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(timegate.torch.cuda, "get_device_name", lambda i=0: "NVIDIA H100 80GB")
+    assert timegate.machine_class() == "NVIDIA_H100_80GB-cpu-x86_64-1t"
 
 
 def test_option_placeholders_resolve_per_scale(tmp_path):

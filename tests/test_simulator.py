@@ -2111,8 +2111,10 @@ def test_input_dtype_accumulators_and_float64_scores_follow_the_dtype(tmp_path, 
     out = capsys.readouterr().out
     row = json.loads((tmp_path / "out" / "fp32_train" / "simulated-a100" / "rows.jsonl")
                      .read_text())
-    # each ok line says its rate and the memory it reserves (the room left, for a planner)
-    assert f"tokens/s per GPU, {row['mem_reserved_bytes'] / 2**30:.1f} GiB reserved" in out
+    # each ok line says its rate and the memory it reserves (the room left, for a planner), a
+    # small cell's in MiB (it said "0.0 GiB")
+    assert f"tokens/s per GPU, {row['mem_reserved_bytes'] / 2**20:.1f} MiB reserved" in out
+    assert row["mem_reserved_bytes"] < 0.1 * 2**30
 
 
 def test_holdout_summary_is_the_median_and_worst_absolute_error():
@@ -3040,13 +3042,17 @@ def test_an_oom_by_a_hair_prints_the_digits_that_tell_the_sides_apart():
 
 
 def test_explain_says_where_a_cells_time_and_memory_go(tmp_path, capsys):
-    """``explain``: a step's parts add up to its time (the collectives after the backward are
-    their own part: Megatron's distributed optimizer and this engine's all-reduces wait for
-    it, ZeRO-3's overlap the layers); an attention layer's kernels are at most its time; the
-    memory's largest parts. ``simulate --explain`` prints it under each priced cell."""
-    from suites.simulate import _largest, explain
+    """``explain``: a step's parts add up to its time (the collectives that overlap no compute
+    are their own part: Megatron's distributed optimizer's and this engine's after the
+    backward, fsdp_world's root unit's too; ZeRO-3's per-layer ones overlap the layers); an
+    attention layer's kernels are at most its time; a cell that fits names its memory's largest
+    parts (an OOM row's error does); an OOM row's times are said to be those were it to fit.
+    ``simulate --explain`` prints it under each priced cell."""
+    from suites.simulate import _largest, _time, explain
     from suites.simulate import main as simulate_main
 
+    assert [_time(x) for x in (0.0371, 0.9996, 2.594, 99.96, 12345.6)] == [
+        "37.1 ms", "1 s", "2.59 s", "100.0 s", "12345.6 s"]  # no 1e+03 ms, no 1.235e+04 s
     base = dict(workload="train_step", model="7b", seq_len=1 << 21, world=32)
     steps = {}
     for name, cell in (("zero3", dict(base, paper="burstengine")),
@@ -3058,24 +3064,31 @@ def test_explain_says_where_a_cells_time_and_memory_go(tmp_path, capsys):
         p = predict(cell, HW)
         t = p.parts
         step = sum(t[k] for k in ("layers_forward", "layers_backward", "head", "optimizer",
-                                  "after_backward"))
+                                  "per_step_collectives"))
         if p.status == "ok":
             assert step == pytest.approx(p.time_s, rel=1e-12), name
-        steps[name] = (p, t["after_backward"])
+        steps[name] = (p, t["per_step_collectives"])
         text = explain(p)
-        assert text.startswith(f"step {step:.4g} s" + (" were it to fit:" if p.status == "oom"
-                                                        else ":")), text
-        assert f"; attention {t['attention']:.4g} s of the layers'" in text
-        assert text.endswith(_largest(p.memory)), text
+        assert text.startswith(f"step {_time(step)}" + (" were it to fit:" if p.status == "oom"
+                                                         else ":")), text
+        assert f"; attention {_time(t['attention'])} of the layers'" in text
+        assert text.endswith(_largest(p.memory)) == (p.status == "ok"), text
     assert steps["megatron"][0].status == "oom" and steps["megatron"][1] > 0
-    assert steps["zero3"][1] == 0 and steps["engine"][1] > 0
+    assert steps["zero3"][1] == 0 and steps["engine"][1] > 0 and steps["windows"][1] > 0
     layer = predict(dict(paper="burst", seq_len=1 << 17, world=32, heads=32, head_dim=128), HW)
     a = layer.attn
     for kernels, whole in ((a.compute_forward_s, a.forward_s),
                            (a.compute_backward_s, a.backward_s)):  # a sum's last bit apart
         assert 0 < kernels <= whole * (1 + 1e-12)
-    assert explain(layer).startswith(f"forward {a.forward_s * 1e3:.3g} ms (kernels "
-                                     f"{a.compute_forward_s * 1e3:.3g} ms), backward ")
+    assert explain(layer).startswith(f"forward {_time(a.forward_s)} (kernels "
+                                     f"{_time(a.compute_forward_s)}), backward ")
+    assert "the rest waiting on transfers; allocated, largest first" in explain(layer)
+    alone = explain(predict(dict(method="burst", seq_len=4096, world=1, heads=4, head_dim=64),
+                            HW))  # one rank sends nothing: no waits to speak of
+    assert "waiting" not in alone and "; allocated, largest first" in alone, alone
+    huge = predict(dict(paper="burst", seq_len=1 << 25, world=8, heads=32, head_dim=128), HW)
+    assert huge.status == "oom" and " were it to fit, the rest waiting" in explain(huge)
+    assert "allocated" not in explain(huge)
     assert explain(predict(dict(method="tp", seq_len=64, world=2, heads=2, head_dim=8),
                            HW)) == ""
     # the CLI: one indented line under each priced cell (oom included), none under the others
@@ -3087,6 +3100,8 @@ def test_explain_says_where_a_cells_time_and_memory_go(tmp_path, capsys):
     for row_line, under in pairs:
         priced = " oom: " in row_line or "tokens/s per GPU" in row_line
         assert under.startswith("    step ") == priced, (row_line, under)
+        if "tokens/s per GPU" in row_line:  # and the memory it reserves, tens of GiB here
+            assert re.search(r"MFU [\d.]+%, \d\d\.\d GiB reserved$", row_line), row_line
     assert simulate_main(["paper_kernel_32gpu", "--longest", "--explain"]) == 0
     out = capsys.readouterr().out
     assert out.count("\n    forward ") == out.count(" longest fit, ") > 0
