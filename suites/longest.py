@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from suites.hardware import Hardware, load
-from suites.simulate import as_cell, predict, simulate_cell
+from suites.simulate import as_cell, predict, priced_cell
 
 __all__ = ["Longest", "longest", "longest_spec", "longest_table"]
 
@@ -44,6 +44,8 @@ class Longest:
     """The first grid length past ``seq_len`` (or the first one), which is not ``ok``."""
     stop: str
     """Why ``stop_len`` is not: its status and error."""
+    prediction: object = None
+    """``row``'s prediction (``suites.simulate.Prediction``; ``explain`` reads it)."""
 
 
 def longest(cell, hardware: str | Hardware, *, unit: int = UNIT, ctx=None,
@@ -86,9 +88,9 @@ def longest(cell, hardware: str | Hardware, *, unit: int = UNIT, ctx=None,
     stop = (f"{why.status}: {why.error}" if why is not None
             else f"past the search limit of {LIMIT} tokens")
     seq = good * step if good else None
-    row = simulate_cell(dataclasses.replace(base, seq_len=seq or step), hw, ctx=ctx,
-                        invalid=invalid)
-    return Longest(base, seq, row, bad * step, stop)
+    row, p = priced_cell(dataclasses.replace(base, seq_len=seq or step), hw, ctx=ctx,
+                         invalid=invalid)
+    return Longest(base, seq, row, bad * step, stop, p)
 
 
 def longest_spec(spec, hardware: str | Hardware, out_dir: str | Path | None = None,

@@ -517,6 +517,12 @@ def _metrics(cell, hw: Hardware, p: Prediction) -> dict:
 
 def simulate_cell(cell, hardware: str | Hardware, *, ctx=None, invalid: str = "error") -> dict:
     """One result row (``results.schema``) predicted for ``cell`` on ``hardware``."""
+    return priced_cell(cell, hardware, ctx=ctx, invalid=invalid)[0]
+
+
+def priced_cell(cell, hardware: str | Hardware, *, ctx=None,
+                invalid: str = "error") -> tuple[dict, Prediction]:
+    """``simulate_cell``'s row and the prediction it was made from (``explain`` reads it)."""
     from suites.provenance import code_provenance, no_host
     from suites.rows import RunContext, make_row
 
@@ -526,10 +532,11 @@ def simulate_cell(cell, hardware: str | Hardware, *, ctx=None, invalid: str = "e
         ctx = RunContext(run_id=f"simulate-{hw.name}", executor="simulate", sweep_spec="",
                          **code_provenance())
     host = no_host()
-    row = make_row(cell, _metrics(cell, hw, predict(cell, hw, invalid=invalid)), ctx, host=host)
+    p = predict(cell, hw, invalid=invalid)
+    row = make_row(cell, _metrics(cell, hw, p), ctx, host=host)
     row.update(source="simulated", executor="simulate", hardware=hw.name, device="cuda",
                device_name=hw.description, device_count=cell.world)
-    return row
+    return row, p
 
 
 def run_id(hw: Hardware) -> str:
@@ -543,8 +550,8 @@ def simulate_spec(spec, hardware: str | Hardware, out_dir: str | Path | None = N
 
     With ``out_dir`` the rows are also written as a run folder of ``results.store``:
     ``out_dir/<sweep>/simulated-<hardware>/rows.jsonl`` + table.parquet / table.csv.
-    ``on_row(row)`` is called as each cell is priced (the CLI's progress: a cell of tens of
-    thousands of GPUs takes seconds to a minute)."""
+    ``on_row(row, prediction)`` is called as each cell is priced (the CLI's progress: a cell
+    of tens of thousands of GPUs takes seconds to a minute)."""
     from suites.cells import expand
     from suites.provenance import code_provenance
     from suites.rows import RunContext
@@ -557,9 +564,10 @@ def simulate_spec(spec, hardware: str | Hardware, out_dir: str | Path | None = N
     cells = expand(sw)
     rows = []
     for c in cells:
-        rows.append(simulate_cell(c, hw, ctx=ctx, invalid="skipped"))
+        row, p = priced_cell(c, hw, ctx=ctx, invalid="skipped")
+        rows.append(row)
         if on_row is not None:
-            on_row(rows[-1])
+            on_row(row, p)
     if out_dir is not None:
         # the run.json of a measured run, so the table's speedup is filled against the baseline
         meta = {"sweep": sw.name, "run_id": ctx.run_id, "source": sw.source, "spec": sw.to_json(),
@@ -752,13 +760,9 @@ def _main(argv: list[str] | None) -> int:
         seq = "-" if fit is not None and not fit.seq_len else r["seq_len"]
         return f"{r['label']:{width}s} seq={seq:>8} world={r['world']:>3d} {val}"
 
-    def show(r: dict, cell, width: int, fit=None) -> None:
+    def show(r: dict, p: Prediction, width: int, fit=None) -> None:
         print(line(r, width, fit), flush=True)
-        if not a.explain:
-            return
-        if r["cell_id"] != cell.cell_id:  # never explain another cell than the row's
-            raise RuntimeError(f"--explain: row {r['cell_id']} came with cell {cell.cell_id}")
-        if why := explain(predict(cell, hw, invalid="skipped")):
+        if a.explain and (why := explain(p)):
             print(f"    {why}", flush=True)
 
     for s, spec in specs:
@@ -771,12 +775,11 @@ def _main(argv: list[str] | None) -> int:
                 from suites.longest import longest_spec
 
                 fits = longest_spec(spec, hw, a.out, on_fit=lambda f, w=width: show(
-                    f.row, dataclasses.replace(f.cell, seq_len=f.row["seq_len"]), w, f))
+                    f.row, f.prediction, w, f))  # each as it is found
                 rows, name = [f.row for f in fits], f"{spec.name}-longest"
-            else:  # each row as it is priced, the cells in the same order
-                cells = iter(expand(spec))
-                rows = simulate_spec(spec, hw, a.out, on_row=lambda r, w=width, c=cells: show(
-                    r, next(c), w))
+            else:  # each row as it is priced
+                rows = simulate_spec(spec, hw, a.out, on_row=lambda r, p, w=width: show(
+                    r, p, w))
                 name = spec.name
         except (SpecError, ValueError) as e:
             print(f"simulate {s}: {e}", file=sys.stderr)

@@ -2263,13 +2263,13 @@ def test_the_console_shows_each_row_before_the_next_cell_and_a_gone_reader_loses
 
     import suites.simulate as S
 
-    printed, priced = [], S.simulate_cell
+    printed, priced = [], S.priced_cell
 
     def pricing(cell, *a, **kw):
         printed.append(capsys.readouterr().out.count(" TFLOP/s per GPU"))  # since the last
         return priced(cell, *a, **kw)
 
-    monkeypatch.setattr(S, "simulate_cell", pricing)
+    monkeypatch.setattr(S, "priced_cell", pricing)
     assert S.main(["paper_kernel_32gpu"]) == 0
     assert printed == [0] + [1] * 15
     root = Path(__file__).resolve().parent.parent
