@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 from results.store import RunLockedError
@@ -446,13 +447,28 @@ def main(argv: list[str] | None = None) -> int:
     from burst.spawn import interrupt_on_termination
 
     try:  # SIGTERM, SIGHUP: as Ctrl-C
-        with interrupt_on_termination():
+        with interrupt_on_termination(), _terse_warnings():
             return _main(argv)
     except KeyboardInterrupt as e:  # Ctrl-C: what was written stays (run says where and how
         if not getattr(e, "reported", False):  # to resume), no traceback
             with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
                 print(f"burst-bench: interrupted{f' ({e})' if str(e) else ''}", file=sys.stderr)
         return 130
+
+
+@contextlib.contextmanager
+def _terse_warnings():
+    """A warning on the command line as one line, ``warning: <text>`` (not the file and line
+    of the code that warned, which a user of the command has no use for)."""
+    def terse(message, category, *_, **__):
+        kind = "warning" if category is UserWarning else category.__name__
+        return f"{kind}: {message}\n"
+
+    saved, warnings.formatwarning = warnings.formatwarning, terse
+    try:
+        yield
+    finally:
+        warnings.formatwarning = saved
 
 
 def _main(argv: list[str] | None) -> int:

@@ -2522,6 +2522,50 @@ def test_a_profile_file_with_a_value_in_another_unit_is_refused(tmp_path):
     assert HW.with_values(peak_tflops=1e12).peak_tflops == 1e12
 
 
+def test_a_profile_link_faster_than_any_is_warned_about(tmp_path):
+    """The keys say ``gbps`` and links are sold in Gb/s or both ways at once: a 400 Gb/s NIC
+    written as 400 priced every inter-node hop 8x too fast, with no word. Above the fastest
+    link of its kind it loads with a warning that names the slip; at that link's rate it loads
+    quietly, as every shipped profile does; the command line prints it as one line."""
+    import os
+    import subprocess
+    import sys
+    import warnings
+
+    from suites.hardware import names, profile_path
+
+    text = profile_path("h100").read_text().replace('name = "h100"', 'name = "mine"')
+    for section, value, ok, slip in (("nic", 400, 100, 8), ("nvlink", 1800, 900, 2)):
+        def write(v, section=section):
+            new = re.sub(rf"^(\[{section}\](?:\n.*)*?\ngbps_per_direction = \{{ value = )"
+                         r"[0-9.]+", rf"\g<1>{v}", text, count=1, flags=re.M)
+            assert new != text
+            (tmp_path / "mine.toml").write_text(new)
+
+        write(value)
+        with pytest.warns(UserWarning, match=re.escape(
+                f"{section}.gbps_per_direction={value} is in GB/s (1e9 bytes/s) per direction, "
+                "above the fastest of 2026")) as caught:
+            load(tmp_path / "mine.toml")
+        assert f"divide by {slip} if so" in str(caught[0].message)
+        write(ok)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            load(tmp_path / "mine.toml")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert all(load(n) for n in names())
+    write(400, "nic")  # the command (in a process of its own: pytest records warnings)
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, "-c", "import sys; from suites.cli import main; "
+                        "sys.exit(main(sys.argv[1:]))", "simulate", "smoke", "--hardware",
+                        str(tmp_path / "mine.toml")], cwd=root, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(root)), timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.startswith(f"warning: hardware profile {tmp_path / 'mine.toml'}: "
+                               "nic.gbps_per_direction=400 is in GB/s"), p.stderr
+
+
 def test_hardware_values_must_be_finite():
     """An infinite bandwidth or peak priced every transfer or kernel at 0 s."""
     for name in ("hbm_gbps", "peak_tflops"):

@@ -27,6 +27,7 @@ import hashlib
 import json
 import math
 import os
+import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -332,6 +333,31 @@ def _implausible(values: dict[str, float], keys: dict[str, str]) -> list[str]:
     return out
 
 
+# The fastest link of each kind in 2026, per direction in GB/s. Links are sold in bits (a
+# "400G" NIC is 400 Gb/s = 50 GB/s) or both ways at once (NVLink's 1.8 TB/s is 900 GB/s each
+# way), and the keys' ``gbps`` reads as gigabits: a value above these, which such a slip gives
+# (8x, 2x), is warned about, not refused (a faster link may come).
+_FASTEST = {
+    "nic_gbps": (100.0, "an 800 Gb/s XDR InfiniBand or 800GbE NIC: 100 GB/s", 8),
+    "nvlink_gbps": (900.0, "NVLink 5: 1.8 TB/s both ways, 900 GB/s per direction", 2),
+    "pcie_gbps": (128.0, "PCIe 6.0 x16: 128 GB/s per direction", 8),
+}
+
+
+def _too_fast(values: dict[str, float], keys: dict[str, str]) -> list[str]:
+    """The bandwidths above the fastest link of their kind (``_FASTEST``), with the likely
+    slip."""
+    out = []
+    for attr, (fastest, what, slip) in _FASTEST.items():
+        v = values.get(attr)
+        if v is not None and v > fastest:
+            why = ("a line rate in Gb/s is 8x its GB/s" if slip == 8 else
+                   "a bidirectional figure is 2x the per-direction one")
+            out.append(f"{keys[attr]}={v:g} is in GB/s (1e9 bytes/s) per direction, above the "
+                       f"fastest of 2026 ({what}); {why}: divide by {slip} if so")
+    return out
+
+
 # what a profile file may hold besides its FIELDS and OPTIONAL_FIELDS
 _TOP_KEYS = ("name", "description")
 _ENTRY_KEYS = ("value", "source")
@@ -362,7 +388,8 @@ def _key_problems(raw: dict) -> list[str]:
 def load(name_or_path: str | Path) -> Hardware:
     """Read a profile, check every required value (and each optional one it gives) is present
     with a source, that it has no unknown key, and that each value lies in its unit's (wide)
-    range, which a value given in another unit leaves (``_UNITS``).
+    range, which a value given in another unit leaves (``_UNITS``). A bandwidth above the
+    fastest link of its kind is warned about (``_FASTEST``: a NIC's Gb/s given as GB/s).
 
     A profile read from a path must not carry a shipped profile's name unless it is that file:
     its rows would be written, and tabulated, as the shipped profile's (``simulated-<name>``)."""
@@ -417,9 +444,12 @@ def load(name_or_path: str | Path) -> Hardware:
             f"name={name!r} is the shipped profile suites/hardware/{name}.toml, but this is "
             f"another file: give it its own name (name = \"my-{name}\", say), or its rows "
             f"would be written and tabulated as the shipped {name}'s (simulated-{name})")
-    problems += _implausible(kw, {attr: key for key, attr, _ in (*FIELDS, *OPTIONAL_FIELDS)})
+    keys = {attr: key for key, attr, _ in (*FIELDS, *OPTIONAL_FIELDS)}
+    problems += _implausible(kw, keys)
     if problems:
         raise ValueError(f"hardware profile {path}: " + "; ".join(problems))
+    for note in _too_fast(kw, keys):
+        warnings.warn(f"hardware profile {path}: {note}", stacklevel=2)
     try:
         return Hardware(name=name, description=raw.get("description", ""),
                         sources=sources, path=_shown(path), **kw)
