@@ -78,6 +78,7 @@ def kernel_rows(path: str | os.PathLike | None = None) -> list[dict]:
 def main_rows(path: str | os.PathLike | None = None) -> list[dict]:
     """End-to-end training rows (tokens/s per GPU, reserved memory)."""
     from burst.engine.configs import get_config
+    from suites.implementations import implementation
 
     out = []
     for r in _read(_dir(path) / MAIN_CSV):
@@ -92,9 +93,10 @@ def main_rows(path: str | os.PathLike | None = None) -> list[dict]:
                    # "GB" is GiB: the paper's runs log max_memory_reserved() / 1024**3
                    # (thunlp/BurstEngine pretrain_llama_hug_tokenizer.py, see_memory)
                    mem_reserved_bytes=float(r["memory_gb"]) * 2**30 if r["memory_gb"] else None)
-        if tps:
+        if tps:  # hardware FLOPs: what the system recomputed (Megatron's "selective" is full)
+            ran = implementation(r["method"]).ran_checkpointing(row["checkpointing"])
             row.update(_model_tflops(r["model"], int(r["seq_len"]), row["time_s"], int(r["gpus"]),
-                                     row["checkpointing"]))
+                                     ran))
         out.append(row)
     return out
 

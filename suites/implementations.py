@@ -98,6 +98,14 @@ class Implementation:
     def with_values(self, **values) -> Implementation:
         return replace(self, **values)
 
+    def ran_checkpointing(self, mode: str) -> str:
+        """The checkpointing mode its runs of ``mode`` really are: a 'selective' that caches
+        no attention output recomputes whole layers, 'full' (their time, memory and hardware
+        FLOPs are priced and counted so; the row keeps the mode it was asked for)."""
+        if mode in ("selective", "selective_half") and not self.selective_caches_attention:
+            return "full"
+        return mode
+
 
 # This project's engine. Its plain head (burst.engine.fused_loss.plain_cross_entropy: fp32
 # logits into F.cross_entropy) peaks in the loss's backward with three fp32 tensors of N/G x V:

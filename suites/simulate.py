@@ -333,9 +333,7 @@ def _predict(cell, hw: Hardware, impl: Implementation | None, *, invalid: str, o
                                          "materialises every block's scores, 'cpu_flash' runs "
                                          "on the CPU")
     shape = _shape(cell)
-    ckpt = cell.checkpointing
-    if ckpt in ("selective", "selective_half") and not impl.selective_caches_attention:
-        ckpt = "full"
+    ckpt = impl.ran_checkpointing(cell.checkpointing)
     topo = Topo(cell.world, cell.ranks_per_node)
     try:
         plan = plan_for(cell.method, opts, topo, shape)
