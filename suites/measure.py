@@ -241,6 +241,13 @@ def _finite(result) -> bool:
     return result is None or math.isfinite(float(result))
 
 
+def step_calls(cell: Cell) -> int:
+    """How many times ``measure`` runs a cell's step: its warmup, one untimed instrumented step,
+    on CUDA with the error check one more (after the float64 reference's memory is freed),
+    and the timed repeats."""
+    return cell.warmup + 1 + (cell.device == "cuda" and cell.compute_error) + cell.repeats
+
+
 def measure(cell: Cell) -> dict:
     """Metrics of one cell (schema column names), identical on every rank."""
     method = registry.get(cell.method)

@@ -322,9 +322,11 @@ def _predictions(cells: list[Cell], hardware: str, time_min: float) -> tuple[dic
     """The simulator's line for each GPU cell on ``hardware``, the ids of the cells it
     predicts out of memory, and the number of CPU cells (not priced). A cell is priced as this
     project's code runs it (no paper system: what a run measures,
-    ``SweepSpec.as_this_engine``); its calls (warmup + repeats) are compared with the time
-    limit, the start-up (spawn, model build) is not priced."""
+    ``SweepSpec.as_this_engine``); its calls (``suites.measure.step_calls``) are compared with
+    the time limit, the start-up (spawn, model build) and the error check's float64
+    reference are not priced."""
     from suites.hardware import load
+    from suites.measure import step_calls
     from suites.simulate import predict
 
     hw = load(hardware)
@@ -340,11 +342,12 @@ def _predictions(cells: list[Cell], hardware: str, time_min: float) -> tuple[dic
         elif p.status != "ok":
             lines[c.cell_id] = f"not simulated on {hw.name}: {short_reason(p.error)}"
         else:
-            calls = (c.warmup + c.repeats) * p.time_s
+            n = step_calls(c)
+            calls = n * p.time_s
             over = (f"; over the {time_min:g}-minute limit" if calls > 60 * time_min else "")
             unit = "step" if c.workload == "train_step" else "call"
             lines[c.cell_id] = (f"simulated on {hw.name}: {p.time_s:.3g} s per {unit}, "
-                                f"{c.warmup + c.repeats} calls {_duration(calls)}{over}; "
+                                f"{n} calls {_duration(calls)}{over}; "
                                 f"{p.memory.reserved_gib:.1f} GiB reserved")
     return lines, oom, host
 
