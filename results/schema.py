@@ -57,9 +57,9 @@ COLUMNS: dict[str, str] = {
     "tflops_hardware_flops": "TFLOP/s per device under hardware_flops",
     "mfu_model_flops_causal": "MFU under model_flops_causal (the papers' MFU)",
     "mfu_model_flops_dense": "MFU under model_flops_dense (counts the masked half of causal "
-                             "attention, so it can exceed 1 at long sequences; with a sliding "
-                             "window it counts the attended pairs, as model_flops_causal: "
-                             "equal to it)",
+                             "attention, so it can exceed 1 at long sequences; a layer with a "
+                             "sliding window counts its attended pairs, as model_flops_causal "
+                             "does: equal to it when every layer has one)",
     "mfu_hardware_flops": "MFU under hardware_flops (model FLOPs + checkpoint recompute, "
                           "attention backward at 2x forward as Megatron counts it; flash "
                           "kernels execute 2.5x: not a PaLM-style hardware utilisation)",
