@@ -255,20 +255,30 @@ def accepted_options(fn) -> set[str] | None:
         "q", "k", "v", "causal", "softmax_scale", "group"}
 
 
+CALL_KEYWORDS = ("causal", "softmax_scale", "group")
+"""The keyword arguments every call of a method passes (the harness, the engine)."""
+
+
 def _call_problem(fn) -> str | None:
-    """Why ``fn`` cannot be called as a method (not callable, or fewer than three positional
-    parameters for q, k, v), else None; a signature Python cannot read is given the benefit."""
+    """Why ``fn`` cannot be called as a method (not callable, fewer than three positional
+    parameters for q, k, v, or a keyword of ``CALL_KEYWORDS`` it does not take), else None; a
+    signature Python cannot read is given the benefit."""
     if not callable(fn):
         return f"is of type {type(fn).__name__}, not a function"
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return None
-    if any(p.kind == p.VAR_POSITIONAL for p in params):
-        return None
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(positional) < 3:
+    if len(positional) < 3 and not any(p.kind == p.VAR_POSITIONAL for p in params):
         return f"takes {len(positional)} positional parameters, not q, k, v"
+    if any(p.kind == p.VAR_KEYWORD for p in params):
+        return None
+    named = {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    missing = [k for k in CALL_KEYWORDS if k not in named]
+    if missing:  # (it failed on every rank after the spawn, with torch's TypeError)
+        return (f"does not take the keyword argument{'s' if len(missing) > 1 else ''} "
+                f"{', '.join(missing)}, which every call passes")
     return None
 
 

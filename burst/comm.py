@@ -63,6 +63,7 @@ __all__ = [
     "ring_groups",
     "ring_shape",
     "subgroup",
+    "unlabelled_phase",
     "world_size",
 ]
 
@@ -167,7 +168,8 @@ def barrier(group=None) -> None:
 # ---------------------------------------------------------------------------------------------
 # Byte counter
 
-_PHASE: contextvars.ContextVar[str] = contextvars.ContextVar("burst_phase", default="forward")
+_PHASE: contextvars.ContextVar[str | None] = contextvars.ContextVar("burst_phase", default=None)
+_UNLABELLED = ["forward"]
 _COUNTERS: list[ByteCount] = []
 
 
@@ -179,6 +181,21 @@ def phase(name: str):
         yield
     finally:
         _PHASE.reset(token)
+
+
+@contextlib.contextmanager
+def unlabelled_phase(name: str):
+    """The phase of the traffic inside the block that no ``phase`` labels (default
+    ``forward``): the harness and the engine set ``backward`` around their backward calls, so
+    that a method of the user's that sends through this module without labels has its
+    backward's bytes counted as backward. A process-wide setting, not a context variable:
+    autograd runs a CUDA backward on threads of its own, which a context variable set by the
+    caller does not reach."""
+    saved, _UNLABELLED[0] = _UNLABELLED[0], name
+    try:
+        yield
+    finally:
+        _UNLABELLED[0] = saved
 
 
 @dataclass
@@ -196,7 +213,7 @@ class ByteCount:
         return "intra" if me // rpn == peer // rpn else "inter"
 
     def record(self, peer: int, nbytes: int, direction: str) -> None:
-        key = (_PHASE.get(), self._link(rank(), peer))
+        key = (_PHASE.get() or _UNLABELLED[0], self._link(rank(), peer))
         (self._sent if direction == "send" else self._recv)[key] += nbytes
 
     @staticmethod

@@ -105,7 +105,11 @@ def _attention(cell: Cell, dev: torch.device):
             raise ValueError(f"method {cell.method!r}: its output is {out.dtype} "
                              f"{tuple(out.shape)}, not q's {qq.dtype} {tuple(qq.shape)}: "
                              "attention returns q's shape and dtype")
-        out.backward(do)
+        if not out.requires_grad:  # torch's "element 0 of tensors does not require grad"
+            raise ValueError(f"method {cell.method!r}: its output does not require grad (made "
+                             "outside autograd, or detached): a cell runs the backward too")
+        with comm.unlabelled_phase("backward"):  # a user's method sends without labels
+            out.backward(do)
         return out.detach(), qq.grad, kk.grad, vv.grad
 
     def error(result) -> float | None:  # once, on the untimed step's result

@@ -63,6 +63,13 @@ def returns_one_head(q, k, v, *, causal, softmax_scale=None, group=None):
                           group=group)[:, :, :1]
 
 
+def returns_detached(q, k, v, *, causal, softmax_scale=None, group=None):
+    """Attention made outside autograd (torch's "element 0 of tensors does not require grad"
+    at backward)."""
+    return user_attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                          group=group).detach()
+
+
 def ignores_causal(q, k, v, *, causal, softmax_scale=None, group=None):
     """Runs, finite, fast, and wrong: it drops the causal mask."""
     return user_attention(q, k, v, causal=False, softmax_scale=softmax_scale, group=group)
@@ -119,6 +126,31 @@ def dies_between_cells_on_rank1(q, k, v, *, causal, softmax_scale=None, group=No
 
         comm.barrier = dying_barrier
     return user_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group)
+
+
+UNLABELLED_ELEMS = {"forward": 3, "backward": 5}  # float32 elements each rank sends per call
+
+
+class _UnlabelledSends(torch.autograd.Function):
+    """The identity, whose forward and backward each all-gather a few zeros through burst.comm
+    without a ``comm.phase`` label, as a user's method may."""
+
+    @staticmethod
+    def forward(ctx, x):
+        comm.all_gather(torch.zeros(UNLABELLED_ELEMS["forward"]))
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        comm.all_gather(torch.zeros(UNLABELLED_ELEMS["backward"]))
+        return g
+
+
+def unlabelled_sends(q, k, v, *, causal, softmax_scale=None, group=None):
+    """``user_attention`` plus traffic of its own that no phase labels (``_UnlabelledSends``):
+    its backward's bytes were counted as forward (a user-method audit)."""
+    out = user_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group)
+    return _UnlabelledSends.apply(out)
 
 
 def talks_to_torch_distributed(q, k, v, *, causal, softmax_scale=None, group=None):

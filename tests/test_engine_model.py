@@ -1241,3 +1241,23 @@ def test_trainer_takes_numpy_integers_and_refuses_what_fails_later():
     with pytest.raises(ValueError, match="'ulysses' also saves tensors that are not rows"):
         Trainer("tiny", attention=registry.get("ulysses"), attention_options={"layout": "striped"},
                 checkpointing="selective_half")
+
+
+def test_an_attention_method_that_returns_another_shape_is_named():
+    """A user's method whose output is not q's shape (one head kept, a tuple) failed ten
+    frames later in the output projection ("mat1 and mat2 shapes cannot be multiplied"): the
+    engine names the method and both shapes."""
+    from burst.engine.configs import get_config
+
+    def one_head(q, k, v, *, causal, softmax_scale=None, group=None):
+        return q[:, :, :1]
+
+    def with_lse(q, k, v, *, causal, softmax_scale=None, group=None):
+        return q, q.sum(-1)
+
+    for fn, got in ((one_head, "(1, 16, 1, 8)"), (with_lse, "tuple")):
+        tr = Trainer(get_config("tiny"), attention=fn, fused_head=False)
+        with pytest.raises(ValueError, match=re.escape(
+                f"attention method '{fn.__name__}' returned {got}, not q's shape "
+                "(1, 16, 4, 8) (batch, local tokens, heads, head_dim)")):
+            tr.step(*tr.local_batch(16, 1, 0))

@@ -868,7 +868,7 @@ def _fake_clock(rank: int, world: int):
     except ValueError as e:
         not_attention = str(e)
     unlike_q = []
-    for fn in ("returns_half", "returns_one_head"):
+    for fn in ("returns_half", "returns_one_head", "returns_detached"):
         try:
             M.measure(as_cell(dict(method=f"{M_METHODS}:{fn}", seq_len=16, world=world,
                                    heads=2, head_dim=8, device="cpu", dtype="float32",
@@ -890,6 +890,43 @@ def _fake_clock(rank: int, world: int):
                         device="cpu", dtype="float32", warmup=2, repeats=3,
                         profile_memory=False))
     return M.measure(cell), (nan, nan_out, not_attention), own, own_step, adapter, unlike_q
+
+
+def _unlabelled(rank: int, world: int):
+    from suites import measure as M
+    from suites.simulate import as_cell
+
+    rows = {}
+    for name in ("user_attention", "unlabelled_sends"):
+        for ckpt in (None, "selective", "full"):
+            shape = (dict(heads=2, head_dim=8, seq_len=16) if ckpt is None else
+                     dict(workload="train_step", model="tiny", seq_len=64, checkpointing=ckpt))
+            rows[name, ckpt] = M.measure(as_cell(dict(
+                method=f"{M_METHODS}:{name}", world=world, device="cpu", dtype="float32",
+                warmup=0, repeats=1, profile_memory=False, **shape)))
+    return rows
+
+
+def test_a_user_methods_unlabelled_backward_traffic_counts_as_backward():
+    """A user's method that sends through burst.comm without comm.phase labels: its backward's
+    bytes were counted as forward (the harness' attention cell and the engine's step ran the
+    backward without saying so). An attention cell and training steps count each direction's
+    bytes where they belong; the forward that full checkpointing runs again in the backward
+    is forward traffic, as this project's methods count theirs."""
+    from burst.spawn import spawn
+    from tests.harness_methods import UNLABELLED_ELEMS
+
+    world = 2
+    # calls per step (forward, backward): the tiny model's 2 layers, each run twice forward
+    # under full checkpointing
+    for rows in spawn(_unlabelled, world, timeout_s=240):
+        for ckpt, calls in ((None, (1, 1)), ("selective", (2, 2)), ("full", (4, 2))):
+            plain, extra = (rows[n, ckpt] for n in ("user_attention", "unlabelled_sends"))
+            assert plain["status"] == extra["status"] == "ok", (plain, extra)
+            for n, (phase, elems) in zip(calls, UNLABELLED_ELEMS.items(), strict=True):
+                key = f"bytes_sent_{phase}"
+                assert extra[key] - plain[key] == n * elems * 4 * (world - 1), (
+                    ckpt, phase, plain[key], extra[key])
 
 
 def test_measured_time_is_the_median_of_the_slowest_rank_per_repeat():
@@ -917,12 +954,15 @@ def test_measured_time_is_the_median_of_the_slowest_rank_per_repeat():
         # (with the error check on, an AttributeError of the check itself)
         assert "output does not depend on k, v (no gradient" in (not_attention or ""), r
         # an output unlike q: refused by name, not an ok row (float16 for a float32 cell) nor
-        # torch's "Mismatch in shape" (one head kept)
+        # torch's "Mismatch in shape" (one head kept) or "element 0 of tensors does not
+        # require grad" (detached)
         assert [e.split(": ", 1)[1] for e in unlike_q] == [
             "its output is torch.float16 (1, 8, 2, 8), not q's torch.float32 (1, 8, 2, 8): "
             "attention returns q's shape and dtype",
             "its output is torch.float32 (1, 8, 1, 8), not q's torch.float32 (1, 8, 2, 8): "
-            "attention returns q's shape and dtype"], unlike_q
+            "attention returns q's shape and dtype",
+            "its output does not require grad (made outside autograd, or detached): a cell "
+            "runs the backward too"], unlike_q
         assert (r["time_s"], r["time_s_min"], r["time_s_max"]) == (10.0, 2.0, 10.0)
         assert r["tokens_per_s"] == 16 / 10.0 / 2
         assert r["attn_tflops"] == pytest.approx(

@@ -582,6 +582,20 @@ def test_cli_user_errors_are_messages_not_tracebacks(tmp_path, capsys, monkeypat
         load_spec(_write(tmp_path, GOOD_TINY.replace('name = "ring"', 'name = "os:getcwd"'),
                          "notamethod"))
     assert any("takes 0 positional parameters, not q, k, v" in p for p in ei.value.problems)
+    # and one without a keyword every call passes (it failed on every rank after the spawn,
+    # with torch's TypeError); **kwargs takes them all
+    (tmp_path / "nogroup.py").write_text(
+        "def f(q, k, v, *, causal, softmax_scale=None):\n    return q\n"
+        "def g(q, k, v, **kw):\n    return q\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SpecError) as ei:
+        load_spec(_write(tmp_path, GOOD_TINY.replace('name = "ring"', 'name = "nogroup:f"'),
+                         "nogroup"))
+    assert any("method 'nogroup:f' does not take the keyword argument group, which every call "
+               "passes: a method is called as method(q, k, v, *, causal, softmax_scale, group, "
+               "**options)" in p for p in ei.value.problems), ei.value.problems
+    assert load_spec(_write(tmp_path, GOOD_TINY.replace('name = "ring"', 'name = "nogroup:g"'),
+                            "nogroup_kw"))
     # so is a module that fails as it imports, whatever it raises (a SyntaxError, a missing
     # shared library's OSError, its own error): not a traceback, nor a run that "failed"
     for mod, body, why in (("fails_syntax", "def f(:\n", "SyntaxError"),

@@ -230,5 +230,15 @@ class AttentionCall:
             for c in _COUNTERS:
                 c.record(batch=b, seq_len=n * g, heads=h, head_dim=d, causal=True,
                          window=self.window, cu_seqlens=cu_seqlens)
-        return self.method(q_BSHD, k_BSHD, v_BSHD, causal=True, softmax_scale=None,
-                           group=self.group, **self.options, **self.mask_options(cu_seqlens))
+        # a forward that checkpointing runs again inside the backward is forward traffic, as
+        # this project's methods label theirs; a user's method may label none (comm.phase)
+        with comm.unlabelled_phase("forward"):
+            out = self.method(q_BSHD, k_BSHD, v_BSHD, causal=True, softmax_scale=None,
+                              group=self.group, **self.options, **self.mask_options(cu_seqlens))
+        if not isinstance(out, torch.Tensor) or out.shape != q_BSHD.shape:
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            name = getattr(self.method, "name", getattr(self.method, "__name__", "attention"))
+            raise ValueError(f"attention method {name!r} returned {got}, not q's "
+                             f"shape {tuple(q_BSHD.shape)} (batch, local tokens, heads, "
+                             "head_dim)")
+        return out

@@ -980,7 +980,8 @@ class Trainer:
             # DP wrappers average over the DP group; the loss is already the global mean's share
             # (fsdp_world averages over every rank, CP included)
             scale = comm.world_size() if self.shards_world else self.dp_size
-            (loss * scale).backward()
+            with comm.unlabelled_phase("backward"):  # a user's attention sends unlabelled
+                (loss * scale).backward()
             if len(self.model.cache):
                 raise AssertionError(f"{len(self.model.cache)} cached attention entries were "
                                      "not consumed by backward")
