@@ -49,6 +49,7 @@ __all__ = [
     "all_to_all",
     "barrier",
     "count_bytes",
+    "current_phase",
     "gather_objects",
     "destroy",
     "exchange",
@@ -183,6 +184,11 @@ def phase(name: str):
         _PHASE.reset(token)
 
 
+def current_phase() -> str:
+    """The phase that traffic issued here and now is filed under."""
+    return _PHASE.get() or _UNLABELLED[0]
+
+
 @contextlib.contextmanager
 def unlabelled_phase(name: str):
     """The phase of the traffic inside the block that no ``phase`` labels (default
@@ -213,7 +219,7 @@ class ByteCount:
         return "intra" if me // rpn == peer // rpn else "inter"
 
     def record(self, peer: int, nbytes: int, direction: str) -> None:
-        key = (_PHASE.get() or _UNLABELLED[0], self._link(rank(), peer))
+        key = (current_phase(), self._link(rank(), peer))
         (self._sent if direction == "send" else self._recv)[key] += nbytes
 
     @staticmethod

@@ -713,17 +713,24 @@ def test_nccl_spawn_needs_a_gpu_per_rank():
 def test_a_phase_label_ends_with_its_block():
     """Bytes are filed under the phase of the innermost ``comm.phase`` block; a label that
     outlived its block (at its end or on an exception) would file later traffic, issued
-    outside any block, under it (no current caller would show it: each opens its own)."""
+    outside any block, under it (no current caller would show it: each opens its own).
+    Traffic outside any block is filed under ``unlabelled_phase``'s, forward by default."""
     from burst import comm
 
-    assert comm._PHASE.get() == "forward"
+    assert comm.current_phase() == "forward"
     with comm.phase("backward"):
         with comm.phase("loss"):
-            assert comm._PHASE.get() == "loss"
-        assert comm._PHASE.get() == "backward"
+            assert comm.current_phase() == "loss"
+        assert comm.current_phase() == "backward"
     with pytest.raises(RuntimeError), comm.phase("backward"):
         raise RuntimeError("a failed step")
-    assert comm._PHASE.get() == "forward"
+    assert comm.current_phase() == "forward"
+    with pytest.raises(RuntimeError), comm.unlabelled_phase("backward"):
+        assert comm.current_phase() == "backward"
+        with comm.phase("forward"):  # a label wins
+            assert comm.current_phase() == "forward"
+        raise RuntimeError("a failed backward")
+    assert comm.current_phase() == "forward"
 
 
 def test_auto_backward_takes_burst_on_a_tie():
