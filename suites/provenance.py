@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import hashlib
+import importlib
 import importlib.metadata
 import os
 import platform
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
-__all__ = ["code_provenance", "host_provenance", "job_id", "now_iso"]
+__all__ = ["code_provenance", "host_provenance", "job_id", "method_source", "now_iso"]
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -61,6 +64,23 @@ def code_provenance(data_dir: str | os.PathLike | None = None) -> dict:
                 data.append(f":(exclude){rel}")
     dirty = _git("status", "--porcelain", "--untracked-files=all", "--", ".", *data)
     return {"git_commit": commit, "git_dirty": None if dirty is None else bool(dirty)}
+
+
+def method_source(method: str) -> str | None:
+    """For a method given as an import path (``package.module:function``): the file its module
+    was loaded from and the sha256 of that file's bytes now, ``<path> sha256:<16 hex>``. A
+    method outside this repository has no commit, and the rows of a resumed run must tell its
+    versions apart (``suites.run`` says when they differ). None for a registered method (this
+    project's code: ``git_commit``) or a module without a readable file."""
+    if ":" not in method:
+        return None
+    name = method.partition(":")[0]
+    try:
+        path = getattr(sys.modules.get(name) or importlib.import_module(name), "__file__", None)
+        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16] if path else None
+    except Exception:  # noqa: BLE001 - an unimportable module is the cell's own error
+        return None
+    return f"{path} sha256:{digest}" if digest else None
 
 
 def _version(dist: str) -> str | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from results.schema import COLUMNS, empty_row
 from suites.cells import Cell
-from suites.provenance import host_provenance, no_host, now_iso
+from suites.provenance import host_provenance, method_source, no_host, now_iso
 
 __all__ = ["REPORT", "RunContext", "classify", "clip_error", "failure_row", "make_row"]
 
@@ -76,7 +76,8 @@ def make_row(cell: Cell, metrics: dict, ctx: RunContext, *, host: dict | None = 
     row.update({k: v for k, v in metrics.items() if k in COLUMNS})
     row.update(host if host is not None else host_provenance(cell.device))
     row.update(run_id=ctx.run_id, executor=ctx.executor, sweep_spec=ctx.sweep_spec,
-               git_commit=ctx.git_commit, git_dirty=ctx.git_dirty, date=now_iso())
+               git_commit=ctx.git_commit, git_dirty=ctx.git_dirty,
+               method_source=method_source(cell.method), date=now_iso())
     if row["error"]:
         row["error"] = clip_error(str(row["error"]))
     return row

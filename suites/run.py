@@ -45,7 +45,7 @@ from suites.executors import (
     run_inline,
     submit_cells,
 )
-from suites.provenance import code_provenance
+from suites.provenance import code_provenance, method_source
 from suites.rows import REPORT, RunContext, failure_row
 from suites.spec import SlurmSpec, SweepSpec, is_folder_name, load_spec
 
@@ -290,6 +290,8 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
                              data_dir=data_dir, **code_provenance(data_dir))
             if todo and skip:
                 _warn_mixed_code(store.read_rows(run.rows), ctx, stream)
+            if skip:
+                _warn_changed_methods(store.read_rows(run.rows), skip, stream)
             if not todo and cells:  # a finished run (the committed one, on a fresh clone, say)
                 rows = store.read_rows(run.rows)
                 made = sorted({f"{_code(r.get('git_commit'), r.get('git_dirty'))} on "
@@ -461,6 +463,24 @@ def _warn_mixed_code(rows: list[dict], ctx: RunContext, stream) -> None:
         print(f"note: this run's rows so far come from code {', '.join(sorted(old))}; the cells "
               f"added now run on {now}, and one table will hold both (--new measures every "
               "cell afresh)", file=stream, flush=True)
+
+
+def _warn_changed_methods(rows: list[dict], done: set[str], stream) -> None:
+    """Say so when a method given as an import path has changed since the rows of its cells
+    that this run keeps were made (``method_source``): those cells are not run again, and
+    their rows are the earlier code's (a user's method outside the repository has no
+    commit to tell them apart)."""
+    kept: dict[str, set] = {}
+    for r in rows:
+        if r.get("cell_id") in done and r.get("method_source"):
+            kept.setdefault(r["method"], set()).add(r["method_source"])
+    for method, sources in sorted(kept.items()):
+        now = method_source(method)
+        if sources - {now}:
+            print(f"note: method {method} is now {now or 'not readable'}; the rows of its "
+                  f"cells done so far were made from {', '.join(sorted(sources - {now}))} and "
+                  "are not measured again (--new measures every cell afresh)", file=stream,
+                  flush=True)
 
 
 @contextlib.contextmanager

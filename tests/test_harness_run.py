@@ -1455,3 +1455,32 @@ def test_the_float64_error_check_holds_one_score_matrix_at_a_time(monkeypatch):
     off = [t.clone() for t in exact]
     off[2][1, 5, 1, 3] += 0.25  # dK of kv head 1: the sum over its two query heads is checked
     assert measure._max_err(cell, full, off, "contiguous") == pytest.approx(0.25, abs=1e-12)
+
+
+def test_a_resumed_run_says_when_a_user_methods_source_changed(tmp_path, monkeypatch):
+    """A method given as an import path, edited between two runs of a sweep: the resume kept
+    the old code's rows for its done cells without a word (a user's module outside the
+    repository has no commit). Each row records its module's file and hash; the resume
+    names the change."""
+    import io
+
+    mod = tmp_path / "mine_edited.py"
+    mod.write_text("from tests.harness_methods import user_attention as f\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = SWEEP.split("[[methods]]")[0] + (
+        '[[methods]]\nname = "mine_edited:f"\nlabel = "mine"\n'
+        '[[methods]]\nname = "burst"\noptions = { backward = "ring" }\n'
+        'label = "burst-ringbwd"\n')
+    spec = _spec(tmp_path, text)
+    first = run_sweep(spec, out=tmp_path / "out", stream=_quiet())
+    rows = {r["label"]: r for r in store.read_rows(first.run_dir / "rows.jsonl")}
+    path, _, digest = rows["mine"]["method_source"].partition(" sha256:")
+    assert Path(path) == mod and len(digest) == 16, rows["mine"]["method_source"]
+    assert rows["burst-ringbwd"]["method_source"] is None  # this project's: git_commit says
+    for edit, noted in ((False, False), (True, True)):
+        if edit:
+            mod.write_text(mod.read_text() + "# a fix\n")
+        log = io.StringIO()
+        run_sweep(spec, out=tmp_path / "out", stream=log)
+        assert ("note: method mine_edited:f is now " in log.getvalue()) == noted, log.getvalue()
+    assert f"were made from {path} sha256:{digest} and are not measured again" in log.getvalue()
