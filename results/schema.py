@@ -86,6 +86,10 @@ COLUMNS: dict[str, str] = {
                 "computed (so a 16-bit cell's includes its inputs' rounding; inf: the output "
                 "or gradients were not finite; above suites.measure.WRONG_ABOVE for its dtype: "
                 "a wrong result; either makes the row an error)",
+    "max_err_ratio": "a 16-bit cell's max_err relative to rounding: per tensor (out, dq, dk, "
+                     "dv) its max error over a plain same-dtype attention's on the same inputs, "
+                     "the largest (this project's methods: 1-5 at 4-32 ranks in bfloat16, "
+                     "growing with the ranks; an output 5% off: 9-16)",
     "speedup": "time of the spec's baseline / time of this row (filled when a run's table is "
                "consolidated, by results.tables.add_speedup)",
     # provenance

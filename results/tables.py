@@ -35,6 +35,7 @@ METRICS: dict[str, tuple[str, float, str, bool]] = {
     "mem_peak_bytes": ("peak memory (MiB)", 2.0**-20, "{:.1f}", False),
     "mem_reserved_bytes": ("reserved memory (MiB)", 2.0**-20, "{:.1f}", False),
     "max_err": ("max abs error vs float64 reference", 1.0, "{:.1e}", False),
+    "max_err_ratio": ("max error over a plain same-dtype attention's", 1.0, "{:.2g}", False),
 }
 
 

@@ -13,6 +13,7 @@ import io
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -213,6 +214,8 @@ def test_inline_sweep_failures_are_rows_and_resume_skips(tmp_path):
     # finite but wrong (the causal mask dropped) was an ok row, with a speedup
     assert by["wrong"]["status"] == "error" and "wrong results" in by["wrong"]["error"]
     assert by["wrong"]["max_err"] > 1.0
+    assert re.search(r"max abs error \S+ \(in (out|dq|dk|dv)\)", by["wrong"]["error"])
+    assert by["wrong"]["max_err_ratio"] is None  # float32: no ratio
     # its time and rates are gone (a mean over store.load's rows took them in); bytes stay
     for r in (by["wrong"], by["nan"]):
         assert r["time_s"] is r["tokens_per_s"] is r["attn_tflops"] is r["time_s_max"] is None
@@ -1450,11 +1453,12 @@ def test_the_float64_error_check_holds_one_score_matrix_at_a_time(monkeypatch):
         return real(q, k, v, **kw)
 
     monkeypatch.setattr(reference, "reference_attention", recording)
-    assert measure._max_err(cell, full, exact, "contiguous") < 1e-12
+    assert measure._max_err(cell, full, exact, "contiguous")[0] < 1e-12
     assert shapes and set(shapes) == {(1, 1)}  # one sequence, one query head per call
     off = [t.clone() for t in exact]
     off[2][1, 5, 1, 3] += 0.25  # dK of kv head 1: the sum over its two query heads is checked
-    assert measure._max_err(cell, full, off, "contiguous") == pytest.approx(0.25, abs=1e-12)
+    err, ratio, where = measure._max_err(cell, full, off, "contiguous")
+    assert err == pytest.approx(0.25, abs=1e-12) and (ratio, where) == (0.0, 2)  # dk
 
 
 def test_a_resumed_run_says_when_a_user_methods_source_changed(tmp_path, monkeypatch):
@@ -1462,8 +1466,6 @@ def test_a_resumed_run_says_when_a_user_methods_source_changed(tmp_path, monkeyp
     the old code's rows for its done cells without a word (a user's module outside the
     repository has no commit). Each row records its module's file and hash; the resume
     names the change."""
-    import io
-
     mod = tmp_path / "mine_edited.py"
     mod.write_text("from tests.harness_methods import user_attention as f\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -1484,3 +1486,28 @@ def test_a_resumed_run_says_when_a_user_methods_source_changed(tmp_path, monkeyp
         run_sweep(spec, out=tmp_path / "out", stream=log)
         assert ("note: method mine_edited:f is now " in log.getvalue()) == noted, log.getvalue()
     assert f"were made from {path} sha256:{digest} and are not measured again" in log.getvalue()
+
+
+def _ratios(rank: int, world: int):
+    from suites import measure as M
+    from suites.simulate import as_cell
+
+    return {name: M.measure(as_cell(dict(method=name, seq_len=256, world=world, heads=2,
+                                         head_dim=16, device="cpu", dtype="bfloat16",
+                                         warmup=0, repeats=1, profile_memory=False,
+                                         compute_error=True)))
+            for name in ("burst", "ulysses", f"{M_METHODS}:off_by_five_percent")}
+
+
+def test_a_16_bit_cell_reports_its_error_over_a_plain_attentions():
+    """In bfloat16 WRONG_ABOVE's 0.5 lets an output 5% off pass (max_err ~0.2, like a
+    correct method's scale); max_err_ratio puts each tensor's error over a plain bfloat16
+    attention's on the same inputs: rounding reads a few, the 5% off well above."""
+    from burst.spawn import spawn
+
+    rows = spawn(_ratios, 2, timeout_s=240)[0]
+    for name, row in rows.items():
+        assert row["status"] == "ok" and row["max_err"] > 0, (name, row)
+    assert 0.5 < rows["burst"]["max_err_ratio"] < 4 and 0.5 < rows["ulysses"][
+        "max_err_ratio"] < 4, rows
+    assert rows[f"{M_METHODS}:off_by_five_percent"]["max_err_ratio"] > 8, rows
