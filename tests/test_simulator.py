@@ -185,7 +185,8 @@ def test_double_ring_beats_flat_ring_across_nodes():
     cell = {"workload": "attention", "method": "double_ring", "seq_len": 1 << 18, "world": 128,
             "heads": 32, "head_dim": 128, "causal": True}
     node, two = (simulate_cell({**cell, "options": o}, HW) for o in ({}, {"ranks_per_node": 2}))
-    assert node == simulate_cell({**cell, "options": {"ranks_per_node": 8}}, HW)
+    eight = simulate_cell({**cell, "options": {"ranks_per_node": 8}}, HW)
+    assert {**node, "date": None} == {**eight, "date": None}  # (made a second apart, maybe)
     assert node["time_s"] < 0.8 * two["time_s"], (node["time_s"], two["time_s"])
     # inside one node the two are the same ring
     one = Topo(8, 8)
