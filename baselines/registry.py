@@ -34,6 +34,8 @@ import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
+
 from burst.attention import dims_problems
 from burst.kernel import resolve_scale
 from burst.layout import LAYOUTS, heads_problem
@@ -265,8 +267,9 @@ def _call_problem(fn) -> str | None:
     signature Python cannot read is given the benefit."""
     if not callable(fn):
         return f"is of type {type(fn).__name__}, not a function"
-    try:
-        params = inspect.signature(fn).parameters.values()
+    try:  # a torch module is called through its forward (its own signature is *args, **kw)
+        params = inspect.signature(getattr(fn, "forward", fn) if isinstance(
+            fn, torch.nn.Module) else fn).parameters.values()
     except (TypeError, ValueError):
         return None
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]

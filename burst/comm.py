@@ -196,7 +196,8 @@ def unlabelled_phase(name: str):
     that a method of the user's that sends through this module without labels has its
     backward's bytes counted as backward. A process-wide setting, not a context variable:
     autograd runs a CUDA backward on threads of its own, which a context variable set by the
-    caller does not reach."""
+    caller does not reach; so not for threads that count bytes side by side (a rank is a
+    process, and runs one step at a time)."""
     saved, _UNLABELLED[0] = _UNLABELLED[0], name
     try:
         yield

@@ -132,11 +132,13 @@ def _attention(cell: Cell, dev: torch.device):
 def _max_err(cell: Cell, full, result, layout: str) -> tuple[float, float, int]:
     """(max abs error of out, dq, dk, dv against the float64 reference; for a 16-bit cell the
     largest ratio of a tensor's max error to a plain attention's in the cell's dtype on the
-    same inputs, else 0; the index in ``TENSORS`` of the tensor with the largest ratio, or
-    error). Rank 0 computes it one query head of one sequence at a time, so the reference
-    never holds more than one N x N score matrix (a kv group's, batch x heads of them, ran out
-    of memory where the method fitted, and the row said the method was OOM: a harness
-    audit); other ranks return (0, 0, -1)."""
+    same inputs, else 0; the index in ``TENSORS`` of the tensor with the largest error).
+    Rank 0 computes it one query head of one sequence at a time, so the reference never
+    holds more than one N x N score matrix (a kv group's, batch x heads of them, ran out of
+    memory where the method fitted, and the row said the method was OOM: a harness audit);
+    the plain attention's dK, dV sum its heads' gradients in float32, as the methods'
+    accumulators do (summed in bfloat16 they grew with the group). Other ranks return
+    (0, 0, -1)."""
     from burst.reference import naive_attention, reference_attention
 
     got = [_unshard(t, cell, layout) for t in result]  # out, dq, dk, dv
@@ -153,8 +155,10 @@ def _max_err(cell: Cell, full, result, layout: str) -> tuple[float, float, int]:
         e = float((a.double() - want.double().cpu()).abs().max())
         errs[i] = math.inf if math.isnan(e) else max(errs[i], e)  # max(x, nan) drops NaN
 
-    def heads(t, kv, typ):
-        return t[:, :, kv:kv + 1].to(dev, typ, copy=True).requires_grad_()
+    def heads(t, kv, typ):  # (a 16-bit one's values, held in float32 for the sums)
+        t = t[:, :, kv:kv + 1] if typ is torch.float64 else t[:, :, kv:kv + 1].to(typ)
+        return t.to(dev, torch.float64 if typ is torch.float64 else torch.float32,
+                    copy=True).requires_grad_()
 
     mask = dict(causal=cell.causal, window=cell.window, scale=cell.head_dim ** -0.5)
     for kv in range(cell.kv_heads):
@@ -170,7 +174,8 @@ def _max_err(cell: Cell, full, result, layout: str) -> tuple[float, float, int]:
                 worst(err, 1, got[1][one], qh.grad)
                 if low:
                     ql = q[one].to(dev, dtype, copy=True).requires_grad_()
-                    mine = naive_attention(ql, kl[b:b + 1], vl[b:b + 1], **mask)
+                    mine = naive_attention(ql, kl[b:b + 1].to(dtype), vl[b:b + 1].to(dtype),
+                                           **mask)
                     mine.backward(do[one].to(dev, dtype))
                     worst(plain, 0, mine.detach(), out.detach())
                     worst(plain, 1, ql.grad, qh.grad)
@@ -179,10 +184,8 @@ def _max_err(cell: Cell, full, result, layout: str) -> tuple[float, float, int]:
         if low:
             worst(plain, 2, kl.grad, kh.grad)
             worst(plain, 3, vl.grad, vh.grad)
-    if not low:
-        return max(err), 0.0, max(range(4), key=err.__getitem__)
-    ratios = [e / max(p, PLAIN_FLOOR) for e, p in zip(err, plain, strict=True)]
-    return max(err), max(ratios), max(range(4), key=ratios.__getitem__)
+    ratio = max(e / max(p, PLAIN_FLOOR) for e, p in zip(err, plain, strict=True)) if low else 0
+    return max(err), ratio, max(range(4), key=err.__getitem__)
 
 
 def _unshard(t: torch.Tensor, cell: Cell, layout: str) -> torch.Tensor:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import functools
 import hashlib
 import importlib
 import importlib.metadata
@@ -66,17 +67,26 @@ def code_provenance(data_dir: str | os.PathLike | None = None) -> dict:
     return {"git_commit": commit, "git_dirty": None if dirty is None else bool(dirty)}
 
 
-def method_source(method: str) -> str | None:
-    """For a method given as an import path (``package.module:function``): the file its module
-    was loaded from and the sha256 of that file's bytes now, ``<path> sha256:<16 hex>``. A
-    method outside this repository has no commit, and the rows of a resumed run must tell its
-    versions apart (``suites.run`` says when they differ). None for a registered method (this
-    project's code: ``git_commit``) or a module without a readable file."""
+def method_source(method: str, *, now: bool = False) -> str | None:
+    """For a method given as an import path (``package.module:function``): the file of the
+    module that defines the function (a package may re-export it) and the sha256 of that
+    file's bytes, ``<path> sha256:<16 hex>``; read once per process, near when the process
+    imported the module (what a rank's rows ran), or afresh with ``now``. A method outside
+    this repository has no commit, and the rows of a resumed run must tell its versions apart
+    (``suites.run`` says when they differ). None for a registered method (this project's code:
+    ``git_commit``) or a module without a readable file."""
+    return (_source.__wrapped__ if now else _source)(method)
+
+
+@functools.cache
+def _source(method: str) -> str | None:
     if ":" not in method:
         return None
-    name = method.partition(":")[0]
+    name, _, attr = method.partition(":")
     try:
-        path = getattr(sys.modules.get(name) or importlib.import_module(name), "__file__", None)
+        fn = getattr(sys.modules.get(name) or importlib.import_module(name), attr)
+        defined = sys.modules.get(getattr(fn, "__module__", None) or name) or sys.modules[name]
+        path = getattr(defined, "__file__", None)
         digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16] if path else None
     except Exception:  # noqa: BLE001 - an unimportable module is the cell's own error
         return None

@@ -466,21 +466,27 @@ def _warn_mixed_code(rows: list[dict], ctx: RunContext, stream) -> None:
 
 
 def _warn_changed_methods(rows: list[dict], done: set[str], stream) -> None:
-    """Say so when a method given as an import path has changed since the rows of its cells
-    that this run keeps were made (``method_source``): those cells are not run again, and
-    their rows are the earlier code's (a user's method outside the repository has no
-    commit to tell them apart)."""
+    """Say so when a method given as an import path has changed since the rows this run keeps
+    for its done cells (each cell's newest) were made (``method_source``'s hash; the path may
+    differ between hosts): those cells are not run again, and their rows are the earlier
+    code's (a user's method outside the repository has no commit to tell them apart)."""
+    newest = {r["cell_id"]: r for r in rows if r.get("cell_id") in done}
     kept: dict[str, set] = {}
-    for r in rows:
-        if r.get("cell_id") in done and r.get("method_source"):
+    for r in newest.values():
+        if r.get("method_source"):
             kept.setdefault(r["method"], set()).add(r["method_source"])
     for method, sources in sorted(kept.items()):
-        now = method_source(method)
-        if sources - {now}:
+        now = method_source(method, now=True)
+        old = {s for s in sources if now is None or _hash(s) != _hash(now)}
+        if old:
             print(f"note: method {method} is now {now or 'not readable'}; the rows of its "
-                  f"cells done so far were made from {', '.join(sorted(sources - {now}))} and "
-                  "are not measured again (--new measures every cell afresh)", file=stream,
+                  f"cells done so far were made from {', '.join(sorted(old))} and are not "
+                  "measured again (--new measures every cell afresh)", file=stream,
                   flush=True)
+
+
+def _hash(source: str) -> str:
+    return source.rpartition(" sha256:")[2]
 
 
 @contextlib.contextmanager

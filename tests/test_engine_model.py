@@ -1244,9 +1244,9 @@ def test_trainer_takes_numpy_integers_and_refuses_what_fails_later():
 
 
 def test_an_attention_method_that_returns_another_shape_is_named():
-    """A user's method whose output is not q's shape (one head kept, a tuple) failed ten
-    frames later in the output projection ("mat1 and mat2 shapes cannot be multiplied"): the
-    engine names the method and both shapes."""
+    """A user's method whose output is not q's shape or dtype (one head kept, a tuple, float64)
+    failed ten frames later in the output projection ("mat1 and mat2 shapes cannot be
+    multiplied"), or ran on in another dtype: the engine names the method and both."""
     from burst.engine.configs import get_config
 
     def one_head(q, k, v, *, causal, softmax_scale=None, group=None):
@@ -1255,9 +1255,13 @@ def test_an_attention_method_that_returns_another_shape_is_named():
     def with_lse(q, k, v, *, causal, softmax_scale=None, group=None):
         return q, q.sum(-1)
 
-    for fn, got in ((one_head, "(1, 16, 1, 8)"), (with_lse, "tuple")):
+    def in_double(q, k, v, *, causal, softmax_scale=None, group=None):
+        return q.double()
+
+    for fn, got in ((one_head, "torch.float32 (1, 16, 1, 8)"), (with_lse, "tuple"),
+                    (in_double, "torch.float64 (1, 16, 4, 8)")):
         tr = Trainer(get_config("tiny"), attention=fn, fused_head=False)
         with pytest.raises(ValueError, match=re.escape(
-                f"attention method '{fn.__name__}' returned {got}, not q's shape "
+                f"attention method '{fn.__name__}' returned {got}, not q's torch.float32 "
                 "(1, 16, 4, 8) (batch, local tokens, heads, head_dim)")):
             tr.step(*tr.local_batch(16, 1, 0))

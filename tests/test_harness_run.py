@@ -1466,8 +1466,12 @@ def test_a_resumed_run_says_when_a_user_methods_source_changed(tmp_path, monkeyp
     the old code's rows for its done cells without a word (a user's module outside the
     repository has no commit). Each row records its module's file and hash; the resume
     names the change."""
+    from suites.provenance import method_source
+
     mod = tmp_path / "mine_edited.py"
-    mod.write_text("from tests.harness_methods import user_attention as f\n")
+    mod.write_text("from tests.harness_methods import user_attention\n\n\n"
+                   "def f(q, k, v, *, causal, softmax_scale=None, group=None):\n"
+                   "    return user_attention(q, k, v, causal=causal, group=group)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     text = SWEEP.split("[[methods]]")[0] + (
         '[[methods]]\nname = "mine_edited:f"\nlabel = "mine"\n'
@@ -1486,6 +1490,23 @@ def test_a_resumed_run_says_when_a_user_methods_source_changed(tmp_path, monkeyp
         run_sweep(spec, out=tmp_path / "out", stream=log)
         assert ("note: method mine_edited:f is now " in log.getvalue()) == noted, log.getvalue()
     assert f"were made from {path} sha256:{digest} and are not measured again" in log.getvalue()
+    # a package that re-exports its function: the file that defines it is hashed
+    (tmp_path / "mine_pkg").mkdir()
+    (tmp_path / "mine_pkg" / "__init__.py").write_text("from mine_pkg.impl import g\n")
+    (tmp_path / "mine_pkg" / "impl.py").write_text("def g(q, k, v, **kw):\n    return q\n")
+    assert method_source("mine_pkg:g").startswith(f"{tmp_path / 'mine_pkg' / 'impl.py'} sha256:")
+    # a cell retried under the new code, and the same file at another path (a SLURM node's
+    # checkout): no note; the hash of each cell's newest row is what counts
+    import suites.run as R
+
+    monkeypatch.setattr(R, "method_source", lambda m, now=False: "/node/m.py sha256:new")
+    rows = [dict(cell_id="c1", method="m:f", method_source="/here/m.py sha256:old"),
+            dict(cell_id="c1", method="m:f", method_source="/here/m.py sha256:new")]
+    log = io.StringIO()
+    R._warn_changed_methods(rows, {"c1"}, log)
+    assert log.getvalue() == ""
+    R._warn_changed_methods(rows[:1], {"c1"}, log)
+    assert "made from /here/m.py sha256:old and are not measured again" in log.getvalue()
 
 
 def _ratios(rank: int, world: int):

@@ -585,8 +585,12 @@ def test_cli_user_errors_are_messages_not_tracebacks(tmp_path, capsys, monkeypat
     # and one without a keyword every call passes (it failed on every rank after the spawn,
     # with torch's TypeError); **kwargs takes them all
     (tmp_path / "nogroup.py").write_text(
+        "import torch\n"
         "def f(q, k, v, *, causal, softmax_scale=None):\n    return q\n"
-        "def g(q, k, v, **kw):\n    return q\n")
+        "def g(q, k, v, **kw):\n    return q\n"
+        "class M(torch.nn.Module):\n"
+        "    def forward(self, q, k, v, causal=False):\n        return q\n"
+        "m = M()\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(SpecError) as ei:
         load_spec(_write(tmp_path, GOOD_TINY.replace('name = "ring"', 'name = "nogroup:f"'),
@@ -596,6 +600,11 @@ def test_cli_user_errors_are_messages_not_tracebacks(tmp_path, capsys, monkeypat
                "**options)" in p for p in ei.value.problems), ei.value.problems
     assert load_spec(_write(tmp_path, GOOD_TINY.replace('name = "ring"', 'name = "nogroup:g"'),
                             "nogroup_kw"))
+    with pytest.raises(SpecError) as ei:  # a torch module: its forward's signature
+        load_spec(_write(tmp_path, GOOD_TINY.replace('name = "ring"', 'name = "nogroup:m"'),
+                         "nogroup_module"))
+    assert any("'nogroup:m' does not take the keyword arguments softmax_scale, group" in p
+               for p in ei.value.problems), ei.value.problems
     # so is a module that fails as it imports, whatever it raises (a SyntaxError, a missing
     # shared library's OSError, its own error): not a traceback, nor a run that "failed"
     for mod, body, why in (("fails_syntax", "def f(:\n", "SyntaxError"),

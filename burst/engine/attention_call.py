@@ -235,10 +235,12 @@ class AttentionCall:
         with comm.unlabelled_phase("forward"):
             out = self.method(q_BSHD, k_BSHD, v_BSHD, causal=True, softmax_scale=None,
                               group=self.group, **self.options, **self.mask_options(cu_seqlens))
-        if not isinstance(out, torch.Tensor) or out.shape != q_BSHD.shape:
-            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        if not isinstance(out, torch.Tensor) or (out.shape, out.dtype) != (q_BSHD.shape,
+                                                                             q_BSHD.dtype):
+            got = (f"{out.dtype} {tuple(out.shape)}" if isinstance(out, torch.Tensor)
+                   else type(out).__name__)
             name = getattr(self.method, "name", getattr(self.method, "__name__", "attention"))
             raise ValueError(f"attention method {name!r} returned {got}, not q's "
-                             f"shape {tuple(q_BSHD.shape)} (batch, local tokens, heads, "
-                             "head_dim)")
+                             f"{q_BSHD.dtype} {tuple(q_BSHD.shape)} (batch, local tokens, "
+                             "heads, head_dim)")
         return out
