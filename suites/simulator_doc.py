@@ -784,7 +784,10 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
         "Each value of a profile file is `{value, source}` in the unit its key names (TFLOP/s, "
         "GB/s per direction, microseconds, GiB); `suites.hardware.load` refuses a value outside "
         "its unit's range, far wider than any machine's, as a value in another unit is "
-        "(bytes/s for GB/s, seconds for microseconds).",
+        "(bytes/s for GB/s, seconds for microseconds). A bandwidth above the fastest link of "
+        "its kind in 2026 (a NIC's 100 GB/s, NVLink 5's 900, PCIe 6.0 x16's 128, per "
+        "direction) loads with a warning that names the likely slip: a line rate in Gb/s (8x) "
+        "or a figure for both directions (2x).",
         "",
         *_constants_table(result.hw, fitted),
         "",
