@@ -98,9 +98,10 @@ COLUMNS: dict[str, str] = {
     "sweep_spec": "JSON of the whole sweep spec the cell was expanded from",
     "git_commit": "commit of the code that produced the row",
     "git_dirty": "uncommitted changes were present",
-    "method_source": "for a method given as an import path: its module's file and the sha256 of "
-                     "its bytes when the row was made ('<path> sha256:<16 hex>'; a module it "
-                     "imports is not covered); empty for this project's methods (git_commit)",
+    "method_source": "for a method given as an import path: the file of the module that "
+                     "defines the function and the sha256 of its bytes, read when the process "
+                     "that made the row imported it ('<path> sha256:<16 hex>'; modules that one "
+                     "imports are not covered); empty for this project's methods (git_commit)",
     "python": "Python version",
     "torch": "torch version",
     "cuda": "CUDA version (empty on CPU)",

@@ -367,7 +367,6 @@ def measure(cell: Cell) -> dict:
                                          f"{where}) against the float64 reference, above "
                                          f"{WRONG_ABOVE[cell.dtype]:g} (far beyond "
                                          f"{cell.dtype} rounding on unit-normal inputs)")
-
     name = device_name(cell.device)
     # MFU only where the peak applies: a GPU cell in bf16/fp16 (fp32 has no such peak)
     peak_tf = peak_tflops(name) if cell.device == "cuda" and cell.dtype in MFU_DTYPES else None
