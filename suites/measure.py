@@ -84,6 +84,8 @@ def _device(cell: Cell) -> torch.device:
 
 
 def _attention(cell: Cell, dev: torch.device):
+    from burst.engine.attention_call import output_problem
+
     method = registry.get(cell.method)
     opts = dict(cell.options)
     layout = method.layout(opts)
@@ -108,11 +110,8 @@ def _attention(cell: Cell, dev: torch.device):
         qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
         out = method(qq, kk, vv, causal=cell.causal, **mask, **opts)
         out = out[0] if isinstance(out, tuple) else out
-        if out.shape != qq.shape or out.dtype != qq.dtype:  # a float16 output of a float32
-            # cell was an ok row of float32 (its error under float32's limit)
-            raise ValueError(f"method {cell.method!r}: its output is {out.dtype} "
-                             f"{tuple(out.shape)}, not q's {qq.dtype} {tuple(qq.shape)}: "
-                             "attention returns q's shape and dtype")
+        if why := output_problem(out, qq):  # a float16 output of a float32 cell was an ok
+            raise ValueError(f"method {cell.method!r}: {why}")  # row (error under the limit)
         if not out.requires_grad:  # torch's "element 0 of tensors does not require grad"
             raise ValueError(f"method {cell.method!r}: its output does not require grad (made "
                              "outside autograd, or detached): a cell runs the backward too")

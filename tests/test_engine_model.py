@@ -1262,6 +1262,6 @@ def test_an_attention_method_that_returns_another_shape_is_named():
                     (in_double, "torch.float64 (1, 16, 4, 8)")):
         tr = Trainer(get_config("tiny"), attention=fn, fused_head=False)
         with pytest.raises(ValueError, match=re.escape(
-                f"attention method '{fn.__name__}' returned {got}, not q's torch.float32 "
-                "(1, 16, 4, 8) (batch, local tokens, heads, head_dim)")):
+                f"attention method '{fn.__name__}': its output is {got}, not q's "
+                "torch.float32 (1, 16, 4, 8): attention returns q's shape and dtype")):
             tr.step(*tr.local_batch(16, 1, 0))

@@ -41,6 +41,7 @@ __all__ = [
     "AttentionFlops",
     "BurstMethod",
     "count_attention_flops",
+    "output_problem",
     "recompute_phase",
     "resolve_attention",
 ]
@@ -63,6 +64,18 @@ class BurstMethod:
 
 RESERVED = {"causal", "softmax_scale", "group", "window", "cu_seqlens"}
 """Keyword arguments of a method call that the engine passes itself (``AttentionCall``)."""
+
+
+def output_problem(out, q: torch.Tensor) -> str | None:
+    """Why a method's output is not attention's for ``q`` (a tensor of q's shape, batch x
+    local tokens x heads x head_dim, and dtype), else None: the engine's and the harness'
+    one check."""
+    if isinstance(out, torch.Tensor) and (out.shape, out.dtype) == (q.shape, q.dtype):
+        return None
+    got = (f"{out.dtype} {tuple(out.shape)}" if isinstance(out, torch.Tensor)
+           else type(out).__name__)
+    return (f"its output is {got}, not q's {q.dtype} {tuple(q.shape)}: attention returns q's "
+            "shape and dtype")
 
 
 def resolve_attention(attention, options: dict | None) -> tuple[Callable, str]:
@@ -235,12 +248,7 @@ class AttentionCall:
         with comm.unlabelled_phase("forward"):
             out = self.method(q_BSHD, k_BSHD, v_BSHD, causal=True, softmax_scale=None,
                               group=self.group, **self.options, **self.mask_options(cu_seqlens))
-        if not isinstance(out, torch.Tensor) or (out.shape, out.dtype) != (q_BSHD.shape,
-                                                                             q_BSHD.dtype):
-            got = (f"{out.dtype} {tuple(out.shape)}" if isinstance(out, torch.Tensor)
-                   else type(out).__name__)
+        if why := output_problem(out, q_BSHD):
             name = getattr(self.method, "name", getattr(self.method, "__name__", "attention"))
-            raise ValueError(f"attention method {name!r} returned {got}, not q's "
-                             f"{q_BSHD.dtype} {tuple(q_BSHD.shape)} (batch, local tokens, "
-                             "heads, head_dim)")
+            raise ValueError(f"attention method {name!r}: {why}")
         return out
