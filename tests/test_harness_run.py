@@ -151,6 +151,7 @@ def test_two_drivers_started_together_share_one_run(tmp_path, monkeypatch):
     yet) and measured every cell at once, timing each other; the second now waits while the
     first chooses and claims its run, then finds it, and is refused by its lock."""
     import threading
+    import traceback
 
     from results.store import RunLockedError
     from suites import run as run_mod
@@ -171,11 +172,13 @@ def test_two_drivers_started_together_share_one_run(tmp_path, monkeypatch):
     monkeypatch.setattr(store, "new_run_id", lambda: f"{new_id()}.{threading.get_ident()}")
     ended = {}
 
+    traces = {}
+
     def drive(k):
         try:
             ended[k] = run_sweep(spec, out=tmp_path / "out", stream=_quiet())
         except Exception as e:  # noqa: BLE001
-            ended[k] = e
+            ended[k], traces[k] = e, traceback.format_exc()
 
     threads = [threading.Thread(target=drive, args=(k,)) for k in range(2)]
     for t in threads:
@@ -183,7 +186,9 @@ def test_two_drivers_started_together_share_one_run(tmp_path, monkeypatch):
     for t in threads:
         t.join(timeout=300)
     kinds = sorted(type(e).__name__ for e in ended.values())
-    assert kinds == ["RunLockedError", "RunResult"], ended
+    # (a FileNotFoundError once took the place of the refusal, in CI at 7630d51, with no
+    # traceback to say where: kept now)
+    assert kinds == ["RunLockedError", "RunResult"], (ended, traces)
     refused = next(e for e in ended.values() if isinstance(e, RunLockedError))
     assert "is being written by another running sweep" in str(refused)
     runs = [p for p in (tmp_path / "out" / "together").iterdir() if p.is_dir()]
@@ -1532,3 +1537,27 @@ def test_a_16_bit_cell_reports_its_error_over_a_plain_attentions():
     assert 0.5 < rows["burst"]["max_err_ratio"] < 4 and 0.5 < rows["ulysses"][
         "max_err_ratio"] < 4, rows
     assert rows[f"{M_METHODS}:off_by_five_percent"]["max_err_ratio"] > 8, rows
+
+
+def test_a_lock_whose_folder_vanishes_before_its_file_is_made_takes_it_anew(tmp_path,
+                                                                           monkeypatch):
+    """Two drivers started together: one's SweepLock.release removed the sweep folder it had
+    made for nothing between the other's mkdir and its open of the lock file, which raised
+    FileNotFoundError (or "cannot write the sweep folder"; 1 in ~20 runs of the two-driver
+    test). The lock makes the folder again."""
+    import shutil
+
+    lock = tmp_path / "out" / "sweep" / ".lock"
+    real_open, calls = os.open, []
+
+    def open_after_removal(path, *a, **k):
+        if path == lock:
+            calls.append(path)
+            if len(calls) == 1:  # the other driver's release, in the window
+                shutil.rmtree(tmp_path / "out")
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr(store.os, "open", open_after_removal)
+    with store.SweepLock(lock.parent):
+        assert lock.exists()
+    assert len(calls) == 2
