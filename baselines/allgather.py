@@ -21,8 +21,6 @@ Shapes: q_BSHD (local shard), k/v_BSHD (local, Hk heads, GQA gathered un-replica
 
 from __future__ import annotations
 
-from functools import partial
-
 import torch
 
 from baselines.checks import check_call, layout_problems
@@ -34,7 +32,6 @@ from burst.kernel import acc_dtype, resolve_scale
 from burst.layout import LAYOUTS
 from burst.masks import MaskSpec
 from burst.merge import new_accumulators, row_delta
-from burst.volume import method_bytes
 
 __all__ = ["allgather_attn"]
 
@@ -117,5 +114,4 @@ METHOD = register(Method(
     layouts=LAYOUTS,
     options={"layout": "zigzag"},
     requires=_requires,
-    volume=partial(method_bytes, "allgather"),
 ))

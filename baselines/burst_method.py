@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 from baselines.checks import layout_problems
 from baselines.registry import Method, register
 from burst import burst_attn
 from burst.attention import choice_problems
 from burst.comm import ranks_per_node_problem
 from burst.layout import LAYOUTS
-from burst.volume import method_bytes
 
 __all__ = ["burst_method"]
 
@@ -38,5 +35,4 @@ burst_method = register(Method(
     layouts=LAYOUTS,
     options={"layout": "zigzag", "backward": "burst"},
     requires=_requires,
-    volume=partial(method_bytes, "burst"),  # a caller's backward="auto" resolved as burst_attn does
 ))

@@ -41,14 +41,11 @@ default (2) only lets loops over the registry run anywhere with G even.
 
 from __future__ import annotations
 
-from functools import partial
-
 from baselines.checks import check_call, divisors, layout_problems
 from baselines.registry import Method, plain_integer, register
 from burst import burst_attn
 from burst.comm import ranks_per_node_ok
 from burst.layout import LAYOUTS
-from burst.volume import method_bytes
 
 __all__ = ["double_ring_attn"]
 
@@ -96,5 +93,4 @@ METHOD = register(Method(
     layouts=LAYOUTS,
     options={"layout": "zigzag", "ranks_per_node": 2},
     requires=_requires,
-    volume=partial(method_bytes, "double_ring"),
 ))

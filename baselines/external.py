@@ -38,7 +38,6 @@ from baselines.registry import Method, register
 from baselines.usp import usp_groups
 from burst import comm
 from burst.layout import LAYOUTS
-from burst.volume import method_bytes
 
 __all__ = ["ring_flash_attn_adapter", "yunchang_adapter"]
 
@@ -141,7 +140,6 @@ RING_FLASH_ATTN = register(Method(
     requires=_rfa_requires,
     unavailable=partial(_unavailable, "ring_flash_attn", ("flash_attn", "ring_flash_attn"),
                         "pip install ring-flash-attn flash-attn"),
-    volume=partial(method_bytes, "ring_flash_attn"),
     dtypes=_rfa_dtypes,
     counted=False,  # the package's traffic does not go through burst.comm
 ))
@@ -190,7 +188,6 @@ YUNCHANG = register(Method(
     requires=_yunchang_requires,
     unavailable=partial(_unavailable, "yunchang", ("flash_attn", "yunchang"),
                         "pip install yunchang flash-attn"),
-    volume=partial(method_bytes, "yunchang"),
     # its "basic" ring is ring-flash-attn's, dq rounded to bf16 likewise (yunchang/ring/
     # ring_flash_attn.py): bf16 only
     dtypes=("bfloat16",),

@@ -63,8 +63,6 @@ class Method:
     """requires(world=, heads=, kv_heads=, seq_local=, causal=, **options) -> list of problems."""
     unavailable: Callable[[], str | None] = lambda: None
     """None when the method can run here, else one line: what is missing and how to get it."""
-    volume: Callable | None = None
-    """volume(world=, batch=, seq_local=, heads=, kv_heads=, head_dim=, elem=, **options)."""
     level: str = "core"
     """``core`` (q, k, v -> out) or ``block`` (hidden states + weights -> hidden states)."""
     block_fn: Callable | None = None
@@ -135,10 +133,12 @@ class Method:
     def bytes(self, **kw):
         """Analytic bytes per rank (``burst.volume.Volume``) under the options this entry runs
         with: its defaults merged with ``kw``, as ``__call__`` merges them."""
-        if self.volume is None:
+        from burst import volume
+
+        if self.name not in volume.METHODS:
             raise ValueError(f"method {self.name!r} has no byte formula")
         shape = {k: kw.pop(k) for k in list(kw) if k in _SHAPE_KEYS}
-        return self.volume(**shape, **{**self.options, **kw})
+        return volume.method_bytes(self.name, **shape, **{**self.options, **kw})
 
     @functools.cached_property
     def _accepted(self) -> set[str] | None:  # read once: inspect costs ~25 us a call

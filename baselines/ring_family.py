@@ -22,13 +22,10 @@ sliding window truncates the ring (``window``/``cu_seqlens`` are passed through)
 
 from __future__ import annotations
 
-from functools import partial
-
 from baselines.checks import check_call, layout_problems
 from baselines.registry import Method, register
 from burst import burst_attn
 from burst.attention import choice_problems
-from burst.volume import method_bytes
 
 __all__ = ["ring_attn", "striped_ring_attn", "zigzag_ring_attn"]
 
@@ -70,5 +67,4 @@ for _name, _fn, _layout, _desc in (
     _METHODS[_name] = register(Method(
         name=_name, fn=_fn, description=_desc, layouts=(_layout,),
         causal_only=_layout != "contiguous", options={"layout": _layout}, requires=_requires,
-        volume=partial(method_bytes, _name),
     ))

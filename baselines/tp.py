@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 
@@ -38,7 +37,6 @@ from burst.first_order import first_order
 from burst.kernel import resolve_scale
 from burst.masks import MaskSpec
 from burst.reference import reference_attention
-from burst.volume import method_bytes
 
 __all__ = ["AttentionBlockWeights", "attention_block_reference", "tp_attention_block"]
 
@@ -272,7 +270,6 @@ METHOD = register(Method(
                 "split, reduce-scatter); block-level",
     layouts=("contiguous",),
     requires=_requires,
-    volume=partial(method_bytes, "tp"),
     level="block",
     block_fn=tp_attention_block,
 ))

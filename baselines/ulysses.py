@@ -25,7 +25,7 @@ Shapes: x_BSHD with S = seq_local before and N = G*seq_local after the all-to-al
 
 from __future__ import annotations
 
-from functools import lru_cache, partial
+from functools import lru_cache
 
 import torch
 
@@ -38,7 +38,7 @@ from burst.kernel import resolve_scale
 from burst.layout import LAYOUTS, global_positions
 from burst.masks import MaskSpec
 from burst.remake import remakeable
-from burst.volume import method_bytes, ulysses_kv_heads
+from burst.volume import ulysses_kv_heads
 
 __all__ = ["all_to_all", "heads_to_seq", "replicate_kv", "seq_to_heads", "ulysses_attn"]
 
@@ -147,6 +147,5 @@ METHOD = register(Method(
     layouts=LAYOUTS,
     options={"layout": "contiguous"},
     requires=_requires,
-    volume=partial(method_bytes, "ulysses"),
     row_saves=False,  # it also saves its all-to-all's index tensors
 ))

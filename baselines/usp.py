@@ -27,7 +27,7 @@ unit is U*n tokens x Hk'/U heads, the same bytes as n tokens x Hk' heads.
 
 from __future__ import annotations
 
-from functools import lru_cache, partial
+from functools import lru_cache
 
 import torch
 
@@ -40,7 +40,6 @@ from burst.kernel import resolve_scale
 from burst.layout import global_positions
 from burst.masks import MaskSpec
 from burst.remake import remakeable
-from burst.volume import method_bytes
 
 __all__ = ["usp_attn", "usp_groups"]
 
@@ -145,6 +144,5 @@ METHOD = register(Method(
     layouts=LAYOUTS,
     options={"layout": "contiguous", "ulysses_degree": 2, "backward": "ring", "grad_acc": "fp32"},
     requires=_requires,
-    volume=partial(method_bytes, "usp"),
     row_saves=False,  # its Ulysses part also saves the all-to-all's index tensors
 ))

@@ -46,7 +46,7 @@ class Tables:
     measured: pd.DataFrame = field(default_factory=_empty)
     breakdowns: pd.DataFrame = field(default_factory=pd.DataFrame)
     notes: list[str] = field(default_factory=list)
-    """What loading left out that a reader should know (older runs with more rows)."""
+    """What loading left out that a reader should know (older runs with more cells)."""
     root: Path | None = None
     """The results folder the tables were read from (None: tables built by hand)."""
 
@@ -115,14 +115,19 @@ def _frames(runs: list[Path], results: Path, notes: list[str]
     return parts, simulated_runs
 
 
-def _row_count(run: Path) -> int:
+def _cell_count(run: Path) -> int:
+    """The cells of a run, as its table holds them (a retried cell once; a run kept as its
+    table alone counts too); 0 for one that cannot be read (its load says why)."""
     from results import store
 
     try:
-        with open(run / store.ROWS, "rb") as f:
-            return sum(1 for line in f if line.strip())
-    except OSError:
+        return len(store.load(run))
+    except (OSError, ValueError):
         return 0
+
+
+def _cells(n: int) -> str:
+    return f"{n} cell" if n == 1 else f"{n} cells"
 
 
 def _run_hardware(run: Path) -> str:
@@ -152,7 +157,7 @@ def _latest_tables(root: Path, notes: list[str], depth: int = 1) -> list[Path]:
     """The latest run folder of every sweep folder under ``root``, per hardware
     (``_run_hardware``: a run on another profile or GPU does not hide the A800 one): the
     run ``results.store.latest_run`` picks (by creation time, not name), so a figure never shows
-    an older run than ``burst-bench show``. Runs are never mixed; an older run with more rows
+    an older run than ``burst-bench show``. Runs are never mixed; an older run with more cells
     than the one shown is named in ``notes``. A folder without runs is a folder of sweep
     folders (``results/simulated``, or any other: ``simulate --out``), ``depth`` levels down."""
     from results import store
@@ -171,13 +176,13 @@ def _latest_tables(root: Path, notes: list[str], depth: int = 1) -> list[Path]:
         for run in found:
             by_hw.setdefault(_run_hardware(run), []).append(run)
         for runs in by_hw.values():
-            counts = {r: _row_count(r) for r in runs}
+            counts = {r: _cell_count(r) for r in runs}
             shown, n = runs[-1], counts[runs[-1]]
             out.append(shown)
-            fuller = [f"{r.name} ({counts[r]} rows)" for r in runs[:-1] if counts[r] > n]
+            fuller = [f"{r.name} ({_cells(counts[r])})" for r in runs[:-1] if counts[r] > n]
             if fuller:
-                notes.append(f"{sweep}: showing the latest run {shown.name} ({n} rows); older "
-                             f"runs with more rows are not shown: {', '.join(fuller)}")
+                notes.append(f"{sweep}: showing the latest run {shown.name} ({_cells(n)}); older "
+                             f"runs with more cells are not shown: {', '.join(fuller)}")
     return out
 
 

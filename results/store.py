@@ -35,6 +35,7 @@ __all__ = [
     "RunLock",
     "append_row",
     "consolidate",
+    "created_stamp",
     "drop_tables",
     "has_rows",
     "latest_run",
@@ -304,6 +305,11 @@ def read_meta(run_dir: str | os.PathLike) -> dict:
     return meta
 
 
+def created_stamp(when: _dt.datetime | None = None) -> str:
+    """run.json's "created": UTC to the second, in the one form ``runs_by_time`` sorts."""
+    return f"{when or _dt.datetime.now(_dt.timezone.utc):%Y-%m-%dT%H:%M:%SZ}"
+
+
 def runs_by_time(sweep_dir: str | os.PathLike) -> list[Path]:
     """The run folders of a sweep folder, oldest first: by their run.json "created", else by
     the folder's modification time (a named --run-id does not sort by its name); the name
@@ -311,8 +317,8 @@ def runs_by_time(sweep_dir: str | os.PathLike) -> list[Path]:
     def when(p: Path) -> tuple[str, str]:
         created = read_meta(p).get("created")
         if not created:
-            mtime = _dt.datetime.fromtimestamp(p.stat().st_mtime, _dt.timezone.utc)
-            created = f"{mtime:%Y-%m-%dT%H:%M:%SZ}"
+            created = created_stamp(_dt.datetime.fromtimestamp(p.stat().st_mtime,
+                                                                _dt.timezone.utc))
         return created, p.name
 
     runs = []

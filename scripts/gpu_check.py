@@ -151,7 +151,7 @@ class Rows:
     folder's run.json says when its first run started (``results.store`` orders runs by it)."""
 
     def __init__(self, out: Path, base: dict):
-        from results.store import read_meta, write_meta
+        from results.store import created_stamp, read_meta, write_meta
 
         out.mkdir(parents=True, exist_ok=True)
         self.jsonl, self.csv, self.base = out / "rows.jsonl", out / "rows.csv", base
@@ -159,11 +159,12 @@ class Rows:
         self.written: list[dict] = []
         self.ids: set[str] = set()
         if not read_meta(out).get("created"):
-            write_meta(out, {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            write_meta(out, {"created": created_stamp(),
                              "sweep": "gpu_check",
                              "source": "scripts/gpu_check.sh"})
 
     def write(self, **cols) -> dict:
+        from results.store import append_row
         from suites.provenance import now_iso
 
         row = empty_row()
@@ -178,10 +179,7 @@ class Rows:
             row["cell_id"] = row_id(row, self.ids)
             self.ids.add(row["cell_id"])
             new = not self.csv.exists()
-            with open(self.jsonl, "a") as f:
-                f.write(json.dumps(row, default=str) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            append_row(self.jsonl, row)
             with open(self.csv, "a", newline="") as f:
                 w = csv.DictWriter(f, fieldnames=list(COLUMNS))
                 if new:
@@ -204,14 +202,16 @@ def _peak(sz: Sizes) -> float | None:
 
 
 def _provenance(sz: Sizes) -> dict:
+    from results.store import new_run_id
+    from suites.measure import device_name
     from suites.provenance import code_provenance, host_provenance
 
     base = dict(sweep="gpu_check", source="measured", executor="inline", device=sz.device,
-                device_count=1, world=1, nodes=1, run_id=time.strftime("%Y%m%d-%H%M%S"),
+                device_count=1, world=1, nodes=1, run_id=new_run_id(),
                 peak_tflops=_peak(sz))
     base.update(code_provenance())
     base.update(host_provenance(sz.device))
-    base["device_name"] = (torch.cuda.get_device_name() if sz.device == "cuda" else "cpu")
+    base["device_name"] = device_name(sz.device)
     base["hardware"] = base["device_name"]
     return base
 

@@ -553,7 +553,7 @@ def kernel_memory_table(evals: list[dict]) -> str:
         if log is None or e["mem_alloc_gib"] is None:
             continue
         sim = e["mem_alloc_gib"] * 1024
-        lines.append(f"| {e['label']} | {e['seq_len'] >> 10}K | {log:.0f} | {sim:.0f} | "
+        lines.append(f"| {e['label']} | {seq_label(e['seq_len'])} | {log:.0f} | {sim:.0f} | "
                      f"{100 * (sim / log - 1):+.0f}% |")
     return "\n".join(lines)
 
@@ -617,8 +617,8 @@ def kernel_repeats(evals: list[dict]) -> list[dict]:
 def kernel_repeat_table(evals: list[dict]) -> str:
     lines = ["| method | seq | published | log | log vs published | simulated | "
              "simulated vs published | simulated vs log |", "|" + "---|" * 8]
-    lines += [f"| {r['label']} | {r['seq_len'] >> 10}K | {r['published']:.1f} | {r['log']:.1f} | "
-              f"{_pct(r['log_vs_published'])} | {r['simulated']:.1f} | "
+    lines += [f"| {r['label']} | {seq_label(r['seq_len'])} | {r['published']:.1f} | "
+              f"{r['log']:.1f} | {_pct(r['log_vs_published'])} | {r['simulated']:.1f} | "
               f"{_pct(r['sim_vs_published'])} | {_pct(r['sim_vs_log'])} |"
               for r in kernel_repeats(evals)]
     return "\n".join(lines)

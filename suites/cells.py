@@ -138,10 +138,8 @@ def resolve_options(method: str, options: dict, ranks_per_node: int, world: int)
 def _model_shape(model: str | None) -> tuple[int | None, int | None, int | None]:
     if model is None:
         return None, None, None
-    try:
-        from burst.engine.configs import get_config
-    except ImportError:
-        return None, None, None
+    from burst.engine.configs import get_config
+
     cfg = get_config(model)
     return cfg.num_heads, cfg.num_kv_heads, cfg.hidden_size // cfg.num_heads
 

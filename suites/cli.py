@@ -6,8 +6,8 @@
     burst-bench run paper_main_14b --executor slurm --partition gpu --account proj --time 90
     burst-bench show results/smoke                          # latest run of a sweep
     burst-bench compare results/smoke/<run-a> results/smoke/<run-b>
-    burst-bench figures [args]                              # paper_figures, when installed
-    burst-bench simulate [args]                             # suites.simulate, when present
+    burst-bench figures [args]                              # paper_figures.make
+    burst-bench simulate [args]                             # suites.simulate
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import importlib
 import math
 import os
 import signal
@@ -27,11 +26,6 @@ from pathlib import Path
 from results.store import RunLockedError
 
 __all__ = ["main"]
-
-# where the figures and the simulator live (written separately; imported only when asked for)
-FIGURES = ("paper_figures.cli", "paper_figures.make", "paper_figures")
-SIMULATE = ("suites.simulate",)
-
 
 def _cmd_list(args) -> int:
     from suites.cells import expand
@@ -333,22 +327,16 @@ def _cmd_compare(args) -> int:
     return 1
 
 
-def _hook(modules: tuple[str, ...], what: str, argv: list[str]) -> int:
-    """Run ``main(argv)`` of the first of ``modules`` that has one, or say clearly that the
-    piece is not in this checkout (both are written separately from the harness)."""
-    for module in modules:
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name and module.startswith(e.name):
-                continue  # that module is absent; an import error inside it is a real error
-            raise
-        fn = getattr(mod, "main", None)
-        if fn is not None:
-            return int(fn(argv) or 0)
-    print(f"burst-bench {what}: not available in this checkout (looked for main(argv) in "
-          f"{', '.join(modules)}); nothing was done", file=sys.stderr)
-    return 2
+def _figures(argv: list[str]) -> int:
+    from paper_figures.make import main  # imported when asked for (it loads matplotlib)
+
+    return int(main(argv) or 0)
+
+
+def _simulate(argv: list[str]) -> int:
+    from suites.simulate import main
+
+    return int(main(argv) or 0)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -420,11 +408,11 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("figures", help="regenerate the papers' figures (paper_figures)",
                        add_help=False)
-    s.set_defaults(fn=lambda a: _hook(FIGURES, "figures", a.rest))
+    s.set_defaults(fn=lambda a: _figures(a.rest))
 
     s = sub.add_parser("simulate", help="predict a sweep at paper scale (suites.simulate)",
                        add_help=False)
-    s.set_defaults(fn=lambda a: _hook(SIMULATE, "simulate", a.rest))
+    s.set_defaults(fn=lambda a: _simulate(a.rest))
     return p
 
 

@@ -26,19 +26,19 @@ import os
 import platform
 import statistics
 import sys
-import time
 
 import torch
 
 from baselines import registry
 from burst import comm, flops
-from burst.flops import MFU_DTYPES, PEAK_TFLOPS, peak_tflops
+from burst.flops import MFU_DTYPES, peak_tflops
 from burst.layout import local_index, shard
 from burst.memory import ProfilerPeak, SavedBytes, cuda_peak, parameter_storages, reset_cuda_peak
+from burst.timing import synchronize, time_call
 from suites import spec
 from suites.cells import Cell
 
-__all__ = ["PEAK_TFLOPS", "device_name", "measure", "peak_tflops"]
+__all__ = ["device_name", "measure", "peak_tflops"]
 
 DTYPES = {name: getattr(torch, name) for name in spec.DTYPES}  # what a spec may name
 # a max abs error (out, dq, dk, dv; unit-normal inputs) above these is a wrong result, not
@@ -226,24 +226,9 @@ def _train_step(cell: Cell, dev: torch.device):
 # The measurement loop
 
 
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
 def _timed(step, dev: torch.device) -> float:
     comm.barrier()
-    _sync(dev)
-    if dev.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3
-    t0 = time.perf_counter()
-    step()
-    return time.perf_counter() - t0
+    return time_call(step, dev)
 
 
 def _max_over_ranks(values: list[float], dev: torch.device) -> list[float]:
@@ -294,7 +279,7 @@ def measure(cell: Cell) -> dict:
     step, error = (_attention if cell.workload == "attention" else _train_step)(cell, dev)
     for _ in range(cell.warmup):
         step()
-    _sync(dev)
+    synchronize(dev)
 
     # one untimed, instrumented step
     saved = SavedBytes(exclude=getattr(step, "params", ()))
@@ -305,7 +290,7 @@ def measure(cell: Cell) -> dict:
                 result = step()
         else:
             result = step()
-    _sync(dev)
+    synchronize(dev)
     err = error(result)
     # every cell, checked against the reference or not (too long for it): NaN is not a timing
     nonfinite = 0.0 if _finite(result) else 1.0
@@ -323,7 +308,7 @@ def measure(cell: Cell) -> dict:
                 torch._C._cuda_clearCublasWorkspaces()
             torch.cuda.empty_cache()
             step()
-            _sync(dev)
+            synchronize(dev)
         reset_cuda_peak(dev)
     times = _max_over_ranks([_timed(step, dev) for _ in range(cell.repeats)], dev)
     peak = cuda_peak(dev) if dev.type == "cuda" else {"allocated": prof.peak_bytes if prof

@@ -27,7 +27,6 @@ import re
 import signal
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -271,8 +270,7 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
                     "spec": spec.to_json(), "spec_hash": _spec_hash(spec),
                     "baseline": spec.baseline,
                     "cells": list(dict.fromkeys([*meta.get("cells", []), *ids])),
-                    "created": meta.get("created") or time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                    time.gmtime()),
+                    "created": meta.get("created") or store.created_stamp(),
                     "executor": executor,
                 })
             choosing.release()  # claimed: a driver started now finds this run, and its lock

@@ -87,15 +87,11 @@ def acc_bytes(elem: int) -> int:
     grad_acc="input" (burst.volume)."""
     return max(4, elem)
 
-RING_METHODS = {
-    # registry name -> (layout, backward, double ring?) defaults; options override them
-    "burst": ("zigzag", "burst", False),
-    "ring": ("contiguous", "ring", False),
-    "zigzag_ring": ("zigzag", "ring", False),
-    "striped_ring": ("striped", "ring", False),
-    "double_ring": ("zigzag", "ring", True),
-    "ring_flash_attn": ("zigzag", "ring", False),  # the package's flat ring (no window)
-}
+
+# the methods the schedule models, by kind; their defaults (layout, backward, ranks_per_node,
+# ulysses_degree) are the registry entry's options
+RING_METHODS = ("burst", "ring", "zigzag_ring", "striped_ring", "double_ring",
+                "ring_flash_attn")  # ring_flash_attn: the package's flat ring (no window)
 OTHER_KINDS = {"ulysses": "ulysses", "usp": "usp", "allgather": "allgather", "tp": "tp",
                "yunchang": "usp"}  # yunchang: Ulysses x a classic ring, as our usp
 
@@ -208,23 +204,21 @@ class AttnTiming:
 
 
 def _registry_defaults(method: str) -> dict:
-    try:
-        from baselines import registry
+    from baselines import registry
 
+    try:
         return dict(registry.get(method).options)
-    except (ImportError, ValueError):
+    except ValueError:  # not registered: refused below, naming what is modelled
         return {}
 
 
 def plan_for(method: str, options: dict | None, topo: Topo, shape: AttnShape) -> Plan:
     """Reduce a registry method and its options to a schedule plan (defaults from the registry's
-    entry; without the registry, the schedule's own ``RING_METHODS`` / ``OTHER_KINDS``)."""
+    entry, as a run's)."""
     opts = {**_registry_defaults(method), **(options or {})}
     if method in RING_METHODS:
-        layout, backward, double = RING_METHODS[method]
-        layout = opts.get("layout", layout)
-        backward = opts.get("backward", backward)
-        rpn = opts.get("ranks_per_node", topo.local if double else None)
+        layout, backward = opts["layout"], opts.get("backward", "ring")
+        rpn = opts.get("ranks_per_node")
         if not ranks_per_node_ok(topo.world, rpn):
             raise ValueError(f"ranks_per_node={rpn} does not divide world={topo.world}")
         nodes = ring_shape(topo.world, rpn)[0]
@@ -238,8 +232,8 @@ def plan_for(method: str, options: dict | None, topo: Topo, shape: AttnShape) ->
         return Plan("ring", layout=layout, backward=backward, ring_local=local, options=opts)
     if method in OTHER_KINDS:
         kind = OTHER_KINDS[method]
-        u = topo.world if kind in ("ulysses", "tp") else int(
-            opts.get("ulysses_degree", min(topo.local, topo.world)))
+        u = (topo.world if kind in ("ulysses", "tp") else int(opts["ulysses_degree"])
+             if kind == "usp" else 1)  # (all-gather: no head split)
         if kind == "usp" and (u < 1 or topo.world % u):
             raise ValueError(f"ulysses_degree={u} does not divide world={topo.world}")
         # usp's ring: the registry runs the classic ring backward; BurstEngine-USP the burst one

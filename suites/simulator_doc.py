@@ -469,7 +469,7 @@ def _repeat_lines(reps: list[dict]) -> list[str]:
 
     def panel(seq):
         pub, log, sim = (order(k, seq) for k in ("published", "log", "simulated"))
-        return (f"at {seq >> 10}K the published table orders {pub}, the log {log}, the "
+        return (f"at {seq_label(seq)} the published table orders {pub}, the log {log}, the "
                 f"simulator {sim}" + (" (a miss of that panel's ranking not within the paper's "
                                       "run-to-run spread)" if pub == log != sim else ""))
 

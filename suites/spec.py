@@ -574,12 +574,12 @@ def _model_window(r: _Reader, data: dict, workload):
         r.add("global_every", "needs window = [left, right], the local layers' window")
     layers = own = None
     if (every is not None or win is not None) and isinstance(data.get("model"), str):
-        try:
-            from burst.engine.configs import get_config
+        from burst.engine.configs import get_config
 
+        try:
             cfg = get_config(data["model"])
             layers, own = cfg.num_layers, cfg.window
-        except (ImportError, ValueError):  # (the model's own problem is reported)
+        except ValueError:  # (the model's own problem is reported)
             pass
     if own is not None:  # the model's architecture has its window: a second one is a guess
         r.add("window" if win is not None else "global_every",
@@ -697,10 +697,8 @@ def _slurm(r: _Reader, data: dict) -> SlurmSpec:
 
 
 def _model_problems(name: str) -> list[str]:
-    try:
-        from burst.engine.configs import get_config
-    except ImportError as e:
-        return [f"model: workload train_step needs burst.engine ({e})"]
+    from burst.engine.configs import get_config
+
     try:
         get_config(name)
     except (KeyError, ValueError) as e:

@@ -314,10 +314,19 @@ def test_loading_keeps_each_profiles_latest_run_and_refuses_a_missing_folder(tmp
         run = tmp_path / "results" / "tiny" / f"run{i}"
         run.mkdir(parents=True)
         store.write_meta(run, {"created": f"2026-01-0{i + 1}T00:00:00Z"})
-        store.append_row(run / store.ROWS, dict(row, source="measured", attn_tflops=tflops,
-                                                hardware="NVIDIA A800-SXM4-80GB"))
-    newest = load_tables(tmp_path / "results").measured
+        for _ in range(2 if i == 2 else 1):  # the older run's one cell, retried: 2 rows
+            store.append_row(run / store.ROWS, dict(row, source="measured", attn_tflops=tflops,
+                                                    hardware="NVIDIA A800-SXM4-80GB"))
+    loaded = load_tables(tmp_path / "results")
+    newest = loaded.measured
     assert list(newest[newest["hardware"] == "NVIDIA A800-SXM4-80GB"]["attn_tflops"]) == [222.0]
+    # runs are compared by their cells, not their rows: a retry does not make a run "fuller"
+    assert not any("not shown" in n for n in loaded.notes), loaded.notes
+    other = dict(row, cell_id="another-cell", source="measured", attn_tflops=1.0,
+                 hardware="NVIDIA A800-SXM4-80GB")
+    store.append_row(tmp_path / "results" / "tiny" / "run2" / store.ROWS, other)
+    assert any("run3 (1 cell); older runs with more cells are not shown: run2 (2 cells)" in n
+               for n in load_tables(tmp_path / "results").notes)
     # a missing folder, and one without any table (every figure would be empty), are refused
     (tmp_path / "empty").mkdir()
     (tmp_path / "a_file").write_text("")

@@ -378,7 +378,6 @@ def test_local_executor_two_tasks_gloo(tmp_path):
     """Run as a script's background job (`burst-bench run ... &`), whose SIGINT is ignored and
     inherited: the failed cell's rank 0, waiting on rank 1, ignored submitit's cancel (SIGINT)
     and ran on until the process group's timeout (CI found four such processes)."""
-    pytest.importorskip("submitit")
     text = SWEEP.split("[[methods]]")[0]
     text = text.replace("timeout_min = 0.25", "timeout_min = 5").replace(
         'baseline = "burst-ringbwd"', "") + (f'[[methods]]\nname = "{M}:fail_on_rank1"\n'
@@ -452,7 +451,6 @@ def test_a_local_job_deaf_to_its_time_limit_is_a_timeout_row(tmp_path, monkeypat
     """A rank stuck where submitit's warning signal cannot reach it (tests.slurm_support:
     stuck_attention ignores it) ran past the limit and ended as an 'error'; the driver now
     cancels the job at the limit and writes a 'timeout' row, and no process is left."""
-    pytest.importorskip("submitit")
     from suites import executors
 
     monkeypatch.setattr(executors, "LOCAL_GRACE_S", -50.0)  # the limit: 60 - 50 = 10 s
@@ -480,7 +478,6 @@ def test_a_local_rank_killed_is_named_at_once(tmp_path):
     other rank lives, so the driver waited until that rank's next collective failed (NCCL: its
     timeout, up to 10 min) and the row named the surviving rank. The driver now sees the task's
     process gone without a result, names it and cancels the job; the next cell runs."""
-    pytest.importorskip("submitit")
     text = SWEEP.split("[[methods]]")[0].replace("timeout_min = 0.25", "timeout_min = 5")
     text = text.replace('baseline = "burst-ringbwd"', "") + (
         f'[[methods]]\nname = "{M}:killed_on_rank1"\nlabel = "killed"\n'
@@ -562,7 +559,6 @@ def test_local_jobs_outlive_a_dead_driver(tmp_path):
     The next driver collects the job's row (waiting while its process runs) instead of running
     the cell again; the next cell is then submitted as usual. An inline driver refuses the run
     while the job's row waits uncollected (it measured the cell again, inline)."""
-    pytest.importorskip("submitit")
     text = SWEEP.split("[[methods]]")[0].replace("timeout_min = 0.25", "timeout_min = 5")
     text = text.replace('baseline = "burst-ringbwd"', "") + (
         f'[[methods]]\nname = "{M}:slow_attention"\nlabel = "slow"\n'
@@ -602,7 +598,6 @@ def test_local_jobs_outlive_a_dead_driver(tmp_path):
 
 
 def test_train_step_tiny(tmp_path):
-    pytest.importorskip("burst.engine.trainer")
     text = """
 workload = "train_step"
 model = "tiny"
