@@ -1,7 +1,8 @@
 """Incremental ablation: BurstEngine's options added one at a time (the ablation sweep's model
 and GPUs: 14B, 32): tokens/s per GPU and memory per GPU at each of its sequence lengths; a
 step that did not run is a labelled gap, and speedups are against the first step that ran (in the
-spec's order, kept). A step that also changes the layout without naming it says so in its
+spec's order, kept; the CSV's ``speedup_over`` names it, and its bar says "(base)" when it is not
+the first step). A step that also changes the layout without naming it says so in its
 tick label (``step_labels``; the shipped spec's layout change is a step of its own)."""
 
 from __future__ import annotations
@@ -42,10 +43,15 @@ def step_labels(steps: list[str], options: list) -> list[str]:
     return out
 
 
+def speedup_base(values: list[float]) -> int | None:
+    """The step speedups are over: the first that has a number (None if none has)."""
+    return next((k for k, v in enumerate(values) if not pd.isna(v)), None)
+
+
 def speedups(values: list[float]) -> list[float]:
-    """Each step's tokens/s over the first step that has a number (NaN where none)."""
-    base = next((v for v in values if not pd.isna(v)), None)
-    return [float("nan") if base is None or pd.isna(v) else v / base for v in values]
+    """Each step's tokens/s over ``speedup_base``'s (NaN where either has no number)."""
+    k = speedup_base(values)
+    return [float("nan") if k is None or pd.isna(v) else v / values[k] for v in values]
 
 
 def _rows(tables) -> pd.DataFrame:
@@ -98,12 +104,15 @@ def make(tables):
             for patch, h in zip(bars.patches, hatches, strict=True):
                 patch.set_hatch(h or None)
             ups = speedups(vals) if metric == "tokens_per_s" else [None] * len(vals)
+            # named in the CSV; on the bars too when it is not the first step (that one failed)
+            base = speedup_base(vals) if metric == "tokens_per_s" else None
             for k, (v, st, up) in enumerate(zip(vals, why, ups, strict=True)):
                 if pd.isna(v):
                     ax.text(k, 0, st.upper(), ha="center", va="bottom", fontsize=6,
                             rotation=90, color="0.25")
                 elif up is not None:
-                    ax.text(k, v, f"{up:.2f}x", ha="center", va="bottom", fontsize=7)
+                    ax.text(k, v, f"{up:.2f}x" + (" (base)" if k == base != 0 else ""),
+                            ha="center", va="bottom", fontsize=7)
             top = max([v for v in vals if not pd.isna(v)] or [1.0])
             ax.set_ylim(0, 1.15 * top)  # room for the labels above the tallest bar
             ax.set_xticks(range(len(steps)), ticks if i == 1 else [""] * len(steps),
@@ -116,7 +125,8 @@ def make(tables):
                       "checkpointing": modes[s],
                       "value": None if pd.isna(v) else v,
                       "status": st if pd.isna(v) else "ok",
-                      "speedup": None if up is None or pd.isna(up) else up}
+                      "speedup": None if up is None or pd.isna(up) else up,
+                      "speedup_over": None if up is None or pd.isna(up) else ticks[base]}
                      for s, tick, v, st, up in zip(steps, ticks, vals, why, ups, strict=True)]
     fig.suptitle("BurstEngine options added one at a time (simulated, A800; the paper publishes no "
                  "ablation numbers).\nThe fused head is priced at the plain head's FLOPs and "

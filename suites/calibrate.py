@@ -42,7 +42,7 @@ from suites.implementations import PATH as IMPL_PATH
 from suites.implementations import Implementation, implementations
 from suites.simulate import as_cell, predict
 
-__all__ = ["TARGETS", "Fit", "evaluate", "fit", "paper_cells", "summary"]
+__all__ = ["TARGETS", "Fit", "evaluate", "fit", "memory_error", "paper_cells", "summary"]
 
 REPO = Path(__file__).resolve().parent.parent
 FIT_CSV = REPO / "results" / "simulator_fit.csv"
@@ -509,6 +509,18 @@ def write_csv(result: Fit, path: Path = FIT_CSV) -> None:
         for e in result.evals:
             w.writerow({"kind": "row", **{k: (round(v, 4) if isinstance(v, float) else v)
                                           for k, v in e.items()}})
+
+
+def memory_error(path: Path = FIT_CSV) -> tuple[float, float] | None:
+    """The memory model's median and worst |relative error| on the paper's published memory,
+    as the last fit wrote them (``FIT_CSV``); None without that file or any such row."""
+    try:
+        with open(path, newline="") as f:
+            errs = sorted(abs(float(r["mem_rel_error"])) for r in csv.DictReader(f)
+                          if r.get("mem_rel_error"))
+    except OSError:
+        return None
+    return (statistics.median(errs), errs[-1]) if errs else None
 
 
 def _pct(x) -> str:

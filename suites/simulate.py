@@ -537,6 +537,32 @@ def priced_cell(cell, hardware: str | Hardware, *, ctx=None,
     return row, p
 
 
+def close_calls(rows: list[dict], usable_bytes: float, band: float) -> list[dict]:
+    """The priced rows (ok or OOM) whose predicted reserved memory lies within ``band`` (a
+    fraction) of ``usable_bytes``, either side: whether they fit is within the memory model's
+    error."""
+    return [r for r in rows if r["status"] in ("ok", "oom") and r.get("mem_reserved_bytes")
+            and abs(r["mem_reserved_bytes"] / usable_bytes - 1) <= band]
+
+
+def _close_call_note(rows: list[dict], hw: Hardware) -> str | None:
+    """One line naming the cells whose fit or OOM is within the memory model's median error."""
+    from suites.calibrate import memory_error
+
+    err = memory_error()
+    close = close_calls(rows, hw.usable_bytes, err[0]) if err else []
+    if not close:
+        return None
+    cells = "; ".join(f"{r['label']} seq={r['seq_len']} world={r['world']} "
+                      f"({'fits' if r['status'] == 'ok' else 'OOM'} at "
+                      f"{r['mem_reserved_bytes'] / 2**30:.2f} GiB)" for r in close)
+    return (f"note: {len(close)} cell(s) within {100 * err[0]:.2f}% of the {hw.usable_gib:.2f} "
+            f"GiB usable on {hw.name}, the memory model's median error on the paper's published "
+            f"memory (worst {100 * err[1]:.2f}%; results/simulator_fit.csv), so whether they "
+            f"fit is not certain: {cells}. --headroom F prices every cell with a fraction F of "
+            "the usable memory to spare")
+
+
 def run_id(hw: Hardware) -> str:
     """The run folder of a spec's simulation on ``hw`` (replaced by the next one)."""
     return f"simulated-{hw.name}"
@@ -779,6 +805,8 @@ def _main(argv: list[str] | None) -> int:
                 rows = simulate_spec(spec, hw, a.out, on_row=lambda r, p, w=width: show(
                     r, p, w))
                 name = spec.name
+                if note := _close_call_note(rows, hw):
+                    print(note)
         except (SpecError, ValueError) as e:
             print(f"simulate {s}: {e}", file=sys.stderr)
             return 2

@@ -719,6 +719,7 @@ def test_ablation_keeps_the_specs_step_order_and_speeds_up_over_the_first_step(c
             v = d["value"].tolist()
             assert d["speedup"].tolist() == pytest.approx([x / v[0] for x in v])
             assert d["speedup"].iloc[0] == 1.0
+            assert set(d["speedup_over"]) == {spec_steps[0]}
     top = [ax for ax in fig.axes if ax.get_title()]
     assert len(top) == 2
     for ax, (_, d) in zip(top, data[data["metric"] == "tokens_per_s"].groupby(
@@ -749,11 +750,18 @@ def test_ablation_speedups_are_over_the_first_step_that_ran(fixture_tables):
     sim = fixture_tables.simulated.copy()
     first = sim.index[(sim["sweep"] == "paper_ablation")][0]
     sim.loc[first, "status"] = "oom"
-    _, data = ablation.make(_with(fixture_tables, simulated=sim))
+    fig, data = ablation.make(_with(fixture_tables, simulated=sim))
     tps = data[data["metric"] == "tokens_per_s"]
     assert tps["step"].tolist() == ["ring (flat, ring bwd)", "+ burst backward", "+ fused head"]
     assert pd.isna(tps["speedup"].iloc[0])
     assert tps["speedup"].iloc[1:].tolist() == pytest.approx([1.0, 140.0 / 120.0])
+    # the base is named: in the CSV, and on its bar (a "1.00x" on the second step, unnamed,
+    # read as the first step's speed)
+    assert pd.isna(tps["speedup_over"].iloc[0])
+    assert tps["speedup_over"].iloc[1:].tolist() == ["+ burst backward"] * 2
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "1.00x (base)" in texts and "1.17x" in texts, texts
+    assert set(data[data["metric"] != "tokens_per_s"]["speedup_over"].isna()) == {True}
 
 
 def test_titles_and_axes_state_what_is_drawn(committed, fixture_tables):
