@@ -459,7 +459,14 @@ def _collect(job, cell: Cell, run: Run, ctx: RunContext) -> None:
                           f"result (killed or crashed); then:\n{_reports(got, failed)}",
                           ctx, "error", job_id=str(job.job_id))
     elif failed:  # the first failed rank's traceback is the cause, the others' follow
-        row = failure_row(cell, _reports(got, failed), ctx, job_id=str(job.job_id),
+        text = _reports(got, failed)
+        if TIMED_OUT in str(got[failed[0]][1]):  # submitit's words alone: say which limit
+            text = (f"submitit's warning signal ended the cell: the job's time limit "
+                    f"({_limit(cell, ctx)}) was {SLURM_SIGNAL_DELAY_S} s or less away, or it was "
+                    "preempted (submitit takes a preemption for the time limit, and does not "
+                    "requeue the job, once it has run 80% of its limit or all but 10 minutes: "
+                    f"always, under a limit of 50 minutes)\n{text}")
+        row = failure_row(cell, text, ctx, job_id=str(job.job_id),
                           status=classify(got[failed[0]][1]))
     else:
         from submitit.core.utils import UncompletedJobError
@@ -520,16 +527,28 @@ def _uncompleted_row(job, cell: Cell, ctx: RunContext, e: Exception, silent: lis
     state = _state(job, mode="cache")
     timed = [i for i in range(job.num_tasks) if "Job has timed out" in _task_log(job, i)]
     if timed:
-        limit = ("the spec's [slurm] time_min or --time" if ctx.executor == "slurm" else
-                 f"timeout_min={cell.timeout_min}")  # a SLURM job's limit is its own
-        return failure_row(cell, f"the job reached its time limit ({limit}): submitit's "
-                           f"time-out signal ended rank(s) "
+        return failure_row(cell, f"the job reached its time limit ({_limit(cell, ctx)}): "
+                           f"submitit's time-out signal ended rank(s) "
                            f"{', '.join(map(str, timed))}; job {job.job_id} ended {state} "
                            "without a result", ctx, "timeout", job_id=str(job.job_id))
     who = (f"rank(s) {', '.join(map(str, silent))} ended without a result (killed or crashed)"
            if silent else "no rank left a result")
     return failure_row(cell, f"{who}; {type(e).__name__}: {e}\njob {job.job_id} ended {state} "
                        "without a result", ctx, job_id=str(job.job_id))
+
+
+PREEMPTED = "this job is preempted"
+"""submitit's words (rank 0's log) when a signal preempts a job it then requeues."""
+TIMED_OUT = "Job not requeued because: timed-out"
+"""submitit's words when its warning signal ends a job that cannot be requeued."""
+SLURM_SIGNAL_DELAY_S = 90
+"""How long before a SLURM job's limit submitit asks for its warning signal (its default)."""
+
+
+def _limit(cell: Cell, ctx: RunContext) -> str:
+    """The time limit a job reached, as the user sets it (a SLURM job's limit is its own)."""
+    return ("the spec's [slurm] time_min or --time" if ctx.executor == "slurm" else
+            f"timeout_min={cell.timeout_min}")
 
 
 LOCAL_GRACE_S = 15.0
@@ -726,7 +745,62 @@ def _cancellable_children():
 
 def _has_outcome(job) -> bool:
     got = _outcomes(job)
-    return 0 in got or any(o == "error" for o, _ in got.values())
+    failed = any(o == "error" for o, _ in got.values())
+    if failed and 0 not in got:  # or an earlier attempt's failure: rare, worth a sacct call
+        got = _without_earlier_attempts(job, got)
+        failed = any(o == "error" for o, _ in got.values())
+    return 0 in got or failed
+
+
+def _without_earlier_attempts(job, got: dict) -> dict:
+    """``got`` less the result files of a SLURM job's earlier attempt, which are set aside
+    (renamed ``*.attempt-N``, kept): a preempted job's rank 0 requeues it and exits without a
+    result, and its peers, losing their connection to it, write errors that are not the cell's
+    outcome; taken for it, the cell was an error row and the driver cancelled the requeued job
+    (a SLURM audit). A file is an earlier attempt's when sacct lists a later attempt (``-D``:
+    one record per attempt) that started after it was written or has not started, or, before
+    accounting shows the requeue, when rank 0's log says the job was preempted."""
+    import submitit
+
+    if not isinstance(job, submitit.SlurmJob):
+        return got
+    starts = _attempt_starts(job)
+    if len(starts) > 1:
+        current = math.inf if None in starts else max(starts)
+    elif PREEMPTED in _task_log(job, 0):  # accounting has not recorded the requeue yet: no
+        current = math.inf  # later attempt can have written a result in that lag
+    else:
+        return got
+    out = dict(got)
+    for i in got:
+        path = job.task(i).paths.result_pickle
+        with contextlib.suppress(OSError):  # gone meanwhile: the next poll sees
+            if path.stat().st_mtime < current:
+                n = 1 + len(list(path.parent.glob(f"{path.name}.attempt-*")))
+                path.rename(path.with_name(f"{path.name}.attempt-{n}"))
+                del out[i]
+    return out
+
+
+def _attempt_starts(job) -> list[float | None]:
+    """When each attempt of a SLURM job started (epoch s; None: not started), from sacct; []
+    when sacct does not answer."""
+    import datetime as dt
+    import subprocess
+
+    try:
+        out = subprocess.run(["sacct", "-j", str(job.job_id), "-D", "-X", "-n", "-P", "-o",
+                              "Start"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+
+    def when(text: str) -> float | None:
+        try:  # sacct's local time, as the file times are compared on this host
+            return dt.datetime.fromisoformat(text).timestamp()
+        except ValueError:  # "Unknown" / "None": pending
+            return None
+
+    return [when(line.strip()) for line in out.splitlines() if line.strip()]
 
 
 def job_base(job_folder, sweep: str, run_id: str) -> Path:

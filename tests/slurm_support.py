@@ -38,6 +38,7 @@ __all__ = [
     "sacct_state",
     "slurm_cluster",
     "slurm_executor",
+    "stalled_once_attention",
     "stuck_attention",
     "wait_for_file",
     "wait_then_sleep",
@@ -217,6 +218,22 @@ def stuck_attention(q, k, v, *, causal: bool, softmax_scale=None, group=None,
         Path(marker_dir, f"{job_id()}.tmp").touch()
         os.replace(Path(marker_dir, f"{job_id()}.tmp"), Path(marker_dir, str(job_id())))
     time.sleep(3600)
+
+
+def stalled_once_attention(q, k, v, *, causal: bool, softmax_scale=None, group=None,
+                           marker_dir: str = ""):
+    """A method whose rank 0 stalls in its job's first attempt (creating
+    ``marker_dir/<job id>``), where a test preempts the job, and computes in the next one (the
+    marker exists); its other ranks wait on rank 0 in the attention's collectives meanwhile."""
+    from suites.provenance import job_id
+    from tests.harness_methods import user_attention
+
+    marker = Path(marker_dir, str(job_id()))
+    if int(os.environ.get("RANK", "0")) == 0 and not marker.exists():
+        Path(f"{marker}.tmp").touch()
+        os.replace(f"{marker}.tmp", marker)
+        time.sleep(3600)
+    return user_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group)
 
 
 def attention_on_ranks(seed: int, seq_local: int = 8) -> dict:

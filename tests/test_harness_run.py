@@ -1052,6 +1052,81 @@ def test_a_requeued_slurm_job_is_waited_for_not_collected(tmp_path, monkeypatch)
         assert executors._ready(job) is ready, state
 
 
+def test_a_preempted_slurm_jobs_earlier_attempt_is_not_its_outcome(tmp_path, monkeypatch):
+    """Preemption (submitit's USR2 on a job that has not timed out): rank 0 requeued the job
+    and exited, rank 1 lost its connection and wrote an error; the driver took that error for
+    the cell's row and cancelled the requeued job (a SLURM audit, on a real cluster). A result
+    file written before the job's current attempt started is set aside, not read."""
+    import submitit
+    from submitit.core.utils import cloudpickle_dump as pickle_dump
+
+    from results.store import read_rows
+    from suites import executors
+
+    job = submitit.SlurmJob(folder=tmp_path, job_id="266", tasks=(0, 1))
+    monkeypatch.setattr(submitit.SlurmJob, "done", lambda self, force_check=False: False)
+    monkeypatch.setattr(job.watcher, "get_state", lambda job_id, mode="standard": "RUNNING")
+    lost = job.task(1).paths.result_pickle
+    lost.parent.mkdir(parents=True, exist_ok=True)
+    pickle_dump(("error", "RuntimeError: Connection closed by peer"), lost)
+    written = lost.stat().st_mtime
+    for starts, outcome in (([written - 60], True),  # one attempt: its error is the outcome
+                            ([written - 60, written - 1], True),  # written by the current one
+                            ([written - 60, None], False),  # requeued, pending again
+                            ([written - 60, written + 5], False)):  # requeued, running again
+        pickle_dump(("error", "RuntimeError: Connection closed by peer"), lost)
+        monkeypatch.setattr(executors, "_attempt_starts", lambda job, s=starts: s)
+        assert executors._ready(job) is outcome, starts
+        assert lost.exists() is outcome and (tmp_path / "266_1_result.pkl.attempt-1").exists() \
+            is (not outcome), starts
+        for aside in tmp_path.glob("*.attempt-*"):
+            aside.unlink()
+    # accounting has not recorded the requeue yet, but rank 0's log says it was preempted
+    pickle_dump(("error", "RuntimeError: Connection closed by peer"), lost)
+    monkeypatch.setattr(executors, "_attempt_starts", lambda job: [written - 60])
+    job.task(0).paths.stderr.write_text("submitit WARNING (2026-12-06 23:32:46,123) - Caught "
+                                        "signal SIGUSR2 on vm: this job is preempted.\n")
+    assert not executors._ready(job) and not lost.exists()
+    # not ready, the driver waits (it collected and cancelled); the new attempt's row is read
+    cell, ctx = _cell_and_ctx(tmp_path)
+    pickle_dump(("success", None), lost)
+    pickle_dump(("success", dict(cell_id=cell.cell_id, run_id=ctx.run_id, status="ok",
+                                 time_s=1.0)), job.task(0).paths.result_pickle)
+    assert executors._ready(job)
+    monkeypatch.setattr(submitit.SlurmJob, "done", lambda self, force_check=False: True)
+    monkeypatch.setattr(job.watcher, "get_state", lambda job_id, mode="standard": "COMPLETED")
+    run = executors.Run(tmp_path / "run")
+    run.dir.mkdir()
+    executors._collect(job, cell, run, ctx)
+    (row,) = read_rows(run.rows)
+    assert row["status"] == "ok"
+
+
+def test_a_slurm_cell_cut_by_its_time_limit_says_which_limit(tmp_path):
+    """A cell cut by a SLURM job's limit was a timeout row with submitit's words alone ("Job
+    not requeued because: timed-out and not checkpointable"), silent on which limit it was,
+    on the 90 s by which the warning precedes it, and on a preemption submitit counts as a
+    time-out (a SLURM audit)."""
+    from results.store import read_rows
+    from suites import executors
+
+    cell, ctx = _cell_and_ctx(tmp_path)
+    from submitit.core.utils import cloudpickle_dump as pickle_dump
+
+    job = _FakeJob(tmp_path, "CANCELLED by 0", done=True)
+    pickle_dump(("error", "submitit.core.utils.UncompletedJobError: Job not requeued because: "
+                 "timed-out and not checkpointable."), job.task(0).paths.result_pickle)
+    run = executors.Run(tmp_path)
+    executors._collect(job, cell, run, ctx)
+    (row,) = read_rows(run.rows)
+    assert row["status"] == "timeout"
+    assert row["error"].startswith("submitit's warning signal ended the cell: the job's time "
+                                   "limit (the spec's [slurm] time_min or --time) was 90 s or "
+                                   "less away, or it was preempted")
+    assert "always, under a limit of 50 minutes" in row["error"]
+    assert "rank 0 raised:" in row["error"]  # and its traceback
+
+
 def test_a_slurm_job_that_ended_without_a_result_is_not_waited_on(tmp_path, monkeypatch):
     """submitit waits 15 s for the result file of a finished job (a shared filesystem's lag):
     every failed, cancelled or timed-out job of a sweep cost 15 s, one after another. Only a

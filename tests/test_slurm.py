@@ -241,3 +241,50 @@ def test_sweep_resumes_jobs_of_a_dead_driver(slurm_cluster, tmp_path):
     assert later == [] and len(first) == 2
     assert sorted(r["job_id"] for r in rows) == sorted(j.job_id for j in first)
     assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows]
+
+
+def test_a_preempted_cell_is_requeued_and_its_row_is_the_next_attempts(slurm_cluster, tmp_path):
+    """Preemption as submitit simulates it (``job._interrupt()``: the signals a cluster sends
+    a job it preempts): rank 0 requeues the job and exits, rank 1 loses its connection and
+    writes an error. The driver took that error for the cell's row and cancelled the requeued
+    job (a SLURM audit); it now waits and writes the next attempt's row."""
+    from results.store import read_rows
+    from suites.run import run_sweep
+    from suites.spec import load_spec
+
+    # a limit of an hour: under 50 minutes submitit takes any signal for the time limit
+    text = SWEEP_TOML.format(markers=tmp_path, repo=REPO, time_min=60)
+    text = text.replace("seq_lens = [32, 64]", "seq_lens = [32]")
+    head, tail = text.split("[[methods]]", 1)
+    path = tmp_path / "preempt.toml"
+    path.write_text(head + '[[methods]]\nname = "tests.slurm_support:stalled_once_attention"\n'
+                    f'options = {{ marker_dir = "{tmp_path}" }}\nlabel = "stalled"\n\n'
+                    + tail[tail.index("[slurm]"):])
+    spec = load_spec(path)
+    jobs, seen = [], {}
+
+    def preempt_once_stalled():
+        try:
+            wait_for_file(tmp_path / jobs[0].job_id, timeout_s=120, job=jobs[0])
+            time.sleep(2)  # (rank 1 is in the collective by then)
+            jobs[0]._interrupt()
+        except BaseException as e:  # noqa: BLE001 - reported by the test below
+            seen["error"] = repr(e)
+            jobs[0].cancel(check=False)
+
+    def on_submit(submitted):
+        jobs.extend(submitted)
+        threading.Thread(target=preempt_once_stalled, daemon=True).start()
+
+    log = io.StringIO()
+    res = run_sweep(spec, executor="slurm", out=tmp_path / "results",
+                    job_folder=tmp_path / "jobs", stream=log, on_submit=on_submit)
+    assert "error" not in seen, seen["error"]
+    (row,) = read_rows(res.run_dir / "rows.jsonl")
+    assert row["status"] == "ok", (row["error"], log.getvalue())
+    assert len(jobs) == 1 and row["job_id"] == jobs[0].job_id  # the same job, run again
+    assert sacct_state(jobs[0].job_id) == "COMPLETED"
+    states = subprocess.run(["sacct", "-j", jobs[0].job_id, "-D", "-X", "-n", "-P", "-o",
+                             "State"], capture_output=True, text=True).stdout.split()
+    assert states == ["REQUEUED", "COMPLETED"], states
+    assert list(tmp_path.glob("jobs/**/*_result.pkl.attempt-1")), "no earlier attempt set aside"
