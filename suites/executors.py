@@ -814,10 +814,10 @@ def submit_cells(cells: list[Cell], *, kind: str, run: Run, ctx: RunContext,
                  poll_s: float = 1.0, on_submit: Callable | None = None) -> None:
     """Run cells through submitit (``kind`` = "local" or "slurm"); append one row per cell.
 
-    SLURM: the cells of one scale are one job array; the driver collects results as they
-    complete. Local: one job at a time. ``folder`` holds submitit's pickles and logs (default
-    <run>/jobs; on a cluster it must be on a shared filesystem). ``on_submit(jobs)`` sees the
-    submitted jobs (tests use it to interrupt one).
+    SLURM: the cells of one scale are one job array, every scale's submitted before the driver
+    collects results as they complete. Local: one job at a time. ``folder`` holds submitit's
+    pickles and logs (default <run>/jobs; on a cluster it must be on a shared filesystem).
+    ``on_submit(jobs)`` sees the submitted jobs (tests use it to interrupt one).
     """
     if kind not in ("local", "slurm"):
         raise ValueError(f"submit_cells runs kind 'local' or 'slurm', not {kind!r}")
@@ -830,6 +830,8 @@ def submit_cells(cells: list[Cell], *, kind: str, run: Run, ctx: RunContext,
     done = run.done()
     adopted, left = _adopt([c for c in cells if c.cell_id not in done], run, kind, ctx, poll_s)
     _wait(adopted, run, ctx, poll_s)
+    submitted: dict = {}  # SLURM: every scale's array queued at once, then waited for (one
+    # after another, each scale paid its own queue wait: a SLURM audit)
     for group in _group_by_scale(left):
         if kind == "local":
             if group[0].device == "cuda":  # one machine: its GPUs must be enough
@@ -856,7 +858,8 @@ def submit_cells(cells: list[Cell], *, kind: str, run: Run, ctx: RunContext,
         _record_jobs(run, kind, folder, zip(group, jobs, strict=True))
         if on_submit:
             on_submit(jobs)
-        _wait(dict(zip(jobs, group, strict=True)), run, ctx, poll_s)
+        submitted.update(zip(jobs, group, strict=True))
+    _wait(submitted, run, ctx, poll_s)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -288,3 +288,31 @@ def test_a_preempted_cell_is_requeued_and_its_row_is_the_next_attempts(slurm_clu
                              "State"], capture_output=True, text=True).stdout.split()
     assert states == ["REQUEUED", "COMPLETED"], states
     assert list(tmp_path.glob("jobs/**/*_result.pkl.attempt-1")), "no earlier attempt set aside"
+
+
+def test_the_job_arrays_of_a_sweeps_scales_are_queued_together(slurm_cluster, tmp_path):
+    """A spec of two scales: the driver waited for the first scale's job array before it
+    submitted the second's, so on a cluster each scale paid its own queue wait (a SLURM
+    audit). Both arrays are queued before any row is written."""
+    from results.store import read_rows
+    from suites.run import run_sweep
+    from suites.spec import load_spec
+
+    text = SWEEP_TOML.format(markers=tmp_path, repo=REPO, time_min=JOB_TIMEOUT_MIN)
+    text = (text.split("[[methods]]\nname = \"tests.slurm_support")[0]
+            + text[text.index("[slurm]"):])
+    text = text.replace("seq_lens = [32, 64]", "seq_lens = [32]").replace(
+        "world = 2\n", "\n[[scales]]\nworld = 2\n\n[[scales]]\nworld = 1\n", 1)
+    path = tmp_path / "two_scales.toml"
+    path.write_text(text)
+    arrays = []
+
+    def on_submit(jobs):  # the rows written by then
+        arrays.append(sum(len(read_rows(f)) for f in tmp_path.glob("results/*/*/rows.jsonl")))
+
+    res = run_sweep(load_spec(path), executor="slurm", out=tmp_path / "results",
+                    job_folder=tmp_path / "jobs", stream=io.StringIO(), on_submit=on_submit)
+    rows = read_rows(res.run_dir / "rows.jsonl")
+    assert sorted(r["world"] for r in rows) == [1, 2]
+    assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows]
+    assert arrays == [0, 0]  # two arrays, the second submitted before any row
