@@ -79,6 +79,28 @@ def interrupt_on_termination():
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
+@contextlib.contextmanager
+def held_signals(*, deliver: bool = True):
+    """SIGINT, SIGTERM and SIGHUP held off inside, for a step that must not be cut in two
+    (jobs submitted and written down; a table written). With ``deliver`` the first that came is
+    acted on at the end, as it would have been at once; without, it is dropped. Handlers can be
+    set from the main thread only: elsewhere the block runs unchanged."""
+    import threading
+
+    came: list[int] = []
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, lambda signum, _: came.append(signum))
+                    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():  # (None: one set from C, not restorable)
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        if came and deliver:
+            signal.raise_signal(came[0])
+
+
 def _rendezvous(timeout_s: float):
     """The ranks' rendezvous store, served by the launcher on a port the kernel picks and the
     launcher holds until its ranks end. Rank 0 used to serve it, on a port the launcher had

@@ -33,6 +33,7 @@ import contextlib
 import dataclasses
 import functools
 import gc
+import io
 import json
 import math
 import os
@@ -46,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from burst.spawn import held_signals
 from results.store import append_row, read_rows, repair
 from suites.cells import Cell
 from suites.provenance import code_provenance
@@ -491,7 +493,7 @@ def _collect(job, cell: Cell, run: Run, ctx: RunContext) -> None:
             row = _uncompleted_row(job, cell, ctx, e, silent)
         except Exception as e:  # noqa: BLE001 - every failure becomes the cell's row
             row = failure_row(cell, f"{type(e).__name__}: {e}", ctx, job_id=str(job.job_id))
-    append_row(run.rows, row)
+    append_row(run.rows, _ran_on(row, job, ctx))
     append_row(run.dir / "jobs.jsonl", {"cell_id": cell.cell_id, "job_id": str(job.job_id),
                                         "collected": True})
     _forget_local_tasks(job)
@@ -499,6 +501,24 @@ def _collect(job, cell: Cell, run: Run, ctx: RunContext) -> None:
         _ends_by_itself(job)  # every rank is past the row's last collective
     if not job.done():  # ranks left waiting on a failed one (or stuck): free their slots
         job.cancel(check=False)
+
+
+def _ran_on(row: dict, job, ctx: RunContext) -> dict:
+    """A row the driver wrote for a job (a failure) with where the job ran: this host (local),
+    or SLURM's node list (none for a job that never started). It said "on unknown", and a node
+    that fails every job it gets went unseen (a SLURM audit)."""
+    import socket
+
+    import submitit
+
+    if row.get("hostname") is not None:
+        return row
+    if ctx.executor == "local":
+        return {**row, "hostname": socket.gethostname()}
+    if isinstance(job, submitit.SlurmJob):
+        nodes = job.watcher.get_info(job.job_id, mode="cache").get("NodeList", "")
+        return {**row, "hostname": None if nodes.startswith("None") else nodes or None}
+    return row
 
 
 FINISH_GRACE_S = 10.0
@@ -533,6 +553,8 @@ def _uncompleted_row(job, cell: Cell, ctx: RunContext, e: Exception, silent: lis
                            "without a result", ctx, "timeout", job_id=str(job.job_id))
     who = (f"rank(s) {', '.join(map(str, silent))} ended without a result (killed or crashed)"
            if silent else "no rank left a result")
+    if state == "CANCELLED":  # scancel (the user's, or an administrator's): not a crash
+        who = f"job {job.job_id} was cancelled (scancel) before it had a result"
     return failure_row(cell, f"{who}; {type(e).__name__}: {e}\njob {job.job_id} ended {state} "
                        "without a result", ctx, job_id=str(job.job_id))
 
@@ -573,12 +595,12 @@ def local_limit_s(cell: Cell) -> float:
 def _time_out(job, cell: Cell, run: Run, ctx: RunContext) -> None:
     """Cancel a job past its limit; its cell is a ``timeout`` row."""
     job.cancel(check=False)
-    append_row(run.rows, failure_row(
+    append_row(run.rows, _ran_on(failure_row(
         cell, f"the job exceeded its time limit of {local_limit_s(cell):.0f} s (timeout_min="
               f"{cell.timeout_min}, in whole minutes after submitit's "
               f"{SUBMITIT_SIGNAL_DELAY_S} s warning, plus {LOCAL_GRACE_S:.0f} s grace) without "
               "a result and was cancelled", ctx, "timeout",
-        job_id=str(job.job_id)))
+        job_id=str(job.job_id)), job, ctx))
     append_row(run.dir / "jobs.jsonl", {"cell_id": cell.cell_id, "job_id": str(job.job_id),
                                         "collected": True})
     _forget_local_tasks(job)
@@ -586,6 +608,38 @@ def _time_out(job, cell: Cell, run: Run, ctx: RunContext) -> None:
 
 UNKNOWN_LIMIT_S = 600.0
 """How long a SLURM job may stay unknown to accounting before the driver stops waiting."""
+
+
+QUEUE_REPORT_S = 60.0
+"""How often the driver asks squeue why its SLURM jobs wait; a line when the answer changes."""
+
+
+def _queue_line(jobs) -> str | None:
+    """What squeue says of these SLURM jobs, in one line ("3 running, 2 pending (Resources)");
+    a held job is named, with how to release it (the driver waits on it for ever). None when
+    squeue does not answer or lists none of them (finished, or not yet known)."""
+    import collections
+    import subprocess
+
+    ids = {str(j.job_id) for j in jobs}
+    arrays = sorted({i.split("_")[0] for i in ids})
+    try:  # -r: one line per array task
+        out = subprocess.run(["squeue", "-h", "-r", "-j", ",".join(arrays), "-o", "%i|%T|%r"],
+                             capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    seen = collections.defaultdict(list)
+    for line in out.splitlines():
+        job_id, state, reason = (line.strip().split("|") + ["", ""])[:3]
+        if job_id in ids:
+            seen[state.lower(), "" if reason == "None" else reason].append(job_id)
+    parts = []
+    for (state, reason), held in sorted(seen.items()):
+        part = f"{len(held)} {state}" + (f" ({reason})" if reason else "")
+        if "held" in reason.lower():
+            part += f": {', '.join(sorted(held))} (scontrol release <id> lets it run)"
+        parts.append(part)
+    return ", ".join(parts) or None
 
 
 def _wait(pending: dict, run: Run, ctx: RunContext, poll_s: float,
@@ -597,6 +651,7 @@ def _wait(pending: dict, run: Run, ctx: RunContext, poll_s: float,
     ``UNKNOWN_LIMIT_S`` (purged, another cluster, slurmdbd down) ends the wait with an error
     that says how to go on: submitit waits on such a job for ever."""
     unknown_since: dict = {}
+    said, asked = None, -math.inf
     while pending:
         for job in [j for j in pending if _ready(j)]:
             _collect(job, pending.pop(job), run, ctx)
@@ -606,6 +661,11 @@ def _wait(pending: dict, run: Run, ctx: RunContext, poll_s: float,
             return
         if pending and deadline is None:
             now = time.monotonic()
+            if now - asked >= QUEUE_REPORT_S:  # hours in a queue, or a held job: not in silence
+                asked, line = now, _queue_line(pending)
+                if line and line != said:
+                    said = line
+                    print(f"slurm: {line}", flush=True)
             for job in pending:
                 if _state(job) == "UNKNOWN":
                     unknown_since.setdefault(job, now)
@@ -838,10 +898,11 @@ def submit_cells(cells: list[Cell], *, kind: str, run: Run, ctx: RunContext,
                 group = _skip_if_too_few_gpus(group, run, ctx, "local")
             for cell in group:  # a folder per submission: an old PID's results are not ours
                 mine = base / f"local-{uuid.uuid4().hex[:12]}" / "%j"
-                with _cancellable_children():
-                    job = _executor(kind, mine, [cell], slurm, cell.sweep).submit(
-                        cell_job, cell.to_json(), ctx)
-                _record_jobs(run, kind, mine, [(cell, job)])
+                with held_signals():  # a job started is written down, even on Ctrl-C
+                    with _cancellable_children():
+                        job = _executor(kind, mine, [cell], slurm, cell.sweep).submit(
+                            cell_job, cell.to_json(), ctx)
+                    _record_jobs(run, kind, mine, [(cell, job)])
                 if on_submit:
                     on_submit([job])
                 _wait({job: cell}, run, ctx, poll_s,
@@ -851,11 +912,26 @@ def submit_cells(cells: list[Cell], *, kind: str, run: Run, ctx: RunContext,
         # an old attempt's result file must not pass for a retried cell's (local: PIDs)
         folder = base / f"slurm-{uuid.uuid4().hex[:12]}" / "%j"
         ex = _executor(kind, folder, group, slurm, group[0].sweep)
-        try:
-            jobs = ex.map_array(cell_job, [c.to_json() for c in group], [ctx] * len(group))
-        except FailedJobError as e:  # no controller, a bad partition or account: say so
-            raise ValueError(f"SLURM refused the job array: {str(e).strip()}") from None
-        _record_jobs(run, kind, folder, zip(group, jobs, strict=True))
+        # Ctrl-C between sbatch and the record left jobs that no driver knew of (a resume
+        # submitted their cells again: a SLURM audit). submitit prints sbatch's refusal on
+        # stderr, which the error below says again: what it prints is kept for that error
+        said = io.StringIO()
+        with held_signals():
+            try:
+                with contextlib.redirect_stderr(said):
+                    jobs = ex.map_array(cell_job, [c.to_json() for c in group],
+                                        [ctx] * len(group))
+            except FailedJobError as e:  # no controller, a bad partition or account: say so
+                refusal = str(e).strip() or said.getvalue().strip()
+                raise ValueError(f"SLURM refused the job array: {refusal}") from None
+            except BaseException:
+                print(said.getvalue(), end="", file=sys.stderr)
+                raise
+            print(said.getvalue(), end="", file=sys.stderr)
+            _record_jobs(run, kind, folder, zip(group, jobs, strict=True))
+        c = group[0]
+        print(f"submitted job array {str(jobs[0].job_id).split('_')[0]}: {len(group)} cell(s), "
+              f"{c.nodes} node(s) x {c.ranks_per_node} task(s) each", flush=True)
         if on_submit:
             on_submit(jobs)
         submitted.update(zip(jobs, group, strict=True))

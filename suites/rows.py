@@ -120,7 +120,8 @@ def _tail(text: str, limit: int) -> str:
 def failure_row(cell: Cell, error_text: str, ctx: RunContext, status: str | None = None,
                 *, job_id: str | None = None) -> dict:
     """The row of a cell that produced no measurement. With ``job_id`` it is written by the
-    driver for a job that ran elsewhere: the host columns stay empty, not the driver's."""
+    driver for a job that ran elsewhere: the host columns stay empty, not the driver's (the
+    executor fills in the job's node)."""
     status = status or classify(error_text)
     host = None if job_id is None else no_host() | {"job_id": job_id}
     return make_row(cell, {"status": status, "error": error_text}, ctx, host=host)

@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import re
-import signal
 import sys
 import threading
 from dataclasses import dataclass
@@ -403,11 +402,14 @@ def _dry_run_sweep(spec: SweepSpec, cells, *, out, run_id, new, retry_failed, sl
 
 def _report_interrupt(run: Run, cells, ids, *, executor: str, new: bool, stream) -> None:
     """After Ctrl-C: the table of what ran, and how to go on."""
-    with _no_sigint():  # a second Ctrl-C must not leave the table half written
+    from burst.spawn import held_signals
+
+    with held_signals(deliver=False):  # a second Ctrl-C must not leave the table half written
         store.consolidate(run.dir)  # first: a hung-up terminal fails the print below
     kept = len(_done(store.read_rows(run.rows), False) & set(ids))
-    jobs = {"slurm": "; its SLURM jobs keep running (scancel stops them) and are "
-                     "collected when it resumes",
+    jobs = {"slurm": "; its SLURM jobs keep running and are collected when it resumes "
+                     "(scancel stops them: their cells are then error rows, which "
+                     "--retry-failed runs again)",
             "local": "; a local job still running is waited for when it resumes, one "
                      "that died runs again"}.get(executor, "")
     again = "the same command" + (" without --new" if new else "")
@@ -485,23 +487,6 @@ def _warn_changed_methods(rows: list[dict], done: set[str], stream) -> None:
 
 def _hash(source: str) -> str:
     return source.rpartition(" sha256:")[2]
-
-
-@contextlib.contextmanager
-def _no_sigint():
-    """SIGINT, SIGTERM and SIGHUP ignored inside (where a handler can be set: the main
-    thread), so a second one cannot leave the table half written."""
-    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    try:
-        old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in sigs}
-    except ValueError:  # not the main thread: nothing to hold off
-        yield
-        return
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
 
 
 def _done(rows: list[dict], retry_failed: bool) -> set[str]:

@@ -15,6 +15,7 @@ import math
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -738,7 +739,7 @@ def test_a_rank_that_dies_silently_makes_an_error_row_not_a_timeout(tmp_path):
                 tmp_path / "0_result.pkl")
     row = _collected(_finished_job(tmp_path, "7"), tmp_path)
     assert row["status"] == "error" and "rank(s) 1 ended without a result" in row["error"]
-    assert row["job_id"] == "7" and row["hostname"] is None  # not the driver's host
+    assert row["job_id"] == "7" and row["hostname"] == socket.gethostname()  # a local job
 
 
 def test_the_rank_that_failed_first_is_the_cells_error_before_its_peers(tmp_path):
@@ -1037,6 +1038,70 @@ def _cell_and_ctx(tmp_path):
     return cell, ctx
 
 
+def test_ctrl_c_during_submission_still_writes_the_jobs_down(tmp_path, monkeypatch):
+    """Ctrl-C after sbatch queued the array, before jobs.jsonl held it: the jobs ran on with no
+    record, and a resume submitted their cells again (a SLURM audit). The signal now waits
+    until they are written down, then interrupts as before."""
+    from results.store import read_rows
+    from suites import executors
+
+    cell, ctx = _cell_and_ctx(tmp_path)
+
+    class Sbatch:
+        def map_array(self, fn, *args):
+            os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C, as sbatch returns
+            time.sleep(0.1)  # Python acts on it here without the fix
+            return [_FakeJob(tmp_path, "PENDING", done=False, job_id="41_0")]
+
+    monkeypatch.setattr(executors, "_executor", lambda *a, **k: Sbatch())
+    run = executors.Run(tmp_path / "run")
+    run.dir.mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        executors.submit_cells([cell], kind="slurm", run=run, ctx=ctx)
+    assert [(r["cell_id"], r["job_id"])
+            for r in read_rows(run.dir / "jobs.jsonl", keys=("cell_id",))] == [
+        (cell.cell_id, "41_0")]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_the_queue_line_counts_this_runs_jobs_and_names_held_ones(tmp_path, monkeypatch):
+    from suites import executors
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text(
+        "#!/bin/sh\necho \"$*\" > " + str(tmp_path / "args") + "\nprintf '"
+        "41_0|RUNNING|None\\n41_1|PENDING|Resources\\n41_2|PENDING|Resources\\n"
+        "41_3|PENDING|JobHeldUser\\n41_9|PENDING|JobHeldUser\\n'\n")
+    (bin_dir / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    jobs = [_FakeJob(tmp_path, "PENDING", done=False, job_id=f"41_{i}") for i in range(4)]
+    assert executors._queue_line(jobs) == (
+        "1 pending (JobHeldUser): 41_3 (scontrol release <id> lets it run), "
+        "2 pending (Resources), 1 running")
+    assert (tmp_path / "args").read_text().split() == ["-h", "-r", "-j", "41", "-o", "%i|%T|%r"]
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert executors._queue_line(jobs) is None
+
+
+def test_a_refused_job_array_is_reported_once(tmp_path, monkeypatch, capsys):
+    """sbatch's refusal was printed twice: by submitit on stderr, then in the run's error."""
+    from suites import executors
+
+    cell, ctx = _cell_and_ctx(tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: invalid partition "
+                                    "specified: nope' >&2\nexit 1\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(ValueError, match="SLURM refused the job array: sbatch: error: invalid "
+                                         "partition specified: nope"):
+        executors.submit_cells([cell], kind="slurm", run=executors.Run(tmp_path / "run"),
+                               ctx=ctx)
+    assert "invalid partition" not in capsys.readouterr().err
+
+
 def test_a_requeued_slurm_job_is_waited_for_not_collected(tmp_path, monkeypatch):
     """A node failure: SLURM requeues the job, submitit calls NODE_FAIL finished; the driver
     wrote an error row and cancelled the re-run."""
@@ -1049,6 +1114,8 @@ def test_a_requeued_slurm_job_is_waited_for_not_collected(tmp_path, monkeypatch)
     for state, ready in (("PENDING", False), ("RUNNING", False), ("NODE_FAIL", True),
                          ("CANCELLED by 0", True)):
         monkeypatch.setattr(job.watcher, "get_state", lambda job_id, mode="standard", s=state: s)
+        monkeypatch.setattr(job.watcher, "get_info", lambda job_id, mode="standard": {
+            "NodeList": "gpu[07-08]"})
         assert executors._ready(job) is ready, state
 
 
@@ -1143,12 +1210,18 @@ def test_a_slurm_job_that_ended_without_a_result_is_not_waited_on(tmp_path, monk
         (tmp_path / state.split()[0]).mkdir()
         job = submitit.SlurmJob(folder=tmp_path / state.split()[0], job_id="826_1", tasks=(0,))
         monkeypatch.setattr(job.watcher, "get_state", lambda job_id, mode="standard", s=state: s)
+        monkeypatch.setattr(job.watcher, "get_info", lambda job_id, mode="standard": {
+            "NodeList": "gpu[07-08]"})
         monkeypatch.setattr(job, "result", lambda j=job: (_ for _ in ()).throw(
             submitit.core.utils.UncompletedJobError(f"waited {j._results_timeout_s} s")))
         run = executors.Run(tmp_path / state.split()[0])
         executors._collect(job, cell, run, ctx)
         (row,) = read_rows(run.rows)
         assert f"waited {wait_s} s" in row["error"], state
+        assert row["hostname"] == "gpu[07-08]"  # where it failed (sacct's NodeList)
+        # a cell the user scancel'd is not "killed or crashed" (a SLURM audit)
+        assert ("job 826_1 was cancelled (scancel) before it had a result" in row["error"]) == (
+            state.startswith("CANCELLED")), row["error"]
 
 
 def test_a_job_accounting_never_reports_ends_the_wait_with_a_message(tmp_path, monkeypatch):
@@ -1497,6 +1570,25 @@ def test_ctrl_c_after_the_last_row_says_the_run_is_complete(tmp_path, monkeypatc
             "table written; the run is complete") in log.getvalue(), log.getvalue()
     assert "resumes" not in log.getvalue()
     assert len(pd.read_csv(run_dir / "table.csv")) == 2
+
+
+def test_ctrl_c_on_a_slurm_run_says_how_cancelled_cells_run_again(tmp_path, monkeypatch):
+    """After Ctrl-C the driver said "scancel stops them" and no more: a user who did so found
+    error rows on resuming, and no word of --retry-failed (a SLURM audit)."""
+    import suites.run as run_module
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_module, "submit_cells", ctrl_c)
+    text = SWEEP.split("[[methods]]")[0].replace('"burst-ringbwd"', '"ring"')
+    spec = _spec(tmp_path, text + '[[methods]]\nname = "ring"\n')
+    log = io.StringIO()
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(spec, executor="slurm", out=tmp_path / "out", run_id="r1", stream=log)
+    assert ("its SLURM jobs keep running and are collected when it resumes (scancel stops "
+            "them: their cells are then error rows, which --retry-failed runs again)"
+            ) in log.getvalue(), log.getvalue()
 
 
 def test_the_float64_error_check_holds_one_score_matrix_at_a_time(monkeypatch):

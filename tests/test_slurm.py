@@ -316,3 +316,40 @@ def test_the_job_arrays_of_a_sweeps_scales_are_queued_together(slurm_cluster, tm
     assert sorted(r["world"] for r in rows) == [1, 2]
     assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows]
     assert arrays == [0, 0]  # two arrays, the second submitted before any row
+
+
+def test_the_driver_says_what_its_jobs_wait_for(slurm_cluster, tmp_path, monkeypatch, capsys):
+    """A held job was waited on in silence, for ever (a SLURM audit): the driver now names the
+    array it submitted and, when squeue's answer changes, what its jobs wait for, a held job
+    by id with how to release it."""
+    from results.store import read_rows
+    from suites import executors
+    from suites.run import run_sweep
+    from suites.spec import load_spec
+
+    text = SWEEP_TOML.format(markers=tmp_path, repo=REPO, time_min=JOB_TIMEOUT_MIN)
+    text = (text.split("[[methods]]\nname = \"tests.slurm_support")[0]
+            + text[text.index("[slurm]"):])
+    text = text.replace("seq_lens = [32, 64]", "seq_lens = [32]").replace(
+        'additional = {', 'additional = { hold = true, ')  # queued held: sbatch --hold
+    path = tmp_path / "held.toml"
+    path.write_text(text)
+    monkeypatch.setattr(executors, "QUEUE_REPORT_S", 0.2)
+    asked = executors._queue_line
+
+    def release_once_said(jobs):
+        line = asked(jobs)
+        if line and "JobHeldUser" in line:
+            subprocess.run(["scontrol", "release", *(str(j.job_id) for j in jobs)], check=True)
+        return line
+
+    monkeypatch.setattr(executors, "_queue_line", release_once_said)
+    res = run_sweep(load_spec(path), executor="slurm", out=tmp_path / "results",
+                    job_folder=tmp_path / "jobs", stream=io.StringIO())
+    (row,) = read_rows(res.run_dir / "rows.jsonl")
+    assert row["status"] == "ok", row["error"]
+    out = capsys.readouterr().out
+    array = row["job_id"].split("_")[0]
+    assert f"submitted job array {array}: 1 cell(s), 1 node(s) x 2 task(s) each" in out
+    assert (f"slurm: 1 pending (JobHeldUser): {row['job_id']} (scontrol release <id> lets it "
+            "run)") in out, out
