@@ -543,9 +543,11 @@ def _task_log(job, i: int) -> str:
 def _uncompleted_row(job, cell: Cell, ctx: RunContext, e: Exception, silent: list[int]) -> dict:
     """The row of a job that ended without rank 0's result: a time-out when a task's log has
     submitit's time-out line (rank 0's own log often does not: another task got the signal),
-    else the ranks that ended without a result are named."""
+    a batch script that failed before any task started (a [slurm] setup line), else the ranks
+    that ended without a result are named."""
     state = _state(job, mode="cache")
-    timed = [i for i in range(job.num_tasks) if "Job has timed out" in _task_log(job, i)]
+    logs = [_task_log(job, i) for i in range(job.num_tasks)]
+    timed = [i for i, log in enumerate(logs) if "Job has timed out" in log]
     if timed:
         return failure_row(cell, f"the job reached its time limit ({_limit(cell, ctx)}): "
                            f"submitit's time-out signal ended rank(s) "
@@ -553,12 +555,24 @@ def _uncompleted_row(job, cell: Cell, ctx: RunContext, e: Exception, silent: lis
                            "without a result", ctx, "timeout", job_id=str(job.job_id))
     who = (f"rank(s) {', '.join(map(str, silent))} ended without a result (killed or crashed)"
            if silent else "no rank left a result")
+    last = f"job {job.job_id} ended {state} without a result"
     if state == "CANCELLED":  # scancel (the user's, or an administrator's): not a crash
         who = f"job {job.job_id} was cancelled (scancel) before it had a result"
-    return failure_row(cell, f"{who}; {type(e).__name__}: {e}\njob {job.job_id} ended {state} "
-                       "without a result", ctx, job_id=str(job.job_id))
+    script = [line.split(BATCH_SCRIPT, 1)[1] for line in logs[0].splitlines()
+              if BATCH_SCRIPT in line]
+    if script and not any(TASK_STARTED in log for log in logs):  # it ended before srun: the
+        # rows said "ranks killed or crashed", the console only "ended FAILED" (a SLURM audit)
+        who = "no task started"
+        last = (f"batch script {script[-1]} (job {job.job_id} ended {state} before its tasks "
+                "started; the [slurm] setup lines run in that script)")
+    return failure_row(cell, f"{who}; {type(e).__name__}: {e}\n{last}", ctx,
+                       job_id=str(job.job_id))
 
 
+BATCH_SCRIPT = "slurm_script: "
+"""What bash's errors in a SLURM batch script start with (the script's name on the node)."""
+TASK_STARTED = "Starting with JobEnvironment"
+"""submitit's first log line in a task that started."""
 PREEMPTED = "this job is preempted"
 """submitit's words (rank 0's log) when a signal preempts a job it then requeues."""
 TIMED_OUT = "Job not requeued because: timed-out"

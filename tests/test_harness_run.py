@@ -1224,6 +1224,40 @@ def test_a_slurm_job_that_ended_without_a_result_is_not_waited_on(tmp_path, monk
             state.startswith("CANCELLED")), row["error"]
 
 
+@pytest.mark.parametrize("started", [False, True], ids=["before-srun", "after"])
+def test_a_failed_batch_script_is_the_cells_error(tmp_path, monkeypatch, started):
+    """A [slurm] setup line that fails (a venv not on the node) ends the job before its tasks
+    start: the row said its ranks were "killed or crashed", the console "ended FAILED" (a
+    SLURM audit). It now quotes the script's error; a script's complaint in a job whose tasks
+    did start is not taken for the cause."""
+    import submitit
+
+    from results.store import read_rows
+    from suites import executors
+    from suites.run import short_reason
+
+    cell, ctx = _cell_and_ctx(tmp_path)
+    monkeypatch.setattr(submitit.SlurmJob, "done", lambda self, force_check=False: True)
+    job = submitit.SlurmJob(folder=tmp_path, job_id="383_0", tasks=(0,))
+    monkeypatch.setattr(job.watcher, "get_state", lambda job_id, mode="standard": "FAILED")
+    monkeypatch.setattr(job, "result", lambda: (_ for _ in ()).throw(
+        submitit.core.utils.UncompletedJobError("has not produced any output")))
+    job.task(0).paths.stderr.write_text(
+        "/var/spool/slurmd/job00384/slurm_script: line 16: /nowhere/venv/bin/activate: No such "
+        "file or directory\n")
+    if started:
+        job.task(0).paths.stdout.write_text(
+            "submitit INFO (2026-12-07 01:01:02,708) - Starting with JobEnvironment(job_id=383_0)"
+            "\n")
+    run = executors.Run(tmp_path)
+    executors._collect(job, cell, run, ctx)
+    (row,) = read_rows(run.rows)
+    said = ("batch script line 16: /nowhere/venv/bin/activate: No such file or directory (job "
+            "383_0 ended FAILED before its")
+    assert short_reason(row["error"]).startswith(said) != started, row["error"]
+    assert row["error"].startswith("no task started") != started
+
+
 def test_a_job_accounting_never_reports_ends_the_wait_with_a_message(tmp_path, monkeypatch):
     from suites import executors
 
