@@ -83,8 +83,10 @@ def interrupt_on_termination():
 def held_signals(*, deliver: bool = True):
     """SIGINT, SIGTERM and SIGHUP held off inside, for a step that must not be cut in two
     (jobs submitted and written down; a table written). With ``deliver`` the first that came is
-    acted on at the end, as it would have been at once; without, it is dropped. Handlers can be
-    set from the main thread only: elsewhere the block runs unchanged."""
+    acted on at the end, as it would have been at once; without, it is dropped. A process
+    started inside gets their default actions (exec resets a Python handler), not an ignored
+    SIGINT inherited from a driver run in the background. Handlers can be set from the main
+    thread only: elsewhere the block runs unchanged."""
     import threading
 
     came: list[int] = []

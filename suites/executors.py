@@ -39,7 +39,6 @@ import math
 import os
 import signal
 import sys
-import threading
 import time
 import uuid
 import zlib
@@ -648,10 +647,10 @@ def _queue_line(jobs) -> str | None:
         if job_id in ids:
             seen[state.lower(), "" if reason == "None" else reason].append(job_id)
     parts = []
-    for (state, reason), held in sorted(seen.items()):
-        part = f"{len(held)} {state}" + (f" ({reason})" if reason else "")
+    for (state, reason), these in sorted(seen.items()):
+        part = f"{len(these)} {state}" + (f" ({reason})" if reason else "")
         if "held" in reason.lower():
-            part += f": {', '.join(sorted(held))} (scontrol release <id> lets it run)"
+            part += f": {', '.join(sorted(these))} (scontrol release <id> lets it run)"
         parts.append(part)
     return ", ".join(parts) or None
 
@@ -798,25 +797,6 @@ def _adopt(cells: list[Cell], run: Run, kind: str, ctx: RunContext, poll_s: floa
     return pending, left
 
 
-@contextlib.contextmanager
-def _cancellable_children():
-    """Local jobs started here get SIGINT's default action: submitit cancels a local job with
-    SIGINT, and a driver started in the background by a script (``cmd &``) ignores SIGINT, which
-    its children inherit, so a cancelled job's ranks (one waiting on a failed peer, one past its
-    limit) ran on until the process group's timeout. A Python handler, unlike SIG_IGN, is reset
-    to the default when the child execs; the driver itself still ignores SIGINT meanwhile. A
-    driver outside the main thread cannot set a handler: its jobs keep SIG_IGN."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.SIG_IGN):
-        yield
-        return
-    signal.signal(signal.SIGINT, lambda *_: None)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 def _has_outcome(job) -> bool:
     got = _outcomes(job)
     failed = any(o == "error" for o, _ in got.values())
@@ -912,10 +892,14 @@ def submit_cells(cells: list[Cell], *, kind: str, run: Run, ctx: RunContext,
                 group = _skip_if_too_few_gpus(group, run, ctx, "local")
             for cell in group:  # a folder per submission: an old PID's results are not ours
                 mine = base / f"local-{uuid.uuid4().hex[:12]}" / "%j"
-                with held_signals():  # a job started is written down, even on Ctrl-C
-                    with _cancellable_children():
-                        job = _executor(kind, mine, [cell], slurm, cell.sweep).submit(
-                            cell_job, cell.to_json(), ctx)
+                # a job started is written down, even on Ctrl-C. And it gets SIGINT's default
+                # action, which submitit's cancel sends: held here by a Python handler, which
+                # the child's exec resets, not SIG_IGN, which it inherits from a driver started
+                # by a script (`cmd &`), so a cancelled job's ranks (one waiting on a failed
+                # peer, one past its limit) ran on until the process group's timeout
+                with held_signals():
+                    job = _executor(kind, mine, [cell], slurm, cell.sweep).submit(
+                        cell_job, cell.to_json(), ctx)
                     _record_jobs(run, kind, mine, [(cell, job)])
                 if on_submit:
                     on_submit([job])
