@@ -465,8 +465,8 @@ def _collect(job, cell: Cell, run: Run, ctx: RunContext) -> None:
             text = (f"submitit's warning signal ended the cell: the job's time limit "
                     f"({_limit(cell, ctx)}) was {SLURM_SIGNAL_DELAY_S} s or less away, or it was "
                     "preempted (submitit takes a preemption for the time limit, and does not "
-                    "requeue the job, once it has run 80% of its limit or all but 10 minutes: "
-                    f"always, under a limit of 50 minutes)\n{text}")
+                    "requeue the job, once it has run 80% of its limit or all but 10 minutes of "
+                    f"it, whichever comes first: always, under a limit of 10 minutes)\n{text}")
         row = failure_row(cell, text, ctx, job_id=str(job.job_id),
                           status=classify(got[failed[0]][1]))
     else:

@@ -864,6 +864,22 @@ def test_the_committed_figures_are_current(committed):
                                       obj=f"{name}.csv (stale: run python -m paper_figures)")
 
 
+def test_the_committed_run_tables_are_current():
+    """Every committed run's table.csv is what its rows make today: a column added to the
+    schema left old tables without it, and reading such a run (``burst-bench run cpu_long``,
+    "nothing to run") rewrote them, leaving the checkout dirty (a README audit). After a change
+    to the table, consolidate the committed runs (``results.store.consolidate``) and commit."""
+    from results import store
+
+    runs = [p.parent for p in (ROOT / "results").glob("**/rows.jsonl")
+            if (p.parent / "table.csv").exists()]
+    assert len(runs) >= 10, runs
+    stale = [str(r.relative_to(ROOT)) for r in runs
+             if (r / "table.csv").read_text()
+             != store.consolidate(r, write=False).to_csv(index=False)]
+    assert not stale, f"stale tables (consolidate them): {stale}"
+
+
 def test_a_sweep_no_figure_draws_is_named():
     """A user's own sweep in --results drew nothing and the command said nothing."""
     from paper_figures.make import drawn_sweeps, unused_sweeps

@@ -1190,7 +1190,7 @@ def test_a_slurm_cell_cut_by_its_time_limit_says_which_limit(tmp_path):
     assert row["error"].startswith("submitit's warning signal ended the cell: the job's time "
                                    "limit (the spec's [slurm] time_min or --time) was 90 s or "
                                    "less away, or it was preempted")
-    assert "always, under a limit of 50 minutes" in row["error"]
+    assert "whichever comes first: always, under a limit of 10 minutes" in row["error"]
     assert "rank 0 raised:" in row["error"]  # and its traceback
 
 
