@@ -80,27 +80,39 @@ def interrupt_on_termination():
 
 
 @contextlib.contextmanager
-def held_signals(*, deliver: bool = True):
+def held_signals(*, deliver: bool = True, block: bool = False):
     """SIGINT, SIGTERM and SIGHUP held off inside, for a step that must not be cut in two
-    (jobs submitted and written down; a table written). With ``deliver`` the first that came is
-    acted on at the end, as it would have been at once; without, it is dropped. A process
-    started inside gets their default actions (exec resets a Python handler), not an ignored
-    SIGINT inherited from a driver run in the background. Handlers can be set from the main
-    thread only: elsewhere the block runs unchanged."""
+    (jobs submitted and written down; a table written). With ``deliver`` each one that came is
+    acted on at the end, in order, as it would have been at once; without, they are dropped.
+
+    ``block``: blocked too (``pthread_sigmask``), and so in the processes started inside, which
+    inherit the mask: a Ctrl-C at a terminal reaches the whole foreground process group, and
+    sbatch, killed by it, had queued its job array all the same (a review). Without ``block`` a
+    process started inside gets SIGINT's default action (exec resets a Python handler), not an
+    ignored SIGINT inherited from a driver run in the background. An ignored SIGTERM or SIGHUP
+    (``nohup``) stays ignored. Handlers can be set from the main thread only: elsewhere the
+    block runs unchanged."""
     import threading
 
-    came: list[int] = []
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, lambda signum, _: came.append(signum))
-                    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
+    if threading.current_thread() is not threading.main_thread():
         yield
+        return
+    sigs = [sig for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+            if sig == signal.SIGINT or signal.getsignal(sig) != signal.SIG_IGN]
+    came: list[int] = []
+    try:
+        with contextlib.ExitStack() as restore:  # each one restored, whatever another raises
+            for sig in sigs:
+                previous = signal.signal(sig, lambda signum, _: came.append(signum))
+                restore.callback(signal.signal, sig,  # (None: set from C, not restorable)
+                                 signal.SIG_DFL if previous is None else previous)
+            if block:  # unblocked first: what is pending then reaches the recorder
+                restore.callback(signal.pthread_sigmask, signal.SIG_SETMASK,
+                                 signal.pthread_sigmask(signal.SIG_BLOCK, sigs))
+            yield
     finally:
-        for sig, handler in previous.items():  # (None: one set from C, not restorable)
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-        if came and deliver:
-            signal.raise_signal(came[0])
+        for sig in dict.fromkeys(came) if deliver else ():
+            signal.raise_signal(sig)
 
 
 def _rendezvous(timeout_s: float):

@@ -556,7 +556,8 @@ def _uncompleted_row(job, cell: Cell, ctx: RunContext, e: Exception, silent: lis
            if silent else "no rank left a result")
     last = f"job {job.job_id} ended {state} without a result"
     if state == "CANCELLED":  # scancel (the user's, or an administrator's): not a crash
-        who = f"job {job.job_id} was cancelled (scancel) before it had a result"
+        who, last = "no rank left a result", (f"job {job.job_id} was cancelled (scancel) before "
+                                              "it had a result")
     script = [line.split(BATCH_SCRIPT, 1)[1] for line in logs[0].splitlines()
               if BATCH_SCRIPT in line]
     if script and not any(TASK_STARTED in log for log in logs):  # it ended before srun: the
@@ -638,7 +639,7 @@ def _queue_line(jobs) -> str | None:
     arrays = sorted({i.split("_")[0] for i in ids})
     try:  # -r: one line per array task
         out = subprocess.run(["squeue", "-h", "-r", "-j", ",".join(arrays), "-o", "%i|%T|%r"],
-                             capture_output=True, text=True, timeout=60).stdout
+                             capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     seen = collections.defaultdict(list)
@@ -650,7 +651,8 @@ def _queue_line(jobs) -> str | None:
     for (state, reason), these in sorted(seen.items()):
         part = f"{len(these)} {state}" + (f" ({reason})" if reason else "")
         if "held" in reason.lower():
-            part += f": {', '.join(sorted(these))} (scontrol release <id> lets it run)"
+            more = f" and {len(these) - 5} more" if len(these) > 5 else ""
+            part += f": {', '.join(sorted(these)[:5])}{more} (scontrol release <id> lets it run)"
         parts.append(part)
     return ", ".join(parts) or None
 
@@ -675,7 +677,7 @@ def _wait(pending: dict, run: Run, ctx: RunContext, poll_s: float,
         if pending and deadline is None:
             now = time.monotonic()
             if now - asked >= QUEUE_REPORT_S:  # hours in a queue, or a held job: not in silence
-                asked, line = now, _queue_line(pending)
+                line, asked = _queue_line(pending), time.monotonic()  # (after: squeue may hang)
                 if line and line != said:
                     said = line
                     print(f"slurm: {line}", flush=True)
@@ -911,21 +913,21 @@ def submit_cells(cells: list[Cell], *, kind: str, run: Run, ctx: RunContext,
         folder = base / f"slurm-{uuid.uuid4().hex[:12]}" / "%j"
         ex = _executor(kind, folder, group, slurm, group[0].sweep)
         # Ctrl-C between sbatch and the record left jobs that no driver knew of (a resume
-        # submitted their cells again: a SLURM audit). submitit prints sbatch's refusal on
-        # stderr, which the error below says again: what it prints is kept for that error
+        # submitted their cells again: a SLURM audit), and one during sbatch killed it after
+        # it had queued the array (a review): signals are blocked, sbatch's too, meanwhile
         said = io.StringIO()
-        with held_signals():
+        with held_signals(block=True):
             try:
                 with contextlib.redirect_stderr(said):
                     jobs = ex.map_array(cell_job, [c.to_json() for c in group],
                                         [ctx] * len(group))
             except FailedJobError as e:  # no controller, a bad partition or account: say so
-                refusal = str(e).strip() or said.getvalue().strip()
-                raise ValueError(f"SLURM refused the job array: {refusal}") from None
-            except BaseException:
+                said = io.StringIO()  # what submitit printed is sbatch's words: said once, here
+                why = str(e).strip() or (f"sbatch ended with status "
+                                         f"{getattr(e.__cause__, 'returncode', '?')}, silent")
+                raise ValueError(f"SLURM refused the job array: {why}") from None
+            finally:  # anything else submitit printed
                 print(said.getvalue(), end="", file=sys.stderr)
-                raise
-            print(said.getvalue(), end="", file=sys.stderr)
             _record_jobs(run, kind, folder, zip(group, jobs, strict=True))
         c = group[0]
         print(f"submitted job array {str(jobs[0].job_id).split('_')[0]}: {len(group)} cell(s), "

@@ -1020,6 +1020,46 @@ def test_ranks_ignore_the_signals_their_caller_ignores_at_each_spawn(tmp_path):
     assert got.stdout.count("x") == 300_000  # (two ranks' writes to a pipe may interleave)
 
 
+def test_held_signals_act_in_order_once_the_block_ends():
+    """``burst.spawn.held_signals``: the driver's guard around a job's submission and record.
+    Each distinct signal that came inside acts at the end, in order (only the first did: a
+    SIGTERM after an ignored SIGINT was lost); an ignored SIGHUP stays ignored (nohup); with
+    ``block`` a process started inside holds them blocked too (sbatch, which a terminal's
+    Ctrl-C killed after it had queued its array); every handler is restored."""
+    import signal
+    import time
+
+    from burst.spawn import held_signals
+
+    seen = []
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        signal.signal(signal.SIGTERM, lambda signum, _: seen.append("TERM"))
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        with pytest.raises(KeyboardInterrupt), held_signals():
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            seen.append("inside")
+        assert seen == ["inside", "TERM"]
+        with held_signals(deliver=False):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+        with held_signals(block=True):
+            status = subprocess.run([sys.executable, "-c", "print(open('/proc/self/status')"
+                                     ".read().split('SigBlk:')[1].split()[0])"],
+                                    capture_output=True, text=True, check=True).stdout
+        assert int(status, 16) & (1 << (signal.SIGINT - 1)), status
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+        assert seen == ["inside", "TERM"]
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
 def _readme_snippet(rank: int, world: int, code: str):
     from burst.layout import shard
     from burst.reference import reference_attention

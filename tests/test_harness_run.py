@@ -1064,6 +1064,47 @@ def test_ctrl_c_during_submission_still_writes_the_jobs_down(tmp_path, monkeypat
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+_SUBMIT_ONE = """
+import sys
+from pathlib import Path
+
+from results.store import read_rows
+from suites import executors
+from tests.test_harness_run import _cell_and_ctx
+
+tmp = Path(sys.argv[1])
+cell, ctx = _cell_and_ctx(tmp)
+run = executors.Run(tmp / "run")
+run.dir.mkdir()
+try:
+    executors.submit_cells([cell], kind="slurm", run=run, ctx=ctx)
+except KeyboardInterrupt:
+    print("interrupted")
+print([r["job_id"] for r in read_rows(run.dir / "jobs.jsonl", keys=("cell_id",))])
+"""
+
+
+def test_ctrl_c_during_sbatch_neither_kills_it_nor_loses_its_jobs(tmp_path):
+    """A Ctrl-C at a terminal reaches the whole foreground process group: sbatch died of it
+    after the controller had queued its array (seen with the real sbatch), the driver said
+    "SLURM refused the job array" and nothing recorded the jobs (a review). Here the fake
+    sbatch sends the group its Ctrl-C while it runs; it now finishes, the jobs are written
+    down, and then the driver is interrupted."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(
+        f"#!{sys.executable}\nimport os, signal, time\nos.killpg(0, signal.SIGINT)\n"
+        "time.sleep(0.3)\nprint('Submitted batch job 41')\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": str(REPO)}
+    res = subprocess.run(  # its own process group, with SIGINT as at a terminal
+        [sys.executable, "-c", _SUBMIT_ONE, str(tmp_path)], cwd=REPO, env=env,
+        capture_output=True, text=True, timeout=120, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert res.stdout.splitlines()[-2:] == ["interrupted", "['41']"], res.stdout + res.stderr
+
+
 def test_the_queue_line_counts_this_runs_jobs_and_names_held_ones(tmp_path, monkeypatch):
     from suites import executors
 
