@@ -276,8 +276,13 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
             if todo:  # the table would lag the rows: a driver killed now leaves none, not a
                 # stale one
                 store.drop_tables(run.dir)
+            queued = (len(set(pending_jobs(run.dir, executor)) & {c.cell_id for c in todo})
+                      if executor in ("local", "slurm") else 0)  # a dead driver's jobs
             print(f"sweep {spec.name}: {len(cells)} cells, {len(cells) - len(todo)} already done, "
-                  f"running {len(todo)} ({executor}) -> {run.dir}", file=stream, flush=True)
+                  f"running {len(todo)} ({executor}"
+                  + (f"; {queued} of them already submitted by an earlier driver, whose jobs "
+                     "are collected, not run again" if queued else "")
+                  + f") -> {run.dir}", file=stream, flush=True)
             _note_shared_cores(todo, executor, stream)
             # a retried cell keeps its old failure row (history); the table keeps the newest row
             run = Run(run.dir, start=run.rows.stat().st_size if run.rows.exists() else 0,

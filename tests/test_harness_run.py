@@ -443,7 +443,12 @@ def _adopted_row(spec, out) -> dict:
     kw = dict(executor="local", out=out, stream=_quiet())
     with pytest.raises(DriverDied):
         run_sweep(spec, on_submit=die, **kw)
-    res = run_sweep(spec, on_submit=lambda jobs: pytest.fail("the cell ran again"), **kw)
+    said = io.StringIO()
+    res = run_sweep(spec, on_submit=lambda jobs: pytest.fail("the cell ran again"),
+                    **{**kw, "stream": said})
+    # it said "running 1", as if it ran the cell again (a SLURM audit)
+    assert ("running 1 (local; 1 of them already submitted by an earlier driver, whose jobs are "
+            "collected, not run again)") in said.getvalue(), said.getvalue()
     (row,) = store.read_rows(res.run_dir / "rows.jsonl")
     return row
 
