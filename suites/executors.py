@@ -37,7 +37,6 @@ import io
 import json
 import math
 import os
-import re
 import signal
 import sys
 import time
@@ -534,11 +533,9 @@ def _ends_by_itself(job, poll_s: float = 0.2) -> None:
         time.sleep(poll_s)
 
 
-def _task_log(job, i: int, streams: tuple[str, ...] = ("stdout", "stderr")) -> str:
-    """A task's log, its stdout then its stderr (submitit logs every level to stdout, in
-    order, and its warnings to stderr as well)."""
+def _task_log(job, i: int) -> str:
     with contextlib.suppress(Exception):  # a log not written (yet), or a job without logs
-        return "".join(getattr(job.task(i), name)() or "" for name in streams)
+        return (job.task(i).stdout() or "") + (job.task(i).stderr() or "")
     return ""
 
 
@@ -826,8 +823,8 @@ def _without_earlier_attempts(job, got: dict) -> dict:
     starts = _attempt_starts(job)
     if len(starts) > 1:
         current = math.inf if None in starts else max(starts)
-    elif PREEMPTED in _task_log(job, 0):  # accounting has not recorded the requeue (yet), or
-        current = _restarted_at(_task_log(job, 0, ("stdout",)))  # does not answer: the log
+    elif PREEMPTED in _task_log(job, 0):  # accounting has not recorded the requeue yet: no
+        current = math.inf  # later attempt can have written a result in that lag
     else:
         return got
     out = dict(got)
@@ -839,22 +836,6 @@ def _without_earlier_attempts(job, got: dict) -> dict:
                 path.rename(path.with_name(f"{path.name}.attempt-{n}"))
                 del out[i]
     return out
-
-
-def _restarted_at(log: str) -> float:
-    """When a preempted job's next attempt started, by rank 0's stdout log (SLURM appends a
-    requeued job's output): the time of the first start after the last preemption; inf when the
-    log has none yet. Without it, where sacct does not answer, a later attempt's own error was
-    set aside too, and its cell read "no rank left a result"."""
-    import datetime as dt
-
-    lines = log.splitlines()
-    said = [i for i, line in enumerate(lines) if PREEMPTED in line]
-    for line in lines[said[-1] + 1 if said else len(lines):]:
-        when = re.search(r"\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\)", line)
-        if TASK_STARTED in line and when:  # logging's asctime: local time, as the file times
-            return dt.datetime.fromisoformat(when[1]).timestamp() + int(when[2]) / 1000
-    return math.inf
 
 
 def _attempt_starts(job) -> list[float | None]:

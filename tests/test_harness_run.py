@@ -1215,51 +1215,6 @@ def test_a_preempted_slurm_jobs_earlier_attempt_is_not_its_outcome(tmp_path, mon
     assert row["status"] == "ok"
 
 
-def test_without_accounting_a_preempted_jobs_next_attempt_is_read_from_its_log(
-        tmp_path, monkeypatch):
-    """Where sacct does not answer, rank 0's log (SLURM appends a requeued job's output) said
-    the job was preempted, and every result file was set aside for ever, the next attempt's
-    own error too: the cell read "no rank left a result". Files written before the first start
-    after the preemption in its stdout log (every level, in order: stderr repeats the warnings
-    alone) are the earlier attempt's; later ones are the outcome."""
-    import datetime as dt
-
-    import submitit
-    from submitit.core.utils import cloudpickle_dump as pickle_dump
-
-    from suites import executors
-
-    job = submitit.SlurmJob(folder=tmp_path, job_id="267", tasks=(0, 1))
-    monkeypatch.setattr(submitit.SlurmJob, "done", lambda self, force_check=False: False)
-    monkeypatch.setattr(job.watcher, "get_state", lambda job_id, mode="standard": "RUNNING")
-    monkeypatch.setattr(executors, "_attempt_starts", lambda job: [])  # no sacct
-    restart = time.time() - 100
-
-    def stamp(t):
-        return dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
-
-    log = (f"submitit INFO ({stamp(restart - 300)}) - Starting with JobEnvironment(job_id=267)\n"
-           f"submitit WARNING ({stamp(restart - 200)}) - Caught signal SIGUSR2 on vm: this job "
-           "is preempted.\n")
-    lost = job.task(1).paths.result_pickle
-    lost.parent.mkdir(parents=True, exist_ok=True)
-    job.task(0).paths.stdout.write_text(log)  # (and stderr: its warnings)
-    job.task(0).paths.stderr.write_text(log.splitlines(keepends=True)[1])
-    for written, restarted, outcome in ((restart - 150, False, False),  # pending again
-                                        (restart - 150, True, False),  # the earlier attempt's
-                                        (restart + 50, True, True)):  # the next attempt's own
-        if restarted:
-            job.task(0).paths.stdout.write_text(
-                log + f"submitit INFO ({stamp(restart)}) - Starting with JobEnvironment("
-                      "job_id=267)\n")
-        pickle_dump(("error", "ValueError: a genuine failure"), lost)
-        os.utime(lost, (written, written))
-        assert executors._ready(job) is outcome, (written - restart, restarted)
-        assert lost.exists() is outcome
-        for aside in tmp_path.glob("*.attempt-*"):
-            aside.unlink()
-
-
 def test_a_slurm_cell_cut_by_its_time_limit_says_which_limit(tmp_path):
     """A cell cut by a SLURM job's limit was a timeout row with submitit's words alone ("Job
     not requeued because: timed-out and not checkpointable"), silent on which limit it was,
