@@ -64,14 +64,16 @@ def _terminate(signum, frame):
 def interrupt_on_termination():
     """Inside the block SIGTERM (a timeout, SLURM's end of a job, systemd) and SIGHUP (a dropped
     ssh session) raise KeyboardInterrupt(the signal's name), so a launcher ends as on Ctrl-C:
-    its ranks are stopped, what was written stays, and it can say how to resume. Handlers can
-    be set from the main thread only: elsewhere the block runs unchanged."""
+    its ranks are stopped, what was written stays, and it can say how to resume. One the
+    process ignores stays ignored (a driver started under nohup died when its ssh session
+    dropped: a review). Handlers can be set from the main thread only: elsewhere the block runs
+    unchanged."""
     import threading
 
     previous = {}
-    if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGTERM,
-                                                                    signal.SIGHUP)}
+    if threading.current_thread() is threading.main_thread():  # nohup's SIGHUP stays ignored
+        previous = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGTERM, signal.SIGHUP)
+                    if signal.getsignal(sig) != signal.SIG_IGN}
     try:
         yield
     finally:
@@ -83,7 +85,8 @@ def interrupt_on_termination():
 def held_signals(*, deliver: bool = True, block: bool = False):
     """SIGINT, SIGTERM and SIGHUP held off inside, for a step that must not be cut in two
     (jobs submitted and written down; a table written). With ``deliver`` each one that came is
-    acted on at the end, in order, as it would have been at once; without, they are dropped.
+    acted on at the end, as it would have been at once (in the order they came; blocked ones in
+    the kernel's order, by number), until one raises; without, they are dropped.
 
     ``block``: blocked too (``pthread_sigmask``), and so in the processes started inside, which
     inherit the mask: a Ctrl-C at a terminal reaches the whole foreground process group, and

@@ -276,7 +276,7 @@ def run_sweep(spec: SweepSpec | str | Path, *, executor: str = "inline",
             if todo:  # the table would lag the rows: a driver killed now leaves none, not a
                 # stale one
                 store.drop_tables(run.dir)
-            queued = (len(set(pending_jobs(run.dir, executor)) & {c.cell_id for c in todo})
+            queued = (len(_held_jobs(run.dir, executor, todo))
                       if executor in ("local", "slurm") else 0)  # a dead driver's jobs
             print(f"sweep {spec.name}: {len(cells)} cells, {len(cells) - len(todo)} already done, "
                   f"running {len(todo)} ({executor}"
@@ -569,6 +569,15 @@ def _note_shared_cores(todo: list, executor: str, stream) -> None:
               file=stream, flush=True)
 
 
+def _held_jobs(run_dir: Path, kind: str, todo: list[Cell]) -> list[str]:
+    """The cells of ``todo`` whose job an earlier driver of executor ``kind`` submitted and
+    that executor collects: a SLURM job not collected, a local job still running or ended with
+    an outcome no driver has read (one that died without one runs again)."""
+    jobs = pending_jobs(run_dir, kind)
+    return [c.cell_id for c in todo if c.cell_id in jobs
+            and (kind == "slurm" or local_job_held(jobs[c.cell_id]))]
+
+
 def _refuse_other_executors_jobs(run_dir: Path, todo: list, executor: str) -> None:
     """A cell whose job an earlier driver of another executor submitted, still running or
     ended with an outcome not yet collected (a local job), or not known to have ended (SLURM),
@@ -578,9 +587,7 @@ def _refuse_other_executors_jobs(run_dir: Path, todo: list, executor: str) -> No
     for kind in ("local", "slurm"):
         if kind == executor:
             continue
-        jobs = pending_jobs(run_dir, kind)
-        cells = [c.cell_id for c in todo if c.cell_id in jobs
-                 and (kind == "slurm" or local_job_held(jobs[c.cell_id]))]
+        cells = _held_jobs(run_dir, kind, todo)
         if cells:
             held[kind] = cells
     if held:

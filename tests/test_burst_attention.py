@@ -1051,10 +1051,32 @@ def test_held_signals_act_in_order_once_the_block_ends():
             status = subprocess.run([sys.executable, "-c", "print(open('/proc/self/status')"
                                      ".read().split('SigBlk:')[1].split()[0])"],
                                     capture_output=True, text=True, check=True).stdout
-        assert int(status, 16) & (1 << (signal.SIGINT - 1)), status
+        for sig in (signal.SIGINT, signal.SIGTERM):  # (SIGHUP: ignored here, left alone)
+            assert int(status, 16) & (1 << (sig - 1)), (sig, status)
+        assert not {signal.SIGINT, signal.SIGTERM} & signal.pthread_sigmask(signal.SIG_BLOCK, [])
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
         assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
         assert seen == ["inside", "TERM"]
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def test_a_signal_the_caller_ignores_stays_ignored_under_interrupt_on_termination():
+    """nohup's SIGHUP: the CLI's handler (SIGTERM and SIGHUP as Ctrl-C) replaced it, and a
+    driver started under nohup died when its ssh session dropped (a review)."""
+    import signal
+
+    from burst.spawn import _terminate, interrupt_on_termination
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        with interrupt_on_termination():
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is _terminate
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)

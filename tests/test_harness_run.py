@@ -1530,6 +1530,7 @@ def test_a_dead_local_job_without_a_result_runs_its_cell_again(tmp_path):
 
     from suites.executors import Run, _adopt
     from suites.rows import RunContext
+    from suites.run import _held_jobs
 
     cell, _ = _cell_and_ctx(tmp_path)
     run = Run(tmp_path / "run")
@@ -1540,6 +1541,8 @@ def test_a_dead_local_job_without_a_result_runs_its_cell_again(tmp_path):
     store.append_row(run.dir / "jobs.jsonl", {
         "cell_id": cell.cell_id, "job_id": str(dead.pid), "kind": "local", "folder": str(folder),
         "tasks": 2, "submitted": time.time(), "pid": dead.pid})
+    # nor does the resume count it among the jobs an earlier driver submitted (a review)
+    assert _held_jobs(run.dir, "local", [cell]) == []
     pending, left = _adopt([cell], run, "local", RunContext("r", "local", "{}", None, None), 0.1)
     assert [c.cell_id for c in left] == [cell.cell_id] and not pending
     assert not run.rows.exists() or store.read_rows(run.rows) == []

@@ -335,14 +335,18 @@ def test_under_torchrun_each_rank_says_its_own_disk_error_and_signals_stay_torch
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(train, "_main", full)
-    for env in ({"RANK": "1", "WORLD_SIZE": "2"}, {}):
-        for k in ("RANK", "WORLD_SIZE"):
-            monkeypatch.delenv(k, raising=False)
-        for k, v in env.items():
-            monkeypatch.setenv(k, v)
-        with pytest.raises(SystemExit) as e:
-            train.main([])
-        assert e.value.code == 1
+    hup = signal.signal(signal.SIGHUP, signal.SIG_DFL)  # (under nohup it stays ignored)
+    try:
+        for env in ({"RANK": "1", "WORLD_SIZE": "2"}, {}):
+            for k in ("RANK", "WORLD_SIZE"):
+                monkeypatch.delenv(k, raising=False)
+            for k, v in env.items():
+                monkeypatch.setenv(k, v)
+            with pytest.raises(SystemExit) as e:
+                train.main([])
+            assert e.value.code == 1
+    finally:
+        signal.signal(signal.SIGHUP, hup)
     assert _terminate not in seen[0] and seen[1] == {_terminate}  # the launcher's alone
     err = capfd.readouterr().err.splitlines()
     assert err[0].startswith("train.py (rank 1): [Errno 28] No space left on device;"), err
