@@ -1056,17 +1056,22 @@ def test_ctrl_c_during_submission_still_writes_the_jobs_down(tmp_path, monkeypat
         def map_array(self, fn, *args):
             os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C, as sbatch returns
             time.sleep(0.1)  # Python acts on it here without the fix
-            return [_FakeJob(tmp_path, "PENDING", done=False, job_id="41_0")]
+            return [_FakeJob(tmp_path, "FAILED", done=True, job_id="41_0")]  # (no wait)
 
     monkeypatch.setattr(executors, "_executor", lambda *a, **k: Sbatch())
     run = executors.Run(tmp_path / "run")
     run.dir.mkdir()
-    with pytest.raises(KeyboardInterrupt):
-        executors.submit_cells([cell], kind="slurm", run=run, ctx=ctx)
+    # SIGINT as at a terminal (CI may run the tests with it ignored)
+    saved = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            executors.submit_cells([cell], kind="slurm", run=run, ctx=ctx)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, saved)
     assert [(r["cell_id"], r["job_id"])
             for r in read_rows(run.dir / "jobs.jsonl", keys=("cell_id",))] == [
         (cell.cell_id, "41_0")]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 _SUBMIT_ONE = """
