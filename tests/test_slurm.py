@@ -344,9 +344,15 @@ def test_the_driver_says_what_its_jobs_wait_for(slurm_cluster, tmp_path, monkeyp
             subprocess.run(["scontrol", "release", *(str(j.job_id) for j in jobs)], check=True)
         return line
 
+    def release_later(jobs):  # a driver that never says it still ends: released at 60 s
+        ids = [str(j.job_id) for j in jobs]
+        timer = threading.Timer(60, subprocess.run, args=(["scontrol", "release", *ids],))
+        timer.daemon = True
+        timer.start()
+
     monkeypatch.setattr(executors, "_queue_line", release_once_said)
     res = run_sweep(load_spec(path), executor="slurm", out=tmp_path / "results",
-                    job_folder=tmp_path / "jobs", stream=io.StringIO())
+                    job_folder=tmp_path / "jobs", stream=io.StringIO(), on_submit=release_later)
     (row,) = read_rows(res.run_dir / "rows.jsonl")
     assert row["status"] == "ok", row["error"]
     out = capsys.readouterr().out
