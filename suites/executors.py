@@ -37,6 +37,7 @@ import io
 import json
 import math
 import os
+import re
 import signal
 import sys
 import time
@@ -220,7 +221,23 @@ def _skip_if_too_few_gpus(cells: list[Cell], run: Run, ctx: RunContext,
 
 
 def cell_job(cell_json: str, ctx: RunContext) -> dict | None:
-    """Body of every task of a submitit job: join the group, measure, rank 0 returns the row."""
+    """Body of every task of a submitit job: join the group, measure, rank 0 returns the row.
+    On SLURM an error names the job's attempt (a note, ``SLURM_RESTART_COUNT=<n>``), so the
+    driver tells the errors written as a preempted attempt ended from the current one's."""
+    try:
+        return _cell_task(cell_json, ctx)
+    except BaseException as e:
+        if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":  # (SLURM sets the count once requeued)
+            e.add_note(f"{ATTEMPT_NOTE}{os.environ.get('SLURM_RESTART_COUNT', '0')} (the "
+                       "job's attempt, from 0)")
+        raise
+
+
+ATTEMPT_NOTE = "SLURM_RESTART_COUNT="
+"""How a SLURM task's error names its attempt (``cell_job``'s note)."""
+
+
+def _cell_task(cell_json: str, ctx: RunContext) -> dict | None:
     import submitit
     import torch
 
@@ -801,62 +818,70 @@ def _adopt(cells: list[Cell], run: Run, kind: str, ctx: RunContext, poll_s: floa
 
 def _has_outcome(job) -> bool:
     got = _outcomes(job)
-    failed = any(o == "error" for o, _ in got.values())
-    if failed and 0 not in got:  # or an earlier attempt's failure: rare, worth a sacct call
+    if any(o == "error" for o, _ in got.values()):  # or an earlier attempt's
         got = _without_earlier_attempts(job, got)
-        failed = any(o == "error" for o, _ in got.values())
-    return 0 in got or failed
+    return 0 in got or any(o == "error" for o, _ in got.values())
 
 
 def _without_earlier_attempts(job, got: dict) -> dict:
-    """``got`` less the result files of a SLURM job's earlier attempt, which are set aside
+    """``got`` less the errors of a SLURM job's earlier attempts, whose files are set aside
     (renamed ``*.attempt-N``, kept): a preempted job's rank 0 requeues it and exits without a
     result, and its peers, losing their connection to it, write errors that are not the cell's
-    outcome; taken for it, the cell was an error row and the driver cancelled the requeued job
-    (a SLURM audit). A file is an earlier attempt's when sacct lists a later attempt (``-D``:
-    one record per attempt) that started after it was written or has not started, or, before
-    accounting shows the requeue, when rank 0's log says the job was preempted."""
+    outcome; taken for it, the cell was an error row and the driver cancelled the requeued
+    job (a SLURM audit). An error's attempt is its note (``cell_job``); the current attempt is
+    the latest that any of these name: an error's note, rank 0's log (its starts and
+    preemptions), SLURM's restart count. No clock is compared: the file server's, the nodes'
+    and the driver's may differ."""
     import submitit
 
     if not isinstance(job, submitit.SlurmJob):
         return got
-    starts = _attempt_starts(job)
-    if len(starts) > 1:
-        current = math.inf if None in starts else max(starts)
-    elif PREEMPTED in _task_log(job, 0):  # accounting has not recorded the requeue yet: no
-        current = math.inf  # later attempt can have written a result in that lag
-    else:
-        return got
+    tags = {i: _attempt_of(value) for i, (outcome, value) in got.items() if outcome == "error"}
+    current = max([t for t in tags.values() if t is not None]
+                  + [_logged_attempt(job), _restarts(job)])
     out = dict(got)
-    for i in got:
-        path = job.task(i).paths.result_pickle
-        with contextlib.suppress(OSError):  # gone meanwhile: the next poll sees
-            if path.stat().st_mtime < current:
+    for i, tag in tags.items():
+        if tag is not None and tag < current:
+            path = job.task(i).paths.result_pickle
+            with contextlib.suppress(OSError):  # gone meanwhile: the next poll sees
                 n = 1 + len(list(path.parent.glob(f"{path.name}.attempt-*")))
                 path.rename(path.with_name(f"{path.name}.attempt-{n}"))
-                del out[i]
+            del out[i]
     return out
 
 
-def _attempt_starts(job) -> list[float | None]:
-    """When each attempt of a SLURM job started (epoch s; None: not started), from sacct; []
-    when sacct does not answer."""
-    import datetime as dt
+def _attempt_of(error) -> int | None:
+    """The attempt a task's error names (None: no note, an error outside ``cell_job``)."""
+    found = re.search(rf"^{ATTEMPT_NOTE}(\d+)", str(error), re.MULTILINE)
+    return int(found.group(1)) if found else None
+
+
+def _logged_attempt(job) -> int:
+    """The attempt rank 0's log has reached (SLURM appends each attempt's to the same file):
+    one per start, and the next once the latest says it was preempted. Its stdout, which has
+    every submitit line (its stderr repeats the warnings of all attempts)."""
+    log = ""
+    with contextlib.suppress(Exception):  # not written yet
+        log = job.task(0).stdout() or ""
+    runs = log.split(TASK_STARTED)
+    if len(runs) == 1:  # submitit's info lines are off (SUBMITIT_LOG_LEVEL): count preemptions
+        return log.count(PREEMPTED)
+    return len(runs) - 2 + (PREEMPTED in runs[-1])
+
+
+def _restarts(job) -> int:
+    """How often SLURM has requeued a job, from its controller (0: it does not answer, or the
+    job has left its memory). Not sacct: its ``-D`` also lists older jobs of the same id, after
+    SLURM's state was reset, and it records a requeued attempt late."""
     import subprocess
 
     try:
-        out = subprocess.run(["sacct", "-j", str(job.job_id), "-D", "-X", "-n", "-P", "-o",
-                              "Start"], capture_output=True, text=True, timeout=60).stdout
+        out = subprocess.run(["scontrol", "show", "job", "-o", str(job.job_id)],
+                             capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
-        return []
-
-    def when(text: str) -> float | None:
-        try:  # sacct's local time, as the file times are compared on this host
-            return dt.datetime.fromisoformat(text).timestamp()
-        except ValueError:  # "Unknown" / "None": pending
-            return None
-
-    return [when(line.strip()) for line in out.splitlines() if line.strip()]
+        return 0
+    found = re.search(r"\bRestarts=(\d+)", out)
+    return int(found.group(1)) if found else 0
 
 
 def job_base(job_folder, sweep: str, run_id: str) -> Path:

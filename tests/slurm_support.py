@@ -221,13 +221,16 @@ def stuck_attention(q, k, v, *, causal: bool, softmax_scale=None, group=None,
 
 
 def stalled_once_attention(q, k, v, *, causal: bool, softmax_scale=None, group=None,
-                           marker_dir: str = ""):
+                           marker_dir: str = "", fail_on_restart: bool = False):
     """A method whose rank 0 stalls in its job's first attempt (creating
     ``marker_dir/<job id>``), where a test preempts the job, and computes in the next one (the
-    marker exists); its other ranks wait on rank 0 in the attention's collectives meanwhile."""
+    marker exists); its other ranks wait on rank 0 in the attention's collectives meanwhile.
+    ``fail_on_restart``: rank 1 fails in the next attempt instead."""
     from suites.provenance import job_id
     from tests.harness_methods import user_attention
 
+    if fail_on_restart and os.environ.get("SLURM_RESTART_COUNT") and os.environ["RANK"] == "1":
+        raise RuntimeError("rank 1 fails in the job's next attempt")
     marker = Path(marker_dir, str(job_id()))
     if int(os.environ.get("RANK", "0")) == 0 and not marker.exists():
         Path(f"{marker}.tmp").touch()

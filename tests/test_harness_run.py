@@ -1173,8 +1173,10 @@ def test_a_requeued_slurm_job_is_waited_for_not_collected(tmp_path, monkeypatch)
 def test_a_preempted_slurm_jobs_earlier_attempt_is_not_its_outcome(tmp_path, monkeypatch):
     """Preemption (submitit's USR2 on a job that has not timed out): rank 0 requeued the job
     and exited, rank 1 lost its connection and wrote an error; the driver took that error for
-    the cell's row and cancelled the requeued job (a SLURM audit, on a real cluster). A result
-    file written before the job's current attempt started is set aside, not read."""
+    the cell's row and cancelled the requeued job (a SLURM audit, on a real cluster). An error
+    that names an attempt before the current one is set aside, not read; the current attempt's
+    own error is the outcome, also where SLURM's controller does not answer (the driver set
+    every result file aside then, a later attempt's genuine error too)."""
     import submitit
     from submitit.core.utils import cloudpickle_dump as pickle_dump
 
@@ -1185,25 +1187,45 @@ def test_a_preempted_slurm_jobs_earlier_attempt_is_not_its_outcome(tmp_path, mon
     monkeypatch.setattr(submitit.SlurmJob, "done", lambda self, force_check=False: False)
     monkeypatch.setattr(job.watcher, "get_state", lambda job_id, mode="standard": "RUNNING")
     lost = job.task(1).paths.result_pickle
+    aside = tmp_path / "266_1_result.pkl.attempt-1"
     lost.parent.mkdir(parents=True, exist_ok=True)
-    pickle_dump(("error", "RuntimeError: Connection closed by peer"), lost)
-    written = lost.stat().st_mtime
-    for starts, outcome in (([written - 60], True),  # one attempt: its error is the outcome
-                            ([written - 60, written - 1], True),  # written by the current one
-                            ([written - 60, None], False),  # requeued, pending again
-                            ([written - 60, written + 5], False)):  # requeued, running again
-        pickle_dump(("error", "RuntimeError: Connection closed by peer"), lost)
-        monkeypatch.setattr(executors, "_attempt_starts", lambda job, s=starts: s)
-        assert executors._ready(job) is outcome, starts
-        assert lost.exists() is outcome and (tmp_path / "266_1_result.pkl.attempt-1").exists() \
-            is (not outcome), starts
-        for aside in tmp_path.glob("*.attempt-*"):
-            aside.unlink()
+    log = job.task(0).paths.stdout
+    start = "submitit INFO (2026-12-06 23:30:00,000) - Starting with JobEnvironment(...)\n"
+    preempted = ("submitit WARNING (2026-12-06 23:32:46,123) - Caught signal SIGUSR2 on vm: "
+                 "this job is preempted.\n")
+
+    def error(attempt):
+        note = "" if attempt is None else f"\n{executors.ATTEMPT_NOTE}{attempt} (the job's attempt)"
+        return ("error", f"RuntimeError: Connection closed by peer{note}")
+
+    for attempt, restarts, logged, outcome in (
+            (0, 0, start, True),  # one attempt: its error is the outcome
+            (0, 1, start, False),  # requeued (the controller says): an earlier attempt's
+            (0, 0, start + preempted, False),  # the controller does not answer; the log says
+            (0, 0, start + preempted + preempted, False),  # (a signal twice: one preemption)
+            (1, 0, start + preempted, True),  # the next attempt's own error
+            (1, 0, start + preempted + start + preempted, False),  # preempted again
+            (1, 2, start, False),
+            (None, 1, start + preempted, True)):  # an error outside cell_job: not set aside
+        pickle_dump(error(attempt), lost)
+        log.write_text(logged)
+        monkeypatch.setattr(executors, "_restarts", lambda job, r=restarts: r)
+        case = (attempt, restarts, logged.count("Starting"), logged.count("preempted"))
+        assert executors._ready(job) is outcome, case
+        assert lost.exists() is outcome and aside.exists() is (not outcome), case
+        aside.unlink(missing_ok=True)
+    # both attempts' errors: the earlier one is set aside, the current one is the outcome
+    pickle_dump(error(0), job.task(0).paths.result_pickle)
+    pickle_dump(error(1), lost)
+    monkeypatch.setattr(executors, "_restarts", lambda job: 1)
+    assert executors._ready(job) and lost.exists()
+    assert not job.task(0).paths.result_pickle.exists()
+    assert (tmp_path / "266_0_result.pkl.attempt-1").exists()
+    assert executors._attempt_of(error(2)[1]) == 2 and executors._attempt_of("boom") is None
     # accounting has not recorded the requeue yet, but rank 0's log says it was preempted
-    pickle_dump(("error", "RuntimeError: Connection closed by peer"), lost)
-    monkeypatch.setattr(executors, "_attempt_starts", lambda job: [written - 60])
-    job.task(0).paths.stderr.write_text("submitit WARNING (2026-12-06 23:32:46,123) - Caught "
-                                        "signal SIGUSR2 on vm: this job is preempted.\n")
+    pickle_dump(error(0), lost)
+    monkeypatch.setattr(executors, "_restarts", lambda job: 0)
+    log.write_text(start + preempted)
     assert not executors._ready(job) and not lost.exists()
     # not ready, the driver waits (it collected and cancelled); the new attempt's row is read
     cell, ctx = _cell_and_ctx(tmp_path)

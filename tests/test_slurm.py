@@ -243,11 +243,11 @@ def test_sweep_resumes_jobs_of_a_dead_driver(slurm_cluster, tmp_path):
     assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows]
 
 
-def test_a_preempted_cell_is_requeued_and_its_row_is_the_next_attempts(slurm_cluster, tmp_path):
-    """Preemption as submitit simulates it (``job._interrupt()``: the signals a cluster sends
-    a job it preempts): rank 0 requeues the job and exits, rank 1 loses its connection and
-    writes an error. The driver took that error for the cell's row and cancelled the requeued
-    job (a SLURM audit); it now waits and writes the next attempt's row."""
+def _preempted_once(tmp_path, options: str = ""):
+    """Run a one-cell sweep of ``stalled_once_attention`` whose job is preempted as submitit
+    simulates it (``job._interrupt()``: the signals a cluster sends a job it preempts): rank 0
+    requeues the job and exits, rank 1 loses its connection and writes an error. Returns the
+    row, the job and the driver's output."""
     from results.store import read_rows
     from suites.run import run_sweep
     from suites.spec import load_spec
@@ -259,7 +259,7 @@ def test_a_preempted_cell_is_requeued_and_its_row_is_the_next_attempts(slurm_clu
     head, tail = text.split("[[methods]]", 1)
     path = tmp_path / "preempt.toml"
     path.write_text(head + '[[methods]]\nname = "tests.slurm_support:stalled_once_attention"\n'
-                    f'options = {{ marker_dir = "{tmp_path}" }}\nlabel = "stalled"\n\n'
+                    f'options = {{ marker_dir = "{tmp_path}"{options} }}\nlabel = "stalled"\n\n'
                     + tail[tail.index("[slurm]"):])
     spec = load_spec(path)
     jobs, seen = [], {}
@@ -282,13 +282,46 @@ def test_a_preempted_cell_is_requeued_and_its_row_is_the_next_attempts(slurm_clu
                     job_folder=tmp_path / "jobs", stream=log, on_submit=on_submit)
     assert "error" not in seen, seen["error"]
     (row,) = read_rows(res.run_dir / "rows.jsonl")
-    assert row["status"] == "ok", (row["error"], log.getvalue())
     assert len(jobs) == 1 and row["job_id"] == jobs[0].job_id  # the same job, run again
-    assert sacct_state(jobs[0].job_id) == "COMPLETED"
     states = subprocess.run(["sacct", "-j", jobs[0].job_id, "-D", "-X", "-n", "-P", "-o",
                              "State"], capture_output=True, text=True).stdout.split()
-    assert states == ["REQUEUED", "COMPLETED"], states
-    assert list(tmp_path.glob("jobs/**/*_result.pkl.attempt-1")), "no earlier attempt set aside"
+    assert states[0] == "REQUEUED", states
+    return row, jobs[0], log.getvalue()
+
+
+def _set_aside(tmp_path) -> list[str]:
+    """The errors of the job's earlier attempt that the driver set aside."""
+    from submitit.core.utils import pickle_load
+
+    return [str(pickle_load(f)[1]) for f in tmp_path.glob("jobs/**/*_result.pkl.attempt-*")]
+
+
+def test_a_preempted_cell_is_requeued_and_its_row_is_the_next_attempts(slurm_cluster, tmp_path):
+    """The driver took the error that rank 1 wrote as the preempted attempt ended for the
+    cell's row and cancelled the requeued job (a SLURM audit); it now waits and writes the
+    next attempt's row. The error set aside names its attempt, the first."""
+    row, job, log = _preempted_once(tmp_path)
+    assert row["status"] == "ok", (row["error"], log)
+    assert sacct_state(job.job_id) == "COMPLETED"
+    aside = _set_aside(tmp_path)
+    assert aside and all("SLURM_RESTART_COUNT=0 " in text for text in aside), aside
+
+
+def test_the_next_attempts_own_error_is_the_row_without_the_controller(
+        slurm_cluster, tmp_path, monkeypatch):
+    """Where the SLURM controller did not answer, rank 0's log saying "preempted" set every
+    result file aside, the next attempt's genuine error too, and the row said "no rank left a
+    result". Each error names its attempt now: the first attempt's is set aside, the next
+    one's is the row."""
+    from suites import executors
+
+    monkeypatch.setattr(executors, "_restarts", lambda job: 0)
+    row, _, log = _preempted_once(tmp_path, ", fail_on_restart = true")
+    assert row["status"] == "error", (row, log)
+    assert "rank 1 fails in the job's next attempt" in row["error"], row["error"]
+    assert "SLURM_RESTART_COUNT=1 " in row["error"], row["error"]
+    aside = _set_aside(tmp_path)
+    assert aside and all("SLURM_RESTART_COUNT=0 " in text for text in aside), aside
 
 
 def test_the_job_arrays_of_a_sweeps_scales_are_queued_together(slurm_cluster, tmp_path):
