@@ -40,6 +40,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 import uuid
 import zlib
@@ -641,6 +642,8 @@ UNKNOWN_LIMIT_S = 600.0
 """How long a SLURM job may stay unknown to accounting before the driver stops waiting."""
 
 
+SBATCH_SLOW_S = 10.0
+"""How long sbatch may take before the driver says that it waits on it (signals held)."""
 QUEUE_REPORT_S = 60.0
 """How often the driver asks squeue why its SLURM jobs wait; a line when the answer changes."""
 
@@ -942,6 +945,12 @@ def submit_cells(cells: list[Cell], *, kind: str, run: Run, ctx: RunContext,
         # it had queued the array (a review): signals are blocked, sbatch's too, meanwhile
         said = io.StringIO()
         with held_signals(block=True):
+            # a Ctrl-C held while sbatch waits on an unreachable controller went unexplained
+            slow = threading.Timer(SBATCH_SLOW_S, print, [
+                f"sbatch has not answered in {SBATCH_SLOW_S:g} s (is the SLURM controller "
+                "reachable?); a Ctrl-C takes effect once it answers and its jobs, if any, are "
+                "written down"], {"flush": True})
+            slow.start()
             try:
                 with contextlib.redirect_stderr(said):
                     jobs = ex.map_array(cell_job, [c.to_json() for c in group],
@@ -952,6 +961,7 @@ def submit_cells(cells: list[Cell], *, kind: str, run: Run, ctx: RunContext,
                                          f"{getattr(e.__cause__, 'returncode', '?')}, silent")
                 raise ValueError(f"SLURM refused the job array: {why}") from None
             finally:  # anything else submitit printed
+                slow.cancel()
                 print(said.getvalue(), end="", file=sys.stderr)
             _record_jobs(run, kind, folder, zip(group, jobs, strict=True))
         c = group[0]

@@ -1153,6 +1153,29 @@ def test_a_refused_job_array_is_reported_once(tmp_path, monkeypatch, capsys):
     assert "invalid partition" not in capsys.readouterr().err
 
 
+def test_a_slow_sbatch_is_named_while_ctrl_c_waits_for_it(tmp_path, monkeypatch, capsys):
+    """A Ctrl-C during a submission is held until sbatch answers (its jobs are written down
+    first); an sbatch waiting on an unreachable controller held it without a word (a review).
+    The driver now says what it waits for once sbatch is slow, and nothing when it is not."""
+    from suites import executors
+
+    cell, ctx = _cell_and_ctx(tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(executors, "SBATCH_SLOW_S", 0.5)
+    for wait_s, said in ((3, True), (0, False)):
+        (bin_dir / "sbatch").write_text(f"#!/bin/sh\nsleep {wait_s}\necho 'sbatch: error: "
+                                        "Unable to contact slurm controller' >&2\nexit 1\n")
+        (bin_dir / "sbatch").chmod(0o755)
+        with pytest.raises(ValueError, match="Unable to contact slurm controller"):
+            executors.submit_cells([cell], kind="slurm", run=executors.Run(tmp_path / "run"),
+                                   ctx=ctx)
+        out = capsys.readouterr().out
+        assert ("sbatch has not answered in 0.5 s (is the SLURM controller reachable?); a "
+                "Ctrl-C takes effect once it answers" in out) is said, (wait_s, out)
+
+
 def test_a_requeued_slurm_job_is_waited_for_not_collected(tmp_path, monkeypatch):
     """A node failure: SLURM requeues the job, submitit calls NODE_FAIL finished; the driver
     wrote an error row and cancelled the re-run."""
