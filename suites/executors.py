@@ -223,19 +223,32 @@ def _skip_if_too_few_gpus(cells: list[Cell], run: Run, ctx: RunContext,
 
 def cell_job(cell_json: str, ctx: RunContext) -> dict | None:
     """Body of every task of a submitit job: join the group, measure, rank 0 returns the row.
-    On SLURM an error names the job's attempt (a note, ``SLURM_RESTART_COUNT=<n>``), so the
-    driver tells the errors written as a preempted attempt ended from the current one's."""
+    On SLURM an error names the job's attempt (``attempt_tag``), so the driver tells the errors
+    written as a preempted attempt ended from the current one's."""
     try:
         return _cell_task(cell_json, ctx)
-    except BaseException as e:
-        if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":  # (SLURM sets the count once requeued)
-            e.add_note(f"{ATTEMPT_NOTE}{os.environ.get('SLURM_RESTART_COUNT', '0')} (the "
-                       "job's attempt, from 0)")
+    except Exception as e:  # (submitit writes an Exception's traceback; a SystemExit, none)
+        if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
+            raise
+        tag = attempt_tag(int(os.environ.get("SLURM_RESTART_COUNT") or 0))
+        if not hasattr(e, "add_note"):  # Python 3.10: the tag as the error's last line
+            raise SlurmAttempt(tag) from e
+        e.add_note(tag)
         raise
 
 
+def attempt_tag(attempt: int) -> str:
+    """A task's error's last line on SLURM: the job's attempt (SLURM's restart count: SLURM sets
+    ``SLURM_RESTART_COUNT`` once it has requeued the job)."""
+    return f"{ATTEMPT_NOTE}{attempt} (the SLURM job's attempt, from 0)"
+
+
 ATTEMPT_NOTE = "SLURM_RESTART_COUNT="
-"""How a SLURM task's error names its attempt (``cell_job``'s note)."""
+
+
+class SlurmAttempt(RuntimeError):
+    """Python 3.10's stand-in for an exception note (``add_note``): raised from a task's error
+    with ``attempt_tag`` as its message."""
 
 
 def _cell_task(cell_json: str, ctx: RunContext) -> dict | None:
@@ -457,13 +470,19 @@ def _failed_first(job, got: dict) -> list[int]:
 
 def _reports(got: dict, failed: list[int]) -> str:
     """Every failed rank's traceback, in ``failed``'s order (the cause first: what
-    ``suites.run.short_reason`` quotes, and what a clipped error keeps)."""
-    return "\n".join(f"rank {i} raised:\n{got[i][1]}" for i in failed)
+    ``suites.run.short_reason`` quotes, and what a clipped error keeps), without its SLURM
+    attempt's tag (a requeued job's attempt is said in the rank's line)."""
+    def report(i: int) -> str:
+        attempt, text = split_attempt(got[i][1])
+        when = f" (in the SLURM job's attempt {attempt}, from 0: requeued)" if attempt else ""
+        return f"rank {i} raised{when}:\n{text}"
+
+    return "\n".join(report(i) for i in failed)
 
 
 def _collect(job, cell: Cell, run: Run, ctx: RunContext) -> None:
     vanished = _vanished_local_tasks(job)
-    got = _outcomes(job)
+    got = _current_outcomes(job)
     failed = _failed_first(job, got)
     silent = sorted({i for i in range(job.num_tasks) if i not in got and job.task(i).done()}
                     | set(vanished))
@@ -591,8 +610,8 @@ BATCH_SCRIPT = "slurm_script: "
 """What bash's errors in a SLURM batch script start with (the script's name on the node)."""
 TASK_STARTED = "Starting with JobEnvironment"
 """submitit's first log line in a task that started."""
-PREEMPTED = "this job is preempted"
-"""submitit's words (rank 0's log) when a signal preempts a job it then requeues."""
+REQUEUED = "Requeued job "
+"""submitit's words (rank 0's log) once it has requeued a preempted job."""
 TIMED_OUT = "Job not requeued because: timed-out"
 """submitit's words when its warning signal ends a job that cannot be requeued."""
 SLURM_SIGNAL_DELAY_S = 90
@@ -820,71 +839,80 @@ def _adopt(cells: list[Cell], run: Run, kind: str, ctx: RunContext, poll_s: floa
 
 
 def _has_outcome(job) -> bool:
-    got = _outcomes(job)
-    if any(o == "error" for o, _ in got.values()):  # or an earlier attempt's
-        got = _without_earlier_attempts(job, got)
+    got = _current_outcomes(job)
     return 0 in got or any(o == "error" for o, _ in got.values())
 
 
-def _without_earlier_attempts(job, got: dict) -> dict:
-    """``got`` less the errors of a SLURM job's earlier attempts, whose files are set aside
-    (renamed ``*.attempt-N``, kept): a preempted job's rank 0 requeues it and exits without a
-    result, and its peers, losing their connection to it, write errors that are not the cell's
-    outcome; taken for it, the cell was an error row and the driver cancelled the requeued
-    job (a SLURM audit). An error's attempt is its note (``cell_job``); the current attempt is
-    the latest that any of these name: an error's note, rank 0's log (its starts and
-    preemptions), SLURM's restart count. No clock is compared: the file server's, the nodes'
-    and the driver's may differ."""
+def _current_outcomes(job) -> dict[int, tuple[str, object]]:
+    """``_outcomes`` less the errors of a SLURM job's earlier attempts, whose files are set
+    aside (renamed ``*.attempt-<n>``, kept): a preempted job's rank 0 requeues it and exits
+    without a result, and its peers, losing their connection to it, write errors that are not
+    the cell's outcome; taken for it, the cell was an error row and the driver cancelled the
+    requeued job (a SLURM audit). An error names its attempt (``cell_job``); the current one is
+    the latest that an error names or SLURM's restart count, from the controller, or where it
+    does not answer, from rank 0's log. No clock is compared (the file server's, the nodes' and
+    the driver's may differ)."""
     import submitit
+    from submitit.core.utils import pickle_load
 
-    if not isinstance(job, submitit.SlurmJob):
+    got = _outcomes(job)
+    tags = {i: split_attempt(value)[0] for i, (outcome, value) in got.items()
+            if outcome == "error"}
+    if not isinstance(job, submitit.SlurmJob) or not any(t is not None for t in tags.values()):
         return got
-    tags = {i: _attempt_of(value) for i, (outcome, value) in got.items() if outcome == "error"}
+    restarts = _restarts(job)
     current = max([t for t in tags.values() if t is not None]
-                  + [_logged_attempt(job), _restarts(job)])
+                  + [_logged_restarts(job) if restarts is None else restarts])
     out = dict(got)
     for i, tag in tags.items():
-        if tag is not None and tag < current:
-            path = job.task(i).paths.result_pickle
-            with contextlib.suppress(OSError):  # gone meanwhile: the next poll sees
-                n = 1 + len(list(path.parent.glob(f"{path.name}.attempt-*")))
-                path.rename(path.with_name(f"{path.name}.attempt-{n}"))
-            del out[i]
+        if tag is None or tag >= current:
+            continue
+        path = job.task(i).paths.result_pickle
+        with contextlib.suppress(EOFError, OSError):  # read again: the file may be the next
+            if split_attempt(pickle_load(path)[1])[0] == tag:  # attempt's by now
+                path.rename(path.with_name(f"{path.name}.attempt-{tag}"))
+        del out[i]  # (a file that would not move is still not the outcome)
     return out
 
 
-def _attempt_of(error) -> int | None:
-    """The attempt a task's error names (None: no note, an error outside ``cell_job``)."""
-    found = re.search(rf"^{ATTEMPT_NOTE}(\d+)", str(error), re.MULTILINE)
-    return int(found.group(1)) if found else None
+def split_attempt(error) -> tuple[int | None, str]:
+    """(the attempt a task's error names, its text without the tag); (None, text): no tag, an
+    error outside ``cell_job`` or off SLURM. Both forms: a note, and Python 3.10's chained
+    ``SlurmAttempt``."""
+    text = str(error)
+    found = re.search(rf"^(?:(?:\S+\.)?{SlurmAttempt.__name__}: )?{ATTEMPT_NOTE}(\d+) .*\s*\Z",
+                      text, re.MULTILINE)
+    if not found:
+        return None, text
+    head = text[:found.start()]
+    if found.group(0).startswith(ATTEMPT_NOTE):  # a note
+        return int(found.group(1)), head
+    cause = head.rfind("\nThe above exception was the direct cause of the following exception:")
+    return int(found.group(1)), head[:cause] if cause >= 0 else head
 
 
-def _logged_attempt(job) -> int:
-    """The attempt rank 0's log has reached (SLURM appends each attempt's to the same file):
-    one per start, and the next once the latest says it was preempted. Its stdout, which has
-    every submitit line (its stderr repeats the warnings of all attempts)."""
-    log = ""
+def _logged_restarts(job) -> int:
+    """How often rank 0's log says submitit requeued the job ("Requeued job", logged once
+    scontrol has put it back; SLURM appends each attempt's log to the same file). 0 where
+    submitit's info lines are off (SUBMITIT_LOG_LEVEL)."""
     with contextlib.suppress(Exception):  # not written yet
-        log = job.task(0).stdout() or ""
-    runs = log.split(TASK_STARTED)
-    if len(runs) == 1:  # submitit's info lines are off (SUBMITIT_LOG_LEVEL): count preemptions
-        return log.count(PREEMPTED)
-    return len(runs) - 2 + (PREEMPTED in runs[-1])
+        return (job.task(0).stdout() or "").count(REQUEUED)
+    return 0
 
 
-def _restarts(job) -> int:
-    """How often SLURM has requeued a job, from its controller (0: it does not answer, or the
-    job has left its memory). Not sacct: its ``-D`` also lists older jobs of the same id, after
-    SLURM's state was reset, and it records a requeued attempt late."""
+def _restarts(job) -> int | None:
+    """How often SLURM has requeued a job, from its controller; None when it does not answer
+    or the job has left its memory. Not sacct: its ``-D`` also lists older jobs of the same id,
+    after SLURM's state was reset, and it records a requeued attempt late."""
     import subprocess
 
     try:
         out = subprocess.run(["scontrol", "show", "job", "-o", str(job.job_id)],
                              capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
-        return 0
+        return None
     found = re.search(r"\bRestarts=(\d+)", out)
-    return int(found.group(1)) if found else 0
+    return int(found.group(1)) if found else None
 
 
 def job_base(job_folder, sweep: str, run_id: str) -> Path:
@@ -951,8 +979,8 @@ def submit_cells(cells: list[Cell], *, kind: str, run: Run, ctx: RunContext,
                 "reachable?); a Ctrl-C takes effect once it answers and its jobs, if any, are "
                 "written down"], {"flush": True})
             slow.start()
-            try:
-                with contextlib.redirect_stderr(said):
+            try:  # (a driver in a requeued batch job: sbatch would pass on its restart count)
+                with contextlib.redirect_stderr(said), _unset("SLURM_RESTART_COUNT"):
                     jobs = ex.map_array(cell_job, [c.to_json() for c in group],
                                         [ctx] * len(group))
             except FailedJobError as e:  # no controller, a bad partition or account: say so
@@ -971,6 +999,17 @@ def submit_cells(cells: list[Cell], *, kind: str, run: Run, ctx: RunContext,
             on_submit(jobs)
         submitted.update(zip(jobs, group, strict=True))
     _wait(submitted, run, ctx, poll_s)
+
+
+@contextlib.contextmanager
+def _unset(name: str):
+    """The environment variable ``name`` unset inside (for the processes started there)."""
+    saved = os.environ.pop(name, None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ[name] = saved
 
 
 # ---------------------------------------------------------------------------------------------

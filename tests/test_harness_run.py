@@ -1210,31 +1210,32 @@ def test_a_preempted_slurm_jobs_earlier_attempt_is_not_its_outcome(tmp_path, mon
     monkeypatch.setattr(submitit.SlurmJob, "done", lambda self, force_check=False: False)
     monkeypatch.setattr(job.watcher, "get_state", lambda job_id, mode="standard": "RUNNING")
     lost = job.task(1).paths.result_pickle
-    aside = tmp_path / "266_1_result.pkl.attempt-1"
     lost.parent.mkdir(parents=True, exist_ok=True)
     log = job.task(0).paths.stdout
-    start = "submitit INFO (2026-12-06 23:30:00,000) - Starting with JobEnvironment(...)\n"
     preempted = ("submitit WARNING (2026-12-06 23:32:46,123) - Caught signal SIGUSR2 on vm: "
                  "this job is preempted.\n")
+    requeued = "submitit INFO (2026-12-06 23:32:46,456) - Requeued job 266 (3 remaining timeouts)\n"
 
     def error(attempt):
-        note = "" if attempt is None else f"\n{executors.ATTEMPT_NOTE}{attempt} (the job's attempt)"
+        note = "" if attempt is None else f"\n{executors.attempt_tag(attempt)}"
         return ("error", f"RuntimeError: Connection closed by peer{note}")
 
     for attempt, restarts, logged, outcome in (
-            (0, 0, start, True),  # one attempt: its error is the outcome
-            (0, 1, start, False),  # requeued (the controller says): an earlier attempt's
-            (0, 0, start + preempted, False),  # the controller does not answer; the log says
-            (0, 0, start + preempted + preempted, False),  # (a signal twice: one preemption)
-            (1, 0, start + preempted, True),  # the next attempt's own error
-            (1, 0, start + preempted + start + preempted, False),  # preempted again
-            (1, 2, start, False),
-            (None, 1, start + preempted, True)):  # an error outside cell_job: not set aside
+            (0, 0, "", True),  # one attempt: its error is the outcome
+            (0, 1, "", False),  # requeued (the controller says): an earlier attempt's
+            (0, None, preempted + requeued, False),  # the controller does not answer
+            (0, None, preempted, True),  # preempted, but not requeued (requeues disabled)
+            (1, None, preempted + requeued, True),  # the next attempt's own error
+            (1, None, (preempted + requeued) * 2, False),  # preempted again
+            (1, 1, (preempted + requeued) * 2, True),  # the controller, where it answers
+            (1, 2, "", False),
+            (None, 1, preempted + requeued, True)):  # an error outside cell_job
         pickle_dump(error(attempt), lost)
         log.write_text(logged)
         monkeypatch.setattr(executors, "_restarts", lambda job, r=restarts: r)
-        case = (attempt, restarts, logged.count("Starting"), logged.count("preempted"))
+        case = (attempt, restarts, logged.count("Requeued"))
         assert executors._ready(job) is outcome, case
+        aside = tmp_path / f"266_1_result.pkl.attempt-{attempt}"
         assert lost.exists() is outcome and aside.exists() is (not outcome), case
         aside.unlink(missing_ok=True)
     # both attempts' errors: the earlier one is set aside, the current one is the outcome
@@ -1243,12 +1244,11 @@ def test_a_preempted_slurm_jobs_earlier_attempt_is_not_its_outcome(tmp_path, mon
     monkeypatch.setattr(executors, "_restarts", lambda job: 1)
     assert executors._ready(job) and lost.exists()
     assert not job.task(0).paths.result_pickle.exists()
-    assert (tmp_path / "266_0_result.pkl.attempt-1").exists()
-    assert executors._attempt_of(error(2)[1]) == 2 and executors._attempt_of("boom") is None
-    # accounting has not recorded the requeue yet, but rank 0's log says it was preempted
+    assert (tmp_path / "266_0_result.pkl.attempt-0").exists()
+    # accounting has not recorded the requeue yet, but rank 0's log says it was requeued
     pickle_dump(error(0), lost)
-    monkeypatch.setattr(executors, "_restarts", lambda job: 0)
-    log.write_text(start + preempted)
+    monkeypatch.setattr(executors, "_restarts", lambda job: None)
+    log.write_text(preempted + requeued)
     assert not executors._ready(job) and not lost.exists()
     # not ready, the driver waits (it collected and cancelled); the new attempt's row is read
     cell, ctx = _cell_and_ctx(tmp_path)
@@ -1263,6 +1263,92 @@ def test_a_preempted_slurm_jobs_earlier_attempt_is_not_its_outcome(tmp_path, mon
     executors._collect(job, cell, run, ctx)
     (row,) = read_rows(run.rows)
     assert row["status"] == "ok"
+
+
+def test_a_slurm_tasks_error_names_its_attempt_apart_from_its_text(monkeypatch):
+    """The tag a SLURM task's error carries (a note; Python 3.10, which has no notes: a chained
+    error) is read back and taken off the row's text, whose last line, quoted on the progress
+    line, was the tag (a review). A SystemExit (submitit's exit after a requeue) passes
+    untagged, as does an error off SLURM."""
+    import traceback
+
+    from suites import executors
+    from suites.run import short_reason
+
+    def failed(exc, restarts=None, where="slurm"):
+        monkeypatch.setenv("SUBMITIT_EXECUTOR", where)
+        if restarts is None:
+            monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+        else:
+            monkeypatch.setenv("SLURM_RESTART_COUNT", str(restarts))
+
+        def task(*_):
+            raise exc
+        monkeypatch.setattr(executors, "_cell_task", task)
+        try:
+            executors.cell_job("{}", None)
+        except BaseException as e:  # noqa: BLE001 - the error as submitit sees it
+            return e, traceback.format_exc()
+        raise AssertionError("cell_job did not raise")
+
+    e, text = failed(RuntimeError("rank 1 fails"), restarts=2)
+    assert executors.split_attempt(text)[0] == 2
+    _, text = failed(RuntimeError("rank 1 fails"))
+    attempt, rest = executors.split_attempt(text)
+    assert attempt == 0 and rest.rstrip().endswith("RuntimeError: rank 1 fails"), rest
+    for exc, where in ((SystemExit(-1), "slurm"), (RuntimeError("x"), "local")):
+        e, text = failed(exc, restarts=1, where=where)
+        assert e is exc and executors.split_attempt(text) == (None, text), (exc, where)
+    try:  # Python 3.10's form
+        try:
+            raise RuntimeError("rank 1 fails")
+        except RuntimeError as e:
+            raise executors.SlurmAttempt(executors.attempt_tag(3)) from e
+    except RuntimeError:
+        chained = traceback.format_exc()
+    attempt, rest = executors.split_attempt(chained)
+    assert attempt == 3 and rest.endswith("RuntimeError: rank 1 fails\n"), rest
+    assert "SlurmAttempt" not in rest and "direct cause" not in rest
+    report = executors._reports({1: ("error", chained), 0: ("error", text)}, [1, 0])
+    assert report.startswith("rank 1 raised (in the SLURM job's attempt 3, from 0: requeued):")
+    assert "\nrank 0 raised:\n" in report and "SLURM_RESTART_COUNT" not in report
+    assert short_reason(executors._reports({1: ("error", chained)}, [1])) == \
+        "RuntimeError: rank 1 fails"
+
+
+def test_the_restart_count_is_slurms_own(tmp_path, monkeypatch):
+    """The controller's count (``scontrol show job``'s Restarts=) is read, and None where it
+    does not answer; a driver in a requeued batch job does not pass its own count on through
+    sbatch, which exports the environment (each error of the job named that attempt)."""
+    import submitit
+
+    from suites import executors
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    monkeypatch.setenv("PATH", path)
+    job = submitit.SlurmJob(folder=tmp_path, job_id="266_1", tasks=(0,))
+    for script, restarts in (
+            ("echo 'JobId=267 ArrayJobId=266 ArrayTaskId=1 JobName=x Restarts=2 BatchFlag=1'",
+             2),
+            ("echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1", None)):
+        (bin_dir / "scontrol").write_text(f"#!/bin/sh\n{script}\n")
+        (bin_dir / "scontrol").chmod(0o755)
+        assert executors._restarts(job) == restarts, script
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert executors._restarts(job) is None
+    monkeypatch.setenv("PATH", path)
+    (bin_dir / "sbatch").write_text(f"#!/bin/sh\necho ${{SLURM_RESTART_COUNT-unset}} > "
+                                    f"{tmp_path / 'seen'}\necho 'sbatch: error: no' >&2\nexit 1\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "5")
+    cell, ctx = _cell_and_ctx(tmp_path)
+    with pytest.raises(ValueError, match="SLURM refused the job array"):
+        executors.submit_cells([cell], kind="slurm", run=executors.Run(tmp_path / "run"),
+                               ctx=ctx)
+    assert (tmp_path / "seen").read_text().strip() == "unset"
+    assert os.environ["SLURM_RESTART_COUNT"] == "5"
 
 
 def test_a_slurm_cell_cut_by_its_time_limit_says_which_limit(tmp_path):

@@ -312,14 +312,15 @@ def test_the_next_attempts_own_error_is_the_row_without_the_controller(
     """Where the SLURM controller did not answer, rank 0's log saying "preempted" set every
     result file aside, the next attempt's genuine error too, and the row said "no rank left a
     result". Each error names its attempt now: the first attempt's is set aside, the next
-    one's is the row."""
+    one's is the row (rank 0's log says the job was requeued)."""
     from suites import executors
+    from suites.run import short_reason
 
-    monkeypatch.setattr(executors, "_restarts", lambda job: 0)
+    monkeypatch.setattr(executors, "_restarts", lambda job: None)
     row, _, log = _preempted_once(tmp_path, ", fail_on_restart = true")
     assert row["status"] == "error", (row, log)
-    assert "rank 1 fails in the job's next attempt" in row["error"], row["error"]
-    assert "SLURM_RESTART_COUNT=1 " in row["error"], row["error"]
+    assert short_reason(row["error"]) == "RuntimeError: rank 1 fails in the job's next attempt"
+    assert "rank 1 raised (in the SLURM job's attempt 1, from 0: requeued):" in row["error"]
     aside = _set_aside(tmp_path)
     assert aside and all("SLURM_RESTART_COUNT=0 " in text for text in aside), aside
 
