@@ -475,12 +475,15 @@ def _reports(got: dict, failed: list[int]) -> str:
     def report(i: int) -> str:
         attempt, text = split_attempt(got[i][1])
         when = f" (in the SLURM job's attempt {attempt}, from 0: requeued)" if attempt else ""
-        return f"rank {i} raised{when}:\n{text}"
+        return f"rank {i} raised:{when}\n{text}"  # (suites.rows.REPORT finds "raised:")
 
     return "\n".join(report(i) for i in failed)
 
 
-def _collect(job, cell: Cell, run: Run, ctx: RunContext) -> None:
+def _collect(job, cell: Cell, run: Run, ctx: RunContext) -> bool:
+    """Write the cell's row from its job's outcome; False (nothing written) where the job runs
+    again: the errors ``_ready`` saw are an earlier attempt's by now (SLURM requeued it in
+    between), and waiting on its result here would stop the driver until the attempt ends."""
     vanished = _vanished_local_tasks(job)
     got = _current_outcomes(job)
     failed = _failed_first(job, got)
@@ -509,6 +512,8 @@ def _collect(job, cell: Cell, run: Run, ctx: RunContext) -> None:
     else:
         from submitit.core.utils import UncompletedJobError
 
+        if 0 not in got and (not job.done() or _requeued(job)):
+            return False
         if 0 not in got and _state(job, mode="cache") != "COMPLETED":
             # no result file is coming (the job failed, was cancelled or timed out; a local job
             # never reports COMPLETED, and its files are local): submitit would wait 15 s for
@@ -537,6 +542,7 @@ def _collect(job, cell: Cell, run: Run, ctx: RunContext) -> None:
         _ends_by_itself(job)  # every rank is past the row's last collective
     if not job.done():  # ranks left waiting on a failed one (or stuck): free their slots
         job.cancel(check=False)
+    return True
 
 
 def _ran_on(row: dict, job, ctx: RunContext) -> dict:
@@ -708,7 +714,8 @@ def _wait(pending: dict, run: Run, ctx: RunContext, poll_s: float,
     said, asked = None, -math.inf
     while pending:
         for job in [j for j in pending if _ready(j)]:
-            _collect(job, pending.pop(job), run, ctx)
+            if _collect(job, pending[job], run, ctx):
+                del pending[job]
         if pending and deadline is not None and time.monotonic() > deadline:
             for job, cell in pending.items():
                 _time_out(job, cell, run, ctx)
@@ -813,9 +820,7 @@ def _adopt(cells: list[Cell], run: Run, kind: str, ctx: RunContext, poll_s: floa
             continue
         job = _recorded_job(rec, kind)
         if kind == "slurm":
-            if _ready(job):
-                _collect(job, cell, run, ctx)
-            else:
+            if not (_ready(job) and _collect(job, cell, run, ctx)):
                 pending[job] = cell
             continue
         # wait no longer than the limit the submitting driver would have enforced

@@ -1171,6 +1171,7 @@ def test_a_slow_sbatch_is_named_while_ctrl_c_waits_for_it(tmp_path, monkeypatch,
         with pytest.raises(ValueError, match="Unable to contact slurm controller"):
             executors.submit_cells([cell], kind="slurm", run=executors.Run(tmp_path / "run"),
                                    ctx=ctx)
+        time.sleep(1)  # past the threshold: a line is not printed late either
         out = capsys.readouterr().out
         assert ("sbatch has not answered in 0.5 s (is the SLURM controller reachable?); a "
                 "Ctrl-C takes effect once it answers" in out) is said, (wait_s, out)
@@ -1265,6 +1266,36 @@ def test_a_preempted_slurm_jobs_earlier_attempt_is_not_its_outcome(tmp_path, mon
     assert row["status"] == "ok"
 
 
+def test_a_job_requeued_between_ready_and_collect_is_waited_for(tmp_path, monkeypatch):
+    """The driver saw an attempt's error as current, and SLURM requeued the job before it
+    collected (a review): the error was then set aside, and the driver waited on the job's
+    result, the whole run stopped until the next attempt ended. The job stays pending now."""
+    import submitit
+    from submitit.core.utils import cloudpickle_dump as pickle_dump
+
+    from suites import executors
+
+    job = submitit.SlurmJob(folder=tmp_path, job_id="266", tasks=(0, 1))
+    monkeypatch.setattr(submitit.SlurmJob, "done", lambda self, force_check=False: False)
+    monkeypatch.setattr(job.watcher, "get_state", lambda job_id, mode="standard": "RUNNING")
+
+    def waited(*_, **__):
+        raise AssertionError("the driver waited on a job that runs again")
+
+    monkeypatch.setattr(submitit.core.core.Job, "result", waited)
+    lost = job.task(1).paths.result_pickle
+    lost.parent.mkdir(parents=True, exist_ok=True)
+    pickle_dump(("error", f"RuntimeError: Connection closed\n{executors.attempt_tag(0)}"), lost)
+    answers = iter([0, 1])
+    monkeypatch.setattr(executors, "_restarts", lambda job: next(answers))
+    assert executors._ready(job)
+    cell, ctx = _cell_and_ctx(tmp_path)
+    run = executors.Run(tmp_path / "run")
+    run.dir.mkdir()
+    assert executors._collect(job, cell, run, ctx) is False
+    assert not run.rows.exists() and (tmp_path / "266_1_result.pkl.attempt-0").exists()
+
+
 def test_a_slurm_tasks_error_names_its_attempt_apart_from_its_text(monkeypatch):
     """The tag a SLURM task's error carries (a note; Python 3.10, which has no notes: a chained
     error) is read back and taken off the row's text, whose last line, quoted on the progress
@@ -1273,6 +1304,7 @@ def test_a_slurm_tasks_error_names_its_attempt_apart_from_its_text(monkeypatch):
     import traceback
 
     from suites import executors
+    from suites.rows import ERROR_CHARS, clip_error
     from suites.run import short_reason
 
     def failed(exc, restarts=None, where="slurm"):
@@ -1310,10 +1342,18 @@ def test_a_slurm_tasks_error_names_its_attempt_apart_from_its_text(monkeypatch):
     assert attempt == 3 and rest.endswith("RuntimeError: rank 1 fails\n"), rest
     assert "SlurmAttempt" not in rest and "direct cause" not in rest
     report = executors._reports({1: ("error", chained), 0: ("error", text)}, [1, 0])
-    assert report.startswith("rank 1 raised (in the SLURM job's attempt 3, from 0: requeued):")
+    assert report.startswith("rank 1 raised: (in the SLURM job's attempt 3, from 0: requeued)\n")
     assert "\nrank 0 raised:\n" in report and "SLURM_RESTART_COUNT" not in report
     assert short_reason(executors._reports({1: ("error", chained)}, [1])) == \
         "RuntimeError: rank 1 fails"
+    # a requeued attempt's cause stays first: quoted, and kept when the text is clipped
+    frames = "".join(f'  File "m.py", line {n}, in f\n    g()\n' for n in range(400))
+    cause = f"Traceback (most recent call last):\n{frames}RuntimeError: CUDA error: illegal\n"
+    peer = f"Traceback (most recent call last):\n{frames}RuntimeError: Connection closed\n"
+    report = executors._reports({1: ("error", f"{cause}{executors.attempt_tag(1)}"),
+                                 0: ("error", f"{peer}{executors.attempt_tag(1)}")}, [1, 0])
+    assert short_reason(report) == "RuntimeError: CUDA error: illegal"
+    assert "CUDA error: illegal" in clip_error(report) and len(report) > ERROR_CHARS
 
 
 def test_the_restart_count_is_slurms_own(tmp_path, monkeypatch):

@@ -320,7 +320,7 @@ def test_the_next_attempts_own_error_is_the_row_without_the_controller(
     row, _, log = _preempted_once(tmp_path, ", fail_on_restart = true")
     assert row["status"] == "error", (row, log)
     assert short_reason(row["error"]) == "RuntimeError: rank 1 fails in the job's next attempt"
-    assert "rank 1 raised (in the SLURM job's attempt 1, from 0: requeued):" in row["error"]
+    assert "rank 1 raised: (in the SLURM job's attempt 1, from 0: requeued)\n" in row["error"]
     aside = _set_aside(tmp_path)
     assert aside and all("SLURM_RESTART_COUNT=0 " in text for text in aside), aside
 
