@@ -1296,6 +1296,32 @@ def test_a_job_requeued_between_ready_and_collect_is_waited_for(tmp_path, monkey
     assert not run.rows.exists() and (tmp_path / "266_1_result.pkl.attempt-0").exists()
 
 
+def test_a_result_file_rewritten_since_it_was_read_is_not_set_aside(tmp_path, monkeypatch):
+    """The driver reads a rank's error of attempt 0, asks the controller (attempt 1 now), and
+    renames the file: if the next attempt rewrote it in between, its own error was set aside.
+    The file is read again before it is moved."""
+    import submitit
+    from submitit.core.utils import cloudpickle_dump as pickle_dump
+
+    from suites import executors
+
+    job = submitit.SlurmJob(folder=tmp_path, job_id="266", tasks=(0, 1))
+    path = job.task(1).paths.result_pickle
+    path.parent.mkdir(parents=True, exist_ok=True)
+    old = ("error", f"RuntimeError: Connection closed\n{executors.attempt_tag(0)}")
+    new = ("error", f"RuntimeError: rank 1 fails\n{executors.attempt_tag(1)}")
+    pickle_dump(old, path)
+
+    def restarts(job):  # the controller answers as the next attempt rewrites the file
+        pickle_dump(new, path)
+        return 1
+
+    monkeypatch.setattr(executors, "_restarts", restarts)
+    assert 1 not in executors._current_outcomes(job)  # this look: the stale read is not taken
+    assert path.exists() and not list(tmp_path.glob("*.attempt-*"))
+    assert executors._current_outcomes(job)[1] == new  # the next look: the new attempt's
+
+
 def test_a_slurm_tasks_error_names_its_attempt_apart_from_its_text(monkeypatch):
     """The tag a SLURM task's error carries (a note; Python 3.10, which has no notes: a chained
     error) is read back and taken off the row's text, whose last line, quoted on the progress
