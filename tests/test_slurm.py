@@ -310,9 +310,10 @@ def test_a_preempted_cell_is_requeued_and_its_row_is_the_next_attempts(slurm_clu
 def test_the_next_attempts_own_error_is_the_row_without_the_controller(
         slurm_cluster, tmp_path, monkeypatch):
     """Where the SLURM controller did not answer, rank 0's log saying "preempted" set every
-    result file aside, the next attempt's genuine error too, and the row said "no rank left a
-    result". Each error names its attempt now: the first attempt's is set aside, the next
-    one's is the row (rank 0's log says the job was requeued)."""
+    result file aside, the next attempt's genuine error too: the row was rank 0's timeout
+    waiting on rank 1, 600 s later (seen here), or "no rank left a result". Each error names
+    its attempt now: the first attempt's is set aside, the next one's is the row (rank 0's log
+    says the job was requeued)."""
     from suites import executors
     from suites.run import short_reason
 
