@@ -900,9 +900,7 @@ def _logged_restarts(job) -> int:
     """How often rank 0's log says submitit requeued the job ("Requeued job", logged once
     scontrol has put it back; SLURM appends each attempt's log to the same file). 0 where
     submitit's info lines are off (SUBMITIT_LOG_LEVEL)."""
-    with contextlib.suppress(Exception):  # not written yet
-        return (job.task(0).stdout() or "").count(REQUEUED)
-    return 0
+    return _task_log(job, 0).count(REQUEUED)  # (an info line: on stdout only)
 
 
 def _restarts(job) -> int | None:
