@@ -25,7 +25,8 @@ COLUMNS: dict[str, str] = {
     "method": "registry name (or import path) of the attention method",
     "label": "display label: method plus the options that distinguish it",
     "method_options": "JSON of the method's options (layout, backward, ranks_per_node, ...)",
-    "model": "model config name for train_step (7b, 14b, llama3-8b, tiny, ...), else empty",
+    "model": ("model config name for train_step (7b, 14b, llama3-8b, tiny, ...; or the name of "
+              "the model a spec defines: its fields are in `spec`), else empty"),
     "checkpointing": "none | full | selective | selective_half (train_step)",
     "fused_head": "fused LM head + loss on/off (train_step)",
     "seq_len": "global sequence length in tokens",

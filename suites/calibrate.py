@@ -181,9 +181,7 @@ def _attention_rates(cell, p, published) -> tuple[float | None, float | None]:
     simulated one. Shows whether a row's gap to the model sits in its attention."""
     if cell.workload != "train_step" or p.status != "ok" or "attention" not in (p.parts or {}):
         return None, None
-    from burst.engine.configs import get_config
-
-    cfg = get_config(cell.model)
+    cfg = cell.config()
     recompute = p.checkpointing == "full"
     fl = attention_kernel_flops(cell.batch, cell.seq_len, cfg.num_heads,
                                 cfg.hidden_size // cfg.num_heads, cell.causal)

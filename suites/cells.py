@@ -67,6 +67,9 @@ class Cell:
     paper: str | None = None
     data_parallel: str | None = None
     """train_step: the engine's data_parallel (None: its default; left out of the id then)."""
+    model_config: dict | None = None
+    """train_step: the spec's own model (``ModelConfig``'s fields) named ``model``; None: a
+    built-in config (left out of the id then)."""
     index: int = field(default=0, compare=False)
     """Position in the sweep (display and ordering only, not part of the id)."""
 
@@ -74,12 +77,19 @@ class Cell:
     def seq_local(self) -> int:
         return self.seq_len // self.world
 
+    def config(self):
+        """The train_step cell's ``ModelConfig``: its own (``model_config``) or the named one."""
+        from burst.engine.configs import resolve_config
+
+        return resolve_config(self.model, self.model_config)
+
     def identity(self) -> dict:
         d = dataclasses.asdict(self)
         for k in ("sweep", "timeout_min", "index"):
             d.pop(k)
-        if d["data_parallel"] is None:  # the ids of cells from before the field stay theirs
-            d.pop("data_parallel")
+        for k in ("data_parallel", "model_config"):  # the ids of cells from before them stay
+            if d[k] is None:
+                d.pop(k)
         return d
 
     @property
@@ -135,24 +145,25 @@ def resolve_options(method: str, options: dict, ranks_per_node: int, world: int)
     return {k: placeholder_value(v, ranks_per_node, world) for k, v in options.items()}
 
 
-def _model_shape(model: str | None) -> tuple[int | None, int | None, int | None]:
-    if model is None:
+def _model_shape(spec: SweepSpec) -> tuple[int | None, int | None, int | None]:
+    if spec.model is None:
         return None, None, None
-    from burst.engine.configs import get_config
+    from burst.engine.configs import resolve_config
 
-    cfg = get_config(model)
+    cfg = resolve_config(spec.model, spec.model_config)
     return cfg.num_heads, cfg.num_kv_heads, cfg.hidden_size // cfg.num_heads
 
 
 def _model_window(spec: SweepSpec):
     """A train_step spec's window in a cell's form: None, one pair, or one entry per layer; a
     model with its own window (``ModelConfig.window``) has that one."""
-    from burst.engine.configs import get_config
+    from burst.engine.configs import resolve_config
     from burst.masks import interleaved_windows, model_window
 
+    cfg = resolve_config(spec.model, spec.model_config)
     if spec.window is None:
-        return get_config(spec.model).window
-    layers = get_config(spec.model).num_layers
+        return cfg.window
+    layers = cfg.num_layers
     every = spec.global_every
     return model_window(spec.window if every is None
                         else interleaved_windows(spec.window, layers, every), layers)
@@ -165,7 +176,7 @@ def expand(spec: SweepSpec) -> list[Cell]:
         heads, kv_heads, head_dim = spec.shape.heads, spec.shape.kv_heads, spec.shape.head_dim
         causal, window = spec.shape.causal, spec.shape.window
     else:
-        (heads, kv_heads, head_dim), causal = _model_shape(spec.model), True
+        (heads, kv_heads, head_dim), causal = _model_shape(spec), True
         window = _model_window(spec)
     cells = []
     for scale in spec.scales:
@@ -185,7 +196,8 @@ def expand(spec: SweepSpec) -> list[Cell]:
                     checkpointing=m.checkpointing if spec.workload == "train_step" else "none",
                     fused_head=m.fused_head and spec.workload == "train_step",
                     paper=m.paper, index=len(cells),
-                    data_parallel=m.data_parallel if spec.workload == "train_step" else None))
+                    data_parallel=m.data_parallel if spec.workload == "train_step" else None,
+                    model_config=spec.model_config))
     return cells
 
 
@@ -256,19 +268,18 @@ def cell_problem(cell: Cell) -> str | None:
         return why
     if cell.workload == "train_step":
         from burst.engine.checkpointing import check_mode
-        from burst.engine.configs import get_config
         from burst.engine.trainer import dtype_problem, seq_len_problems
 
         try:
             check_mode(cell.checkpointing, layout, method)
         except ValueError as e:
             return str(e)
-        limit = get_config(cell.model).max_seq_len
+        limit = cell.config().max_seq_len
         if cell.seq_len > limit:
             return f"seq_len {cell.seq_len} exceeds model {cell.model!r}'s max_seq_len {limit}"
         if why := dtype_problem(cell.dtype):
             return why
-        why = seq_len_problems(get_config(cell.model), cell.seq_len, cp_size=cell.world,
+        why = seq_len_problems(cell.config(), cell.seq_len, cp_size=cell.world,
                                layout=layout, checkpointing=cell.checkpointing)
         if why and layout in LAYOUTS:
             return why[0]

@@ -197,11 +197,10 @@ def _unshard(t: torch.Tensor, cell: Cell, layout: str) -> torch.Tensor:
 
 
 def _train_step(cell: Cell, dev: torch.device):
-    from burst.engine.configs import get_config
     from burst.engine.trainer import Trainer
 
     method = registry.get(cell.method)
-    trainer = Trainer(get_config(cell.model), attention=method,
+    trainer = Trainer(cell.config(), attention=method,
                       attention_options=dict(cell.options), cp_group=None,
                       checkpointing=cell.checkpointing, fused_head=cell.fused_head,
                       dtype=DTYPES[cell.dtype], device=dev, window=cell.window,
@@ -357,9 +356,7 @@ def measure(cell: Cell) -> dict:
     out.update(device_name=name, hardware=name, peak_tflops=peak_tf)
     cfg = None
     if cell.workload == "train_step":
-        from burst.engine.configs import get_config
-
-        cfg = get_config(cell.model)
+        cfg = cell.config()
     out.update(flops.rate_columns(time_s=t, batch=cell.batch, seq_len=cell.seq_len,
                                   world=cell.world, peak=peak_tf, cfg=cfg,
                                   checkpointing=cell.checkpointing, heads=cell.heads,

@@ -82,10 +82,10 @@ class Prediction:
 # Cells
 
 
-def _model_config(name: str):
-    from burst.engine.configs import get_config
+def _model_config(name: str, fields: dict | None = None):
+    from burst.engine.configs import resolve_config
 
-    return get_config(name)
+    return resolve_config(name, fields)
 
 
 def _param_count(cfg) -> int:
@@ -99,7 +99,7 @@ _CELL_DEFAULTS = dict(sweep="adhoc", workload="attention", label=None, options=N
                       nodes=None, ranks_per_node=None, dtype="bfloat16", device="cuda",
                       warmup=0, repeats=1, seed=0, compute_error=False, profile_memory=False,
                       timeout_min=0.0, model=None, checkpointing="none", fused_head=False,
-                      paper=None, data_parallel=None)
+                      paper=None, data_parallel=None, model_config=None)
 
 
 _MINIMUM = dict(seq_len=1, world=1, batch=1, heads=1, kv_heads=0, head_dim=1, nodes=1,
@@ -121,14 +121,14 @@ def _check_field_types(d: dict) -> None:
         raise ValueError(f"cell field {'; '.join(bad)}")
 
 
-def _model_run_window(model: str, window):
+def _model_run_window(model: str, window, fields: dict | None = None):
     """A train_step cell's window: the model's own where none is given, a second one refused
     (``burst.engine.configs.run_window``; a dict cell of ministral-8b was priced with no window
     at all, where a spec's cell has the model's)."""
     from burst.engine.configs import run_window
 
     try:
-        return run_window(_model_config(model), window)
+        return run_window(_model_config(model, fields), window)
     except ValueError as e:
         raise ValueError(f"model {model}: {e}") from None
 
@@ -167,7 +167,7 @@ def as_cell(obj, gpus_per_node: int | None = None):
     if isinstance(obj, Cell):  # a Cell made in Python too (dataclasses.replace of a spec's)
         if obj.workload != "train_step" or obj.model is None:
             return obj
-        window = _model_run_window(obj.model, obj.window)
+        window = _model_run_window(obj.model, obj.window, obj.model_config)
         return obj if window == obj.window else dataclasses.replace(obj, window=window)
     d = dict(obj) if isinstance(obj, dict) else {
         f.name: getattr(obj, f.name) for f in dataclasses.fields(Cell) if hasattr(obj, f.name)}
@@ -230,8 +230,10 @@ def as_cell(obj, gpus_per_node: int | None = None):
     d["options"] = resolve_options(d["method"], d["options"], d["ranks_per_node"], world)
     if d["workload"] == "train_step":
         if d["model"] is None:
-            raise ValueError("a train_step cell needs model (burst.engine.configs name)")
-        cfg = _model_config(d["model"])
+            raise ValueError("a train_step cell needs model (a burst.engine.configs name, or "
+                             "the name of the model its model_config defines)")
+        d["model_config"] = _own_model(d["model"], d["model_config"])
+        cfg = _model_config(d["model"], d["model_config"])
         d.update(heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
                  causal=True)
     elif d["heads"] is None or d["head_dim"] is None:
@@ -239,11 +241,34 @@ def as_cell(obj, gpus_per_node: int | None = None):
     d["kv_heads"] = d["kv_heads"] or d["heads"]
     d["label"] = d["label"] or d["method"]
     if d["workload"] == "train_step":  # the Trainer's rule (a spec refuses a second window)
-        d["window"] = _model_run_window(d["model"], d["window"])
+        d["window"] = _model_run_window(d["model"], d["window"], d["model_config"])
     elif d["window"] is not None:  # the core's rule (a set's sides came in hash order)
         MaskSpec(window=d["window"])
         d["window"] = tuple(plain_integer(x) for x in d["window"])
     return Cell(**d)
+
+
+def _own_model(name: str, fields) -> dict | None:
+    """A dict cell's ``model_config`` (a ModelConfig, or a dict of its fields) as a spec's
+    cell carries it, every field (``dataclasses.asdict``); the spec's rules: a built-in
+    config's name is not a model's own."""
+    from burst.engine.configs import CONFIGS, ModelConfig
+
+    if fields is None:
+        return None
+    if name in CONFIGS:
+        raise ValueError(f"model={name!r} is a built-in config (burst.engine.configs); name "
+                         "the model model_config defines otherwise (rows show the name)")
+    if isinstance(fields, ModelConfig):
+        return dataclasses.asdict(fields)
+    if not isinstance(fields, Mapping):
+        raise ValueError(f"model_config={fields!r}: expected a ModelConfig or a dict of its "
+                         "fields")
+    try:
+        return dataclasses.asdict(ModelConfig(**fields))
+    except TypeError as e:  # a field it does not have, or one missing
+        valid = ", ".join(f.name for f in dataclasses.fields(ModelConfig))
+        raise ValueError(f"model_config: {e}; its fields: {valid}") from None
 
 
 MODELLED_BACKENDS = ("auto", "cuda_sdpa", "flash_attn")
@@ -349,7 +374,7 @@ def _predict(cell, hw: Hardware, impl: Implementation | None, *, invalid: str, o
         time_s = attn.total_s
         parts = {"attention_forward": attn.forward_s, "attention_backward": attn.backward_s}
     else:
-        cfg = _model_config(cell.model)
+        cfg = cell.config()
         if impl.vocab_size:
             cfg = dataclasses.replace(cfg, vocab_size=impl.vocab_size)
         if cell.model in impl.gelu_mlp_models:
@@ -480,7 +505,7 @@ def _metrics(cell, hw: Hardware, p: Prediction) -> dict:
     # the mode the system really ran (a "selective" that caches no attention is full)
     ckpt = p.checkpointing or cell.checkpointing
     # (layers, prediction) per window: one group, unless the layers' windows differ
-    groups = p.layers or ((_model_config(cell.model).num_layers
+    groups = p.layers or ((cell.config().num_layers
                            if cell.workload == "train_step" else 1, p),)
     if all(g.attn is not None for _, g in groups):
 
@@ -505,7 +530,7 @@ def _metrics(cell, hw: Hardware, p: Prediction) -> dict:
     m.update(time_s=t, time_s_min=t, time_s_max=t)
     # a training step's FLOPs are the model's as the spec defines it (results/paper_reference/
     # README.md: the paper's MFU convention), whatever vocabulary a system's time was priced with
-    cfg = _model_config(cell.model) if cell.workload == "train_step" else None
+    cfg = cell.config() if cell.workload == "train_step" else None
     rates = F.rate_columns(time_s=t, batch=cell.batch, seq_len=cell.seq_len, world=cell.world,
                            peak=mfu_peak, cfg=cfg, checkpointing=ckpt, heads=cell.heads,
                            head_dim=cell.head_dim, causal=cell.causal, window=cell.window)

@@ -29,6 +29,16 @@ A sweep is data, never a flag per knob. The file (``suites/specs/*.toml``)::
     partition = "gpu"
     time_min = 60
 
+A train_step spec names its model instead of a [shape]: ``model = "7b"``
+(``burst.engine.configs``), or a model of its own, which rows show under ``model``'s name::
+
+    workload = "train_step"
+    model = "my-13b"
+    [model_config]                  # burst.engine.configs.ModelConfig's fields
+    hidden_size = 5120
+    num_layers = 40
+    ...                             # or: model_config = "config.json" (Hugging Face's)
+
 Validation collects every problem of the file before it raises (submitit's style): each names
 the field, the bad value, the rule and the valid choices. Problems that need the cells (a method
 that cannot run a shape, a length the layout cannot split) are found by ``suites.cells``.
@@ -36,6 +46,7 @@ that cannot run a shape, a length the layout cannot split) are found by ``suites
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import math
@@ -201,7 +212,12 @@ class SweepSpec:
     shape: Shape | None = None
     """attention workload only."""
     model: str | None = None
-    """train_step only: a ``burst.engine.configs`` name (tiny, 7b, 14b, ...)."""
+    """train_step only: a ``burst.engine.configs`` name (tiny, 7b, 14b, ...), or the name of
+    the model ``model_config`` defines."""
+    model_config: dict | None = None
+    """train_step only: the spec's own model, ``ModelConfig``'s fields (``dataclasses.asdict``;
+    from a ``[model_config]`` table, or a Hugging Face config.json that ``model_config`` names);
+    None: ``model`` is a built-in config."""
     window: tuple[int, int] | None = None
     """train_step only: the model's (left, right) sliding window (attention uses [shape])."""
     global_every: int | None = None
@@ -230,7 +246,7 @@ class SweepSpec:
         d = asdict(self)
         d.pop("source")
         d.pop("source_args")
-        for k in ("window", "global_every"):  # (absent: the JSON of specs before them)
+        for k in ("window", "global_every", "model_config"):  # (absent: specs before them)
             if d[k] is None:
                 d.pop(k)
         return json.dumps(d, sort_keys=True, default=list)
@@ -312,7 +328,7 @@ def data_parallel_problems(value) -> list[str]:
 
 
 _TOP = {"name", "description", "workload", "device", "dtype", "batch", "shape", "model",
-        "window", "global_every",
+        "model_config", "window", "global_every",
         "methods", "seq_lens", "world", "nodes", "gpus_per_node", "scales", "warmup", "repeats",
         "baseline", "seed", "timeout_min", "error_max_tokens", "profile_memory", "slurm"}
 _METHOD = {"name", "paper", "label", "options", "checkpointing", "fused_head", "data_parallel",
@@ -321,8 +337,8 @@ _SHAPE = {"heads", "kv_heads", "head_dim", "causal", "window"}
 # the cell keys that apply to one workload only, and which: the parser rejects them on the other
 # one, and suites.simulate.as_cell does the same for a cell given in Python
 ONLY_FOR = {**dict.fromkeys(sorted(_SHAPE), "attention"),
-            **dict.fromkeys(("model", "checkpointing", "fused_head", "data_parallel"),
-                            "train_step")}
+            **dict.fromkeys(("model", "model_config", "checkpointing", "fused_head",
+                             "data_parallel"), "train_step")}
 _SCALE = {"world", "nodes", "gpus_per_node", "seq_lens"}
 _SLURM = {"partition", "account", "time_min", "constraint", "qos", "cpus_per_task", "mem_gb",
           "array_parallelism", "setup", "additional"}
@@ -478,9 +494,11 @@ def default_label(name: str, options: dict) -> str:
     return f"{short}[{','.join(f'{k}={v}' for k, v in sorted(options.items()))}]"
 
 
-def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
+def parse_spec(data: dict, *, name: str, source: str = "spec",
+               folder: str | Path = ".") -> SweepSpec:
     """Validate a parsed TOML document; raise SpecError listing every problem, those of the
-    cells it expands to included (``suites.cells.cell_problems``), in one report."""
+    cells it expands to included (``suites.cells.cell_problems``), in one report. A relative
+    ``model_config`` path is read from ``folder`` (``load_spec``: the spec file's)."""
     r = _Reader()
     r.keys(data, _TOP, "")
     workload = r.get(data, "workload", "", str, choices=WORKLOADS)
@@ -500,8 +518,8 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
                       "name is one folder under results/ (letters, digits, '_', '.', '-'; not "
                       "starting with '.' or '-')" + ("" if given else '; set name = "..."'))
 
-    shape, model = _shape_or_model(r, data, workload, dtype)
-    window, global_every = _model_window(r, data, workload)
+    shape, model, model_config = _shape_or_model(r, data, workload, dtype, Path(folder))
+    window, global_every = _model_window(r, data, workload, model, model_config)
     methods, baseline, positions = _methods(r, data, workload, shape)
     scales = _scales(r, data)
     slurm = _slurm(r, data)
@@ -512,7 +530,8 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
     try:
         spec = SweepSpec(name=name, workload=workload, methods=tuple(methods),
                          scales=tuple(scales), device=device, dtype=dtype, shape=shape,
-                         model=model, window=window, global_every=global_every,
+                         model=model, model_config=model_config, window=window,
+                         global_every=global_every,
                          baseline=baseline, slurm=slurm, source=source, **kw)
     except (TypeError, ValueError):  # too broken to build: its own problems say why
         if not r.problems:
@@ -531,20 +550,27 @@ def parse_spec(data: dict, *, name: str, source: str = "spec") -> SweepSpec:
     return spec
 
 
-def _shape_or_model(r: _Reader, data: dict, workload, dtype):
-    """The attention [shape] or the train_step model, each refused under the other workload
-    (under a bad or missing workload, whichever the spec gives is checked all the same, so
-    its problems come in the same round)."""
-    shape = model = None
+def _shape_or_model(r: _Reader, data: dict, workload, dtype, folder: Path):
+    """The attention [shape] or the train_step model (its name, and its ``model_config`` where
+    the spec defines it), each refused under the other workload (under a bad or missing
+    workload, whichever the spec gives is checked all the same, so its problems come in the
+    same round)."""
+    shape = model = fields = None
     known = workload in ("attention", "train_step")
     if workload == "attention" or (not known and "shape" in data):
         shape = _shape(r, data)
-    if workload == "train_step" or (not known and "model" in data):
+    if workload == "train_step" or (not known and ("model" in data or "model_config" in data)):
         model = r.get(data, "model", "", str)
-        if model is not None:
+        if "model_config" in data:
+            fields = _own_model(r, data["model_config"], folder)
+            if model is not None and _model_problems(model) == []:
+                r.add("model", f"{model!r} is a built-in config (burst.engine.configs); name "
+                      "the model model_config defines otherwise (rows show the name)")
+        elif model is not None:
             r.problems += _model_problems(model)
-    if workload == "attention" and "model" in data:
-        r.add("model", "only applies to workload = 'train_step' (attention uses [shape])")
+    for k in ("model", "model_config"):
+        if workload == "attention" and k in data:
+            r.add(k, "only applies to workload = 'train_step' (attention uses [shape])")
     if workload == "train_step":
         if "shape" in data:
             r.add("shape", "only applies to workload = 'attention' (train_step takes the "
@@ -554,10 +580,59 @@ def _shape_or_model(r: _Reader, data: dict, workload, dtype):
 
             if why := dtype_problem(dtype):
                 r.add("dtype", why)
-    return shape, model
+    return shape, model, fields
 
 
-def _model_window(r: _Reader, data: dict, workload):
+def _own_model(r: _Reader, given, folder: Path) -> dict | None:
+    """A spec's ``model_config``: a table of ``ModelConfig``'s fields, or the path of a Hugging
+    Face config.json (relative to ``folder``; ``burst.engine.hf.config_from_hf`` reads it) ->
+    every field of the ModelConfig, as ``dataclasses.asdict`` gives them (the cells carry it,
+    and their ids change with it), or None with the problem recorded."""
+    from burst.engine.configs import ModelConfig
+
+    valid = [f.name for f in dataclasses.fields(ModelConfig)]
+    if isinstance(given, str):
+        path = folder / given
+        try:
+            hf = json.loads(path.read_text(encoding="utf-8-sig"))
+        except OSError as e:
+            r.add("model_config", f"{given!r}: cannot read {path} ({e.strerror or e})")
+            return None
+        except (ValueError, UnicodeDecodeError) as e:
+            r.add("model_config", f"{given!r}: {path} is not a JSON config ({e})")
+            return None
+        if not isinstance(hf, dict):
+            r.add("model_config", f"{given!r}: {path} holds a JSON {type(hf).__name__}, not "
+                  "a Hugging Face config (an object)")
+            return None
+        from burst.engine.hf import config_from_hf
+
+        try:
+            return dataclasses.asdict(config_from_hf(hf))
+        except (TypeError, ValueError) as e:
+            r.add("model_config", f"{given!r}: {e}")
+            return None
+    if not isinstance(given, dict):
+        r.add("model_config", f"{given!r} is of type {type(given).__name__}; expected a table "
+              f"of the model's fields ({', '.join(valid)}) or the path of a Hugging Face "
+              "config.json")
+        return None
+    before = len(r.problems)
+    r.keys(given, set(valid), "model_config.")
+    missing = [f.name for f in dataclasses.fields(ModelConfig)
+               if f.default is dataclasses.MISSING and f.name not in given]
+    if missing:
+        r.add("model_config", f"missing {', '.join(missing)} (required)")
+    if len(r.problems) > before:
+        return None
+    try:
+        return dataclasses.asdict(ModelConfig(**given))
+    except ValueError as e:
+        r.add("model_config", str(e))
+    return None
+
+
+def _model_window(r: _Reader, data: dict, workload, model: str | None, fields: dict | None):
     """A train_step spec's ``window`` and ``global_every`` (top level; attention has [shape])."""
     if workload == "attention":
         for k in ("window", "global_every"):
@@ -573,17 +648,18 @@ def _model_window(r: _Reader, data: dict, workload):
     if every is not None and win is None and "window" not in data:
         r.add("global_every", "needs window = [left, right], the local layers' window")
     layers = own = None
-    if (every is not None or win is not None) and isinstance(data.get("model"), str):
-        from burst.engine.configs import get_config
+    if (every is not None or win is not None) and model is not None and (
+            fields is not None or "model_config" not in data):
+        from burst.engine.configs import resolve_config
 
         try:
-            cfg = get_config(data["model"])
+            cfg = resolve_config(model, fields)
             layers, own = cfg.num_layers, cfg.window
         except ValueError:  # (the model's own problem is reported)
             pass
     if own is not None:  # the model's architecture has its window: a second one is a guess
         r.add("window" if win is not None else "global_every",
-              f"model {data['model']!r} has its own window ({shown_window(own)}); drop "
+              f"model {model!r} has its own window ({shown_window(own)}); drop "
               "window and global_every")
         return None, None
     # a typo, not a pattern
@@ -702,7 +778,8 @@ def _model_problems(name: str) -> list[str]:
     try:
         get_config(name)
     except (KeyError, ValueError) as e:
-        return [f"model: {e}"]
+        return [f"model: {e}; or define the model in the spec: a [model_config] table of "
+                "its fields, or model_config = \"<path of a Hugging Face config.json>\""]
     return []
 
 
@@ -746,7 +823,7 @@ def load_spec(spec: str | Path) -> SweepSpec:
     except UnicodeDecodeError as e:  # TOML is UTF-8: a binary or other-encoded file
         raise SpecError([f"not UTF-8 text, so not TOML ({e.reason} at byte {e.start})"],
                         str(path)) from None
-    return parse_spec(data, name=path.stem, source=_shown(path))
+    return parse_spec(data, name=path.stem, source=_shown(path), folder=path.parent)
 
 
 def _shown(path: Path) -> str:

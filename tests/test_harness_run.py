@@ -1510,6 +1510,9 @@ def test_a_job_accounting_never_reports_ends_the_wait_with_a_message(tmp_path, m
     from suites import executors
 
     monkeypatch.setattr(executors, "UNKNOWN_LIMIT_S", 0.05)
+    # squeue is not the subject (a machine with SLURM's commands and no controller answers it
+    # after 18 s, which failed the time bound)
+    monkeypatch.setattr(executors, "_queue_line", lambda jobs: None)
     run = executors.Run(tmp_path)
     lost = _FakeJob(tmp_path, "UNKNOWN", done=False, job_id="99999_1")
     t0 = time.monotonic()
@@ -1630,6 +1633,38 @@ def test_a_windowed_train_step_cell_trains_and_counts_with_its_window(monkeypatc
     want = flops.model_flops(get_config("tiny"), 1, 64, "model_flops_causal", "selective",
                              (8, 0))
     assert want < flops.model_flops(get_config("tiny"), 1, 64, "model_flops_causal")
+    assert row["tflops_model_flops_causal"] * row["time_s"] * 1e12 == pytest.approx(want)
+
+
+def test_a_train_step_cell_of_a_model_the_spec_defines_trains_that_model(monkeypatch):
+    """A cell of the spec's own model (its model_config, here with a window of its own) builds
+    the Trainer of that config and counts its FLOPs; the built-in configs are not asked."""
+    import burst.engine.configs as C
+    import burst.engine.trainer as T
+    from burst import flops
+    from suites.measure import measure
+    from suites.simulate import as_cell
+
+    fields = dict(hidden_size=48, num_layers=2, num_heads=4, num_kv_heads=2, ffn_size=96,
+                  vocab_size=300, window=[8, 0])
+    seen = []
+    build = T.Trainer.__init__
+
+    def spy(self, cfg, *a, **kw):
+        seen.append((cfg, kw["window"]))
+        build(self, cfg, *a, **kw)
+
+    monkeypatch.setattr(T.Trainer, "__init__", spy)
+    cell = as_cell(dict(workload="train_step", method="burst", model="mine", world=1,
+                        model_config=fields, seq_len=64, checkpointing="selective",
+                        warmup=0, repeats=1, device="cpu", dtype="float32"))
+    monkeypatch.setattr(C, "CONFIGS", {})  # the cell carries its model
+    cell = type(cell).from_json(cell.to_json())  # as a rank or a job receives it
+    row = measure(cell)
+    own = C.ModelConfig(**fields)
+    assert row["status"] == "ok", row["error"]
+    assert seen == [(own, (8, 0))] and (cell.heads, cell.kv_heads, cell.head_dim) == (4, 2, 12)
+    want = flops.model_flops(own, 1, 64, "model_flops_causal", "selective", (8, 0))
     assert row["tflops_model_flops_causal"] * row["time_s"] * 1e12 == pytest.approx(want)
 
 

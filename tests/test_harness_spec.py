@@ -1316,6 +1316,89 @@ def _problems(tmp_path, text: str, name: str) -> list[str]:
     return ei.value.problems
 
 
+OWN_HEAD = ('workload = "train_step"\nmodel = "mine"\nseq_lens = [4096]\nworld = 8\n'
+            'device = "cuda"\ndtype = "bfloat16"\n[[methods]]\nname = "burst"\n')
+# Llama-3-8B's fields (burst.engine.configs "llama3-8b") as a [model_config] table and as the
+# Hugging Face config.json it comes from
+OWN_TABLE = ("[model_config]\nhidden_size = 4096\nnum_layers = 32\nnum_heads = 32\n"
+             "num_kv_heads = 8\nffn_size = 14336\nvocab_size = 128256\nrope_theta = 5e5\n"
+             "rms_eps = 1e-5\n")
+OWN_HF = dict(model_type="llama", hidden_size=4096, num_hidden_layers=32,
+              num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
+              vocab_size=128256, rope_theta=500000.0, rms_norm_eps=1e-5, hidden_act="silu")
+
+
+def test_a_spec_defines_its_own_model_as_a_table_or_a_hugging_face_config(tmp_path):
+    """A model that no config names (issue 6: a run planned for the user's own model): the
+    spec's [model_config] table, or the Hugging Face config.json it names (read relative to the
+    spec's file, not the working directory), becomes every field of a ModelConfig that the
+    cells carry under the spec's model name; the same model either way is the same cells."""
+    want = dataclasses.asdict(get_config("llama3-8b"))
+    table = load_spec(_write(tmp_path, OWN_HEAD + OWN_TABLE, "table"))
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "mine.json").write_text(json.dumps(OWN_HF))
+    hf = load_spec(_write(tmp_path, OWN_HEAD.replace(
+        'model = "mine"\n', 'model = "mine"\nmodel_config = "models/mine.json"\n'), "hf"))
+    assert table.model_config == hf.model_config == want
+    assert json.loads(table.to_json())["model_config"] == want  # the rows' spec column
+    [a], [b] = expand(table), expand(hf)
+    assert a.cell_id == b.cell_id and a.model == "mine" and a.model_config == want
+    assert (a.heads, a.kv_heads, a.head_dim) == (32, 8, 128)
+    assert a.config() == get_config("llama3-8b")
+    assert type(a).from_json(a.to_json()) == a  # cells travel to ranks and jobs as JSON
+    # a field that changes the model changes the cells; the built-in config is another id
+    other = load_spec(_write(tmp_path, OWN_HEAD + OWN_TABLE.replace("= 32\nnum_heads",
+                                                                    "= 30\nnum_heads"), "o"))
+    assert expand(other)[0].cell_id != a.cell_id
+    built_in = load_spec(_write(tmp_path, OWN_HEAD.replace('"mine"', '"llama3-8b"'), "b"))
+    [c] = expand(built_in)
+    assert c.model_config is None and "model_config" not in json.loads(built_in.to_json())
+    assert "model_config" not in c.identity()  # the ids of every stored cell stay theirs
+    # the model's own window reaches the cells, as a named config's does
+    windowed = load_spec(_write(tmp_path, OWN_HEAD + OWN_TABLE + "window = [4095, 0]\n", "w"))
+    assert expand(windowed)[0].window == (4095, 0)
+    assert any("model 'mine' has its own window" in p for p in _problems(
+        tmp_path, "window = [7, 0]\n" + OWN_HEAD + OWN_TABLE + "window = [4095, 0]\n", "w2"))
+
+
+def test_a_spec_s_own_model_is_refused_with_every_problem_named(tmp_path):
+    def problems(top: str, table: str = "", name="p") -> list[str]:
+        """The spec's problems with ``top`` as its first lines and ``table`` as its last."""
+        return _problems(tmp_path, top + OWN_HEAD.replace('model = "mine"\n', "") + table,
+                         name)
+
+    out = problems('model = "mine"\n', "[model_config]\nhidden_size = 48\nnum_layrs = 2\n")
+    assert any(p.startswith("model_config.num_layrs: unknown key (did you mean 'num_layers'")
+               for p in out), out
+    assert "model_config: missing num_layers, num_heads, num_kv_heads, ffn_size, vocab_size " \
+           "(required)" in out
+    out = problems('model = "mine"\n', OWN_TABLE.replace("num_kv_heads = 8", "num_kv_heads = 3"))
+    assert any(p.startswith("model_config: ModelConfig: num_heads=32 is not divisible by "
+                            "num_kv_heads=3") for p in out), out
+    out = problems('model = "llama3-8b"\n', OWN_TABLE)  # rows would show two models as one
+    assert any(p.startswith("model: 'llama3-8b' is a built-in config") for p in out), out
+    assert any(p == "model: required" for p in problems("", OWN_TABLE)), problems("", OWN_TABLE)
+    out = problems('model = "mine"\nmodel_config = "none.json"\n')
+    assert any(p.startswith("model_config: 'none.json': cannot read ") and
+               str(tmp_path / "none.json") in p for p in out), out
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "scaled.json").write_text(json.dumps(
+        {**OWN_HF, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}))
+    out = problems('model = "mine"\nmodel_config = "list.json"\n')
+    assert any("holds a JSON list, not a Hugging Face config" in p for p in out), out
+    out = problems('model = "mine"\nmodel_config = "scaled.json"\n')  # config_from_hf refuses
+    assert any(p.startswith("model_config: 'scaled.json': ") and "rope type 'llama3'" in p
+               for p in out), out
+    out = problems('model = "mine"\nmodel_config = 3\n')
+    assert any(p.startswith("model_config: 3 is of type int; expected a table") for p in out)
+    out = problems('model = "nosuch"\n')
+    assert any(p.startswith("model: unknown model config 'nosuch'") and "[model_config]" in p
+               for p in out), out
+    out = _problems(tmp_path, 'model_config = "x.json"\n' + GOOD_TINY, "attn")
+    assert out == ["model_config: only applies to workload = 'train_step' (attention uses "
+                   "[shape])"], out
+
+
 def test_run_exit_code_is_0_when_cells_ran_out_of_memory_or_were_skipped_unless_none_ran(
         tmp_path, monkeypatch, capsys):
     """oom and skipped are results (the cell cannot run there), not a failed run, unless no

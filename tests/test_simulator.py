@@ -2260,18 +2260,16 @@ def test_a_published_cell_the_model_cannot_give_breaks_its_panel_and_the_check()
     assert panel["preserved"]
 
 
-def test_tied_embeddings_are_one_matrix_not_two_in_the_layers_share(monkeypatch):
+def test_tied_embeddings_are_one_matrix_not_two_in_the_layers_share():
     """The per-layer parameter count took 2 x V x h off the total even when the head is tied to
     the embedding (one matrix), so a tied model's layers gathered V x h / L fewer weights."""
     from burst.engine import configs
-    from suites import simulate
 
     cell = dict(workload="train_step", model="7b", method="burst", seq_len=1 << 17, world=8,
                 options={"layout": "zigzag"}, checkpointing="selective", fused_head=True)
     untied = predict(cell, HW, ZERO3)  # (fused: the peak is a layer's, which gathers weights)
     tied_cfg = dataclasses.replace(configs.get_config("7b"), tie_embeddings=True)
-    monkeypatch.setattr(simulate, "_model_config", lambda name: tied_cfg)
-    tied = predict(cell, HW, ZERO3)
+    tied = predict(dict(cell, model="7b-tied", model_config=tied_cfg), HW, ZERO3)
     assert tied.parts["state_collectives"] == pytest.approx(untied.parts["state_collectives"])
     assert tied.memory.parts["gathered_params"] == pytest.approx(
         untied.memory.parts["gathered_params"])
@@ -2828,6 +2826,57 @@ def test_a_cell_keeps_its_id_unless_it_names_a_data_parallel():
     c = expand(load_spec("engine_7b"))
     assert len({x.cell_id for x in c}) == 3 and c[2].data_parallel == "fsdp_world"
     assert dataclasses.replace(c[2], data_parallel=None).cell_id != c[2].cell_id
+
+
+def test_an_own_model_is_priced_as_the_built_in_config_of_the_same_fields(tmp_path):
+    """A model the spec (or a dict cell) defines itself, here llama3-8b's fields under another
+    name, is priced exactly as the named config: time, memory, bytes and FLOP rates; its rows
+    differ in the model's name and the cells' ids alone. The shipped spec of one
+    (engine_own_model) keeps the rows it wrote."""
+    from burst.engine.configs import get_config
+    from suites.cells import expand
+    from suites.simulate import simulate_spec
+    from suites.spec import load_spec
+
+    fields = dataclasses.asdict(get_config("llama3-8b"))
+    table = "\n".join(f"{k} = {json.dumps(v)}" for k, v in fields.items() if v is not None)
+    head = ('workload = "train_step"\nmodel = "NAME"\ndevice = "cuda"\ndtype = "bfloat16"\n'
+            'seq_lens = [262144, 1048576]\nnodes = 4\ngpus_per_node = 8\n'
+            '[[methods]]\nname = "burst"\ncheckpointing = "selective"\nfused_head = true\n'
+            'data_parallel = "fsdp_world"\n[[methods]]\nname = "usp"\n'
+            'options = { ulysses_degree = 8 }\ncheckpointing = "full"\n'
+            'data_parallel = "fsdp_world"\n')
+    (tmp_path / "own.toml").write_text(head.replace("NAME", "mine") + "[model_config]\n" + table)
+    (tmp_path / "named.toml").write_text(head.replace("NAME", "llama3-8b"))
+    own, named = (simulate_spec(tmp_path / f"{n}.toml", HW) for n in ("own", "named"))
+    differ = {k for a, b in zip(own, named, strict=True) for k in a if a[k] != b[k]}
+    assert differ - {"date"} == {"model", "cell_id", "spec", "sweep", "sweep_spec"}, differ
+    assert {r["status"] for r in own} == {"ok"} and {r["model"] for r in own} == {"mine"}
+    # a dict cell: the config itself, or its fields
+    base = dict(workload="train_step", method="burst", seq_len=2**20, world=32,
+                checkpointing="selective", fused_head=True, data_parallel="fsdp_world")
+    want = simulate_cell({**base, "model": "llama3-8b"}, HW)
+    for given in (get_config("llama3-8b"), fields):
+        got = simulate_cell({**base, "model": "mine", "model_config": given}, HW)
+        assert (got["time_s"], got["mem_reserved_bytes"], got["bytes_sent_backward"]) == (
+            want["time_s"], want["mem_reserved_bytes"], want["bytes_sent_backward"])
+    bad = [({"model": "7b", "model_config": fields}, "model='7b' is a built-in config"),
+           ({"model": "m", "model_config": {"hidden_size": 64}},
+            "model_config: ModelConfig.__init__() missing 5 required"),
+           ({"model": "m", "model_config": [1]}, "model_config=[1]: expected a ModelConfig")]
+    for extra, why in bad:
+        with pytest.raises(ValueError, match=re.escape(why)):
+            simulate_cell({**base, **extra}, HW)
+    # the shipped spec's committed rows are those it gives now
+    spec = load_spec("engine_own_model")
+    assert spec.model_config["num_kv_heads"] == 8 and spec.model == "codellama-34b"
+    stored = Path(__file__).resolve().parent.parent / "results" / "simulated"
+    rows = [json.loads(x) for x in (stored / "engine_own_model/simulated-a800/rows.jsonl"
+                                    ).read_text().splitlines()]
+    now = simulate_spec("engine_own_model", HW)
+    assert [r["cell_id"] for r in rows] == [c.cell_id for c in expand(spec)]
+    assert [(r["tokens_per_s"], r["mem_reserved_bytes"]) for r in rows] == [
+        (r["tokens_per_s"], r["mem_reserved_bytes"]) for r in now]
 
 
 def test_a_ring_sending_both_ways_across_nodes_is_priced_by_its_nic_bytes():

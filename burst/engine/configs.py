@@ -17,8 +17,8 @@ from burst.flops import mlp_matrices
 from burst.layout import divisors
 from burst.masks import model_window, shown_window
 
-__all__ = ["CONFIGS", "ModelConfig", "get_config", "param_count", "run_window",
-           "vocab_params"]
+__all__ = ["CONFIGS", "ModelConfig", "get_config", "param_count", "resolve_config",
+           "run_window", "vocab_params"]
 
 
 @dataclass(frozen=True)
@@ -142,6 +142,12 @@ def get_config(name: str) -> ModelConfig:
     if name not in CONFIGS:
         raise ValueError(f"unknown model config {name!r}; valid names: {', '.join(CONFIGS)}")
     return CONFIGS[name]
+
+
+def resolve_config(name: str, fields: dict | None = None) -> ModelConfig:
+    """A spec's or a cell's model: the config its ``model_config`` defines (``ModelConfig``'s
+    fields, as ``dataclasses.asdict`` gives them) where it has one, else the named config."""
+    return get_config(name) if fields is None else ModelConfig(**fields)
 
 
 def run_window(cfg: ModelConfig, window=None):
