@@ -252,23 +252,17 @@ def _own_model(name: str, fields) -> dict | None:
     """A dict cell's ``model_config`` (a ModelConfig, or a dict of its fields) as a spec's
     cell carries it, every field (``dataclasses.asdict``); the spec's rules: a built-in
     config's name is not a model's own."""
-    from burst.engine.configs import CONFIGS, ModelConfig
+    from burst.engine.configs import CONFIGS, config_from_fields
 
     if fields is None:
         return None
     if name in CONFIGS:
         raise ValueError(f"model={name!r} is a built-in config (burst.engine.configs); name "
                          "the model model_config defines otherwise (rows show the name)")
-    if isinstance(fields, ModelConfig):
-        return dataclasses.asdict(fields)
-    if not isinstance(fields, Mapping):
-        raise ValueError(f"model_config={fields!r}: expected a ModelConfig or a dict of its "
-                         "fields")
     try:
-        return dataclasses.asdict(ModelConfig(**fields))
-    except TypeError as e:  # a field it does not have, or one missing
-        valid = ", ".join(f.name for f in dataclasses.fields(ModelConfig))
-        raise ValueError(f"model_config: {e}; its fields: {valid}") from None
+        return dataclasses.asdict(config_from_fields(fields))
+    except ValueError as e:
+        raise ValueError(f"model_config: {e}") from None
 
 
 MODELLED_BACKENDS = ("auto", "cuda_sdpa", "flash_attn")

@@ -588,9 +588,8 @@ def _own_model(r: _Reader, given, folder: Path) -> dict | None:
     Face config.json (relative to ``folder``; ``burst.engine.hf.config_from_hf`` reads it) ->
     every field of the ModelConfig, as ``dataclasses.asdict`` gives them (the cells carry it,
     and their ids change with it), or None with the problem recorded."""
-    from burst.engine.configs import ModelConfig
+    from burst.engine.configs import ModelConfig, config_from_fields
 
-    valid = [f.name for f in dataclasses.fields(ModelConfig)]
     if isinstance(given, str):
         path = folder / given
         try:
@@ -614,22 +613,18 @@ def _own_model(r: _Reader, given, folder: Path) -> dict | None:
             return None
     if not isinstance(given, dict):
         r.add("model_config", f"{given!r} is of type {type(given).__name__}; expected a table "
-              f"of the model's fields ({', '.join(valid)}) or the path of a Hugging Face "
-              "config.json")
+              "of the model's fields or the path of a Hugging Face config.json")
         return None
     before = len(r.problems)
-    r.keys(given, set(valid), "model_config.")
-    missing = [f.name for f in dataclasses.fields(ModelConfig)
-               if f.default is dataclasses.MISSING and f.name not in given]
-    if missing:
-        r.add("model_config", f"missing {', '.join(missing)} (required)")
-    if len(r.problems) > before:
-        return None
-    try:
-        return dataclasses.asdict(ModelConfig(**given))
+    names = {f.name for f in dataclasses.fields(ModelConfig)}
+    r.keys(given, names, "model_config.")  # each unknown key, with a guess at the one meant
+    try:  # and the problems of the rest, in the same report
+        fields = dataclasses.asdict(config_from_fields({k: v for k, v in given.items()
+                                                        if k in names}))
     except ValueError as e:
         r.add("model_config", str(e))
-    return None
+        return None
+    return None if len(r.problems) > before else fields
 
 
 def _model_window(r: _Reader, data: dict, workload, model: str | None, fields: dict | None):

@@ -2862,8 +2862,11 @@ def test_an_own_model_is_priced_as_the_built_in_config_of_the_same_fields(tmp_pa
             want["time_s"], want["mem_reserved_bytes"], want["bytes_sent_backward"])
     bad = [({"model": "7b", "model_config": fields}, "model='7b' is a built-in config"),
            ({"model": "m", "model_config": {"hidden_size": 64}},
-            "model_config: ModelConfig.__init__() missing 5 required"),
-           ({"model": "m", "model_config": [1]}, "model_config=[1]: expected a ModelConfig")]
+            "model_config: missing num_layers, num_heads, num_kv_heads, ffn_size, vocab_size"),
+           ({"model": "m", "model_config": {"hidden_size": 64, "layers": 2}},
+            "model_config: unknown field 'layers'; valid: hidden_size, num_layers"),
+           ({"model": "m", "model_config": [1]},
+            "model_config: [1] is of type list; expected a table of the model's fields")]
     for extra, why in bad:
         with pytest.raises(ValueError, match=re.escape(why)):
             simulate_cell({**base, **extra}, HW)

@@ -10,15 +10,17 @@ even where the model cannot be instantiated here, so every field is plain data.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 from burst.flops import mlp_matrices
 from burst.layout import divisors
 from burst.masks import model_window, shown_window
 
-__all__ = ["CONFIGS", "ModelConfig", "get_config", "param_count", "resolve_config",
-           "run_window", "vocab_params"]
+__all__ = ["CONFIGS", "ModelConfig", "config_from_fields", "get_config", "param_count",
+           "resolve_config", "run_window", "vocab_params"]
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,28 @@ def get_config(name: str) -> ModelConfig:
     if name not in CONFIGS:
         raise ValueError(f"unknown model config {name!r}; valid names: {', '.join(CONFIGS)}")
     return CONFIGS[name]
+
+
+def config_from_fields(fields) -> ModelConfig:
+    """A model a spec or a cell defines itself: a mapping of ``ModelConfig``'s fields (a spec's
+    ``[model_config]`` table, a dict cell's), or a ModelConfig. ValueError naming the fields it
+    does not have, those missing, or ModelConfig's own problems."""
+    if isinstance(fields, ModelConfig):
+        return fields
+    names = [f.name for f in dataclasses.fields(ModelConfig)]
+    if not isinstance(fields, Mapping):
+        raise ValueError(f"{fields!r} is of type {type(fields).__name__}; expected a table of "
+                         f"the model's fields ({', '.join(names)})")
+    problems = []
+    if unknown := [k for k in fields if k not in names]:
+        problems.append(f"unknown field {', '.join(map(repr, unknown))}; valid: "
+                        f"{', '.join(names)}")
+    if missing := [f.name for f in dataclasses.fields(ModelConfig)
+                   if f.default is dataclasses.MISSING and f.name not in fields]:
+        problems.append(f"missing {', '.join(missing)} (required)")
+    if problems:
+        raise ValueError("; ".join(problems))
+    return ModelConfig(**fields)
 
 
 def resolve_config(name: str, fields: dict | None = None) -> ModelConfig:
