@@ -17,9 +17,10 @@ __all__ = ["MATCH_KEYS", "METRICS", "add_speedup", "compare", "compare_keys", "n
 MATCH_KEYS = ("workload", "model", "seq_len", "batch", "heads", "kv_heads", "head_dim", "causal",
               "window", "dtype", "world", "nodes", "device")
 
-SETUP_KEYS = ("method_options", "data_parallel", "warmup", "repeats")
+SETUP_KEYS = ("method_options", "data_parallel", "model_config", "warmup", "repeats")
 """How a matched cell was run, beyond what matches it: ``compare`` notes a difference
-(``data_parallel``: a training step's, read from its ``spec``)."""
+(``data_parallel``, ``model_config``: a training step's, read from its ``spec``; the latter, a
+model that a spec defines, whose name two different models can share)."""
 
 # metric -> (heading, scale, format, higher is better); a scaled value's heading ends with its
 # unit in parentheses (compare reads it from there)
@@ -84,15 +85,19 @@ def _check_unique(df, what: str) -> None:
         seen[k] = i
 
 
-def _data_parallel(spec, workload) -> str | None:
-    """A training step's DP wrapper from its row's ``spec`` (the cell; none there: the
-    engine's default, ddp); None for another workload or a row without a spec."""
+def _from_spec(spec, workload) -> tuple[str | None, str | None]:
+    """A training step's DP wrapper (none in the cell: the engine's default, ddp) and its
+    spec-defined model's fields (canonical JSON; None: a named config) from its row's ``spec``
+    (the cell); (None, None) for another workload or a row without a spec."""
     if workload != "train_step" or _missing(spec):
-        return None
+        return None, None
     try:
-        return json.loads(spec).get("data_parallel") or "ddp"
+        cell = json.loads(spec)
+        own = cell.get("model_config")
+        return (cell.get("data_parallel") or "ddp",
+                None if own is None else json.dumps(own, sort_keys=True))
     except (TypeError, ValueError, AttributeError):
-        return None
+        return None, None
 
 
 def _with_derived(df):
@@ -101,8 +106,9 @@ def _with_derived(df):
         df["bytes_sent"] = df["bytes_sent_forward"].astype(float) + df[
             "bytes_sent_backward"].astype(float)
     if "data_parallel" not in df.columns and {"spec", "workload"} <= set(df.columns):
-        df["data_parallel"] = [_data_parallel(s, w)
-                               for s, w in zip(df["spec"], df["workload"], strict=True)]
+        got = [_from_spec(s, w) for s, w in zip(df["spec"], df["workload"], strict=True)]
+        df["data_parallel"] = [dp for dp, _ in got]
+        df["model_config"] = [own for _, own in got]
     return df
 
 

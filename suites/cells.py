@@ -104,6 +104,10 @@ class Cell:
         d = json.loads(s)
         if d.get("window") is not None:  # a pair, or a model's one entry per layer
             d["window"] = tuple(tuple(w) if isinstance(w, list) else w for w in d["window"])
+        if d.get("model_config") is not None:  # its window's pairs as tuples, as it was sent
+            from burst.engine.configs import config_from_fields
+
+            d["model_config"] = dataclasses.asdict(config_from_fields(d["model_config"]))
         return cls(**d)
 
     def describe(self) -> str:
@@ -276,7 +280,8 @@ def cell_problem(cell: Cell) -> str | None:
             return str(e)
         limit = cell.config().max_seq_len
         if cell.seq_len > limit:
-            return f"seq_len {cell.seq_len} exceeds model {cell.model!r}'s max_seq_len {limit}"
+            return (f"seq_len {cell.seq_len} exceeds the max_seq_len {limit} of model "
+                    f"{cell.model!r}")
         if why := dtype_problem(cell.dtype):
             return why
         why = seq_len_problems(cell.config(), cell.seq_len, cp_size=cell.world,

@@ -167,8 +167,15 @@ def as_cell(obj, gpus_per_node: int | None = None):
     if isinstance(obj, Cell):  # a Cell made in Python too (dataclasses.replace of a spec's)
         if obj.workload != "train_step" or obj.model is None:
             return obj
-        window = _model_run_window(obj.model, obj.window, obj.model_config)
-        return obj if window == obj.window else dataclasses.replace(obj, window=window)
+        # its model's heads and window, as a dict cell's (a replaced model or model_config
+        # kept the spec's heads: its row named them while another model was priced)
+        fields = _own_model(obj.model, obj.model_config)
+        cfg = _model_config(obj.model, fields)
+        model = dict(model_config=fields, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
+                     head_dim=cfg.head_dim,
+                     window=_model_run_window(obj.model, obj.window, fields))
+        return obj if all(getattr(obj, k) == v for k, v in model.items()) else \
+            dataclasses.replace(obj, **model)
     d = dict(obj) if isinstance(obj, dict) else {
         f.name: getattr(obj, f.name) for f in dataclasses.fields(Cell) if hasattr(obj, f.name)}
     d = plain_integers(d)  # a numpy count is the same count (as the registry's call takes it)
@@ -256,6 +263,9 @@ def _own_model(name: str, fields) -> dict | None:
 
     if fields is None:
         return None
+    if not str(name).strip():
+        raise ValueError(f"model={name!r} is empty: name the model model_config defines (rows "
+                         "show the name)")
     if name in CONFIGS:
         raise ValueError(f"model={name!r} is a built-in config (burst.engine.configs); name "
                          "the model model_config defines otherwise (rows show the name)")

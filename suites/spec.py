@@ -563,7 +563,10 @@ def _shape_or_model(r: _Reader, data: dict, workload, dtype, folder: Path):
         model = r.get(data, "model", "", str)
         if "model_config" in data:
             fields = _own_model(r, data["model_config"], folder)
-            if model is not None and _model_problems(model) == []:
+            if model is not None and not model.strip():
+                r.add("model", f"{model!r} is empty: name the model model_config defines "
+                      "(rows show the name)")
+            elif model is not None and _model_problems(model) == []:
                 r.add("model", f"{model!r} is a built-in config (burst.engine.configs); name "
                       "the model model_config defines otherwise (rows show the name)")
         elif model is not None:

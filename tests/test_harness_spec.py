@@ -1005,6 +1005,16 @@ def test_compare_notes_cells_run_with_other_options_under_one_label(tmp_path, ca
     assert "ring 64 (data_parallel)" in capsys.readouterr().out
     assert cli.main(["compare", str(trained["ddp"]), str(trained["ddp2"])]) == 0
     assert "run differently" not in capsys.readouterr().out
+    # two models a spec defines under one name (a review: matched as the same cell, silently)
+    for name, layers in (("two", 2), ("eight", 8), ("eight2", 8)):
+        own = dataclasses.asdict(dataclasses.replace(get_config("tiny"), num_layers=layers))
+        trained[name] = _run_dir(tmp_path / name, "r1", _rows(
+            [("ring", 64, 1.0, "ok")], workload="train_step", model="m",
+            spec=json.dumps({"method": "ring", "model_config": own})))
+    assert cli.main(["compare", str(trained["two"]), str(trained["eight"])]) == 0
+    assert "ring 64 (model_config)" in capsys.readouterr().out
+    assert cli.main(["compare", str(trained["eight"]), str(trained["eight2"])]) == 0
+    assert "run differently" not in capsys.readouterr().out
 
 
 def test_show_says_which_cells_of_an_interrupted_run_have_no_row(tmp_path, capsys,
@@ -1354,9 +1364,21 @@ def test_a_spec_defines_its_own_model_as_a_table_or_a_hugging_face_config(tmp_pa
     [c] = expand(built_in)
     assert c.model_config is None and "model_config" not in json.loads(built_in.to_json())
     assert "model_config" not in c.identity()  # the ids of every stored cell stay theirs
-    # the model's own window reaches the cells, as a named config's does
+    # 500000 and 5e5 are one model: one id (an int kept in a float field was another cell)
+    whole = load_spec(_write(tmp_path, OWN_HEAD + OWN_TABLE.replace("5e5", "500000"), "int"))
+    assert expand(whole)[0].cell_id == a.cell_id
+    # the model's own window reaches the cells, as a named config's does, and its cells travel
+    # as JSON unchanged (the window's pairs came back as lists: a cell unequal to itself)
     windowed = load_spec(_write(tmp_path, OWN_HEAD + OWN_TABLE + "window = [4095, 0]\n", "w"))
     assert expand(windowed)[0].window == (4095, 0)
+    (tmp_path / "models" / "mixed.json").write_text(json.dumps(dict(
+        OWN_HF, model_type="ministral", num_hidden_layers=2, sliding_window=16,
+        layer_types=["full_attention", "sliding_attention"])))
+    mixed = load_spec(_write(tmp_path, OWN_HEAD.replace(
+        'model = "mine"\n', 'model = "mine"\nmodel_config = "models/mixed.json"\n'), "mx"))
+    for c in (*expand(windowed), *expand(mixed)):
+        assert type(c).from_json(c.to_json()) == c
+    assert expand(mixed)[0].window == (None, (15, 0))
     assert any("model 'mine' has its own window" in p for p in _problems(
         tmp_path, "window = [7, 0]\n" + OWN_HEAD + OWN_TABLE + "window = [4095, 0]\n", "w2"))
 
@@ -1389,6 +1411,20 @@ def test_a_spec_s_own_model_is_refused_with_every_problem_named(tmp_path):
     out = problems('model = "mine"\nmodel_config = "scaled.json"\n')  # config_from_hf refuses
     assert any(p.startswith("model_config: 'scaled.json': ") and "rope type 'llama3'" in p
                for p in out), out
+    # a config.json's values of the wrong kind (a review: a traceback, or "false" read as true)
+    for i, (key, value, why) in enumerate((
+            ("rope_scaling", "linear", "rope_scaling='linear' must be a table of RoPE "),
+            ("tie_word_embeddings", "false", "tie_word_embeddings='false' must be true or false"),
+            ("rms_norm_eps", "x", "rms_norm_eps='x' must be a positive number"),
+            ("hidden_size", "4096", "hidden_size='4096' must be a positive integer"))):
+        (tmp_path / f"odd{i}.json").write_text(json.dumps({**OWN_HF, key: value}))
+        out = problems(f'model = "mine"\nmodel_config = "odd{i}.json"\n', name=f"odd{i}")
+        assert any(p.startswith(f"model_config: 'odd{i}.json': ") and why in p for p in out), out
+    out = problems('model = "mine"\n', OWN_TABLE.replace("14336", "99999999999999999999"))
+    assert any("ffn_size=99999999999999999999 must be a positive integer <= 2**40" in p
+               for p in out), out  # (it was priced, and its bytes broke the result table)
+    out = problems('model = ""\n', OWN_TABLE)
+    assert any(p.startswith("model: '' is empty") for p in out), out
     out = problems('model = "mine"\nmodel_config = 3\n')
     assert any(p.startswith("model_config: 3 is of type int; expected a table") for p in out)
     out = problems('model = "nosuch"\n')

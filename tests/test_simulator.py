@@ -2870,6 +2870,15 @@ def test_an_own_model_is_priced_as_the_built_in_config_of_the_same_fields(tmp_pa
     for extra, why in bad:
         with pytest.raises(ValueError, match=re.escape(why)):
             simulate_cell({**base, **extra}, HW)
+    # a spec's cell given another model in Python (dataclasses.replace) is that model's cell:
+    # its heads and kv heads, not the spec's (a review: the row named 8 kv heads, 16 priced)
+    cell = expand(load_spec(tmp_path / "own.toml"))[0]
+    other = dataclasses.replace(get_config("llama3-8b"), num_kv_heads=16)
+    moved = as_cell(dataclasses.replace(cell, model_config=other))
+    assert moved.kv_heads == 16 and moved.model_config == dataclasses.asdict(other)
+    assert as_cell(cell) is cell  # a spec's own cell is kept as it is
+    with pytest.raises(ValueError, match="model='7b' is a built-in config"):
+        as_cell(dataclasses.replace(cell, model="7b"))
     # the shipped spec's committed rows are those it gives now
     spec = load_spec("engine_own_model")
     assert spec.model_config["num_kv_heads"] == 8 and spec.model == "codellama-34b"

@@ -23,6 +23,12 @@ __all__ = ["CONFIGS", "ModelConfig", "config_from_fields", "get_config", "param_
            "resolve_config", "run_window", "vocab_params"]
 
 
+MAX_SIZE = 2**40
+"""The largest count a config holds (layers, widths, vocabulary, max_seq_len), the harness's
+longest sequence (``suites.spec.MAX_SEQ_LEN``): a spec's ``[model_config]`` with a digit too
+many is refused, not priced (its byte counts passed int64 and broke the result table)."""
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """A decoder-only Llama-style model: RMSNorm, RoPE, SwiGLU MLP (or a plain GELU one),
@@ -64,11 +70,15 @@ class ModelConfig:
         problems = []
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.type in ("int", int) and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-                problems.append(f"{f.name}={v!r} must be a positive integer")
-            if f.type in ("float", float) and (not isinstance(v, (int, float)) or isinstance(
-                    v, bool) or not 0 < v < math.inf):  # nan passed "v <= 0", and inf
-                problems.append(f"{f.name}={v!r} must be a positive number")
+            if f.type in ("int", int) and (not isinstance(v, int) or isinstance(v, bool)
+                                           or not 1 <= v <= MAX_SIZE):
+                problems.append(f"{f.name}={v!r} must be a positive integer <= 2**40")
+            if f.type in ("float", float):
+                if (not isinstance(v, (int, float)) or isinstance(v, bool)
+                        or not 0 < v < math.inf):  # nan passed "v <= 0", and inf
+                    problems.append(f"{f.name}={v!r} must be a positive number")
+                else:  # 1e6 and 1000000 are one model, and one cell id
+                    object.__setattr__(self, f.name, float(v))
         if problems:
             raise ValueError("ModelConfig: " + "; ".join(problems))
         if self.hidden_size % self.num_heads:

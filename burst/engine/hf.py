@@ -47,7 +47,13 @@ def config_from_hf(hf_config, *, max_seq_len: int | None = None) -> ModelConfig:
     if kind not in (None, *MODEL_TYPES):  # e.g. a Qwen2 or Gemma checkpoint loaded silently
         problems.append(f"model_type={kind!r} is not supported; valid: {', '.join(MODEL_TYPES)}")
     window = _window(hf_config, kind, problems)
-    rope = _get(hf_config, "rope_parameters") or _get(hf_config, "rope_scaling") or {}
+    rope = {}
+    for name in ("rope_scaling", "rope_parameters"):  # (the latter wins, as before)
+        given = _get(hf_config, name)
+        if given is not None and not isinstance(given, Mapping):
+            problems.append(f"{name}={given!r} must be a table of RoPE parameters (or null)")
+        elif given:
+            rope = given
     theta = next((t for t in (_get(hf_config, "rope_theta"), rope.get("rope_theta"))
                   if t is not None), 10000.0)
     if not (isinstance(theta, int | float) and not isinstance(theta, bool) and theta > 0):
@@ -66,9 +72,16 @@ def config_from_hf(hf_config, *, max_seq_len: int | None = None) -> ModelConfig:
     act = _get(hf_config, "hidden_act", "silu")
     if act != "silu":
         problems.append(f"hidden_act={act!r} is not supported (SwiGLU uses 'silu')")
+    eps = _get(hf_config, "rms_norm_eps", 1e-6)
+    if isinstance(eps, bool) or not isinstance(eps, int | float):  # (ModelConfig: > 0)
+        problems.append(f"rms_norm_eps={eps!r} must be a positive number")
+    tied = _get(hf_config, "tie_word_embeddings", False)
+    if not isinstance(tied, bool):  # "false" would have tied the head
+        problems.append(f"tie_word_embeddings={tied!r} must be true or false")
     hidden, heads = _get(hf_config, "hidden_size"), _get(hf_config, "num_attention_heads")
     head_dim = _get(hf_config, "head_dim")
-    if head_dim is not None and hidden and heads and head_dim != hidden // heads:
+    whole = all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in (hidden, heads))
+    if head_dim is not None and whole and head_dim != hidden // heads:
         problems.append(f"head_dim={head_dim} differs from hidden_size / num_attention_heads = "
                         f"{hidden // heads}; the engine derives head_dim from them")
     if problems:
@@ -78,8 +91,7 @@ def config_from_hf(hf_config, *, max_seq_len: int | None = None) -> ModelConfig:
               num_kv_heads=_get(hf_config, "num_key_value_heads") or heads,
               ffn_size=_get(hf_config, "intermediate_size"),
               vocab_size=_get(hf_config, "vocab_size"), rope_theta=float(theta),
-              rms_eps=float(_get(hf_config, "rms_norm_eps", 1e-6)),
-              tie_embeddings=bool(_get(hf_config, "tie_word_embeddings", False)),
+              rms_eps=float(eps), tie_embeddings=tied,
               window=window)
     if max_seq_len is not None:
         kw["max_seq_len"] = max_seq_len
