@@ -105,10 +105,11 @@ def _with_derived(df):
     if "bytes_sent" not in df.columns and "bytes_sent_forward" in df.columns:
         df["bytes_sent"] = df["bytes_sent_forward"].astype(float) + df[
             "bytes_sent_backward"].astype(float)
-    if "data_parallel" not in df.columns and {"spec", "workload"} <= set(df.columns):
+    if {"spec", "workload"} <= set(df.columns):
         got = [_from_spec(s, w) for s, w in zip(df["spec"], df["workload"], strict=True)]
-        df["data_parallel"] = [dp for dp, _ in got]
-        df["model_config"] = [own for _, own in got]
+        for i, k in enumerate(("data_parallel", "model_config")):
+            if k not in df.columns:
+                df[k] = [g[i] for g in got]
     return df
 
 

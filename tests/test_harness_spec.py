@@ -1423,6 +1423,9 @@ def test_a_spec_s_own_model_is_refused_with_every_problem_named(tmp_path):
     out = problems('model = "mine"\n', OWN_TABLE.replace("14336", "99999999999999999999"))
     assert any("ffn_size=99999999999999999999 must be a positive integer <= 2**40" in p
                for p in out), out  # (it was priced, and its bytes broke the result table)
+    out = problems('model = "mine"\n', OWN_TABLE.replace("5e5", "1" + "0" * 400))
+    assert any(p.startswith("model_config: ModelConfig: rope_theta=1000") and
+               p.endswith("must be a positive number") for p in out), out  # (OverflowError)
     out = problems('model = ""\n', OWN_TABLE)
     assert any(p.startswith("model: '' is empty") for p in out), out
     out = problems('model = "mine"\nmodel_config = 3\n')

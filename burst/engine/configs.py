@@ -74,11 +74,15 @@ class ModelConfig:
                                            or not 1 <= v <= MAX_SIZE):
                 problems.append(f"{f.name}={v!r} must be a positive integer <= 2**40")
             if f.type in ("float", float):
-                if (not isinstance(v, (int, float)) or isinstance(v, bool)
-                        or not 0 < v < math.inf):  # nan passed "v <= 0", and inf
+                try:  # 1e6 and 1000000 are one model, and one cell id
+                    x = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) \
+                        else math.nan
+                except OverflowError:  # an int of 400 digits
+                    x = math.inf
+                if not 0 < x < math.inf:  # nan passed "v <= 0", and inf
                     problems.append(f"{f.name}={v!r} must be a positive number")
-                else:  # 1e6 and 1000000 are one model, and one cell id
-                    object.__setattr__(self, f.name, float(v))
+                else:
+                    object.__setattr__(self, f.name, x)
         if problems:
             raise ValueError("ModelConfig: " + "; ".join(problems))
         if self.hidden_size % self.num_heads:
