@@ -594,24 +594,9 @@ def _own_model(r: _Reader, given, folder: Path) -> dict | None:
     from burst.engine.configs import ModelConfig, config_from_fields
 
     if isinstance(given, str):
-        path = folder / given
         try:
-            hf = json.loads(path.read_text(encoding="utf-8-sig"))
-        except OSError as e:
-            r.add("model_config", f"{given!r}: cannot read {path} ({e.strerror or e})")
-            return None
-        except (ValueError, UnicodeDecodeError) as e:
-            r.add("model_config", f"{given!r}: {path} is not a JSON config ({e})")
-            return None
-        if not isinstance(hf, dict):
-            r.add("model_config", f"{given!r}: {path} holds a JSON {type(hf).__name__}, not "
-                  "a Hugging Face config (an object)")
-            return None
-        from burst.engine.hf import config_from_hf
-
-        try:
-            return dataclasses.asdict(config_from_hf(hf))
-        except (TypeError, ValueError) as e:
+            return dataclasses.asdict(_hf_config(folder / given))
+        except ValueError as e:
             r.add("model_config", f"{given!r}: {e}")
             return None
     if not isinstance(given, dict):
@@ -628,6 +613,26 @@ def _own_model(r: _Reader, given, folder: Path) -> dict | None:
         r.add("model_config", str(e))
         return None
     return None if len(r.problems) > before else fields
+
+
+def _hf_config(path: Path):
+    """The ModelConfig of a Hugging Face config.json (``burst.engine.hf.config_from_hf``);
+    ValueError saying why there is none."""
+    from burst.engine.hf import config_from_hf
+
+    try:
+        hf = json.loads(path.read_text(encoding="utf-8-sig"))
+    except OSError as e:
+        raise ValueError(f"cannot read {path} ({e.strerror or e})") from None
+    except ValueError as e:  # not JSON, or not UTF-8
+        raise ValueError(f"{path} is not a JSON config ({e})") from None
+    if not isinstance(hf, dict):
+        raise ValueError(f"{path} holds a JSON {type(hf).__name__}, not a Hugging Face config "
+                         "(an object)")
+    try:
+        return config_from_hf(hf)
+    except TypeError as e:  # a value of the wrong kind that no check named
+        raise ValueError(str(e)) from None
 
 
 def _model_window(r: _Reader, data: dict, workload, model: str | None, fields: dict | None):

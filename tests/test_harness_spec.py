@@ -1416,7 +1416,8 @@ def test_a_spec_s_own_model_is_refused_with_every_problem_named(tmp_path):
             ("rope_scaling", "linear", "rope_scaling='linear' must be a table of RoPE "),
             ("tie_word_embeddings", "false", "tie_word_embeddings='false' must be true or false"),
             ("rms_norm_eps", "x", "rms_norm_eps='x' must be a positive number"),
-            ("hidden_size", "4096", "hidden_size='4096' must be a positive integer"))):
+            ("hidden_size", "4096", "hidden_size='4096' must be a positive integer"),
+            ("rope_theta", 10**400, "rope_theta=1000"))):  # (an OverflowError in float())
         (tmp_path / f"odd{i}.json").write_text(json.dumps({**OWN_HF, key: value}))
         out = problems(f'model = "mine"\nmodel_config = "odd{i}.json"\n', name=f"odd{i}")
         assert any(p.startswith(f"model_config: 'odd{i}.json': ") and why in p for p in out), out

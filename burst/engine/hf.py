@@ -86,12 +86,13 @@ def config_from_hf(hf_config, *, max_seq_len: int | None = None) -> ModelConfig:
                         f"{hidden // heads}; the engine derives head_dim from them")
     if problems:
         raise ValueError("config_from_hf: " + "; ".join(problems))
+    # rope_theta and rms_eps as given: ModelConfig checks their range and stores floats
     kw = dict(hidden_size=hidden, num_layers=_get(hf_config, "num_hidden_layers"),
               num_heads=heads,
               num_kv_heads=_get(hf_config, "num_key_value_heads") or heads,
               ffn_size=_get(hf_config, "intermediate_size"),
-              vocab_size=_get(hf_config, "vocab_size"), rope_theta=float(theta),
-              rms_eps=float(eps), tie_embeddings=tied,
+              vocab_size=_get(hf_config, "vocab_size"), rope_theta=theta, rms_eps=eps,
+              tie_embeddings=tied,
               window=window)
     if max_seq_len is not None:
         kw["max_seq_len"] = max_seq_len
