@@ -360,6 +360,9 @@ class _Reader:
             if k not in valid:
                 near = difflib.get_close_matches(k, valid, n=1)
                 hint = f" (did you mean {near[0]!r}?)" if near else ""
+                if where and k in _TOP:  # written below a [table] header, so read into it
+                    hint = (f" ({k!r} is a top-level key: TOML reads every key after a "
+                            "[table] header into that table; move it above the first one)")
                 self.add(f"{where}{k}", f"unknown key{hint}; valid keys: "
                          f"{', '.join(sorted(valid))}")
 

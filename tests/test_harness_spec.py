@@ -1383,6 +1383,22 @@ def test_a_spec_defines_its_own_model_as_a_table_or_a_hugging_face_config(tmp_pa
         tmp_path, "window = [7, 0]\n" + OWN_HEAD + OWN_TABLE + "window = [4095, 0]\n", "w2"))
 
 
+def test_a_top_level_key_below_a_table_is_named_as_one(tmp_path):
+    """TOML reads every key after a [table] header into that table: seq_lens written under
+    [model_config], or baseline under the last [[methods]], was an "unknown key" of that table
+    with a guess at a key of it (a review of the own-model change)."""
+    out = _problems(tmp_path, OWN_HEAD.replace("seq_lens = [4096]\n", "") + 'baseline = "b"\n'
+                    + OWN_TABLE + "seq_lens = [4096]\n", "trap")
+    why = "is a top-level key: TOML reads every key after a [table] header into that table"
+    assert any(p.startswith("model_config.seq_lens: unknown key ('seq_lens' " + why)
+               for p in out), out
+    assert any(p.startswith("methods[0].baseline: unknown key ('baseline' " + why)
+               for p in out), out
+    # a key that is no top-level key keeps its guess
+    out = _problems(tmp_path, GOOD_TINY.replace("head_dim = 8", "head_dim = 8\nhaeds = 2"), "g")
+    assert any(p.startswith("shape.haeds: unknown key (did you mean 'heads'?)") for p in out), out
+
+
 def test_a_spec_s_own_model_is_refused_with_every_problem_named(tmp_path):
     def problems(top: str, table: str = "", name="p") -> list[str]:
         """The spec's problems with ``top`` as its first lines and ``table`` as its last."""
