@@ -82,12 +82,6 @@ class Prediction:
 # Cells
 
 
-def _model_config(name: str, fields: dict | None = None):
-    from burst.engine.configs import resolve_config
-
-    return resolve_config(name, fields)
-
-
 def _param_count(cfg) -> int:
     from burst.engine.configs import param_count
 
@@ -121,16 +115,21 @@ def _check_field_types(d: dict) -> None:
         raise ValueError(f"cell field {'; '.join(bad)}")
 
 
-def _model_run_window(model: str, window, fields: dict | None = None):
-    """A train_step cell's window: the model's own where none is given, a second one refused
-    (``burst.engine.configs.run_window``; a dict cell of ministral-8b was priced with no window
-    at all, where a spec's cell has the model's)."""
-    from burst.engine.configs import run_window
+def _model_fields(model: str, model_config, window) -> dict:
+    """What a train_step cell's model decides: its own model's fields (``_cell_model_config``), its
+    heads and head dim, and its window, the model's own where none is given, a second one
+    refused (``burst.engine.configs.run_window``; a dict cell of ministral-8b was priced with no
+    window at all, where a spec's cell has the model's)."""
+    from burst.engine.configs import resolve_config, run_window
 
+    fields = _cell_model_config(model, model_config)
+    cfg = resolve_config(model, fields)
     try:
-        return run_window(_model_config(model, fields), window)
+        window = run_window(cfg, window)
     except ValueError as e:
         raise ValueError(f"model {model}: {e}") from None
+    return dict(model_config=fields, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
+                head_dim=cfg.head_dim, window=window)
 
 
 def _paper_defaults(d: dict) -> None:
@@ -169,11 +168,7 @@ def as_cell(obj, gpus_per_node: int | None = None):
             return obj
         # its model's heads and window, as a dict cell's (a replaced model or model_config
         # kept the spec's heads: its row named them while another model was priced)
-        fields = _own_model(obj.model, obj.model_config)
-        cfg = _model_config(obj.model, fields)
-        model = dict(model_config=fields, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
-                     head_dim=cfg.head_dim,
-                     window=_model_run_window(obj.model, obj.window, fields))
+        model = _model_fields(obj.model, obj.model_config, obj.window)
         return obj if all(getattr(obj, k) == v for k, v in model.items()) else \
             dataclasses.replace(obj, **model)
     d = dict(obj) if isinstance(obj, dict) else {
@@ -239,36 +234,29 @@ def as_cell(obj, gpus_per_node: int | None = None):
         if d["model"] is None:
             raise ValueError("a train_step cell needs model (a burst.engine.configs name, or "
                              "the name of the model its model_config defines)")
-        d["model_config"] = _own_model(d["model"], d["model_config"])
-        cfg = _model_config(d["model"], d["model_config"])
-        d.update(heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-                 causal=True)
+        # (a training step's window is the model's: the Trainer's rule; a spec refuses a
+        # second one)
+        d.update(_model_fields(d["model"], d["model_config"], d["window"]), causal=True)
     elif d["heads"] is None or d["head_dim"] is None:
         raise ValueError("an attention cell needs heads and head_dim")
     d["kv_heads"] = d["kv_heads"] or d["heads"]
     d["label"] = d["label"] or d["method"]
-    if d["workload"] == "train_step":  # the Trainer's rule (a spec refuses a second window)
-        d["window"] = _model_run_window(d["model"], d["window"], d["model_config"])
-    elif d["window"] is not None:  # the core's rule (a set's sides came in hash order)
-        MaskSpec(window=d["window"])
+    if d["workload"] == "attention" and d["window"] is not None:
+        MaskSpec(window=d["window"])  # the core's rule (a set's sides came in hash order)
         d["window"] = tuple(plain_integer(x) for x in d["window"])
     return Cell(**d)
 
 
-def _own_model(name: str, fields) -> dict | None:
+def _cell_model_config(name: str, fields) -> dict | None:
     """A dict cell's ``model_config`` (a ModelConfig, or a dict of its fields) as a spec's
-    cell carries it, every field (``dataclasses.asdict``); the spec's rules: a built-in
-    config's name is not a model's own."""
-    from burst.engine.configs import CONFIGS, config_from_fields
+    cell carries it, every field (``dataclasses.asdict``), under the spec's rules for its
+    name (``own_name_problem``)."""
+    from burst.engine.configs import config_from_fields, own_name_problem
 
     if fields is None:
         return None
-    if not str(name).strip():
-        raise ValueError(f"model={name!r} is empty: name the model model_config defines (rows "
-                         "show the name)")
-    if name in CONFIGS:
-        raise ValueError(f"model={name!r} is a built-in config (burst.engine.configs); name "
-                         "the model model_config defines otherwise (rows show the name)")
+    if why := own_name_problem(name):
+        raise ValueError(f"model={why}")
     try:
         return dataclasses.asdict(config_from_fields(fields))
     except ValueError as e:

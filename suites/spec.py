@@ -565,13 +565,11 @@ def _shape_or_model(r: _Reader, data: dict, workload, dtype, folder: Path):
     if workload == "train_step" or (not known and ("model" in data or "model_config" in data)):
         model = r.get(data, "model", "", str)
         if "model_config" in data:
+            from burst.engine.configs import own_name_problem
+
             fields = _own_model(r, data["model_config"], folder)
-            if model is not None and not model.strip():
-                r.add("model", f"{model!r} is empty: name the model model_config defines "
-                      "(rows show the name)")
-            elif model is not None and _model_problems(model) == []:
-                r.add("model", f"{model!r} is a built-in config (burst.engine.configs); name "
-                      "the model model_config defines otherwise (rows show the name)")
+            if model is not None and (why := own_name_problem(model)):
+                r.add("model", why)
         elif model is not None:
             r.problems += _model_problems(model)
     for k in ("model", "model_config"):

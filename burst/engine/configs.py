@@ -19,8 +19,8 @@ from burst.flops import mlp_matrices
 from burst.layout import divisors
 from burst.masks import model_window, shown_window
 
-__all__ = ["CONFIGS", "ModelConfig", "config_from_fields", "get_config", "param_count",
-           "resolve_config", "run_window", "vocab_params"]
+__all__ = ["CONFIGS", "ModelConfig", "config_from_fields", "get_config", "own_name_problem",
+           "param_count", "resolve_config", "run_window", "vocab_params"]
 
 
 MAX_SIZE = 2**40
@@ -180,6 +180,17 @@ def config_from_fields(fields) -> ModelConfig:
     if problems:
         raise ValueError("; ".join(problems))
     return ModelConfig(**fields)
+
+
+def own_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a model that a spec or a cell defines itself (None: it can):
+    empty, or a built-in config's (rows would show two models as one)."""
+    if not str(name).strip():
+        return f"{name!r} is empty: name the model model_config defines (rows show the name)"
+    if name in CONFIGS:
+        return (f"{name!r} is a built-in config (burst.engine.configs); name the model "
+                "model_config defines otherwise (rows show the name)")
+    return None
 
 
 def resolve_config(name: str, fields: dict | None = None) -> ModelConfig:
