@@ -3,6 +3,7 @@
     .venv/bin/python scripts/train.py --out runs/tiny                # 4 local gloo ranks
     .venv/bin/python scripts/train.py --out runs/tiny --steps 200    # again: resumes
     .venv/bin/python scripts/train.py --out runs/docs --window 256 --doc-len 512 --kv-heads 1
+    .venv/bin/python scripts/train.py --out runs/own --model-config path/to/config.json
     torchrun --nproc-per-node 8 scripts/train.py --out runs/7b --model 7b --device cuda \\
         --dtype bfloat16 --seq-len 262144 --checkpointing selective
 
@@ -60,11 +61,13 @@ from burst.engine import (  # noqa: E402
     CHECKPOINTING,
     CONFIGS,
     Trainer,
+    config_from_file,
     param_count,
     sharded_state,
 )
 from burst.engine.attention_call import resolve_attention  # noqa: E402
 from burst.engine.checkpointing import check_mode  # noqa: E402
+from burst.engine.configs import config_from_fields  # noqa: E402
 from burst.engine.parallel import DATA_PARALLEL, cp_degree_ok  # noqa: E402
 from burst.engine.trainer import DTYPES, OPTIMIZERS, seq_len_problems  # noqa: E402
 from burst.layout import chunks_per_rank  # noqa: E402
@@ -95,7 +98,12 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=_Defaults)
     p.add_argument("--out", required=True,
                    help="folder of state.pt (or state), steps.jsonl, run.json")
-    p.add_argument("--model", default="tiny", choices=sorted(CONFIGS), help="engine config")
+    p.add_argument("--model", default=None, choices=sorted(CONFIGS),
+                   help="engine config (default: tiny, unless --model-config gives the model)")
+    p.add_argument("--model-config", type=_model_config_file, default=None, metavar="FILE",
+                   help="a model of your own: the Hugging Face config.json of a Llama-style "
+                        "model (llama, mistral, ministral; burst.engine.config_from_file), "
+                        "instead of --model; its fields are the run's identity, not the path")
     p.add_argument("--world", type=positive_int, default=4,
                    help="local gloo ranks (ignored under torchrun, which sets the world)")
     p.add_argument("--cp-degree", type=positive_int, default=None,
@@ -152,6 +160,38 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _model_config_file(path: str) -> dict:
+    """--model-config: the fields of the ModelConfig the config.json at ``path`` defines, in
+    JSON's own forms (run.json keeps them, and a resume compares them: editing the file makes
+    another run); a file the engine cannot build is a usage error."""
+    try:
+        return json.loads(json.dumps(dataclasses.asdict(config_from_file(path))))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _base_model(args: dict):
+    """(name run.json records, config) of the model the arguments give before --kv-heads: a
+    built-in config (--model, tiny by default), or --model-config's fields (name None).
+    ValueError for both, for an unknown name, or for fields that are no model."""
+    own = args.get("model_config")
+    if own is None:
+        name = args["model"] or "tiny"
+        if name not in CONFIGS:
+            raise ValueError(f"unknown model {name!r}; valid: {', '.join(sorted(CONFIGS))}")
+        return name, CONFIGS[name]
+    if args["model"] is not None:
+        raise ValueError(f"--model {args['model']} and --model-config give two models; give "
+                         "one")
+    return None, config_from_fields(own)
+
+
+def _model_name(args: dict) -> str:
+    """The model as the run's lines name it."""
+    return args["model"] or ("tiny" if args.get("model_config") is None
+                             else "the --model-config model")
+
+
 def _identity(args: dict, world: int) -> dict:
     """What a resumed run must keep: its arguments but RESUMABLE, with the defaults they leave
     to the model and the method written out (``--kv-heads 2`` names the tiny model's own
@@ -160,15 +200,14 @@ def _identity(args: dict, world: int) -> dict:
     global batch (``--batch`` sequences per DP group x the DP size, whatever the world); a
     window or documents spanning the whole sequence are no mask. ValueError for an unknown
     model or method."""
-    if args["model"] not in CONFIGS:
-        raise ValueError(f"unknown model {args['model']!r}; valid: {', '.join(sorted(CONFIGS))}")
+    name, cfg = _base_model(args)
     method, options, layout = _attention(args)
     effective = {**method.options, **options}
     dp = world // (args["cp_degree"] or world)
     return {**{k: v for k, v in _whole_sequence_masks(args).items()
                if k not in RESUMABLE + LAYOUT},
-            "kv_heads": (CONFIGS[args["model"]].num_kv_heads if args["kv_heads"] is None
-                         else args["kv_heads"]),
+            "model": name,
+            "kv_heads": cfg.num_kv_heads if args["kv_heads"] is None else args["kv_heads"],
             **{k: effective.get(k) for k in ("ranks_per_node", "backward")},
             "layout": layout,
             "global_batch": args["batch"] * dp}
@@ -193,7 +232,7 @@ def _whole_sequence_masks(args: dict) -> dict:
 def _model(args: dict):
     """(model config, window, cu_seqlens) the arguments ask for; ValueError if they cannot be."""
     args = _whole_sequence_masks(args)
-    cfg = CONFIGS[args["model"]]
+    cfg = _base_model(args)[1]
     if args["kv_heads"] is not None:
         cfg = dataclasses.replace(cfg, num_kv_heads=args["kv_heads"])
     window = None if args["window"] is None else (args["window"], 0)
@@ -212,7 +251,7 @@ def _model(args: dict):
             raise ValueError(
                 f"--global-every {every}: every layer would be "
                 + (f"global, so --window {args['window']} would apply to none; drop --window"
-                   if every == 1 else f"local ({args['model']} has {layers} layers); drop "
+                   if every == 1 else f"local ({_model_name(args)} has {layers} layers); drop "
                    "--global-every") + f", or give {'2' if layers == 2 else f'2 to {layers}'}")
         window = model_window(interleaved_windows(window, layers, every), layers)
     cu = None
@@ -469,7 +508,7 @@ def _train(rank: int, world: int, args: dict, host_ranks: int | None = None) -> 
                     f", {_count(len(cu) - 1, 'document')}" if cu else ""])
     ring = "".join([f", {_count(rpn, 'rank')} per node" if rpn < world else "",
                     f", backward {args['backward']}" if args["backward"] else ""])
-    say(f"{args['model']} ({param_count(cfg):,} parameters, {_count(cfg.num_heads, 'head')}, "
+    say(f"{_model_name(args)} ({param_count(cfg):,} parameters, {_count(cfg.num_heads, 'head')}, "
         f"{_count(cfg.num_kv_heads, 'K/V head')}), {_count(world, 'rank')} (CP {tr.cp_size} x "
         f"DP {tr.dp_size}), "
         f"{args['method']} {layout}{ring}{mask}, checkpointing {args['checkpointing']}, "

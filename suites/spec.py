@@ -589,14 +589,16 @@ def _shape_or_model(r: _Reader, data: dict, workload, dtype, folder: Path):
 
 def _own_model(r: _Reader, given, folder: Path) -> dict | None:
     """A spec's ``model_config``: a table of ``ModelConfig``'s fields, or the path of a Hugging
-    Face config.json (relative to ``folder``; ``burst.engine.hf.config_from_hf`` reads it) ->
+    Face config.json (relative to ``folder``; ``burst.engine.config_from_file`` reads it) ->
     every field of the ModelConfig, as ``dataclasses.asdict`` gives them (the cells carry it,
     and their ids change with it), or None with the problem recorded."""
     from burst.engine.configs import ModelConfig, config_from_fields
 
     if isinstance(given, str):
+        from burst.engine.hf import config_from_file
+
         try:
-            return dataclasses.asdict(_hf_config(folder / given))
+            return dataclasses.asdict(config_from_file(folder / given))
         except ValueError as e:
             r.add("model_config", f"{given!r}: {e}")
             return None
@@ -614,26 +616,6 @@ def _own_model(r: _Reader, given, folder: Path) -> dict | None:
         r.add("model_config", str(e))
         return None
     return None if len(r.problems) > before else fields
-
-
-def _hf_config(path: Path):
-    """The ModelConfig of a Hugging Face config.json (``burst.engine.hf.config_from_hf``);
-    ValueError saying why there is none."""
-    from burst.engine.hf import config_from_hf
-
-    try:
-        hf = json.loads(path.read_text(encoding="utf-8-sig"))
-    except OSError as e:
-        raise ValueError(f"cannot read {path} ({e.strerror or e})") from None
-    except ValueError as e:  # not JSON, or not UTF-8
-        raise ValueError(f"{path} is not a JSON config ({e})") from None
-    if not isinstance(hf, dict):
-        raise ValueError(f"{path} holds a JSON {type(hf).__name__}, not a Hugging Face config "
-                         "(an object)")
-    try:
-        return config_from_hf(hf)
-    except TypeError as e:  # a value of the wrong kind that no check named
-        raise ValueError(str(e)) from None
 
 
 def _model_window(r: _Reader, data: dict, workload, model: str | None, fields: dict | None):

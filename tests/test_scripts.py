@@ -177,6 +177,55 @@ def test_each_training_option_reaches_the_model(tmp_path, monkeypatch):
         train.main(["--out", str(tmp_path / "file"), "--steps", "1"])
 
 
+def test_a_model_of_ones_own_trains_from_its_config_json(tmp_path, monkeypatch, capfd):
+    """scripts/train.py --model-config: a Hugging Face config.json of the tiny model's sizes
+    but all four K/V heads trains with the losses of tiny with --kv-heads 4; its fields, not
+    its path, are the run's identity (the file edited, a resume is refused; copied elsewhere,
+    it resumes); --model beside it, and a file the engine cannot build, stop before anything
+    is written."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    train = importlib.import_module("train")
+    tiny = CONFIGS["tiny"]
+    hf = {"model_type": "llama", "hidden_size": tiny.hidden_size,
+          "num_hidden_layers": tiny.num_layers, "num_attention_heads": tiny.num_heads,
+          "num_key_value_heads": tiny.num_heads, "intermediate_size": tiny.ffn_size,
+          "vocab_size": tiny.vocab_size, "rope_theta": tiny.rope_theta,
+          "rms_norm_eps": tiny.rms_eps, "tie_word_embeddings": False}
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(hf))
+
+    def losses(name, *args, steps=2):
+        train.main(["--out", str(tmp_path / name), "--world", "1", "--steps", str(steps),
+                    "--seq-len", "64", "--dtype", "float64", *args])
+        return [loss for _, loss in _losses(tmp_path / name)]
+
+    plain = losses("plain", "--kv-heads", str(tiny.num_heads))
+    assert plain != losses("tiny")
+    assert losses("own", "--model-config", str(config)) == plain
+    assert "the --model-config model (" in capfd.readouterr().out
+    saved = json.loads((tmp_path / "own" / "run.json").read_text())
+    assert saved["model"] is None and saved["model_config"]["rope_theta"] == tiny.rope_theta
+    moved = tmp_path / "elsewhere.json"
+    shutil.copy(config, moved)
+    assert losses("own", "--model-config", str(moved), steps=3)[:2] == plain
+    config.write_text(json.dumps({**hf, "rope_theta": 500000.0}))
+    with pytest.raises(SystemExit, match=r"model_config: \{.*'rope_theta': 10000.0.*\} then"):
+        losses("own", "--model-config", str(config), steps=4)
+    with pytest.raises(SystemExit, match="model: 'tiny' then, None now"):
+        losses("plain", "--kv-heads", str(tiny.num_heads), "--model-config", str(moved),
+               steps=3)
+    with pytest.raises(SystemExit, match="--model tiny and --model-config give two models"):
+        losses("both", "--model", "tiny", "--model-config", str(moved))
+    assert not (tmp_path / "both").exists()
+    config.write_text(json.dumps({**hf, "model_type": "gemma"}))
+    for bad, why in ((config, "model_type='gemma' is not supported"),
+                     (tmp_path / "none.json", "cannot read")):
+        with pytest.raises(SystemExit) as e:
+            losses("bad", "--model-config", str(bad))
+        assert e.value.code == 2 and why in capfd.readouterr().err
+        assert not (tmp_path / "bad").exists()
+
+
 def test_a_mask_spanning_the_whole_sequence_is_no_mask(monkeypatch):
     """scripts/train.py: --doc-len >= --seq-len (one document) and --window >= --seq-len - 1
     are causal attention unmasked: the same run (a resume may name either) on the unmasked
@@ -504,9 +553,9 @@ def test_train_help_shows_each_default(monkeypatch):
     it is."""
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))
     text = " ".join(importlib.import_module("train")._parser().format_help().split())
-    for shown in ("engine config (default: tiny)", "(default: 4)", "(default: 1024)",
-                  "recomputation mode (default: selective)", "initial weights (default: 0)",
-                  "K/V heads (GQA; default: the model config's)"):
+    for shown in ("engine config (default: tiny, unless --model-config", "(default: 4)",
+                  "(default: 1024)", "recomputation mode (default: selective)",
+                  "initial weights (default: 0)", "K/V heads (GQA; default: the model config's)"):
         assert shown in text, shown
     assert "(default: None)" not in text and "default: False" not in text
 

@@ -19,7 +19,7 @@ from burst.engine.attention_call import AttentionCall, BurstMethod, count_attent
 from burst.engine.checkpointing import CHECKPOINTING
 from burst.engine.configs import CONFIGS, ModelConfig, get_config, param_count
 from burst.engine.fused_loss import IGNORE_INDEX, fused_linear_cross_entropy
-from burst.engine.hf import config_from_hf, convert_hf_state_dict, from_hf
+from burst.engine.hf import config_from_file, config_from_hf, convert_hf_state_dict, from_hf
 from burst.engine.model import CausalLM
 from burst.engine.parallel import make_groups
 from burst.engine.trainer import Trainer
@@ -33,6 +33,7 @@ __all__ = [
     "CausalLM",
     "ModelConfig",
     "Trainer",
+    "config_from_file",
     "config_from_hf",
     "convert_hf_state_dict",
     "count_attention_flops",

@@ -15,19 +15,23 @@ through wherever it runs (alone, in a Trainer, in the FLOP counts); a Mistral co
 ``layer_types`` mix sliding and full layers is refused (transformers builds either model from
 it, MistralForCausalLM or, through AutoConfig, Ministral's).
 Every problem is listed at once, naming the key.
-transformers is not imported: any object with LlamaConfig's attributes (or a dict) works.
+transformers is not imported: any object with LlamaConfig's attributes (or a dict) works, and
+``config_from_file`` reads a config.json (a sweep spec's ``model_config = "..."``,
+``scripts/train.py --model-config``).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 
 from burst.engine.configs import ModelConfig
 from burst.engine.model import CausalLM
 
-__all__ = ["config_from_hf", "convert_hf_state_dict", "from_hf"]
+__all__ = ["config_from_file", "config_from_hf", "convert_hf_state_dict", "from_hf"]
 
 # architectures that are the engine's Llama, the last two with a sliding window
 MODEL_TYPES = ("llama", "mistral", "ministral")
@@ -97,6 +101,27 @@ def config_from_hf(hf_config, *, max_seq_len: int | None = None) -> ModelConfig:
     if max_seq_len is not None:
         kw["max_seq_len"] = max_seq_len
     return ModelConfig(**kw)
+
+
+def config_from_file(path) -> ModelConfig:
+    """The ModelConfig of a Hugging Face config.json at ``path`` (``config_from_hf``), as a
+    sweep spec's ``model_config = "..."`` and ``scripts/train.py --model-config`` read it;
+    ValueError saying why there is none (unreadable, not JSON, not an object, or a config the
+    engine cannot build)."""
+    path = Path(path)
+    try:
+        hf = json.loads(path.read_text(encoding="utf-8-sig"))
+    except OSError as e:
+        raise ValueError(f"cannot read {path} ({e.strerror or e})") from None
+    except ValueError as e:  # not JSON, or not UTF-8
+        raise ValueError(f"{path} is not a JSON config ({e})") from None
+    if not isinstance(hf, dict):
+        raise ValueError(f"{path} holds a JSON {type(hf).__name__}, not a Hugging Face config "
+                         "(an object)")
+    try:
+        return config_from_hf(hf)
+    except TypeError as e:  # a value of the wrong kind that no check named
+        raise ValueError(str(e)) from None
 
 
 def _window(hf_config, kind, problems: list[str]):
