@@ -143,6 +143,23 @@ def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match="gated_mlp='no' must be a bool"):
         ModelConfig(hidden_size=8, num_layers=1, num_heads=2, num_kv_heads=2, ffn_size=8,
                     vocab_size=8, gated_mlp="no")
+    # every problem in one report, whatever their kinds (the divisibility of heads and a bool
+    # waited for the types to be right: a second run to see them); a bad value's own checks
+    # are skipped, not reported as a second problem of it
+    with pytest.raises(ValueError) as e:
+        ModelConfig(hidden_size=48, num_layers="2", num_heads=6, num_kv_heads=4, ffn_size=0,
+                    vocab_size=8, tie_embeddings="false", rms_eps=-1, window=(8, 0))
+    assert str(e.value) == (
+        "ModelConfig: num_layers='2' must be a positive integer <= 2**40; ffn_size=0 must be a "
+        "positive integer <= 2**40; rms_eps=-1 must be a positive number; "
+        "tie_embeddings='false' must be a bool; num_heads=6 is not divisible by num_kv_heads=4; "
+        "valid kv head counts: 1, 2, 3, 6"), e.value
+    with pytest.raises(ValueError) as e:
+        ModelConfig(hidden_size=36, num_layers=2, num_heads=4, num_kv_heads=0, ffn_size=8,
+                    vocab_size=8, window=[(4, 0)] * 3)
+    assert str(e.value).startswith(
+        "ModelConfig: num_kv_heads=0 must be a positive integer <= 2**40; head_dim=9 "
+        "(hidden_size / num_heads) must be even for rotary embeddings; window="), e.value
 
 
 def test_a_gelu_mlp_is_up_gelu_down():

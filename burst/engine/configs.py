@@ -67,12 +67,13 @@ class ModelConfig:
     arrive here through ``burst.engine.hf``."""
 
     def __post_init__(self):
-        problems = []
+        problems, bad = [], set()  # every problem in one report; checks of a bad value skipped
         for f in fields(self):
             v = getattr(self, f.name)
             if f.type in ("int", int) and (not isinstance(v, int) or isinstance(v, bool)
                                            or not 1 <= v <= MAX_SIZE):
                 problems.append(f"{f.name}={v!r} must be a positive integer <= 2**40")
+                bad.add(f.name)
             if f.type in ("float", float):
                 try:  # 1e6 and 1000000 are one model, and one cell id
                     x = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) \
@@ -83,23 +84,20 @@ class ModelConfig:
                     problems.append(f"{f.name}={v!r} must be a positive number")
                 else:
                     object.__setattr__(self, f.name, x)
-        if problems:
-            raise ValueError("ModelConfig: " + "; ".join(problems))
-        if self.hidden_size % self.num_heads:
+            if f.type in ("bool", bool) and not isinstance(v, bool):
+                problems.append(f"{f.name}={v!r} must be a bool")
+        if not bad & {"hidden_size", "num_heads"} and self.hidden_size % self.num_heads:
             problems.append(f"hidden_size={self.hidden_size} is not divisible by num_heads="
                             f"{self.num_heads}; valid head counts: "
                             f"{_short(divisors(self.hidden_size))}")
-        if self.num_heads % self.num_kv_heads:
+        elif not bad & {"hidden_size", "num_heads"} and self.head_dim % 2:
+            problems.append(f"head_dim={self.head_dim} (hidden_size / num_heads) must be even "
+                            "for rotary embeddings")
+        if not bad & {"num_heads", "num_kv_heads"} and self.num_heads % self.num_kv_heads:
             problems.append(f"num_heads={self.num_heads} is not divisible by num_kv_heads="
                             f"{self.num_kv_heads}; valid kv head counts: "
                             f"{_short(divisors(self.num_heads))}")
-        elif self.hidden_size % self.num_heads == 0 and self.head_dim % 2:
-            problems.append(f"head_dim={self.head_dim} (hidden_size / num_heads) must be even "
-                            "for rotary embeddings")
-        for name in ("tie_embeddings", "gated_mlp"):
-            if not isinstance(getattr(self, name), bool):
-                problems.append(f"{name}={getattr(self, name)!r} must be a bool")
-        if self.window is not None:
+        if self.window is not None and "num_layers" not in bad:
             try:  # hashable and comparable: sides as ints, a list of equal windows as one pair
                 object.__setattr__(self, "window", model_window(self.window, self.num_layers))
             except ValueError as e:
