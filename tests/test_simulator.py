@@ -993,6 +993,15 @@ def test_attention_rate_diagnostic_round_trips(evals):
     implied, sim = calibrate._attention_rates(cell, p, row["simulated"])
     assert implied == pytest.approx(sim, rel=1e-9) and sim == pytest.approx(
         row["attn_tflops_sim"])
+    # a model the cell defines itself (a spec's model_config) is read from the cell, not
+    # looked up by its name: 7b's fields under another name give 7b's rates (with the GELU MLP
+    # that BurstEngine's runs built for the name 7b: gelu_mlp_models)
+    from burst.engine.configs import get_config
+
+    fields = dataclasses.asdict(dataclasses.replace(get_config("7b"), gated_mlp=False))
+    own = dataclasses.replace(cell, model="mine", model_config=fields)
+    assert calibrate._attention_rates(own, predict(own, HW, impl), row["simulated"]) == (
+        implied, sim)
     ratios = {(e["model"], e["method"], e["checkpointing"]):
               e["attn_tflops_implied"] / e["attn_tflops_sim"]
               for e in evals if e["attn_tflops_implied"]}
