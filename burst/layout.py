@@ -18,6 +18,7 @@ Names: G = number of ranks (``world``), N = global length, n = N/G local length.
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
@@ -41,8 +42,11 @@ LAYOUTS = ("contiguous", "zigzag", "striped")
 
 
 def divisors(n: int, *, at_least: int = 1) -> list[int]:
-    """The degrees n splits evenly into (error messages list them as the valid values)."""
-    return [d for d in range(at_least, n + 1) if n % d == 0]
+    """The degrees n splits evenly into, in order (error messages list them as the valid
+    values). Trial division up to sqrt(n): a model's width of 2**40 is a million steps, where
+    counting to n hung the message of a config with a digit too many."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return [d for d in small + [n // d for d in reversed(small) if d * d != n] if d >= at_least]
 
 
 def heads_problem(heads: int, kv_heads: int) -> str | None:

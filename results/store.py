@@ -367,8 +367,16 @@ def table_has_rows(run: Path) -> bool:
 
 
 def _frame(rows: list[dict]):
+    """The rows as a table; an integer past int64 (a simulated byte count of a model no GPU
+    holds: its OOM row's allocated bytes) as a float there, the jsonl row keeping it exact
+    (parquet's OverflowError broke the table after every row was written)."""
     import pandas as pd
 
+    def fits(v) -> bool:
+        return type(v) is not int or -(2**63) <= v < 2**63
+
+    rows = [r if all(map(fits, r.values())) else
+            {k: v if fits(v) else float(v) for k, v in r.items()} for r in rows]
     extra = sorted({k for r in rows for k in r} - set(COLUMNS))
     return pd.DataFrame(rows, columns=[*COLUMNS, *extra])
 

@@ -150,7 +150,7 @@ def test_config_errors_name_the_field():
         ModelConfig(hidden_size=48, num_layers="2", num_heads=6, num_kv_heads=4, ffn_size=0,
                     vocab_size=8, tie_embeddings="false", rms_eps=-1, window=(8, 0))
     assert str(e.value) == (
-        "ModelConfig: num_layers='2' must be a positive integer <= 2**40; ffn_size=0 must be a "
+        "ModelConfig: num_layers='2' must be a positive integer <= 65536; ffn_size=0 must be a "
         "positive integer <= 2**40; rms_eps=-1 must be a positive number; "
         "tie_embeddings='false' must be a bool; num_heads=6 is not divisible by num_kv_heads=4; "
         "valid kv head counts: 1, 2, 3, 6"), e.value

@@ -1440,6 +1440,16 @@ def test_a_spec_s_own_model_is_refused_with_every_problem_named(tmp_path):
     out = problems('model = "mine"\n', OWN_TABLE.replace("14336", "99999999999999999999"))
     assert any("ffn_size=99999999999999999999 must be a positive integer <= 2**40" in p
                for p in out), out  # (it was priced, and its bytes broke the result table)
+    # layers past 65536 (per-layer lists exhausted the memory of the machine pricing 2**40 of
+    # them), and a width of 2**40 that its heads do not divide (listing the valid head counts
+    # counted to 2**40: a hang)
+    out = problems('model = "mine"\n', OWN_TABLE.replace("num_layers = 32", "num_layers = 65537"))
+    assert any("num_layers=65537 must be a positive integer <= 65536" in p for p in out), out
+    out = problems('model = "mine"\n', OWN_TABLE.replace("hidden_size = 4096",
+                                                         f"hidden_size = {2**40}")
+                   .replace("num_heads = 32", "num_heads = 3"))
+    assert any(f"hidden_size={2**40} is not divisible by num_heads=3; valid head counts: 1, 2, "
+               "4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, ..." in p for p in out), out
     out = problems('model = "mine"\n', OWN_TABLE.replace("5e5", "1" + "0" * 400))
     assert any(p.startswith("model_config: ModelConfig: rope_theta=1000") and
                p.endswith("must be a positive number") for p in out), out  # (OverflowError)

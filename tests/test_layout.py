@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from burst.layout import LAYOUTS, global_positions, local_index, position_runs, shard, unshard
+from burst.layout import (
+    LAYOUTS,
+    divisors,
+    global_positions,
+    local_index,
+    position_runs,
+    shard,
+    unshard,
+)
 from burst.spawn import spawn
 
 
@@ -54,6 +62,15 @@ def test_zigzag_and_striped_balance_every_ring_step(world):
     # the first step (a rank's own shard) is balanced too, but not equal to the others
     for lay in ("zigzag", "striped"):
         assert len({_causal_pairs(lay, world, r, r, n) for r in range(world)}) == 1
+
+
+def test_divisors_in_order_and_fast_for_a_width_of_two_to_the_forty():
+    """The valid degrees that messages list: every divisor, in order, found up to sqrt(n) (a
+    count to n hung a ModelConfig message for a width of 2**40)."""
+    for n in range(1, 400):
+        assert divisors(n) == [d for d in range(1, n + 1) if n % d == 0], n
+    assert divisors(36, at_least=4) == [4, 6, 9, 12, 18, 36]
+    assert divisors(2**40) == [2**k for k in range(41)]
 
 
 def test_bad_layout_and_length():

@@ -2900,6 +2900,30 @@ def test_an_own_model_is_priced_as_the_built_in_config_of_the_same_fields(tmp_pa
         (r["tokens_per_s"], r["mem_reserved_bytes"]) for r in now]
 
 
+def test_a_model_at_the_size_caps_is_an_oom_row_in_a_written_table(tmp_path):
+    """A spec's model at ModelConfig's caps (widths and vocabulary of 2**40) is priced (in well
+    under a second: the heads' check listed 2**39 divisors by counting) as an OOM row whose
+    byte count passes int64, and its run's table is written, the count a float there and
+    exact in rows.jsonl (parquet's OverflowError broke the table after the rows)."""
+    import pandas as pd
+
+    from suites.simulate import simulate_spec
+
+    big = 2**40
+    (tmp_path / "huge.toml").write_text(
+        'workload = "train_step"\nmodel = "huge"\ndevice = "cuda"\ndtype = "bfloat16"\n'
+        'seq_lens = [65536]\nnodes = 1\ngpus_per_node = 8\n[[methods]]\nname = "ulysses"\n'
+        f"[model_config]\nhidden_size = {big}\nnum_layers = 4\nnum_heads = {big // 2}\n"
+        f"num_kv_heads = {big // 2}\nffn_size = {big}\nvocab_size = {big}\n")
+    rows = simulate_spec(tmp_path / "huge.toml", HW, out_dir=tmp_path)
+    assert [r["status"] for r in rows] == ["oom"] and rows[0]["mem_peak_bytes"] >= 2**63
+    run = tmp_path / "huge" / f"simulated-{HW.name}"
+    table = pd.read_parquet(run / "table.parquet")
+    assert table["mem_peak_bytes"].tolist() == [float(rows[0]["mem_peak_bytes"])]
+    assert json.loads((run / "rows.jsonl").read_text())["mem_peak_bytes"] == rows[0][
+        "mem_peak_bytes"]
+
+
 def test_a_ring_sending_both_ways_across_nodes_is_priced_by_its_nic_bytes():
     """A window whose keys lie on both sides sends a zigzag ring both ways. Where a node holds
     one member of the ring (a node per rank, or USP's groups as large as a node), that GPU sends

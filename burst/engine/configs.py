@@ -28,6 +28,11 @@ MAX_SIZE = 2**40
 longest sequence (``suites.spec.MAX_SEQ_LEN``): a spec's ``[model_config]`` with a digit too
 many is refused, not priced (its byte counts passed int64 and broke the result table)."""
 
+MAX_LAYERS = 1 << 16
+"""The most layers a config holds. The engine, the FLOP counts and the simulator keep a list
+entry per layer (``burst.masks.layer_windows``), so 2**40 layers exhausted the memory of the
+simulating machine; the deepest published LLMs have a few hundred."""
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -70,9 +75,11 @@ class ModelConfig:
         problems, bad = [], set()  # every problem in one report; checks of a bad value skipped
         for f in fields(self):
             v = getattr(self, f.name)
+            most = MAX_LAYERS if f.name == "num_layers" else MAX_SIZE
             if f.type in ("int", int) and (not isinstance(v, int) or isinstance(v, bool)
-                                           or not 1 <= v <= MAX_SIZE):
-                problems.append(f"{f.name}={v!r} must be a positive integer <= 2**40")
+                                           or not 1 <= v <= most):
+                shown = "2**40" if most == MAX_SIZE else str(most)
+                problems.append(f"{f.name}={v!r} must be a positive integer <= {shown}")
                 bad.add(f.name)
             if f.type in ("float", float):
                 try:  # 1e6 and 1000000 are one model, and one cell id
