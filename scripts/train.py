@@ -103,7 +103,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model-config", type=_model_config_file, default=None, metavar="FILE",
                    help="a model of your own: the Hugging Face config.json of a Llama-style "
                         "model (llama, mistral, ministral; burst.engine.config_from_file), "
-                        "instead of --model; its fields are the run's identity, not the path")
+                        "instead of --model; its fields are the run's identity, not the "
+                        "path; every torchrun process reads it (a path every node sees)")
     p.add_argument("--world", type=positive_int, default=4,
                    help="local gloo ranks (ignored under torchrun, which sets the world)")
     p.add_argument("--cp-degree", type=positive_int, default=None,
