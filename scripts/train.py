@@ -166,9 +166,14 @@ def _model_config_file(path: str) -> dict:
     JSON's own forms (run.json keeps them, and a resume compares them: editing the file makes
     another run); a file the engine cannot build is a usage error."""
     try:
-        return json.loads(json.dumps(dataclasses.asdict(config_from_file(path))))
+        return _json_fields(config_from_file(path))
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _json_fields(cfg) -> dict:
+    """Every field of a ModelConfig as run.json holds them (JSON's lists for tuples)."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg)))
 
 
 def _base_model(args: dict):
@@ -207,11 +212,37 @@ def _identity(args: dict, world: int) -> dict:
     dp = world // (args["cp_degree"] or world)
     return {**{k: v for k, v in _whole_sequence_masks(args).items()
                if k not in RESUMABLE + LAYOUT},
-            "model": name,
+            "model": name, "model_config": None if name else _json_fields(cfg),
             "kv_heads": cfg.num_kv_heads if args["kv_heads"] is None else args["kv_heads"],
             **{k: effective.get(k) for k in ("ranks_per_node", "backward")},
             "layout": layout,
             "global_batch": args["batch"] * dp}
+
+
+def _other_model(got: list) -> str | None:
+    """Under torchrun each process reads --model-config itself: given every rank's (problem,
+    model fields), why they cannot train one model together (None: they can)."""
+    return next((f"rank {r} read another model from --model-config than rank 0 (the file "
+                 "differs between nodes): give every node the same file"
+                 for r, (_, fields) in enumerate(got) if fields != got[0][1]), None)
+
+
+def _differences(differ: dict) -> list[str]:
+    """``key: <then> then, <now> now`` for each argument that differs; a model's fields one by
+    one (``model_config.rope_theta: ...``), and no name as --model-config's model (a built-in
+    model for an own one is said once, by ``model``)."""
+    out = []
+    for k, (a, b) in sorted(differ.items()):
+        if k == "model_config":
+            if isinstance(a, dict) and isinstance(b, dict):
+                out += [f"model_config.{f}: {a.get(f)!r} then, {b.get(f)!r} now"
+                        for f in sorted(set(a) | set(b)) if a.get(f) != b.get(f)]
+        elif k == "model":
+            a, b = (repr(x) if x is not None else "--model-config's" for x in (a, b))
+            out.append(f"model: {a} then, {b} now")
+        else:
+            out.append(f"{k}: {a!r} then, {b!r} now")
+    return out
 
 
 def _count(n: int, word: str) -> str:
@@ -352,7 +383,8 @@ def _check_run(args: dict, world: int) -> str | None:
         try:  # one written before the defaults were written out: write them out now
             saved = {**saved, **{k: v for k, v in _identity({**defaults, **saved}, world).items()
                                  if k in ("kv_heads", "ranks_per_node", "backward", "layout",
-                                          "window", "global_every", "doc_len")}}
+                                          "window", "global_every", "doc_len",
+                                          "model_config")}}
         except (ValueError, TypeError, KeyError) as e:  # an edited file: a value of a wrong type
             return (f"{run} names a run this version cannot rebuild ({type(e).__name__}: {e}); "
                     "use another --out")
@@ -360,8 +392,7 @@ def _check_run(args: dict, world: int) -> str | None:
         if not differ:  # the same run: it resumes if its files can be read
             return _state_problem(state) or _log_problem(out / "steps.jsonl")
         return (f"{out} holds a run started with other arguments ("
-                + ", ".join(f"{k}: {a!r} then, {b!r} now" for k, (a, b) in
-                            sorted(differ.items()))
+                + ", ".join(_differences(differ))
                 + "); use another --out, or the same arguments (--world, --cp-degree, "
                 "--batch and --data-parallel may change where the global batch stays)")
     out.mkdir(parents=True, exist_ok=True)
@@ -612,7 +643,8 @@ def _main(argv=None) -> None:
             problem = None
             if comm.rank() == 0:
                 problem = writer.take() or _check_run(args, comm.world_size())
-            problem = comm.gather_objects(problem, device=device)[0]
+            got = comm.gather_objects((problem, args["model_config"]), device=device)
+            problem = got[0][0] or _other_model(got)
             if problem:
                 raise SystemExit(problem)
             _train(comm.rank(), comm.world_size(), args,

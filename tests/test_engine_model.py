@@ -1230,6 +1230,41 @@ def test_from_hf_refuses_a_bool_rope_theta():
                         "rope_theta": True})
 
 
+def test_a_hugging_face_configs_problems_come_at_once_by_its_keys(tmp_path):
+    """A config.json's problems in one report, each named by the file's key, not ModelConfig's
+    field (a review: "num_layers=100000" for num_hidden_layers, "ffn_size=None must be a
+    positive integer" for a missing intermediate_size, and a bad layer count only once the
+    model type was right); num_key_value_heads=0 is refused, not read as multi-head; a file
+    nested past the stack is no JSON config, not a RecursionError."""
+    from burst.engine.hf import config_from_file, config_from_hf
+
+    base = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "intermediate_size": 8, "vocab_size": 16}
+    for extra, why in (
+            ({"model_type": "gemma", "num_hidden_layers": 70000},
+             "model_type='gemma' is not supported; valid: llama, mistral, ministral; "
+             "num_hidden_layers=70000 must be a positive integer <= 65536"),
+            ({"intermediate_size": None, "vocab_size": None},
+             "missing intermediate_size, vocab_size (required)"),
+            ({"num_key_value_heads": 0},
+             "num_key_value_heads=0 must be a positive integer <= 2**40"),
+            ({"rms_norm_eps": "x", "tie_word_embeddings": "false"},  # once each, by the file
+             "rms_norm_eps='x' must be a positive number; tie_word_embeddings='false' must be "
+             "true or false"),
+            ({"num_attention_heads": 3, "num_key_value_heads": 2},
+             "hidden_size=64 is not divisible by num_attention_heads=3; valid head counts: 1, 2, "
+             "4, 8, 16, 32, 64; num_attention_heads=3 is not divisible by num_key_value_heads=2;"
+             " valid kv head counts: 1, 3")):
+        with pytest.raises(ValueError) as e:
+            config_from_hf({**base, **extra})
+        assert str(e.value) == "config_from_hf: " + why, e.value
+    assert config_from_hf(base).num_kv_heads == 4  # absent: multi-head
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000)
+    with pytest.raises(ValueError, match="is not a JSON config \\(nested too deeply\\)"):
+        config_from_file(deep)
+
+
 def test_trainer_refuses_a_bool_lr():
     with pytest.raises(ValueError, match="lr=True must be a positive number"):
         Trainer("tiny", lr=True)

@@ -207,13 +207,25 @@ def test_a_model_of_ones_own_trains_from_its_config_json(tmp_path, monkeypatch, 
     assert saved["model"] is None and saved["model_config"]["rope_theta"] == tiny.rope_theta
     moved = tmp_path / "elsewhere.json"
     shutil.copy(config, moved)
+    # a run.json written before ModelConfig had some of its fields resumes with their defaults
+    run = tmp_path / "own" / "run.json"
+    run.write_text(json.dumps({**saved, "model_config": {
+        k: v for k, v in saved["model_config"].items() if k not in ("gated_mlp", "window")}}))
     assert losses("own", "--model-config", str(moved), steps=3)[:2] == plain
     config.write_text(json.dumps({**hf, "rope_theta": 500000.0}))
-    with pytest.raises(SystemExit, match=r"model_config: \{.*'rope_theta': 10000.0.*\} then"):
+    with pytest.raises(SystemExit, match=re.escape(  # the field that changed, alone
+            "other arguments (model_config.rope_theta: 10000.0 then, 500000.0 now); use")):
         losses("own", "--model-config", str(config), steps=4)
-    with pytest.raises(SystemExit, match="model: 'tiny' then, None now"):
+    with pytest.raises(SystemExit, match=re.escape(
+            "other arguments (model: 'tiny' then, --model-config's now); use")):
         losses("plain", "--kv-heads", str(tiny.num_heads), "--model-config", str(moved),
                steps=3)
+    # under torchrun every process reads the file: one that differs between nodes is refused
+    fields = saved["model_config"]
+    assert train._other_model([(None, fields), (None, dict(fields))]) is None
+    assert train._other_model([(None, fields), (None, {**fields, "rope_theta": 1.0})]) == (
+        "rank 1 read another model from --model-config than rank 0 (the file differs between "
+        "nodes): give every node the same file")
     with pytest.raises(SystemExit, match="--model tiny and --model-config give two models"):
         losses("both", "--model", "tiny", "--model-config", str(moved))
     assert not (tmp_path / "both").exists()

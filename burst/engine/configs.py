@@ -19,12 +19,12 @@ from burst.flops import mlp_matrices
 from burst.layout import divisors
 from burst.masks import model_window, shown_window
 
-__all__ = ["CONFIGS", "ModelConfig", "config_from_fields", "get_config", "own_name_problem",
-           "param_count", "resolve_config", "run_window", "vocab_params"]
+__all__ = ["CONFIGS", "ConfigError", "ModelConfig", "config_from_fields", "get_config",
+           "own_name_problem", "param_count", "resolve_config", "run_window", "vocab_params"]
 
 
 MAX_SIZE = 2**40
-"""The largest count a config holds (layers, widths, vocabulary, max_seq_len), the harness's
+"""The largest count a config holds (widths, heads, vocabulary, max_seq_len), the harness's
 longest sequence (``suites.spec.MAX_SEQ_LEN``): a spec's ``[model_config]`` with a digit too
 many is refused, not priced (its byte counts passed int64 and broke the result table)."""
 
@@ -32,6 +32,15 @@ MAX_LAYERS = 1 << 16
 """The most layers a config holds. The engine, the FLOP counts and the simulator keep a list
 entry per layer (``burst.masks.layer_windows``), so 2**40 layers exhausted the memory of the
 simulating machine; the deepest published LLMs have a few hundred."""
+
+
+class ConfigError(ValueError):
+    """A ModelConfig's problems, each one also in ``problems`` (``burst.engine.hf`` names them
+    by a config.json's keys)."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("ModelConfig: " + "; ".join(problems))
+        self.problems = list(problems)
 
 
 @dataclass(frozen=True)
@@ -110,7 +119,7 @@ class ModelConfig:
             except ValueError as e:
                 problems.append(str(e))
         if problems:
-            raise ValueError("ModelConfig: " + "; ".join(problems))
+            raise ConfigError(problems)
 
     @property
     def head_dim(self) -> int:

@@ -23,12 +23,13 @@ transformers is not imported: any object with LlamaConfig's attributes (or a dic
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
-from burst.engine.configs import ModelConfig
+from burst.engine.configs import ConfigError, ModelConfig
 from burst.engine.model import CausalLM
 
 __all__ = ["config_from_file", "config_from_hf", "convert_hf_state_dict", "from_hf"]
@@ -36,6 +37,13 @@ __all__ = ["config_from_file", "config_from_hf", "convert_hf_state_dict", "from_
 # architectures that are the engine's Llama, the last two with a sliding window
 MODEL_TYPES = ("llama", "mistral", "ministral")
 LAYER_TYPES = ("sliding_attention", "full_attention")  # Ministral's layer_types
+REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+            "vocab_size")
+# ModelConfig's fields by a config.json's keys, for its problems (hidden_size, vocab_size and
+# rope_theta are both's)
+HF_KEYS = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+           "num_kv_heads": "num_key_value_heads", "ffn_size": "intermediate_size",
+           "rms_eps": "rms_norm_eps", "tie_embeddings": "tie_word_embeddings"}
 
 
 def _get(cfg, name, default=None):
@@ -88,19 +96,30 @@ def config_from_hf(hf_config, *, max_seq_len: int | None = None) -> ModelConfig:
     if head_dim is not None and whole and head_dim != hidden // heads:
         problems.append(f"head_dim={head_dim} differs from hidden_size / num_attention_heads = "
                         f"{hidden // heads}; the engine derives head_dim from them")
-    if problems:
-        raise ValueError("config_from_hf: " + "; ".join(problems))
+    if missing := [k for k in REQUIRED if _get(hf_config, k) is None]:
+        problems.append(f"missing {', '.join(missing)} (required)")
+    kv = _get(hf_config, "num_key_value_heads")  # absent: multi-head (0 is no head count)
     # rope_theta and rms_eps as given: ModelConfig checks their range and stores floats
     kw = dict(hidden_size=hidden, num_layers=_get(hf_config, "num_hidden_layers"),
-              num_heads=heads,
-              num_kv_heads=_get(hf_config, "num_key_value_heads") or heads,
+              num_heads=heads, num_kv_heads=heads if kv is None else kv,
               ffn_size=_get(hf_config, "intermediate_size"),
               vocab_size=_get(hf_config, "vocab_size"), rope_theta=theta, rms_eps=eps,
-              tie_embeddings=tied,
-              window=window)
+              tie_embeddings=tied, window=window)
     if max_seq_len is not None:
         kw["max_seq_len"] = max_seq_len
-    return ModelConfig(**kw)
+    cfg = None
+    if not missing:  # ModelConfig's own problems in the same report, named by the file's keys
+        try:
+            cfg = ModelConfig(**kw)
+        except ConfigError as e:
+            named = {p.split("=")[0] for p in problems}
+            for p in e.problems:
+                p = re.sub(r"\b(" + "|".join(HF_KEYS) + r")\b", lambda m: HF_KEYS[m[1]], p)
+                if p.split("=")[0] not in named:  # (rope_theta's, rms_norm_eps': said above)
+                    problems.append(p)
+    if problems:
+        raise ValueError("config_from_hf: " + "; ".join(problems))
+    return cfg
 
 
 def config_from_file(path) -> ModelConfig:
@@ -115,6 +134,8 @@ def config_from_file(path) -> ModelConfig:
         raise ValueError(f"cannot read {path} ({e.strerror or e})") from None
     except ValueError as e:  # not JSON, or not UTF-8
         raise ValueError(f"{path} is not a JSON config ({e})") from None
+    except RecursionError:  # (json's decoder recurses: 100000 nested brackets)
+        raise ValueError(f"{path} is not a JSON config (nested too deeply)") from None
     if not isinstance(hf, dict):
         raise ValueError(f"{path} holds a JSON {type(hf).__name__}, not a Hugging Face config "
                          "(an object)")
