@@ -41,12 +41,12 @@ __all__ = [
 LAYOUTS = ("contiguous", "zigzag", "striped")
 
 
-def divisors(n: int, *, at_least: int = 1) -> list[int]:
+def divisors(n: int) -> list[int]:
     """The degrees n splits evenly into, in order (error messages list them as the valid
     values). Trial division up to sqrt(n): a model's width of 2**40 is a million steps, where
     counting to n hung the message of a config with a digit too many."""
     small = [d for d in range(1, math.isqrt(max(n, 0)) + 1) if n % d == 0]
-    return [d for d in small + [n // d for d in reversed(small) if d * d != n] if d >= at_least]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def heads_problem(heads: int, kv_heads: int) -> str | None:
