@@ -4,7 +4,9 @@
     fits = longest_spec("paper_main_7b", "h100")
 
 The search runs on a grid of ``unit`` tokens per rank (default 1024; any even number keeps every
-layout's length rule): it doubles from one unit until a length is not ``ok``, then bisects. It
+layout's length rule): it doubles from one unit until a length is not ``ok``, then bisects,
+asking each length whether it runs and fits (``predict(timing=False)``) and pricing the one it
+finds in full. It
 assumes memory grows with the sequence, so that nothing fits past the first length that does
 not (``tests/test_longest.py`` checks that on the paper's cells). The length that ends the
 search says why in ``stop``: an ``oom`` (the usual end), or a length the code cannot run, such
@@ -63,34 +65,45 @@ def longest(cell, hardware: str | Hardware, *, unit: int = UNIT, ctx=None,
     step = unit * first.world
     base = dataclasses.replace(first, seq_len=step)
 
-    def at(k: int):  # None past the search's limit
-        if k * step > LIMIT:
-            return None
-        return predict(dataclasses.replace(base, seq_len=k * step), hw, invalid=invalid)
+    def search(timing: bool):
+        """(last grid multiple that is ok or 0, first that is not, its prediction or None past
+        the limit)."""
+        def at(k: int):  # None past the search's limit
+            if k * step > LIMIT:
+                return None
+            return predict(dataclasses.replace(base, seq_len=k * step), hw, invalid=invalid,
+                           timing=timing)
 
-    def fits(p) -> bool:
-        return p is not None and p.status == "ok"
+        good, bad, why, k = 0, None, None, 1
+        while bad is None:  # double until a length is not ok
+            p = at(k)
+            if p is not None and p.status == "ok":
+                good, k = k, 2 * k
+            else:
+                bad, why = k, p
+        while bad - good > 1:  # then bisect between the last ok and the first not
+            mid = (good + bad) // 2
+            p = at(mid)
+            if p is not None and p.status == "ok":
+                good = mid
+            else:
+                bad, why = mid, p
+        return good, bad, why
 
-    good, bad, why, k = 0, None, None, 1
-    while bad is None:  # double until a length is not ok
-        p = at(k)
-        if fits(p):
-            good, k = k, 2 * k
-        else:
-            bad, why = k, p
-    while bad - good > 1:  # then bisect between the last ok and the first not
-        mid = (good + bad) // 2
-        p = at(mid)
-        if fits(p):
-            good = mid
-        else:
-            bad, why = mid, p
+    # whether a length runs and fits, without its time (a windowed ring plans its kernels'
+    # tiles to time them: seconds a length at a million tokens per rank); the length found is
+    # then priced whole, and searched again whole in the rare case that only its time is an
+    # error
+    good, bad, why = search(timing=False)
+    row, p = priced_cell(dataclasses.replace(base, seq_len=(good or 1) * step), hw, ctx=ctx,
+                         invalid=invalid)
+    if good and p.status != "ok":
+        good, bad, why = search(timing=True)
+        row, p = priced_cell(dataclasses.replace(base, seq_len=(good or 1) * step), hw,
+                             ctx=ctx, invalid=invalid)
     stop = (f"{why.status}: {why.error}" if why is not None
             else f"past the search limit of {LIMIT} tokens")
-    seq = good * step if good else None
-    row, p = priced_cell(dataclasses.replace(base, seq_len=seq or step), hw, ctx=ctx,
-                         invalid=invalid)
-    return Longest(base, seq, row, bad * step, stop, p)
+    return Longest(base, good * step if good else None, row, bad * step, stop, p)
 
 
 def longest_spec(spec, hardware: str | Hardware, out_dir: str | Path | None = None,

@@ -89,6 +89,6 @@ PAPER_METHODS: dict[str, PaperMethod] = {
 
 
 def paper_method(name: str) -> PaperMethod:
-    if name not in PAPER_METHODS:
+    if not isinstance(name, str) or name not in PAPER_METHODS:  # (a list: unhashable)
         raise ValueError(f"unknown paper method {name!r}; valid: {', '.join(PAPER_METHODS)}")
     return PAPER_METHODS[name]

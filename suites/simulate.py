@@ -102,11 +102,18 @@ _BOOLS = ("causal", "fused_head", "compute_error", "profile_memory")
 
 
 def _check_field_types(d: dict) -> None:
-    """A dict cell's counts and switches, checked as the spec parser checks them
-    (``causal="no"`` or ``fused_head="no"`` counted as true, ``world=0`` divided by zero)."""
-    bad = [f"{k}={d[k]!r} (expected an integer >= {low})" for k, low in _MINIMUM.items()
+    """A dict cell's counts and switches, checked as the spec parser checks them, with its
+    caps (``causal="no"`` or ``fused_head="no"`` counted as true, ``world=0`` divided by zero,
+    ``seq_len=2**64`` an OverflowError in numpy)."""
+    from suites.spec import MAX_HEADS, MAX_SEQ_LEN, MAX_WORLD
+
+    most = dict(seq_len=MAX_SEQ_LEN, batch=2**31, repeats=2**31, heads=MAX_HEADS,
+                kv_heads=MAX_HEADS, head_dim=MAX_HEADS, world=MAX_WORLD, nodes=MAX_WORLD,
+                ranks_per_node=MAX_WORLD)
+    bad = [f"{k}={d[k]!r} (expected an integer from {low} to 2**{most[k].bit_length() - 1})"
+           for k, low in _MINIMUM.items()
            if d[k] is not None and (isinstance(d[k], bool) or not isinstance(d[k], int)
-                                    or d[k] < low)]
+                                    or not low <= d[k] <= most[k])]
     bad += [f"{k}={d[k]!r} (expected True or False)" for k in _BOOLS
             if not isinstance(d[k], bool)]
     bad += [f"{k}={d[k]!r} (expected a name)" for k in ("dtype", "method")
@@ -295,8 +302,11 @@ def _cell_problem(cell) -> str | None:
 
 def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
             invalid: str = "error", offload: bool = False,
-            layers: tuple[int, ...] | None = None) -> Prediction:
+            layers: tuple[int, ...] | None = None, timing: bool = True) -> Prediction:
     """Time, memory and status of one cell on ``hw`` (``impl`` overrides the cell's system).
+    ``timing=False``: whether it runs and fits (status, error, memory), no time: what
+    ``suites.longest`` searches with (a windowed ring's time plans its kernels' tiles, seconds
+    a length at a million tokens per rank).
 
     A cell the code could not run is an ``invalid`` row (``simulate_spec`` passes "skipped",
     what the harness records for the cells of a ``skip_invalid`` method). ``offload`` keeps
@@ -305,16 +315,16 @@ def predict(cell, hw: Hardware, impl: Implementation | None = None, *,
     (train_step): the layers that run this cell's attention, for the memory peak
     (``suites.memory_model.train_memory``; default every layer)."""
     return _predict(as_cell(cell, hw.gpus_per_node), hw, impl, invalid=invalid,
-                    offload=offload, layers=layers)
+                    offload=offload, layers=layers, timing=timing)
 
 
 def _predict(cell, hw: Hardware, impl: Implementation | None, *, invalid: str, offload: bool,
-             layers: tuple[int, ...] | None) -> Prediction:
+             layers: tuple[int, ...] | None, timing: bool = True) -> Prediction:
     """``predict`` of a cell as given: ``_mixed_layers`` prices a model of each of its windows
     alone, which ``as_cell`` would give the model's own window again."""
     impl = impl or _impl(cell)
     if cell.workload == "train_step" and per_layer(cell.window):
-        return _mixed_layers(cell, hw, impl, invalid=invalid, offload=offload)
+        return _mixed_layers(cell, hw, impl, invalid=invalid, offload=offload, timing=timing)
     opts = dict(cell.options)  # a paper system's own options are in them (spec, as_cell)
     if cell.ranks_per_node > hw.gpus_per_node:
         # a spec without nodes puts its whole world on one node, as a measured run would
@@ -354,17 +364,11 @@ def _predict(cell, hw: Hardware, impl: Implementation | None, *, invalid: str, o
     topo = Topo(cell.world, cell.ranks_per_node)
     try:
         plan = plan_for(cell.method, opts, topo, shape)
-        attn = attention_timing(hw, cell.method, opts, shape, topo,
-                                acc_elem=acc_bytes(shape.elem),
-                                efficiency=impl.attention_efficiency)
     except (ValueError, NotImplementedError) as e:
         return Prediction("error", error=str(e))
-    half, regather = None, ()
     if cell.workload == "attention":
         mem = attention_memory(hw, shape, plan, cell.world,
                                estimated_ring_buffers=impl.estimated_ring_buffers)
-        time_s = attn.total_s
-        parts = {"attention_forward": attn.forward_s, "attention_backward": attn.backward_s}
     else:
         cfg = cell.config()
         if impl.vocab_size:
@@ -379,6 +383,20 @@ def _predict(cell, hw: Hardware, impl: Implementation | None, *, invalid: str, o
                                layers=layers)
         except ValueError as e:
             return Prediction("error", error=str(e))
+    if not timing:
+        return Prediction("oom", memory=mem, checkpointing=ckpt, error=_oom(mem, hw)) \
+            if not mem.fits else Prediction("ok", memory=mem, checkpointing=ckpt)
+    try:
+        attn = attention_timing(hw, cell.method, opts, shape, topo,
+                                acc_elem=acc_bytes(shape.elem),
+                                efficiency=impl.attention_efficiency)
+    except (ValueError, NotImplementedError) as e:
+        return Prediction("error", error=str(e))
+    half, regather = None, ()
+    if cell.workload == "attention":
+        time_s = attn.total_s
+        parts = {"attention_forward": attn.forward_s, "attention_backward": attn.backward_s}
+    else:
         if ckpt == "selective_half":
             half_shape = dataclasses.replace(shape, seq_len=shape.seq_len // 2)
             half = attention_timing(hw, cell.method, opts, half_shape, topo,
@@ -402,17 +420,20 @@ def _predict(cell, hw: Hardware, impl: Implementation | None, *, invalid: str, o
     if cell.workload == "train_step":
         again = attn if ckpt == "full" else half if ckpt == "selective_half" else None
     if not mem.fits:
-        held, usable = mem.reserved_gib, mem.usable / 2**30
-        digits = next((d for d in range(2, 10) if round(held, d) > round(usable, d)), 10)
-        # a usable memory set in Python or by --headroom is not the profile's: say so
-        lowered = " (usable_gib overridden)" if hw.sources.get("usable_gib") == "override" else ""
         return Prediction("oom", attn=attn, memory=mem, parts=parts, checkpointing=ckpt,
-                          recompute=again, regather=regather,
-                          error=f"predicted OOM: {held:.{digits}f} GiB reserved > "
-                                f"{usable:.{digits}f} GiB usable on {hw.name}{lowered}; "
-                                f"{_largest(mem)}")
+                          recompute=again, regather=regather, error=_oom(mem, hw))
     return Prediction("ok", time_s=time_s, attn=attn, memory=mem, parts=parts,
                       checkpointing=ckpt, recompute=again, regather=regather)
+
+
+def _oom(mem, hw: Hardware) -> str:
+    """An OOM row's error: what it holds against what it may, and its largest parts."""
+    held, usable = mem.reserved_gib, mem.usable / 2**30
+    digits = next((d for d in range(2, 10) if round(held, d) > round(usable, d)), 10)
+    # a usable memory set in Python or by --headroom is not the profile's: say so
+    lowered = " (usable_gib overridden)" if hw.sources.get("usable_gib") == "override" else ""
+    return (f"predicted OOM: {held:.{digits}f} GiB reserved > {usable:.{digits}f} GiB usable on "
+            f"{hw.name}{lowered}; {_largest(mem)}")
 
 
 def _largest(mem, n: int = 3) -> str:
@@ -461,7 +482,7 @@ def explain(p: Prediction) -> str:
 
 
 def _mixed_layers(cell, hw: Hardware, impl: Implementation, *, invalid: str,
-                  offload: bool) -> Prediction:
+                  offload: bool, timing: bool) -> Prediction:
     """A model whose layers differ in window, priced from a model of each window alone. A
     step's time is a sum of per-layer terms and terms a window does not change (head,
     optimizer, per-step collectives; ``suites.step_model``), so it is the layer-weighted mean
@@ -473,7 +494,8 @@ def _mixed_layers(cell, hw: Hardware, impl: Implementation, *, invalid: str,
     counts = Counter(cell.window)
     groups = tuple((n, _predict(dataclasses.replace(cell, window=w), hw, impl, invalid=invalid,
                                 offload=offload,
-                                layers=tuple(i for i, x in enumerate(cell.window) if x == w)))
+                                layers=tuple(i for i, x in enumerate(cell.window) if x == w),
+                                timing=timing))
                    for w, n in counts.items())
     layers = sum(counts.values())
     for _, p in groups:
@@ -485,7 +507,8 @@ def _mixed_layers(cell, hw: Hardware, impl: Implementation, *, invalid: str,
                   layers=groups)
     if worst.status == "oom":
         return Prediction("oom", error=worst.error, **common)
-    return Prediction("ok", time_s=sum(n * p.time_s for n, p in groups) / layers, **common)
+    return Prediction("ok", time_s=sum(n * p.time_s for n, p in groups) / layers if timing
+                      else None, **common)
 
 
 def _metrics(cell, hw: Hardware, p: Prediction) -> dict:

@@ -209,6 +209,37 @@ def test_a_cell_that_never_runs_out_stops_at_the_search_limit(monkeypatch):
     assert f.stop == "past the search limit of 102400 tokens" and f.row["status"] == "ok"
 
 
+def test_the_search_asks_memory_and_prices_one_length_whole(monkeypatch):
+    """The search asks each length whether it runs and fits, not how fast (a windowed ring's
+    time plans its kernels' tiles: about 13 s a length at a million tokens per rank, so
+    --longest on a windowed attention spec took minutes, an audit found); the length found is
+    priced whole, with the answer of a search that prices every length. A length whose time
+    alone is an error sends the search round again, whole."""
+    import suites.simulate as S
+
+    calls = []
+    real = S.attention_timing
+
+    def counted(hw, method, opts, shape, *args, **kwargs):
+        calls.append(shape.seq_len)
+        if shape.seq_len > limit:
+            raise ValueError(f"no time past {limit} tokens")
+        return real(hw, method, opts, shape, *args, **kwargs)
+
+    monkeypatch.setattr(S, "attention_timing", counted)
+    c = _cell("paper_main_7b", "Burst-Ring", 32)
+    limit = 1 << 62
+    f = longest(c, HW)
+    assert calls == [f.seq_len] and f.row["status"] == "ok"
+    assert predict(dataclasses.replace(c, seq_len=f.stop_len), HW).status == "oom"
+    limit = f.seq_len // 2  # fits, but has no time past half the answer
+    calls.clear()
+    g = longest(c, HW)
+    assert g.seq_len == limit - limit % (1024 * 32) and g.row["status"] == "ok"
+    assert g.stop == f"error: no time past {limit} tokens"
+    assert calls[0] == f.seq_len and len(calls) > 10  # the length found, then every length
+
+
 def test_readme_quotes_this_projects_engine_against_the_papers_system(fits):
     """The README's figures for engine_7b (this project's engine, states whole on every GPU)
     next to the paper's BurstEngine: what the search gives now."""

@@ -2635,10 +2635,15 @@ def test_hardware_values_must_be_finite():
     (dict(causal="false"), "causal='false' (expected True or False)"),
     (dict(ranks_per_node=8, nodes=1), "nodes=1 x ranks_per_node=8 is not world=32"),  # was
     (dict(ranks_per_node=8, nodes=32), "is not world=32"),  # overwritten with nodes=4
-    (dict(kv_heads=-1), "kv_heads=-1 (expected an integer >= 0)"),
-    (dict(world=0, ranks_per_node=8), "world=0 (expected an integer >= 1)"),  # ZeroDivision
-    (dict(seq_len=-8), "seq_len=-8 (expected an integer >= 1)"),  # hinted "e.g. 0"
-    (dict(batch=2.5), "batch=2.5 (expected an integer >= 1)"),
+    (dict(kv_heads=-1), "kv_heads=-1 (expected an integer from 0 to 2**16)"),
+    # ZeroDivisionError:
+    (dict(world=0, ranks_per_node=8), "world=0 (expected an integer from 1 to 2**20)"),
+    (dict(seq_len=-8), "seq_len=-8 (expected an integer from 1 to 2**40)"),  # hinted "e.g. 0"
+    (dict(batch=2.5), "batch=2.5 (expected an integer from 1 to 2**31)"),
+    # the spec's caps (an audit: seq_len=2**64, an OverflowError in numpy; world=2**62,
+    # numpy's "array is too big")
+    (dict(seq_len=2**64), f"seq_len={2**64} (expected an integer from 1 to 2**40)"),
+    (dict(world=2**62), f"world={2**62} (expected an integer from 1 to 2**20)"),
 ])
 def test_a_python_cell_with_a_bad_field_is_refused(change, why):
     """A cell given as a dict is checked as a spec's keys are: a switch that is not a bool, a
