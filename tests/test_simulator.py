@@ -2644,6 +2644,7 @@ def test_hardware_values_must_be_finite():
     # numpy's "array is too big")
     (dict(seq_len=2**64), f"seq_len={2**64} (expected an integer from 1 to 2**40)"),
     (dict(world=2**62), f"world={2**62} (expected an integer from 1 to 2**20)"),
+    (dict(paper=["x"]), "unknown paper method ['x']"),  # (a TypeError: unhashable list)
 ])
 def test_a_python_cell_with_a_bad_field_is_refused(change, why):
     """A cell given as a dict is checked as a spec's keys are: a switch that is not a bool, a
