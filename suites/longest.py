@@ -6,11 +6,11 @@
 The search runs on a grid of ``unit`` tokens per rank (default 1024; any even number keeps every
 layout's length rule): it doubles from one unit until a length is not ``ok``, then bisects,
 asking each length whether it runs and fits (``predict(timing=False)``) and pricing the one it
-finds in full. It
-assumes memory grows with the sequence, so that nothing fits past the first length that does
-not (``tests/test_longest.py`` checks that on the paper's cells). The length that ends the
-search says why in ``stop``: an ``oom`` (the usual end), or a length the code cannot run, such
-as the model config's ``max_seq_len``; a cell that does not run at one unit says that too.
+finds in full. It assumes memory grows with the sequence, so that nothing fits past the first
+length that does not (``tests/test_longest.py`` checks that on the paper's cells). The length
+that ends the search says why in ``stop``: an ``oom`` (the usual end), or a length the code
+cannot run, such as the model config's ``max_seq_len``; a cell that does not run at one unit
+says that too.
 
 Command line: ``burst-bench simulate SPEC --longest [--hardware h100] [--out DIR]`` (each
 method and scale of the spec; its seq_lens are ignored). docs/simulator.md ("Longest sequence
