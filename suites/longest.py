@@ -94,13 +94,12 @@ def longest(cell, hardware: str | Hardware, *, unit: int = UNIT, ctx=None,
     # tiles to time them: seconds a length at a million tokens per rank); the length found is
     # then priced whole, and searched again whole in the rare case that only its time is an
     # error
-    good, bad, why = search(timing=False)
-    row, p = priced_cell(dataclasses.replace(base, seq_len=(good or 1) * step), hw, ctx=ctx,
-                         invalid=invalid)
-    if good and p.status != "ok":
-        good, bad, why = search(timing=True)
+    for timing in (False, True):
+        good, bad, why = search(timing)
         row, p = priced_cell(dataclasses.replace(base, seq_len=(good or 1) * step), hw,
                              ctx=ctx, invalid=invalid)
+        if not good or p.status == "ok":
+            break
     stop = (f"{why.status}: {why.error}" if why is not None
             else f"past the search limit of {LIMIT} tokens")
     return Longest(base, good * step if good else None, row, bad * step, stop, p)

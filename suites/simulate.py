@@ -105,9 +105,9 @@ def _check_field_types(d: dict) -> None:
     """A dict cell's counts and switches, checked as the spec parser checks them, with its
     caps (``causal="no"`` or ``fused_head="no"`` counted as true, ``world=0`` divided by zero,
     ``seq_len=2**64`` an OverflowError in numpy)."""
-    from suites.spec import MAX_HEADS, MAX_SEQ_LEN, MAX_WORLD
+    from suites.spec import MAX_COUNT, MAX_HEADS, MAX_SEQ_LEN, MAX_WORLD
 
-    most = dict(seq_len=MAX_SEQ_LEN, batch=2**31, repeats=2**31, heads=MAX_HEADS,
+    most = dict(seq_len=MAX_SEQ_LEN, batch=MAX_COUNT, repeats=MAX_COUNT, heads=MAX_HEADS,
                 kv_heads=MAX_HEADS, head_dim=MAX_HEADS, world=MAX_WORLD, nodes=MAX_WORLD,
                 ranks_per_node=MAX_WORLD)
     bad = [f"{k}={d[k]!r} (expected an integer from {low} to 2**{most[k].bit_length() - 1})"

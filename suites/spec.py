@@ -86,6 +86,7 @@ killed every rank ("User defined signal 2") before any cell ran."""
 MAX_SEQ_LEN = 2**40  # tokens; sizes are int64 inside (2**70 crashed the masks' numpy)
 MAX_WORLD = 2**20  # ranks, nodes or GPUs per node
 MAX_HEADS = 2**16  # heads, kv heads or head_dim
+MAX_COUNT = 2**31  # batch, warmup or repeats
 MAX_TIMEOUT_MIN = 7 * 24 * 60  # a cell's time limit: a week (1e12 minutes overflowed timedelta)
 
 
@@ -508,7 +509,7 @@ def parse_spec(data: dict, *, name: str, source: str = "spec",
     device = r.get(data, "device", "", str, "cpu", choices=DEVICES)
     dtype = r.get(data, "dtype", "", str, "float32", choices=DTYPES)
     kw = {k: r.get(data, k, "", int, d, minimum=m, maximum=mx) for k, d, m, mx in
-          (("batch", 1, 1, 2**31), ("warmup", 1, 0, 2**31), ("repeats", 3, 1, 2**31),
+          (("batch", 1, 1, MAX_COUNT), ("warmup", 1, 0, MAX_COUNT), ("repeats", 3, 1, MAX_COUNT),
            ("seed", 0, 0, 2**32 - 1), ("error_max_tokens", 4096, 0, 2**62))}  # int64 inside
     kw["timeout_min"] = r.get(data, "timeout_min", "", (int, float), 20.0, minimum=0.01,
                               maximum=MAX_TIMEOUT_MIN)
