@@ -1248,9 +1248,9 @@ def test_a_hugging_face_configs_problems_come_at_once_by_its_keys(tmp_path):
              "missing intermediate_size, vocab_size (required)"),
             ({"num_key_value_heads": 0},
              "num_key_value_heads=0 must be a positive integer <= 2**40"),
-            ({"rms_norm_eps": "x", "tie_word_embeddings": "false"},  # once each, by the file
+            ({"rms_norm_eps": "x", "tie_word_embeddings": "false"},  # by the file's keys
              "rms_norm_eps='x' must be a positive number; tie_word_embeddings='false' must be "
-             "true or false"),
+             "a bool"),
             ({"num_attention_heads": 3, "num_key_value_heads": 2},
              "hidden_size=64 is not divisible by num_attention_heads=3; valid head counts: 1, 2, "
              "4, 8, 16, 32, 64; num_attention_heads=3 is not divisible by num_key_value_heads=2;"

@@ -1430,7 +1430,7 @@ def test_a_spec_s_own_model_is_refused_with_every_problem_named(tmp_path):
     # a config.json's values of the wrong kind (a review: a traceback, or "false" read as true)
     for i, (key, value, why) in enumerate((
             ("rope_scaling", "linear", "rope_scaling='linear' must be a table of RoPE "),
-            ("tie_word_embeddings", "false", "tie_word_embeddings='false' must be true or false"),
+            ("tie_word_embeddings", "false", "tie_word_embeddings='false' must be a bool"),
             ("rms_norm_eps", "x", "rms_norm_eps='x' must be a positive number"),
             ("hidden_size", "4096", "hidden_size='4096' must be a positive integer"),
             ("rope_theta", 10**400, "rope_theta=1000"))):  # (an OverflowError in float())

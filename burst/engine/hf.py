@@ -68,8 +68,6 @@ def config_from_hf(hf_config, *, max_seq_len: int | None = None) -> ModelConfig:
             rope = given
     theta = next((t for t in (_get(hf_config, "rope_theta"), rope.get("rope_theta"))
                   if t is not None), 10000.0)
-    if not (isinstance(theta, int | float) and not isinstance(theta, bool) and theta > 0):
-        problems.append(f"rope_theta={theta!r} must be a positive number")
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
         problems.append(f"rope type {rope_type!r} is not supported (only 'default' RoPE)")
@@ -84,12 +82,6 @@ def config_from_hf(hf_config, *, max_seq_len: int | None = None) -> ModelConfig:
     act = _get(hf_config, "hidden_act", "silu")
     if act != "silu":
         problems.append(f"hidden_act={act!r} is not supported (SwiGLU uses 'silu')")
-    eps = _get(hf_config, "rms_norm_eps", 1e-6)
-    if isinstance(eps, bool) or not isinstance(eps, int | float):  # (ModelConfig: > 0)
-        problems.append(f"rms_norm_eps={eps!r} must be a positive number")
-    tied = _get(hf_config, "tie_word_embeddings", False)
-    if not isinstance(tied, bool):  # "false" would have tied the head
-        problems.append(f"tie_word_embeddings={tied!r} must be true or false")
     hidden, heads = _get(hf_config, "hidden_size"), _get(hf_config, "num_attention_heads")
     head_dim = _get(hf_config, "head_dim")
     whole = all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in (hidden, heads))
@@ -99,12 +91,14 @@ def config_from_hf(hf_config, *, max_seq_len: int | None = None) -> ModelConfig:
     if missing := [k for k in REQUIRED if _get(hf_config, k) is None]:
         problems.append(f"missing {', '.join(missing)} (required)")
     kv = _get(hf_config, "num_key_value_heads")  # absent: multi-head (0 is no head count)
-    # rope_theta and rms_eps as given: ModelConfig checks their range and stores floats
+    # values as given: ModelConfig checks each (rope_theta and rms_norm_eps positive numbers,
+    # which it stores as floats; tie_word_embeddings a bool: "false" would have tied the head)
     kw = dict(hidden_size=hidden, num_layers=_get(hf_config, "num_hidden_layers"),
               num_heads=heads, num_kv_heads=heads if kv is None else kv,
               ffn_size=_get(hf_config, "intermediate_size"),
-              vocab_size=_get(hf_config, "vocab_size"), rope_theta=theta, rms_eps=eps,
-              tie_embeddings=tied, window=window)
+              vocab_size=_get(hf_config, "vocab_size"), rope_theta=theta,
+              rms_eps=_get(hf_config, "rms_norm_eps", 1e-6),
+              tie_embeddings=_get(hf_config, "tie_word_embeddings", False), window=window)
     if max_seq_len is not None:
         kw["max_seq_len"] = max_seq_len
     cfg = None
@@ -112,11 +106,8 @@ def config_from_hf(hf_config, *, max_seq_len: int | None = None) -> ModelConfig:
         try:
             cfg = ModelConfig(**kw)
         except ConfigError as e:
-            named = {p.split("=")[0] for p in problems}
-            for p in e.problems:
-                p = re.sub(r"\b(" + "|".join(HF_KEYS) + r")\b", lambda m: HF_KEYS[m[1]], p)
-                if p.split("=")[0] not in named:  # (rope_theta's, rms_norm_eps': said above)
-                    problems.append(p)
+            problems += [re.sub(r"\b(" + "|".join(HF_KEYS) + r")\b", lambda m: HF_KEYS[m[1]], p)
+                         for p in e.problems]
     if problems:
         raise ValueError("config_from_hf: " + "; ".join(problems))
     return cfg
