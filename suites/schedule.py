@@ -73,9 +73,9 @@ from burst.masks import (
 )
 from suites.hardware import Hardware
 
-__all__ = ["ELEM", "AttnShape", "AttnTiming", "Plan", "Topo", "acc_bytes", "attention_timing",
-           "collective_seconds", "method_volume", "plan_for", "regather_volume", "ring_reach_of",
-           "step_compute"]
+__all__ = ["ELEM", "MAX_PLANNED_TOKENS", "AttnShape", "AttnTiming", "Plan", "Topo", "acc_bytes",
+           "attention_timing", "collective_seconds", "method_volume", "plan_for",
+           "pricing_problem", "regather_volume", "ring_reach_of", "step_compute"]
 
 ELEM = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}  # bytes per element
 
@@ -718,6 +718,34 @@ def _a2a_seconds(hw: Hardware, nbytes: float, group: int, topo: Topo, off: int,
     return max(intra, inter) + _latency(hw, group, off > 0)
 
 
+MAX_PLANNED_TOKENS = 1 << 24
+"""The most tokens a side that a masked (windowed) cell's kernel plans are priced at. Planning
+is per token (``burst.masks.plan_pair`` tiles key-bound arrays): about 80 bytes of host memory
+and 0.8 microseconds per token (measured here: 2**24 tokens a side, 1.3 GB and 12 s; 2**25,
+2.6 GB and 27 s), so a tiny model that never runs out of GPU memory could exhaust the host's."""
+
+
+def planned_tokens(plan: Plan, shape: AttnShape, topo: Topo) -> int:
+    """Tokens a side of the (query rank, key rank) pairs that ``attention_timing`` plans: a
+    ring's block (USP's ring: U ranks' tokens), the all-gather's rank, Ulysses' and TP's whole
+    sequence."""
+    if plan.kind in ("ulysses", "tp"):
+        return shape.seq_len
+    return shape.seq_len // topo.world * (plan.ulysses if plan.kind == "usp" else 1)
+
+
+def pricing_problem(plan: Plan, shape: AttnShape, topo: Topo) -> str | None:
+    """Why a cell's time cannot be priced here (a masked cell past ``MAX_PLANNED_TOKENS``),
+    else None. Its memory can: ``suites.simulate.predict`` still says OOM where it is one."""
+    n = planned_tokens(plan, shape, topo)
+    if shape.mask.is_plain or n <= MAX_PLANNED_TOKENS:
+        return None
+    return (f"not priced: a windowed {plan.kind} plans its kernel tiles per token, here {n} "
+            f"tokens a side, past the simulator's {MAX_PLANNED_TOKENS} (about 80 bytes of host "
+            f"memory and 0.8 us a token: {n * 80 / 2**30:.1f} GiB); a shorter sequence"
+            + ("" if plan.kind in ("ulysses", "tp") else " or more ranks") + " is priced")
+
+
 def attention_timing(hw: Hardware, method: str, options: dict | None, shape: AttnShape,
                      topo: Topo, *, acc_elem: int = 4, efficiency: float = 1.0) -> AttnTiming:
     """Seconds of one attention layer's forward and backward on the slowest rank.
@@ -726,6 +754,9 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
     slower than the model, ``Implementation.attention_efficiency``); transfers are not scaled, so
     where a step waits for its hop the slower compute stays hidden."""
     plan = plan_for(method, options, topo, shape)
+    problem = pricing_problem(plan, shape, topo)
+    if problem:
+        raise ValueError(problem)
     g, n = topo.world, shape.seq_len // topo.world
     if plan.kind == "ring":
         vol = method_volume(method, options, shape, topo, acc_elem=acc_elem)

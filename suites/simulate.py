@@ -47,6 +47,7 @@ from suites.schedule import (
     attention_timing,
     collective_seconds,
     plan_for,
+    pricing_problem,
     regather_volume,
 )
 from suites.spec import ONLY_FOR, WORKLOADS
@@ -383,9 +384,13 @@ def _predict(cell, hw: Hardware, impl: Implementation | None, *, invalid: str, o
                                layers=layers)
         except ValueError as e:
             return Prediction("error", error=str(e))
+    unpriced = pricing_problem(plan, shape, topo)  # time past the simulator's reach
+    if not mem.fits and (unpriced or not timing):
+        return Prediction("oom", memory=mem, checkpointing=ckpt, error=_oom(mem, hw))
+    if unpriced:
+        return Prediction("error", memory=mem, checkpointing=ckpt, error=unpriced)
     if not timing:
-        return Prediction("oom", memory=mem, checkpointing=ckpt, error=_oom(mem, hw)) \
-            if not mem.fits else Prediction("ok", memory=mem, checkpointing=ckpt)
+        return Prediction("ok", memory=mem, checkpointing=ckpt)
     try:
         attn = attention_timing(hw, cell.method, opts, shape, topo,
                                 acc_elem=acc_bytes(shape.elem),

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from results.tables import seq_label
 from suites import hardware as hwmod
+from suites import schedule
 
 __all__ = ["MISSES", "README_END", "README_START", "crossval_line", "update_readme", "write_doc"]
 
@@ -645,7 +646,12 @@ def write_doc(result, s: dict, ranks: list[dict], path: Path, held: dict | None 
         "tokens a side (`burst.masks.plan_pair`), and each is priced at the efficiency of "
         "a call of its size, so a window just short of the sequence is priced above no "
         f"window: {_window_cost(result.hw)}. Ulysses with any window adds its fp32 dq, dk, dv "
-        "(its tiled calls merge into them) to the memory, as the code does.",
+        "(its tiled calls merge into them) to the memory, as the code does. Those plans are "
+        "made per token (about 80 bytes of host memory and 0.8 us a token a side), so a "
+        "windowed cell whose pairs hold more than "
+        f"{schedule.MAX_PLANNED_TOKENS} tokens a side (`suites.schedule.MAX_PLANNED_TOKENS`: "
+        "a ring's block, USP's U blocks, Ulysses' whole sequence) is not priced: an `error` "
+        "row that says so, or `oom` where it does not fit; `--longest` stops there.",
         "- **dtype**: work runs at the peak of its dtype (`Hardware.peak`): 16-bit at the "
         "tensor-core peak; float32 attention at a third of the TF32 peak (torch's "
         "memory-efficient kernel, where the kernel shim sends float32, computes it as three "

@@ -2930,6 +2930,43 @@ def test_a_model_at_the_size_caps_is_an_oom_row_in_a_written_table(tmp_path):
         "mem_peak_bytes"]
 
 
+def test_a_windowed_cell_past_the_planning_cap_says_so_and_still_says_oom(monkeypatch):
+    """A windowed cell's time plans its kernel tiles per token (about 80 bytes and 0.8 us a
+    token a side), so a tiny model that never runs out of GPU memory exhausted the host's at
+    2**28 tokens a rank. Past ``MAX_PLANNED_TOKENS`` a side (the cap lowered here) such a cell
+    is an error row that says why and how to get a time, without planning anything; one that
+    does not fit is still an OOM row; the plain mask, priced without plans, is not capped. The
+    side is the ring's block (USP's: U ranks' tokens) and Ulysses' whole sequence."""
+    import burst.masks as M
+    import suites.schedule as S
+
+    monkeypatch.setattr(S, "MAX_PLANNED_TOKENS", 4096)
+    planned = []
+    real = M.plan_pair
+    monkeypatch.setattr(S, "plan_pair", lambda *a: planned.append(a[-1]) or real(*a))
+    S._pair_calls.cache_clear()
+    tiny = dict(workload="attention", world=8, ranks_per_node=8, heads=8, kv_heads=8,
+                head_dim=2, dtype="bfloat16", causal=True, window=(1024, 0))
+    for method, opts, side in [("zigzag_ring", {}, 1024), ("usp", {"ulysses_degree": 2}, 2048),
+                               ("ulysses", {}, 8192)]:
+        at = dict(tiny, method=method, options=opts)
+        row = simulate_cell(dict(at, seq_len=8 * 8192 * 1024 // side), HW)
+        assert row["status"] == "error" and row.get("time_s") is None, (method, row)
+        assert "here 8192 tokens a side, past the simulator's 4096" in row["error"], row
+        assert "or more ranks" in row["error"] if method != "ulysses" else \
+            "a shorter sequence is priced" in row["error"]
+        assert planned == [] and row["mem_peak_bytes"] > 0  # refused before any plan
+        ok = simulate_cell(dict(at, seq_len=8 * 4096 * 1024 // side), HW)  # at the cap
+        assert ok["status"] == "ok" and ok["time_s"] > 0 and max(planned) == 4096, method
+        plain = simulate_cell(dict(at, seq_len=8 * 8192 * 1024 // side, window=None), HW)
+        assert plain["status"] == "ok" and plain["time_s"] > 0, method
+        planned.clear()
+    huge = dict(tiny, method="zigzag_ring", heads=64, kv_heads=64, head_dim=128,
+                seq_len=2**30)
+    p = predict(huge, HW)  # past the cap and out of memory: an OOM, and why
+    assert p.status == "oom" and "GiB usable" in p.error and planned == []
+
+
 def test_a_ring_sending_both_ways_across_nodes_is_priced_by_its_nic_bytes():
     """A window whose keys lie on both sides sends a zigzag ring both ways. Where a node holds
     one member of the ring (a node per rank, or USP's groups as large as a node), that GPU sends
