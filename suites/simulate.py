@@ -465,7 +465,7 @@ def explain(p: Prediction) -> str:
     attention's share of the layers; then, for a cell that fits, the largest parts of its
     memory peak (an OOM row's error names them). An OOM row's times are those it would take
     were it to fit. Empty for a cell not priced."""
-    if p.status not in ("ok", "oom") or p.memory is None:
+    if p.status not in ("ok", "oom") or p.memory is None or not p.parts:
         return ""
     unfit = " were it to fit" if p.status == "oom" else ""
     memory = f"; {_largest(p.memory)}" if p.status == "ok" else ""
@@ -507,7 +507,8 @@ def _mixed_layers(cell, hw: Hardware, impl: Implementation, *, invalid: str,
         if p.status not in ("ok", "oom"):  # the first reason a window's model cannot run
             return p
     worst = max((p for _, p in groups), key=lambda p: p.memory.reserved)
-    parts = {k: sum(n * p.parts[k] for n, p in groups) / layers for k in worst.parts}
+    parts = ({k: sum(n * p.parts[k] for n, p in groups) / layers for k in worst.parts}
+             if all(p.parts for _, p in groups) else {})  # (an OOM past the planning cap: none)
     common = dict(memory=worst.memory, parts=parts, checkpointing=worst.checkpointing,
                   layers=groups)
     if worst.status == "oom":

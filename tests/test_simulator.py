@@ -28,7 +28,7 @@ from suites import calibrate
 from suites.hardware import load
 from suites.implementations import OURS, implementations
 from suites.schedule import AttnShape, Topo, attention_timing, collective_seconds
-from suites.simulate import as_cell, predict, simulate_cell
+from suites.simulate import as_cell, explain, predict, simulate_cell
 
 HW = load("a800")
 # this project's attention and checkpointing in an engine that shards its model states over
@@ -2965,6 +2965,17 @@ def test_a_windowed_cell_past_the_planning_cap_says_so_and_still_says_oom(monkey
                 seq_len=2**30)
     p = predict(huge, HW)  # past the cap and out of memory: an OOM, and why
     assert p.status == "oom" and "GiB usable" in p.error and planned == []
+    assert explain(p) == ""  # (it read the attention's time, which was never priced)
+    # a model of local and global layers: its local layers' cap decides; an OOM stays one
+    # (a step whose global layers were priced and local ones not mixed their parts: KeyError)
+    from suites.cells import expand
+    from suites.spec import load_spec
+
+    for c in expand(load_spec("engine_local_global")):
+        for seq, status in ((2**20, "error"), (2**22, "oom")):
+            p = predict(dataclasses.replace(c, seq_len=seq), HW)
+            assert p.status == status and explain(p) == "", (c.label, seq)
+            assert status == "oom" or "tokens a side, past the simulator's 4096" in p.error
 
 
 def test_a_ring_sending_both_ways_across_nodes_is_priced_by_its_nic_bytes():
