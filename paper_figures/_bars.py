@@ -135,14 +135,15 @@ def bar_legend(fig, measured: bool = False, faded: bool = False, **kw):
 
 
 def status_note(df: pd.DataFrame, mfu: bool = True) -> str:
-    """A footnote for the tags a reader cannot guess: why cells were skipped (the first such
-    row's error) and what a published MISSING is; empty where neither is drawn."""
+    """A footnote for the tags a reader cannot guess: why cells were skipped (each distinct
+    reason once: panels skip for different ones) and what a published MISSING is; empty where
+    neither is drawn."""
     notes = []
     skipped = df[df["status"] == "skipped"]
     if len(skipped):
-        why = _why(skipped["error"].dropna().iloc[0]) if skipped["error"].notna().any() else ""
+        why = " / ".join(dict.fromkeys(_why(e) for e in skipped["error"].dropna()))
         notes.append(f"SKIPPED ({', '.join(dict.fromkeys(skipped['label']))}): the system cannot "
-                     "run the cell as configured" + (f", e.g. {why}" if why else ""))
+                     "run the cell as configured" + (f": {why}" if why else ""))
     if ((df["source"] == "paper") & (df["status"] == "missing")).any():
         notes.append("paper MISSING: the paper's table has no number for the cell")
     notes += model_notes(df, mfu)

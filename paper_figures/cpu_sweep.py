@@ -1,6 +1,7 @@
 """Measured on local CPU ranks (the harness's CPU sweeps, gloo), next to the simulator.
 
-Top (``cpu_scaling``, 2-8 ranks): bytes sent per rank per attention layer (counted by the byte
+Top (``cpu_scaling``, 2-8 ranks, at the sweep's longest measured length; its shorter ones are in
+its run's table, not drawn): bytes sent per rank per attention layer (counted by the byte
 counter: markers; the simulator's formula for the same cells: lines) and the measured speedup
 over the sweep's baseline. Bottom (``cpu_long``, 256K and 1M tokens on 8 ranks, sliding window):
 bytes per rank against the formula, and the measured transient peak memory per rank. Cells
@@ -207,8 +208,8 @@ def _scaling(axes, df: pd.DataFrame, styles: dict) -> list[dict]:
         ax.text(0.98, 0.98, f"no speedup at {', '.join(str(int(w)) for w in gaps)} ranks: "
                 f"{base_label} has no time there", transform=ax.transAxes, ha="right",
                 va="top", fontsize=6, color="0.2")
-    ax.set_title("CPU (gloo) time per layer: overheads, not GPU speed\n(bars: its fastest "
-                 "to its slowest repeat)", fontsize=8)
+    ax.set_title(f"CPU (gloo) time per layer at {n} tokens: overheads, not GPU speed\n(bars: "
+                 "its fastest to its slowest repeat)", fontsize=8)
     for a in axes:  # ranks as plain numbers: 2, 4, 8
         _int_ticks(a, sorted(int(w) for w in df["world"].unique()))
     return rows

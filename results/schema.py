@@ -55,7 +55,8 @@ COLUMNS: dict[str, str] = {
                    "causal = N^2/2, exact attended pairs with a window)",
     "tflops_model_flops_causal": "TFLOP/s per device under model_flops_causal",
     "tflops_model_flops_dense": "TFLOP/s per device under model_flops_dense",
-    "tflops_hardware_flops": "TFLOP/s per device under hardware_flops",
+    "tflops_hardware_flops": "TFLOP/s per device under hardware_flops (its recompute as "
+                             "mfu_hardware_flops says)",
     "mfu_model_flops_causal": "MFU under model_flops_causal (the papers' MFU)",
     "mfu_model_flops_dense": "MFU under model_flops_dense (counts the masked half of causal "
                              "attention, so it can exceed 1 at long sequences; a layer with a "
@@ -63,7 +64,11 @@ COLUMNS: dict[str, str] = {
                              "does: equal to it when every layer has one)",
     "mfu_hardware_flops": "MFU under hardware_flops (model FLOPs + checkpoint recompute, "
                           "attention backward at 2x forward as Megatron counts it; flash "
-                          "kernels execute 2.5x: not a PaLM-style hardware utilisation)",
+                          "kernels execute 2.5x: not a PaLM-style hardware utilisation). The "
+                          "recompute is that of the mode the system ran: a paper system whose "
+                          "'selective' caches no attention output (Megatron-CP, DeepSpeed-"
+                          "Ulysses: suites/implementations.toml) recomputes whole layers and "
+                          "is counted as 'full', while checkpointing keeps the mode asked for",
     "peak_tflops": "dense bf16 peak used for MFU (TFLOP/s)",
     "mem_peak_bytes": "GPU: max_memory_allocated (absolute); CPU: transient peak above the "
                       "step's entry (profiler allocation events; a free of a block allocated "

@@ -960,7 +960,7 @@ def _table(rows: list[dict]) -> str:
         return "" if x is None or x == "" else format(x, fmt)
 
     head = (f"{'workload':<15}{'label':<46}{'seq':>8}{'status':>8}{'time s':>9}{'TFLOP/s':>9}"
-            f"{'tok/s':>10}{'MFU':>6}{'mem GB':>8}{'ratio':>7}")
+            f"{'tok/s':>10}{'MFU':>6}{'peakGiB':>8}{'ratio':>7}")
     lines = [head, "-" * len(head)]
     for r in rows:
         tf = r.get("attn_tflops") or r.get("tflops_model_flops_causal")
