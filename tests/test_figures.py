@@ -440,6 +440,10 @@ def test_cpu_figure_keeps_cells_without_a_number_and_draws_the_long_sweep(fixtur
     from paper_figures import cpu_sweep
 
     fig, _ = cpu_sweep.make(fixture_tables)
+    # both top panels draw the sweep's longest length alone, and both say which (an audit
+    # found the speedup panel silent on it)
+    n = int(fixture_tables.measured.query("sweep == 'cpu_scaling'")["seq_len"].max())
+    assert all(f"at {n} tokens" in ax.get_title() for ax in fig.axes[:2])
     for ax in fig.axes[:2]:  # the skipped cell is marked at the floor of both top panels,
         marks = [c for c in ax.collections
                  if len(c.get_offsets()) and c.get_transform() != ax.transData]
@@ -880,6 +884,29 @@ def test_the_committed_run_tables_are_current():
     assert not stale, f"stale tables (consolidate them): {stale}"
 
 
+def test_simulating_the_committed_sweeps_again_leaves_their_runs_as_committed(tmp_path):
+    """``make figures`` (and ``burst-bench simulate SPEC --out results/simulated``) on a clean
+    checkout leaves every committed simulated run byte for byte as it is: a run is rewritten
+    when anything but its date and commit differs, and the rows' ``spec`` JSON had gained a key
+    (``model_config``) since they were written, so the command dirtied the checkout though no
+    number moved (a figures audit). After a change to what a row holds, simulate the committed
+    sweeps again and commit them."""
+    import shutil
+
+    from suites.simulate import simulate_spec
+
+    stored = ROOT / "results" / "simulated"
+    sweeps = sorted(p.name for p in stored.iterdir() if (p / "simulated-a800").is_dir())
+    assert len(sweeps) >= 10, sweeps
+    copy = tmp_path / "simulated"
+    shutil.copytree(stored, copy)
+    for name in sweeps:
+        simulate_spec(name, "a800", out_dir=copy)
+    changed = [str(p.relative_to(copy)) for p in sorted(copy.rglob("*")) if p.is_file()
+               and p.read_bytes() != (stored / p.relative_to(copy)).read_bytes()]
+    assert not changed, f"re-simulated runs differ from the committed ones: {changed}"
+
+
 def test_a_sweep_no_figure_draws_is_named():
     """A user's own sweep in --results drew nothing and the command said nothing."""
     from paper_figures.make import drawn_sweeps, unused_sweeps
@@ -1209,6 +1236,11 @@ def test_footnotes_say_why_cells_have_no_number():
             "divide 32 query heads)") in note
     said = status_note(df)
     assert "SKIPPED (Deepspeed-Ulysses)" in said and "64 does not divide 32 query heads" in said
+    # each distinct reason once: the 14B panels skip for another than the 7B one (an audit)
+    other = skip.replace("32 query", "40 query")
+    said = status_note(pd.concat([df, df.iloc[[3, 3]].assign(error=other, world=32)]))
+    assert said.count("64 does not divide 32 query heads") == 1 and said.count(
+        "64 does not divide 40 query heads") == 1, said
     assert "paper MISSING" in said
     assert failure_note(df[df["status"] == "ok"]) == "" and status_note(df.iloc[:3]) == ""
 
