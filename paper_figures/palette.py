@@ -42,7 +42,8 @@ ORDER = ("megatron_cp", "deepspeed_ulysses", "loongtrain_double_ring", "loongtra
          "allgather", "ulysses", "tp", "double_ring", "usp", "ring_flash_attn", "yunchang")
 
 # figures whose lines are models or checkpointing modes, not methods, take their colours from
-# viridis, which no method uses, so that no line reads as a method's
+# viridis; a few lie near a method's (14b and selective near the teal of the USP systems, full
+# near LoongTrain-Ring's blue), so no figure draws both kinds of line
 MODEL_COLORS = {"7b": "#440154", "14b": "#21918c", "70b": "#fde725"}
 MODE_COLORS = {"none": "#440154", "full": "#31688e", "selective": "#35b779",
                "selective_half": "#b5de2b"}
