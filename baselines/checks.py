@@ -66,7 +66,10 @@ def degree_problems(what: str, degree, world: int, heads: int, kv_heads: int, *,
     the world; where the degree is the world itself (``of_world``: Ulysses, TP, which no option
     sets), the group sizes that split these heads.
     """
-    if not isinstance(degree, int) or isinstance(degree, bool) or degree < 1 or world % degree:
+    if not isinstance(degree, int) or isinstance(degree, bool):  # (2.0 read as a bad divisor)
+        return [f"{what}={degree!r} must be a whole number (an int) that divides the group of "
+                f"{world} ranks; valid: {_join(divisors(world))}"]
+    if degree < 1 or world % degree:
         return [f"{what}={degree!r} must divide the group of {world} ranks; valid: "
                 f"{_join(divisors(world))}"]
     out = []

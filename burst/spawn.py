@@ -301,6 +301,14 @@ def _any_error(out_dir: str, world: int) -> bool:
     return False
 
 
+def _ended_without_result(processes, out_dir: str) -> int | None:
+    """The first rank whose process has exited 0 without writing its result, if any."""
+    for r, p in enumerate(processes):
+        if p.exitcode == 0 and not os.path.exists(os.path.join(out_dir, f"rank{r}.pkl")):
+            return r
+    return None
+
+
 def _how_it_ended(code: int | None, stopped: bool, first_dead: int | None) -> str:
     """Why a rank left no result; ``stopped``: spawn (or torch's join, which terminates the
     other ranks when one dies) ended it because another rank had failed."""
@@ -462,6 +470,7 @@ def _spawn(fn, world, args, backend, threads, timeout_s, stdout, watch=None):
             while True:
                 with contextlib.suppress(OSError):  # a closed console must not stop the ranks
                     stderr.echo()
+                seen_at = alive_at
                 try:
                     if ctx.join(timeout=0.2):
                         break
@@ -470,6 +479,11 @@ def _spawn(fn, world, args, backend, threads, timeout_s, stdout, watch=None):
                     failed_at = failed_at or time.monotonic()
                     if first_dead is None:
                         first_dead, died_at = e.error_index, alive_at
+                if first_dead is None:  # join takes exit code 0 for success, result or not
+                    quiet = _ended_without_result(ctx.processes, out_dir)
+                    if quiet is not None:  # (os._exit(0) in a method): the cause, first
+                        first_dead, died_at = quiet, seen_at
+                        failed_at = failed_at or time.monotonic()
                 if failed_at is None and _any_error(out_dir, world):
                     failed_at = time.monotonic()  # the others may now wait forever on that rank
                 why = watch() if watch is not None and failed_at is None else None

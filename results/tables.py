@@ -12,7 +12,7 @@ import json
 import math
 
 __all__ = ["MATCH_KEYS", "METRICS", "add_speedup", "compare", "compare_keys", "no_match_reason",
-           "regressions", "render", "seq_label", "summary"]
+           "only_in_b", "regressions", "render", "seq_label", "summary"]
 
 MATCH_KEYS = ("workload", "model", "seq_len", "batch", "heads", "kv_heads", "head_dim", "causal",
               "window", "dtype", "world", "nodes", "device")
@@ -204,6 +204,13 @@ def compare(a, b, metric: str = "time_s", *, names: tuple[str, str] = ("a", "b")
                      f"spread_{names[0]}": _spread(ra, metric),
                      f"spread_{names[1]}": _spread(rb, metric)})
     return pd.DataFrame(rows)
+
+
+def only_in_b(a, b):
+    """The rows of b whose cell a lacks: new, not compared (``compare``)."""
+    cols = compare_keys(a, b)
+    seen = set(_keys(a, cols))
+    return b[[k not in seen for k in _keys(b, cols)]]
 
 
 def _setup_differs(ra, rb) -> str:

@@ -265,7 +265,7 @@ def _made_by(df) -> str:
 
 def _cmd_compare(args) -> int:
     from results import store
-    from results.tables import METRICS, compare, no_match_reason, regressions, render
+    from results.tables import METRICS, compare, no_match_reason, only_in_b, regressions, render
 
     _check_metrics((args.metric,))
     if args.out and Path(args.out).is_dir():
@@ -302,6 +302,17 @@ def _cmd_compare(args) -> int:
               if any(c.startswith("spread ") for c in show.columns) else "")
     print(render(show, title=f"{METRICS[args.metric][0]}: {args.a} (a) vs {args.b} (b); "
                              f"speedup = how many times better b is{spread}"))
+    for n, path in zip(names, (args.a, args.b), strict=True):  # which run of a sweep folder
+        p = Path(path)
+        if p.is_dir() and not (p / store.ROWS).exists() and not (p / store.TABLE).exists():
+            print(f"note: {n} is {store.latest_run(p, with_rows=True)}, the latest run of "
+                  f"{path} with rows")
+    new = only_in_b(a, b)
+    if len(new):  # cells b ran that a did not: listed, though not compared
+        cells = ", ".join(f"{r.get('label')} {r.get('seq_len')}"
+                          for _, r in new.head(5).iterrows())
+        print(f"note: {len(new)} cell(s) of {names[1]} have no match in {names[0]} and are not "
+              f"compared: {cells}{', ...' if len(new) > 5 else ''}")
     made = [_made_by(t) for t in (a, b)]
     if made[0] != made[1]:  # another commit or machine: the ratio is not the code's alone
         print(f"note: {names[0]} comes from {made[0]}, {names[1]} from {made[1]}")

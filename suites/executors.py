@@ -112,8 +112,10 @@ def _overdue(state: Path) -> str | None:
     cur = _current(state)
     if cur is None or time.monotonic() - cur["started"] <= cur["limit_s"]:  # (one clock
         return None                                                         # for every process)
-    why = (f"cell {cur['cell_id']} ({cur['what']}) exceeded its time limit of "
-           f"{cur['limit_s']:.0f} s (timeout_min={cur['timeout_min']})")
+    limit = cur["limit_s"]
+    shown = f"{limit:.0f}" if limit >= 10 else f"{limit:.2g}"  # (1.2 s read "1 s")
+    why = (f"cell {cur['cell_id']} ({cur['what']}) exceeded its time limit of {shown} s "
+           f"(timeout_min={cur['timeout_min']})")
     (state / f"timeout-{cur['cell_id']}").write_text(why)
     return why
 

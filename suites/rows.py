@@ -95,10 +95,15 @@ def clip_error(text: str, limit: int = ERROR_CHARS) -> str:
     if len(text) <= limit:
         return text
     starts = [m.start() for m in REPORT.finditer(text)]
-    if len(starts) < 2:
+    if not starts:
         return _tail(text, limit)
-    first, rest = text[:starts[1]], text[starts[1]:]
-    first = _with_header(first, limit // 2)
+    # what comes before the reports (an executor's "rank(s) 1 ended without a result (killed
+    # or crashed); then:"): the cause, kept whole (an audit saw it cut with the report's head)
+    lead = text[:starts[0]][:limit // 4]
+    if len(starts) == 1:
+        return lead + _with_header(text[starts[0]:], limit - len(lead))
+    first, rest = text[starts[0]:starts[1]], text[starts[1]:]
+    first = lead + _with_header(first, limit // 2 - len(lead))
     return first + _with_header(rest, limit - len(first))
 
 

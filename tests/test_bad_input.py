@@ -562,6 +562,11 @@ def test_a_bad_input_audit_of_the_public_helpers(tmp_path, monkeypatch):
     with pytest.raises(SpecError) as e:
         parse_spec(data, name="x")
     assert any(p.startswith("methods[2] (usp") for p in e.value.problems), e.value.problems
+    for bad in (2.0, True):  # a degree of the wrong type says so (it read as a bad divisor)
+        data["methods"] = [{"name": "usp", "options": {"ulysses_degree": bad}}]
+        with pytest.raises(SpecError) as e:
+            parse_spec(data, name="x")
+        assert f"ulysses_degree={bad!r} must be a whole number (an int)" in str(e.value), e.value
     monkeypatch.chdir(tmp_path)
     (tmp_path / "smoke").mkdir()  # a run's folder (burst-bench run smoke --out .)
     assert spec_path("smoke") == SPEC_DIR / "smoke.toml"

@@ -786,6 +786,15 @@ def test_a_long_error_keeps_its_cause():
     one = "Traceback:\n" + frames * 3 + "ValueError: the end"  # a single traceback: its end
     assert clip_error(one).endswith("ValueError: the end") and len(clip_error(one)) <= ERROR_CHARS
     assert clip_error("short") == "short"
+    # the local executor's line naming a rank that died before one peer's report: kept, with
+    # that report's header (an audit: a killed rank read as rank 0's closed connection)
+    dead = ("rank(s) 1 ended without a result (killed or crashed); then:\n"
+            + peers.split("rank 1 raised:")[0].replace(frames, frames * 2))
+    clipped = clip_error(dead)
+    assert len(dead) > ERROR_CHARS and len(clipped) <= ERROR_CHARS + 100, len(clipped)
+    assert clipped.startswith("rank(s) 1 ended without a result (killed or crashed); then:\n"
+                              "rank 0 raised:\n[... "), clipped[:200]
+    assert clipped.endswith("RuntimeError: Connection closed by peer\n")
 
 
 @pytest.mark.parametrize(("log", "status", "says"), [
@@ -1094,14 +1103,24 @@ print([r["job_id"] for r in read_rows(run.dir / "jobs.jsonl", keys=("cell_id",))
 """
 
 
+def _fake_bin(tmp_path) -> Path:
+    """A folder of stand-in SLURM commands, first on PATH where a test puts it; with an
+    ``srun``, which submitit's SLURM executor requires on PATH (a machine without SLURM
+    failed these tests: "Could not detect srun")."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")
+    (bin_dir / "srun").chmod(0o755)
+    return bin_dir
+
+
 def test_ctrl_c_during_sbatch_neither_kills_it_nor_loses_its_jobs(tmp_path):
     """A Ctrl-C at a terminal reaches the whole foreground process group: sbatch died of it
     after the controller had queued its array (seen with the real sbatch), the driver said
     "SLURM refused the job array" and nothing recorded the jobs (a review). Here the fake
     sbatch sends the group its Ctrl-C while it runs; it now finishes, the jobs are written
     down, and then the driver is interrupted."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    bin_dir = _fake_bin(tmp_path)
     (bin_dir / "sbatch").write_text(
         f"#!{sys.executable}\nimport os, signal, time\nos.killpg(0, signal.SIGINT)\n"
         "time.sleep(0.3)\nprint('Submitted batch job 41')\n")
@@ -1140,8 +1159,7 @@ def test_a_refused_job_array_is_reported_once(tmp_path, monkeypatch, capsys):
     from suites import executors
 
     cell, ctx = _cell_and_ctx(tmp_path)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    bin_dir = _fake_bin(tmp_path)
     (bin_dir / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: invalid partition "
                                     "specified: nope' >&2\nexit 1\n")
     (bin_dir / "sbatch").chmod(0o755)
@@ -1160,8 +1178,7 @@ def test_a_slow_sbatch_is_named_while_ctrl_c_waits_for_it(tmp_path, monkeypatch,
     from suites import executors
 
     cell, ctx = _cell_and_ctx(tmp_path)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    bin_dir = _fake_bin(tmp_path)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setattr(executors, "SBATCH_SLOW_S", 0.5)
     for wait_s, said in ((3, True), (0, False)):
@@ -1390,8 +1407,7 @@ def test_the_restart_count_is_slurms_own(tmp_path, monkeypatch):
 
     from suites import executors
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    bin_dir = _fake_bin(tmp_path)
     path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
     monkeypatch.setenv("PATH", path)
     job = submitit.SlurmJob(folder=tmp_path, job_id="266_1", tasks=(0,))

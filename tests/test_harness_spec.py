@@ -1902,6 +1902,24 @@ def test_compare_names_the_commits_and_machines_when_they_differ(tmp_path, capsy
     assert "note:" not in capsys.readouterr().out
 
 
+def test_compare_names_the_run_it_took_and_the_cells_only_b_has(tmp_path, capsys):
+    """A harness audit: compare left out the cells only b ran without a word, and did not say
+    which run of a sweep folder it read."""
+    a = _run_dir(tmp_path, "a", _rows([("ring", 64, 2.0, "ok")]))
+    b = _run_dir(tmp_path, "b", _rows([("ring", 64, 1.0, "ok"), ("ring", 512, 3.0, "ok"),
+                                       ("burst", 512, 2.5, "ok")]))
+    assert cli.main(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "note: 2 cell(s) of b have no match in a and are not compared: ring 512, burst 512" \
+        in out, out
+    assert "latest run" not in out
+    assert cli.main(["compare", str(a), str(tmp_path / "sweep")]) == 0
+    out = capsys.readouterr().out
+    assert f"note: b is {b}, the latest run of {tmp_path / 'sweep'} with rows" in out, out
+    assert cli.main(["compare", str(b), str(a)]) == 0
+    assert "no match in" not in capsys.readouterr().out  # a's cells missing from b are rows
+
+
 def test_a_finished_run_resumed_says_nothing_ran_and_whose_rows_it_shows(tmp_path, monkeypatch):
     """A fresh-user audit: `burst-bench run smoke` on a fresh clone resumed the committed run of
     another commit and machine, ran nothing and reprinted its table without a word."""
