@@ -299,9 +299,10 @@ def burst_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = N
             arguments (causal, softmax_scale, layout, window, cu_seqlens, backward,
             ranks_per_node, grad_acc): a call does not compare them across ranks (that would
             cost a collective per layer; the engine's ``Trainer`` checks its shards and its
-            setup once per step). Mismatched shapes fail in the transport (gloo aborts; NCCL
-            may hang); a mismatched mask, layout or scale runs and returns wrong results on
-            every rank; a mismatched schedule (backward, ranks_per_node, a window that
+            setup once per step). Mismatched shapes of different sizes fail in the transport
+            (gloo aborts; NCCL may hang); shapes of one size (heads and tokens swapped), a
+            mismatched mask, layout or scale run and return wrong results on every rank; a
+            mismatched schedule (backward, ranks_per_node, a window that
             shortens the ring) waits until the process group's timeout.
         causal: mask keys after the query (global positions).
         softmax_scale: default head_dim ** -0.5.

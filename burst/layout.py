@@ -109,8 +109,8 @@ def local_index(seq_len: int, world: int, rank: int, layout: str) -> torch.Tenso
     n = seq_len // world
     if layout == "contiguous":
         return torch.arange(rank * n, (rank + 1) * n)
-    if layout == "striped":
-        return torch.arange(rank, seq_len, world)
+    if layout == "striped":  # (arange(rank, 0, world) refused an empty sequence past rank 0)
+        return torch.arange(n) * world + rank
     c = n // 2
     first = torch.arange(rank * c, (rank + 1) * c)
     second = torch.arange((2 * world - 1 - rank) * c, (2 * world - rank) * c)
@@ -176,7 +176,8 @@ def unshard(x_local: torch.Tensor, *, layout: str, group=None, dim: int = 1) -> 
     """Gather every rank's shard and restore global token order (inverse of ``shard``).
 
     Every rank of the group passes a shard of the same shape and dtype, as for ``burst_attn``:
-    a mismatch fails in the transport (gloo aborts the process; NCCL may hang)."""
+    a mismatch of sizes fails in the transport (gloo aborts the process; NCCL may hang), one
+    of shapes alone (the same number of elements) gives a wrong tensor."""
     from burst import comm
 
     check_layout(layout)

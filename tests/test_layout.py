@@ -30,6 +30,10 @@ def test_local_indices_partition_the_sequence(layout, world):
         runs = position_runs(n // world, world, r, layout)  # the runs, each in local order
         step = world if layout == "striped" else 1
         assert torch.equal(p, torch.cat([torch.arange(a, b + 1, step) for a, b in runs]))
+        # an empty sequence: an empty shard on every layout (striped raised torch's "upper
+        # bound and lower bound inconsistent with step sign" past rank 0: an audit)
+        empty = shard(torch.zeros(1, 0, 2), layout=layout, world=world, rank=r)
+        assert empty.shape == (1, 0, 2) and local_index(0, world, r, layout).dtype == torch.int64
 
 
 def test_zigzag_and_striped_positions():
