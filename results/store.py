@@ -328,8 +328,13 @@ def runs_by_time(sweep_dir: str | os.PathLike) -> list[Path]:
         try:  # one broken run.json must not block every run of the sweep: named, left out
             runs.append((when(p), p))
         except ValueError as e:
-            print(f"warning: skipped run {p.name}: {e}", file=sys.stderr)
+            if (str(p), str(e)) not in _WARNED:  # once a process (a run reads the sweep twice)
+                _WARNED.add((str(p), str(e)))
+                print(f"warning: skipped run {p.name}: {e}", file=sys.stderr)
     return [p for _, p in sorted(runs)]
+
+
+_WARNED: set[tuple[str, str]] = set()
 
 
 def has_rows(run: Path) -> bool:

@@ -945,6 +945,8 @@ def test_a_broken_run_file_is_named_and_does_not_block_the_sweep(tmp_path, capsy
         store.read_meta(bad)
     assert store.runs_by_time(tmp_path / "sweep") == [good]
     assert "skipped run crashed" in capsys.readouterr().err
+    assert store.runs_by_time(tmp_path / "sweep") == [good]  # said once (run asks twice)
+    assert "skipped run" not in capsys.readouterr().err
     assert cli.main(["show", str(tmp_path / "sweep")]) == 0
     with open(good / store.ROWS, "a") as f:
         f.write('{"note": "hand-added"}\n{"cell_id": "x", "status": "ok"}\n')
