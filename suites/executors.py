@@ -279,6 +279,10 @@ def _cell_task(cell_json: str, ctx: RunContext) -> dict | None:
     # a rank that dies without a word (killed, segfault) is noticed by its peers only through
     # this timeout: keep it well under the job's time limit
     comm.init(_backend(cell), timeout_s=min(cell.timeout_min * 60, 600), device_id=device)
+    job_env = submitit.JobEnvironment()
+    if env.rank == 0 and job_env.cluster == "local":  # the cell's clock starts (_started_over)
+        with contextlib.suppress(OSError):
+            (job_env.paths.folder / STARTED).write_text(repr(time.time()))
     torch.manual_seed(cell.seed)
     metrics = measure(cell)  # on failure: no destroy, it would wait for peers that may hang
     comm.destroy()
@@ -651,15 +655,36 @@ def local_limit_s(cell: Cell) -> float:
     return local_timeout_min(cell) * 60 + LOCAL_GRACE_S
 
 
+STARTED = "cell-started"
+"""A local job's rank 0 writes the wall time at which it starts measuring its cell here, in the
+job's folder: the driver times the cell from then, to ``timeout_min`` as inline does (submitit's
+own limit is whole minutes, up to a minute more; an audit saw a 1.2 s limit run 8 s to ok)."""
+
+
+def _started_over(job, cell: Cell) -> bool:
+    """Whether a local job's cell has run past ``timeout_min`` since its rank 0 began it."""
+    try:
+        started = float((Path(job.paths.folder) / STARTED).read_text())
+    except (OSError, ValueError):  # not started yet (or a marker being written)
+        return False
+    return time.time() - started > cell.timeout_min * 60
+
+
 def _time_out(job, cell: Cell, run: Run, ctx: RunContext) -> None:
     """Cancel a job past its limit; its cell is a ``timeout`` row."""
     job.cancel(check=False)
-    append_row(run.rows, _ran_on(failure_row(
-        cell, f"the job exceeded its time limit of {local_limit_s(cell):.0f} s (timeout_min="
-              f"{cell.timeout_min}, in whole minutes after submitit's "
-              f"{SUBMITIT_SIGNAL_DELAY_S} s warning, plus {LOCAL_GRACE_S:.0f} s grace) without "
-              "a result and was cancelled", ctx, "timeout",
-        job_id=str(job.job_id)), job, ctx))
+    if _started_over(job, cell):
+        limit = cell.timeout_min * 60
+        why = (f"the cell exceeded its time limit of "
+               f"{f'{limit:.0f}' if limit >= 10 else f'{limit:.2g}'} s (timeout_min="
+               f"{cell.timeout_min}) from its start without a result and its job was cancelled")
+    else:
+        why = (f"the job exceeded its time limit of {local_limit_s(cell):.0f} s (timeout_min="
+               f"{cell.timeout_min}, in whole minutes after submitit's "
+               f"{SUBMITIT_SIGNAL_DELAY_S} s warning, plus {LOCAL_GRACE_S:.0f} s grace) without "
+               "a result and was cancelled")
+    append_row(run.rows, _ran_on(failure_row(cell, why, ctx, "timeout",
+                                             job_id=str(job.job_id)), job, ctx))
     append_row(run.dir / "jobs.jsonl", {"cell_id": cell.cell_id, "job_id": str(job.job_id),
                                         "collected": True})
     _forget_local_tasks(job)
@@ -718,7 +743,8 @@ def _wait(pending: dict, run: Run, ctx: RunContext, poll_s: float,
         for job in [j for j in pending if _ready(j)]:
             if _collect(job, pending[job], run, ctx):
                 del pending[job]
-        if pending and deadline is not None and time.monotonic() > deadline:
+        if pending and deadline is not None and (time.monotonic() > deadline or any(
+                _started_over(job, cell) for job, cell in pending.items())):
             for job, cell in pending.items():
                 _time_out(job, cell, run, ctx)
             return
@@ -830,7 +856,7 @@ def _adopt(cells: list[Cell], run: Run, kind: str, ctx: RunContext, poll_s: floa
         pid = rec.get("pid")
         alive = functools.partial(local_job_alive, pid, rec.get("folder"))
         while (alive() and not _has_outcome(job) and time.time() < deadline
-               and not _vanished_local_tasks(job)):
+               and not _vanished_local_tasks(job) and not _started_over(job, cell)):
             time.sleep(poll_s)
         if _has_outcome(job) or _vanished_local_tasks(job):
             _collect(job, cell, run, ctx)
