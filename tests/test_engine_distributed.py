@@ -395,6 +395,18 @@ def _resume_sharded(path: Path) -> dict:
     out["from ddp"] = steps(again, (2, 3))
     older = Trainer("tiny", cp_degree=4, seed=6, **kw)
     out["fallback meta"] = older.load(folder)
+    # a rank that does not see the path as rank 0 does (here another working directory, the
+    # path relative; a node without the folder): it took it for a file, and the ranks'
+    # collectives no longer matched (a TypeError, or a hang: an audit). Rank 0 decides, and
+    # names the folder every rank reads
+    cwd = os.getcwd()
+    os.chdir(path.parent if comm.rank() == 0 else path.parent.parent)
+    try:
+        out["elsewhere meta"] = Trainer("tiny", cp_degree=2, seed=5, **kw).load(path.name)
+    except Exception as e:  # noqa: BLE001
+        out["elsewhere meta"] = f"{type(e).__name__}: {e}"
+    finally:
+        os.chdir(cwd)
     out["fallback"] = steps(older, (2, 3), 2 * BATCH)
     # a save that does not wait: the state as it was at the call, written while training goes
     # on (the steps change every weight); nothing is published until finish_save
@@ -893,6 +905,7 @@ def test_a_sharded_state_resumes_exactly_on_another_layout():
         for name in ("fsdp", "ddp", "cp4", "fsdp_world"):
             assert out[name + " meta"] == {"step": 2, "args": (1, "x")}, out[name + " meta"]
         assert out["fallback meta"] == out["fsdp meta"]
+        assert out["elsewhere meta"] == {"step": 2}, out["elsewhere meta"]  # (saved again)
         assert (out["link"], out["link again"]) == ("sharded.a", "sharded.b"), out
         assert close(*out["sgd"]), out["sgd"]
         # the rank that checked the changed file says which; the others quote it

@@ -610,7 +610,10 @@ class Trainer:
         (each rank a share of the files); torch.distributed.checkpoint unpickles parts of it,
         so load only sharded states you trust."""
         self.finish_save()
-        if sharded_state.is_sharded(path):
+        # rank 0 decides, for every rank: a rank that does not see the folder took it for a
+        # file and the ranks' collectives no longer matched (a TypeError, or a hang; an audit)
+        if comm.gather_objects(sharded_state.is_sharded(path) if comm.rank() == 0 else None,
+                               device=self.device)[0]:
             return self._load_sharded(Path(path))
         state, error = None, None
         if comm.rank() == 0:
@@ -705,7 +708,7 @@ class Trainer:
         folder, error = None, None
         if comm.rank() == 0:
             try:
-                folder = str(sharded_state.resolve(path))
+                folder = os.path.abspath(sharded_state.resolve(path))  # (rank 0's cwd)
             except (OSError, ValueError) as e:
                 error = e
         self._raise_if_any(error, f"the load of {path}")
