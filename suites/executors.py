@@ -112,12 +112,15 @@ def _overdue(state: Path) -> str | None:
     cur = _current(state)
     if cur is None or time.monotonic() - cur["started"] <= cur["limit_s"]:  # (one clock
         return None                                                         # for every process)
-    limit = cur["limit_s"]
-    shown = f"{limit:.0f}" if limit >= 10 else f"{limit:.2g}"  # (1.2 s read "1 s")
-    why = (f"cell {cur['cell_id']} ({cur['what']}) exceeded its time limit of {shown} s "
-           f"(timeout_min={cur['timeout_min']})")
+    why = (f"cell {cur['cell_id']} ({cur['what']}) exceeded its time limit of "
+           f"{_seconds(cur['limit_s'])} s (timeout_min={cur['timeout_min']})")
     (state / f"timeout-{cur['cell_id']}").write_text(why)
     return why
+
+
+def _seconds(limit: float) -> str:
+    """A time limit as a row says it: whole seconds, or two digits under 10 (1.2 s read "1")."""
+    return f"{limit:.0f}" if limit >= 10 else f"{limit:.2g}"
 
 
 def _inline_ranks(rank: int, world: int, cells_json: list[str], rows: str, ctx: RunContext,
@@ -674,10 +677,9 @@ def _time_out(job, cell: Cell, run: Run, ctx: RunContext) -> None:
     """Cancel a job past its limit; its cell is a ``timeout`` row."""
     job.cancel(check=False)
     if _started_over(job, cell):
-        limit = cell.timeout_min * 60
-        why = (f"the cell exceeded its time limit of "
-               f"{f'{limit:.0f}' if limit >= 10 else f'{limit:.2g}'} s (timeout_min="
-               f"{cell.timeout_min}) from its start without a result and its job was cancelled")
+        why = (f"the cell exceeded its time limit of {_seconds(cell.timeout_min * 60)} s "
+               f"(timeout_min={cell.timeout_min}) from its start without a result and its job "
+               "was cancelled")
     else:
         why = (f"the job exceeded its time limit of {local_limit_s(cell):.0f} s (timeout_min="
                f"{cell.timeout_min}, in whole minutes after submitit's "

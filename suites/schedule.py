@@ -727,8 +727,8 @@ and 0.8 microseconds per token (measured here: 2**24 tokens a side, 1.3 GB and 1
 
 def planned_tokens(plan: Plan, shape: AttnShape, topo: Topo) -> int:
     """Tokens a side of the (query rank, key rank) pairs that ``attention_timing`` plans: a
-    ring's block (USP's ring: U ranks' tokens), the all-gather's rank, Ulysses' and TP's whole
-    sequence."""
+    ring's block (USP's ring: U ranks' tokens, the block its ring is priced on), the
+    all-gather's rank, Ulysses' and TP's whole sequence."""
     if plan.kind in ("ulysses", "tp"):
         return shape.seq_len
     return shape.seq_len // topo.world * (plan.ulysses if plan.kind == "usp" else 1)
@@ -773,8 +773,8 @@ def attention_timing(hw: Hardware, method: str, options: dict | None, shape: Att
         inner = Plan("ring", layout=plan.layout, backward=plan.backward,
                      options={"grad_acc": plan.options.get("grad_acc", "fp32")})
         # every rank of a Ulysses group runs its own ring: U rings side by side
-        ph = _ring_phases(hw, sub, topo, inner, g // u, u * n, hu, hku, rings=u,
-                          efficiency=efficiency, acc_elem=acc_elem)
+        ph = _ring_phases(hw, sub, topo, inner, g // u, planned_tokens(plan, shape, topo), hu,
+                          hku, rings=u, efficiency=efficiency, acc_elem=acc_elem)
         fwd, bwd = ((ph[p][0] + collective_seconds(hw, a2a.sent(p), u, topo), ph[p][1])
                     for p in ("forward", "backward"))
     elif plan.kind in ("ulysses", "tp", "allgather"):
