@@ -444,7 +444,13 @@ def _note_unfinished_other(sweep_dir: Path, spec: SweepSpec, stream,
     except ValueError:  # another run's broken rows file is not this run's business
         return
     left = len(set(cells) - have)
-    if left:
+    if not meta.get("spec_hash"):  # its run.json gone: its spec is unknown, not another
+        if shared := len(have & set(ids)):
+            print(f"note: run {last.name} of this sweep has no run.json (its spec unknown) "
+                  f"and rows of {shared} of these {len(ids)} cells; this spec starts a new "
+                  f"run, which measures every cell (--run-id {last.name} resumes that one "
+                  "instead)", file=stream, flush=True)
+    elif left:
         print(f"note: run {last.name} of this sweep, of another spec, has {left} of "
               f"{len(cells)} cells without a row; this spec starts a new run (that one resumes "
               "with its own spec)", file=stream, flush=True)

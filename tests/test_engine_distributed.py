@@ -405,8 +405,20 @@ def _resume_sharded(path: Path) -> dict:
         out["elsewhere meta"] = Trainer("tiny", cp_degree=2, seed=5, **kw).load(path.name)
     except Exception as e:  # noqa: BLE001
         out["elsewhere meta"] = f"{type(e).__name__}: {e}"
+    # and a save to a relative path: every rank wrote its shards beside its own working
+    # directory, and rank 0 published a folder without theirs (an engine audit)
+    try:
+        Trainer("tiny", cp_degree=2, seed=5, **kw).save("rel_sharded", meta={"step": 9},
+                                                        sharded=True)
+    except Exception as e:  # noqa: BLE001
+        out["relative save"] = f"{type(e).__name__}: {e}"
     finally:
         os.chdir(cwd)
+    try:
+        out["relative save"] = Trainer("tiny", cp_degree=2, seed=5, **kw).load(
+            path.with_name("rel_sharded"))
+    except Exception as e:  # noqa: BLE001
+        out.setdefault("relative save", f"{type(e).__name__}: {e}")
     out["fallback"] = steps(older, (2, 3), 2 * BATCH)
     # a save that does not wait: the state as it was at the call, written while training goes
     # on (the steps change every weight); nothing is published until finish_save
@@ -505,6 +517,23 @@ def _resume_sharded(path: Path) -> dict:
     finally:
         sharded_state._file_crc = crc
     out["link kept"] = os.readlink(path)
+    # a rank whose files rank 0 cannot see (another filesystem at the path): refused before
+    # anything is published (emulated: rank 1 reads a copy, rank 0 one without rank 1's files)
+    import shutil
+
+    views = [path.with_name(f"view_{r}") for r in (0, 1)]
+    out["view"] = str(views[0])
+    if comm.rank() < 2:
+        shutil.copytree(path.resolve(), views[comm.rank()])
+    if comm.rank() == 0:
+        for f in views[0].glob("__1_*.distcp"):
+            f.unlink()
+    comm.barrier()
+    try:
+        sharded_state.gather_crcs(views[comm.rank() == 1])
+        out["unseen"] = "no error"
+    except OSError as e:
+        out["unseen"] = str(e)
     # one changed byte of the last save: every rank refuses it (each checks a share; this file
     # is rank 2's: with every rank checking rank 0's share it loaded: a mutation audit)
     shard = path.resolve() / "__1_0.distcp"
@@ -815,6 +844,16 @@ def _one_bad_rank(rank: int, world: int) -> list[str]:
             out.append("no error")
         except ValueError as e:
             out.append(str(e))
+    # a method that cannot run on the CP group with this model (Ulysses: 2 ranks, 3 heads):
+    # refused when the Trainer is built, not at its first step (an engine audit)
+    from baselines import registry
+
+    three = dataclasses.replace(get_config("tiny"), hidden_size=24, num_heads=3, num_kv_heads=3)
+    try:
+        Trainer(three, attention=registry.get("ulysses"), dtype=torch.float64)
+        out.append("no error")
+    except ValueError as e:
+        out.append(str(e))
     return out
 
 
@@ -822,7 +861,7 @@ def test_one_rank_with_bad_data_fails_every_rank():
     for rank, msgs in enumerate(_results(2)[3]):  # run by the world-2 spawn of the parity cases
         (token, target, shape, *setup, layout, window, groups, no_dp, np_targets, short, empty,
          seed, loaded, norm, swapped, cut, half_seed, dtypes, shards, cuda, both, meta,
-         graph) = msgs
+         graph, method) = msgs
         assert "1 token ids outside [0, 256)" in token, token
         assert "1 target ids outside [0, 256)" in target, target
         assert "must have one shape" in shape and "batch 1-1 x 16-32 tokens" in shape, shape
@@ -847,6 +886,7 @@ def test_one_rank_with_bad_data_fails_every_rank():
             assert own in msg, msg
         assert dtypes == graph == "no error", (dtypes, graph)
         assert "sharded tensors (DTensor)" in shards and "model_state_dict()" in shards, shards
+        assert "method 'ulysses' cannot run this case" in method, method
 
 
 def test_a_model_trained_under_fsdp_saves_and_loads():
@@ -906,6 +946,10 @@ def test_a_sharded_state_resumes_exactly_on_another_layout():
             assert out[name + " meta"] == {"step": 2, "args": (1, "x")}, out[name + " meta"]
         assert out["fallback meta"] == out["fsdp meta"]
         assert out["elsewhere meta"] == {"step": 2}, out["elsewhere meta"]  # (saved again)
+        assert out["relative save"] == {"step": 9}, out["relative save"]
+        assert out["unseen"].startswith(f"rank 1's files (__1_0.distcp) are not in "
+                                        f"{out['view']} as rank 0 sees it (1 rank(s) so)") \
+            if rank == 0 else out["unseen"] == "no error", out["unseen"]
         assert (out["link"], out["link again"]) == ("sharded.a", "sharded.b"), out
         assert close(*out["sgd"]), out["sgd"]
         # the rank that checked the changed file says which; the others quote it

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -1821,11 +1822,21 @@ def test_an_edited_spec_names_the_unfinished_run_it_leaves(tmp_path, monkeypatch
     store.write_meta(old, {**store.read_meta(old), "created": "2000-01-01T00:00:00Z"})
     store.write_meta(done, {**store.read_meta(done), "created": "2099-01-03T00:00:00Z"})
     buf = io.StringIO()
-    runmod.run_sweep(more, out=tmp_path / "out", stream=buf)
+    measured = runmod.run_sweep(more, out=tmp_path / "out", stream=buf).run_dir
     n, kept = len(expand(more)), len(expand(third))
     assert kept < n
     assert (f"note: run {done.name} of this sweep, of another spec, has rows of {kept} of these "
             f"{n} cells; this spec starts a new run, which measures every cell") in buf.getvalue()
+    # a run whose run.json is gone: its spec is unknown, not another; named, it resumes
+    (done / "run.json").unlink()
+    os.utime(done, (4102444800, 4102444800))  # 2100: the newest run, sorted by its time
+    shutil.rmtree(measured)  # (else that run of this spec is resumed)
+    buf = io.StringIO()
+    runmod.run_sweep(more, out=tmp_path / "out", stream=buf)
+    assert (f"note: run {done.name} of this sweep has no run.json (its spec unknown) and "
+            f"rows of {kept} of these {n} cells; this spec starts a new run, which measures "
+            f"every cell (--run-id {done.name} resumes that one instead)") in buf.getvalue(), \
+        buf.getvalue()
 
 
 def test_a_paper_entry_that_changes_the_system_does_not_keep_its_label(tmp_path):

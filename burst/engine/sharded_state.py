@@ -265,4 +265,13 @@ def gather_crcs(folder: Path, device=None) -> dict[str, int] | None:
         raise OSError(f"rank {failed[0][0]} could not read the files it saved: {failed[0][1]}")
     if comm.rank() != 0:
         return None
+    # a rank that wrote where rank 0 does not see (another filesystem at that path): its files
+    # are missing here, and a load would have refused the published state as changed
+    away = [(r, sorted(d)) for r, (d, _) in enumerate(every)
+            if any(not (folder / name).exists() for name in d)]
+    if away:
+        r, names = away[0]
+        raise OSError(f"rank {r}'s files ({', '.join(names)}) are not in {folder} as rank 0 "
+                      f"sees it ({len(away)} rank(s) so): every rank must see the save's path "
+                      "(one shared filesystem); nothing was published")
     return {name: crc for d, _ in every for name, crc in d.items()}

@@ -261,6 +261,15 @@ class Trainer:
             groups = [cp_degree, world // cp_degree]
         else:  # refused by make_groups on every rank that has it
             groups = ["cp_degree", repr(cp_degree)]
+        if not problems and isinstance(groups[0], int) and callable(getattr(method, "check", None)):
+            # the method on this CP group and model, here rather than at the first step (an
+            # engine audit: Ulysses on 3 ranks with 4 heads built a Trainer); the local length
+            # is the batch's, checked by each step: 2 meets every layout here
+            try:
+                method.check(world=groups[0], heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
+                             seq_local=2, causal=True, **(attention_options or {}))
+            except ValueError as e:
+                problems.append(str(e))
         # no wrapper without DP, but fsdp_world shards over the CP ranks too
         dp_kind = data_parallel if groups[-1] != 1 or data_parallel == "fsdp_world" else None
         # where FSDP shards the model, it shards it before its weights exist: each rank then
@@ -656,6 +665,9 @@ class Trainer:
                 _check_plain(meta or {}, "meta")
                 folder = sharded_state.target_folder(path)
                 sharded_state.prepare(folder)
+                # named absolutely, as a load does: a rank in another working directory wrote
+                # a relative path's shards elsewhere
+                folder = os.path.abspath(folder)
             except Exception as e:  # noqa: BLE001  (every rank must learn of it)
                 error = e
         self._raise_if_any(error, what)
