@@ -214,7 +214,7 @@ class ByteCount:
     _recv: dict = field(default_factory=lambda: defaultdict(int))
 
     def _link(self, me: int, peer: int) -> str:
-        rpn = self.ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or None
+        rpn = self.ranks_per_node
         if rpn is None:
             return "intra"
         return "intra" if me // rpn == peer // rpn else "inter"
@@ -248,6 +248,17 @@ def count_bytes(ranks_per_node: int | None = None):
         # 0 labelled every link intra, -1 every link inter, "2" failed at the first transfer
         raise ValueError("count_bytes: ranks_per_node must be a whole number >= 1 (or None: "
                          f"$LOCAL_WORLD_SIZE, else one node), got {ranks_per_node!r}")
+    name = "ranks_per_node"
+    if ranks_per_node is None and (env := os.environ.get("LOCAL_WORLD_SIZE")) is not None:
+        name = "$LOCAL_WORLD_SIZE"  # (read unchecked, -1 labelled every link inter, 0 none,
+        try:  # "abc" failed at the first transfer: a topology audit)
+            ranks_per_node = int(env)
+        except ValueError:
+            ranks_per_node = env
+    # nodes of the world's ranks (links are labelled by global rank): 3 ranks a node of 4
+    # made a node of one rank (a topology audit)
+    if why := ranks_per_node_problem(world_size(), ranks_per_node, name):
+        raise ValueError(f"count_bytes: {why}")
     c = ByteCount(ranks_per_node=ranks_per_node)
     _COUNTERS.append(c)
     try:
@@ -521,18 +532,19 @@ def ranks_per_node_ok(world: int, ranks_per_node) -> bool:
         and (ranks_per_node >= world or world % ranks_per_node == 0))
 
 
-def ranks_per_node_problem(world: int, ranks_per_node) -> str | None:
+def ranks_per_node_problem(world: int, ranks_per_node, name: str = "ranks_per_node") -> str | None:
     """Why ``ranks_per_node`` cannot shape a ring of ``world`` ranks (None: it can); the one
-    message of burst_attn, the registry's burst entry and the emulation."""
+    message of burst_attn, the registry's burst entry, the emulation, the byte formulas and the
+    byte counter (``name``: the argument's name there, e.g. ``node_size``)."""
     if ranks_per_node_ok(world, ranks_per_node):
         return None
     if not ranks_per_node_ok(1, ranks_per_node):  # not a whole number >= 1 at all
-        return f"ranks_per_node must be a whole number >= 1 (or None), got {ranks_per_node!r}"
+        return f"{name} must be a whole number >= 1 (or None), got {ranks_per_node!r}"
     from burst.layout import divisors
 
-    return (f"a group of {world} ranks is not divisible by ranks_per_node={ranks_per_node}; "
+    return (f"a group of {world} ranks is not divisible by {name}={ranks_per_node}; "
             f"valid values: {', '.join(map(str, divisors(world)))}, or any number >= {world} "
-            "(one node: a flat ring)")
+            f"(one node{': a flat ring' if name == 'ranks_per_node' else ''})")
 
 
 def ring_groups(group=None, ranks_per_node: int | None = None) -> RingGroups:

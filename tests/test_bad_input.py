@@ -399,6 +399,30 @@ def test_a_dimension_or_node_size_out_of_range_is_refused():
         with (pytest.raises(ValueError, match="ranks_per_node must be a whole number >= 1"),
               comm.count_bytes(ranks_per_node=bad)):
             pass
+    # and the byte formulas (a topology audit): ranks_per_node=-1 gave negative bytes, 0 a
+    # ZeroDivisionError, 3 of 4 a flat ring; node_size 0 labelled every link intra, -1 inter
+    import numpy as np
+
+    from burst.volume import method_bytes, ring_attention_bytes
+
+    shape = dict(world=4, batch=1, seq_local=8, heads=4, kv_heads=4, head_dim=8, elem=2)
+    for name in ("ranks_per_node", "node_size"):
+        for bad in (0, -1, -2, True, "2", 2.0):
+            with pytest.raises(ValueError, match=re.escape(
+                    f"{name} must be a whole number >= 1 (or None), got {bad!r}")):
+                ring_attention_bytes(**shape, **{name: bad})
+        with pytest.raises(ValueError, match=re.escape(
+                f"a group of 4 ranks is not divisible by {name}=3; valid values: 1, 2, 4")):
+            ring_attention_bytes(**shape, **{name: 3})
+    for bad in (0, -1, True, "2", 2.0):
+        with pytest.raises(ValueError, match=re.escape(
+                f"node_size must be a whole number >= 1 (or None), got {bad!r}")):
+            method_bytes("ring", **shape, node_size=bad)
+    with pytest.raises(ValueError, match="not divisible by node_size=3"):
+        method_bytes("ring", **shape, node_size=3)
+    assert method_bytes("ring", **shape, node_size=np.int64(2)).by == method_bytes(
+        "ring", **shape, node_size=2).by
+    assert ring_attention_bytes(**shape, ranks_per_node=8).by == ring_attention_bytes(**shape).by
 
 
 def test_loose_arguments_are_refused_by_name():

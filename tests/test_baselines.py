@@ -471,6 +471,16 @@ def _subgroup_collectives(rank: int, world: int):
         comm._GLOO_LIST_ALL_TO_ALL = was
     got["all_to_all_single"] = torch.equal(native, single) and native.shape == (6, 2)
     want["all_to_all_single"] = True
+    # a node size that does not divide the world (3 of 4): refused, as burst_attn refuses it
+    # (it made nodes {0, 1, 2} and {3}: a topology audit)
+    try:
+        with comm.count_bytes(ranks_per_node=3):
+            pass
+        got["node of 3"] = "no error"
+    except ValueError as e:
+        got["node of 3"] = str(e)
+    want["node of 3"] = ("count_bytes: a group of 4 ranks is not divisible by ranks_per_node=3; "
+                         "valid values: 1, 2, 4, or any number >= 4 (one node: a flat ring)")
     return (got == want, (got, want), c.sent(link="inter"), c.received(link="inter"),
             tiny.sent())
 
@@ -489,13 +499,22 @@ def test_collectives_on_subgroups():
 def test_links_come_from_the_counter_or_local_world_size(monkeypatch):
     """Under torchrun / submitit the node size is $LOCAL_WORLD_SIZE; the counter's own
     ranks_per_node wins; without either every rank is on one node."""
-    from burst.comm import ByteCount
-
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    assert ByteCount()._link(0, 3) == "intra"
+    with comm.count_bytes() as c:
+        assert c._link(0, 3) == "intra"
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert ByteCount()._link(0, 3) == "inter" and ByteCount()._link(0, 1) == "intra"
-    assert ByteCount(ranks_per_node=4)._link(0, 3) == "intra"
+    with comm.count_bytes() as c:
+        assert c._link(0, 3) == "inter" and c._link(0, 1) == "intra"
+    with comm.count_bytes(ranks_per_node=4) as c:
+        assert c._link(0, 3) == "intra"
+    # read unchecked, -1 labelled every link inter, 0 none, "abc" failed at the first transfer
+    for bad in ("-1", "0", "abc", ""):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", bad)
+        with (pytest.raises(ValueError, match=re.escape(
+                "count_bytes: $LOCAL_WORLD_SIZE must be a whole number >= 1 (or None), got "
+                f"{int(bad) if bad.lstrip('-').isdigit() else bad!r}")),
+              comm.count_bytes()):
+            pass
 
 
 def test_every_method_over_the_transport_of_the_process_group():
