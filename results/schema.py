@@ -94,8 +94,8 @@ COLUMNS: dict[str, str] = {
                 "a wrong result; either makes the row an error)",
     "max_err_ratio": "a 16-bit cell's max_err relative to rounding: per tensor (out, dq, dk, "
                      "dv) its max error over a plain same-dtype attention's on the same inputs, "
-                     "the largest (this project's methods: 1-5 at 4-32 ranks in bfloat16, "
-                     "growing with the ranks; an output 5% off: 9-16)",
+                     "the largest (this project's methods in bfloat16: 0.95-3.95 at 2-32 "
+                     "ranks; an output 5% off: 9.8-17.4; scripts/bench_err_ratio.py)",
     "speedup": "time of the spec's baseline / time of this row (filled when a run's table is "
                "consolidated, by results.tables.add_speedup)",
     # provenance

@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
          "worst GQA (8 query heads, 1 kv heads): max error"),
     ("bench_init.py", ["--config", "tiny", "--ranks", "1", "2"], "34,816"),  # tiny's matrices
     ("bench_spawn.py", ["--worlds", "2", "--repeats", "1"], "forkserver"),
+    ("bench_err_ratio.py", ["--worlds", "2", "--seq-len", "64"], "zigzag_ring bf16 dK/dV"),
     ("bench_state_save.py", ["--world", "2", "--layers", "1", "--hidden", "64"], " sharded  load"),
 ])
 def test_benchmark_script_runs(script, args, expect):
