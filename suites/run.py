@@ -446,10 +446,12 @@ def _note_unfinished_other(sweep_dir: Path, spec: SweepSpec, stream,
     left = len(set(cells) - have)
     if not meta.get("spec_hash"):  # its run.json gone: its spec is unknown, not another
         if shared := len(have & set(ids)):
+            # (a named run without run.json is resumed if its rows are all this spec's cells)
+            then = (f" (--run-id {last.name} resumes that one instead)" if have <= set(ids)
+                    else "")
             print(f"note: run {last.name} of this sweep has no run.json (its spec unknown) "
                   f"and rows of {shared} of these {len(ids)} cells; this spec starts a new "
-                  f"run, which measures every cell (--run-id {last.name} resumes that one "
-                  "instead)", file=stream, flush=True)
+                  f"run, which measures every cell{then}", file=stream, flush=True)
     elif left:
         print(f"note: run {last.name} of this sweep, of another spec, has {left} of "
               f"{len(cells)} cells without a row; this spec starts a new run (that one resumes "

@@ -1832,11 +1832,19 @@ def test_an_edited_spec_names_the_unfinished_run_it_leaves(tmp_path, monkeypatch
     os.utime(done, (4102444800, 4102444800))  # 2100: the newest run, sorted by its time
     shutil.rmtree(measured)  # (else that run of this spec is resumed)
     buf = io.StringIO()
-    runmod.run_sweep(more, out=tmp_path / "out", stream=buf)
+    measured = runmod.run_sweep(more, out=tmp_path / "out", stream=buf).run_dir
     assert (f"note: run {done.name} of this sweep has no run.json (its spec unknown) and "
             f"rows of {kept} of these {n} cells; this spec starts a new run, which measures "
             f"every cell (--run-id {done.name} resumes that one instead)") in buf.getvalue(), \
         buf.getvalue()
+    # with a row of a cell this spec lacks, --run-id would refuse it: not offered
+    store.append_row(done / "rows.jsonl", dict(empty_row(), cell_id="elsewhere", status="ok"))
+    os.utime(done, (4102444800, 4102444800))
+    shutil.rmtree(measured)
+    buf = io.StringIO()
+    runmod.run_sweep(more, out=tmp_path / "out", stream=buf)
+    assert (f"rows of {kept} of these {n} cells; this spec starts a new run, which measures "
+            "every cell\n") in buf.getvalue(), buf.getvalue()
 
 
 def test_a_paper_entry_that_changes_the_system_does_not_keep_its_label(tmp_path):
