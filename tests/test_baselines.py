@@ -458,6 +458,23 @@ def _subgroup_collectives(rank: int, world: int):
 
     want["object bytes"] = len(pickle.dumps("abc"))
     got["object bytes"] = objects.sent()
+    # objects of other sizes on the two ranks: each sends its own and receives its peer's (a
+    # mutation audit: recorded the other way round, unseen with the same object everywhere)
+    mine, theirs = ("x" * (10 + 1000 * r) for r in (me, 1 - me))
+    with comm.count_bytes(ranks_per_node=2) as sized:
+        comm.gather_objects(mine, group=group)
+    got["sized objects"] = [sized.sent(), sized.received()]
+    want["sized objects"] = [len(pickle.dumps(mine)), len(pickle.dumps(theirs))]
+    # a group per purpose, over the same ranks too: the ring's reads and accumulators never
+    # share a communicator (NCCL would serialise them), nor USP's groups the ring's (merged
+    # when the cache key dropped the purpose: a mutation audit)
+    flat, double = comm.ring_groups(None), comm.ring_groups(None, ranks_per_node=2)
+    got["own groups"] = [flat.read_intra is not flat.acc_intra,
+                         double.read_intra is not double.acc_intra,
+                         double.read_inter is not double.acc_inter,
+                         comm.subgroup([[0, 1], [2, 3]], purpose="another test") is not group,
+                         comm.subgroup([[0, 1], [2, 3]], purpose="test") is group]
+    want["own groups"] = [True] * 5
     with comm.count_bytes(ranks_per_node=2) as tiny:  # one byte: was counted as none
         comm.all_reduce(torch.ones(1, dtype=torch.uint8), group=group, op="max")
     # torch < 2.12's gloo path (its single-tensor all-to-all), split and joined on two dims

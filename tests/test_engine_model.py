@@ -352,6 +352,11 @@ def test_fused_head_equals_plain_cross_entropy_with_ignore_index():
     h = hidden.clone().requires_grad_()  # a frozen head: dL/dhidden only, the same values
     (fused_linear_cross_entropy(h, weight.detach(), targets, chunk=8, scale=1 / 34) * 3).backward()
     assert torch.allclose(h.grad, results[0][1], rtol=1e-12, atol=1e-14)
+    # a frozen body (only the head trains): dL/dweight alone, the same values (it skipped all
+    # gradient work: zero gradients, a mutation audit)
+    w = weight.detach().clone().requires_grad_()
+    (fused_linear_cross_entropy(hidden, w, targets, chunk=8, scale=1 / 34) * 3).backward()
+    assert torch.allclose(w.grad, results[0][2], rtol=1e-12, atol=1e-14)
 
 
 def test_fused_head_bf16_as_accurate_as_plain_head():
@@ -377,6 +382,9 @@ def test_fused_head_bf16_as_accurate_as_plain_head():
 
     ref = run(plain_cross_entropy, torch.float64)
     plain = run(plain_cross_entropy, torch.bfloat16)
+    # the yardstick itself: the plain head's cross-entropy in fp32 on its bf16 logits (in bf16
+    # its loss was 100x further off, and the rule below the looser for it: a mutation audit)
+    assert abs(float(plain[0] - ref[0])) < 1e-3, (float(plain[0]), float(ref[0]))
     fused = run(lambda *a, **k: fused_linear_cross_entropy(*a, chunk=64, **k), torch.bfloat16)
     for name, r, p, f in zip(("loss", "dh", "dw"), ref, plain, fused, strict=True):
         err_p, err_f = float((p - r).abs().max()), float((f - r).abs().max())
@@ -459,6 +467,23 @@ def test_checkpointing_cache_and_recompute_flops():
     b, s, h, d, layers = 2, 32, 4, 8, 2
     assert runs["selective"][3] == layers * (b * s * h * d + b * h * s) * 8
     assert runs["selective_half"][3] * 2 == runs["selective"][3]
+
+
+def test_a_forward_dropped_before_its_backward_frees_its_cached_attention():
+    """The selective modes' cache is keyed weakly by each layer's run: a forward whose graph
+    is dropped (an evaluation with grad on, a step abandoned) frees its entries with it. Kept
+    strongly, they stayed until the next step's clear (a mutation audit)."""
+    import gc
+
+    for mode in ("selective", "selective_half"):
+        tr = Trainer("tiny", attention_options={"layout": "striped"}, checkpointing=mode,
+                     dtype=torch.float64)
+        tokens, targets, positions = tr.local_batch(32, batch=2)
+        loss = tr.model(tokens, positions, targets)
+        assert len(tr.model.cache) == tr.config.num_layers and tr.model.cache.nbytes > 0, mode
+        del loss
+        gc.collect()
+        assert len(tr.model.cache) == 0 and tr.model.cache.nbytes == 0, mode
 
 
 def test_recompute_flops_of_a_windowed_model():
