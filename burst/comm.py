@@ -446,6 +446,27 @@ def _fresh_caches() -> None:
         _CACHED_UNDER[0] = world
 
 
+def _check_group_histories(parent) -> None:
+    """Refuse, on every member of ``parent``, to make groups among its members alone when they
+    have made different numbers of process groups: torch names such a group by its ranks and
+    that number (``distributed_c10d._hash_ranks_to_str``), so they would wait on different
+    names until the timeout (a ring on ranks {1, 2, 3} after one on {0, 1, 2}: rank 3 had made
+    none of the latter's groups; a topology audit). A private count of torch's; unchecked where
+    a torch lacks it."""
+    world_state = getattr(dist.distributed_c10d, "_world", None)
+    if getattr(world_state, "pg_names", None) is None:
+        return
+    counts = [None] * len(group_ranks(parent))
+    dist.all_gather_object(counts, len(world_state.pg_names), group=parent)  # (not counted)
+    if len(set(counts)) > 1:
+        had = ", ".join(f"rank {r}: {c}" for r, c in zip(group_ranks(parent), counts, strict=True))
+        raise ValueError(
+            f"the ranks of this group have made different numbers of process groups ({had}), "
+            "and torch names a group made among some ranks by that number: its groups would "
+            "hang. Make every member's groups alike first (e.g. the same methods on the same "
+            "groups, in the same order, on every rank), or use groups of the whole world")
+
+
 def subgroup(rank_lists: list[list[int]], *, parent=None, purpose: str = ""):
     """The group (among ``rank_lists``, a partition of ``parent``'s global ranks) holding this
     rank. Created once (per default process group) and cached. With parent = the world every
@@ -460,6 +481,8 @@ def subgroup(rank_lists: list[list[int]], *, parent=None, purpose: str = ""):
         return _SUB_CACHE[key]
     me = rank()
     whole = parent is None or parent is dist.group.WORLD or len(group_ranks(parent)) == world_size()
+    if not whole:
+        _check_group_histories(parent)
     mine = None
     for ranks in rank_lists:
         if whole or me in ranks:

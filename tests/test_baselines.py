@@ -475,6 +475,21 @@ def _subgroup_collectives(rank: int, world: int):
                          comm.subgroup([[0, 1], [2, 3]], purpose="another test") is not group,
                          comm.subgroup([[0, 1], [2, 3]], purpose="test") is group]
     want["own groups"] = [True] * 5
+    # a ring on ranks {1, 2, 3} after one on {0, 1, 2}: rank 3 had made none of the first
+    # ring's groups, so torch named the second ring's groups otherwise there than on ranks 1
+    # and 2, and they waited on each other until the timeout (a topology audit). Refused instead
+    ring, refused = registry.get("ring"), "the ranks of this group have made different numbers"
+    got["overlapping rings"] = []
+    for part in ([[0, 1, 2], [3]], [[1, 2, 3], [0]]):
+        g = comm.subgroup(part, purpose=f"overlap {part}")
+        if rank in part[0]:
+            q = torch.randn(1, 8, 2, 8, requires_grad=True)
+            try:
+                ring(q, q.detach(), q.detach(), causal=True, group=g).sum().backward()
+                got["overlapping rings"].append("ok")
+            except ValueError as e:
+                got["overlapping rings"].append(str(e)[:len(refused)])
+    want["overlapping rings"] = {0: ["ok"], 3: [refused]}.get(rank, ["ok", refused])
     with comm.count_bytes(ranks_per_node=2) as tiny:  # one byte: was counted as none
         comm.all_reduce(torch.ones(1, dtype=torch.uint8), group=group, op="max")
     # torch < 2.12's gloo path (its single-tensor all-to-all), split and joined on two dims

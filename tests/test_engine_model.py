@@ -1176,7 +1176,9 @@ def test_fused_head_holds_one_chunk_of_logits(grad, dtype):
 
 def test_selective_half_with_a_document_boundary_at_the_half():
     """selective_half recomputes the first half of the sequence with its own documents: a
-    boundary exactly at the half must not appear twice in the prefix's cu_seqlens."""
+    boundary exactly at the half ends the prefix's last document, and the step equals the
+    uncheckpointed one. (A boundary kept twice in the prefix, ``c <= half``, passes too:
+    MaskSpec drops the repeated boundary, a mutation audit found.)"""
     losses = {}
     for mode in ("none", "selective_half"):
         tr = Trainer("tiny", attention_options={"layout": "striped"}, checkpointing=mode,
