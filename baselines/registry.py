@@ -29,8 +29,6 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-import numbers
-import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -38,7 +36,7 @@ import torch
 
 from burst.attention import dims_problems
 from burst.kernel import resolve_scale
-from burst.layout import LAYOUTS, heads_problem
+from burst.layout import LAYOUTS, heads_problem, plain_integer
 from burst.masks import MaskSpec
 
 __all__ = ["LEVELS", "Method", "accepted_options", "get", "names", "plain_integer",
@@ -183,13 +181,6 @@ class Method:
         options = plain_integers(options)
         return self.fn(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group,
                        **{**self.options, **options})
-
-
-def plain_integer(v):
-    """A numpy integer as Python's int (the same count, as burst_attn takes it: double_ring and
-    usp refused ranks_per_node=np.int64(2) and named 2 as valid); anything else unchanged."""
-    numpy_int = type(v).__module__ == "numpy" and isinstance(v, numbers.Integral)
-    return operator.index(v) if numpy_int else v
 
 
 def plain_integers(options: dict) -> dict:

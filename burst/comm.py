@@ -244,19 +244,16 @@ class ByteCount:
 @contextlib.contextmanager
 def count_bytes(ranks_per_node: int | None = None):
     """Count every byte this rank sends and receives inside the block (counters may nest)."""
-    if ranks_per_node is not None and not ranks_per_node_ok(1, ranks_per_node):
-        # 0 labelled every link intra, -1 every link inter, "2" failed at the first transfer
-        raise ValueError("count_bytes: ranks_per_node must be a whole number >= 1 (or None: "
-                         f"$LOCAL_WORLD_SIZE, else one node), got {ranks_per_node!r}")
-    name = "ranks_per_node"
+    name = "ranks_per_node"  # (None: $LOCAL_WORLD_SIZE, else one node)
     if ranks_per_node is None and (env := os.environ.get("LOCAL_WORLD_SIZE")) is not None:
         name = "$LOCAL_WORLD_SIZE"  # (read unchecked, -1 labelled every link inter, 0 none,
         try:  # "abc" failed at the first transfer: a topology audit)
             ranks_per_node = int(env)
         except ValueError:
             ranks_per_node = env
-    # nodes of the world's ranks (links are labelled by global rank): 3 ranks a node of 4
-    # made a node of one rank (a topology audit)
+    # a whole number of the world's ranks (links are labelled by global rank): 0 labelled every
+    # link intra, -1 every link inter, "2" failed at the first transfer, 3 ranks a node of 4
+    # made a node of one rank (audits)
     if why := ranks_per_node_problem(world_size(), ranks_per_node, name):
         raise ValueError(f"count_bytes: {why}")
     c = ByteCount(ranks_per_node=ranks_per_node)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 
 import torch
 
@@ -30,6 +31,7 @@ __all__ = [
     "divisors",
     "global_positions",
     "heads_problem",
+    "plain_integer",
     "length_problem",
     "local_length_problem",
     "local_index",
@@ -47,6 +49,13 @@ def divisors(n: int) -> list[int]:
     counting to n hung the message of a config with a digit too many."""
     small = [d for d in range(1, math.isqrt(max(n, 0)) + 1) if n % d == 0]
     return small + [n // d for d in reversed(small) if d * d != n]
+
+
+def plain_integer(v):
+    """A numpy integer as Python's int (the same count, as burst_attn takes it: double_ring and
+    usp refused ranks_per_node=np.int64(2) and named 2 as valid); anything else unchanged."""
+    numpy_int = type(v).__module__ == "numpy" and isinstance(v, numbers.Integral)
+    return operator.index(v) if numpy_int else v
 
 
 def heads_problem(heads: int, kv_heads: int) -> str | None:

@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from burst.comm import ranks_per_node_ok, ranks_per_node_problem, ring_shape
-from burst.layout import heads_problem
+from burst.layout import heads_problem, plain_integer
 from burst.masks import MaskSpec, flat_ring_suffices, ring_reach
 from burst.ring import check_reach
 
@@ -106,13 +106,6 @@ def auto_backward(**shape) -> str:
     return "burst" if by["burst"] <= by["ring"] else "ring"
 
 
-def _whole(value):
-    """A numpy integer as an int (the node sizes' checks take ints alone); the rest as given."""
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        return int(value)
-    return value
-
-
 def ring_attention_bytes(*, world: int, batch: int, seq_local: int, heads: int, kv_heads: int,
                          head_dim: int, elem: int, acc_elem: int = 4, backward: str = "burst",
                          ranks_per_node: int | None = None, node_size: int | None = None,
@@ -134,7 +127,7 @@ def ring_attention_bytes(*, world: int, batch: int, seq_local: int, heads: int, 
     """
     if backward not in ("burst", "ring"):
         raise ValueError(f"backward={backward!r}: expected 'burst' or 'ring'")
-    ranks_per_node, node_size = _whole(ranks_per_node), _whole(node_size)
+    ranks_per_node, node_size = plain_integer(ranks_per_node), plain_integer(node_size)
     for name, value in (("ranks_per_node", ranks_per_node), ("node_size", node_size)):
         if why := ranks_per_node_problem(world, value, name):  # (-1 gave negative bytes)
             raise ValueError(why)
@@ -497,8 +490,8 @@ def _case(method: str, *, world: int, batch: int, seq_local: int, heads: int, kv
         raise ValueError(f"method {method!r} has no option(s) {', '.join(bad)}; valid: "
                          f"{', '.join(own + list(_CASE_OPTIONS))}")
     case = {k: options.pop(k) for k in _CASE_OPTIONS if k in options}
-    if "node_size" in case:
-        case["node_size"] = _whole(case["node_size"])
+    if "node_size" in case:  # (the node sizes' checks take ints alone)
+        case["node_size"] = plain_integer(case["node_size"])
     if why := ranks_per_node_problem(world, case.get("node_size"), "node_size"):
         raise ValueError(why)  # (0 labelled every link intra, -1 every link inter)
     if case.get("cu_seqlens") is not None:

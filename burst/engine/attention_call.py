@@ -40,6 +40,7 @@ __all__ = [
     "AttentionCall",
     "AttentionFlops",
     "BurstMethod",
+    "check_method",
     "count_attention_flops",
     "output_problem",
     "recompute_phase",
@@ -108,6 +109,17 @@ def resolve_attention(attention, options: dict | None) -> tuple[Callable, str]:
         layout = opts.get("layout", "contiguous")
     check_layout(layout)
     return method, layout
+
+
+def check_method(method, options: dict, *, world: int, heads: int, kv_heads: int,
+                 seq_local: int) -> None:
+    """Raise the method's own ValueError (registry ``Method.check``) where it cannot run these
+    shapes on a group of ``world`` ranks, as the engine calls it (causal); a method without a
+    check (a plain function) checks itself when called."""
+    check = getattr(method, "check", None)
+    if callable(check):
+        check(world=world, heads=heads, kv_heads=kv_heads, seq_local=seq_local, causal=True,
+              **options)
 
 
 def _option_problems(method, opts: dict) -> list[str]:
@@ -227,10 +239,8 @@ class AttentionCall:
 
     def check(self, *, heads: int, kv_heads: int, seq_local: int) -> None:
         """The method's own validation (registry ``Method.check``) for these shapes."""
-        check = getattr(self.method, "check", None)
-        if callable(check):
-            check(world=comm.world_size(self.group), heads=heads, kv_heads=kv_heads,
-                  seq_local=seq_local, causal=True, **self.options)
+        check_method(self.method, self.options, world=comm.world_size(self.group), heads=heads,
+                     kv_heads=kv_heads, seq_local=seq_local)
 
     def __call__(self, q_BSHD: torch.Tensor, k_BSHD: torch.Tensor, v_BSHD: torch.Tensor, *,
                  cu_seqlens: Sequence[int] | None = None) -> torch.Tensor:

@@ -37,7 +37,7 @@ import torch
 
 from burst import comm
 from burst.engine import sharded_state
-from burst.engine.attention_call import AttentionCall, resolve_attention
+from burst.engine.attention_call import AttentionCall, check_method, resolve_attention
 from burst.engine.checkpointing import check_mode
 from burst.engine.configs import ModelConfig, get_config, run_window
 from burst.engine.data import local_batch, shard_batch
@@ -261,13 +261,13 @@ class Trainer:
             groups = [cp_degree, world // cp_degree]
         else:  # refused by make_groups on every rank that has it
             groups = ["cp_degree", repr(cp_degree)]
-        if not problems and isinstance(groups[0], int) and callable(getattr(method, "check", None)):
+        if not problems and isinstance(groups[0], int):
             # the method on this CP group and model, here rather than at the first step (an
             # engine audit: Ulysses on 3 ranks with 4 heads built a Trainer); the local length
             # is the batch's, checked by each step: 2 meets every layout here
             try:
-                method.check(world=groups[0], heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
-                             seq_local=2, causal=True, **(attention_options or {}))
+                check_method(method, attention_options or {}, world=groups[0],
+                             heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, seq_local=2)
             except ValueError as e:
                 problems.append(str(e))
         # no wrapper without DP, but fsdp_world shards over the CP ranks too
