@@ -225,6 +225,10 @@ def test_emulation_and_shard_reject_what_burst_attn_rejects():
             shard(q, layout="zigzag", world=world, rank=rank)
     with pytest.raises(ValueError, match=r"rank=1.0 must be a whole number in 0..1"):
         shard(q, layout="zigzag", world=2, rank=1.0)
+    for layout in ("contiguous", "zigzag", "striped"):  # past the last rank: another rank's
+        for rank in (2, -1):  # tokens reordered (zigzag), or indices past the end (striped)
+            with pytest.raises(ValueError, match=rf"rank={rank} must be a whole number in 0..1"):
+                shard(q, layout=layout, world=2, rank=rank)
     import numpy as np
 
     assert shard(q, layout="zigzag", world=np.int64(4), rank=np.int64(1)).shape[1] == 4

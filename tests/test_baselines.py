@@ -19,7 +19,7 @@ import torch
 
 from baselines import registry
 from baselines.tp import AttentionBlockWeights, attention_block_reference, tp_attention_block
-from burst import comm
+from burst import burst_attn, comm
 from burst.layout import shard
 from burst.spawn import spawn
 from burst.volume import METHODS, method_bytes
@@ -354,6 +354,13 @@ def test_bad_names_and_options_are_rejected():
         AttentionBlockWeights(w.wq, w.wk, w.wv, w.wo.T, 4, 2)
     with pytest.raises(ValueError, match="already a 2-way share"):
         w.shard(0, 2).shard(0, 1)
+    # what a method's check refuses, the harness refuses before its cell runs (these were
+    # accepted: a cell that failed only at run time, usp after its all-to-alls had sent)
+    checks = dict(world=4, heads=4, kv_heads=4, seq_local=8, causal=True)
+    with pytest.raises(ValueError, match=r"ranks_per_node=3 \(the inner ring size\)"):
+        registry.get("double_ring").check(**checks, ranks_per_node=3)
+    with pytest.raises(ValueError, match="backward='bogus'; valid: auto, ring, burst"):
+        registry.get("usp").check(**checks, ulysses_degree=2, backward="bogus")
     # every method's call is checked before a shape is read (an AttributeError or an
     # IndexError from the wrapper itself, where burst_attn said what was wrong: an audit)
     t = torch.zeros(1, 8, 2, 8)
@@ -393,6 +400,24 @@ def test_numpy_counts_and_the_tp_blocks_refusals_before_any_transfer():
         tp_attention_block(torch.zeros(1, 0, 16), w)
     with pytest.raises(ValueError, match="kernel backend 'cuda_sdpa' needs CUDA tensors"):
         tp_attention_block(torch.zeros(1, 4, 16), w, backend="cuda_sdpa")
+    # a share made for another group size ran: 8-way shares on 4 ranks were 0.66 off, silently
+    with pytest.raises(ValueError, match="a 2-way share but the group has 1 ranks"):
+        tp_attention_block(torch.zeros(1, 4, 16), w.shard(0, 2))
+    with pytest.raises(ValueError, match="x is torch.float64 but the weights are torch.float32"):
+        tp_attention_block(torch.zeros(1, 4, 16, dtype=torch.float64), w)
+
+
+def test_each_ring_adapter_runs_on_its_own_layout_by_default():
+    """The adapters' default layouts (the tests pass the layout through the registry, so
+    striped_ring_attn defaulting to zigzag, which it refuses, went unseen)."""
+    from baselines.ring_family import ring_attn, striped_ring_attn, zigzag_ring_attn
+
+    q = torch.randn(1, 8, 2, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    for fn, layout in ((ring_attn, "contiguous"), (zigzag_ring_attn, "zigzag"),
+                       (striped_ring_attn, "striped")):
+        torch.testing.assert_close(fn(q, q, q, causal=True),
+                                   burst_attn(q, q, q, causal=True, layout=layout,
+                                              backward="ring"))
 
 
 def test_formulas_agree_where_methods_coincide():

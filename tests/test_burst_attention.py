@@ -566,6 +566,37 @@ def test_posted_transfers_hold_their_buffers_until_wait(monkeypatch):
     assert alive() is None
 
 
+def test_blocks_and_accumulators_travel_on_their_own_groups(monkeypatch):
+    """The ring's accumulators go on their own communicators, so NCCL runs them beside the next
+    block's transfer instead of queueing behind it (a mutation that sent them on the read
+    group changed no value or byte count on gloo, which matches messages in posting order)."""
+    from burst import ring
+    from burst.comm import RingGroups
+
+    posted = []
+
+    class Done:
+        def wait(self):
+            return True
+
+    def record(group, sends, recvs):
+        posted.append((group, {tuple(t.shape) for t, _ in sends + recvs}))
+        return Done()
+
+    monkeypatch.setattr(ring, "_post_pairs", record)
+    payload, acc = [torch.zeros(2)], [torch.zeros(3)]  # told apart by shape
+    for nodes, local, span, back in ((1, 4, None, 0), (1, 4, 1, 1), (2, 2, None, 0)):
+        posted.clear()
+        rg = RingGroups(tuple(range(4)), nodes, local, 1, "read_intra", "acc_intra",
+                        "read_inter", "acc_inter")
+        ring.run_ring(rg, payload, lambda src, blk, a: None, acc_like=acc, span=span, back=back)
+        groups = {(g, shape) for g, shapes in posted for shape in shapes}
+        want = {("read_intra", (2,)), ("acc_intra", (3,))}
+        if nodes > 1:
+            want |= {("read_inter", (2,)), ("acc_inter", (3,))}
+        assert groups == want, (nodes, span, back, groups)
+
+
 def _waits_on_a_dead_peer(rank: int, world: int):
     import time
 

@@ -1208,6 +1208,13 @@ def test_saved_bytes_count_what_forward_keeps_not_backward_recompute():
         with SavedBytes() as both:
             tr.model(tokens, positions, targets).backward()
         assert both.bytes == fwd_only.bytes > 0, mode
+    # a saved slice keeps its whole storage alive: counted whole (its own 40 bytes read 50x low)
+    a = torch.randn(1000, requires_grad=True)
+    w = torch.randn(10, requires_grad=True)
+    with SavedBytes() as kept:
+        b = a * 2
+        (b[:10] * w).sum()
+    assert kept.bytes == b.untyped_storage().nbytes() + w.untyped_storage().nbytes() == 4040
 
 
 def test_rope_angles_are_exact_at_a_million_tokens():
