@@ -67,7 +67,7 @@ def make(tables):
         # only published / measured): its markers are known by their colour
         ax.plot([], [], color=colour, lw=1.8, ls=ls, marker=SOURCE_MARKERS["simulated"], ms=3,
                 label=label)
-        d = df[df["label"] == label].sort_values("seq_len")
+        d = df[df["label"] == label].sort_values("seq_len", kind="stable")  # last row wins
         # a simulated number where the paper has OOM (Megatron-CP at 512K, 1M: docs/simulator.md
         # says why): ringed in the method's colour over every other mark, reached by a dotted
         # segment, so the line does not read as agreeing with the paper

@@ -44,7 +44,7 @@ def make(tables):
         scale = 100.0 if metric.startswith("mfu") else 1.0
         for k, (label, system, ls) in enumerate(lines):
             colour = series_color(system, label)
-            d = df[df["label"] == label].sort_values("world")
+            d = df[df["label"] == label].sort_values("world", kind="stable")  # last row wins
             for src in ("simulated", "measured"):
                 s = d[d["source"] == src].drop_duplicates("world", keep="last")
                 ok = (s["status"] == "ok") & s[metric].notna()

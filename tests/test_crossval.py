@@ -181,3 +181,7 @@ def test_a_changed_model_makes_the_kept_crossval_stale(evals):
     moved = copy.deepcopy(evals)
     moved[j]["status_sim"] = "oom" if evals[j]["status_sim"] == "ok" else "ok"
     assert len(crossval.stale_rows(kept, moved)) >= 2
+    for key, at in (("published", i), ("mem_paper_gib", j)):  # the paper's tables edited
+        moved = copy.deepcopy(evals)
+        moved[at][key] *= 1.1
+        assert crossval.stale_rows(kept, moved), key

@@ -284,6 +284,28 @@ def test_two_labels_of_one_system_are_two_lines(fixture_tables):
     assert lines["burstengine w/o sele-ckpt"].get_linestyle() == "--"
 
 
+def test_the_later_of_two_rows_of_one_point_is_drawn(fixture_tables):
+    """Lines keep each point's last row, as bars do; they sorted by world or length first,
+    and pandas' default sort is not stable past 16 rows, so an older row could be drawn."""
+    import dataclasses
+
+    from paper_figures import kernel_tflops, weak_scaling
+
+    sim = fixture_tables.simulated
+    for fig_, sweep, x, metric in ((weak_scaling, "paper_weak_scaling", "world", "tokens_per_s"),
+                                   (kernel_tflops, "paper_kernel_32gpu", "seq_len",
+                                    "attn_tflops")):
+        new = sim[(sim["sweep"] == sweep) & (sim["status"] == "ok")]
+        new = new[new["label"] == new["label"].iloc[0]].sort_values(x)
+        old = pd.concat([new.assign(**{metric: new[metric] * 3})] * 8)  # 8 older runs
+        _, data = fig_.make(dataclasses.replace(fixture_tables, simulated=pd.concat(
+            [sim, old, new], ignore_index=True)))
+        data = data[(data["source"] == "simulated") & (data["label"] == new["label"].iloc[0])
+                    & data[x].isin(new[x])]
+        got = data.loc[data["metric"] == metric, "value"] if "metric" in data else data[metric]
+        assert got.tolist() == pytest.approx(new[metric].tolist()), fig_.NAME
+
+
 def test_loading_keeps_each_profiles_latest_run_and_refuses_a_missing_folder(tmp_path, capsys):
     from paper_figures.make import main
     from paper_figures.tables import load_tables

@@ -38,6 +38,20 @@ def test_compare_reports_a_moved_value():
     # full values stay apart and a tiny move still shows (they ran together as "...948173...")
     text = gates.format_diff([("t", 173.89891143490948, 173.89920405456562)])
     assert " 173.89891143490948 " in text and "+0.000168%" in text
+    # the gates are exact to rounding: a move of one in a million is a move
+    assert gates.compare({"a": 100.0}, {"a": 100.0001}) and not gates.compare(
+        {"a": 100.0}, {"a": 100.0 * (1 + 1e-12)})
+
+
+def test_the_command_fails_when_a_gate_moved(monkeypatch, tmp_path, capsys):
+    """`python -m suites.gates` (make gates) exits 1 when a value differs, 0 when none does."""
+    expected = tmp_path / "expected.json"
+    expected.write_text('{"flops.x": 1, "sim.y": 2.5}')
+    monkeypatch.setattr(gates, "collect", lambda: {"flops.x": 1, "sim.y": 2.5})
+    assert gates.main(["--expected", str(expected)]) == 0
+    monkeypatch.setattr(gates, "collect", lambda: {"flops.x": 2, "sim.y": 2.5})
+    assert gates.main(["--expected", str(expected)]) == 1
+    assert "1 differ from" in capsys.readouterr().out
 
 
 def test_selective_half_keeps_half_the_cache_of_selective(values):

@@ -215,6 +215,10 @@ def test_key_cell_and_value_problems_come_in_one_report(tmp_path):
             "[[methods]]\nname = 'burst'\n"
     with pytest.raises(SpecError, match="no scale"):
         load_spec(_write(tmp_path, empty, "empty"))
+    # a misspelt key of a scale (one node of 8, every link counted inside it, had it gone)
+    typo = empty.replace("scales = []\n", "") + "[[scales]]\nworld = 8\nnode = 2\n"
+    with pytest.raises(SpecError, match=r"scales\[0\]\.node: unknown key.*'nodes'"):
+        load_spec(_write(tmp_path, typo, "typo"))
 
 
 def test_cells_and_ids(tmp_path):
@@ -235,6 +239,19 @@ def test_cells_and_ids(tmp_path):
     assert not set(c.cell_id for c in expand(more)) & set(ids)
     # cells round-trip through JSON (they travel to ranks and jobs)
     assert [type(c).from_json(c.to_json()) for c in cells] == cells
+    # grouped-query heads (no shipped attention spec has them; a reversed check refused them)
+    gqa = load_spec(_write(tmp_path, GOOD.replace("heads = 4\n", "heads = 4\nkv_heads = 2\n"),
+                           "gqa"))
+    assert {(c.heads, c.kv_heads) for c in expand(gqa)} == {(4, 2)}
+    # the memory profiler runs on CPU cells only, and is no part of a CUDA cell's id (a CUDA
+    # cell profiled would also have a new id: a resumed GPU run would rerun every cell)
+    cuda = load_spec(_write(tmp_path, GOOD.replace("world = 4", 'world = 4\ndevice = "cuda"'),
+                            "cuda"))
+    assert not any(c.profile_memory for c in expand(cuda))
+    assert all(c.profile_memory for c in cells)
+    unprofiled = load_spec(_write(tmp_path, GOOD.replace(
+        "world = 4", 'world = 4\ndevice = "cuda"\nprofile_memory = false'), "unprofiled"))
+    assert [c.cell_id for c in expand(cuda)] == [c.cell_id for c in expand(unprofiled)]
 
 
 def test_shipped_specs_are_valid():

@@ -317,3 +317,22 @@ def test_each_fit_is_handed_over_as_it_is_found(monkeypatch):
     assert len(fits) == 3
     assert events == [e for f in fits for e in (("searched", f.cell.label),
                                                  ("fit", f.cell.label))]
+
+
+def test_each_node_split_of_one_world_is_searched(monkeypatch, tmp_path):
+    """Two scales of 8 GPUs, one node of 8 and two of 4, are two searches (their links and
+    memory differ): the second went unsearched, without a row."""
+    import types
+
+    import suites.longest as L
+
+    monkeypatch.setattr(L, "longest", lambda cell, hw, **kw: types.SimpleNamespace(
+        cell=cell, row={"cell_id": cell.cell_id}))
+    spec = tmp_path / "splits.toml"
+    spec.write_text('workload = "attention"\nseq_lens = [4096]\n[shape]\nheads = 8\n'
+                    'head_dim = 64\n[[methods]]\nname = "burst"\n[[methods]]\nname = "ring"\n'
+                    "[[scales]]\nworld = 8\n[[scales]]\nworld = 8\nnodes = 2\n")
+    fits = L.longest_spec(str(spec), HW)
+    assert sorted((f.cell.label, f.cell.nodes) for f in fits) == [
+        ("burst", 1), ("burst", 2), ("ring", 1), ("ring", 2)]
+
