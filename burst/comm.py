@@ -407,6 +407,8 @@ def all_to_all(x: torch.Tensor, *, split_dim: int, cat_dim: int, group=None) -> 
 def all_reduce(x: torch.Tensor, *, group=None, op: str = "sum") -> torch.Tensor:
     """In-place all-reduce (``sum`` or ``max``); returns ``x``. Counted as a ring all-reduce:
     2 x ceil(bytes / G) to every other rank (a tensor smaller than G bytes still moves)."""
+    if op not in ("sum", "max"):  # refused on one rank too ("min" ran as max)
+        raise ValueError(f"op={op!r}: all_reduce takes 'sum' or 'max'")
     g = world_size(group)
     if g == 1:
         return x

@@ -20,6 +20,15 @@ def user_attention(q, k, v, *, causal, softmax_scale=None, group=None):
                       layout="contiguous", backward="ring")
 
 
+CALLS = [0]
+
+
+def counts_its_calls(q, k, v, *, causal, softmax_scale=None, group=None):
+    """``user_attention`` that counts its calls in ``CALLS`` (a test of the warm-up)."""
+    CALLS[0] += 1
+    return user_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group)
+
+
 def slow_attention(q, k, v, *, causal, softmax_scale=None, group=None, delay=0.5):
     """Works, but takes ``delay`` seconds per call (gives a kill test time between rows)."""
     time.sleep(delay)

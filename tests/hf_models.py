@@ -19,13 +19,13 @@ def _sharpen(model, norms: bool):
     return model
 
 
-def hf_llama(tie: bool, kv_heads: int = 2, eps: float = 1e-6):
+def hf_llama(tie: bool, kv_heads: int = 2, eps: float = 1e-6, theta: float = 10000.0):
     """A LlamaForCausalLM of 2 layers."""
     transformers = pytest.importorskip("transformers")
     cfg = transformers.LlamaConfig(
         vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=256,
-        rope_theta=10000.0, rms_norm_eps=eps, tie_word_embeddings=tie,
+        rope_theta=theta, rms_norm_eps=eps, tie_word_embeddings=tie,
         attn_implementation="eager")
     torch.manual_seed(0)
     return _sharpen(transformers.LlamaForCausalLM(cfg).eval(), norms=True)

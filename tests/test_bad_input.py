@@ -252,6 +252,10 @@ def test_a_group_that_is_no_process_group_is_refused():
     q, k, v = _qkv()
     torch.testing.assert_close(burst_attn(q, k, v, softmax_scale=torch.tensor(0.3)),
                                burst_attn(q, k, v, softmax_scale=0.3), rtol=0, atol=0)
+    from burst import comm
+
+    with pytest.raises(ValueError, match="op='min': all_reduce takes 'sum' or 'max'"):
+        comm.all_reduce(torch.zeros(2), op="min")  # ran as max on a group of ranks
 
 
 def test_no_method_drops_a_second_derivative_silently():

@@ -228,7 +228,8 @@ def _data_parallel_checks(rank: int) -> list:
     """Without DP the model is not wrapped (DDP over the CP group doubled the gradient
     all-reduce; FSDP failed in DeviceMesh); num_targets is compared across the DP groups."""
     out = []
-    for kw in (dict(), dict(cp_degree=4), dict(data_parallel="fsdp")):
+    ones = comm.subgroup([[r] for r in range(4)], purpose="test-dp-of-one")
+    for kw in (dict(), dict(cp_degree=4), dict(data_parallel="fsdp"), dict(dp_group=ones)):
         tr = Trainer("tiny", dtype=torch.float64, **kw)
         tr.forward_backward(*tr.local_batch(32, batch=1))
         out.append(tr._forward is tr.model)
@@ -1016,9 +1017,11 @@ def test_a_saved_training_state_resumes_exactly_on_another_layout():
 
 
 def test_no_data_parallel_wrapper_without_data_parallelism_and_one_num_targets():
-    for rank, (unwrapped_ddp, unwrapped_cp, unwrapped_fsdp, targets, short) in enumerate(
-            _results(4)[5]):
-        assert unwrapped_ddp and unwrapped_cp and unwrapped_fsdp
+    for rank, (unwrapped_ddp, unwrapped_cp, unwrapped_fsdp, unwrapped_one, targets,
+               short) in enumerate(_results(4)[5]):
+        # a data-parallel group of one given by hand is no data parallelism either (DDP over
+        # it added an all-reduce of every gradient and a copy of them to each step)
+        assert unwrapped_ddp and unwrapped_cp and unwrapped_fsdp and unwrapped_one
         assert "num_targets=" in targets and "differs across the data-parallel groups" in targets
         assert ("is not divisible by 4" if rank == 2 else
                 "another rank's input is invalid") in short, (rank, short)
@@ -1183,6 +1186,10 @@ def _gathered_in_one_step(tr: Trainer) -> dict:
 
     hooks = [m.register_forward_pre_hook(pre, with_kwargs=True) for m in layers]
     hooks += [m.register_forward_hook(post, with_kwargs=True) for m in layers]
+    hooks.append(tr.model.register_forward_hook(  # after FSDP's own, registered before
+        lambda m, args, out: seen.update(root_after_forward=not any(
+            isinstance(p, DTensor) for n, p in m.named_parameters()
+            if not n.startswith("layers.")))))
     tr.forward_backward(*tr.local_batch(SEQ, batch=1))
     for h in hooks:
         h.remove()
@@ -1212,6 +1219,9 @@ def test_fsdp_world_gathers_one_layer_at_a_time():
             for i, now in back:
                 assert i in now and set(now) <= {i, i - 1}, (mode, back)
             assert seen["after"] == [], (mode, seen)
+            # the root unit (embedding, final norm, head) stays gathered into the backward,
+            # which needs it first (resharded, it was gathered a second time per step)
+            assert seen["root_after_forward"] is True, (mode, seen)
 
 
 # ffn_size 129: the MLP's gate and up rows split 65 / 64 over 2 ranks (FSDP's uneven chunks)

@@ -25,7 +25,7 @@ from burst.engine import (
     param_count,
 )
 from burst.engine.fused_loss import plain_cross_entropy
-from burst.engine.hf import convert_hf_state_dict
+from burst.engine.hf import config_from_hf, convert_hf_state_dict
 from burst.masks import layer_windows
 from tests.hf_models import hf_llama, hf_windowed
 
@@ -178,11 +178,19 @@ def test_a_gelu_mlp_is_up_gelu_down():
 # Hugging Face parity
 
 
-@pytest.mark.parametrize("tie,kv_heads,eps", [(False, 2, 1e-6), (True, 4, 0.1)])
-def test_logits_equal_transformers_llama(tie, kv_heads, eps):
-    hf = hf_llama(tie, kv_heads, eps)
+@pytest.mark.parametrize("tie,kv_heads,eps,theta", [(False, 2, 1e-6, 1e4), (True, 4, 0.1, 5e5)])
+def test_logits_equal_transformers_llama(tie, kv_heads, eps, theta):
+    """Llama-3's rope_theta of 5e5 too: transformers 5 keeps it in rope_parameters alone."""
+    hf = hf_llama(tie, kv_heads, eps, theta)
     ours = from_hf(hf.state_dict(), hf.config).eval()
     assert ours.config.tie_embeddings == tie and ours.config.num_kv_heads == kv_heads
+    assert (ours.config.rope_theta, ours.config.rms_eps) == (theta, eps)
+    # the checkpoint's dtype, unless told (a bf16 checkpoint loaded as fp32 took twice the
+    # memory); a config without rms_norm_eps takes LlamaConfig's default, 1e-6
+    half = from_hf({k: v.bfloat16() for k, v in hf.state_dict().items()}, hf.config)
+    assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
+    bare = {k: v for k, v in hf.config.to_dict().items() if k != "rms_norm_eps"}
+    assert config_from_hf(bare).rms_eps == type(hf.config)().rms_norm_eps == 1e-6
     tokens = torch.randint(0, 96, (2, 40), generator=torch.Generator().manual_seed(1))
     positions = torch.arange(40).expand(2, -1)
     with torch.no_grad():
@@ -1256,8 +1264,6 @@ def test_the_replica_checksum_sees_the_values_the_model_will_hold():
 def test_from_hf_refuses_a_bool_rope_theta():
     """rope_theta=True is 1 to Python (every position rotated by 1 radian per step), not a
     base: refused by name like 0."""
-    from burst.engine.hf import config_from_hf
-
     with pytest.raises(ValueError, match=re.escape("rope_theta=True must be a positive number")):
         config_from_hf({"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
                         "intermediate_size": 48, "num_hidden_layers": 2, "vocab_size": 64,

@@ -910,6 +910,53 @@ def _fake_clock(rank: int, world: int):
     return M.measure(cell), (nan, nan_out, not_attention), own, own_step, adapter, unlike_q
 
 
+def _what_a_cell_asks(rank: int, world: int):
+    import burst.engine.trainer as T
+    from suites import measure as M
+    from suites.simulate import as_cell
+    from tests import harness_methods
+
+    out = {}
+    cell = as_cell(dict(method=f"{M_METHODS}:counts_its_calls", seq_len=16, world=world,
+                        heads=2, head_dim=8, device="cpu", dtype="float32", warmup=3,
+                        repeats=2, profile_memory=False))
+    harness_methods.CALLS[0] = 0
+    out["row"] = M.measure(cell)
+    out["calls"], out["step_calls"] = harness_methods.CALLS[0], M.step_calls(cell)
+    out["two_nodes"] = M.measure(dataclasses.replace(cell, method="ring", nodes=world,
+                                                     ranks_per_node=1, warmup=0, repeats=1))
+    asked = []
+
+    class Trainer(T.Trainer):  # what the harness asks of the engine
+        def __init__(self, *a, **kw):
+            asked.append(kw)
+            super().__init__(*a, **kw)
+
+    T.Trainer = Trainer
+    for fused in (False, True):
+        M.measure(as_cell(dict(workload="train_step", model="tiny", seq_len=64, method="burst",
+                               world=world, device="cpu", dtype="float32", warmup=0,
+                               repeats=1, profile_memory=False, fused_head=fused,
+                               checkpointing="selective")))
+    out["fused_head"] = [kw["fused_head"] for kw in asked]
+    return out
+
+
+def test_a_measurement_runs_the_cell_it_was_given():
+    """The cell's warm-up steps run (their loop removed, the instrumented step was the first
+    call); a cell of two nodes counts its bytes between them (not all inside one node unless
+    $LOCAL_WORLD_SIZE is set); a train_step cell's fused_head reaches the Trainer."""
+    from burst.spawn import spawn
+
+    for out in spawn(_what_a_cell_asks, 2, timeout_s=240):
+        assert out["row"]["status"] == "ok", out["row"]
+        assert out["calls"] == out["step_calls"] == 3 + 1 + 2
+        two = out["two_nodes"]
+        assert two["status"] == "ok" and two["bytes_sent_intra"] == 0 < two["bytes_sent_inter"]
+        assert two["bytes_sent_inter"] == two["bytes_sent_forward"] + two["bytes_sent_backward"]
+        assert out["fused_head"] == [False, True]
+
+
 def _unlabelled(rank: int, world: int):
     from suites import measure as M
     from suites.simulate import as_cell

@@ -496,20 +496,25 @@ def test_cli_read_only_commands(tmp_path, capsys, monkeypatch):
     assert cli.main(["compare", str(fp32), str(bf16)]) == 1
     assert "the cells differ only in dtype" in capsys.readouterr().out
     assert cli.main(["run", "paper_main_7b", "--executor", "dry-run", "--partition", "p1",
-                     "--time", "45"]) == 0
+                     "--time", "45", "--account", "a1", "--qos", "q1", "--constraint", "c1"]) == 0
     out = capsys.readouterr().out
     assert "#SBATCH --partition=p1" in out and "#SBATCH --time=45" in out
+    assert all(f"#SBATCH --{k}={v}1" in out for k, v in (("account", "a"), ("qos", "q"),
+                                                           ("constraint", "c")))
     assert "#SBATCH --nodes=8" in out and "GPU-hours" in out
     assert "note:" not in capsys.readouterr().err
     # on the inline and local executors the SLURM flags do nothing: said, not silently dropped
     from suites import run as runmod
 
     ran = []
-    monkeypatch.setattr(runmod, "run_sweep", lambda *a, **k: ran.append(k["executor"]) or
+    monkeypatch.setattr(runmod, "run_sweep", lambda *a, **k: ran.append(k) or
                         runmod.RunResult(None, None, 0))
     assert cli.main(["run", "smoke", "--executor", "local", "--time", "45", "--qos", "q"]) == 0
-    assert ran == ["local"] and "note: --time, --qos apply to SLURM jobs only; the local " \
-        "executor ignores them" in capsys.readouterr().err
+    assert [k["executor"] for k in ran] == ["local"] and "note: --time, --qos apply to SLURM " \
+        "jobs only; the local executor ignores them" in capsys.readouterr().err
+    assert ran[0]["retry_failed"] is False
+    assert cli.main(["run", "smoke", "--executor", "local", "--retry-failed"]) == 0
+    assert ran[1]["retry_failed"] is True
     with pytest.raises(SystemExit):  # SLURM would read --time=0 as no limit at all
         cli.main(["run", "paper_main_7b", "--executor", "dry-run", "--time", "2"])
     assert "give whole minutes >= 3" in capsys.readouterr().err
@@ -693,11 +698,31 @@ def test_cli_user_errors_are_messages_not_tracebacks(tmp_path, capsys, monkeypat
         assert len(ei.value.problems) == 1, ei.value.problems  # once, no follow-on noise
 
 
+def test_a_row_says_what_its_cell_was(tmp_path):
+    """Every column taken from the cell holds that cell's value (none checked before: warmup
+    and repeats swapped went unseen)."""
+    from suites.rows import RunContext, make_row
+
+    text = GOOD.replace("world = 4", "world = 4\nnodes = 2\nwarmup = 2\nrepeats = 5\n"
+                        'dtype = "bfloat16"')
+    cell = expand(load_spec(_write(tmp_path, text)))[1]
+    row = make_row(cell, {}, RunContext("r", "inline", "{}", None, None), host={})
+    for column in ("sweep", "cell_id", "workload", "method", "label", "seq_len", "batch",
+                   "heads", "kv_heads", "head_dim", "causal", "dtype", "world", "nodes",
+                   "ranks_per_node", "device", "warmup", "repeats"):
+        assert row[column] == getattr(cell, column), column
+    assert (row["warmup"], row["repeats"], row["nodes"], row["ranks_per_node"]) == (2, 5, 2, 2)
+    assert json.loads(row["method_options"]) == cell.options and row["source"] == "measured"
+
+
 def test_classify_and_schema_readme():
     assert classify("torch.OutOfMemoryError: CUDA out of memory. Tried") == "oom"
     assert classify("spawned ranks did not finish within 60 s") == "timeout"
     assert classify("Job not requeued because: timed-out and not checkpointable.") == "timeout"
     assert classify("RuntimeError: boom") == "error"
+    # a rank out of memory whose peers then time out in a collective: the cause, not its echo
+    assert classify("rank 1 raised torch.OutOfMemoryError: CUDA out of memory\nrank 0 raised "
+                    "RuntimeError: [gloo] Connection timed out waiting for rank 1") == "oom"
     readme = (SPEC_DIR.parent.parent / "results" / "README.md").read_text()
     assert markdown_table() in readme, "regenerate: python -m results.readme"
     from results.readme import BEGIN, END, with_table
@@ -768,11 +793,12 @@ def test_resume_key_is_what_a_run_measures(tmp_path):
     store.write_meta(old, {"spec_hash": "0123456789abcdef", "spec": a.to_json(),
                            "cells": ids, "created": "2026-01-02T00:00:00Z"})
     assert select_run(a, out) == old == select_run(a, out, run_id="r0")
-    store.write_meta(old, {"spec_hash": "0123456789abcdef", "spec": a.to_json(),
-                           "cells": ["old" + i for i in ids], "created": "2026-01-02T00:00:00Z"})
-    assert select_run(a, out) == run
-    with pytest.raises(ValueError, match="holds another spec's cells"):
-        select_run(a, out, run_id="r0")
+    for cells in (["old" + i for i in ids], ids + ["extra"]):  # renamed; or a wider spec's
+        store.write_meta(old, {"spec_hash": "0123456789abcdef", "spec": a.to_json(),
+                               "cells": cells, "created": "2026-01-02T00:00:00Z"})
+        assert select_run(a, out) == run
+        with pytest.raises(ValueError, match="holds another spec's cells"):
+            select_run(a, out, run_id="r0")
 
 
 def test_provenance_without_git_takes_the_commit_it_is_given(tmp_path, monkeypatch):
