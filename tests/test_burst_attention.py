@@ -674,6 +674,16 @@ def _rank1_raises_then_rank0_aborts(rank: int, world: int):
     os.abort()
 
 
+def _rank1_exits_while_rank0_sleeps(rank: int, world: int):
+    import os
+    import time
+
+    if rank == 1:
+        time.sleep(0.5)
+        os._exit(3)
+    time.sleep(20)  # no collective: ended by torch's join (SIGTERM) when rank 1 dies
+
+
 def test_spawn_reports_the_cause_first():
     """Found by a failure-injection audit: SpawnError listed ranks in rank order, so the
     harness's progress line (its last line) showed the aftermath on the last rank (gloo's
@@ -705,6 +715,13 @@ def test_spawn_reports_the_cause_first():
     text = str(e.value)
     assert text.startswith("rank 1 raised:") and "rank 0 exited without a result" in text, text
     assert short_reason(text) == "ValueError: the cause (rank 1)"
+    # a rank torch's join terminated because another died was not killed from outside
+    with pytest.raises(SpawnError) as e:
+        spawn(_rank1_exits_while_rank0_sleeps, 2, timeout_s=60)
+    text = str(e.value)
+    assert text.startswith("rank 1 exited without a result: exit code 3"), text
+    assert "rank 0 exited without a result: stopped by spawn after rank 1 died" in text, text
+    assert "SIGTERM" not in text, text
 
 
 def _rank1_returns_a_lambda(rank: int, world: int):

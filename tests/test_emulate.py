@@ -192,6 +192,14 @@ def test_window_truncates_the_emulated_ring_like_the_real_one():
     em = RingEmulator(q, k, v, world=8, causal=True, layout="contiguous", window=(8, 0))
     assert em.span == 1
     assert all(len(em.order(r)) == 2 for r in range(8))
+    # on 2 nodes of 2, a window within a zigzag chunk runs flat, 1 hop each way, as burst_attn
+    # does (the emulation ran the double ring's 4 steps: gpu_check timed the wrong ring)
+    q, k, v, _ = _inputs(4, dtype=torch.float32)
+    em = RingEmulator(q, k, v, world=4, ranks_per_node=2, causal=True, layout="zigzag",
+                      window=(3, 0))
+    assert (em.nodes, em.span, em.back) == (1, 1, 1)
+    assert [em.order(r) for r in range(4)] == [visit_order(4, r, span=1, back=1)
+                                                for r in range(4)]
 
 
 @pytest.mark.parametrize(("world", "nodes"), [(4, 1), (8, 1), (4, 2), (8, 2), (8, 4)])
@@ -217,6 +225,14 @@ def test_bad_input_names_the_problem():
         RingEmulator(q, k, v, world=4, ranks_per_node=3)
     with pytest.raises(ValueError, match="unknown backward"):
         emulate_attn(q, k, v, world=4, backward="auto")
+    # a loss through lse is refused (its gradient was dropped: dq 0.74 off, |dq| <= 1.22); one
+    # through the output alone runs with lse returned
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out, lse = emulate_attn(q, k, v, world=4, causal=True, return_lse=True)
+    with pytest.raises(NotImplementedError, match="does not differentiate lse"):
+        (out.sum() + lse.sum()).backward(retain_graph=True)
+    out.sum().backward()
+    assert q.grad is not None and q.grad.abs().sum() > 0
 
 
 @pytest.mark.parametrize(("tile", "doc_cut"), [(2, 128), (3, 1)])

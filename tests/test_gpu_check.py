@@ -47,6 +47,12 @@ def test_repeat_times_only_the_calls_after_the_warm_up():
     times = repeat(call, "cpu", warmup=1, repeats=3)
     assert len(calls) == 4 and len(times) == 3
     assert max(times) < 0.1
+    # each time is its own call's, in order (a clock started after the call read ~1e-6 s:
+    # every CPU row's time, tokens/s and TFLOP/s with it; the harness tests fake the clock)
+    from burst.timing import time_calls
+
+    short, long_ = time_calls([lambda: time.sleep(0.01), lambda: time.sleep(0.05)], "cpu")
+    assert short >= 0.01 and long_ >= 0.05 and min(times) >= 0.001
 
 
 def test_without_a_gpu_it_says_so_in_one_line(tmp_path, capsys, monkeypatch):

@@ -313,6 +313,17 @@ def test_flash_attn_versions_through_one_shim(monkeypatch, fake):
         kernel._fa_params.cache_clear()
 
 
+def test_flash_attn_is_asked_only_for_blocks_it_takes(monkeypatch):
+    """backend='flash_attn' with the package present: fp32 and dense-mask blocks go to
+    cuda_sdpa (flash-attn refuses fp32 and takes no dense mask); half-precision blocks stay."""
+    monkeypatch.setattr(kernel, "_flash_attn_module", lambda: types.SimpleNamespace())
+    q = torch.empty(1, 8, 2, 64, device="meta")
+    half = q.to(torch.bfloat16)
+    assert [kernel.resolve_backend("flash_attn", x, kind) for x, kind in (
+        (q, kernel.FULL), (half, kernel.DENSE), (half, kernel.FULL), (half, kernel.CAUSAL))] == [
+        "cuda_sdpa", "cuda_sdpa", "flash_attn", "flash_attn"]
+
+
 def test_aten_calls_never_drop_a_meaningful_argument():
     """The shim calls aten ops by schema names; an argument the installed op lacks may be left
     out only at its neutral value, anything else is an error (not a silently different op)."""
