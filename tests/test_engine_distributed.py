@@ -183,6 +183,7 @@ def _run_all(rank: int, world: int, cases: list[dict], folder: str) -> dict:
         out["mixed"] = _mixed_precision(rank, world)
         out["built"] = _built_in_shards()
         out["hf"] = _hf_ministral_over_ranks()
+        out["checked_on"] = _groups_a_method_is_checked_on()
     if world == 4:
         out["train"] = _train({"layout": "zigzag", "backward": "burst"}, "selective")
         out["resume"] = _resume_from_fsdp()
@@ -190,6 +191,29 @@ def _run_all(rank: int, world: int, cases: list[dict], folder: str) -> dict:
         out["state"] = _resume_training(Path(folder) / "state.pt")
         out["sharded"] = _resume_sharded(Path(folder) / "sharded")
     return out
+
+
+def _groups_a_method_is_checked_on() -> list[int]:
+    """The group sizes a method's check is given, at construction and at a step, where the CP
+    group (1 rank) is not the world (2 ranks: data parallel)."""
+    from tests.harness_methods import user_attention
+
+    seen = []
+
+    def attention(q, k, v, **kw):
+        return user_attention(q, k, v, **kw)
+
+    attention.check = lambda *, world, **_: seen.append(world)
+    tr = Trainer("tiny", attention=attention, cp_degree=1, dtype=torch.float64)
+    tr.forward_backward(*tr.local_batch(16, batch=1))
+    return seen
+
+
+def test_a_method_is_checked_on_its_own_group():
+    """The step's check gave the method the world's size, not its CP group's: with data
+    parallelism a method valid on its group was refused (or one invalid there accepted)."""
+    for seen in _ranks(2, "checked_on"):  # run by the world-2 spawn of the parity cases
+        assert seen and set(seen) == {1}, seen
 
 
 def _hf_ministral_over_ranks() -> dict | None:

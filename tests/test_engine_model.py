@@ -687,6 +687,21 @@ def test_a_non_finite_loss_does_not_update_the_weights():
         tr.step(*tr.local_batch(16, batch=1))
     for n, p in tr.model.named_parameters():
         assert torch.equal(p, before[n]) and p.grad is None, n
+    # an infinite loss too (only NaN was tried: inf was applied), and a target id one past
+    # the vocabulary is refused by name on every rank (an IndexError in the loss on one rank
+    # left its peers waiting in the ring)
+    tr = Trainer("tiny", dtype=torch.float64)
+    batch = tr.local_batch(16, batch=1)
+    real = tr.forward_backward
+    tr.forward_backward = lambda *a, **k: (real(*a, **k), math.inf)[1]
+    with pytest.raises(FloatingPointError, match="the loss is inf"):
+        tr.step(*batch)
+    tr.forward_backward = real
+    tokens, targets, positions = batch
+    targets = targets.clone()
+    targets[0, 0] = tr.config.vocab_size
+    with pytest.raises(ValueError, match=r"1 target ids outside \[0, 256\)"):
+        tr.step(tokens, targets, positions)
 
 
 def test_a_state_saved_with_another_window_loads_with_a_warning(tmp_path):
@@ -728,6 +743,7 @@ def test_a_sharded_save_keeps_the_one_before_and_refuses_what_is_not_its_state(t
     refused, naming why."""
     import dataclasses
     import os
+    import shutil
 
     kw = dict(dtype=torch.float64)
     tr = Trainer("tiny", **kw)
@@ -760,6 +776,28 @@ def test_a_sharded_save_keeps_the_one_before_and_refuses_what_is_not_its_state(t
     with pytest.raises(ValueError, match=r"not a state Trainer.save\(\.\.\., sharded=True\) "
                                          "finished"):
         again.load(tmp_path / "state.a")  # the save that failed there
+    # one that fails writing its info.pt (written before the link moves: the link on a folder
+    # without one was unloadable, the last good save unlinked)
+    from burst.engine import sharded_state
+
+    write = sharded_state.save_with_crcs
+
+    def no_info(obj, f):
+        if os.path.basename(f) == sharded_state.INFO:
+            raise OSError("No space left on device")
+        return write(obj, f)
+
+    monkeypatch.setattr(sharded_state, "save_with_crcs", no_info)
+    with pytest.raises(OSError, match="No space left"):
+        tr.save(path, meta={"step": 2}, sharded=True)
+    monkeypatch.undo()
+    assert os.readlink(path) == "state.b" and again.load(path) == {"step": 1}
+    # a rank's file gone is named before anything is read (DCP's FileNotFoundError came
+    # mid-load, without the hint of the folder to resume from)
+    shutil.copytree(tmp_path / "state.b", tmp_path / "gone")
+    next((tmp_path / "gone").glob("*.distcp")).unlink()
+    with pytest.raises(sharded_state.Changed, match=r"__0_0\.distcp is missing"):
+        again.load(tmp_path / "gone")
     # refused, naming why
     other = Trainer(dataclasses.replace(tr.config, num_layers=3), **kw)
     with pytest.raises(ValueError, match=r"not this model's .*: \d+ missing \(layers\.2\."):
@@ -771,8 +809,6 @@ def test_a_sharded_save_keeps_the_one_before_and_refuses_what_is_not_its_state(t
         tr.save(tmp_path / "plain.pt", sharded=True)
     # a link copied as a backup (cp -P state keep) names state.b, which the next saves write
     # over: refused, not loaded as whatever state.b holds by then
-    import shutil
-
     shutil.copy(path, tmp_path / "keep", follow_symlinks=False)
     with pytest.raises(ValueError, match="not a link a sharded save made"):
         again.load(tmp_path / "keep")

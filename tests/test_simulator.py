@@ -3280,6 +3280,20 @@ def test_an_oom_by_a_hair_prints_the_digits_that_tell_the_sides_apart():
     assert got and float(got[1]) > float(got[2]) and len(got[1].split(".")[1]) == 4, row["error"]
     far = simulate_cell(cell, HW.with_values(usable_gib=held / 2))["error"]
     assert re.search(r": \d+\.\d\d GiB reserved > \d+\.\d\d GiB usable", far), far
+    # a peak of exactly the usable memory fits (OOM is a peak above it, as the docs say)
+    exact = predict(cell, HW).memory.reserved / 2**30
+    assert predict(cell, HW.with_values(usable_gib=exact)).status == "ok"
+
+
+def test_one_rank_under_fsdp_world_is_priced_as_the_trainer_runs_it():
+    """At world 1 the Trainer shards nothing under data_parallel="fsdp_world" (no FSDP, no
+    fp32 master copy of a bf16 model): the same prediction as without data parallelism (its
+    optimizer was priced on a master copy: 0.076 s became 0.151 s for 7B at 32K)."""
+    cell = dict(workload="train_step", model="7b", method="burst", seq_len=1 << 15, world=1,
+                dtype="bfloat16", device="cuda", checkpointing="selective", fused_head=True)
+    plain, world = predict(cell, HW), predict({**cell, "data_parallel": "fsdp_world"}, HW)
+    assert (world.time_s, world.parts) == (plain.time_s, plain.parts)
+    assert world.memory.reserved == plain.memory.reserved
 
 
 def test_explain_says_where_a_cells_time_and_memory_go(tmp_path, capsys):
