@@ -702,6 +702,10 @@ def test_a_non_finite_loss_does_not_update_the_weights():
     targets[0, 0] = tr.config.vocab_size
     with pytest.raises(ValueError, match=r"1 target ids outside \[0, 256\)"):
         tr.step(tokens, targets, positions)
+    tokens = tokens.clone()
+    tokens[0, 0] = -1  # a negative token id too (an IndexError in the embedding)
+    with pytest.raises(ValueError, match=r"1 token ids outside \[0, 256\)"):
+        tr.step(tokens, batch[1], positions)
 
 
 def test_a_state_saved_with_another_window_loads_with_a_warning(tmp_path):

@@ -1577,6 +1577,23 @@ def test_the_plain_heads_logits_take_the_accumulators_dtype():
         assert got == tokens * cfg.vocab_size * per_logit + tokens * cfg.hidden_size * elem
 
 
+def test_the_fused_heads_sums_take_the_accumulators_dtype():
+    """The fused head (burst.engine.fused_loss) sums its weight gradient and softmax in the
+    accumulators' dtype (fp32 for a bf16 model): the weight gradient's V x H counted at 4
+    bytes, not the model's 2 (no test told them apart: a mutation audit)."""
+    from burst.engine.configs import get_config
+    from burst.engine.fused_loss import LOSS_CHUNK
+    from burst.kernel import acc_dtype
+    from suites.memory_model import head_bytes
+
+    cfg = get_config("1b")
+    v, h, tokens = cfg.vocab_size, cfg.hidden_size, 8192
+    for dtype in (torch.bfloat16, torch.float32, torch.float64):
+        elem, acc = dtype.itemsize, acc_dtype(dtype).itemsize
+        assert head_bytes(cfg, tokens, True, elem=elem, weight_copies=0) == (
+            LOSS_CHUNK * v * (elem + 2 * acc) + v * h * acc + tokens * h * elem), dtype
+
+
 def test_attention_memory_matches_the_papers_benchmark_log(evals):
     """The counted attention-layer memory against max_memory_allocated in the paper's kernel
     benchmark log (calibrate.KERNEL_LOG_MIB, not fitted): within 30% for every logged cell, and
