@@ -289,6 +289,8 @@ def test_the_later_of_two_rows_of_one_point_is_drawn(fixture_tables):
     and pandas' default sort is not stable past 16 rows, so an older row could be drawn."""
     import dataclasses
 
+    import matplotlib.pyplot as plt
+
     from paper_figures import kernel_tflops, weak_scaling
 
     sim = fixture_tables.simulated
@@ -298,8 +300,9 @@ def test_the_later_of_two_rows_of_one_point_is_drawn(fixture_tables):
         new = sim[(sim["sweep"] == sweep) & (sim["status"] == "ok")]
         new = new[new["label"] == new["label"].iloc[0]].sort_values(x)
         old = pd.concat([new.assign(**{metric: new[metric] * 3})] * 8)  # 8 older runs
-        _, data = fig_.make(dataclasses.replace(fixture_tables, simulated=pd.concat(
+        fig, data = fig_.make(dataclasses.replace(fixture_tables, simulated=pd.concat(
             [sim, old, new], ignore_index=True)))
+        plt.close(fig)
         data = data[(data["source"] == "simulated") & (data["label"] == new["label"].iloc[0])
                     & data[x].isin(new[x])]
         got = data.loc[data["metric"] == metric, "value"] if "metric" in data else data[metric]
