@@ -7,7 +7,7 @@ over the sweep's baseline. Bottom (``cpu_long``, 256K and 1M tokens on 8 ranks, 
 bytes per rank against the formula, and the measured transient peak memory per rank. Cells
 without a number (skipped, oom, error, timeout) are marked at the bottom of their panel and kept
 in the CSV with their status and an empty value. Measured runs of a sweep on several machines:
-the newest machine's rows are drawn.
+the newest machine's rows are drawn; of a point given twice, the later row.
 
 Methods can send the same bytes (ring, burst[bwd=ring] and zigzag_ring do): each method has its
 own marker, line style and width (``series_styles``: earlier ones wider and larger, so that a
@@ -79,7 +79,9 @@ def _rows(tables, sweep: str) -> pd.DataFrame:
             newest = d.sort_values("date", na_position="first")["hardware"].iloc[-1]
             d = d[d["hardware"] == newest]
         d["source"] = src
-        parts.append(d)
+        # one row per drawn point, the last given (as the other figures): tables holding a
+        # cell twice (two runs concatenated by hand) drew both, and the speedup's map crashed
+        parts.append(d.drop_duplicates(["label", "world", "seq_len"], keep="last"))
     if not parts:
         return pd.DataFrame()
     df = pd.concat(parts, ignore_index=True)

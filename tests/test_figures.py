@@ -309,6 +309,29 @@ def test_the_later_of_two_rows_of_one_point_is_drawn(fixture_tables):
         assert got.tolist() == pytest.approx(new[metric].tolist()), fig_.NAME
 
 
+def test_the_cpu_sweep_draws_the_later_of_two_measured_rows_of_one_cell(fixture_tables):
+    """Tables holding a measured cell twice (two runs passed together): the CPU figure drew
+    both rows and its speedup's lookup by world crashed on the repeated baseline."""
+    import dataclasses
+
+    import matplotlib.pyplot as plt
+
+    from paper_figures import cpu_sweep
+
+    mea = fixture_tables.measured
+    cpu = mea["sweep"].isin(["cpu_scaling", "cpu_long"])
+    new = mea[cpu]
+    old = new.assign(time_s=new["time_s"] * 3, bytes_sent_forward=new["bytes_sent_forward"] * 3,
+                     mem_peak_bytes=new["mem_peak_bytes"] * 3)
+    fig, data = cpu_sweep.make(dataclasses.replace(
+        fixture_tables, measured=pd.concat([mea[~cpu], old, new], ignore_index=True)))
+    plt.close(fig)
+    fig, once = cpu_sweep.make(fixture_tables)
+    plt.close(fig)
+    assert len(data) == len(once)
+    pd.testing.assert_frame_equal(data.reset_index(drop=True), once.reset_index(drop=True))
+
+
 def test_loading_keeps_each_profiles_latest_run_and_refuses_a_missing_folder(tmp_path, capsys):
     from paper_figures.make import main
     from paper_figures.tables import load_tables
