@@ -151,8 +151,8 @@ def _max_err(cell: Cell, full, result, layout: str) -> tuple[float, float, int]:
     dtype = DTYPES[cell.dtype]
     err, plain = [0.0] * 4, [0.0] * 4  # per tensor: the method's, a plain attention's
 
-    def worst(errs, i, a, want):
-        e = float((a.double() - want.double().cpu()).abs().max())
+    def worst(errs, i, a, want):  # the method's results are on the host, the plain one's not
+        e = float((a.detach().double().cpu() - want.detach().double().cpu()).abs().max())
         errs[i] = math.inf if math.isnan(e) else max(errs[i], e)  # max(x, nan) drops NaN
 
     def heads(t, kv, typ):  # (a 16-bit one's values, held in float32 for the sums)
