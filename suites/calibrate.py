@@ -1,6 +1,7 @@
 """Calibrate the simulator on the paper's published numbers and report the fit, row by row.
 
-    python -m suites.calibrate            # fit, write results/simulator_fit.csv + docs/simulator.md
+    python -m suites.calibrate            # fit, write results/simulator_fit.csv, docs/simulator.md
+                                          # and the README's fit table
     python -m suites.calibrate --check    # no fit: evaluate the shipped constants, print, exit 1
                                           # if the targets are not met
     python -m suites.calibrate --write    # fit and store the constants in the data files
@@ -686,7 +687,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m suites.calibrate", description=__doc__.split(
         "\n")[0])
     mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--check", action="store_true", help="evaluate the shipped constants only")
+    mode.add_argument("--check", action="store_true",
+                      help="evaluate the shipped constants only; exit 1 where issue 6's "
+                           "targets are not met (they are not at present: README, the fit)")
     mode.add_argument("--write", action="store_true", help="store fitted constants in the profiles")
     ap.add_argument("--crossval", action="store_true",
                     help="also rerun the cross-validation (suites.crossval: 86 refits, 46 of "

@@ -195,9 +195,14 @@ def check(repeats: int = 7) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m suites.timegate",
                                 description=__doc__.split("\n")[0])
-    p.add_argument("--record", action="store_true")
-    p.add_argument("--trials", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--record", action="store_true",
+                   help="measure each gate's baseline and spread on this machine class and store "
+                        "them in benchmarks/time_gates.json (default: check against them)")
+    p.add_argument("--trials", type=int, default=5,
+                   help="with --record: runs of every gate the spread is taken over "
+                        "(default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=7,
+                   help="interleaved pairs a ratio is the median of (default: %(default)s)")
     args = p.parse_args(argv)
     for name in ("trials", "repeats"):
         if getattr(args, name) < 1:
