@@ -121,6 +121,15 @@ def test_kernel_shim_matches_reference(backend, dtype, h, hk, d):
     assert not kernel._CUDNN_OFF, f"the cuDNN op refused a block on {kernel._CUDNN_OFF}"
 
 
+def test_float64_on_cuda_takes_the_torch_kernel():
+    """No CUDA SDPA or flash-attn kernel takes float64: ``auto`` and either GPU backend run a
+    float64 block on the torch one (the CPU suite cannot reach this branch: a mutation audit)."""
+    q = torch.zeros(1, 128, 2, 64, dtype=torch.float64, device=CUDA)
+    for backend in ("auto", *_cuda_backends()):
+        assert kernel.resolve_backend(backend, q, CAUSAL) == "torch", backend
+    assert kernel.resolve_backend("auto", q.float(), CAUSAL) != "torch"
+
+
 def test_cudnn_runs_mha_blocks_on_hopper():
     """On sm90+ an MHA half-precision block runs on cuDNN (1.7x flash on an H200), a GQA one
     on flash; the numerics are test_kernel_shim_matches_reference's (H=8/8 d=128 is cuDNN)."""
