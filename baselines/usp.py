@@ -62,7 +62,8 @@ def _ring_order(seq_local: int, world: int, degree: int, ring_pos: int, layout: 
     """Permutation taking the gathered rows (the U shards in rank order) to ring position
     ``ring_pos``'s shard of ``layout`` over R = world/degree ranks, and its inverse; cached on
     ``device`` (a host-to-GPU copy per call would wait for the GPU queue every layer); plain
-    tensors also when first made under ``torch.inference_mode`` (as ``ulysses``' positions)."""
+    tensors also when first made under ``torch.inference_mode`` (as ``ulysses``' positions).
+    (None, None) where it is the identity (the contiguous layout): nothing to copy."""
     r = world // degree
     with torch.inference_mode(False):
         have = torch.cat([global_positions(seq_local, world, ring_pos * degree + j, layout)
@@ -73,6 +74,8 @@ def _ring_order(seq_local: int, world: int, degree: int, ring_pos: int, layout: 
         if not torch.equal(have[perm], want):  # guarded by _requires; an internal invariant
             raise AssertionError(f"{layout} over {world} ranks is not a {layout} layout "
                                  f"over {r}")
+        if torch.equal(perm, torch.arange(len(perm))):
+            return None, None
         return perm.to(device), torch.argsort(perm).to(device)
 
 
@@ -111,6 +114,8 @@ def usp_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = Non
     def gather(q, k, v):  # the Ulysses group's tokens of this rank's heads, as its ring shard
         qh, kh, vh = (seq_to_heads(t, uly) for t in (q, replicate_kv(k, ulysses_degree),
                                                       replicate_kv(v, ulysses_degree)))
+        if perm is None:  # the group's shards in rank order are its ring shard (contiguous)
+            return qh, kh, vh
         return tuple(t.index_select(1, perm) for t in (qh, kh, vh))
 
     # remakeable: a selective checkpoint keeps none of them, and gathers them again in backward
@@ -120,7 +125,7 @@ def usp_attn(q, k, v, *, causal: bool = False, softmax_scale: float | None = Non
                      backend=backend, grad_acc=grad_acc)
 
     def scatter(out):  # back to this rank's tokens of every head
-        return (heads_to_seq(out.index_select(1, inv), uly),)
+        return (heads_to_seq(out if inv is None else out.index_select(1, inv), uly),)
 
     # remakeable: a selective checkpoint keeps the ring's output alone, and moves it again
     return remakeable(scatter, out)[0]

@@ -34,7 +34,7 @@ from burst.kernel import (
     resolve_scale,
 )
 from burst.layout import heads_problem, local_length_problem
-from burst.masks import MaskSpec, flat_ring_suffices, plan_pair, ring_reach
+from burst.masks import CAUSAL, STRICT, Call, MaskSpec, flat_ring_suffices, plan_pair, ring_reach
 from burst.merge import merge_into, new_accumulators, row_delta
 from burst.ring import run_ring
 
@@ -42,6 +42,18 @@ __all__ = ["BACKWARD_SCHEMES", "CHOICES", "BlockSteps", "burst_attn", "choice_pr
            "ring_attention"]
 
 BACKWARD_SCHEMES = ("auto", "burst", "ring")
+
+
+def _kernel_calls(calls):
+    """``calls`` with each STRICT one (square, diagonal excluded) as the CAUSAL call it is on
+    queries 1.. against keys ..-1, whose row 0 sees no key: ``block_forward`` and
+    ``block_backward`` would otherwise make full-size zero outputs and gradients and copy the
+    kernel's result into them at every such ring step (the striped layout's later ranks)."""
+    for c in calls:
+        if c.kind != STRICT:
+            yield c
+        elif c.q.stop - c.q.start > 1:
+            yield Call(slice(c.q.start + 1, c.q.stop), slice(c.k.start, c.k.stop - 1), CAUSAL)
 
 
 @dataclass(frozen=True)
@@ -63,7 +75,8 @@ class BlockSteps:
 
     def forward(self, q_BSHD, k_BSHD, v_BSHD, out_BSHD, lse_BHS, *, q_rank: int,
                 k_rank: int) -> None:
-        for c in plan_pair(self.spec, self.layout, self.world, q_rank, k_rank, q_BSHD.shape[1]):
+        for c in _kernel_calls(plan_pair(self.spec, self.layout, self.world, q_rank, k_rank,
+                                         q_BSHD.shape[1])):
             o, lse_blk = block_forward(q_BSHD[:, c.q], k_BSHD[:, c.k], v_BSHD[:, c.k],
                                        scale=self.scale, kind=c.kind, bounds=c.bounds,
                                        backend=self.backend)
@@ -73,7 +86,8 @@ class BlockSteps:
                  dv_BSHD, *, q_rank: int, k_rank: int, out_BSHD=None) -> None:
         """``out_BSHD``: the queries' output where it is at hand and delta is rowsum(dO * out)
         (``burst.kernel.block_backward``)."""
-        for c in plan_pair(self.spec, self.layout, self.world, q_rank, k_rank, q_BSHD.shape[1]):
+        for c in _kernel_calls(plan_pair(self.spec, self.layout, self.world, q_rank, k_rank,
+                                         q_BSHD.shape[1])):
             gq, gk, gv = block_backward(do_BSHD[:, c.q], q_BSHD[:, c.q], k_BSHD[:, c.k],
                                         v_BSHD[:, c.k], lse_BHS[:, :, c.q], delta_BHS[:, :, c.q],
                                         scale=self.scale, kind=c.kind, bounds=c.bounds,
@@ -161,6 +175,14 @@ def _backend_for_dlse(backend: str, q, dout, delta, dlse, rg) -> str:
     return "torch"
 
 
+def _like(shape, dtype, device) -> torch.Tensor:
+    """A template for ``run_ring``'s ``acc_like`` (read for shape, dtype and device only) that
+    holds one element: a whole ``torch.empty`` stayed allocated for the entire backward, a
+    block-sized buffer no algorithm needs (counted in the profiler's CPU peak). ``zeros_like``
+    and ``empty_like`` give contiguous tensors of its shape."""
+    return torch.empty((), dtype=dtype, device=device).expand(shape)
+
+
 def _backward_burst(q, k, v, dout, delta, lse, spec, layout, rg, scale, backend, reach, g, me,
                     acc, travel):
     dk = torch.zeros(k.shape, dtype=acc, device=k.device)
@@ -171,7 +193,7 @@ def _backward_burst(q, k, v, dout, delta, lse, spec, layout, rg, scale, backend,
         qj, doj, dj, lj = qpay  # queries of src, my keys
         steps.backward(doj, qj, k, v, lj, dj, acc_out[0], dk, dv, q_rank=src, k_rank=me)
 
-    dq_like = torch.empty(q.shape, dtype=travel, device=q.device)
+    dq_like = _like(q.shape, travel, q.device)
     # queries travel backwards (i -> i-1) so that, like K/V in the forward, they meet the keys
     # to their left first; this is what lets a window truncate the ring in both passes
     (dq,) = run_ring(rg, [q, dout, delta, lse.to(acc)], step, acc_like=[dq_like],
@@ -189,8 +211,7 @@ def _backward_ring(q, k, v, dout, delta, lse, spec, layout, rg, scale, backend, 
         steps.backward(dout, q, kb, vb, lse, delta, dq, *acc_out, q_rank=me, k_rank=src,
                        out_BSHD=out)
 
-    like = [torch.empty(k.shape, dtype=travel, device=k.device),
-            torch.empty(v.shape, dtype=travel, device=v.device)]
+    like = [_like(k.shape, travel, k.device), _like(v.shape, travel, v.device)]
     dk, dv = run_ring(rg, [k, v], step, acc_like=like, span=reach[0], back=reach[1])
     return dq, dk, dv
 

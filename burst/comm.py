@@ -377,9 +377,6 @@ def reduce_scatter(x: torch.Tensor, *, dim: int = 0, group=None) -> torch.Tensor
     return out
 
 
-# torch < 2.12's gloo has no list all-to-all (it came with pytorch/pytorch#165435); its
-# single-tensor all-to-all serves there. NCCL has both in every supported release
-_GLOO_LIST_ALL_TO_ALL = torch.__version__ >= (2, 12)
 
 
 def all_to_all(x: torch.Tensor, *, split_dim: int, cat_dim: int, group=None) -> torch.Tensor:
@@ -391,17 +388,18 @@ def all_to_all(x: torch.Tensor, *, split_dim: int, cat_dim: int, group=None) -> 
     if x.shape[split_dim] % g:
         raise ValueError(f"all_to_all: dim {split_dim} of size {x.shape[split_dim]} is not "
                          f"divisible by {g} ranks")
-    send = [s.contiguous() for s in x.chunk(g, dim=split_dim)]
-    nbytes = [s.numel() * s.element_size() for s in send]
+    split_dim, cat_dim = split_dim % x.dim(), cat_dim % x.dim()
+    # the G parts stacked in one buffer (one copy, as the parts' .contiguous() was), received
+    # into one buffer whose rank-major rows are already the concatenation along cat_dim. The
+    # single-tensor form on every backend: gloo's list form (torch >= 2.12) packs and unpacks
+    # around the same transfer, and joining its parts copied once more (4 gloo ranks, a
+    # (1, 1024, 8, 64) fp32 shard: 7.9 ms against 4.5 ms, the same bytes; a profiling audit)
+    send = x.unflatten(split_dim, (g, -1)).movedim(split_dim, 0).contiguous()
+    nbytes = [send[0].numel() * send.element_size()] * g
     _record_peers(group, nbytes, nbytes)
-    if dist.get_backend(group) == "gloo" and not _GLOO_LIST_ALL_TO_ALL:
-        flat = torch.empty(g * send[0].numel(), dtype=x.dtype, device=x.device)
-        dist.all_to_all_single(flat, torch.cat([s.view(-1) for s in send]), group=group)
-        recv = list(flat.view(g, *send[0].shape).unbind(0))
-    else:
-        recv = [torch.empty_like(send[0]) for _ in range(g)]
-        dist.all_to_all(recv, send, group=group)
-    return torch.cat(recv, dim=cat_dim)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    return recv.movedim(0, cat_dim).flatten(cat_dim, cat_dim + 1)
 
 
 def all_reduce(x: torch.Tensor, *, group=None, op: str = "sum") -> torch.Tensor:

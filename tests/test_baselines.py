@@ -517,17 +517,17 @@ def _subgroup_collectives(rank: int, world: int):
     want["overlapping rings"] = {0: ["ok"], 3: [refused]}.get(rank, ["ok", refused])
     with comm.count_bytes(ranks_per_node=2) as tiny:  # one byte: was counted as none
         comm.all_reduce(torch.ones(1, dtype=torch.uint8), group=group, op="max")
-    # torch < 2.12's gloo path (its single-tensor all-to-all), split and joined on two dims
-    y = torch.arange(12.0).reshape(3, 4) + 100 * rank
-    kw = dict(split_dim=1, cat_dim=0, group=group)
-    native = comm.all_to_all(y, **kw)
-    was, comm._GLOO_LIST_ALL_TO_ALL = comm._GLOO_LIST_ALL_TO_ALL, False
-    try:
-        single = comm.all_to_all(y, **kw)
-    finally:
-        comm._GLOO_LIST_ALL_TO_ALL = was
-    got["all_to_all_single"] = torch.equal(native, single) and native.shape == (6, 2)
-    want["all_to_all_single"] = True
+    # split and joined on other dims (one buffer each way): my part of each peer's tensor, the
+    # peers' parts in group order, as the list all-to-all and a concatenation give
+    mine = [0, 1] if rank < 2 else [2, 3]
+    y = torch.arange(24.0).reshape(2, 3, 4) + 100 * rank
+    got["all_to_all dims"], want["all_to_all dims"] = [], []
+    for split, cat in ((2, 0), (-1, 1), (0, 2), (-3, -2)):
+        got["all_to_all dims"].append(comm.all_to_all(y, split_dim=split, cat_dim=cat,
+                                                      group=group).tolist())
+        part = [(torch.arange(24.0).reshape(2, 3, 4) + 100 * s).chunk(2, dim=split)
+                [mine.index(rank)] for s in mine]
+        want["all_to_all dims"].append(torch.cat(part, dim=cat).tolist())
     # a node size that does not divide the world (3 of 4): refused, as burst_attn refuses it
     # (it made nodes {0, 1, 2} and {3}: a topology audit)
     try:
