@@ -15,7 +15,8 @@ $(BIN)/.installed: pyproject.toml
 setup: $(BIN)/.installed
 
 # the smoke sweep (suites/specs/smoke.toml): every CPU-capable method on 4 local CPU ranks;
-# --new measures afresh instead of resuming the latest run; rows and tables go to results/smoke/<run-id>/
+# --new measures afresh instead of resuming the latest run; rows and tables go to
+# results/smoke/<run-id>/
 demo: setup
 	$(BIN)/burst-bench run suites/specs/smoke.toml --new
 

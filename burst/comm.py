@@ -377,8 +377,6 @@ def reduce_scatter(x: torch.Tensor, *, dim: int = 0, group=None) -> torch.Tensor
     return out
 
 
-
-
 def all_to_all(x: torch.Tensor, *, split_dim: int, cat_dim: int, group=None) -> torch.Tensor:
     """Send part i of ``x`` (``split_dim`` cut into G equal parts) to rank i; concatenate what
     arrives along ``cat_dim`` in rank order. Every rank's ``x`` has the same shape."""
