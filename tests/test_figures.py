@@ -1343,19 +1343,23 @@ def test_ablation_draws_the_a800_simulation_whatever_else_was_measured(committed
 def test_cpu_figure_keeps_to_its_profile_and_its_measured_length(committed):
     """Another profile's simulation of cpu_scaling, or one at another length, changes nothing
     the CPU figure draws (the first doubled its formula rows, the second emptied its measured
-    panels); a cell that timed out has no value in the CSV, as it has none in the figure."""
+    panels); a cell that timed out has no value in the CSV, as it has none in the figure.
+    (The other profile's rows come last and differ: since the figure keeps a point's last row,
+    equal ones would hide a figure that drew any profile.)"""
     from paper_figures import cpu_sweep
 
     t, drawn = committed
     want = drawn["cpu_sweep"][1]
     sim = t.simulated
     scaling = sim[sim["sweep"] == "cpu_scaling"]
-    for extra, source in ((scaling.assign(hardware="h100"), "simulated"),
+    other = scaling.assign(hardware="h100", bytes_sent_forward=scaling["bytes_sent_forward"] * 2)
+    for extra, source in ((other, "simulated"),
                           (scaling.assign(seq_len=scaling["seq_len"] * 2), "measured")):
         d = _data(cpu_sweep, _with(t, simulated=pd.concat([sim, extra])))
-        rows = [int(((df.sweep == "cpu_scaling") & (df.source == source)).sum())
-                for df in (d, want)]
-        assert rows[0] == rows[1] > 0, (source, rows)
+        got, ref = (df[(df.sweep == "cpu_scaling") & (df.source == source)].reset_index(drop=True)
+                    for df in (d, want))
+        assert len(got) == len(ref) > 0, (source, len(got), len(ref))
+        pd.testing.assert_frame_equal(got, ref, check_dtype=False, obj=source)
     measured = t.measured.copy()
     at = ((measured["sweep"] == "cpu_scaling") & (measured["label"] == "burst")
           & (measured["world"] == 4))
