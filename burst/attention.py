@@ -34,7 +34,7 @@ from burst.kernel import (
     resolve_scale,
 )
 from burst.layout import heads_problem, local_length_problem
-from burst.masks import CAUSAL, STRICT, Call, MaskSpec, flat_ring_suffices, plan_pair, ring_reach
+from burst.masks import MaskSpec, flat_ring_suffices, plan_pair, ring_reach
 from burst.merge import merge_into, new_accumulators, row_delta
 from burst.ring import run_ring
 
@@ -42,18 +42,6 @@ __all__ = ["BACKWARD_SCHEMES", "CHOICES", "BlockSteps", "burst_attn", "choice_pr
            "ring_attention"]
 
 BACKWARD_SCHEMES = ("auto", "burst", "ring")
-
-
-def _kernel_calls(calls):
-    """``calls`` with each STRICT one (square, diagonal excluded) as the CAUSAL call it is on
-    queries 1.. against keys ..-1, whose row 0 sees no key: ``block_forward`` and
-    ``block_backward`` would otherwise make full-size zero outputs and gradients and copy the
-    kernel's result into them at every such ring step (the striped layout's later ranks)."""
-    for c in calls:
-        if c.kind != STRICT:
-            yield c
-        elif c.q.stop - c.q.start > 1:
-            yield Call(slice(c.q.start + 1, c.q.stop), slice(c.k.start, c.k.stop - 1), CAUSAL)
 
 
 @dataclass(frozen=True)
@@ -75,8 +63,7 @@ class BlockSteps:
 
     def forward(self, q_BSHD, k_BSHD, v_BSHD, out_BSHD, lse_BHS, *, q_rank: int,
                 k_rank: int) -> None:
-        for c in _kernel_calls(plan_pair(self.spec, self.layout, self.world, q_rank, k_rank,
-                                         q_BSHD.shape[1])):
+        for c in plan_pair(self.spec, self.layout, self.world, q_rank, k_rank, q_BSHD.shape[1]):
             o, lse_blk = block_forward(q_BSHD[:, c.q], k_BSHD[:, c.k], v_BSHD[:, c.k],
                                        scale=self.scale, kind=c.kind, bounds=c.bounds,
                                        backend=self.backend)
@@ -86,8 +73,7 @@ class BlockSteps:
                  dv_BSHD, *, q_rank: int, k_rank: int, out_BSHD=None) -> None:
         """``out_BSHD``: the queries' output where it is at hand and delta is rowsum(dO * out)
         (``burst.kernel.block_backward``)."""
-        for c in _kernel_calls(plan_pair(self.spec, self.layout, self.world, q_rank, k_rank,
-                                         q_BSHD.shape[1])):
+        for c in plan_pair(self.spec, self.layout, self.world, q_rank, k_rank, q_BSHD.shape[1]):
             gq, gk, gv = block_backward(do_BSHD[:, c.q], q_BSHD[:, c.q], k_BSHD[:, c.k],
                                         v_BSHD[:, c.k], lse_BHS[:, :, c.q], delta_BHS[:, :, c.q],
                                         scale=self.scale, kind=c.kind, bounds=c.bounds,

@@ -10,12 +10,12 @@ Shapes (suffix legend): B batch, Sq/Sk query/key length, H query heads, Hk key/v
   delta_BHS = rowsum(dO * O) (same dtype as lse).
 
 Contract, identical on every backend (tests/test_kernel_shim.py, tests/test_gpu.py):
-  - ``kind`` CAUSAL and STRICT need square blocks (Sq == Sk) and are top-left aligned. When
+  - ``kind`` CAUSAL needs square blocks (Sq == Sk) and is top-left aligned. When
     Sq != Sk, torch's CPU flash op (DESIGN.md 5) and CUDA memory-efficient op are top-left but
     its CUDA flash op and flash-attn are bottom-right (FlashAttention-2's rule; torch's
     dispatcher refuses that case: sdp_utils.cpp, check_flash_causal_non_square_seqlens), so
     the shim never passes ``causal`` for a non-square block: the mask plans of ``burst.masks``
-    only emit CAUSAL/STRICT on square blocks, and this module asserts it.
+    only emit CAUSAL on square blocks, and this module asserts it.
   - a row that sees no key gets out 0 and lse -inf (the CPU flash op returns lse 0 there, and the
     memory-efficient CUDA op may return NaN; both are fixed here).
   - Backward takes ``delta`` instead of ``out``: BurstAttention's backward circulates D, never O
@@ -59,7 +59,7 @@ from collections.abc import Callable
 
 import torch
 
-from burst.masks import CAUSAL, DENSE, FULL, STRICT, bounds_mask
+from burst.masks import CAUSAL, DENSE, FULL, bounds_mask
 
 __all__ = [
     "BACKENDS",
@@ -684,9 +684,12 @@ _BWD: dict[str, Callable] = {
 # Public entry points: one block, one mask kind.
 
 
-def _check_square(kind: str, q_BSHD: torch.Tensor, k_BSHD: torch.Tensor) -> None:
+def _check_kind(kind: str, q_BSHD: torch.Tensor, k_BSHD: torch.Tensor) -> None:
+    if kind not in (FULL, CAUSAL, DENSE):  # any other string would have run as FULL
+        raise ValueError(f"unknown mask kind {kind!r}; valid kinds: {FULL!r}, {CAUSAL!r}, "
+                         f"{DENSE!r} (burst.masks)")
     # top-left (torch) and bottom-right (flash-attn) causal agree only on square blocks
-    if kind in (CAUSAL, STRICT) and q_BSHD.shape[1] != k_BSHD.shape[1]:
+    if kind == CAUSAL and q_BSHD.shape[1] != k_BSHD.shape[1]:
         raise ValueError(f"{kind} block needs Sq == Sk, got {q_BSHD.shape[1]} x "
                          f"{k_BSHD.shape[1]}")
 
@@ -735,24 +738,17 @@ def block_forward(q_BSHD, k_BSHD, v_BSHD, *, scale: float | None = None, kind: s
                   mask: torch.Tensor | None = None, bounds=None, backend: str = "auto"):
     """Attention of q against k/v under ``kind`` -> (out_BSHD, lse_BHS).
 
-    ``kind`` is FULL, CAUSAL (square, top-left), STRICT (square, diagonal excluded) or DENSE,
-    given by ``mask`` (bool (Sq, Sk), True = visible, on the host or on q's device) or by
-    ``bounds`` (host int tensors lo, hi (Sq,): query i sees keys lo[i] <= j < hi[i]; what
-    ``burst.masks.Call`` carries). Rows that see no key get out 0 and lse -inf.
+    ``kind`` is FULL, CAUSAL (square, top-left) or DENSE, given by ``mask`` (bool (Sq, Sk),
+    True = visible, on the host or on q's device) or by ``bounds`` (host int tensors lo, hi
+    (Sq,): query i sees keys lo[i] <= j < hi[i]; what ``burst.masks.Call`` carries). Rows that
+    see no key get out 0 and lse -inf.
     """
     scale = resolve_scale(q_BSHD.shape[-1], scale)
-    _check_square(kind, q_BSHD, k_BSHD)
+    _check_kind(kind, q_BSHD, k_BSHD)
     fwd = _FWD[resolve_backend(backend, q_BSHD, kind)]
     if not q_BSHD.shape[1] or not k_BSHD.shape[1]:  # the fused CPU op dies (SIGFPE) on these
         return _attends_nothing(q_BSHD)
     q_BSHD, k_BSHD, v_BSHD = _unit_stride(q_BSHD, k_BSHD, v_BSHD)
-    if kind == STRICT:
-        out, lse = _attends_nothing(q_BSHD)
-        if q_BSHD.shape[1] > 1:
-            o1, l1 = fwd(q_BSHD[:, 1:], k_BSHD[:, :-1], v_BSHD[:, :-1], scale, True, None)
-            out[:, 1:] = o1
-            lse[:, :, 1:] = l1
-        return out, lse
     if kind != DENSE:
         return fwd(q_BSHD, k_BSHD, v_BSHD, scale, kind == CAUSAL, None)
     out, lse = fwd(q_BSHD, k_BSHD, v_BSHD, scale, False,
@@ -776,21 +772,13 @@ def block_backward(do_BSHD, q_BSHD, k_BSHD, v_BSHD, lse_BHS, delta_BHS, *,
     building a stand-in (the ring backward keeps its queries' output; the burst backward's
     visiting rows bring D, not O)."""
     scale = resolve_scale(q_BSHD.shape[-1], scale)
-    _check_square(kind, q_BSHD, k_BSHD)
+    _check_kind(kind, q_BSHD, k_BSHD)
     bwd = _BWD[resolve_backend(backend, q_BSHD, kind)]
     if not q_BSHD.shape[1] or not k_BSHD.shape[1]:  # nothing attends: no gradient
         return tuple(torch.zeros_like(x) for x in (q_BSHD, k_BSHD, v_BSHD))
     do_BSHD, q_BSHD, k_BSHD, v_BSHD = _unit_stride(do_BSHD, q_BSHD, k_BSHD, v_BSHD)
     if out_BSHD is not None:
         (out_BSHD,) = _unit_stride(out_BSHD)
-    if kind == STRICT:
-        dq, dk, dv = (torch.zeros_like(x) for x in (q_BSHD, k_BSHD, v_BSHD))
-        if q_BSHD.shape[1] > 1:
-            g = bwd(do_BSHD[:, 1:], q_BSHD[:, 1:], k_BSHD[:, :-1], v_BSHD[:, :-1],
-                    lse_BHS[:, :, 1:], delta_BHS[:, :, 1:], scale, True, None,
-                    out=None if out_BSHD is None else out_BSHD[:, 1:])
-            dq[:, 1:], dk[:, :-1], dv[:, :-1] = g
-        return dq, dk, dv
     if kind != DENSE:
         return bwd(do_BSHD, q_BSHD, k_BSHD, v_BSHD, lse_BHS, delta_BHS, scale, kind == CAUSAL,
                    None, out=out_BSHD)

@@ -2,16 +2,18 @@
 
 A ring step pairs the queries of one rank with the keys of another. Depending on the layout and
 on the mask (causal, sliding window, documents) the pair is fully visible, causal on the
-diagonal, strictly causal (striped layout, keys from a later rank), partly masked, or fully
-masked. ``plan_pair`` turns the pair into a list of ``Call``s on slices of the local sequences so
-that fully masked work is skipped, not masked (DESIGN.md 3): a fully masked pair gives no call at
-all, and zigzag's half-masked pairs become one call on half of Q or half of K. A partly visible
-block is cropped to the rows and keys that see anything and, while it is larger than ``TILE`` on
-a side or holds a document start and is longer than ``DOC_CUT_MIN``, split in two (at the
-document start nearest the middle, else in halves), until every piece is fully visible, causal,
-strictly causal, empty (dropped) or at most ``TILE`` x ``TILE``: no mask grows with the block
-(a windowed 32K-token block would need a 1 GiB one), and the visible bulk of a window or of
-documents goes to the kernels that take no mask.
+diagonal, strictly causal (striped layout, keys from a later rank: planned as the causal call on
+queries 1.. against keys ..-1), partly masked, or fully masked. ``plan_pair`` turns the pair
+into a list of ``Call``s on slices of the local sequences so that fully masked work is skipped,
+not masked (DESIGN.md 3): a fully masked pair gives no call at all, and zigzag's half-masked
+pairs become one call on half of Q or half of K. A partly visible block is cropped to the rows
+and keys that see anything (a strictly causal piece becomes a causal one) and, while it is
+larger than ``TILE`` on a side or holds a document start and is longer than ``DOC_CUT_MIN``,
+split in two (at the document start nearest the middle, else in halves), until every piece is
+fully visible, causal, empty (dropped) or at most ``TILE`` x ``TILE``: no mask grows with the
+block (a windowed 32K-token block would need a 1 GiB one), and the visible bulk of a window or
+of documents goes to the kernels that take no mask. So every call is FULL, CAUSAL (square,
+top-left) or DENSE.
 
 Under every mask the keys a query sees form one interval of positions (causality, the window and
 the document each leave one), and local positions ascend on every layout, so a DENSE call stores
@@ -39,13 +41,12 @@ import torch
 
 from burst.layout import check_layout, global_positions, position_runs
 
-__all__ = ["FULL", "CAUSAL", "STRICT", "DENSE", "TILE", "Call", "MaskSpec", "bounds_mask",
+__all__ = ["FULL", "CAUSAL", "DENSE", "TILE", "Call", "MaskSpec", "bounds_mask",
            "flat_ring_suffices", "interleaved_windows", "layer_windows", "model_window",
            "pair_geometry", "per_layer", "plan_pair", "ring_reach", "shown_window"]
 
 FULL = "full"  # every query sees every key
 CAUSAL = "causal"  # square block, query a sees key b iff b <= a (top-left aligned)
-STRICT = "strict"  # square block, query a sees key b iff b < a
 DENSE = "dense"  # anything else: per-query key bounds, or an explicit boolean mask
 
 TILE = 1024
@@ -324,8 +325,7 @@ class Call:
     def visible_pairs(self) -> int:
         """Visible (query, key) pairs of this call."""
         lq, lk = self.q.stop - self.q.start, self.k.stop - self.k.start
-        return {FULL: lq * lk, CAUSAL: lq * (lq + 1) // 2, STRICT: lq * (lq - 1) // 2}.get(
-            self.kind, self.pairs)
+        return {FULL: lq * lk, CAUSAL: lq * (lq + 1) // 2}.get(self.kind, self.pairs)
 
 
 def bounds_mask(lo: torch.Tensor, hi: torch.Tensor, n_k: int) -> torch.Tensor:
@@ -343,8 +343,12 @@ def _causal_plan(layout: str, world: int, q_rank: int, k_rank: int, n: int) -> t
             return (Call(every, every, FULL),)
         return (Call(every, every, CAUSAL),) if k_rank == q_rank else ()
     if layout == "striped":
-        # query a holds position a*G + q_rank, key b holds b*G + k_rank
-        return (Call(every, every, CAUSAL if k_rank <= q_rank else STRICT),)
+        # query a holds position a*G + q_rank, key b holds b*G + k_rank: it sees b <= a from a
+        # key rank up to its own, b < a from a later one, which is the causal block of queries
+        # 1.. against keys ..-1 (query 0 sees nothing there; a one-token block makes no call)
+        if k_rank <= q_rank:
+            return (Call(every, every, CAUSAL),)
+        return (Call(slice(1, n), slice(0, n - 1), CAUSAL),) if n > 1 else ()
     if k_rank == q_rank:
         return (Call(every, every, CAUSAL),)
     if k_rank < q_rank:  # all queries see the early key chunk, none the late one
@@ -357,11 +361,8 @@ def _kind(lo: np.ndarray, hi: np.ndarray, n_k: int) -> str:
     if not lo.any():
         if (hi == n_k).all():
             return FULL
-        if len(hi) == n_k:
-            if (hi == np.arange(1, n_k + 1)).all():
-                return CAUSAL
-            if (hi == np.arange(n_k)).all():
-                return STRICT
+        if len(hi) == n_k and (hi == np.arange(1, n_k + 1)).all():
+            return CAUSAL
     return DENSE
 
 

@@ -63,7 +63,6 @@ from burst.comm import ranks_per_node_ok, ring_shape
 from burst.masks import (
     CAUSAL,
     DENSE,
-    STRICT,
     MaskSpec,
     flat_ring_suffices,
     pair_empty,
@@ -336,7 +335,7 @@ def _pair_calls(mask: MaskSpec, layout: str, g: int, q_rank: int, k_rank: int,
         return rows * cols if c.kind == DENSE else c.visible_pairs
 
     return tuple((work(c), min(c.q.stop - c.q.start, c.k.stop - c.k.start),
-                  c.kind in (CAUSAL, STRICT))
+                  c.kind == CAUSAL)
                  for c in plan_pair(mask, layout, g, q_rank, k_rank, m))
 
 

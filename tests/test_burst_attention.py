@@ -620,11 +620,11 @@ def test_the_backward_allocates_no_block_only_to_name_its_accumulators_shape(mon
 
 
 def test_striped_blocks_without_their_diagonal_run_as_causal_calls(monkeypatch):
-    """A striped ring's later key blocks see keys strictly before each query (STRICT): the
-    kernel made whole zero outputs and gradients for such a block and copied its result in,
-    at every step (6 MiB of striped's 41 MiB CPU peak at 4 ranks and 4096 tokens, a profiling
-    audit). They run as the causal call they are on queries 1.. against keys ..-1; a block of
-    one token sees nothing and makes no call. Out and gradients as float64 attention."""
+    """A striped ring's later key blocks see keys strictly before each query: the kernel made
+    whole zero outputs and gradients for such a block and copied its result in, at every step
+    (6 MiB of striped's 41 MiB CPU peak at 4 ranks and 4096 tokens, a profiling audit). The
+    planner gives them as the causal call they are on queries 1.. against keys ..-1; a block
+    of one token sees nothing and makes no call. Out and gradients as float64 attention."""
     from burst import attention
     from burst.emulate import emulate_attn
     from burst.reference import reference_attention

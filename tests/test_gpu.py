@@ -23,7 +23,7 @@ from burst import burst_attn, kernel
 from burst.emulate import emulate_attn
 from burst.kernel import available_backends, block_backward, block_forward, kernel_name
 from burst.layout import LAYOUTS
-from burst.masks import CAUSAL, DENSE, FULL, STRICT
+from burst.masks import CAUSAL, DENSE, FULL
 from burst.reference import naive_attention, reference_attention
 from tests.parity import RING_MAX
 
@@ -83,8 +83,7 @@ def test_kernel_shim_matches_reference(backend, dtype, h, hk, d):
     if backend not in _cuda_backends():
         pytest.skip(f"backend {backend} is not installed here")
     failures = []
-    for kind, sq, sk in ((FULL, 256, 192), (CAUSAL, 256, 256), (STRICT, 256, 256),
-                         (DENSE, 256, 200)):
+    for kind, sq, sk in ((FULL, 256, 192), (CAUSAL, 256, 256), (DENSE, 256, 200)):
         mask = _block_case(kind, sq, sk)
         q, k, v, do = _inputs(2, max(sq, sk), h, hk, d, seed=sq + sk)
         q, do, k, v = q[:, :sq], do[:, :sq], k[:, :sk], v[:, :sk]
@@ -98,9 +97,8 @@ def test_kernel_shim_matches_reference(backend, dtype, h, hk, d):
                                backend=backend)
         # naive same-dtype implementation through autograd (the tolerance baseline)
         vis = None if mask is None else mask.to(CUDA)
-        if kind in (CAUSAL, STRICT):
-            vis = torch.ones(sq, sk, dtype=torch.bool, device=CUDA).tril(-1 if kind == STRICT
-                                                                          else 0)
+        if kind == CAUSAL:
+            vis = torch.ones(sq, sk, dtype=torch.bool, device=CUDA).tril()
         nv = _grads(lambda a, b_, c, m=vis: _naive_masked(a, b_, c, m), lq, lk, lv, ldo)
         name = f"{kernel_name(backend, lq, kind, kv_heads=hk)} {kind} {dtype} H={h}/{hk} d={d}"
         e_out, n_out = _err(out, ref_o), _err(nv[0], ref_o)

@@ -19,7 +19,7 @@ import torch
 
 from burst import kernel
 from burst.kernel import block_backward, block_forward, kernel_name
-from burst.masks import CAUSAL, DENSE, FULL, STRICT
+from burst.masks import CAUSAL, DENSE, FULL
 
 
 def _qkvd(sq=12, sk=12, h=4, hk=2, d=16, dtype=torch.float64, device="cpu", seed=0):
@@ -37,8 +37,7 @@ def _mask(sq, sk, seed=1):
     return m
 
 
-CASES = [(FULL, None, 12, 9), (CAUSAL, None, 12, 12), (STRICT, None, 12, 12),
-         (DENSE, _mask(12, 9), 12, 9)]
+CASES = [(FULL, None, 12, 9), (CAUSAL, None, 12, 12), (DENSE, _mask(12, 9), 12, 9)]
 
 
 @pytest.mark.parametrize("backend", ["torch", "cpu_flash"])
@@ -84,12 +83,11 @@ def test_cpu_backends_follow_the_contract(backend, kind, mask, sq, sk):
 
 def _softmax_attention(q, k, v, kind, mask):
     """(out, lse (B, H, Sq)) of one block, written out in float64: GQA by repeating the kv
-    heads, ``kind`` as burst.masks defines it (CAUSAL and STRICT top-left on a square block),
+    heads, ``kind`` as burst.masks defines it (CAUSAL top-left on a square block),
     a row that sees no key out 0 and lse -inf."""
     sq, sk, h = q.shape[1], k.shape[1], q.shape[2]
     vis = {FULL: torch.ones(sq, sk, dtype=torch.bool),
-           CAUSAL: torch.ones(sq, sk, dtype=torch.bool).tril(),
-           STRICT: torch.ones(sq, sk, dtype=torch.bool).tril(-1), DENSE: mask}[kind]
+           CAUSAL: torch.ones(sq, sk, dtype=torch.bool).tril(), DENSE: mask}[kind]
     kr, vr = (t.repeat_interleave(h // t.shape[2], dim=2) for t in (k, v))
     s = torch.einsum("bqhd,bkhd->bhqk", q, kr) / q.shape[-1] ** 0.5
     s = s.masked_fill(~vis, float("-inf"))
@@ -154,11 +152,18 @@ def test_the_oracle_backend_keeps_float32_precision_at_large_logits():
     assert (out.double() - ref).abs().max() < 2 * naive
 
 
-def test_causal_needs_square_blocks():
-    q, k, v, _ = _qkvd(8, 12)
-    for kind in (CAUSAL, STRICT):
-        with pytest.raises(ValueError, match="needs Sq == Sk"):
+def test_causal_needs_square_blocks_and_other_kinds_are_refused():
+    """Every plan call is FULL, CAUSAL or DENSE (``burst.masks``); any other kind, such as the
+    strictly causal one the planner no longer emits, would have run as FULL."""
+    q, k, v, do = _qkvd(8, 12)
+    with pytest.raises(ValueError, match="needs Sq == Sk"):
+        block_forward(q, k, v, kind=CAUSAL)
+    lse, delta = torch.zeros(2, 4, 8, dtype=torch.float64), torch.zeros(2, 4, 8)
+    for kind in ("strict", "Causal"):
+        with pytest.raises(ValueError, match=f"unknown mask kind '{kind}'; valid kinds"):
             block_forward(q, k, v, kind=kind)
+        with pytest.raises(ValueError, match=f"unknown mask kind '{kind}'"):
+            block_backward(do, q, k, v, lse, delta, kind=kind)
 
 
 def test_backend_choice_and_errors():

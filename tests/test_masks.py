@@ -35,8 +35,7 @@ SPECS = [
 
 def _kind_pattern(kind: str, nq: int, nk: int) -> torch.Tensor:
     rows, cols = torch.arange(nq)[:, None], torch.arange(nk)[None, :]
-    return {M.FULL: torch.ones(nq, nk, dtype=torch.bool), M.CAUSAL: cols <= rows,
-            M.STRICT: cols < rows}[kind]
+    return {M.FULL: torch.ones(nq, nk, dtype=torch.bool), M.CAUSAL: cols <= rows}[kind]
 
 
 @pytest.mark.parametrize(("tile", "doc_cut"), [(2, 1), (3, 128), (5, 2), (1024, 1), (1024, 128)])
@@ -65,7 +64,7 @@ def test_calls_cover_exactly_the_visible_pairs(monkeypatch, tile, doc_cut):
                         assert c.visible_pairs == int(pattern.sum())
                         got[c.q, c.k] += pattern.long()
                     assert torch.equal(got, want.long()), (spec, layout, qr, kr)  # disjoint
-    assert kinds == {M.FULL, M.CAUSAL, M.STRICT, M.DENSE}
+    assert kinds == {M.FULL, M.CAUSAL, M.DENSE}
 
 
 def test_empty_pairs_are_found_without_planning_them():
