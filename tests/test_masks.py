@@ -105,7 +105,10 @@ def test_pairs_of_one_geometry_get_the_same_plan():
 
     specs = [s for s in SPECS if s.cu_seqlens is None] + [
         M.MaskSpec(causal=True, window=(12, 0)), M.MaskSpec(causal=False, window=(20, 1)),
-        M.MaskSpec(causal=True, window=(1, 0))]
+        M.MaskSpec(causal=True, window=(1, 0)),
+        # long windows: most pairs of runs see all of each other (span_full's mark)
+        M.MaskSpec(causal=True, window=(30, 0)), M.MaskSpec(causal=False, window=(25, 33)),
+        M.MaskSpec(causal=True, window=(1000, 0)), M.MaskSpec(causal=False, window=(47, 47))]
     shared = 0
     for spec in specs:
         for layout in LAYOUTS:
@@ -121,6 +124,38 @@ def test_pairs_of_one_geometry_get_the_same_plan():
                         shared += first[1:] != (qr, kr)
     assert shared > 1000  # most pairs share a geometry with another
     assert M.pair_geometry(SPECS[-1], "zigzag", 8, 1, 2, 4) is None
+
+
+def test_a_window_of_the_whole_sequence_has_the_geometries_of_no_window():
+    """Runs that see all of each other share one mark whatever their offset (``span_full``):
+    with a window spanning the sequence a causal zigzag ring of 64 ranks has three geometries
+    (each rank's own pair, earlier and later key ranks) where the offsets made all 4096 pairs
+    distinct (the simulator planned every one: 4 s at 128 ranks, 0.1 s without a window),
+    and a half-sequence window a handful. The marks are sufficient tests: a pair marked full
+    sees every key, one marked empty none."""
+    g, n = 64, 8
+    ranks = np.arange(g)
+    q, k = np.repeat(ranks, g), np.tile(ranks, g)
+    for window, most in (((g * n, 0), 3), ((g * n // 2, 0), 8)):
+        spec = M.MaskSpec(causal=True, window=window)
+        rows = M.pair_geometry(spec, "zigzag", g, q, k, n)
+        assert len(np.unique(rows, axis=0)) <= most, window
+    spec, marked = M.MaskSpec(causal=False, window=(40, 9)), 0
+    for layout in LAYOUTS:
+        for qr in range(8):
+            for kr in range(8):
+                qp, kp = (global_positions(n, 8, r, layout) for r in (qr, kr))
+                seen = spec.visible(qp, kp)
+                offsets, empty, full = M._run_pairs(spec, layout, 8, qr, kr, n)
+                runs = M._run_table(layout, 8, n)
+                for i, (a, b) in enumerate((a, b) for a in runs[qr] for b in runs[kr]):
+                    block = seen[(qp >= a[0]) & (qp <= a[1])][:, (kp >= b[0]) & (kp <= b[1])]
+                    assert not (full[i] and not block.all()), (layout, qr, kr, i)
+                    assert not (empty[i] and block.any()), (layout, qr, kr, i)
+                    marked += bool(full[i])
+    assert marked > 100  # (contiguous 30, zigzag 130 of their runs' pairs)
+    with pytest.raises(ValueError, match="documents"):
+        M.MaskSpec(causal=True, cu_seqlens=(0, 4, 8)).span_full(0, 1, 0, 1)
 
 
 def test_a_rank_outside_the_world_is_refused_not_wrapped():
