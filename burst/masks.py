@@ -522,7 +522,7 @@ def pair_geometry(spec: MaskSpec, layout: str, world: int, q_rank: int | np.ndar
     an int64 array (..., runs x runs), one row per pair."""
     if spec.cu_seqlens is not None:
         return None
-    offsets, empty, full = _run_pairs(spec, layout, world, q_rank, k_rank, n)
+    offsets, empty, full = _run_pairs(spec, layout, world, q_rank, k_rank, n, full=True)
     far = 1 << 62
     out = np.where(empty, np.where(offsets > 0, far, -far), np.where(full, far // 2, offsets))
     return out if out.ndim > 1 else tuple(out.tolist())
@@ -535,12 +535,13 @@ def _run_table(layout: str, world: int, n: int) -> np.ndarray:
 
 
 def _run_pairs(spec: MaskSpec, layout: str, world: int, q_rank: int | np.ndarray,
-               k_rank: int | np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+               k_rank: int | np.ndarray, n: int,
+               full: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """For each run of the query rank's positions and each of the key rank's, in that order:
     the key run's start minus the query run's, whether the two runs see nothing of each other
-    (``span_empty``) and whether they see all of each other (``span_full``; None with
-    documents). Ranks are ints or numpy arrays (broadcast); each result has shape
-    (..., runs x runs)."""
+    (``span_empty``) and, if ``full``, whether they see all of each other (``span_full``; else
+    None: ``ring_reach`` tests G^2 pairs at once). Ranks are ints or numpy arrays (broadcast);
+    each result has shape (..., runs x runs)."""
     for name, rank in (("q_rank", q_rank), ("k_rank", k_rank)):
         r = np.asarray(rank)  # numpy indexing would take -1 for world - 1 (a review)
         if r.dtype.kind not in "iu" or (r.size and not 0 <= r.min() <= r.max() < world):
@@ -556,8 +557,8 @@ def _run_pairs(spec: MaskSpec, layout: str, world: int, q_rank: int | np.ndarray
     def each(x):
         return np.broadcast_to(x, offsets.shape).reshape(rows)
 
-    full = None if spec.cu_seqlens is not None else each(spec.span_full(*spans))
-    return offsets.reshape(rows), each(spec.span_empty(*spans)), full
+    seen_all = each(spec.span_full(*spans)) if full else None
+    return offsets.reshape(rows), each(spec.span_empty(*spans)), seen_all
 
 
 @lru_cache(maxsize=64)  # G^2 pair tests (in numpy: 1-3 s at G = 4096, 26 s one by one), once

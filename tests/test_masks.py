@@ -146,7 +146,7 @@ def test_a_window_of_the_whole_sequence_has_the_geometries_of_no_window():
             for kr in range(8):
                 qp, kp = (global_positions(n, 8, r, layout) for r in (qr, kr))
                 seen = spec.visible(qp, kp)
-                offsets, empty, full = M._run_pairs(spec, layout, 8, qr, kr, n)
+                offsets, empty, full = M._run_pairs(spec, layout, 8, qr, kr, n, full=True)
                 runs = M._run_table(layout, 8, n)
                 for i, (a, b) in enumerate((a, b) for a in runs[qr] for b in runs[kr]):
                     block = seen[(qp >= a[0]) & (qp <= a[1])][:, (kp >= b[0]) & (kp <= b[1])]
