@@ -53,7 +53,7 @@ gates: setup
 	$(BIN)/python -m suites.gates
 
 # the mutation check: each bug of tests/mutants.json planted in a copy, its tests must fail
-# (scripts/check_mutants.py; about 36 min on 2 cores, not part of CI)
+# (scripts/check_mutants.py; 35-48 min on 2 cores, not part of CI)
 mutants: setup
 	$(BIN)/python scripts/check_mutants.py
 
