@@ -377,9 +377,9 @@ def _distinct(mask, layout: str, g: int, m: int,
     have equal geometries one is priced: the same maximum, to the bit, as pricing each (a
     windowed ring of 4096 ranks has a handful of geometries a step; a window of half the
     sequence on 512 ranks priced in 61 s while run pairs that see all of each other kept their
-    offsets, 0.4 s with them marked alike). ``AttnShape`` masks hold
-    no documents, so every pair has a geometry. Which ranks these are depends on the ring's
-    shape alone, not on the hardware: ``_one_way_work`` and ``_two_way_work`` keep them for
+    offsets, 0.4 s with them marked alike). ``AttnShape`` masks hold no documents, so every
+    pair has a geometry. Which ranks these are depends on the ring's shape alone, not on the
+    hardware: ``_one_way_work`` and ``_two_way_work`` keep them for
     every evaluation of a fit (worked out at each, ``calibrate.fit()`` took 169 s; kept, 18 s)."""
     rows = [pair_geometry(mask, layout, g, q, k, m) for q, k in pairs]
     chosen = np.unique(np.concatenate(rows, axis=-1), axis=0, return_index=True)[1]
